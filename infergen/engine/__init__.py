@@ -1,0 +1,1 @@
+"""Engine: requests, scheduler (continuous batching), runner, sampler, step loop."""

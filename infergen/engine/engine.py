@@ -1,0 +1,232 @@
+"""The engine step loop: admit requests, schedule, run the model, sample, detokenize, stop.
+
+engine.add_request(prompt or token ids, SamplingParams) → request_id
+engine.step() → [StreamDelta]   (one forward pass over the scheduled batch)
+engine.output(request_id) → RequestOutput
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+
+import torch
+
+from infergen.config import EngineConfig, ModelConfig
+from infergen.engine.request import RequestOutput, Sequence, Status, StreamDelta
+from infergen.engine.runner import ModelRunner
+from infergen.engine.sampler import Sampler, SamplingState
+from infergen.engine.sampling_params import SamplingParams
+from infergen.engine.scheduler import ScheduledBatch, Scheduler
+from infergen.engine.stopping import StopChecker
+from infergen.errors import RequestError
+from infergen.io.checkpoint import Checkpoint, load_checkpoint
+from infergen.kvcache.block_pool import BlockPool
+from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.models.transformer import Transformer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def configure_torch(num_threads: int | None) -> None:
+    """Process-wide torch settings, applied once when an engine starts."""
+    # Dequantized weights and small activations produce denormals; without flushing them a
+    # CPU forward runs several times slower.
+    torch.set_flush_denormal(True)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
+        configure_torch(config.num_threads)
+        self.config = config
+        checkpoint = checkpoint or load_checkpoint(config.model)
+        self.checkpoint_path = checkpoint.path
+        self.model_config: ModelConfig = checkpoint.config
+        self.tokenizer = checkpoint.tokenizer
+        dtype = _DTYPES[config.dtype]
+        model = Transformer(self.model_config, dtype)
+        model.load_weights(checkpoint.tensors)
+        checkpoint.tensors.clear()  # the model holds its own (fused) copies
+        cache = config.cache
+        num_blocks = cache.blocks_for(self.model_config, torch.finfo(dtype).bits // 8)
+        self.kv_cache = PagedKVCache(self.model_config, num_blocks, cache.block_size, dtype)
+        self.pool = BlockPool(num_blocks, cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.pool, cache.block_size)
+        self.runner = ModelRunner(model, self.kv_cache)
+        self.sampler = Sampler()
+        self.max_model_len = self.model_config.max_position_embeddings
+        self._requests: dict[str, Sequence] = {}
+        self._counter = itertools.count()
+
+    # ---- requests ---------------------------------------------------------------------------
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError(
+                "this checkpoint has no tokenizer; pass token ids instead of text",
+                where=str(self.checkpoint_path),
+            )
+        return self.tokenizer.encode(prompt)
+
+    def add_request(
+        self,
+        prompt: str | Seq[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        params = params or SamplingParams()
+        index = next(self._counter)
+        request_id = request_id or f"req-{index}"
+        if request_id in self._requests:
+            raise RequestError("duplicate request id", found=request_id, expected="a new id")
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._validate(token_ids, params)
+        detokenizer = None
+        if self.tokenizer is not None:
+            from infergen.io.tokenizer import IncrementalDetokenizer
+
+            detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
+        seq = Sequence(
+            request_id=request_id,
+            prompt=text,
+            prompt_token_ids=token_ids,
+            params=params,
+            sampling=SamplingState(params, token_ids, self.config.seed, index),
+            stop_checker=StopChecker(params, self.model_config.eos_token_ids),
+            detokenizer=detokenizer,
+            arrival=index,
+        )
+        self._requests[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        if not token_ids:
+            raise RequestError("prompt is empty", where="prompt", expected="at least one token")
+        bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise RequestError(
+                "prompt has token ids outside the vocabulary",
+                where="prompt",
+                found=bad[:5],
+                expected=f"integers in [0, {vocab})",
+            )
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(
+                "prompt is too long for the model's context",
+                where="prompt",
+                found=f"{len(token_ids)} tokens",
+                expected=f"fewer than {self.max_model_len} tokens",
+            )
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer", where="stop", found=params.stop)
+        longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
+        block_size = self.kv_cache.block_size
+        needed = -(-longest // block_size)
+        if needed > self.pool.num_blocks:
+            raise RequestError(
+                "request can never fit in the KV cache",
+                where="prompt + max_tokens",
+                found=f"{longest} tokens = {needed} blocks of {block_size}",
+                expected=f"at most {self.pool.num_blocks * block_size} tokens "
+                "(raise the KV cache memory budget or lower max_tokens)",
+            )
+
+    def abort(self, request_id: str) -> None:
+        seq = self._requests.get(request_id)
+        if seq is not None and not seq.finished:
+            seq.finish_reason = "abort"
+            self.scheduler.finish(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one step ---------------------------------------------------------------------------
+    def step(self) -> list[StreamDelta]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        logits, sampling = self.runner.run(batch)
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            seq.num_computed_tokens += n
+            self.scheduler.register_full_blocks(seq)
+        sampled = [batch.seqs[i] for i in sampling]
+        result = self.sampler(logits, [seq.sampling for seq in sampled])
+        for k, seq in enumerate(sampled):
+            self._append_token(seq, result.token_ids[k], result.logprobs[k])
+        return [self._delta(seq) for seq in sampled]
+
+    def _append_token(self, seq: Sequence, token: int, logprobs: object) -> None:
+        seq.token_ids.append(token)
+        seq.sampling.append(token)
+        if seq.params.logprobs is not None:
+            seq.logprobs.append(logprobs)
+        delta = seq.detokenizer.push(token) if seq.detokenizer is not None else ""
+        seq.text += delta
+        reason, seq.text = seq.stop_checker.check(
+            token, len(seq.token_ids) - len(seq.prompt_token_ids), seq.text, len(delta)
+        )
+        if reason is None and seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+
+    def _delta(self, seq: Sequence) -> StreamDelta:
+        hold = 0 if seq.finished else seq.stop_checker.max_stop_len
+        end = max(seq.streamed_chars, len(seq.text) - hold)
+        text = seq.text[seq.streamed_chars : end]
+        seq.streamed_chars = end
+        tokens = seq.output_token_ids[seq.streamed_tokens :]
+        seq.streamed_tokens += len(tokens)
+        return StreamDelta(seq.request_id, text, tokens, seq.finished, seq.finish_reason)
+
+    # ---- scoring ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def prompt_logits(self, token_ids: Seq[int], chunk: int | None = None) -> torch.Tensor:
+        """Logits [len(token_ids), vocab] (fp32) of a teacher-forced pass, computed in chunks of
+        `chunk` tokens through the paged cache (for evaluation: perplexity, top-1 agreement)."""
+        token_ids = list(token_ids)
+        self._validate(token_ids, SamplingParams(max_tokens=1))
+        chunk = chunk or self.config.scheduler.max_num_batched_tokens
+        seq = Sequence("score", None, token_ids, SamplingParams(), None, None, None, -1)
+        batch = ScheduledBatch([seq], [0])
+        rows = []
+        try:
+            while seq.num_computed_tokens < len(token_ids):
+                n = min(chunk, len(token_ids) - seq.num_computed_tokens)
+                if not self.scheduler.grow(seq, n):
+                    raise RequestError("KV cache is busy or too small to score this prompt")
+                batch.num_tokens[0] = n
+                forward_batch, _ = self.runner.prepare(batch)
+                start = seq.num_computed_tokens
+                forward_batch.logits_indices = torch.arange(n)
+                rows.append(self.runner.model(forward_batch, self.kv_cache))
+                seq.num_computed_tokens = start + n
+        finally:
+            self.pool.release(seq.block_ids)
+        return torch.cat(rows)
+
+    # ---- results ----------------------------------------------------------------------------
+    def output(self, request_id: str) -> RequestOutput:
+        seq = self._requests[request_id]
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            text=seq.text,
+            token_ids=seq.output_token_ids,
+            finish_reason=seq.finish_reason,
+            logprobs=seq.logprobs if seq.params.logprobs is not None else None,
+            num_cached_prompt_tokens=seq.num_cached_prompt_tokens or 0,
+            finished=seq.status is Status.FINISHED,
+        )
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request (its output has been delivered)."""
+        seq = self._requests.get(request_id)
+        if seq is not None and seq.finished:
+            del self._requests[request_id]

@@ -1,0 +1,1 @@
+"""Checkpoint readers: GGUF files, Hugging Face safetensors directories, tokenizers."""

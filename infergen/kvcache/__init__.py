@@ -1,0 +1,1 @@
+"""KV cache: paged block tensors, the block pool with prefix caching."""

@@ -1,0 +1,1 @@
+"""Layers: parameter-holding building blocks of the decoder; they call ops/, never kernels."""

@@ -1,0 +1,62 @@
+"""Self-attention layer: fused QKV projection, optional QK-norm, RoPE, paged KV cache,
+causal attention (MHA / GQA / MQA by the head counts; optional sliding window), output proj."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from infergen.config import ModelConfig
+from infergen.engine.forward_batch import ForwardBatch
+from infergen.layers.linear import Linear
+from infergen.layers.norm import RMSNorm
+from infergen.ops.kv_store import kv_store
+from infergen.ops.paged_attention import default_scale, paged_attention
+from infergen.ops.rope import apply_rope
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.scale = default_scale(config.head_dim)
+        h = config.hidden_size
+        self.qkv = Linear(h, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype)
+        self.o = Linear(self.q_size, h, config.o_bias, dtype)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [tokens, hidden]
+        batch: ForwardBatch,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        rope_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, k, batch.positions, rope_cache)
+        k_cache, v_cache = kv
+        kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
+        out = paged_attention(q, k, v, k_cache, v_cache, batch.attn_plan, self.scale)
+        return self.o(out.view(tokens, self.q_size))
+
+    def load(self, get: callable, prefix: str) -> None:
+        names = ("q_proj", "k_proj", "v_proj")
+        self.qkv.weight.copy_(Linear.fused([get(f"{prefix}{n}.weight") for n in names]))
+        if self.qkv.bias is not None:
+            self.qkv.bias.copy_(Linear.fused([get(f"{prefix}{n}.bias") for n in names]))
+        self.o.weight.copy_(get(prefix + "o_proj.weight"))
+        if self.o.bias is not None:
+            self.o.bias.copy_(get(prefix + "o_proj.bias"))
+        if self.q_norm is not None:
+            self.q_norm.weight.copy_(get(prefix + "q_norm.weight"))
+            self.k_norm.weight.copy_(get(prefix + "k_norm.weight"))

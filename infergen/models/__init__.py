@@ -1,0 +1,1 @@
+"""Models: one generic decoder (transformer.py) configured by architecture rows (arch.py)."""

@@ -1,0 +1,94 @@
+"""The generic decoder-only transformer every architecture in arch.py is assembled into.
+
+    h = embed(tokens)
+    for each layer:  h += attn(norm(h));  h += mlp(norm(h))
+    logits = lm_head(norm(h))        (lm_head = embed when embeddings are tied)
+
+Only the rows in `ForwardBatch.logits_indices` go through the final norm and the LM head:
+a 512-token prefill computes one row of logits, not 512.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from infergen.config import ModelConfig
+from infergen.engine.forward_batch import ForwardBatch
+from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.layers.attention import Attention
+from infergen.layers.mlp import GatedMLP
+from infergen.layers.norm import RMSNorm
+from infergen.ops.linear import linear
+from infergen.ops.rope import cos_sin_cache
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.attn = Attention(config, dtype)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = GatedMLP(config, dtype)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        batch: ForwardBatch,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        rope_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        h = h + self.attn(self.attn_norm(h), batch, kv, rope_cache)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed = nn.Parameter(
+            torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Parameter(
+                torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False
+            )
+        )
+        self.register_buffer("rope_cache", cos_sin_cache(config), persistent=False)
+
+    @torch.no_grad()
+    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy checkpoint tensors (Hugging Face names, validated shapes) into the layers."""
+
+        def get(name: str) -> torch.Tensor:
+            return tensors[name]
+
+        self.embed.copy_(get("model.embed_tokens.weight"))
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            layer.attn_norm.weight.copy_(get(prefix + "input_layernorm.weight"))
+            layer.mlp_norm.weight.copy_(get(prefix + "post_attention_layernorm.weight"))
+            layer.attn.load(get, prefix + "self_attn.")
+            layer.mlp.load(get, prefix + "mlp.")
+        self.norm.weight.copy_(get("model.norm.weight"))
+        if self.lm_head is not None:
+            self.lm_head.copy_(get("lm_head.weight"))
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
+        """Returns logits [len(batch.logits_indices), vocab] in fp32."""
+        h = self.embed[batch.input_ids]  # [tokens, hidden]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, batch, kv_cache.layer(i), self.rope_cache)
+        h = self.norm(h[batch.logits_indices])
+        head = self.embed if self.lm_head is None else self.lm_head
+        return linear(h, head, None).float()

@@ -1,0 +1,178 @@
+"""Causal attention over a paged KV cache (MHA / GQA / MQA, optional sliding window).
+
+Per sequence i of a batch: queries q[query_start_loc[i]:query_start_loc[i+1]] are the last
+query_len tokens of a context of seq_lens[i] tokens whose keys/values live in the cache blocks
+listed by block_tables[i]. Query at position p attends keys at positions k with
+p − window < k ≤ p (window = ∞ without a sliding window):
+    out = softmax(q·Kᵀ · scale + mask) · V
+Bytes moved per step: every sequence's K and V once (2·ctx·kv_heads·head_dim elements).
+
+Plan/run split (as flashinfer): `plan()` turns the batch's block tables into gather indices and
+masks once per step; `paged_attention()` runs per layer with that plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    allowed = k_pos.unsqueeze(-2) <= q_pos.unsqueeze(-1)
+    if window is not None:
+        allowed &= k_pos.unsqueeze(-2) > q_pos.unsqueeze(-1) - window
+    return allowed
+
+
+@dataclass
+class PrefillItem:
+    """A sequence with several query tokens this step."""
+
+    start: int
+    end: int
+    context_len: int
+    slots: torch.Tensor | None  # [context_len] cache slots, None when the context is all new
+    mask: torch.Tensor | None  # [query_len, context_len] bool, None for plain causal
+
+
+@dataclass
+class AttentionPlan:
+    decode_rows: torch.Tensor | None  # [decodes] token rows of the one-token sequences
+    decode_slots: torch.Tensor | None  # [decodes, max_context] cache slots (padding → 0)
+    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_context] bool
+    prefills: list[PrefillItem]
+
+
+def plan(
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_tables: torch.Tensor,
+    block_size: int,
+    window: int | None,
+) -> AttentionPlan:
+    """Gather indices and masks for one step (shared by every layer)."""
+    decode_ids = [
+        i for i in range(len(seq_lens)) if query_start_loc[i + 1] - query_start_loc[i] == 1
+    ]
+    prefills = []
+    for i in range(len(seq_lens)):
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        query_len, ctx = end - start, seq_lens[i]
+        if query_len == 1:
+            continue
+        q_pos = torch.arange(ctx - query_len, ctx)
+        k_pos = torch.arange(ctx)
+        cold = ctx == query_len
+        slots = None if cold else _slots(block_tables[i : i + 1], ctx, block_size)[0]
+        mask = None if (cold and window is None) else _window_mask(q_pos, k_pos, window)
+        prefills.append(PrefillItem(start, end, ctx, slots, mask))
+    if not decode_ids:
+        return AttentionPlan(None, None, None, prefills)
+    ids = torch.tensor(decode_ids)
+    lens = torch.tensor([seq_lens[i] for i in decode_ids])
+    max_ctx = int(lens.max())
+    slots = _slots(block_tables[ids], max_ctx, block_size)
+    k_pos = torch.arange(max_ctx).unsqueeze(0)
+    valid = _window_mask((lens - 1).unsqueeze(-1), k_pos, window).squeeze(-2)
+    valid &= k_pos < lens.unsqueeze(-1)
+    slots = torch.where(valid, slots, torch.zeros_like(slots))
+    rows = torch.tensor([query_start_loc[i] for i in decode_ids])
+    return AttentionPlan(rows, slots, valid[:, None, None, :], prefills)
+
+
+def _slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """[batch, length] flat cache slot of each position."""
+    pos = torch.arange(length)
+    blocks = block_tables[:, pos // block_size]
+    return blocks * block_size + pos % block_size
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    attn_plan: AttentionPlan,
+    scale: float,
+) -> torch.Tensor:
+    """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache).
+
+    Returns [tokens, heads, d].
+    """
+    out = torch.empty_like(q)
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [slots, kv_heads, d]
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    if attn_plan.decode_rows is not None:
+        slots = attn_plan.decode_slots
+        batch, ctx = slots.shape
+        keys = flat_k[slots.reshape(-1)].view(batch, ctx, *flat_k.shape[1:]).transpose(1, 2)
+        values = flat_v[slots.reshape(-1)].view(batch, ctx, *flat_v.shape[1:]).transpose(1, 2)
+        query = q[attn_plan.decode_rows].unsqueeze(2)  # [decodes, heads, 1, d]
+        o = F.scaled_dot_product_attention(
+            query,
+            keys.to(q.dtype),
+            values.to(q.dtype),
+            attn_mask=attn_plan.decode_mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[attn_plan.decode_rows] = o.squeeze(2)
+    for item in attn_plan.prefills:
+        query = q[item.start : item.end].transpose(0, 1)  # [heads, query_len, d]
+        if item.slots is None:
+            keys, values = k_new[item.start : item.end], v_new[item.start : item.end]
+        else:
+            keys, values = flat_k[item.slots], flat_v[item.slots]
+        o = F.scaled_dot_product_attention(
+            query,
+            keys.transpose(0, 1).to(q.dtype),
+            values.transpose(0, 1).to(q.dtype),
+            attn_mask=item.mask,
+            is_causal=item.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[item.start : item.end] = o.transpose(0, 1)
+    return out
+
+
+def reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_tables: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Oracle: one sequence, one head, one query at a time, explicit softmax."""
+    block_size = k_cache.shape[1]
+    heads, kv_heads = q.shape[1], k_cache.shape[2]
+    group = heads // kv_heads
+    out = torch.zeros_like(q, dtype=torch.float64)
+    for i, ctx in enumerate(seq_lens):
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        keys = torch.stack(
+            [k_cache[block_tables[i, p // block_size], p % block_size] for p in range(ctx)]
+        ).double()  # [ctx, kv_heads, d]
+        values = torch.stack(
+            [v_cache[block_tables[i, p // block_size], p % block_size] for p in range(ctx)]
+        ).double()
+        for t in range(start, end):
+            pos = ctx - (end - t)
+            lo = 0 if window is None else max(0, pos - window + 1)
+            for h in range(heads):
+                kh = keys[lo : pos + 1, h // group]
+                scores = kh @ q[t, h].double() * scale
+                weights = torch.softmax(scores, dim=0)
+                out[t, h] = weights @ values[lo : pos + 1, h // group]
+    return out.to(q.dtype)
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

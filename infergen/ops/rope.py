@@ -1,0 +1,69 @@
+"""Rotary position embedding (half-split / NeoX layout, as Hugging Face Llama/Qwen/Mistral).
+
+For each head vector x = [x1, x2] (halves of head_dim) at position p:
+    y = [x1·cos − x2·sin, x2·cos + x1·sin],  angle = p · inv_freq[j].
+inv_freq[j] = theta^(−2j/d), changed by the scaling rule ("linear", "llama3").
+Bytes moved: read/write q and k once, plus a [tokens, d/2] cos/sin gather.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from infergen.config import ModelConfig, RopeScaling
+
+
+def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """[head_dim/2] fp64 inverse frequencies after the scaling rule."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.rope_type == "llama3":
+        # Llama-3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+        old_len = scaling.original_max_position_embeddings
+        low_wavelen = old_len / scaling.low_freq_factor
+        high_wavelen = old_len / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+        out = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(middle, blended, out)
+    return inv_freq
+
+
+def cos_sin_cache(config: ModelConfig, max_positions: int | None = None) -> torch.Tensor:
+    """[positions, head_dim] fp32: cos in the first half, sin in the second."""
+    positions = max_positions or config.max_position_embeddings
+    inv_freq = inv_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+    # Same rounding path as Hugging Face: fp32 inv_freq, fp32 outer product.
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq.float())
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+def reference(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, head_dim], positions [tokens] → rotated copy."""
+    half = x.shape[-1] // 2
+    cos, sin = cache[positions].unsqueeze(1).split(half, dim=-1)  # [tokens, 1, half]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [tokens, heads, d] and k [tokens, kv_heads, d] together (one cos/sin gather)."""
+    half = q.shape[-1] // 2
+    cos, sin = cache[positions].unsqueeze(1).split(half, dim=-1)
+    cos2 = torch.cat([cos, cos], dim=-1)
+    sin2 = torch.cat([-sin, sin], dim=-1)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+        return x * cos2 + swapped * sin2
+
+    return rotate(q), rotate(k)

@@ -1,0 +1,116 @@
+"""Metamorphic engine tests on a tiny random Llama (GQA): scheduling must not change results.
+
+batched = one at a time; chunked prefill = unchunked; prefix-cache hit = cold run;
+forced preemption (tiny KV pool) = no preemption; seeded sampling independent of the batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infergen import LLM, SamplingParams
+from tests.engine.greedy import assert_greedy_equivalent
+from tests.hf_models import build_hf_model
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny_llama")
+    build_hf_model("llama_gqa", directory)
+    return str(directory)
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [3, 70, 17, 33, 1, 48, 9, 25][:n]
+    return [torch.randint(0, 211, (L,), generator=gen).tolist() for L in lengths]
+
+
+def test_batched_equals_one_at_a_time(model_dir):
+    prompts = _prompts(8)
+    llm = LLM(model_dir, max_num_batched_tokens=64, max_num_seqs=5, block_size=4)
+    batched = llm.generate(prompts, GREEDY)
+    for prompt, out in zip(prompts, batched, strict=True):
+        alone = llm.generate(prompt, GREEDY)[0]
+        assert_greedy_equivalent(out, alone)
+
+
+def test_chunked_prefill_equals_unchunked(model_dir):
+    prompts = _prompts(4, seed=1)
+    chunked = LLM(model_dir, max_num_batched_tokens=7, block_size=4).generate(prompts, GREEDY)
+    whole = LLM(model_dir, max_num_batched_tokens=512, block_size=4).generate(prompts, GREEDY)
+    for a, b in zip(chunked, whole, strict=True):
+        assert_greedy_equivalent(a, b)
+
+
+def test_prefix_cache_hit_equals_cold_run(model_dir):
+    shared = _prompts(2, seed=2)[1][:40]  # 40 shared tokens = 5 full blocks of 8
+    first, second = shared + [1, 2, 3], shared + [7, 8, 9, 10]
+    warm = LLM(model_dir, block_size=8)
+    out_first = warm.generate(first, GREEDY)[0]
+    assert out_first.num_cached_prompt_tokens == 0
+    out_second = warm.generate(second, GREEDY)[0]
+    assert out_second.num_cached_prompt_tokens == 40
+    again = warm.generate(first, GREEDY)[0]  # 43 tokens: 5 full blocks reusable
+    assert again.num_cached_prompt_tokens == 40
+    cold = LLM(model_dir, block_size=8, enable_prefix_caching=False)
+    cold_second = cold.generate(second, GREEDY)[0]
+    assert cold_second.num_cached_prompt_tokens == 0
+    assert_greedy_equivalent(out_second, cold_second)
+    assert_greedy_equivalent(again, out_first)
+
+
+def test_generated_blocks_are_cached_too(model_dir):
+    """A follow-up prompt that extends prompt + answer reuses the answer's blocks."""
+    llm = LLM(model_dir, block_size=4)
+    prompt = _prompts(3, seed=4)[2]
+    out = llm.generate(prompt, GREEDY)[0]
+    follow = prompt + out.token_ids + [5, 6]
+    hit = llm.generate(follow, GREEDY)[0]
+    computed = len(prompt) + len(out.token_ids) - 1  # the last sampled token had no KV yet
+    assert hit.num_cached_prompt_tokens == computed // 4 * 4
+
+
+def test_forced_preemption_equals_no_preemption(model_dir):
+    prompts = _prompts(6, seed=3)
+    roomy = LLM(model_dir, block_size=4).generate(prompts, GREEDY)
+    tight = LLM(model_dir, block_size=4, num_kv_blocks=26, max_num_batched_tokens=32)
+    squeezed = tight.generate(prompts, GREEDY)
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert tight.engine.pool.num_free == 26  # everything released at the end
+    for a, b in zip(squeezed, roomy, strict=True):
+        assert_greedy_equivalent(a, b)
+
+
+def test_seeded_sampling_is_independent_of_batch(model_dir):
+    llm = LLM(model_dir)
+    prompts = _prompts(5, seed=5)
+    params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
+    alone = llm.generate(prompts[0], params)[0]
+    together = llm.generate(
+        prompts, [params] + [SamplingParams(max_tokens=9, seed=i) for i in range(4)]
+    )
+    assert together[0].token_ids == alone.token_ids
+    again = llm.generate(prompts[0], params)[0]
+    assert again.token_ids == alone.token_ids
+    other = llm.generate(
+        prompts[0], SamplingParams(max_tokens=16, temperature=0.9, seed=99, ignore_eos=True)
+    )[0]
+    assert other.token_ids != alone.token_ids
+
+
+def test_max_tokens_and_stop_token_ids(model_dir):
+    llm = LLM(model_dir)
+    prompt = _prompts(1)[0]
+    free = llm.generate(prompt, GREEDY)[0]
+    assert len(free.token_ids) == 24 and free.finish_reason == "length"
+    stop_at = free.token_ids[5]
+    first = free.token_ids.index(stop_at)
+    stopped = llm.generate(
+        prompt, SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[stop_at])
+    )[0]
+    assert stopped.token_ids == free.token_ids[: first + 1]
+    assert stopped.finish_reason == "stop"

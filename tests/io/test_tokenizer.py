@@ -1,0 +1,338 @@
+"""Tokenizer tests against an independent oracle: Hugging Face transformers.
+
+transformers builds its own tokenizer from the same GGUF metadata (`AutoTokenizer` with
+`gguf_file=`); our ids, decoded text and rendered chat prompts must equal its output on real
+text from `data/` and on hand-picked hard cases (digits, unicode, whitespace runs, special
+tokens). The same is checked for the Hugging Face directory route (`save_pretrained` output)
+and for a tiny SentencePiece-style ("llama") GGUF written here.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from infergen.errors import CheckpointError, RequestError
+from infergen.io.chat_template import ChatTemplate, ChatTemplateError
+from infergen.io.tokenizer import IncrementalDetokenizer, Tokenizer
+
+DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
+
+HARD_CASES = [
+    "Hello world",
+    "",
+    " ",
+    "Digits: 3.14159, 2024-01-01, 1,000,000, 0x1F, 1e-9, ½ ² ٣٤ ５６, v1.2.3rc4, 007",
+    "Unicode: 日本語のテキスト 中文 한국어 Ελληνικά русский текст עברית العربية",
+    "Emoji: 🙂👍🏽 👨‍👩‍👧 🏳️‍🌈 ❤️ — “quotes” ‘single’ … naïve café e\u0301",
+    "Whitespace:  two   three    four\t\ttabs\n\n\nnewlines\r\n\r\ncrlf   \n  trailing   ",
+    "    indented code\n        more\n\tdef f(x):\n\t\treturn x ** 2  # comment\n",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n",
+    "text<|endoftext|>more<jupyter_code>print(1)<|im_start|<im_start|>",
+    "don't can't I'm we'll they've she'd it's 'S 'LL",
+    'URL https://example.com/a?b=c&d=e#f and e-mail a.b@c.de {"json": [1, 2.5, null]}',
+]
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You are a pirate."},
+        {"role": "user", "content": "Hello!"},
+    ],
+    [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "2 + 2 = ?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "Und auf Deutsch? 日本語でも 🙂"},
+    ],
+]
+
+
+def _samples() -> list[str]:
+    python_docs = (DATA / "python_docs.txt").read_text(encoding="utf-8")
+    shakespeare = (DATA / "shakespeare.txt").read_text(encoding="utf-8")
+    chunks = [python_docs[i : i + 3000] for i in range(0, 30000, 3000)]
+    chunks += [shakespeare[i : i + 3000] for i in range(0, 15000, 3000)]
+    return HARD_CASES + chunks
+
+
+@pytest.fixture(scope="module")
+def hf_gguf(default_model_path):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(
+        str(default_model_path.parent), gguf_file=default_model_path.name
+    )
+
+
+@pytest.fixture(scope="module")
+def ours(default_model_path) -> Tokenizer:
+    reader = gguf.GGUFReader(str(default_model_path))
+    return Tokenizer.from_gguf(reader, str(default_model_path))
+
+
+@pytest.fixture(scope="module")
+def hf_dir(hf_gguf, tmp_path_factory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("hf_tokenizer")
+    hf_gguf.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ours_dir(hf_dir) -> Tokenizer:
+    return Tokenizer.from_hf_dir(hf_dir)
+
+
+# --- the default model (GGUF) --------------------------------------------------------------
+
+
+def test_default_model_metadata(ours):
+    assert ours.vocab_size == 49152
+    assert ours.bos_token_id == 1  # <|im_start|>
+    assert ours.eos_token_ids == (2, 0)  # <|im_end|> (eos), <|endoftext|> (end of text)
+    assert ours.add_bos_token is False
+    assert ours.is_special(1) and ours.is_special(16) and not ours.is_special(17)
+    assert ours.chat_template is not None and "<|im_start|>" in ours.chat_template
+
+
+@pytest.mark.parametrize("which", ["gguf", "hf_dir"])
+def test_encode_matches_transformers(which, ours, ours_dir, hf_gguf):
+    tokenizer = ours if which == "gguf" else ours_dir
+    for text in _samples():
+        assert tokenizer.encode(text) == hf_gguf.encode(text), repr(text[:80])
+        plain = tokenizer.encode(text, add_special_tokens=False)
+        assert plain == hf_gguf.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("name", ["python_docs.txt", "shakespeare.txt"])
+def test_encode_whole_files_matches_transformers(name, ours, hf_gguf):
+    text = (DATA / name).read_text(encoding="utf-8")
+    ids = ours.encode(text)
+    assert ids == hf_gguf.encode(text)
+    assert len(text) / len(ids) > 3.0  # sanity: real text compresses to several chars/token
+    assert ours.decode(ids) == text
+
+
+def test_decode_matches_transformers_and_round_trips(ours, hf_gguf):
+    for text in _samples():
+        ids = ours.encode(text)
+        assert ours.decode(ids, skip_special_tokens=False) == text
+        for skip in (True, False):
+            expected = hf_gguf.decode(ids, skip_special_tokens=skip)
+            assert ours.decode(ids, skip_special_tokens=skip) == expected
+    chat = ours.encode("<|im_start|>user\nhi<|im_end|>")
+    assert chat == [1, 4093, 198, 6004, 2]
+    assert ours.decode(chat) == "user\nhi"
+
+
+@pytest.mark.parametrize("which", ["gguf", "hf_dir"])
+@pytest.mark.parametrize("conversation", CONVERSATIONS, ids=["user", "system", "multi_turn"])
+def test_chat_template_matches_transformers(which, conversation, ours, ours_dir, hf_gguf):
+    tokenizer = ours if which == "gguf" else ours_dir
+    for add_generation_prompt in (True, False):
+        expected = hf_gguf.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        text = tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=add_generation_prompt
+        )
+        assert text == expected
+    expected_ids = hf_gguf.apply_chat_template(
+        conversation, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    prompt = tokenizer.apply_chat_template(conversation)
+    assert tokenizer.encode(prompt, add_special_tokens=False) == expected_ids
+    assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_chat_template_environment_matches_transformers(hf_gguf):
+    source = (
+        "{{ bos_token }}{% for m in messages %}"
+        "{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role') }}{% endif %}"
+        "  {{ m | tojson }}\n"
+        "{% endfor %}{{ extra | default('none') }}{% if add_generation_prompt %}>{% endif %}"
+    )
+    messages = [
+        {"role": "user", "content": 'héllo "q" <b>'},
+        {"role": "assistant", "content": "ok"},
+    ]
+    template = ChatTemplate(source, where="test")
+    special = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
+    for kwargs in ({}, {"extra": "x"}):
+        ours = template.render(
+            messages, add_generation_prompt=True, special_tokens=special, **kwargs
+        )
+        theirs = hf_gguf.apply_chat_template(
+            messages, chat_template=source, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+        assert ours == theirs
+    with pytest.raises(ChatTemplateError, match="bad role"):
+        template.render([{"role": "tool", "content": "x"}])
+    assert ChatTemplate("{{ strftime_now('%Y') }}", where="t").render([]).isdigit()
+    with pytest.raises(CheckpointError, match="does not compile"):
+        ChatTemplate("{% for %}", where="broken.jinja")
+
+
+def test_no_chat_template_is_a_clear_error(hf_dir, tmp_path):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((hf_dir / name).read_bytes())
+    tokenizer = Tokenizer.from_hf_dir(tmp_path)  # no chat_template.jinja
+    assert tokenizer.chat_template is None
+    with pytest.raises(RequestError, match="no chat template"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_hf_dir_template_inside_tokenizer_config(hf_dir, tmp_path):
+    (tmp_path / "tokenizer.json").write_bytes((hf_dir / "tokenizer.json").read_bytes())
+    config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": "[{{ messages[0].content }}]"}]
+    config["add_bos_token"] = True
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    tokenizer = Tokenizer.from_hf_dir(tmp_path)
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "x"}]) == "[x]"
+    assert (
+        tokenizer.encode("hi")[0] == 1 and tokenizer.encode("hi", add_special_tokens=False)[0] != 1
+    )
+    assert tokenizer.eos_token_ids == (2, 7, 0)
+
+
+# --- streaming detokenization --------------------------------------------------------------
+
+STREAM_TEXTS = [
+    "héllo 日本語のテキスト 🙂👍🏽 👨‍👩‍👧 naïve café 中文 한국어",
+    "<|im_start|>assistant\nSure! 🎉🎉 Ünïcödé — 東京タワー<|im_end|>",
+    "plain ascii text with numbers 12345",
+]
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("text", STREAM_TEXTS)
+def test_incremental_detokenizer_equals_decode(text, skip, ours):
+    ids = ours.encode(text)
+    stream = IncrementalDetokenizer(ours, skip_special_tokens=skip)
+    deltas = [stream.push(token_id) for token_id in ids]
+    assert all("\ufffd" not in delta for delta in deltas)
+    assert "".join(deltas) + stream.flush() == ours.decode(ids, skip_special_tokens=skip)
+    assert stream.text == ours.decode(ids, skip_special_tokens=skip)
+    assert "" in deltas or "🙂" not in text  # multi-byte characters were held back at least once
+
+
+def test_incremental_detokenizer_holds_back_split_character(ours):
+    ids = ours.encode("語")  # one character, three byte tokens
+    assert len(ids) == 3
+    stream = IncrementalDetokenizer(ours)
+    assert [stream.push(token_id) for token_id in ids[:2]] == ["", ""]
+    assert stream.flush() == ours.decode(ids[:2]) == "\ufffd"  # incomplete at end of stream
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40))
+def test_random_text_encode_decode_stream(text, ours, hf_gguf):
+    ids = ours.encode(text)
+    assert ids == hf_gguf.encode(text)
+    assert ours.decode(ids, skip_special_tokens=False) == text
+    stream = IncrementalDetokenizer(ours, skip_special_tokens=False)
+    assert "".join(stream.push(i) for i in ids) + stream.flush() == text
+
+
+# --- SentencePiece-style ("llama") GGUF vocabularies ---------------------------------------
+
+
+def _write_gguf(path: pathlib.Path, *, tokenizer: dict | None) -> None:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(4)
+    rows = 4
+    if tokenizer is not None:
+        rows = len(tokenizer["tokens"])
+        writer.add_vocab_size(rows)
+        writer.add_tokenizer_model(tokenizer["model"])
+        writer.add_token_list(tokenizer["tokens"])
+        writer.add_token_types(tokenizer["types"])
+        writer.add_token_scores(tokenizer["scores"])
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+        if "pre" in tokenizer:
+            writer.add_tokenizer_pre(tokenizer["pre"])
+    writer.add_tensor("token_embd.weight", np.zeros((rows, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _spm_vocab() -> dict:
+    words = "▁ h e l o w r d t a n ! , é ▁t he ▁the ll llo ▁h ▁he ▁hello ▁w or ▁wor ld ▁world"
+    words = list(dict.fromkeys((words + " an ▁an ▁and").split()))
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + words
+    types = [2, 3, 3] + [6] * 256 + [1] * len(words)
+    # distinct scores: longer, earlier pieces merge first; single characters score lowest
+    scores = [0.0] * 259 + [-i - (100.0 if len(w) == 1 else 0.0) for i, w in enumerate(words)]
+    return {"model": "llama", "tokens": tokens, "types": types, "scores": scores}
+
+
+def test_sentencepiece_gguf_matches_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    _write_gguf(tmp_path / "spm.gguf", tokenizer=_spm_vocab())
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="spm.gguf")
+    ours = Tokenizer.from_gguf(gguf.GGUFReader(str(tmp_path / "spm.gguf")), "spm.gguf")
+    assert ours.add_bos_token and ours.bos_token_id == 1 and ours.eos_token_ids == (2,)
+    for text in ["hello world", " the and   hello\nworld!", "héllo, 日本", "the</s>the<s>", ""]:
+        ids = ours.encode(text)
+        assert ids == hf.encode(text), text
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+        assert ours.decode(ids, skip_special_tokens=False) == hf.decode(ids)
+
+
+# --- bad inputs ----------------------------------------------------------------------------
+
+
+def test_gguf_without_tokenizer_metadata(tmp_path):
+    _write_gguf(tmp_path / "bare.gguf", tokenizer=None)
+    reader = gguf.GGUFReader(str(tmp_path / "bare.gguf"))
+    with pytest.raises(CheckpointError, match=r"bare\.gguf(.|\n)*tokenizer\.ggml\.model"):
+        Tokenizer.from_gguf(reader, "bare.gguf")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"model": "bert"}, "tokenizer.ggml.model"), ({"pre": "nonsense"}, "tokenizer.ggml.pre")],
+)
+def test_gguf_unsupported_tokenizer_names_the_field(change, field, tmp_path):
+    vocab = _spm_vocab() | {"model": "gpt2", "merges": []} | change
+    _write_gguf(tmp_path / "odd.gguf", tokenizer=vocab)
+    with pytest.raises(CheckpointError, match=field.replace(".", r"\.")) as error:
+        Tokenizer.from_gguf(gguf.GGUFReader(str(tmp_path / "odd.gguf")), "odd.gguf")
+    assert repr(change.get("model", change.get("pre"))) in str(error.value)
+
+
+def test_hf_dir_missing_or_corrupt_files(hf_dir, tmp_path):
+    with pytest.raises(CheckpointError, match="tokenizer.json"):
+        Tokenizer.from_hf_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="tokenizer.json"):
+        Tokenizer.from_hf_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_bytes((hf_dir / "tokenizer.json").read_bytes())
+    with pytest.raises(CheckpointError, match="tokenizer_config.json"):
+        Tokenizer.from_hf_dir(tmp_path)  # missing
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": ')
+    with pytest.raises(CheckpointError, match="tokenizer_config.json"):
+        Tokenizer.from_hf_dir(tmp_path)  # corrupt
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|no_such_token|>"}')
+    with pytest.raises(CheckpointError, match="eos_token"):
+        Tokenizer.from_hf_dir(tmp_path)
