@@ -34,6 +34,7 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    source: str = field(default="rope_scaling", compare=False)
 
     SUPPORTED = ("default", "linear", "llama3")
 
@@ -41,14 +42,14 @@ class RopeScaling:
         _require(
             self.rope_type in self.SUPPORTED,
             "unsupported rope scaling type",
-            where="rope_scaling.rope_type",
+            where=f"{self.source}.rope_type",
             found=self.rope_type,
             expected=f"one of {self.SUPPORTED}",
         )
         _require(
             self.factor > 0,
             "rope scaling factor must be positive",
-            where="rope_scaling.factor",
+            where=f"{self.source}.factor",
             found=self.factor,
             expected="> 0",
         )
@@ -208,6 +209,7 @@ class ModelConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         scaling = RopeScaling(
             rope_type=rope_type,
+            source=f"{source}: rope_parameters",
             **{
                 k: rope[k]
                 for k in (

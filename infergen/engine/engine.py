@@ -166,12 +166,15 @@ class Engine:
             seq.logprobs.append(logprobs)
         delta = seq.detokenizer.push(token) if seq.detokenizer is not None else ""
         seq.text += delta
-        reason, seq.text = seq.stop_checker.check(
+        reason, kept = seq.stop_checker.check(
             token, len(seq.token_ids) - len(seq.prompt_token_ids), seq.text, len(delta)
         )
+        truncated, seq.text = len(kept) < len(seq.text), kept
         if reason is None and seq.num_tokens >= self.max_model_len:
             reason = "length"
         if reason is not None:
+            if seq.detokenizer is not None and not truncated:
+                seq.text += seq.detokenizer.flush()  # bytes of an unfinished character
             seq.finish_reason = reason
             self.scheduler.finish(seq)
 

@@ -60,9 +60,14 @@ def _token_content(value: Any) -> str | None:
 
 
 def _hf_chat_template(path: pathlib.Path, config: dict[str, Any]) -> str | None:
+    """The chat template: `chat_template.jinja`, else `tokenizer_config.json`, else
+    `chat_template.json` (a list of named templates → the one named "default")."""
     jinja_file = path / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+        try:
+            return jinja_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise CheckpointError(f"cannot read: {error}", where=str(jinja_file)) from None
     template = config.get("chat_template")
     if template is None and (path / "chat_template.json").is_file():
         template = (_read_json(path / "chat_template.json", required=True) or {}).get(
@@ -108,7 +113,11 @@ class Tokenizer:
         added = backend.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, token in added.items() if token.special)
         if not eos_token_ids:
-            raise CheckpointError("the tokenizer names no end-of-sequence token", where=source)
+            raise CheckpointError(
+                "the tokenizer names no end-of-sequence token",
+                where=source,
+                expected="tokenizer.ggml.eos_token_id (GGUF) or eos_token in tokenizer_config.json",
+            )
         turn_ends = (backend.token_to_id(token) for token in END_OF_TURN_TOKENS)
         candidates = [*eos_token_ids, *(i for i in turn_ends if i in self._special_ids)]
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(candidates))
@@ -183,7 +192,9 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; BOS is prepended iff `add_bos_token and add_special_tokens`.
 
-        Special tokens written in the text (e.g. `<|im_start|>`) map to their ids.
+        Special tokens written in the text (e.g. `<|im_start|>`) map to their ids. Characters
+        whose bytes have no token in a byte-level vocabulary are dropped, as in transformers
+        (SmolLM2 lacks e.g. the bytes 0x04, 0x06, 0x13, 0x14, 0x16, 0x1D).
         """
         ids = self._backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos_token:

@@ -1,0 +1,134 @@
+"""transformers peer for bench_generate.py: `generate` on the same GGUF, dequantized to fp32 by
+transformers itself. Runs in its own process (infergen's virtualenv has transformers) so its
+threads and memory do not mix with infergen's. Same JSON protocol as llama_cpp_runner.py:
+one JSON object in (argv[1], or stdin when "-"), one JSON object on the last line of stdout.
+
+Fairness settings, applied before loading: torch.set_num_threads(n_threads) and
+torch.set_flush_denormal(True) (infergen flushes denormals too; without it transformers' CPU
+forward of the dequantized weights runs several times slower). EOS is disabled
+(eos_token_id=None) so every request generates exactly max_tokens, like ignore_eos.
+
+Input:
+    {"model": "x.gguf", "n_threads": 2,
+     "tasks": [{"kind": "decode", "prompt": [ids], "max_tokens": 128, "repeats": 3},
+               {"kind": "prefill", "prompts": [[ids], ...]},
+               {"kind": "concurrent", "prompts": [[ids], ...], "max_tokens": 128}]}
+Output: {"version", "load_s", "results": [...]} with the same fields as llama_cpp_runner.py.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+
+class _TimingStreamer:
+    """Records when generate() emits each new token (its first put() is the prompt)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+class Runner:
+    def __init__(self, model_path: str, n_threads: int):
+        torch.set_num_threads(n_threads)
+        torch.set_flush_denormal(True)
+        from transformers import AutoModelForCausalLM
+
+        path = pathlib.Path(model_path)
+        start = time.perf_counter()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
+        self.load_s = time.perf_counter() - start
+        self.pad_id = 0
+
+    def _generate(self, input_ids: torch.Tensor, mask: torch.Tensor, max_tokens: int, **kw):
+        with torch.inference_mode():
+            return self.model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=self.pad_id,
+                **kw,
+            )
+
+    def run_decode(self, prompt: list[int], max_tokens: int) -> dict:
+        ids = torch.tensor([prompt])
+        streamer = _TimingStreamer()
+        start = time.perf_counter()
+        out = self._generate(ids, torch.ones_like(ids), max_tokens, streamer=streamer)
+        end = time.perf_counter()
+        first = streamer.times[1]  # times[0]: the prompt
+        tokens = out[0, len(prompt) :].tolist()
+        return {"ttft_s": first - start, "decode_s": end - first, "tokens": tokens}
+
+    def run_prefill(self, prompt: list[int]) -> dict:
+        ids = torch.tensor([prompt])
+        start = time.perf_counter()
+        self._generate(ids, torch.ones_like(ids), 1)
+        return {"seconds": time.perf_counter() - start, "tokens": len(prompt)}
+
+    def run_concurrent(self, prompts: list[list[int]], max_tokens: int) -> dict:
+        """One left-padded batch of every prompt."""
+        longest = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, longest - len(p) :] = torch.tensor(p)
+            mask[i, longest - len(p) :] = 1
+        start = time.perf_counter()
+        out = self._generate(ids, mask, max_tokens)
+        seconds = time.perf_counter() - start
+        outputs = out[:, longest:].tolist()
+        return {
+            "seconds": seconds,
+            "output_tokens": sum(len(o) for o in outputs),
+            "outputs": outputs,
+        }
+
+
+def main() -> None:
+    raw = sys.stdin.read() if len(sys.argv) < 2 or sys.argv[1] == "-" else sys.argv[1]
+    args = json.loads(raw)
+    import transformers
+
+    runner = Runner(args["model"], int(args.get("n_threads", 2)))
+    results = []
+    for task in args["tasks"]:
+        kind = task["kind"]
+        if kind == "decode":
+            runs = [
+                runner.run_decode(task["prompt"], task["max_tokens"])
+                for _ in range(task.get("repeats", 1))
+            ]
+            results.append({"kind": kind, "runs": runs})
+        elif kind == "prefill":
+            results.append(
+                {"kind": kind, "runs": [runner.run_prefill(p) for p in task["prompts"]]}
+            )
+        elif kind == "concurrent":
+            results.append(
+                {"kind": kind, **runner.run_concurrent(task["prompts"], task["max_tokens"])}
+            )
+        else:
+            raise SystemExit(f"unknown task kind {kind!r}")
+    print(
+        json.dumps({"version": transformers.__version__, "load_s": runner.load_s, "results": results})
+    )
+
+
+if __name__ == "__main__":
+    main()

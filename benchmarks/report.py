@@ -1,0 +1,121 @@
+"""Render benchmarks/results/*.jsonl as a markdown table into README.md.
+
+Rewrites the part of README.md between `<!-- results:start -->` and `<!-- results:end -->`.
+One row per ratio line (infergen against a peer, measured in the same run), then one row per
+target line. Without the markers (or without a README) the table is printed and nothing is
+written.
+
+Usage: python benchmarks/report.py [--results DIR] [--readme PATH] [--print]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def load_lines(results_dir: pathlib.Path) -> list[dict]:
+    lines = []
+    for path in sorted(results_dir.glob("*.jsonl")):
+        for number, raw in enumerate(path.read_text().splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError as exc:
+                sys.exit(f"{path}:{number}: not a JSON line ({exc.msg})")
+    return lines
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "–"
+    text = f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return f"{text} {unit}".strip()
+
+
+def _machine(line: dict) -> str:
+    m = line.get("machine") or {}
+    parts = [m.get("cpu", "?"), f"{m.get('cores', '?')} cores", f"{m.get('threads', '?')} thr"]
+    if m.get("torch"):
+        parts.append(f"torch {m['torch']}")
+    return ", ".join(parts)
+
+
+def _peer_version(line: dict) -> str:
+    versions = line.get("peer_versions") or {}
+    key = {"llama.cpp": "llama-cpp-python"}.get(line.get("peer", ""), line.get("peer", ""))
+    value = versions.get(key)
+    return f"{key} {value}" if value else "–"
+
+
+def render(lines: list[dict]) -> str:
+    units = {
+        (ln["bench"], ln["metric"], ln["engine"]): ln["unit"]
+        for ln in lines
+        if ln.get("kind") == "result"
+    }
+    rows = [
+        "| metric | infergen | peer | peer value | ratio | machine | peer version |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for ln in lines:
+        if ln.get("kind") != "ratio":
+            continue
+        unit = units.get((ln["bench"], ln["metric"], "infergen"), "")
+        quick = " (quick)" if ln.get("quick") else ""
+        rows.append(
+            f"| {ln['bench']}: {ln['metric']}{quick} | {_num(ln['infergen_value'], unit)} "
+            f"| {ln['peer']} | {_num(ln['peer_value'], unit)} | {_num(ln['value'])}× "
+            f"| {_machine(ln)} | {_peer_version(ln)} |"
+        )
+    targets = [ln for ln in lines if ln.get("kind") == "target"]
+    if targets:
+        rows += ["", "| target | measured | met |", "|---|---|---|"]
+        for ln in targets:
+            met = {True: "yes", False: "**no**", None: "not measured"}[ln.get("met")]
+            value = "–" if ln.get("value") is None else f"{ln['value']:.2f}×"
+            rows.append(f"| {ln['bench']}: {ln['metric']} | {value} | {met} |")
+    skips = [ln for ln in lines if ln.get("kind") == "skip"]
+    for ln in skips:
+        rows.append(f"\n{ln['bench']}: {ln['engine']} not measured: {ln['note']}")
+    stamps = sorted({ln["timestamp"] for ln in lines if ln.get("timestamp")})
+    if stamps:
+        rows.append(
+            f"\nRatios >1 mean infergen is faster (tok/s: infergen/peer; seconds: peer/infergen), "
+            f"peer measured in the same run. Runs: {', '.join(stamps)}. "
+            f"Regenerate: `python benchmarks/bench_generate.py && python benchmarks/report.py`."
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--readme", type=pathlib.Path, default=ROOT / "README.md")
+    parser.add_argument("--print", action="store_true", help="print only, never write")
+    args = parser.parse_args()
+    lines = load_lines(args.results)
+    if not lines:
+        sys.exit(f"no results in {args.results}/*.jsonl; run a benchmark first")
+    table = render(lines)
+    text = args.readme.read_text() if args.readme.is_file() else None
+    if args.print or text is None or START not in text or END not in text:
+        print(table)
+        if not args.print:
+            why = "does not exist" if text is None else f"has no {START} … {END} markers"
+            print(f"\n{args.readme} {why}: table printed, not written.", file=sys.stderr)
+        return
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    args.readme.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+    print(f"wrote the results table ({len(lines)} lines read) into {args.readme}")
+
+
+if __name__ == "__main__":
+    main()
