@@ -6,28 +6,18 @@ It uses llama-cpp-python's low-level C API (llama_batch + llama_decode), not the
 `Llama` class, so that several sequences (seq_ids) decode in one batch, like continuous
 batching, and so that every timing is of llama_decode itself plus a greedy argmax on the host.
 
-Input:
-    {"model": "x.F32.gguf", "n_threads": 2, "kv_type": "f32",
-     "tasks": [
-        {"kind": "decode", "prompt": [ids], "max_tokens": 128, "repeats": 3},
-        {"kind": "prefill", "prompts": [[ids], ...]},          # one timing per prompt
-        {"kind": "concurrent", "prompts": [[ids], ...], "max_tokens": 128}]}
-Output:
-    {"version": ..., "system_info": ..., "results": [one object per task]}
-    decode     → {"runs": [{"ttft_s", "decode_s", "tokens"}...]}
-    prefill    → {"runs": [{"seconds", "tokens"}...]}
-    concurrent → {"seconds", "output_tokens", "prefill_s", "outputs": [[ids]...]}
+Input: {"model": "x.F32.gguf", "n_threads": 2, "kv_type": "f32", "tasks": [...]}
+Output: {"version", "system_info", "results": [...]}; tasks and results as in protocol.py.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
-import sys
 import time
 
 import llama_cpp as lc
 import numpy as np
+from protocol import read_args, run_tasks, write_result
 
 N_BATCH = 512  # logical and physical batch (tokens per llama_decode), as infergen's step budget
 KV_TYPES = {"f32": lc.GGML_TYPE_F32, "f16": lc.GGML_TYPE_F16}
@@ -159,35 +149,11 @@ def _ctx_size(tokens: int) -> int:
 
 
 def main() -> None:
-    raw = sys.stdin.read() if len(sys.argv) < 2 or sys.argv[1] == "-" else sys.argv[1]
-    args = json.loads(raw)
+    args = read_args()
     runner = Runner(args["model"], int(args.get("n_threads", 2)), args.get("kv_type", "f32"))
-    results = []
-    for task in args["tasks"]:
-        kind = task["kind"]
-        if kind == "decode":
-            runs = [
-                runner.run_decode(task["prompt"], task["max_tokens"])
-                for _ in range(task.get("repeats", 1))
-            ]
-            results.append({"kind": kind, "runs": runs})
-        elif kind == "prefill":
-            results.append(
-                {"kind": kind, "runs": [runner.run_prefill(p) for p in task["prompts"]]}
-            )
-        elif kind == "concurrent":
-            results.append(
-                {"kind": kind, **runner.run_concurrent(task["prompts"], task["max_tokens"])}
-            )
-        else:
-            raise SystemExit(f"unknown task kind {kind!r}")
-    info = {
-        "version": lc.__version__,
-        "system_info": lc.llama_print_system_info().decode(errors="replace").strip(),
-        "results": results,
-    }
-    sys.stdout.flush()
-    print(json.dumps(info))
+    results = run_tasks(runner, args["tasks"])
+    system_info = lc.llama_print_system_info().decode(errors="replace").strip()
+    write_result({"version": lc.__version__, "system_info": system_info, "results": results})
 
 
 if __name__ == "__main__":

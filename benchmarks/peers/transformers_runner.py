@@ -8,22 +8,17 @@ torch.set_flush_denormal(True) (infergen flushes denormals too; without it trans
 forward of the dequantized weights runs several times slower). EOS is disabled
 (eos_token_id=None) so every request generates exactly max_tokens, like ignore_eos.
 
-Input:
-    {"model": "x.gguf", "n_threads": 2,
-     "tasks": [{"kind": "decode", "prompt": [ids], "max_tokens": 128, "repeats": 3},
-               {"kind": "prefill", "prompts": [[ids], ...]},
-               {"kind": "concurrent", "prompts": [[ids], ...], "max_tokens": 128}]}
-Output: {"version", "load_s", "results": [...]} with the same fields as llama_cpp_runner.py.
+Input: {"model": "x.gguf", "n_threads": 2, "tasks": [...]}
+Output: {"version", "load_s", "results": [...]}; tasks and results as in protocol.py.
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
-import sys
 import time
 
 import torch
+from protocol import read_args, run_tasks, write_result
 
 
 class _TimingStreamer:
@@ -101,33 +96,12 @@ class Runner:
 
 
 def main() -> None:
-    raw = sys.stdin.read() if len(sys.argv) < 2 or sys.argv[1] == "-" else sys.argv[1]
-    args = json.loads(raw)
+    args = read_args()
     import transformers
 
     runner = Runner(args["model"], int(args.get("n_threads", 2)))
-    results = []
-    for task in args["tasks"]:
-        kind = task["kind"]
-        if kind == "decode":
-            runs = [
-                runner.run_decode(task["prompt"], task["max_tokens"])
-                for _ in range(task.get("repeats", 1))
-            ]
-            results.append({"kind": kind, "runs": runs})
-        elif kind == "prefill":
-            results.append(
-                {"kind": kind, "runs": [runner.run_prefill(p) for p in task["prompts"]]}
-            )
-        elif kind == "concurrent":
-            results.append(
-                {"kind": kind, **runner.run_concurrent(task["prompts"], task["max_tokens"])}
-            )
-        else:
-            raise SystemExit(f"unknown task kind {kind!r}")
-    print(
-        json.dumps({"version": transformers.__version__, "load_s": runner.load_s, "results": results})
-    )
+    results = run_tasks(runner, args["tasks"])
+    write_result({"version": transformers.__version__, "load_s": runner.load_s, "results": results})
 
 
 if __name__ == "__main__":

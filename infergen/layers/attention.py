@@ -16,7 +16,7 @@ from infergen.ops.rope import apply_rope
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, backend: str = "torch"):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -24,8 +24,8 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.scale = default_scale(config.head_dim)
         h = config.hidden_size
-        self.qkv = Linear(h, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype)
-        self.o = Linear(self.q_size, h, config.o_bias, dtype)
+        self.qkv = Linear(h, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, backend)
+        self.o = Linear(self.q_size, h, config.o_bias, dtype, backend)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
@@ -34,16 +34,18 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [tokens, hidden]
         batch: ForwardBatch,
         kv: tuple[torch.Tensor, torch.Tensor],
-        rope_cache: torch.Tensor,
     ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, k, batch.positions, rope_cache)
+        tokens, heads, dim = x.shape[0], self.num_heads, self.head_dim
+        qkv = self.qkv(x)  # [tokens, q_size + 2·kv_size]
+        v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, dim)
+        if self.q_norm is None:  # q and k are adjacent: rotate them as one tensor
+            qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, dim)
+            qk = apply_rope(qk, batch.rope)
+            q, k = qk[:, :heads], qk[:, heads:]
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, -1, dim))
+            q, k = apply_rope(q, batch.rope), apply_rope(k, batch.rope)
         k_cache, v_cache = kv
         kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
         out = paged_attention(q, k, v, k_cache, v_cache, batch.attn_plan, self.scale)

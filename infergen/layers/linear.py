@@ -1,21 +1,29 @@
-"""Linear layer holding an fp32 weight [out, in] and optional bias; the matmul is ops.linear."""
+"""Linear layer: weight [out, in], optional bias; the product is an ops.linear backend."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from infergen.ops.linear import linear
+from infergen.ops.linear import LINEAR_BACKENDS
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        dtype: torch.dtype,
+        backend: str = "torch",
+    ):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), False) if bias else None
+        self.fn = LINEAR_BACKENDS.get(backend, where="linear_backend")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, in] → [tokens, out]
-        return linear(x, self.weight, self.bias)
+        return self.fn(x, self.weight, self.bias)
 
     @staticmethod
     def fused(weights: list[torch.Tensor]) -> torch.Tensor:

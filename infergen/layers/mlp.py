@@ -11,11 +11,11 @@ from infergen.ops.silu_mul import silu_mul
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, backend: str = "torch"):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
-        self.gate_up = Linear(h, 2 * i, config.mlp_bias, dtype)  # rows: [gate; up]
-        self.down = Linear(i, h, config.mlp_bias, dtype)
+        self.gate_up = Linear(h, 2 * i, config.mlp_bias, dtype, backend)  # rows: [gate; up]
+        self.down = Linear(i, h, config.mlp_bias, dtype, backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, hidden]
         return self.down(silu_mul(self.gate_up(x)))

@@ -21,39 +21,41 @@ from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.attention import Attention
 from infergen.layers.mlp import GatedMLP
 from infergen.layers.norm import RMSNorm
-from infergen.ops.linear import linear
-from infergen.ops.rope import cos_sin_cache
+from infergen.ops.linear import LINEAR_BACKENDS
+from infergen.ops.rope import cos_sin_cache, rope_tables
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, linear_backend: str):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.attn = Attention(config, dtype)
+        self.attn = Attention(config, dtype, linear_backend)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.mlp = GatedMLP(config, dtype)
+        self.mlp = GatedMLP(config, dtype, linear_backend)
 
     def forward(
         self,
         h: torch.Tensor,
         batch: ForwardBatch,
         kv: tuple[torch.Tensor, torch.Tensor],
-        rope_cache: torch.Tensor,
     ) -> torch.Tensor:
-        h = h + self.attn(self.attn_norm(h), batch, kv, rope_cache)
+        h = h + self.attn(self.attn_norm(h), batch, kv)
         return h + self.mlp(self.mlp_norm(h))
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype = torch.float32, linear_backend: str = "torch"
+    ):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.head_fn = LINEAR_BACKENDS.get(linear_backend, where="linear_backend")
         self.embed = nn.Parameter(
             torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, dtype, linear_backend) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = (
@@ -86,9 +88,11 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
         """Returns logits [len(batch.logits_indices), vocab] in fp32."""
-        h = self.embed[batch.input_ids]  # [tokens, hidden]
+        if batch.rope is None:
+            batch.rope = rope_tables(self.rope_cache, batch.positions)
+        h = self.embed.index_select(0, batch.input_ids)  # [tokens, hidden]
         for i, layer in enumerate(self.layers):
-            h = layer(h, batch, kv_cache.layer(i), self.rope_cache)
+            h = layer(h, batch, kv_cache.layer(i))
         h = self.norm(h[batch.logits_indices])
         head = self.embed if self.lm_head is None else self.lm_head
-        return linear(h, head, None).float()
+        return self.head_fn(h, head, None).float()

@@ -41,9 +41,10 @@ class PrefillItem:
 @dataclass
 class AttentionPlan:
     decode_rows: torch.Tensor | None  # [decodes] token rows of the one-token sequences
-    decode_slots: torch.Tensor | None  # [decodes, max_context] cache slots (padding → 0)
-    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_context] bool
+    decode_slots: torch.Tensor | None  # [decodes · max_context] cache slots (padding → 0)
+    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_context] bool; None = attend all
     prefills: list[PrefillItem]
+    decode_only: bool = False  # every token is a decode, in row order: no gather/scatter of q
 
 
 def plan(
@@ -78,9 +79,11 @@ def plan(
     k_pos = torch.arange(max_ctx).unsqueeze(0)
     valid = _window_mask((lens - 1).unsqueeze(-1), k_pos, window).squeeze(-2)
     valid &= k_pos < lens.unsqueeze(-1)
+    mask = None if bool(valid.all()) else valid[:, None, None, :]
     slots = torch.where(valid, slots, torch.zeros_like(slots))
     rows = torch.tensor([query_start_loc[i] for i in decode_ids])
-    return AttentionPlan(rows, slots, valid[:, None, None, :], prefills)
+    decode_only = not prefills
+    return AttentionPlan(rows, slots.reshape(-1), mask, prefills, decode_only)
 
 
 def _slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
@@ -88,6 +91,32 @@ def _slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Te
     pos = torch.arange(length)
     blocks = block_tables[:, pos // block_size]
     return blocks * block_size + pos % block_size
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    flat_k: torch.Tensor,
+    flat_v: torch.Tensor,
+    attn_plan: AttentionPlan,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence. The GQA group is folded into the query axis:
+    q [decodes, heads, d] → [decodes, kv_heads, group, d], so K/V are never repeated."""
+    rows = attn_plan.decode_rows
+    batch = rows.shape[0]
+    kv_heads, dim = flat_k.shape[1], flat_k.shape[2]
+    keys = flat_k.index_select(0, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
+    values = flat_v.index_select(0, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
+    query = q if attn_plan.decode_only else q.index_select(0, rows)
+    query = query.reshape(batch, kv_heads, -1, dim)
+    o = F.scaled_dot_product_attention(
+        query,
+        keys.transpose(1, 2).to(q.dtype),
+        values.transpose(1, 2).to(q.dtype),
+        attn_mask=attn_plan.decode_mask,
+        scale=scale,
+    )
+    return o.reshape(batch, -1, dim)  # [decodes, heads, d]
 
 
 def paged_attention(
@@ -103,24 +132,15 @@ def paged_attention(
 
     Returns [tokens, heads, d].
     """
-    out = torch.empty_like(q)
     flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [slots, kv_heads, d]
     flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    if attn_plan.decode_only:
+        return _decode_attention(q, flat_k, flat_v, attn_plan, scale)
+    out = torch.empty_like(q)
     if attn_plan.decode_rows is not None:
-        slots = attn_plan.decode_slots
-        batch, ctx = slots.shape
-        keys = flat_k[slots.reshape(-1)].view(batch, ctx, *flat_k.shape[1:]).transpose(1, 2)
-        values = flat_v[slots.reshape(-1)].view(batch, ctx, *flat_v.shape[1:]).transpose(1, 2)
-        query = q[attn_plan.decode_rows].unsqueeze(2)  # [decodes, heads, 1, d]
-        o = F.scaled_dot_product_attention(
-            query,
-            keys.to(q.dtype),
-            values.to(q.dtype),
-            attn_mask=attn_plan.decode_mask,
-            scale=scale,
-            enable_gqa=True,
+        out.index_copy_(
+            0, attn_plan.decode_rows, _decode_attention(q, flat_k, flat_v, attn_plan, scale)
         )
-        out[attn_plan.decode_rows] = o.squeeze(2)
     for item in attn_plan.prefills:
         query = q[item.start : item.end].transpose(0, 1)  # [heads, query_len, d]
         if item.slots is None:

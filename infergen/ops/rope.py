@@ -53,17 +53,17 @@ def reference(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> 
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def apply_rope(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q [tokens, heads, d] and k [tokens, kv_heads, d] together (one cos/sin gather)."""
-    half = q.shape[-1] // 2
+def rope_tables(cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-step tables shared by every layer: (cos2, sin2), each [tokens, 1, head_dim], with
+    cos2 = [cos, cos] and sin2 = [−sin, sin] so that y = x·cos2 + swap_halves(x)·sin2."""
+    half = cache.shape[-1] // 2
     cos, sin = cache[positions].unsqueeze(1).split(half, dim=-1)
-    cos2 = torch.cat([cos, cos], dim=-1)
-    sin2 = torch.cat([-sin, sin], dim=-1)
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
-        return x * cos2 + swapped * sin2
 
-    return rotate(q), rotate(k)
+def apply_rope(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate x [tokens, heads, d] (any heads: q and k may be rotated as one tensor)."""
+    cos2, sin2 = tables
+    half = x.shape[-1] // 2
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return torch.addcmul(x * cos2, swapped, sin2)

@@ -135,8 +135,9 @@ def test_wrong_tensor_shape(bad_dir):
 
 
 def test_unexpected_tensor(bad_dir):
-    _edit_tensors(bad_dir, lambda t: t.__setitem__("model.layers.0.self_attn.q_proj.bias",
-                                                   torch.zeros(64)))
+    _edit_tensors(
+        bad_dir, lambda t: t.__setitem__("model.layers.0.self_attn.q_proj.bias", torch.zeros(64))
+    )
     with pytest.raises(ConfigError, match="q_proj.bias"):
         load_checkpoint(bad_dir)
 

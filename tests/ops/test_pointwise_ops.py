@@ -38,9 +38,11 @@ def test_rope_matches_reference(head_dim, tokens):
     cache = torch.cat([angles.cos(), angles.sin()], dim=-1)
     q, k = torch.randn(tokens, 3, head_dim), torch.randn(tokens, 1, head_dim)
     positions = torch.randint(0, 100, (tokens,))
-    got_q, got_k = rope.apply_rope(q, k, positions, cache)
-    torch.testing.assert_close(got_q, rope.reference(q, positions, cache))
-    torch.testing.assert_close(got_k, rope.reference(k, positions, cache))
+    tables = rope.rope_tables(cache, positions)
+    torch.testing.assert_close(rope.apply_rope(q, tables), rope.reference(q, positions, cache))
+    # q and k rotated as one tensor (how the attention layer calls it)
+    qk = rope.apply_rope(torch.cat([q, k], dim=1), tables)
+    torch.testing.assert_close(qk[:, 3:], rope.reference(k, positions, cache))
 
 
 @pytest.mark.parametrize(
@@ -73,3 +75,19 @@ def test_inv_frequencies_match_transformers(rope_parameters):
     scaling = RopeScaling(**{k: v for k, v in rope_parameters.items() if k != "rope_theta"})
     got = rope.inv_frequencies(128, rope_parameters["rope_theta"], scaling).float()
     torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 7), (5, 8), (130, 24), (577, 1536)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_native_matvec_matches_reference(rows, cols, bias):
+    from infergen.ops.linear import _matvec
+
+    assert _matvec() is not None, "the C kernel must compile on this machine (gcc is present)"
+    x, w = torch.randn(1, cols), torch.randn(rows, cols)
+    b = torch.randn(rows) if bias else None
+    got = linear.linear(x, w, b, backend="native")
+    want = linear.reference(x.double(), w.double(), b.double() if bias else None)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * cols**0.5)
+    # several tokens go to torch; result identical to the torch backend
+    xs = torch.randn(4, cols)
+    assert torch.equal(linear.linear(xs, w, b, "native"), linear.linear(xs, w, b, "torch"))

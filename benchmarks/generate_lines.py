@@ -1,0 +1,210 @@
+"""JSON lines of bench_generate.py: per-engine results, infergen/peer ratios, greedy
+agreement between engines, and the issue's targets; plus the table printed to stdout.
+
+Engine outputs follow benchmarks/peers/protocol.py: {"results": [one per task]} with "runs".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench_generate import Sizes
+
+AGREE_TOKENS = 16  # leading greedy tokens compared between engines (same-model sanity check)
+# (name, (metric, engine) numerator, (metric, engine) denominator, threshold), from the issue.
+TARGETS = [
+    (
+        "decode_bs1 >= 2x transformers",
+        ("decode_tok_s_bs1", "infergen"),
+        ("decode_tok_s_bs1", "transformers"),
+        2.0,
+    ),
+    (
+        "decode_bs1 >= 0.9x llama.cpp",
+        ("decode_tok_s_bs1", "infergen"),
+        ("decode_tok_s_bs1", "llama.cpp"),
+        0.9,
+    ),
+    (
+        "throughput_c16 >= 5x own decode_bs1",
+        ("throughput_tok_s_c{c0}", "infergen"),
+        ("decode_tok_s_bs1", "infergen"),
+        5.0,
+    ),
+]
+NOTES = {
+    "transformers": "torch.set_num_threads(threads) and torch.set_flush_denormal(True) for "
+    "fairness; concurrency = one left-padded generate() batch",
+    "llama.cpp": "F32 GGUF written from the same Q4_1 file, F32 KV cache; concurrency via the "
+    "low-level llama_batch API (one seq_id per request: prefill in 512-token batches, then "
+    "lockstep decode of all sequences); greedy argmax on the host",
+}
+
+
+def summarize(out: dict, tasks: list[dict], sizes: Sizes) -> dict[str, dict]:
+    """metric -> {"value", "unit", "stat", "runs", "params", "other_cpu_cores"}."""
+    metrics: dict[str, dict] = {}
+    pairs = list(zip(tasks, out["results"], strict=True))
+    decodes = [(r["runs"][0], r["other_cpu_cores"]) for t, r in pairs if t["kind"] == "decode"]
+    if decodes:
+        params = {"prompt_tokens": sizes.decode_prompt, "new_tokens": sizes.decode_new}
+        other = max((c for _, c in decodes if c is not None), default=None)
+        rates = [(len(d["tokens"]) - 1) / d["decode_s"] for d, _ in decodes]
+        ttfts = [d["ttft_s"] for d, _ in decodes]
+        for metric, values, best, unit in (
+            ("decode_tok_s_bs1", rates, max, "tok/s"),
+            ("ttft_s_bs1", ttfts, min, "s"),
+        ):
+            metrics[metric] = {
+                "value": best(values),
+                "unit": unit,
+                "runs": values,
+                "stat": f"best of {len(values)}",
+                "params": params,
+                "other_cpu_cores": other,
+            }
+    for task, result in pairs:
+        runs, other = result["runs"], result["other_cpu_cores"]
+        if task["kind"] == "prefill":
+            rates = [r["tokens"] / r["seconds"] for r in runs]
+            metrics["prefill_tok_s"] = {
+                "value": max(rates),
+                "unit": "tok/s",
+                "runs": rates,
+                "stat": f"best of {len(rates)}",
+                "other_cpu_cores": other,
+                "params": {"prompt_tokens": sizes.prefill_prompt, "max_tokens": 1},
+            }
+        elif task["kind"] == "concurrent":
+            c = len(task["prompts"])
+            rates = [r["output_tokens"] / r["seconds"] for r in runs]
+            metrics[f"throughput_tok_s_c{c}"] = {
+                "value": max(rates),
+                "unit": "tok/s",
+                "runs": rates,
+                "stat": f"best of {len(rates)}",
+                "other_cpu_cores": other,
+                "params": {
+                    "requests": c,
+                    "prompt_tokens": sizes.conc_prompt,
+                    "new_tokens": sizes.conc_new,
+                },
+            }
+    return metrics
+
+
+def agreement(ours: dict, theirs: dict, tasks: list[dict]) -> dict:
+    """Common greedy prefix (up to AGREE_TOKENS) of two engines on the same prompts."""
+    prefixes = []
+    for task, a, b in zip(tasks, ours["results"], theirs["results"], strict=True):
+        if task["kind"] == "decode":
+            pairs = [(a["runs"][0]["tokens"], b["runs"][0]["tokens"])]
+        elif task["kind"] == "concurrent":
+            pairs = list(zip(a["runs"][0]["outputs"], b["runs"][0]["outputs"], strict=True))
+        else:
+            continue
+        for x, y in pairs:
+            n = min(AGREE_TOKENS, len(x), len(y))
+            prefixes.append(next((i for i in range(n) if x[i] != y[i]), n))
+    full = sum(p == AGREE_TOKENS for p in prefixes)
+    return {
+        "value": full / max(1, len(prefixes)),
+        "unit": f"fraction of prompts whose first {AGREE_TOKENS} greedy tokens agree",
+        "detail": f"{full}/{len(prefixes)} prompts agree on the first {AGREE_TOKENS} tokens; "
+        f"mean common prefix {sum(prefixes) / max(1, len(prefixes)):.1f}; min {min(prefixes)}",
+    }
+
+
+def build_lines(engines: dict[str, dict], tasks: list[dict], sizes: Sizes, base: dict):
+    lines: list[dict] = []
+    summaries: dict[str, dict] = {}
+    for name, out in engines.items():
+        if "error" in out or "skipped" in out:
+            lines.append(
+                {**base, "kind": "skip", "engine": name, "note": out.get("skipped") or out["error"]}
+            )
+            continue
+        summaries[name] = summarize(out, tasks, sizes)
+        for metric, m in summaries[name].items():
+            note = {"note": NOTES[name]} if name in NOTES else {}
+            lines.append({**base, "kind": "result", "metric": metric, "engine": name, **m, **note})
+    ours = summaries.get("infergen", {})
+    for peer, theirs in summaries.items():
+        if peer == "infergen":
+            continue
+        for metric, m in theirs.items():
+            if metric not in ours:
+                continue
+            seconds = m["unit"] == "s"
+            a, b = ours[metric]["value"], m["value"]
+            lines.append(
+                {
+                    **base,
+                    "kind": "ratio",
+                    "metric": metric,
+                    "engine": "infergen",
+                    "peer": peer,
+                    "infergen_value": a,
+                    "peer_value": b,
+                    "value": b / a if seconds else a / b,
+                    "unit": "x",
+                    "definition": "peer/infergen (seconds)" if seconds else "infergen/peer (tok/s)",
+                }
+            )
+        lines.append(
+            {
+                **base,
+                "kind": "agreement",
+                "metric": "greedy_agreement",
+                "engine": "infergen",
+                "peer": peer,
+                **agreement(engines["infergen"], engines[peer], tasks),
+            }
+        )
+    for name, (m1, e1), (m2, e2), threshold in TARGETS:
+        m1 = m1.format(c0=sizes.concurrency[0])
+        a, b = summaries.get(e1, {}).get(m1), summaries.get(e2, {}).get(m2)
+        line = {
+            **base,
+            "kind": "target",
+            "metric": name,
+            "engine": "infergen",
+            "threshold": threshold,
+            "numerator": f"{e1}:{m1}",
+            "denominator": f"{e2}:{m2}",
+        }
+        if a is None or b is None:
+            line.update(value=None, met=None, note="not measured in this run")
+        else:
+            line.update(value=a["value"] / b["value"], met=a["value"] / b["value"] >= threshold)
+        lines.append(line)
+    return lines
+
+
+def print_table(lines: list[dict]) -> None:
+    print(f"\n{'metric':<22}{'engine':<14}{'value':>10}  {'unit':<6}{'other cpu':>10}  stat")
+    for ln in lines:
+        if ln["kind"] == "result":
+            other = "?" if ln["other_cpu_cores"] is None else f"{ln['other_cpu_cores']:.2f}"
+            print(
+                f"{ln['metric']:<22}{ln['engine']:<14}{ln['value']:>10.3f}  {ln['unit']:<6}"
+                f"{other:>10}  {ln['stat']}"
+            )
+        elif ln["kind"] == "skip":
+            print(f"{'(skipped)':<22}{ln['engine']:<14}  {ln['note'][:200]}")
+    print(f"\n{'ratio (>1: infergen faster)':<30}{'peer':<14}{'value':>8}")
+    for ln in lines:
+        if ln["kind"] == "ratio":
+            print(f"{ln['metric']:<30}{ln['peer']:<14}{ln['value']:>7.2f}x")
+        elif ln["kind"] == "agreement":
+            print(f"{'greedy agreement':<30}{ln['peer']:<14}  {ln['detail']}")
+    print("\ntargets (from the issue)")
+    for ln in lines:
+        if ln["kind"] == "target":
+            value = "n/a" if ln["value"] is None else f"{ln['value']:.2f}x"
+            print(f"  {ln['metric']:<40}{value:>8}  met={ln['met']}")
+    print(
+        "\nother cpu = cores used by other processes during the measurement; > ~0.2 means the "
+        "numbers are contended (thread barriers stall) and should be re-run."
+    )

@@ -1,0 +1,1 @@
+"""Native kernels: C sources compiled on first use (cached), loaded with ctypes."""

@@ -1,0 +1,78 @@
+"""Compile a C kernel source shipped with infergen into a shared library, once, and load it.
+
+The library is cached under `cache_dir()/kernels/<name>-<hash>.so`, the hash covering the
+source, the compiler command and the CPU flags it targets, so a changed source or machine
+rebuilds. Compilation needs a C compiler (`cc`); without one the caller falls back to torch
+and says so once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_HERE = Path(__file__).parent
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "infergen"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _compile_flags() -> list[str]:
+    flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast"]
+    cpu = _cpu_flags()
+    if {"avx2", "fma"} <= cpu:
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+class KernelUnavailable(RuntimeError):
+    """No C compiler, or the compile failed: the torch path is used instead."""
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL:
+    """Compile (if not cached) and load `infergen/kernels/<name>.c`."""
+    source = (_HERE / f"{name}.c").read_bytes()
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        raise KernelUnavailable("no C compiler (cc/gcc) on PATH")
+    flags = _compile_flags()
+    key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"{name}-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            cmd = [compiler, *flags, "-o", str(out), str(_HERE / f"{name}.c")]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise KernelUnavailable(f"compiling {name}.c failed:\n{result.stderr}")
+            os.replace(out, target)  # atomic: concurrent builders agree on the result
+    return ctypes.CDLL(str(target))
+
+
+def try_load(name: str) -> ctypes.CDLL | None:
+    try:
+        return load(name)
+    except KernelUnavailable as exc:
+        print(f"infergen: native kernel {name} unavailable, using torch ({exc})", file=sys.stderr)
+        return None
