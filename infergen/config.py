@@ -83,7 +83,7 @@ class ModelConfig:
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    source: str = "<memory>"
+    source: str = field(default="<memory>", compare=False)
 
     def __post_init__(self) -> None:
         where = self.source
