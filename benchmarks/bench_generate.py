@@ -144,18 +144,19 @@ class InfergenRunner:
         return {"seconds": seconds, "output_tokens": sum(map(len, outputs)), "outputs": outputs}
 
 
-def run_infergen(threads: int, sizes: Sizes) -> tuple[dict, list[dict], list[dict]]:
+def run_infergen(threads: int, sizes: Sizes, retries: int) -> tuple[dict, list, list]:
     """infergen's results, and the (warm-up, measured) tasks every peer then runs."""
     runner = InfergenRunner(threads)
     warmup, tasks = make_tasks(runner.llm.tokenizer, sizes)
     run_tasks(runner, warmup)
-    results = run_tasks(runner, tasks)
+    results = run_tasks(runner, tasks, retries)
     return {"version": _version("infergen"), "results": results}, warmup, tasks
 
 
 def run_peer(python, script: str, name: str, model, threads: int, warmup, tasks, **extra):
     """A peer runner in a subprocess (warm-up tasks first, their results dropped). Returns its
-    JSON, or {"error": ...} with the tail of its log — never raises."""
+    JSON, or {"error": ...} with the tail of its log — never raises. `extra`: more runner
+    arguments (retries, kv_type)."""
     args = {"model": str(model), "n_threads": threads, "tasks": warmup + tasks, **extra}
     log = pathlib.Path(tempfile.gettempdir()) / f"bench_generate_{name}.log"
     with log.open("w") as err:
@@ -220,6 +221,13 @@ def main() -> None:
     parser.add_argument("--skip-llamacpp", action="store_true", help="no llama.cpp peer")
     parser.add_argument("--threads", type=int, default=2, help="threads of every engine (2)")
     parser.add_argument(
+        "--retries",
+        type=int,
+        default=None,
+        help="re-run a measurement that competed with other processes for more than "
+        "0.25 cores, up to this many times, keeping the least contended (default 2; quick 0)",
+    )
+    parser.add_argument(
         "--out",
         type=pathlib.Path,
         default=ROOT / "benchmarks" / "results" / "generate.jsonl",
@@ -227,13 +235,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
+    retries = args.retries if args.retries is not None else (0 if args.quick else 2)
 
     from infergen.io.default_model import default_model_path
 
     model = default_model_path()
     print(f"[infergen] {model.name}, fp32, {args.threads} threads", flush=True)
     started = time.perf_counter()
-    infergen_out, warmup, tasks = run_infergen(args.threads, sizes)
+    infergen_out, warmup, tasks = run_infergen(args.threads, sizes, retries)
     engines: dict[str, dict] = {"infergen": infergen_out}
     versions: dict[str, str] = {}
     print(f"[infergen] done in {time.perf_counter() - started:.0f} s", flush=True)
@@ -248,6 +257,7 @@ def main() -> None:
             args.threads,
             warmup,
             tasks,
+            retries=retries,
         )
         engines["transformers"] = out
         versions["transformers"] = out.get("version") or _version("transformers")
@@ -273,6 +283,7 @@ def main() -> None:
                 warmup,
                 tasks,
                 kv_type="f32",
+                retries=retries,
             )
             engines["llama.cpp"] = out
             versions["llama-cpp-python"] = out.get("version", "?")
@@ -282,6 +293,7 @@ def main() -> None:
         "quick": args.quick,
         "model": model.name,
         "dtype": "fp32",
+        "retries": retries,
         "peer_versions": versions,
         "machine": machine_info(args.threads),
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

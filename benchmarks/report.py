@@ -17,6 +17,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+CONTENDED = 0.25  # cores used by other processes during a measurement (see peers/cpu_contention)
 
 
 def load_lines(results_dir: pathlib.Path) -> list[dict]:
@@ -69,9 +70,11 @@ def render(lines: list[dict]) -> str:
             continue
         unit = units.get((ln["bench"], ln["metric"], "infergen"), "")
         quick = " (quick)" if ln.get("quick") else ""
+        others = (ln.get("other_cpu_cores") or {}).values()
+        noisy = " ⚠" if any(c is not None and c > CONTENDED for c in others) else ""
         rows.append(
             f"| {ln['bench']}: {ln['metric']}{quick} | {_num(ln['infergen_value'], unit)} "
-            f"| {ln['peer']} | {_num(ln['peer_value'], unit)} | {_num(ln['value'])}× "
+            f"| {ln['peer']} | {_num(ln['peer_value'], unit)} | {_num(ln['value'])}×{noisy} "
             f"| {_machine(ln)} | {_peer_version(ln)} |"
         )
     targets = [ln for ln in lines if ln.get("kind") == "target"]
@@ -88,7 +91,8 @@ def render(lines: list[dict]) -> str:
     if stamps:
         rows.append(
             f"\nRatios >1 mean infergen is faster (tok/s: infergen/peer; seconds: peer/infergen), "
-            f"peer measured in the same run. Runs: {', '.join(stamps)}. "
+            f"peer measured in the same run. ⚠: other processes used more than {CONTENDED} "
+            f"cores during one side's measurement (numbers contended). Runs: {', '.join(stamps)}. "
             f"Regenerate: `python benchmarks/bench_generate.py && python benchmarks/report.py`."
         )
     return "\n".join(rows)

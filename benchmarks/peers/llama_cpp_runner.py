@@ -151,7 +151,7 @@ def _ctx_size(tokens: int) -> int:
 def main() -> None:
     args = read_args()
     runner = Runner(args["model"], int(args.get("n_threads", 2)), args.get("kv_type", "f32"))
-    results = run_tasks(runner, args["tasks"])
+    results = run_tasks(runner, args["tasks"], int(args.get("retries", 0)))
     system_info = lc.llama_print_system_info().decode(errors="replace").strip()
     write_result({"version": lc.__version__, "system_info": system_info, "results": results})
 

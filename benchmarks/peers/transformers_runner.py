@@ -100,7 +100,7 @@ def main() -> None:
     import transformers
 
     runner = Runner(args["model"], int(args.get("n_threads", 2)))
-    results = run_tasks(runner, args["tasks"])
+    results = run_tasks(runner, args["tasks"], int(args.get("retries", 0)))
     write_result({"version": transformers.__version__, "load_s": runner.load_s, "results": results})
 
 

@@ -41,7 +41,7 @@ def test_token_budget_and_chunking():
     while a.num_computed_tokens < 23 or b.num_computed_tokens < 5:
         batch = sched.schedule()
         assert sum(batch.num_tokens) <= 10
-        steps.append([(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens)])
+        steps.append([(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens, strict=True)])
         _complete(batch)
     assert steps[0] == [("r0", 10)]
     assert steps[1] == [("r0", 10)]
