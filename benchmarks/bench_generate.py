@@ -203,6 +203,17 @@ def machine_info(threads: int) -> dict:
     }
 
 
+def git_state() -> dict:
+    """The infergen commit measured, and whether the working tree differed from it."""
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "infergen")
+    return {"commit": git("rev-parse", "--short", "HEAD") or None, "infergen_dirty": bool(changed)}
+
+
 def _version(package: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -236,6 +247,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     retries = args.retries if args.retries is not None else (0 if args.quick else 2)
+    git = git_state()  # before the run: others may change the tree meanwhile
 
     from infergen.io.default_model import default_model_path
 
@@ -294,6 +306,7 @@ def main() -> None:
         "model": model.name,
         "dtype": "fp32",
         "retries": retries,
+        "git": git,
         "peer_versions": versions,
         "machine": machine_info(args.threads),
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

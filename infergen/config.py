@@ -356,7 +356,7 @@ class EngineConfig:
     dtype: str = "float32"
     num_threads: int | None = None
     seed: int = 0
-    linear_backend: str = "native"  # ops.linear.LINEAR_BACKENDS: "native" (C matvec) | "torch"
+    kernels: str = "native"  # op backends: "native" (C kernels, torch fallback) | "torch"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

@@ -36,7 +36,8 @@ class LLM:
         enable_chunked_prefill / enable_prefix_caching: switches.
         num_threads: torch CPU threads (None: torch's default).
         seed: engine seed for requests without their own seed.
-        linear_backend: "native" (C matrix-vector kernel for one-token steps) or "torch".
+        kernels: "native" (C kernels for matvec, norms, RoPE, SwiGLU, decode attention)
+            or "torch" (torch ops only).
     """
 
     def __init__(
@@ -53,13 +54,13 @@ class LLM:
         num_threads: int | None = None,
         seed: int = 0,
         dtype: str = "float32",
-        linear_backend: str = "native",
+        kernels: str = "native",
         checkpoint: Any = None,
     ):
         config = EngineConfig(
             model=model,
             dtype=dtype,
-            linear_backend=linear_backend,
+            kernels=kernels,
             num_threads=num_threads,
             seed=seed,
             cache=CacheConfig(

@@ -61,8 +61,15 @@ def run_tasks(runner, tasks: list[dict], retries: int = 0) -> list[dict]:
             calls = [lambda: runner.run_concurrent(prompts, max_tokens)] * repeats  # noqa: B023
         else:
             raise SystemExit(f"unknown task kind {kind!r}")
+        started = time.perf_counter()
         # the calls run here, before the loop variables change
         results.append({"kind": kind, "runs": [measure(call, retries) for call in calls]})
+        print(
+            f"  {kind} task ({len(task.get('prompts', [0]))} prompts) done in "
+            f"{time.perf_counter() - started:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     return results
 
 

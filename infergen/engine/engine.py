@@ -46,7 +46,7 @@ class Engine:
         self.model_config: ModelConfig = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         dtype = _DTYPES[config.dtype]
-        model = Transformer(self.model_config, dtype, config.linear_backend)
+        model = Transformer(self.model_config, dtype, config.kernels)
         model.load_weights(checkpoint.tensors)
         checkpoint.tensors.clear()  # the model holds its own (fused) copies
         cache = config.cache

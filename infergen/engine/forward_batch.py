@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from infergen.ops.paged_attention import AttentionPlan
+from infergen.ops.rope import RopeInputs
 
 
 @dataclass
@@ -20,7 +21,7 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # [tokens] int64, KV cache slot of each token
     attn_plan: AttentionPlan  # gather indices and masks, shared by every layer
     logits_indices: torch.Tensor  # [sampled] rows whose hidden state becomes logits
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos2, sin2) [tokens, 1, head_dim]
+    rope: RopeInputs | None = None  # positions + cos/sin cache, set by the model
 
     @property
     def num_tokens(self) -> int:

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 _HERE = Path(__file__).parent
@@ -37,7 +38,7 @@ def _cpu_flags() -> set[str]:
 
 
 def _compile_flags() -> list[str]:
-    flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast"]
+    flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", f"-I{_HERE}"]
     cpu = _cpu_flags()
     if {"avx2", "fma"} <= cpu:
         flags += ["-mavx2", "-mfma"]
@@ -51,7 +52,7 @@ class KernelUnavailable(RuntimeError):
 @functools.cache
 def load(name: str) -> ctypes.CDLL:
     """Compile (if not cached) and load `infergen/kernels/<name>.c`."""
-    source = (_HERE / f"{name}.c").read_bytes()
+    source = (_HERE / f"{name}.c").read_bytes() + (_HERE / "common.h").read_bytes()
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc/gcc) on PATH")
@@ -76,3 +77,20 @@ def try_load(name: str) -> ctypes.CDLL | None:
     except KernelUnavailable as exc:
         print(f"infergen: native kernel {name} unavailable, using torch ({exc})", file=sys.stderr)
         return None
+
+
+# C argument kinds of the kernel signatures: pointers, C long, int, float.
+P, L, I, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+
+
+@functools.cache
+def kernel(name: str, *argtypes: type) -> Callable[..., None] | None:
+    """The function `name` of `kernels/<name>.c` with its ctypes signature, or None when
+    native kernels cannot be built here (callers then use their torch path)."""
+    lib = try_load(name)
+    if lib is None:
+        return None
+    fn = getattr(lib, name)
+    fn.restype = None
+    fn.argtypes = list(argtypes)
+    return fn

@@ -11,8 +11,8 @@ from infergen.engine.forward_batch import ForwardBatch
 from infergen.layers.linear import Linear
 from infergen.layers.norm import RMSNorm
 from infergen.ops.kv_store import kv_store
-from infergen.ops.paged_attention import default_scale, paged_attention
-from infergen.ops.rope import apply_rope
+from infergen.ops.paged_attention import DECODE_BACKENDS, default_scale, paged_attention
+from infergen.ops.rope import ROPE_BACKENDS
 
 
 class Attention(nn.Module):
@@ -26,8 +26,11 @@ class Attention(nn.Module):
         h = config.hidden_size
         self.qkv = Linear(h, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, backend)
         self.o = Linear(self.q_size, h, config.o_bias, dtype, backend)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        eps = config.rms_norm_eps
+        self.q_norm = RMSNorm(self.head_dim, eps, dtype, backend) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps, dtype, backend) if config.qk_norm else None
+        self.rope = ROPE_BACKENDS.get(backend, where="kernels")
+        self.decode = DECODE_BACKENDS.get(backend, where="kernels")
 
     def forward(
         self,
@@ -40,15 +43,15 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, dim)
         if self.q_norm is None:  # q and k are adjacent: rotate them as one tensor
             qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, dim)
-            qk = apply_rope(qk, batch.rope)
+            qk = self.rope(qk, batch.rope)
             q, k = qk[:, :heads], qk[:, heads:]
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, -1, dim))
-            q, k = apply_rope(q, batch.rope), apply_rope(k, batch.rope)
+            q, k = self.rope(q, batch.rope), self.rope(k, batch.rope)
         k_cache, v_cache = kv
         kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
-        out = paged_attention(q, k, v, k_cache, v_cache, batch.attn_plan, self.scale)
+        out = paged_attention(q, k, v, k_cache, v_cache, batch.attn_plan, self.scale, self.decode)
         return self.o(out.view(tokens, self.q_size))
 
     def load(self, get: callable, prefix: str) -> None:

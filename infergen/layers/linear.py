@@ -20,7 +20,7 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), False) if bias else None
-        self.fn = LINEAR_BACKENDS.get(backend, where="linear_backend")
+        self.fn = LINEAR_BACKENDS.get(backend, where="kernels")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, in] → [tokens, out]
         return self.fn(x, self.weight, self.bias)

@@ -7,7 +7,7 @@ from torch import nn
 
 from infergen.config import ModelConfig
 from infergen.layers.linear import Linear
-from infergen.ops.silu_mul import silu_mul
+from infergen.ops.silu_mul import SILU_MUL_BACKENDS
 
 
 class GatedMLP(nn.Module):
@@ -16,9 +16,10 @@ class GatedMLP(nn.Module):
         h, i = config.hidden_size, config.intermediate_size
         self.gate_up = Linear(h, 2 * i, config.mlp_bias, dtype, backend)  # rows: [gate; up]
         self.down = Linear(i, h, config.mlp_bias, dtype, backend)
+        self.act = SILU_MUL_BACKENDS.get(backend, where="kernels")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, hidden]
-        return self.down(silu_mul(self.gate_up(x)))
+        return self.down(self.act(self.gate_up(x)))
 
     def load(self, get: callable, prefix: str) -> None:
         """`get(name)` returns a checkpoint tensor by Hugging Face name."""

@@ -4,6 +4,8 @@
     for each layer:  h += attn(norm(h));  h += mlp(norm(h))
     logits = lm_head(norm(h))        (lm_head = embed when embeddings are tied)
 
+The residual add is fused into the next norm: each sublayer returns its output as a pending
+`delta` and the following RMSNorm does h += delta; y = norm(h) in one op.
 Only the rows in `ForwardBatch.logits_indices` go through the final norm and the LM head:
 a 512-token prefill computes one row of logits, not 512.
 """
@@ -22,42 +24,44 @@ from infergen.layers.attention import Attention
 from infergen.layers.mlp import GatedMLP
 from infergen.layers.norm import RMSNorm
 from infergen.ops.linear import LINEAR_BACKENDS
-from infergen.ops.rope import cos_sin_cache, rope_tables
+from infergen.ops.rope import RopeInputs, cos_sin_cache
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, linear_backend: str):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, kernels: str):
         super().__init__()
-        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.attn = Attention(config, dtype, linear_backend)
-        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.mlp = GatedMLP(config, dtype, linear_backend)
+        eps = config.rms_norm_eps
+        self.attn_norm = RMSNorm(config.hidden_size, eps, dtype, kernels)
+        self.attn = Attention(config, dtype, kernels)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps, dtype, kernels)
+        self.mlp = GatedMLP(config, dtype, kernels)
 
     def forward(
         self,
-        h: torch.Tensor,
+        h: torch.Tensor,  # [tokens, hidden] residual stream, updated in place
+        delta: torch.Tensor | None,  # previous layer's MLP output, not yet added to h
         batch: ForwardBatch,
         kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        h = h + self.attn(self.attn_norm(h), batch, kv)
-        return h + self.mlp(self.mlp_norm(h))
+        attn_out = self.attn(self.attn_norm(h, delta), batch, kv)
+        return self.mlp(self.mlp_norm(h, attn_out))  # the new pending delta
 
 
 class Transformer(nn.Module):
     def __init__(
-        self, config: ModelConfig, dtype: torch.dtype = torch.float32, linear_backend: str = "torch"
+        self, config: ModelConfig, dtype: torch.dtype = torch.float32, kernels: str = "torch"
     ):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.head_fn = LINEAR_BACKENDS.get(linear_backend, where="linear_backend")
+        self.head_fn = LINEAR_BACKENDS.get(kernels, where="kernels")
         self.embed = nn.Parameter(
             torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, linear_backend) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, dtype, kernels) for _ in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, kernels)
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -89,10 +93,12 @@ class Transformer(nn.Module):
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
         """Returns logits [len(batch.logits_indices), vocab] in fp32."""
         if batch.rope is None:
-            batch.rope = rope_tables(self.rope_cache, batch.positions)
-        h = self.embed.index_select(0, batch.input_ids)  # [tokens, hidden]
+            batch.rope = RopeInputs(batch.positions, self.rope_cache)
+        h = self.embed.index_select(0, batch.input_ids)  # [tokens, hidden], owned: mutable
+        delta = None
         for i, layer in enumerate(self.layers):
-            h = layer(h, batch, kv_cache.layer(i))
-        h = self.norm(h[batch.logits_indices])
+            delta = layer(h, delta, batch, kv_cache.layer(i))
+        rows = batch.logits_indices
+        h = self.norm(h.index_select(0, rows), delta.index_select(0, rows))
         head = self.embed if self.lm_head is None else self.lm_head
         return self.head_fn(h, head, None).float()

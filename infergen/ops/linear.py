@@ -12,14 +12,12 @@ Backends (LINEAR_BACKENDS):
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from infergen.kernels.build import try_load
+from infergen.kernels.build import I, L, P, kernel
 from infergen.registry import Registry
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -47,15 +45,8 @@ def _native_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-@functools.cache
 def _matvec() -> Callable[..., None] | None:
-    lib = try_load("matvec_f32")
-    if lib is None:
-        return None
-    fn = lib.matvec_f32
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int]
-    return fn
+    return kernel("matvec_f32", P, P, P, P, L, L, I)
 
 
 @LINEAR_BACKENDS.decorator("native")
@@ -81,4 +72,4 @@ def linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str = "torch"
 ) -> torch.Tensor:
-    return LINEAR_BACKENDS.get(backend, where="linear_backend")(x, weight, bias)
+    return LINEAR_BACKENDS.get(backend, where="kernels")(x, weight, bias)

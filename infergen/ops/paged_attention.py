@@ -14,10 +14,15 @@ masks once per step; `paged_attention()` runs per layer with that plan.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from infergen.kernels.build import F as CF
+from infergen.kernels.build import I, L, P, kernel
+from infergen.registry import Registry
 
 
 def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -45,6 +50,9 @@ class AttentionPlan:
     decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_context] bool; None = attend all
     prefills: list[PrefillItem]
     decode_only: bool = False  # every token is a decode, in row order: no gather/scatter of q
+    decode_block_tables: torch.Tensor | None = None  # [decodes, max_blocks] int64
+    decode_seq_lens: torch.Tensor | None = None  # [decodes] int64
+    window: int = 0  # sliding window (0 = none)
 
 
 def plan(
@@ -82,8 +90,16 @@ def plan(
     mask = None if bool(valid.all()) else valid[:, None, None, :]
     slots = torch.where(valid, slots, torch.zeros_like(slots))
     rows = torch.tensor([query_start_loc[i] for i in decode_ids])
-    decode_only = not prefills
-    return AttentionPlan(rows, slots.reshape(-1), mask, prefills, decode_only)
+    return AttentionPlan(
+        decode_rows=rows,
+        decode_slots=slots.reshape(-1),
+        decode_mask=mask,
+        prefills=prefills,
+        decode_only=not prefills,
+        decode_block_tables=block_tables[ids].contiguous(),
+        decode_seq_lens=lens,
+        window=window or 0,
+    )
 
 
 def _slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
@@ -93,18 +109,26 @@ def _slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Te
     return blocks * block_size + pos % block_size
 
 
-def _decode_attention(
+DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, float], torch.Tensor]
+DECODE_BACKENDS: Registry[DecodeFn] = Registry("decode attention backend")
+
+
+@DECODE_BACKENDS.decorator("torch")
+def decode_attention(
     q: torch.Tensor,
-    flat_k: torch.Tensor,
-    flat_v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
     attn_plan: AttentionPlan,
     scale: float,
 ) -> torch.Tensor:
-    """One query token per sequence. The GQA group is folded into the query axis:
-    q [decodes, heads, d] → [decodes, kv_heads, group, d], so K/V are never repeated."""
+    """One query token per sequence: gather K/V by slot, then SDPA. The GQA group is folded
+    into the query axis: q [decodes, heads, d] → [decodes, kv_heads, group, d], so K/V are
+    never repeated. Returns [decodes, heads, d]."""
     rows = attn_plan.decode_rows
     batch = rows.shape[0]
-    kv_heads, dim = flat_k.shape[1], flat_k.shape[2]
+    kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
+    flat_k = k_cache.view(-1, kv_heads, dim)
+    flat_v = v_cache.view(-1, kv_heads, dim)
     keys = flat_k.index_select(0, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
     values = flat_v.index_select(0, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
     query = q if attn_plan.decode_only else q.index_select(0, rows)
@@ -119,6 +143,43 @@ def _decode_attention(
     return o.reshape(batch, -1, dim)  # [decodes, heads, d]
 
 
+@DECODE_BACKENDS.decorator("native")
+def decode_attention_native(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    attn_plan: AttentionPlan,
+    scale: float,
+) -> torch.Tensor:
+    """kernels/paged_decode_attention_f32.c: reads K/V through the block table, no gather."""
+    fn = kernel("paged_decode_attention_f32", P, P, P, P, L, P, P, L, L, L, L, L, CF, L, I)
+    if fn is None or q.dtype != torch.float32 or k_cache.dtype != torch.float32:
+        return decode_attention(q, k_cache, v_cache, attn_plan, scale)
+    query = q if attn_plan.decode_only else q.index_select(0, attn_plan.decode_rows)
+    query = query.contiguous()
+    batch, heads, dim = query.shape
+    tables = attn_plan.decode_block_tables
+    out = torch.empty(batch, heads, dim, dtype=torch.float32)
+    fn(
+        query.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        tables.shape[1],
+        attn_plan.decode_seq_lens.data_ptr(),
+        out.data_ptr(),
+        batch,
+        heads,
+        k_cache.shape[2],
+        dim,
+        k_cache.shape[1],
+        scale,
+        attn_plan.window,
+        torch.get_num_threads(),
+    )
+    return out
+
+
 def paged_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -127,20 +188,22 @@ def paged_attention(
     v_cache: torch.Tensor,
     attn_plan: AttentionPlan,
     scale: float,
+    decode_fn: DecodeFn | None = None,
 ) -> torch.Tensor:
-    """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache).
+    """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache);
+    `decode_fn` (a DECODE_BACKENDS row, torch by default) handles one-token sequences.
 
     Returns [tokens, heads, d].
     """
+    decode_fn = decode_fn or decode_attention
+    if attn_plan.decode_only:
+        return decode_fn(q, k_cache, v_cache, attn_plan, scale)
     flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [slots, kv_heads, d]
     flat_v = v_cache.view(-1, *v_cache.shape[2:])
-    if attn_plan.decode_only:
-        return _decode_attention(q, flat_k, flat_v, attn_plan, scale)
     out = torch.empty_like(q)
     if attn_plan.decode_rows is not None:
-        out.index_copy_(
-            0, attn_plan.decode_rows, _decode_attention(q, flat_k, flat_v, attn_plan, scale)
-        )
+        decoded = decode_fn(q, k_cache, v_cache, attn_plan, scale)
+        out.index_copy_(0, attn_plan.decode_rows, decoded)
     for item in attn_plan.prefills:
         query = q[item.start : item.end].transpose(0, 1)  # [heads, query_len, d]
         if item.slots is None:

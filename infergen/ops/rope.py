@@ -9,10 +9,13 @@ Bytes moved: read/write q and k once, plus a [tokens, d/2] cos/sin gather.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from infergen.config import ModelConfig, RopeScaling
+from infergen.kernels.build import I, L, P, kernel
+from infergen.registry import Registry
 
 
 def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -53,17 +56,55 @@ def reference(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> 
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def rope_tables(cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-step tables shared by every layer: (cos2, sin2), each [tokens, 1, head_dim], with
-    cos2 = [cos, cos] and sin2 = [−sin, sin] so that y = x·cos2 + swap_halves(x)·sin2."""
-    half = cache.shape[-1] // 2
-    cos, sin = cache[positions].unsqueeze(1).split(half, dim=-1)
-    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+class RopeInputs:
+    """What every layer's RoPE needs in one step: positions [tokens] and the cos/sin cache.
+    The torch backend's per-step tables (cos2, sin2) are built on first use and shared."""
+
+    def __init__(self, positions: torch.Tensor, cache: torch.Tensor):
+        self.positions = positions
+        self.cache = cache
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos2, sin2), each [tokens, 1, head_dim]: cos2 = [cos, cos], sin2 = [−sin, sin],
+        so that y = x·cos2 + swap_halves(x)·sin2."""
+        if self._tables is None:
+            half = self.cache.shape[-1] // 2
+            cos, sin = self.cache[self.positions].unsqueeze(1).split(half, dim=-1)
+            self._tables = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+        return self._tables
 
 
-def apply_rope(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate x [tokens, heads, d] (any heads: q and k may be rotated as one tensor)."""
-    cos2, sin2 = tables
+RopeFn = Callable[[torch.Tensor, RopeInputs], torch.Tensor]
+ROPE_BACKENDS: Registry[RopeFn] = Registry("rope backend")
+
+
+@ROPE_BACKENDS.decorator("torch")
+def apply_rope(x: torch.Tensor, rope: RopeInputs) -> torch.Tensor:
+    """Rotate x [tokens, heads, d] (q and k may be rotated as one tensor); returns a new
+    tensor (the native backend rotates in place and returns x)."""
+    cos2, sin2 = rope.tables
     half = x.shape[-1] // 2
     swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
     return torch.addcmul(x * cos2, swapped, sin2)
+
+
+@ROPE_BACKENDS.decorator("native")
+def apply_rope_native(x: torch.Tensor, rope: RopeInputs) -> torch.Tensor:
+    fn = kernel("rope_f32", P, P, P, L, L, L, L, I)
+    tokens, heads, dim = x.shape
+    dense_rows = x.stride(2) == 1 and x.stride(1) == dim
+    if fn is None or x.dtype != torch.float32 or not dense_rows or rope.cache.dtype != x.dtype:
+        return apply_rope(x, rope)
+    fn(
+        x.data_ptr(),
+        rope.positions.data_ptr(),
+        rope.cache.data_ptr(),
+        tokens,
+        heads,
+        dim,
+        x.stride(0),
+        torch.get_num_threads(),
+    )
+    return x

@@ -2,12 +2,20 @@
 
 Input is the fused gate/up projection [tokens, 2n]; output [tokens, n].
 Bytes moved: read 2·T·n, write T·n elements.
+Backends (SILU_MUL_BACKENDS): "torch" (3 ops), "native" (kernels/silu_mul_f32.c, one pass).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+
+from infergen.kernels.build import I, L, P, kernel
+from infergen.registry import Registry
+
+SILU_MUL_BACKENDS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("silu_mul backend")
 
 
 def reference(gate_up: torch.Tensor) -> torch.Tensor:
@@ -15,7 +23,19 @@ def reference(gate_up: torch.Tensor) -> torch.Tensor:
     return gate * torch.sigmoid(gate) * up
 
 
+@SILU_MUL_BACKENDS.decorator("torch")
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     n = gate_up.shape[-1] // 2
     out = F.silu(gate_up[..., :n])
     return out.mul_(gate_up[..., n:])
+
+
+@SILU_MUL_BACKENDS.decorator("native")
+def silu_mul_native(gate_up: torch.Tensor) -> torch.Tensor:
+    fn = kernel("silu_mul_f32", P, P, L, L, I)
+    if fn is None or gate_up.dtype != torch.float32 or not gate_up.is_contiguous():
+        return silu_mul(gate_up)
+    n = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], n, dtype=torch.float32)
+    fn(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * n), n, torch.get_num_threads())
+    return out

@@ -43,22 +43,25 @@ CASES = [
     # (query_lens, seq_lens): decodes only, cold prefills, chunked prefills, mixtures
     ([1], [1]),
     ([1, 1, 1], [5, 17, 33]),
+    ([1] * 9, [300, 2, 77, 1, 64, 65, 128, 9, 250]),
     ([7], [7]),
     ([16, 1, 5], [16, 40, 21]),
     ([3, 9, 1, 1], [19, 9, 1, 64]),
 ]
 
 
+@pytest.mark.parametrize("backend", ["torch", "native"])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (5, 1)])
 @pytest.mark.parametrize("window", [None, 6])
 @pytest.mark.parametrize("case", CASES)
-def test_matches_reference(case, heads, kv_heads, window):
+def test_matches_reference(case, heads, kv_heads, window, backend):
     query_lens, seq_lens = case
     q, k_new, v_new, kc, vc, qsl, tables, plan = _scatter_batch(
         query_lens, seq_lens, heads, kv_heads, 8, 4, window
     )
     scale = pa.default_scale(8)
-    got = pa.paged_attention(q, k_new, v_new, kc, vc, plan, scale)
+    decode = pa.DECODE_BACKENDS.get(backend)
+    got = pa.paged_attention(q, k_new, v_new, kc, vc, plan, scale, decode)
     want = pa.reference(q, kc, vc, qsl, seq_lens, tables, scale, window)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

@@ -1,4 +1,6 @@
-"""RMSNorm, SiLU·mul, RoPE and linear against their plain-torch references / transformers."""
+"""RMSNorm (+ fused residual), SiLU·mul, RoPE and linear: every backend against the plain-torch
+reference (and the rotary frequencies against transformers), on shapes including size 1 and
+odd sizes."""
 
 from __future__ import annotations
 
@@ -6,43 +8,84 @@ import pytest
 import torch
 
 from infergen.config import RopeScaling
+from infergen.kernels.build import try_load
 from infergen.ops import linear, rms_norm, rope, silu_mul
 
+BACKENDS = ["torch", "native"]
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (17, 576)])
-def test_rms_norm(shape):
-    x = torch.randn(shape) * 3
+
+def test_native_kernels_build_here():
+    """gcc is on this machine and CI's: a silent torch fallback would hide the kernels."""
+    for name in (
+        "matvec_f32",
+        "rms_norm_f32",
+        "silu_mul_f32",
+        "rope_f32",
+        "paged_decode_attention_f32",
+    ):
+        assert try_load(name) is not None, name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (17, 576), (300, 576)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rms_norm(backend, shape, with_residual):
+    fn = rms_norm.RMS_NORM_BACKENDS.get(backend)
+    h, delta = torch.randn(shape) * 3, torch.randn(shape)
     w = torch.randn(shape[-1])
-    torch.testing.assert_close(rms_norm.rms_norm(x, w, 1e-5), rms_norm.reference(x, w, 1e-5))
+    h_ref = h + delta if with_residual else h.clone()
+    got = fn(h, delta if with_residual else None, w, 1e-5)
+    torch.testing.assert_close(got, rms_norm.reference(h_ref, w, 1e-5))
+    torch.testing.assert_close(h, h_ref)  # the residual stream is updated in place
 
 
-@pytest.mark.parametrize("shape", [(1, 2), (5, 10), (33, 3072)])
-def test_silu_mul(shape):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(1, 2), (5, 10), (33, 3072), (64, 3072)])
+def test_silu_mul(backend, shape):
     x = torch.randn(shape)
-    torch.testing.assert_close(silu_mul.silu_mul(x.clone()), silu_mul.reference(x))
+    got = silu_mul.SILU_MUL_BACKENDS.get(backend)(x.clone())
+    torch.testing.assert_close(got, silu_mul.reference(x))
 
 
-@pytest.mark.parametrize("tokens,out_features", [(1, 1), (3, 7), (16, 130)])
-def test_linear(tokens, out_features):
-    x, w, b = torch.randn(tokens, 24), torch.randn(out_features, 24), torch.randn(out_features)
-    torch.testing.assert_close(linear.linear(x, w, b), linear.reference(x, w, b))
-    torch.testing.assert_close(linear.linear(x, w, None), linear.reference(x, w, None))
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tokens,out_features", [(1, 1), (1, 7), (3, 7), (16, 130), (1, 577)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear(backend, tokens, out_features, bias):
+    x, w = torch.randn(tokens, 24), torch.randn(out_features, 24)
+    b = torch.randn(out_features) if bias else None
+    got = linear.LINEAR_BACKENDS.get(backend)(x, w, b)
+    want = linear.reference(x.double(), w.double(), b.double() if bias else None)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_native_matvec_large_odd_shape():
+    x, w = torch.randn(1, 1539), torch.randn(577, 1539)
+    got = linear.LINEAR_BACKENDS.get("native")(x, w, None)
+    torch.testing.assert_close(got.double(), x.double() @ w.double().t(), rtol=1e-5, atol=1e-4)
+
+
+def _rope_cache(head_dim: int, positions: int = 100) -> torch.Tensor:
+    inv = rope.inv_frequencies(head_dim, 10000.0, RopeScaling()).float()
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("head_dim", [2, 8, 64])
 @pytest.mark.parametrize("tokens", [1, 13])
-def test_rope_matches_reference(head_dim, tokens):
-    scaling = RopeScaling()
-    inv = rope.inv_frequencies(head_dim, 10000.0, scaling).float()
-    angles = torch.outer(torch.arange(100, dtype=torch.float32), inv)
-    cache = torch.cat([angles.cos(), angles.sin()], dim=-1)
-    q, k = torch.randn(tokens, 3, head_dim), torch.randn(tokens, 1, head_dim)
+def test_rope_matches_reference(backend, head_dim, tokens):
+    fn = rope.ROPE_BACKENDS.get(backend)
+    cache = _rope_cache(head_dim)
     positions = torch.randint(0, 100, (tokens,))
-    tables = rope.rope_tables(cache, positions)
-    torch.testing.assert_close(rope.apply_rope(q, tables), rope.reference(q, positions, cache))
-    # q and k rotated as one tensor (how the attention layer calls it)
-    qk = rope.apply_rope(torch.cat([q, k], dim=1), tables)
-    torch.testing.assert_close(qk[:, 3:], rope.reference(k, positions, cache))
+    inputs = rope.RopeInputs(positions, cache)
+    q, k = torch.randn(tokens, 3, head_dim), torch.randn(tokens, 1, head_dim)
+    torch.testing.assert_close(fn(q.clone(), inputs), rope.reference(q, positions, cache))
+    # q and k as one strided view of a fused QKV row (how the attention layer calls it)
+    qkv = torch.cat([q, k, torch.randn(tokens, 1, head_dim)], dim=1).view(tokens, -1)
+    qk = qkv[:, : 4 * head_dim].view(tokens, 4, head_dim)
+    rotated = fn(qk, inputs)
+    torch.testing.assert_close(rotated[:, 3:], rope.reference(k, positions, cache))
+    torch.testing.assert_close(rotated[:, :3], rope.reference(q, positions, cache))
 
 
 @pytest.mark.parametrize(
@@ -75,19 +118,3 @@ def test_inv_frequencies_match_transformers(rope_parameters):
     scaling = RopeScaling(**{k: v for k, v in rope_parameters.items() if k != "rope_theta"})
     got = rope.inv_frequencies(128, rope_parameters["rope_theta"], scaling).float()
     torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
-
-
-@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 7), (5, 8), (130, 24), (577, 1536)])
-@pytest.mark.parametrize("bias", [False, True])
-def test_native_matvec_matches_reference(rows, cols, bias):
-    from infergen.ops.linear import _matvec
-
-    assert _matvec() is not None, "the C kernel must compile on this machine (gcc is present)"
-    x, w = torch.randn(1, cols), torch.randn(rows, cols)
-    b = torch.randn(rows) if bias else None
-    got = linear.linear(x, w, b, backend="native")
-    want = linear.reference(x.double(), w.double(), b.double() if bias else None)
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * cols**0.5)
-    # several tokens go to torch; result identical to the torch backend
-    xs = torch.randn(4, cols)
-    assert torch.equal(linear.linear(xs, w, b, "native"), linear.linear(xs, w, b, "torch"))

@@ -1,0 +1,49 @@
+/* Shared helpers of infergen's C kernels. */
+#pragma once
+#include <immintrin.h>
+
+/* Denormal inputs make x86 arithmetic ~100x slower. torch.set_flush_denormal only sets the
+ * calling thread's MXCSR, so every OpenMP worker sets flush-to-zero + denormals-are-zero. */
+static inline void flush_denormals(void) { _mm_setcsr(_mm_getcsr() | 0x8040); }
+
+/* Work below this many elements runs on one thread: a fork/join costs more than it saves. */
+#define PARALLEL_MIN_ELEMENTS 32768L
+
+/* exp(x) for 8 floats at once: x = n·ln2 + r with |r| ≤ ln2/2, a degree-6 polynomial for
+ * e^r (Cephes coefficients, relative error ~2 ulp), 2^n built in the exponent bits. Inputs
+ * are clamped to [-87.3, 88.7]; e^-87.3 ≈ 1e-38 is then flushed to zero by FTZ. */
+#ifdef __AVX2__
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    __m256 n = _mm256_floor_ps(
+        _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* y[i] = exp(x[i]) for i < n (in place allowed). */
+static inline void exp_array(const float *x, float *y, long n) {
+    long i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float tmp[8] = {0};
+        for (long j = i; j < n; ++j) tmp[j - i] = x[j];
+        _mm256_storeu_ps(tmp, exp8(_mm256_loadu_ps(tmp)));
+        for (long j = i; j < n; ++j) y[j] = tmp[j - i];
+    }
+#else
+    for (; i < n; ++i) y[i] = __builtin_expf(x[i]);
+#endif
+}
