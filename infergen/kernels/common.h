@@ -47,3 +47,35 @@ static inline void exp_array(const float *x, float *y, long n) {
     for (; i < n; ++i) y[i] = __builtin_expf(x[i]);
 #endif
 }
+
+/* sum_i a[i]·b[i] and y[i] += w·x[i]: AVX2 for the multiple-of-8 part (head dims are). */
+static inline float dot_f32(const float *a, const float *b, long n) {
+    long i = 0;
+    float s = 0.0f;
+#ifdef __AVX2__
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8)
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    __m256 v = _mm256_add_ps(acc0, acc1);
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    s = _mm_cvtss_f32(lo);
+#endif
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+static inline void axpy_f32(float *y, float w, const float *x, long n) {
+    long i = 0;
+#ifdef __AVX2__
+    __m256 wv = _mm256_set1_ps(w);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; ++i) y[i] += w * x[i];
+}

@@ -51,10 +51,7 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
                     for (long p = start; p < len; ++p) {
                         const float *kr = k_cache + slot_of(table, p, block_size) * slot_stride +
                                           kvh * dim;
-                        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                        for (long d = 0; d < dim; ++d) dot += qh[d] * kr[d];
-                        dot *= scale;
+                        float dot = dot_f32(qh, kr, dim) * scale;
                         s[p - start] = dot;
                         best = dot > best ? dot : best;
                     }
@@ -74,9 +71,7 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
                         v_cache + slot_of(table, p, block_size) * slot_stride + kvh * dim;
                     for (long g = 0; g < group; ++g) {
                         float w = scores[g * n + (p - start)];
-                        float *o = out + (b * heads + kvh * group + g) * dim;
-#pragma omp simd
-                        for (long d = 0; d < dim; ++d) o[d] += w * vr[d];
+                        axpy_f32(out + (b * heads + kvh * group + g) * dim, w, vr, dim);
                     }
                 }
             }

@@ -48,7 +48,10 @@ def test_silu_mul(backend, shape):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("tokens,out_features", [(1, 1), (1, 7), (3, 7), (16, 130), (1, 577)])
+@pytest.mark.parametrize(
+    "tokens,out_features",
+    [(1, 1), (1, 7), (3, 7), (8, 5), (9, 33), (16, 130), (1, 577), (24, 64), (25, 64), (40, 3)],
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear(backend, tokens, out_features, bias):
     x, w = torch.randn(tokens, 24), torch.randn(out_features, 24)
@@ -58,10 +61,18 @@ def test_linear(backend, tokens, out_features, bias):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
-def test_native_matvec_large_odd_shape():
-    x, w = torch.randn(1, 1539), torch.randn(577, 1539)
+@pytest.mark.parametrize("tokens", [1, 5, 17])
+def test_native_linear_large_odd_shape(tokens):
+    x, w = torch.randn(tokens, 1539), torch.randn(577, 1539)
     got = linear.LINEAR_BACKENDS.get("native")(x, w, None)
     torch.testing.assert_close(got.double(), x.double() @ w.double().t(), rtol=1e-5, atol=1e-4)
+
+
+def test_native_linear_strided_input():
+    x = torch.randn(6, 40)[:, :24]  # rows 40 floats apart
+    w, b = torch.randn(10, 24), torch.randn(10)
+    got = linear.LINEAR_BACKENDS.get("native")(x, w, b)
+    torch.testing.assert_close(got, linear.reference(x, w, b), rtol=1e-5, atol=1e-5)
 
 
 def _rope_cache(head_dim: int, positions: int = 100) -> torch.Tensor:
