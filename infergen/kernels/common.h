@@ -9,6 +9,17 @@ static inline void flush_denormals(void) { _mm_setcsr(_mm_getcsr() | 0x8040); }
 /* Work below this many elements runs on one thread: a fork/join costs more than it saves. */
 #define PARALLEL_MIN_ELEMENTS 32768L
 
+/* Horizontal sum of the 8 lanes. */
+#ifdef __AVX2__
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+}
+#endif
+
 /* exp(x) for 8 floats at once: x = n·ln2 + r with |r| ≤ ln2/2, a degree-6 polynomial for
  * e^r (Cephes coefficients, relative error ~2 ulp), 2^n built in the exponent bits. Inputs
  * are clamped to [-87.3, 88.7]; e^-87.3 ≈ 1e-38 is then flushed to zero by FTZ. */
@@ -60,11 +71,7 @@ static inline float dot_f32(const float *a, const float *b, long n) {
     }
     for (; i + 8 <= n; i += 8)
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    __m256 v = _mm256_add_ps(acc0, acc1);
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    s = _mm_cvtss_f32(lo);
+    s = hsum8(_mm256_add_ps(acc0, acc1));
 #endif
     for (; i < n; ++i) s += a[i] * b[i];
     return s;

@@ -8,16 +8,6 @@
  */
 #include "common.h"
 
-#ifdef __AVX2__
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    return _mm_cvtss_f32(lo);
-}
-#endif
-
 /* 8 tokens (X rows x0..x7, `cols` apart) times one weight row w. */
 static inline void row_times8(const float *w, const float *X, long cols, float *out8) {
     long k = 0;

@@ -10,16 +10,6 @@
 
 #include "common.h"
 
-#ifdef __AVX2__
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    return _mm_cvtss_f32(lo);
-}
-#endif
-
 static inline float dot_row(const float *w, const float *x, long cols) {
     long k = 0;
     float s = 0.0f;

@@ -54,6 +54,10 @@ class AttentionPlan:
     decode_seq_lens: torch.Tensor | None = None  # [decodes] int64
     window: int = 0  # sliding window (0 = none)
 
+    def decode_queries(self, q: torch.Tensor) -> torch.Tensor:
+        """[decodes, heads, d]: the query rows of the one-token sequences."""
+        return q if self.decode_only else q.index_select(0, self.decode_rows)
+
 
 def plan(
     query_start_loc: list[int],
@@ -131,8 +135,7 @@ def decode_attention(
     flat_v = v_cache.view(-1, kv_heads, dim)
     keys = flat_k.index_select(0, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
     values = flat_v.index_select(0, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
-    query = q if attn_plan.decode_only else q.index_select(0, rows)
-    query = query.reshape(batch, kv_heads, -1, dim)
+    query = attn_plan.decode_queries(q).reshape(batch, kv_heads, -1, dim)
     o = F.scaled_dot_product_attention(
         query,
         keys.transpose(1, 2).to(q.dtype),
@@ -155,8 +158,7 @@ def decode_attention_native(
     fn = kernel("paged_decode_attention_f32", P, P, P, P, L, P, P, L, L, L, L, L, CF, L, I)
     if fn is None or q.dtype != torch.float32 or k_cache.dtype != torch.float32:
         return decode_attention(q, k_cache, v_cache, attn_plan, scale)
-    query = q if attn_plan.decode_only else q.index_select(0, attn_plan.decode_rows)
-    query = query.contiguous()
+    query = attn_plan.decode_queries(q).contiguous()
     batch, heads, dim = query.shape
     tables = attn_plan.decode_block_tables
     out = torch.empty(batch, heads, dim, dtype=torch.float32)
