@@ -21,6 +21,7 @@ from infergen.engine.scheduler import ScheduledBatch, Scheduler
 from infergen.engine.stopping import StopChecker
 from infergen.errors import RequestError
 from infergen.io.checkpoint import Checkpoint, load_checkpoint
+from infergen.kernels.build import build_all
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.models.transformer import Transformer
@@ -40,6 +41,8 @@ def configure_torch(num_threads: int | None) -> None:
 class Engine:
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
         configure_torch(config.num_threads)
+        if config.kernels == "native":
+            build_all()  # compile (or load cached) C kernels now, not during the first request
         self.config = config
         checkpoint = checkpoint or load_checkpoint(config.model)
         self.checkpoint_path = checkpoint.path

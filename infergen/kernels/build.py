@@ -60,6 +60,7 @@ def load(name: str) -> ctypes.CDLL:
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{name}-{key}.so"
     if not target.exists():
+        print(f"infergen: compiling native kernel {name} (once, cached)", file=sys.stderr)
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
@@ -69,6 +70,12 @@ def load(name: str) -> ctypes.CDLL:
                 raise KernelUnavailable(f"compiling {name}.c failed:\n{result.stderr}")
             os.replace(out, target)  # atomic: concurrent builders agree on the result
     return ctypes.CDLL(str(target))
+
+
+def build_all() -> list[str]:
+    """Compile every shipped kernel now (engine start-up), so that the first request does not
+    pay for compilation. Returns the names that are unavailable."""
+    return [p.stem for p in sorted(_HERE.glob("*.c")) if try_load(p.stem) is None]
 
 
 def try_load(name: str) -> ctypes.CDLL | None:
