@@ -83,9 +83,3 @@ def linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         threads,
     )
     return out
-
-
-def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str = "torch"
-) -> torch.Tensor:
-    return LINEAR_BACKENDS.get(backend, where="kernels")(x, weight, bias)

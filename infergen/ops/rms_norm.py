@@ -69,8 +69,3 @@ def add_rms_norm_native(
         torch.get_num_threads(),
     )
     return out
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [tokens, hidden] (or [..., hidden]); weight: [hidden]. No residual, x unchanged."""
-    return add_rms_norm_torch(x, None, weight, eps)
