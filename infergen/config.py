@@ -193,6 +193,13 @@ class ModelConfig:
 
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
+        if not (isinstance(heads, int) and heads > 0):  # before dividing by it below
+            raise ConfigError(
+                "num_attention_heads must be a positive integer",
+                where=f"{source}: num_attention_heads",
+                found=heads,
+                expected="an integer > 0",
+            )
         kv_heads = cfg.get("num_key_value_heads") or heads
         head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) else None)
         if cfg.get("head_dim") is None and isinstance(hidden, int) and hidden % heads != 0:
@@ -255,7 +262,6 @@ class ModelConfig:
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
 def parse_bytes(text: str | int, *, where: str = "size") -> int:
@@ -267,10 +273,9 @@ def parse_bytes(text: str | int, *, where: str = "size") -> int:
         raise ConfigError(
             "could not parse a byte size", where=where, found=text, expected="e.g. 512MiB, 2GB"
         )
-    number, unit = float(match.group(1)), (match.group(2) or "").upper()
+    number, unit = float(match.group(1)), (match.group(2) or "B").upper()
     base = 1024 if "I" in unit else 1000
-    power = "BKMGT".index(unit[0]) if unit else 0
-    return int(number * base**power) if unit[:1] != "B" else int(number)
+    return int(number * base ** "BKMGT".index(unit[0]))
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,9 @@ def build_all() -> list[str]:
     return [p.stem for p in sorted(_HERE.glob("*.c")) if try_load(p.stem) is None]
 
 
+@functools.cache
 def try_load(name: str) -> ctypes.CDLL | None:
+    """`load`, or None (said once) when the kernel cannot be built here."""
     try:
         return load(name)
     except KernelUnavailable as exc:

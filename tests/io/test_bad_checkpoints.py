@@ -149,6 +149,7 @@ def test_unexpected_tensor(bad_dir):
         (dict(hidden_size=66, head_dim=None), "hidden_size"),  # not divisible by heads
         (dict(head_dim=15), "head_dim"),  # odd: no rotary pairs
         (dict(num_hidden_layers=0), "num_hidden_layers"),
+        (dict(num_attention_heads=0), "num_attention_heads"),
         (dict(rms_norm_eps=-1.0), "rms_norm_eps"),
         (dict(vocab_size=None), "vocab_size"),
         (dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4)), "rope_type"),
