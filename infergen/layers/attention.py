@@ -56,12 +56,14 @@ class Attention(nn.Module):
 
     def load(self, get: callable, prefix: str) -> None:
         names = ("q_proj", "k_proj", "v_proj")
-        self.qkv.weight.copy_(Linear.fused([get(f"{prefix}{n}.weight") for n in names]))
-        if self.qkv.bias is not None:
-            self.qkv.bias.copy_(Linear.fused([get(f"{prefix}{n}.bias") for n in names]))
-        self.o.weight.copy_(get(prefix + "o_proj.weight"))
-        if self.o.bias is not None:
-            self.o.bias.copy_(get(prefix + "o_proj.bias"))
+        qkv_bias = self.qkv.has_bias
+        self.qkv.load(
+            Linear.fused([get(f"{prefix}{n}.weight") for n in names]),
+            Linear.fused([get(f"{prefix}{n}.bias") for n in names]) if qkv_bias else None,
+        )
+        self.o.load(
+            get(prefix + "o_proj.weight"), get(prefix + "o_proj.bias") if self.o.has_bias else None
+        )
         if self.q_norm is not None:
             self.q_norm.weight.copy_(get(prefix + "q_norm.weight"))
             self.k_norm.weight.copy_(get(prefix + "k_norm.weight"))

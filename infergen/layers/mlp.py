@@ -23,12 +23,12 @@ class GatedMLP(nn.Module):
 
     def load(self, get: callable, prefix: str) -> None:
         """`get(name)` returns a checkpoint tensor by Hugging Face name."""
-        self.gate_up.weight.copy_(
-            Linear.fused([get(prefix + "gate_proj.weight"), get(prefix + "up_proj.weight")])
+
+        def fused(kind: str) -> torch.Tensor:
+            return Linear.fused([get(f"{prefix}gate_proj.{kind}"), get(f"{prefix}up_proj.{kind}")])
+
+        has_bias = self.gate_up.has_bias
+        self.gate_up.load(fused("weight"), fused("bias") if has_bias else None)
+        self.down.load(
+            get(prefix + "down_proj.weight"), get(prefix + "down_proj.bias") if has_bias else None
         )
-        self.down.weight.copy_(get(prefix + "down_proj.weight"))
-        if self.gate_up.bias is not None:
-            self.gate_up.bias.copy_(
-                Linear.fused([get(prefix + "gate_proj.bias"), get(prefix + "up_proj.bias")])
-            )
-            self.down.bias.copy_(get(prefix + "down_proj.bias"))

@@ -21,9 +21,9 @@ from infergen.config import ModelConfig
 from infergen.engine.forward_batch import ForwardBatch
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.attention import Attention
+from infergen.layers.linear import Linear
 from infergen.layers.mlp import GatedMLP
 from infergen.layers.norm import RMSNorm
-from infergen.ops.linear import LINEAR_BACKENDS
 from infergen.ops.rope import RopeInputs, cos_sin_cache
 
 
@@ -54,21 +54,18 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.head_fn = LINEAR_BACKENDS.get(kernels, where="kernels")
-        self.embed = nn.Parameter(
-            torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False
+        # The LM head is a Linear; with tied embeddings it also serves the embedding lookup
+        # (`rows`), so the [vocab, hidden] matrix is stored once, in the head's layout.
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, kernels)
+        self.embed = (
+            None
+            if config.tie_word_embeddings
+            else nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
         )
         self.layers = nn.ModuleList(
             DecoderLayer(config, dtype, kernels) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, kernels)
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else nn.Parameter(
-                torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False
-            )
-        )
         self.register_buffer("rope_cache", cos_sin_cache(config), persistent=False)
 
     @torch.no_grad()
@@ -78,7 +75,12 @@ class Transformer(nn.Module):
         def get(name: str) -> torch.Tensor:
             return tensors[name]
 
-        self.embed.copy_(get("model.embed_tokens.weight"))
+        embed = get("model.embed_tokens.weight")
+        if self.embed is None:
+            self.lm_head.load(embed)
+        else:
+            self.embed.copy_(embed)
+            self.lm_head.load(get("lm_head.weight"))
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             layer.attn_norm.weight.copy_(get(prefix + "input_layernorm.weight"))
@@ -86,19 +88,18 @@ class Transformer(nn.Module):
             layer.attn.load(get, prefix + "self_attn.")
             layer.mlp.load(get, prefix + "mlp.")
         self.norm.weight.copy_(get("model.norm.weight"))
-        if self.lm_head is not None:
-            self.lm_head.copy_(get("lm_head.weight"))
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
         """Returns logits [len(batch.logits_indices), vocab] in fp32."""
         if batch.rope is None:
             batch.rope = RopeInputs(batch.positions, self.rope_cache)
-        h = self.embed.index_select(0, batch.input_ids)  # [tokens, hidden], owned: mutable
+        ids = batch.input_ids
+        h = self.lm_head.rows(ids) if self.embed is None else self.embed.index_select(0, ids)
+        # h [tokens, hidden] is a fresh tensor: the layers update it in place
         delta = None
         for i, layer in enumerate(self.layers):
             delta = layer(h, delta, batch, kv_cache.layer(i))
         rows = batch.logits_indices
         h = self.norm(h.index_select(0, rows), delta.index_select(0, rows))
-        head = self.embed if self.lm_head is None else self.lm_head
-        return self.head_fn(h, head, None).float()
+        return self.lm_head(h).float()

@@ -3,16 +3,23 @@
 Bytes moved: W dominates at small token counts (decode is memory-bound: out·in·4 bytes per
 step in fp32); FLOPs 2·tokens·in·out.
 
-Backends (LINEAR_BACKENDS):
-- "torch": F.linear (MKL sgemm/sgemv).
-- "native": C kernels for decode-sized products: one token (batch-1 decode) streams W at close
-  to memory bandwidth (kernels/matvec_f32.c, ~1.8x MKL's sgemv here); 2..24 tokens use
-  kernels/matmul_small_f32.c; larger products go to torch (compute-bound, MKL is better).
+A backend is a row of three functions (LINEAR_BACKENDS):
+- `prepare(W)`: the checkpoint weight [out, in] → the form the backend reads (done once, at
+  load time: a backend may re-lay the weight out for its kernel);
+- `apply(x, prepared, bias, out_features)`: the product;
+- `rows(prepared, ids)`: rows of W (the embedding lookup of a tied LM head reads the
+  prepared weight, so the weight is stored once).
+
+"torch": W as is, F.linear (MKL). "native": fp32 W re-laid out into 24-column panels
+(`pack_panels`) for kernels/gemm_packed_f32.c, an outer-product micro-kernel that serves every
+token count: one token streams W at memory bandwidth, 16 tokens run at ~2x MKL's speed here,
+512 tokens ~1.1x (benchmarks/bench_linear.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +27,15 @@ import torch.nn.functional as F
 from infergen.kernels.build import I, L, P, kernel
 from infergen.registry import Registry
 
-LinearFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
-LINEAR_BACKENDS: Registry[LinearFn] = Registry("linear backend")
+
+@dataclass(frozen=True)
+class LinearBackend:
+    prepare: Callable[[torch.Tensor], torch.Tensor]
+    apply: Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
+    rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+LINEAR_BACKENDS: Registry[LinearBackend] = Registry("linear backend")
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -29,57 +43,73 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     return y + bias if bias is not None else y
 
 
-@LINEAR_BACKENDS.decorator("torch")
-def linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _torch_apply(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
     return F.linear(x, weight, bias)
 
 
-# Up to this many tokens the native kernels beat MKL here (measured: M=8 2.5x, M=16 1.6x,
-# M=32 even, M=64 MKL 1.3x faster); larger products are compute-bound and go to torch.
-NATIVE_MAX_TOKENS = 24
+def _index_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return weight.index_select(0, ids)
 
 
-@LINEAR_BACKENDS.decorator("native")
-def linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """One token: kernels/matvec_f32.c; 2..NATIVE_MAX_TOKENS: kernels/matmul_small_f32.c
-    (each weight row streamed once per 8 tokens); otherwise torch."""
-    tokens = x.shape[0]
-    if (
-        tokens > NATIVE_MAX_TOKENS
-        or x.dim() != 2
-        or x.dtype != torch.float32
-        or weight.dtype != torch.float32
-        or not weight.is_contiguous()
-    ):
+LINEAR_BACKENDS.register("torch", LinearBackend(lambda w: w, _torch_apply, _index_rows))
+
+
+# Output columns per panel: three AVX2 vectors, the width of the micro-kernel.
+PANEL = 24
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """W [out, in] → panels [ceil(out/24), in, 24] with panels[p, k, j] = W[24p + j, k];
+    the last panel is padded with zero rows."""
+    out_features, in_features = weight.shape
+    padded = -(-out_features // PANEL) * PANEL
+    w = weight
+    if padded != out_features:
+        w = torch.zeros(padded, in_features, dtype=weight.dtype)
+        w[:out_features] = weight
+    return w.view(padded // PANEL, PANEL, in_features).transpose(1, 2).contiguous()
+
+
+def _gemm_packed() -> Callable[..., None] | None:
+    return kernel("gemm_packed_f32", P, P, P, P, L, L, L, I)
+
+
+def _native_prepare(weight: torch.Tensor) -> torch.Tensor:
+    if weight.dtype != torch.float32 or _gemm_packed() is None:
+        return weight  # torch path (apply and rows see a 2-d weight)
+    return pack_panels(weight)
+
+
+def _native_apply(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    if weight.dim() == 2:
         return F.linear(x, weight, bias)
-    rows, cols = weight.shape
+    if x.dtype != torch.float32:
+        raise TypeError(f"native linear expects float32 activations, got {x.dtype}")
+    x = x.contiguous()
+    tokens, in_features = x.shape
+    out = torch.empty(tokens, out_features, dtype=torch.float32)
     bias_ptr = bias.contiguous().data_ptr() if bias is not None else None
-    threads = torch.get_num_threads()
-    out = torch.empty(tokens, rows, dtype=torch.float32)
-    if tokens == 1:
-        matvec = kernel("matvec_f32", P, P, P, P, L, L, I)
-        if matvec is None:
-            return F.linear(x, weight, bias)
-        x = x.contiguous()
-        matvec(weight.data_ptr(), x.data_ptr(), bias_ptr, out.data_ptr(), rows, cols, threads)
-        return out
-    matmul = kernel("matmul_small_f32", P, P, P, P, L, L, L, L, I)
-    if matmul is None:
-        return F.linear(x, weight, bias)
-    padded = -(-tokens // 8) * 8
-    if padded != tokens or not x.is_contiguous():
-        x_padded = torch.zeros(padded, cols, dtype=torch.float32)
-        x_padded[:tokens] = x
-        x = x_padded
-    matmul(
+    _gemm_packed()(
         weight.data_ptr(),
         x.data_ptr(),
         bias_ptr,
         out.data_ptr(),
-        rows,
-        cols,
         tokens,
-        padded,
-        threads,
+        out_features,
+        in_features,
+        torch.get_num_threads(),
     )
     return out
+
+
+def _native_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    if weight.dim() == 2:
+        return weight.index_select(0, ids)
+    return weight[ids // PANEL, :, ids % PANEL]  # [len(ids), in]
+
+
+LINEAR_BACKENDS.register("native", LinearBackend(_native_prepare, _native_apply, _native_rows))

@@ -17,7 +17,7 @@ BACKENDS = ["torch", "native"]
 def test_native_kernels_build_here():
     """gcc is on this machine and CI's: a silent torch fallback would hide the kernels."""
     for name in (
-        "matvec_f32",
+        "gemm_packed_f32",
         "rms_norm_f32",
         "silu_mul_f32",
         "rope_f32",
@@ -47,6 +47,11 @@ def test_silu_mul(backend, shape):
     torch.testing.assert_close(got, silu_mul.reference(x))
 
 
+def _linear(backend: str, x, w, b):
+    row = linear.LINEAR_BACKENDS.get(backend)
+    return row.apply(x, row.prepare(w), b, w.shape[0])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "tokens,out_features",
@@ -56,23 +61,48 @@ def test_silu_mul(backend, shape):
 def test_linear(backend, tokens, out_features, bias):
     x, w = torch.randn(tokens, 24), torch.randn(out_features, 24)
     b = torch.randn(out_features) if bias else None
-    got = linear.LINEAR_BACKENDS.get(backend)(x, w, b)
+    got = _linear(backend, x, w, b)
     want = linear.reference(x.double(), w.double(), b.double() if bias else None)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("tokens", [1, 5, 17])
+@pytest.mark.parametrize("tokens", [1, 2, 3, 5, 17, 130])
 def test_native_linear_large_odd_shape(tokens):
+    """Every micro-kernel height (tokens mod 4), a partial last panel, long odd K."""
     x, w = torch.randn(tokens, 1539), torch.randn(577, 1539)
-    got = linear.LINEAR_BACKENDS.get("native")(x, w, None)
+    got = _linear("native", x, w, None)
     torch.testing.assert_close(got.double(), x.double() @ w.double().t(), rtol=1e-5, atol=1e-4)
 
 
 def test_native_linear_strided_input():
     x = torch.randn(6, 40)[:, :24]  # rows 40 floats apart
     w, b = torch.randn(10, 24), torch.randn(10)
-    got = linear.LINEAR_BACKENDS.get("native")(x, w, b)
-    torch.testing.assert_close(got, linear.reference(x, w, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_linear("native", x, w, b), linear.reference(x, w, b))
+
+
+def test_pack_panels_layout():
+    w = torch.randn(50, 7)
+    panels = linear.pack_panels(w)
+    assert panels.shape == (3, 7, 24)
+    for n in (0, 23, 24, 49):
+        torch.testing.assert_close(panels[n // 24, :, n % 24], w[n], rtol=0, atol=0)
+    assert panels[2, :, 2:].abs().sum() == 0  # padding rows 50..71 are zero
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_rows_read_the_prepared_weight(backend):
+    row = linear.LINEAR_BACKENDS.get(backend)
+    w = torch.randn(70, 9)
+    ids = torch.tensor([0, 69, 24, 5, 5, 48])
+    torch.testing.assert_close(row.rows(row.prepare(w), ids), w[ids], rtol=0, atol=0)
+
+
+def test_native_linear_bf16_falls_back_to_torch():
+    row = linear.LINEAR_BACKENDS.get("native")
+    w, x = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(3, 16, dtype=torch.bfloat16)
+    prepared = row.prepare(w)
+    assert prepared.dim() == 2
+    torch.testing.assert_close(row.apply(x, prepared, None, 8), x @ w.t())
 
 
 def _rope_cache(head_dim: int, positions: int = 100) -> torch.Tensor:

@@ -1,0 +1,106 @@
+/* Y[m, n] = sum_k X[m, k] * W[n, k] (+ bias[n]) with W pre-packed into column panels.
+ *
+ * Packed layout (ops/linear.py pack_weight): Wp[p][k][j] = W[p*24 + j, k], N padded with zero
+ * rows to a multiple of 24. A panel is a contiguous K x 24 strip, so the inner loop reads
+ * three 8-float vectors of W per k and multiplies them by 4 broadcast token values into 12
+ * register accumulators (a 4 x 24 outer-product micro-kernel, the BLIS/GotoBLAS idea): 12 FMAs
+ * per 7 loads keeps both FMA pipes of a Zen/Skylake core busy, where the dot-product form
+ * (one W row times token rows, horizontal sums at the end) is load-bound at about half peak.
+ *
+ * Every weight panel is read from memory once per call: all token blocks are swept while the
+ * panel sits in L2. Panels are split over the OpenMP threads. M-remainders (m % 4) use the
+ * same micro-kernel specialised for 1..3 rows, so one token (batch-1 decode) streams each
+ * panel exactly once, at memory bandwidth.
+ */
+#include "common.h"
+
+#define NR 24
+
+#ifdef __AVX2__
+/* Row r of the micro-kernel: three accumulators for the 24 columns (named registers; an
+ * accumulator array made GCC spill every accumulator to the stack on every k). */
+#define ROW_FMA(r)                                                                             \
+    if (mr > r) {                                                                              \
+        __m256 x = _mm256_broadcast_ss(X + r * K + k);                                         \
+        c##r##0 = _mm256_fmadd_ps(w0, x, c##r##0);                                             \
+        c##r##1 = _mm256_fmadd_ps(w1, x, c##r##1);                                             \
+        c##r##2 = _mm256_fmadd_ps(w2, x, c##r##2);                                             \
+    }
+#define ROW_STORE(r)                                                                           \
+    if (mr > r) {                                                                              \
+        float tmp[NR];                                                                         \
+        _mm256_storeu_ps(tmp, c##r##0);                                                        \
+        _mm256_storeu_ps(tmp + 8, c##r##1);                                                    \
+        _mm256_storeu_ps(tmp + 16, c##r##2);                                                   \
+        float *y = Y + r * ldy;                                                                \
+        for (int j = 0; j < cols; ++j) y[j] = tmp[j] + (bias ? bias[j] : 0.0f);                \
+    }
+
+/* Y[r, 0..cols) = sum_k X[r, k] * Wp[k, 0..cols) (+ bias) for r < MR. */
+#define MICRO(MR)                                                                              \
+    static void micro_##MR(const float *wp, const float *X, long K, float *Y, long ldy,        \
+                           const float *bias, int cols, const float *prefetch,                 \
+                           long pf_step) {                                                     \
+        const int mr = MR;                                                                     \
+        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00,          \
+               c12 = c00, c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;    \
+        for (long k = 0; k < K; ++k) {                                                         \
+            __m256 w0 = _mm256_loadu_ps(wp + k * NR);                                          \
+            __m256 w1 = _mm256_loadu_ps(wp + k * NR + 8);                                      \
+            __m256 w2 = _mm256_loadu_ps(wp + k * NR + 16);                                     \
+            if (prefetch) _mm_prefetch((const char *)(prefetch + k * pf_step), _MM_HINT_T1);   \
+            ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3)                                        \
+        }                                                                                      \
+        ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3)                                    \
+    }
+#else
+#define MICRO(MR)                                                                              \
+    static void micro_##MR(const float *wp, const float *X, long K, float *Y, long ldy,        \
+                           const float *bias, int cols, const float *prefetch,                 \
+                           long pf_step) {                                                     \
+        (void)prefetch, (void)pf_step;                                                                        \
+        for (int r = 0; r < MR; ++r)                                                           \
+            for (int j = 0; j < cols; ++j) {                                                   \
+                float s = bias ? bias[j] : 0.0f;                                               \
+                for (long k = 0; k < K; ++k) s += X[r * K + k] * wp[k * NR + j];               \
+                Y[r * ldy + j] = s;                                                            \
+            }                                                                                  \
+    }
+#endif
+
+MICRO(1)
+MICRO(2)
+MICRO(3)
+MICRO(4)
+
+typedef void (*micro_fn)(const float *, const float *, long, float *, long, const float *, int,
+                         const float *, long);
+static const micro_fn MICROS[5] = {0, micro_1, micro_2, micro_3, micro_4};
+
+/* Wp [ceil(N/24)][K][24], X [M][K] contiguous, Y [M][N]. */
+void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *Y, long M, long N,
+                     long K, int num_threads) {
+    long panels = (N + NR - 1) / NR;
+    long blocks = (M + 3) / 4;
+    long pf_step = (NR + blocks - 1) / blocks;
+#pragma omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
+    {
+        flush_denormals();
+#pragma omp for schedule(static)
+        for (long p = 0; p < panels; ++p) {
+            const float *wp = Wp + p * K * NR;
+            long n0 = p * NR;
+            int cols = (int)(N - n0 < NR ? N - n0 : NR);
+            const float *b = bias ? bias + n0 : 0;
+            /* With several token blocks the panel is computed on long enough to fetch the
+             * next one meanwhile (into L2) instead of stalling on DRAM at its start: block j
+             * prefetches floats [j*K*step, (j+1)*K*step) of the next panel, spread over its k. */
+            const float *next = (blocks > 1 && p + 1 < panels) ? wp + K * NR : 0;
+            for (long m = 0, j = 0; m < M; m += 4, ++j) {
+                long mr = M - m < 4 ? M - m : 4;
+                const float *pf = next && j * pf_step < NR ? next + j * K * pf_step : 0;
+                MICROS[mr](wp, X + m * K, K, Y + m * N + n0, N, b, cols, pf, pf_step);
+            }
+        }
+    }
+}
