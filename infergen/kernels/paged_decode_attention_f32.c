@@ -5,7 +5,9 @@
  * Query head h reads KV head h / (heads / kv_heads) (GQA; MQA and MHA are the edge cases).
  * The sequence attends positions [max(0, len - window), len) (window 0 = unlimited):
  *   out = softmax(q.K^T * scale) V, two passes (scores, then weighted sum of V).
- * Work items are (sequence, KV head) pairs, so K/V rows are read once per group of heads.
+ * Work items are (sequence, KV head) pairs, so K/V rows come from DRAM once per group of heads.
+ * Scores are computed 8 positions at a time (eight FMA chains, one transpose-add for the eight
+ * horizontal sums); the weighted sum of V keeps the output head in registers.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -22,6 +24,65 @@ static inline long slot_of(const long *table, long p, long block_size) {
     return table[p / block_size] * block_size + p % block_size;
 }
 
+
+#ifdef __AVX2__
+/* [sum(a0), sum(a1), ..., sum(a7)]: eight horizontal sums in one transpose-add tree. */
+static inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                             __m256 a6, __m256 a7) {
+    __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
+    __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* s[j] = q . K[p_j] for the 8 rows kr[0..7] (dim % 8 == 0): eight independent FMA chains,
+ * q read once per 8 rows. */
+static inline __m256 dot8_rows(const float *q, const float *const kr[8], long dim) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0;
+    for (long i = 0; i < dim; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[0] + i), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[1] + i), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[2] + i), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[3] + i), a3);
+        a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[4] + i), a4);
+        a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[5] + i), a5);
+        a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[6] + i), a6);
+        a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[7] + i), a7);
+    }
+    return hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
+}
+
+/* o[0..64) = sum_i w[i] * V[rows i][0..64): eight accumulators held in registers across all
+ * positions (the axpy form loads and stores o for every position). */
+static inline void weighted_sum64(float *o, const float *w, const float *const *vr, long n,
+                                  long offset) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0;
+    for (long i = 0; i < n; ++i) {
+        const float *v = vr[i] + offset;
+        __m256 wv = _mm256_broadcast_ss(w + i);
+        a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v), a0);
+        a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 8), a1);
+        a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 16), a2);
+        a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 24), a3);
+        a4 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 32), a4);
+        a5 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 40), a5);
+        a6 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 48), a6);
+        a7 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 56), a7);
+    }
+    _mm256_storeu_ps(o, a0);
+    _mm256_storeu_ps(o + 8, a1);
+    _mm256_storeu_ps(o + 16, a2);
+    _mm256_storeu_ps(o + 24, a3);
+    _mm256_storeu_ps(o + 32, a4);
+    _mm256_storeu_ps(o + 40, a5);
+    _mm256_storeu_ps(o + 48, a6);
+    _mm256_storeu_ps(o + 56, a7);
+}
+#endif
+
 void paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                                 const long *block_tables, long max_blocks, const long *seq_lens,
                                 float *out, long batch, long heads, long kv_heads, long dim,
@@ -35,7 +96,10 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
 #pragma omp parallel num_threads(num_threads) if (work * kv_heads * dim >= PARALLEL_MIN_ELEMENTS)
     {
         flush_denormals();
-        float *scores = malloc(sizeof(float) * (size_t)(group * (max_len > 0 ? max_len : 1)));
+        long cap = max_len > 0 ? max_len : 1;
+        float *scores = malloc(sizeof(float) * (size_t)(group * cap));
+        const float **krows = malloc(sizeof(float *) * (size_t)cap);
+        const float **vrows = malloc(sizeof(float *) * (size_t)cap);
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (long b = 0; b < batch; ++b) {
             for (long kvh = 0; kvh < kv_heads; ++kvh) {
@@ -43,39 +107,49 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
                 long start = (window > 0 && len > window) ? len - window : 0;
                 long n = len - start;
                 const long *table = block_tables + b * max_blocks;
+                for (long i = 0; i < n; ++i) { /* slots once per (sequence, KV head) */
+                    long offset = slot_of(table, start + i, block_size) * slot_stride + kvh * dim;
+                    krows[i] = k_cache + offset;
+                    vrows[i] = v_cache + offset;
+                }
                 for (long g = 0; g < group; ++g) {
-                    long h = kvh * group + g;
-                    const float *qh = q + (b * heads + h) * dim;
+                    const float *qh = q + (b * heads + kvh * group + g) * dim;
                     float *s = scores + g * n;
+                    long i = 0;
+#ifdef __AVX2__
+                    if (dim % 8 == 0)
+                        for (; i + 8 <= n; i += 8)
+                            _mm256_storeu_ps(s + i, _mm256_mul_ps(dot8_rows(qh, krows + i, dim),
+                                                                  _mm256_set1_ps(scale)));
+#endif
+                    for (; i < n; ++i) s[i] = dot_f32(qh, krows[i], dim) * scale;
                     float best = -INFINITY;
-                    for (long p = start; p < len; ++p) {
-                        const float *kr = k_cache + slot_of(table, p, block_size) * slot_stride +
-                                          kvh * dim;
-                        float dot = dot_f32(qh, kr, dim) * scale;
-                        s[p - start] = dot;
-                        best = dot > best ? dot : best;
-                    }
-                    for (long i = 0; i < n; ++i) s[i] -= best;
+                    for (i = 0; i < n; ++i) best = s[i] > best ? s[i] : best;
+                    for (i = 0; i < n; ++i) s[i] -= best;
                     exp_array(s, s, n);
                     float total = 0.0f;
 #pragma omp simd reduction(+ : total)
-                    for (long i = 0; i < n; ++i) total += s[i];
+                    for (i = 0; i < n; ++i) total += s[i];
                     float inv = 1.0f / total;
-                    for (long i = 0; i < n; ++i) s[i] *= inv;
-                    float *o = out + (b * heads + h) * dim;
-                    for (long d = 0; d < dim; ++d) o[d] = 0.0f;
+                    for (i = 0; i < n; ++i) s[i] *= inv;
                 }
-                /* weighted sum of V, each V row read once for the whole group */
-                for (long p = start; p < len; ++p) {
-                    const float *vr =
-                        v_cache + slot_of(table, p, block_size) * slot_stride + kvh * dim;
-                    for (long g = 0; g < group; ++g) {
-                        float w = scores[g * n + (p - start)];
-                        axpy_f32(out + (b * heads + kvh * group + g) * dim, w, vr, dim);
-                    }
+                float *o = out + (b * heads + kvh * group) * dim; /* the group's heads, adjacent */
+#ifdef __AVX2__
+                if (dim % 64 == 0) { /* V rows from cache (L1/L2) once per head, o in registers */
+                    for (long g = 0; g < group; ++g)
+                        for (long c = 0; c < dim; c += 64)
+                            weighted_sum64(o + g * dim + c, scores + g * n, vrows, n, c);
+                    continue;
                 }
+#endif
+                for (long d = 0; d < group * dim; ++d) o[d] = 0.0f;
+                for (long i = 0; i < n; ++i) /* each V row read once for the whole group */
+                    for (long g = 0; g < group; ++g)
+                        axpy_f32(o + g * dim, scores[g * n + i], vrows[i], dim);
             }
         }
         free(scores);
+        free(krows);
+        free(vrows);
     }
 }

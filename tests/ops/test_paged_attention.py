@@ -66,6 +66,21 @@ def test_matches_reference(case, heads, kv_heads, window, backend):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [12, 64, 80, 128])
+@pytest.mark.parametrize("window", [None, 21])
+def test_native_decode_head_dims(dim, window):
+    """The kernel's paths: 8-position score blocks + register V sums (dim % 64 == 0), the
+    axpy V path (80), scalar dots (12); long contexts with block-size and window tails."""
+    seq_lens = [1, 7, 8, 9, 40, 131]
+    q, k_new, v_new, kc, vc, qsl, tables, plan = _scatter_batch(
+        [1] * len(seq_lens), seq_lens, 6, 2, dim, 16, window, seed=dim
+    )
+    scale = pa.default_scale(dim)
+    got = pa.paged_attention(q, k_new, v_new, kc, vc, plan, scale, pa.DECODE_BACKENDS.get("native"))
+    want = pa.reference(q, kc, vc, qsl, seq_lens, tables, scale, window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_paged_equals_contiguous_attention():
     """Metamorphic: a sequence scattered over random blocks = plain causal SDPA on it."""
     heads, kv_heads, dim, length, block_size = 6, 3, 16, 45, 8
