@@ -36,7 +36,7 @@ class LLM:
         enable_chunked_prefill / enable_prefix_caching: switches.
         num_threads: torch CPU threads (None: torch's default).
         seed: engine seed for requests without their own seed.
-        kernels: "native" (C kernels for matvec, norms, RoPE, SwiGLU, decode attention)
+        kernels: "native" (C kernels for linear, norms, RoPE, SwiGLU, decode attention)
             or "torch" (torch ops only).
     """
 

@@ -60,7 +60,9 @@ class Transformer(nn.Module):
         self.embed = (
             None
             if config.tie_word_embeddings
-            else nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
+            else nn.Parameter(
+                torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False
+            )
         )
         self.layers = nn.ModuleList(
             DecoderLayer(config, dtype, kernels) for _ in range(config.num_hidden_layers)

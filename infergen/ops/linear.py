@@ -31,7 +31,7 @@ from infergen.registry import Registry
 @dataclass(frozen=True)
 class LinearBackend:
     prepare: Callable[[torch.Tensor], torch.Tensor]
-    apply: Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
+    apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
     rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
