@@ -34,6 +34,7 @@ import math
 
 import torch
 
+from infergen.formats import fast
 from infergen.formats.elements import E8M0_BIAS, E8M0_NAN, ELEMENT_TYPES
 from infergen.formats.pack import pack_bits, unpack_bits
 from infergen.formats.qtensor import QuantizedTensor
@@ -87,16 +88,28 @@ def _finite_amax(blocks: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(a), a, torch.zeros_like(a)).amax(dim=-1)
 
 
-def _tensor_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None):
+def _tensor_amax(blocks: torch.Tensor, native: bool) -> torch.Tensor:
+    """Finite amax of the whole tensor, shape [1]."""
+    amax = fast.finite_amax(blocks) if native else None
+    return amax.reshape(1) if amax is not None else _finite_amax(blocks.reshape(1, -1))
+
+
+def _tensor_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
     et = spec.element_type
-    amax = _finite_amax(blocks.reshape(1, -1))
+    amax = _tensor_amax(blocks, native)
     scale = torch.where(amax > 0, amax / et.max, torch.ones_like(amax))  # [1]
-    return et.encode(blocks / scale), scale, None, None
+    codes = fast.scaled_encode(blocks, scale.item(), et) if native else None
+    if codes is None:
+        codes = et.encode(blocks / scale)
+    return codes, scale, None, None
 
 
-def _e8m0_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None):
+def _e8m0_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
     et = spec.element_type
     rule = rule or "floor"
+    done = fast.mx_quantize(blocks, et, rule) if native else None
+    if done is not None:
+        return done[0], done[1], None, None
     amax = blocks.abs().amax(dim=-1)  # NaN propagates
     bad = ~torch.isfinite(amax)
     safe = torch.where(bad | (amax == 0), torch.ones_like(amax), amax)
@@ -111,11 +124,14 @@ def _e8m0_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None):
     return codes, scales, None, None
 
 
-def _nvfp4_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None):
-    amax_tensor = _finite_amax(blocks.reshape(1, -1)).reshape(())
+def _nvfp4_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
+    amax_tensor = _tensor_amax(blocks, native).reshape(())
     global_scale = amax_tensor / NVFP4_GLOBAL_DIVISOR
     if amax_tensor == 0:
         global_scale = torch.ones(())  # all-zero tensor: every block scale is 0 anyway
+    done = fast.nvfp4_quantize(blocks, global_scale) if native else None
+    if done is not None:
+        return done[0], done[1], None, global_scale.float()
     amax = blocks.abs().amax(dim=-1)
     bad = ~torch.isfinite(amax)
     scale_codes = E4M3.encode(torch.where(bad, torch.zeros_like(amax), amax) / 6.0 / global_scale)
@@ -128,7 +144,7 @@ def _nvfp4_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None):
     return codes, scale_codes, None, global_scale.float()
 
 
-def _int_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None):
+def _int_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
     bits = spec.int_bits
     if spec.symmetric:
         qmax = (1 << (bits - 1)) - 1
@@ -171,8 +187,11 @@ def quantize(
     axis: int = -1,
     block_size: int | None = None,
     scale_rule: str | None = None,
+    native: bool = True,
 ) -> QuantizedTensor:
-    """Quantize `x` to `fmt` in blocks along `axis` (see the module docstring for the rules)."""
+    """Quantize `x` to `fmt` in blocks along `axis` (see the module docstring for the rules).
+    `native=False` forces the torch reference path (the C fast path, formats/fast.py, is
+    bit-identical and used when it can be built)."""
     spec = FORMATS.get(fmt, where="format") if isinstance(fmt, str) else fmt
     block = spec.block_size if block_size is None else block_size
     spec.check_block_size(block)
@@ -185,7 +204,9 @@ def quantize(
         raise TypeError(f"quantize expects a floating-point tensor, got {x.dtype}")
     axis = axis % x.dim() if x.dim() else 0
     blocks, _ = _blocks(x, axis, block)
-    codes, scales, zero_points, global_scale = QUANTIZERS[spec.scaling](spec, blocks, scale_rule)
+    codes, scales, zero_points, global_scale = QUANTIZERS[spec.scaling](
+        spec, blocks, scale_rule, native
+    )
     moved_shape = _moved_shape(tuple(x.shape), axis)
     codes = codes.reshape(moved_shape)
     if spec.packed:
@@ -204,32 +225,55 @@ def quantize(
     )
 
 
-def dequantize(q: QuantizedTensor) -> torch.Tensor:
-    """The values `q` stands for, in q.dtype and q.shape."""
+def dequantize(q: QuantizedTensor, native: bool = True) -> torch.Tensor:
+    """The values `q` stands for, in q.dtype and q.shape (`native=False`: torch reference)."""
     spec = FORMATS.get(q.format, where="QuantizedTensor.format")
     codes = unpack_bits(q.codes, spec.element_bits) if spec.packed else q.codes
     moved_shape = _moved_shape(q.shape, q.axis)
-    blocks, _ = _blocks(codes.reshape(moved_shape).to(torch.float32), -1, q.block_size)
-    codes = blocks.to(torch.uint8)
+    block = q.block_size
+    if block == PER_CHANNEL:
+        block = moved_shape[-1]
+    codes = codes.reshape(-1, codes.numel() if block == PER_TENSOR else block)
+    values = _dequantize_native(spec, q, codes) if native else None
+    if values is None:
+        values = _dequantize_reference(spec, q, codes)
+    return values.reshape(moved_shape).movedim(-1, q.axis).to(q.dtype)
+
+
+def _dequantize_native(spec: FormatSpec, q: QuantizedTensor, codes: torch.Tensor):
+    if spec.scaling == "e8m0":
+        return fast.mx_dequantize(codes, q.scales.reshape(-1), spec.element_type)
+    if spec.scaling == "nvfp4":
+        return fast.block_dequantize(
+            codes, E4M3.decode(q.scales).reshape(-1), q.global_scale.item(), E2M1
+        )
+    if spec.scaling == "tensor":
+        return fast.block_dequantize(codes, q.scales.reshape(-1), 1.0, spec.element_type)
+    return None
+
+
+def _dequantize_reference(spec: FormatSpec, q: QuantizedTensor, codes: torch.Tensor):
+    """codes [n_blocks, block] → fp32 values [n_blocks, block]."""
+
+    def per_block(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1, 1)
+
     if spec.scaling == "int":
         bits = spec.int_bits
         if spec.symmetric:
             signed = codes.to(torch.int32)
             signed = torch.where(signed >= (1 << (bits - 1)), signed - (1 << bits), signed)
-            values = signed.float() * q.scales.unsqueeze(-1)
-        elif spec.float_offset:
-            values = codes.float() * q.scales.unsqueeze(-1) + q.zero_points.unsqueeze(-1)
-        else:
-            values = (codes.float() - q.zero_points.float().unsqueeze(-1)) * q.scales.unsqueeze(-1)
-    elif spec.scaling == "tensor":
-        values = spec.element_type.decode(codes) * q.scales
-    elif spec.scaling == "e8m0":
-        exp = q.scales.to(torch.int32).unsqueeze(-1) - E8M0_BIAS
+            return signed.float() * per_block(q.scales)
+        if spec.float_offset:
+            return codes.float() * per_block(q.scales) + per_block(q.zero_points)
+        return (codes.float() - per_block(q.zero_points).float()) * per_block(q.scales)
+    if spec.scaling == "tensor":
+        return spec.element_type.decode(codes) * q.scales
+    if spec.scaling == "e8m0":
+        exp = per_block(q.scales.to(torch.int32)) - E8M0_BIAS
         values = pow2_scale(spec.element_type.decode(codes), exp)
-        values = torch.where(exp == E8M0_NAN - E8M0_BIAS, math.nan, values)
-    else:  # nvfp4
-        values = E2M1.decode(codes) * E4M3.decode(q.scales).unsqueeze(-1) * q.global_scale
-    return values.reshape(moved_shape).movedim(-1, q.axis).to(q.dtype)
+        return torch.where(exp == E8M0_NAN - E8M0_BIAS, math.nan, values)
+    return E2M1.decode(codes) * per_block(E4M3.decode(q.scales)) * q.global_scale
 
 
 def sqnr_db(x: torch.Tensor, y: torch.Tensor) -> float:

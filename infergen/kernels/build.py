@@ -93,10 +93,10 @@ P, L, I, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
 @functools.cache
-def kernel(name: str, *argtypes: type) -> Callable[..., None] | None:
-    """The function `name` of `kernels/<name>.c` with its ctypes signature, or None when
-    native kernels cannot be built here (callers then use their torch path)."""
-    lib = try_load(name)
+def kernel(name: str, *argtypes: type, source: str | None = None) -> Callable[..., None] | None:
+    """The function `name` of `kernels/<source or name>.c` with its ctypes signature, or None
+    when native kernels cannot be built here (callers then use their torch path)."""
+    lib = try_load(source or name)
     if lib is None:
         return None
     fn = getattr(lib, name)

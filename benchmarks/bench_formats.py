@@ -1,0 +1,193 @@
+"""Quantize / dequantize throughput of infergen.formats against torchao, and against the
+memory-copy bandwidth measured in the same run.
+
+A 4096x4096 fp32 tensor (N(0,1)) per format; GB/s of fp32 input (64 MiB), best of --repeats.
+Peers: torchao 0.18 `to_mx` (MX formats, FLOOR), `nvfp4_quantize` (NVFP4, two-level), and for
+FP8 per-tensor torch's own scaled cast (x / scale, clamp, .to(float8)); integer formats have
+no peer row. Copy = `dst.copy_(x)` into a preallocated tensor (memory bandwidth; every
+quantize/dequantize also pays for allocating its output). Targets (issue): >= 1x torchao on every
+format it has, >= 25 % of copy bandwidth. JSON lines to --out; `benchmarks/report.py` puts the
+ratios in the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import sys
+import time
+import warnings
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_generate import git_state, machine_info  # noqa: E402
+from peers.cpu_contention import OtherCpu  # noqa: E402
+
+from infergen.formats import FORMATS, dequantize, quantize  # noqa: E402
+
+MX_ELEM = {
+    "mxfp8_e4m3": torch.float8_e4m3fn,
+    "mxfp8_e5m2": torch.float8_e5m2,
+    "mxfp6_e2m3": "fp6_e2m3",
+    "mxfp6_e3m2": "fp6_e3m2",
+    "mxfp4": torch.float4_e2m1fn_x2,
+}
+FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def torchao_peer(fmt: str):
+    """(quantize, dequantize) callables of the peer for `fmt`, or None."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
+        from torchao.prototype.mx_formats.nvfp4_tensor import (
+            nvfp4_quantize,
+            per_tensor_amax_to_scale,
+        )
+    if fmt in MX_ELEM:
+        elem = MX_ELEM[fmt]
+
+        def q(x):
+            return to_mx(x, elem, 32)
+
+        def dq(x, state):
+            scale, data = state
+            return to_dtype(data, scale, elem, 32, torch.float32)
+
+        return q, dq
+    if fmt == "nvfp4":
+
+        def q(x):
+            return nvfp4_quantize(x, 16, per_tensor_amax_to_scale(x.abs().max()))
+
+        return q, None
+    if fmt in FP8:
+        dtype, mx = FP8[fmt], torch.finfo(FP8[fmt]).max
+
+        def q(x):
+            scale = x.abs().max() / mx
+            return (x / scale).clamp(-mx, mx).to(dtype), scale
+
+        def dq(x, state):
+            data, scale = state
+            return data.float() * scale
+
+        return q, dq
+    return None
+
+
+def best_gbs(fn, nbytes: int, repeats: int) -> tuple[float, float | None]:
+    fn()
+    best, other_best = float("inf"), None
+    for _ in range(repeats):
+        with OtherCpu() as other:
+            start = time.perf_counter()
+            fn()
+            seconds = time.perf_counter() - start
+        if seconds < best:
+            best, other_best = seconds, other.cores
+    return nbytes / best / 1e9, other_best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", type=int, default=4096, help="side of the square tensor")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/formats.jsonl"
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    x = torch.randn(args.size, args.size, generator=torch.Generator().manual_seed(0))
+    nbytes = x.numel() * 4
+    from importlib.metadata import version
+
+    base = {
+        "bench": "formats",
+        "quick": False,
+        "git": git_state(),
+        "machine": machine_info(args.threads),
+        "peer_versions": {"torchao": version("torchao"), "torch": torch.__version__},
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "params": {"shape": [args.size, args.size], "dtype": "float32"},
+    }
+    copy_gbs, copy_other = best_gbs(lambda: x.clone(), nbytes, args.repeats)
+    lines = [
+        {
+            **base,
+            "kind": "result",
+            "metric": "copy_gb_s",
+            "engine": "torch.clone",
+            "value": copy_gbs,
+            "unit": "GB/s",
+            "other_cpu_cores": copy_other,
+        }
+    ]
+    print(f"copy (preallocated copy_): {copy_gbs:.2f} GB/s\n")
+    print(f"{'format':<12} {'op':<10} {'infergen':>9} {'torchao':>9} {'ratio':>6} {'% copy':>7}")
+    for fmt in FORMATS:
+        q = quantize(x, fmt)
+        ours = {
+            "quantize": best_gbs(lambda fmt=fmt: quantize(x, fmt), nbytes, args.repeats),
+            "dequantize": best_gbs(lambda q=q: dequantize(q), nbytes, args.repeats),
+        }
+        peer = torchao_peer(fmt)
+        theirs = {}
+        if peer is not None:
+            pq, pdq = peer
+            theirs["quantize"] = best_gbs(lambda pq=pq: pq(x), nbytes, args.repeats)
+            if pdq is not None:
+                state = pq(x)
+                theirs["dequantize"] = best_gbs(
+                    lambda pdq=pdq, state=state: pdq(x, state), nbytes, args.repeats
+                )
+        for op, (value, other) in ours.items():
+            metric = f"{op}_gb_s_{fmt}"
+            lines.append(
+                {
+                    **base,
+                    "kind": "result",
+                    "metric": metric,
+                    "engine": "infergen",
+                    "value": value,
+                    "unit": "GB/s",
+                    "other_cpu_cores": other,
+                    "fraction_of_copy": value / copy_gbs,
+                }
+            )
+            peer_value = theirs.get(op, (None, None))[0]
+            if peer_value is not None:
+                peer_name = "torch" if fmt in FP8 else "torchao"
+                lines.append(
+                    {
+                        **base,
+                        "kind": "ratio",
+                        "metric": metric,
+                        "engine": "infergen",
+                        "peer": peer_name,
+                        "infergen_value": value,
+                        "peer_value": peer_value,
+                        "value": value / peer_value,
+                        "unit": "x",
+                        "definition": "infergen/peer (GB/s)",
+                        "other_cpu_cores": {"infergen": other, peer_name: theirs[op][1]},
+                    }
+                )
+            ratio = f"{value / peer_value:6.2f}" if peer_value else "     –"
+            shown = f"{peer_value:9.2f}" if peer_value else "        –"
+            print(f"{fmt:<12} {op:<10} {value:9.2f} {shown} {ratio} {100 * value / copy_gbs:6.0f}%")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    print(f"\nwrote {len(lines)} lines to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Native fast paths of the float-format quantizers (kernels/quantize_f32.c): one pass per
+block in C instead of a dozen tensor passes. Same signature and bit-identical results as the
+reference quantizers in codec.py (tests/formats/test_fast.py); None when no C compiler."""
+
+from __future__ import annotations
+
+import torch
+
+from infergen.formats.elements import ELEMENT_TYPES, Minifloat
+from infergen.kernels.build import F, I, L, P, kernel
+
+E4M3 = ELEMENT_TYPES.get("e4m3")
+SOURCE = "quantize_f32"
+
+
+def _elem_args(et: Minifloat) -> tuple:
+    nan = et.nan_code if et.nan_code is not None else -1
+    return (et.mbits, et.emin, et.bits, et.max_code, nan, et.max)
+
+
+def mx_quantize(blocks: torch.Tensor, et: Minifloat, rule: str):
+    fn = kernel("mx_quantize_f32", P, P, P, L, L, I, I, I, I, I, F, I, I, source=SOURCE)
+    if fn is None:
+        return None
+    blocks = blocks.contiguous()
+    n_blocks, block = blocks.numel() // blocks.shape[-1], blocks.shape[-1]
+    codes = torch.empty(blocks.shape, dtype=torch.uint8)
+    scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8)
+    fn(
+        blocks.data_ptr(),
+        codes.data_ptr(),
+        scales.data_ptr(),
+        n_blocks,
+        block,
+        *_elem_args(et),
+        0 if rule == "floor" else 1,
+        torch.get_num_threads(),
+    )
+    return codes, scales
+
+
+def nvfp4_quantize(blocks: torch.Tensor, global_scale: torch.Tensor):
+    fn = kernel("nvfp4_quantize_f32", P, P, P, L, F, P, I, source=SOURCE)
+    if fn is None:
+        return None
+    blocks = blocks.contiguous()
+    codes = torch.empty(blocks.shape, dtype=torch.uint8)
+    scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8)
+    table = E4M3.decode_table()
+    fn(
+        blocks.data_ptr(),
+        codes.data_ptr(),
+        scales.data_ptr(),
+        blocks.numel() // 16,
+        float(global_scale),
+        table.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return codes, scales
+
+
+def scaled_encode(values: torch.Tensor, scale: float, et: Minifloat):
+    fn = kernel("scaled_encode_f32", P, P, L, F, I, I, I, I, I, F, I, source=SOURCE)
+    if fn is None:
+        return None
+    values = values.contiguous()
+    codes = torch.empty(values.shape, dtype=torch.uint8)
+    fn(
+        values.data_ptr(),
+        codes.data_ptr(),
+        values.numel(),
+        scale,
+        *_elem_args(et),
+        torch.get_num_threads(),
+    )
+    return codes
+
+
+def mx_dequantize(codes: torch.Tensor, scales: torch.Tensor, et: Minifloat):
+    """codes [..., n_blocks, block] uint8, scales [..., n_blocks] E8M0 → fp32 values."""
+    fn = kernel("mx_dequantize_f32", P, P, P, P, L, L, I, source=SOURCE)
+    if fn is None:
+        return None
+    codes, scales = codes.contiguous(), scales.contiguous()
+    out = torch.empty(codes.shape, dtype=torch.float32)
+    table = et.decode_table()
+    fn(
+        codes.data_ptr(),
+        scales.data_ptr(),
+        table.data_ptr(),
+        out.data_ptr(),
+        codes.numel() // codes.shape[-1],
+        codes.shape[-1],
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def block_dequantize(codes: torch.Tensor, scale_values: torch.Tensor, post: float, et: Minifloat):
+    """codes [..., n_blocks, block] uint8 · fp32 scale_values [..., n_blocks] · post."""
+    fn = kernel("block_dequantize_f32", P, P, F, P, P, L, L, I, source=SOURCE)
+    if fn is None:
+        return None
+    codes = codes.contiguous()
+    scale_values = scale_values.float().contiguous()
+    out = torch.empty(codes.shape, dtype=torch.float32)
+    table = et.decode_table()
+    fn(
+        codes.data_ptr(),
+        scale_values.data_ptr(),
+        post,
+        table.data_ptr(),
+        out.data_ptr(),
+        codes.numel() // codes.shape[-1],
+        codes.shape[-1],
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def finite_amax(x: torch.Tensor) -> torch.Tensor | None:
+    """max |x| over finite values (0 if none), as a 0-d fp32 tensor."""
+    fn = kernel("finite_amax_f32", P, L, P, I, source=SOURCE)
+    if fn is None or x.dtype != torch.float32:
+        return None
+    x = x.contiguous()
+    out = torch.zeros((), dtype=torch.float32)
+    fn(x.data_ptr(), x.numel(), out.data_ptr(), torch.get_num_threads())
+    return out
