@@ -119,20 +119,21 @@ def main() -> None:
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "params": {"shape": [args.size, args.size], "dtype": "float32"},
     }
-    copy_gbs, copy_other = best_gbs(lambda: x.clone(), nbytes, args.repeats)
+    dst = torch.empty_like(x)
+    start_gbs, copy_other = best_gbs(lambda: dst.copy_(x), nbytes, args.repeats)
     lines = [
         {
             **base,
             "kind": "result",
             "metric": "copy_gb_s",
-            "engine": "torch.clone",
-            "value": copy_gbs,
+            "engine": "torch copy_",
+            "value": start_gbs,
             "unit": "GB/s",
+            "stat": "best of the runs before and after the formats",
             "other_cpu_cores": copy_other,
         }
     ]
-    print(f"copy (preallocated copy_): {copy_gbs:.2f} GB/s\n")
-    print(f"{'format':<12} {'op':<10} {'infergen':>9} {'torchao':>9} {'ratio':>6} {'% copy':>7}")
+    table = []
     for fmt in FORMATS:
         q = quantize(x, fmt)
         ours = {
@@ -160,7 +161,6 @@ def main() -> None:
                     "value": value,
                     "unit": "GB/s",
                     "other_cpu_cores": other,
-                    "fraction_of_copy": value / copy_gbs,
                 }
             )
             peer_value = theirs.get(op, (None, None))[0]
@@ -183,7 +183,23 @@ def main() -> None:
                 )
             ratio = f"{value / peer_value:6.2f}" if peer_value else "     –"
             shown = f"{peer_value:9.2f}" if peer_value else "        –"
-            print(f"{fmt:<12} {op:<10} {value:9.2f} {shown} {ratio} {100 * value / copy_gbs:6.0f}%")
+            table.append((fmt, op, value, shown, ratio))
+    # The copy runs again at the end (the first runs of a process were seen 5x slower here);
+    # the best is the baseline, so the fraction is the conservative one.
+    end_gbs, _ = best_gbs(lambda: dst.copy_(x), nbytes, args.repeats)
+    copy_gbs = max(start_gbs, end_gbs)
+    lines[0]["value"] = copy_gbs
+    for ln in lines:
+        if ln["kind"] == "result" and ln["engine"] == "infergen":
+            ln["fraction_of_copy"] = ln["value"] / copy_gbs
+    print(f"copy (preallocated dst.copy_(x)): {copy_gbs:.2f} GB/s\n")
+    print(f"{'format':<12} {'op':<10} {'infergen':>9} {'torchao':>9} {'ratio':>6} {'% copy':>7}")
+    for fmt, op, value, shown, ratio in table:
+        print(f"{fmt:<12} {op:<10} {value:9.2f} {shown} {ratio} {100 * value / copy_gbs:6.0f}%")
+    print(
+        "\nEvery quantize/dequantize allocates its output; outputs of 32 MiB and more come "
+        "from fresh mmap pages (page faults), which caps them well below copy bandwidth."
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
     print(f"\nwrote {len(lines)} lines to {args.out}")

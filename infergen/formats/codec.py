@@ -146,6 +146,10 @@ def _nvfp4_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, na
 
 def _int_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
     bits = spec.int_bits
+    mode = 0 if spec.symmetric else 2 if spec.float_offset else 1
+    done = fast.int_quantize(blocks, bits, mode) if native else None
+    if done is not None:
+        return done[0], done[1], done[2], None
     if spec.symmetric:
         qmax = (1 << (bits - 1)) - 1
         scale = blocks.abs().amax(dim=-1) / qmax  # NaN propagates into the group's scale
@@ -249,6 +253,9 @@ def _dequantize_native(spec: FormatSpec, q: QuantizedTensor, codes: torch.Tensor
         )
     if spec.scaling == "tensor":
         return fast.block_dequantize(codes, q.scales.reshape(-1), 1.0, spec.element_type)
+    if spec.scaling == "int" and not spec.float_offset:
+        zeros = None if spec.symmetric else q.zero_points.reshape(-1)
+        return fast.int_dequantize(codes, q.scales.reshape(-1), zeros, spec.int_bits)
     return None
 
 

@@ -127,3 +127,53 @@ def finite_amax(x: torch.Tensor) -> torch.Tensor | None:
     out = torch.zeros((), dtype=torch.float32)
     fn(x.data_ptr(), x.numel(), out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def int_quantize(blocks: torch.Tensor, bits: int, mode: int):
+    """blocks [..., n_groups, group] → (codes, scales, zero points or offsets or None).
+    mode 0 symmetric, 1 asymmetric with a uint8 zero point, 2 KIVI (fp32 minimum)."""
+    fn = kernel("int_quantize_f32", P, P, P, P, P, L, L, I, I, I, source=SOURCE)
+    if fn is None:
+        return None
+    blocks = blocks.contiguous()
+    groups = blocks.shape[:-1]
+    codes = torch.empty(blocks.shape, dtype=torch.uint8)
+    scales = torch.empty(groups, dtype=torch.float32)
+    zeros = torch.empty(groups, dtype=torch.uint8) if mode == 1 else None
+    offsets = torch.empty(groups, dtype=torch.float32) if mode == 2 else None
+    fn(
+        blocks.data_ptr(),
+        codes.data_ptr(),
+        scales.data_ptr(),
+        zeros.data_ptr() if zeros is not None else None,
+        offsets.data_ptr() if offsets is not None else None,
+        blocks.numel() // blocks.shape[-1],
+        blocks.shape[-1],
+        bits,
+        mode,
+        torch.get_num_threads(),
+    )
+    return codes, scales, zeros if mode == 1 else offsets
+
+
+def int_dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int
+):
+    """codes [n_groups, group] → fp32: symmetric (zeros None) or with uint8 zero points."""
+    fn = kernel("int_dequantize_f32", P, P, P, P, L, L, I, I, source=SOURCE)
+    if fn is None:
+        return None
+    codes, scales = codes.contiguous(), scales.float().contiguous()
+    zeros = zeros.contiguous() if zeros is not None else None
+    out = torch.empty(codes.shape, dtype=torch.float32)
+    fn(
+        codes.data_ptr(),
+        scales.data_ptr(),
+        zeros.data_ptr() if zeros is not None else None,
+        out.data_ptr(),
+        codes.numel() // codes.shape[-1],
+        codes.shape[-1],
+        bits,
+        torch.get_num_threads(),
+    )
+    return out

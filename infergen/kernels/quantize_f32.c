@@ -178,3 +178,95 @@ void finite_amax_f32(const float *x, long n, float *result, int num_threads) {
     }
     *result = best;
 }
+
+/* Integer groups (formats/codec.py `_int_quantize`, same float operations in the same order):
+ * mode 0 symmetric: scale = amax / qmax, q = clamp(rint(v / scale), -qmax, qmax) stored as
+ *        two's complement in the low `bits` bits;
+ * mode 1 asymmetric, integer zero point: [min, max] widened to hold 0, scale = (hi - lo) / qmax,
+ *        zero = clamp(rint(-lo / scale), 0, qmax), q = clamp(rint(v / scale) + zero, 0, qmax);
+ * mode 2 KIVI: scale = (max - min) / qmax, q = clamp(rint((v - min) / scale), 0, qmax), the
+ *        fp32 minimum stored in `offsets`.
+ * A zero scale divides by 1; a group holding NaN gets a NaN scale (and NaN zero/offset where
+ * the reference has one) and zero codes. */
+void int_quantize_f32(const float *x, uint8_t *codes, float *scales, uint8_t *zeros,
+                      float *offsets, long n_groups, long group, int bits, int mode,
+                      int num_threads) {
+    int qmax = mode == 0 ? (1 << (bits - 1)) - 1 : (1 << bits) - 1;
+    uint8_t mask = (uint8_t)((1 << bits) - 1);
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (n_groups * group >= PARALLEL_MIN_ELEMENTS)
+    for (long g = 0; g < n_groups; ++g) {
+        flush_denormals();
+        const float *v = x + g * group;
+        uint8_t *c = codes + g * group;
+        float lo = INFINITY, hi = -INFINITY, amax = 0.0f;
+        int nan = 0;
+        for (long i = 0; i < group; ++i) {
+            float a = v[i];
+            nan |= isnan(a);
+            lo = a < lo ? a : lo;
+            hi = a > hi ? a : hi;
+            amax = fabsf(a) > amax ? fabsf(a) : amax;
+        }
+        float scale;
+        if (mode == 0)
+            scale = nan ? NAN : amax / (float)qmax;
+        else if (mode == 1) {
+            lo = lo < 0.0f ? lo : 0.0f;
+            hi = hi > 0.0f ? hi : 0.0f;
+            scale = nan ? NAN : (hi - lo) / (float)qmax;
+        } else
+            scale = nan ? NAN : (hi - lo) / (float)qmax;
+        scales[g] = scale;
+        float div = scale == 0.0f ? 1.0f : scale;
+        if (nan) {
+            memset(c, 0, (size_t)group);
+            if (mode == 1) zeros[g] = 0;
+            if (mode == 2) offsets[g] = NAN;
+            continue;
+        }
+        if (mode == 0) {
+            for (long i = 0; i < group; ++i) {
+                float q = rintf(v[i] / div);
+                q = q < (float)-qmax ? (float)-qmax : (q > (float)qmax ? (float)qmax : q);
+                c[i] = (uint8_t)((int)q) & mask;
+            }
+        } else if (mode == 1) {
+            float z = rintf(-lo / div);
+            z = z < 0.0f ? 0.0f : (z > (float)qmax ? (float)qmax : z);
+            zeros[g] = (uint8_t)z;
+            for (long i = 0; i < group; ++i) {
+                float q = rintf(v[i] / div) + z;
+                c[i] = (uint8_t)(q < 0.0f ? 0.0f : (q > (float)qmax ? (float)qmax : q));
+            }
+        } else {
+            offsets[g] = lo;
+            for (long i = 0; i < group; ++i) {
+                float q = rintf((v[i] - lo) / div);
+                c[i] = (uint8_t)(q < 0.0f ? 0.0f : (q > (float)qmax ? (float)qmax : q));
+            }
+        }
+    }
+}
+
+/* Integer dequantize: symmetric out = signed(code) · scale; with zero points
+ * out = (code − zero) · scale (the KIVI form q · scale + min stays in torch: a compiler
+ * could fuse it into one FMA and round differently from the reference). */
+void int_dequantize_f32(const uint8_t *codes, const float *scales, const uint8_t *zeros,
+                        float *out, long n_groups, long group, int bits, int num_threads) {
+    int half = 1 << (bits - 1);
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (n_groups * group >= PARALLEL_MIN_ELEMENTS)
+    for (long g = 0; g < n_groups; ++g) {
+        const uint8_t *c = codes + g * group;
+        float *o = out + g * group;
+        float s = scales[g];
+        if (zeros) {
+            float z = (float)zeros[g];
+            for (long i = 0; i < group; ++i) o[i] = ((float)c[i] - z) * s;
+        } else {
+            for (long i = 0; i < group; ++i) {
+                int q = c[i] >= half ? (int)c[i] - 2 * half : (int)c[i];
+                o[i] = (float)q * s;
+            }
+        }
+    }
+}

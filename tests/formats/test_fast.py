@@ -12,6 +12,16 @@ from infergen.formats import ELEMENT_TYPES, FORMATS, dequantize, quantize
 from infergen.kernels.build import try_load
 
 FLOAT_FORMATS = [n for n in FORMATS if FORMATS.get(n).scaling != "int"]
+INT_CASES = [
+    ("int8", -1),
+    ("int8", 0),
+    ("int8", 32),
+    ("int4", 32),
+    ("int4", 64),
+    ("int4_asym", 32),
+    ("int4_asym", 64),
+    ("int2", 32),
+]
 
 
 def test_fast_path_builds_here():
@@ -61,3 +71,17 @@ def test_fast_dequantize_equals_reference(fmt):
     torch.testing.assert_close(
         dequantize(q), dequantize(q, native=False), rtol=0, atol=0, equal_nan=True
     )
+
+
+@pytest.mark.parametrize("fmt,block", INT_CASES)
+def test_fast_int_quantize_equals_reference(fmt, block):
+    x = _adversarial(3)
+    x[6, :32] = 5.0  # constant group (asymmetric: range widened to 0)
+    x[7, :32] = -2.0
+    fast, ref = quantize(x, fmt, block_size=block), quantize(x, fmt, block_size=block, native=False)
+    assert torch.equal(fast.codes, ref.codes)
+    torch.testing.assert_close(fast.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
+    if ref.zero_points is not None:
+        torch.testing.assert_close(
+            fast.zero_points, ref.zero_points, rtol=0, atol=0, equal_nan=True
+        )
