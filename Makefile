@@ -37,6 +37,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	bash benchmarks/setup_peers.sh
 	$(PY) benchmarks/bench_generate.py
+	$(PY) benchmarks/bench_linear.py
+	$(PY) benchmarks/bench_formats.py
+	$(PY) benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

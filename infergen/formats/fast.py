@@ -76,24 +76,29 @@ def scaled_encode(values: torch.Tensor, scale: float, et: Minifloat):
     return codes
 
 
+def _decode_blocks(fn, codes: torch.Tensor, *scale_args) -> torch.Tensor:
+    """Run a dequantize kernel fn(codes, *scale_args, out, n_blocks, block, threads)."""
+    out = torch.empty(codes.shape, dtype=torch.float32)
+    blocks = codes.numel() // codes.shape[-1]
+    fn(
+        codes.data_ptr(),
+        *scale_args,
+        out.data_ptr(),
+        blocks,
+        codes.shape[-1],
+        torch.get_num_threads(),
+    )
+    return out
+
+
 def mx_dequantize(codes: torch.Tensor, scales: torch.Tensor, et: Minifloat):
     """codes [..., n_blocks, block] uint8, scales [..., n_blocks] E8M0 → fp32 values."""
     fn = kernel("mx_dequantize_f32", P, P, P, P, L, L, I, source=SOURCE)
     if fn is None:
         return None
-    codes, scales = codes.contiguous(), scales.contiguous()
-    out = torch.empty(codes.shape, dtype=torch.float32)
+    scales = scales.contiguous()
     table = et.decode_table()
-    fn(
-        codes.data_ptr(),
-        scales.data_ptr(),
-        table.data_ptr(),
-        out.data_ptr(),
-        codes.numel() // codes.shape[-1],
-        codes.shape[-1],
-        torch.get_num_threads(),
-    )
-    return out
+    return _decode_blocks(fn, codes.contiguous(), scales.data_ptr(), table.data_ptr())
 
 
 def block_dequantize(codes: torch.Tensor, scale_values: torch.Tensor, post: float, et: Minifloat):
@@ -101,21 +106,9 @@ def block_dequantize(codes: torch.Tensor, scale_values: torch.Tensor, post: floa
     fn = kernel("block_dequantize_f32", P, P, F, P, P, L, L, I, source=SOURCE)
     if fn is None:
         return None
-    codes = codes.contiguous()
     scale_values = scale_values.float().contiguous()
-    out = torch.empty(codes.shape, dtype=torch.float32)
     table = et.decode_table()
-    fn(
-        codes.data_ptr(),
-        scale_values.data_ptr(),
-        post,
-        table.data_ptr(),
-        out.data_ptr(),
-        codes.numel() // codes.shape[-1],
-        codes.shape[-1],
-        torch.get_num_threads(),
-    )
-    return out
+    return _decode_blocks(fn, codes.contiguous(), scale_values.data_ptr(), post, table.data_ptr())
 
 
 def finite_amax(x: torch.Tensor) -> torch.Tensor | None:
