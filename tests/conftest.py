@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Triton reads its interpreter switch once, when first imported (torchao imports it too):
+# set it before anything else so the GPU kernels run in the CPU interpreter. A GPU run sets
+# TRITON_INTERPRET=0 explicitly (benchmarks/device_check.sh).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

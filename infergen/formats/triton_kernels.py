@@ -1,0 +1,160 @@
+"""Triton kernels for MX quantize / dequantize (GPU; tested on the CPU with TRITON_INTERPRET=1).
+
+The same arithmetic as formats/codec.py and kernels/quantize_f32.c, in bit operations:
+floor(log2 a) from the fp32 exponent field, powers of two built in the exponent bits, and
+round-to-nearest-even by the 1.5·2^23 magic number (exact for |y| < 2^22; element mantissas
+are below 2^4). Bit-identical to the reference in the interpreter (tests/formats/
+test_triton.py). Triton is optional: `pip install 'infergen[triton]'`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infergen.formats.elements import Minifloat
+
+RNE_MAGIC = 12582912.0  # 1.5 * 2^23
+
+
+@triton.jit
+def _pow2(e):
+    """2^e as fp32 for integer tensors -126 <= e <= 127."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _encode(
+    v,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BITS: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    NAN_CODE: tl.constexpr,
+    MAX: tl.constexpr,
+):
+    bits = v.to(tl.int32, bitcast=True)
+    sign = ((bits >> 31) & 1) << (BITS - 1)
+    a = tl.minimum(tl.abs(v), MAX)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, EMIN)
+    y = a * _pow2(MBITS - e)
+    m = (y + RNE_MAGIC) - RNE_MAGIC
+    code = ((e - EMIN) << MBITS) + m.to(tl.int32)
+    code = tl.minimum(code, MAX_CODE) | sign
+    is_nan = v != v
+    nan_code = (sign | NAN_CODE) if NAN_CODE >= 0 else 0
+    return tl.where(is_nan, nan_code, code).to(tl.uint8)
+
+
+@triton.jit
+def _mx_quantize_kernel(
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    n_blocks,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BITS: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    NAN_CODE: tl.constexpr,
+    MAX: tl.constexpr,
+    EMAX: tl.constexpr,
+    RCEIL: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = rows[:, None] < n_blocks
+    offs = rows[:, None] * BLOCK + cols[None, :]
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    a = tl.abs(v)
+    bad = tl.max(((v != v) | (a == float("inf"))).to(tl.int32), axis=1) > 0
+    amax = tl.max(tl.where(v != v, 0.0, a), axis=1)
+    abits = amax.to(tl.int32, bitcast=True)
+    if RCEIL:
+        r = amax / MAX
+        rbits = r.to(tl.int32, bitcast=True)
+        rexp = (rbits >> 23) & 0xFF
+        mant = rbits & 0x7FFFFF
+        e = tl.where(
+            rexp == 0, tl.where(mant > (1 << 22), -126, -127), rexp - 127 + (mant != 0).to(tl.int32)
+        )
+    else:
+        e = ((abits >> 23) & 0xFF) - 127 - EMAX
+    e = tl.where(amax == 0.0, -127, e)
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    neg = -e
+    half = tl.where(neg >= 0, neg // 2, -((-neg + 1) // 2))
+    scaled = v * _pow2(half)[:, None] * _pow2(neg - half)[:, None]
+    codes = _encode(scaled, MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
+    codes = tl.where(bad[:, None], 0, codes).to(tl.uint8)
+    tl.store(codes_ptr + offs, codes, mask=mask)
+    scale = tl.where(bad, 255, e + 127).to(tl.uint8)
+    tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
+
+
+@triton.jit
+def _mx_dequantize_kernel(
+    codes_ptr, scales_ptr, table_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr, ROWS: tl.constexpr
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = rows[:, None] < n_blocks
+    offs = rows[:, None] * BLOCK + cols[None, :]
+    codes = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
+    s = tl.load(scales_ptr + rows, mask=rows < n_blocks, other=127).to(tl.int32)
+    e = s - 127
+    half = tl.where(e >= 0, e // 2, -((-e + 1) // 2))
+    values = tl.load(table_ptr + codes, mask=mask, other=0.0)
+    out = values * _pow2(half)[:, None] * _pow2(e - half)[:, None]
+    out = tl.where((s == 255)[:, None], float("nan"), out)
+    tl.store(out_ptr + offs, out, mask=mask)
+
+
+ROWS = 16
+
+
+def _elem(et: Minifloat) -> dict:
+    return {
+        "MBITS": et.mbits,
+        "EMIN": et.emin,
+        "BITS": et.bits,
+        "MAX_CODE": et.max_code,
+        "NAN_CODE": et.nan_code if et.nan_code is not None else -1,
+        "MAX": et.max,
+    }
+
+
+def mx_quantize(blocks: torch.Tensor, et: Minifloat, rule: str):
+    """blocks [..., n_blocks, 32] fp32 → (codes uint8 like blocks, E8M0 scales [..., n])."""
+    blocks = blocks.contiguous()
+    n_blocks, block = blocks.numel() // blocks.shape[-1], blocks.shape[-1]
+    codes = torch.empty(blocks.shape, dtype=torch.uint8, device=blocks.device)
+    scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8, device=blocks.device)
+    grid = (triton.cdiv(n_blocks, ROWS),)
+    _mx_quantize_kernel[grid](
+        blocks,
+        codes,
+        scales,
+        n_blocks,
+        BLOCK=block,
+        ROWS=ROWS,
+        EMAX=et.emax,
+        RCEIL=rule == "rceil",
+        **_elem(et),
+    )
+    return codes, scales
+
+
+def mx_dequantize(codes: torch.Tensor, scales: torch.Tensor, et: Minifloat) -> torch.Tensor:
+    """codes [..., n_blocks, 32] uint8 + E8M0 scales → fp32 values."""
+    codes, scales = codes.contiguous(), scales.contiguous()
+    n_blocks, block = codes.numel() // codes.shape[-1], codes.shape[-1]
+    out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+    table = et.decode_table().to(codes.device)
+    grid = (triton.cdiv(n_blocks, ROWS),)
+    _mx_dequantize_kernel[grid](codes, scales, table, out, n_blocks, BLOCK=block, ROWS=ROWS)
+    return out

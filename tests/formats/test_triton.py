@@ -1,0 +1,55 @@
+"""Triton MX kernels equal the torch reference bit for bit: in the interpreter on the CPU
+(TRITON_INTERPRET=1, set by tests/conftest.py before triton is first imported), or on
+a GPU when run with TRITON_INTERPRET=0 (benchmarks/device_check.sh). Skips when Triton is not
+installed (an optional extra; `make test` installs it)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from infergen.formats import FORMATS, quantize  # noqa: E402
+from infergen.formats import triton_kernels as tk  # noqa: E402
+from infergen.formats.codec import _blocks, dequantize  # noqa: E402
+from infergen.formats.pack import unpack_bits  # noqa: E402
+
+from .test_fast import _adversarial  # noqa: E402
+
+MX = [n for n in FORMATS if FORMATS.get(n).scaling == "e8m0"]
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRETED else "cuda"
+runnable = pytest.mark.skipif(
+    not INTERPRETED and not torch.cuda.is_available(), reason="no GPU and no interpreter"
+)
+
+
+@runnable
+@pytest.mark.parametrize("fmt", MX)
+@pytest.mark.parametrize("rule", ["floor", "rceil"])
+def test_triton_mx_quantize_equals_reference(fmt, rule):
+    x = _adversarial(4)
+    spec = FORMATS.get(fmt)
+    ref = quantize(x, fmt, scale_rule=rule, native=False)
+    blocks, _ = _blocks(x, 1, 32)
+    codes, scales = tk.mx_quantize(blocks.to(DEVICE), spec.element_type, rule)
+    codes, scales = codes.cpu(), scales.cpu()
+    want = unpack_bits(ref.codes, 4) if spec.packed else ref.codes
+    assert torch.equal(codes.reshape(want.shape), want)
+    assert torch.equal(scales.reshape(ref.scales.shape), ref.scales)
+
+
+@runnable
+@pytest.mark.parametrize("fmt", MX)
+def test_triton_mx_dequantize_equals_reference(fmt):
+    q = quantize(_adversarial(5), fmt)
+    spec = FORMATS.get(fmt)
+    codes = unpack_bits(q.codes, 4) if spec.packed else q.codes
+    got = tk.mx_dequantize(
+        codes.reshape(-1, 32).to(DEVICE), q.scales.reshape(-1).to(DEVICE), spec.element_type
+    ).cpu()
+    want = dequantize(q, native=False)
+    torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
