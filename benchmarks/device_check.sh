@@ -33,5 +33,12 @@ for fmt in [n for n in FORMATS if FORMATS.get(n).scaling == "e8m0"]:
                 "fraction_of_hbm": gbs / 4800.0, "device": torch.cuda.get_device_name()}
         lines.append(line)
         print(f"{fmt:<12} {op:<10} {gbs:8.0f} GB/s  {100 * gbs / 4800:5.1f}% of HBM")
+g = x.abs().max() / 2688.0
+ms = triton.testing.do_bench(lambda: tk.nvfp4_quantize(x.view(-1, 16), g))
+gbs = x.numel() * 4 / ms / 1e6
+lines.append({"bench": "formats_gpu", "kind": "result", "metric": "quantize_gb_s_nvfp4",
+              "engine": "infergen-triton", "value": gbs, "unit": "GB/s",
+              "fraction_of_hbm": gbs / 4800.0, "device": torch.cuda.get_device_name()})
+print(f"{'nvfp4':<12} {'quantize':<10} {gbs:8.0f} GB/s  {100 * gbs / 4800:5.1f}% of HBM")
 open(sys.argv[1], "w").write("".join(json.dumps(l) + "\n" for l in lines))
 PY

@@ -1,10 +1,13 @@
-"""Triton kernels for MX quantize / dequantize (GPU; tested on the CPU with TRITON_INTERPRET=1).
+"""Triton kernels for MX, NVFP4 and FP8 quantize / dequantize (GPU; tested on the CPU with
+TRITON_INTERPRET=1).
 
 The same arithmetic as formats/codec.py and kernels/quantize_f32.c, in bit operations:
 floor(log2 a) from the fp32 exponent field, powers of two built in the exponent bits, and
 round-to-nearest-even by the 1.5·2^23 magic number (exact for |y| < 2^22; element mantissas
 are below 2^4). Bit-identical to the reference in the interpreter (tests/formats/
-test_triton.py). Triton is optional: `pip install 'infergen[triton]'`.
+test_triton.py); on a GPU, true fp32 division is assumed for `/` (to be checked by
+benchmarks/device_check.sh, which runs the same tests there). Triton is optional:
+`pip install 'infergen[triton]'`.
 """
 
 from __future__ import annotations
@@ -114,6 +117,73 @@ def _mx_dequantize_kernel(
     tl.store(out_ptr + offs, out, mask=mask)
 
 
+@triton.jit
+def _nvfp4_quantize_kernel(
+    x_ptr, codes_ptr, scales_ptr, global_ptr, e4m3_ptr, n_blocks, ROWS: tl.constexpr
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, 16)
+    mask = rows[:, None] < n_blocks
+    offs = rows[:, None] * 16 + cols[None, :]
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    g = tl.load(global_ptr)
+    a = tl.abs(v)
+    bad = tl.max(((v != v) | (a == float("inf"))).to(tl.int32), axis=1) > 0
+    amax = tl.where(bad, 0.0, tl.max(tl.where(v != v, 0.0, a), axis=1))
+    s = _encode(amax / 6.0 / g, 3, -6, 8, 0x7E, 0x7F, 448.0)  # E4M3 block scale
+    sval = tl.load(e4m3_ptr + s.to(tl.int32))
+    divisor = sval * g
+    zero = sval == 0.0
+    codes = _encode(v / tl.where(zero, 1.0, divisor)[:, None], 1, 0, 4, 0x7, -1, 6.0)
+    codes = tl.where((zero | bad)[:, None], 0, codes).to(tl.uint8)
+    tl.store(codes_ptr + offs, codes, mask=mask)
+    tl.store(scales_ptr + rows, tl.where(bad, 0x7F, s).to(tl.uint8), mask=rows < n_blocks)
+
+
+@triton.jit
+def _scaled_dequantize_kernel(
+    codes_ptr,
+    scale_ptr,
+    table_ptr,
+    out_ptr,
+    post_ptr,
+    n_blocks,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """out = table[code] · scale[block] · post[0] (NVFP4: E4M3 value, global; FP8: scale, 1)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = rows[:, None] < n_blocks
+    offs = rows[:, None] * BLOCK + cols[None, :]
+    codes = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
+    scale = tl.load(scale_ptr + rows, mask=rows < n_blocks, other=1.0)
+    values = tl.load(table_ptr + codes, mask=mask, other=0.0)
+    out = values * scale[:, None] * tl.load(post_ptr)
+    tl.store(out_ptr + offs, out, mask=mask)
+
+
+@triton.jit
+def _scaled_quantize_kernel(
+    x_ptr,
+    codes_ptr,
+    scale_ptr,
+    n,
+    SIZE: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BITS: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    NAN_CODE: tl.constexpr,
+    MAX: tl.constexpr,
+):
+    """FP8 per tensor: codes = encode(x / scale)."""
+    offs = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
+    v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    codes = _encode(v / tl.load(scale_ptr), MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
+    tl.store(codes_ptr + offs, codes, mask=offs < n)
+
+
 ROWS = 16
 
 
@@ -158,3 +228,57 @@ def mx_dequantize(codes: torch.Tensor, scales: torch.Tensor, et: Minifloat) -> t
     grid = (triton.cdiv(n_blocks, ROWS),)
     _mx_dequantize_kernel[grid](codes, scales, table, out, n_blocks, BLOCK=block, ROWS=ROWS)
     return out
+
+
+def nvfp4_quantize(blocks: torch.Tensor, global_scale: torch.Tensor):
+    """blocks [..., n_blocks, 16] fp32, global scale (0-d fp32) → (codes, E4M3 scale bytes)."""
+    from infergen.formats.elements import ELEMENT_TYPES
+
+    blocks = blocks.contiguous()
+    n_blocks = blocks.numel() // 16
+    codes = torch.empty(blocks.shape, dtype=torch.uint8, device=blocks.device)
+    scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8, device=blocks.device)
+    table = ELEMENT_TYPES.get("e4m3").decode_table().to(blocks.device)
+    g = global_scale.reshape(1).float().to(blocks.device)
+    grid = (triton.cdiv(n_blocks, ROWS),)
+    _nvfp4_quantize_kernel[grid](blocks, codes, scales, g, table, n_blocks, ROWS=ROWS)
+    return codes, scales
+
+
+def scaled_dequantize(
+    codes: torch.Tensor, scale_values: torch.Tensor, post: torch.Tensor, et: Minifloat
+) -> torch.Tensor:
+    """codes [n_blocks, block] → table[code] · scale_values[block] · post (fp32)."""
+    shape = codes.shape
+    codes = codes.contiguous()
+    if scale_values.numel() == 1:  # one scale (FP8 per tensor): rows of a power-of-two width
+        width = codes.numel() & -codes.numel()  # largest power of two dividing numel
+        codes = codes.reshape(-1, min(width, 1024))
+        scale_values = scale_values.reshape(1).expand(codes.shape[0])
+    n_blocks, block = codes.numel() // codes.shape[-1], codes.shape[-1]
+    out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+    table = et.decode_table().to(codes.device)
+    grid = (triton.cdiv(n_blocks, ROWS),)
+    _scaled_dequantize_kernel[grid](
+        codes,
+        scale_values.float().contiguous(),
+        table,
+        out,
+        post.reshape(1).float().to(codes.device),
+        n_blocks,
+        BLOCK=block,
+        ROWS=ROWS,
+    )
+    return out.reshape(shape)
+
+
+def scaled_quantize(x: torch.Tensor, scale: torch.Tensor, et: Minifloat) -> torch.Tensor:
+    """FP8 per-tensor codes of x / scale (scale: 1-element fp32)."""
+    x = x.contiguous()
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    size = 1024
+    grid = (triton.cdiv(x.numel(), size),)
+    _scaled_quantize_kernel[grid](
+        x, codes, scale.reshape(1).float().to(x.device), x.numel(), SIZE=size, **_elem(et)
+    )
+    return codes

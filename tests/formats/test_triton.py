@@ -53,3 +53,37 @@ def test_triton_mx_dequantize_equals_reference(fmt):
     ).cpu()
     want = dequantize(q, native=False)
     torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
+
+
+@runnable
+def test_triton_nvfp4_equals_reference():
+    x = _adversarial(6)
+    ref = quantize(x, "nvfp4", native=False)
+    blocks, _ = _blocks(x, 1, 16)
+    codes, scales = tk.nvfp4_quantize(blocks.to(DEVICE), ref.global_scale)
+    assert torch.equal(codes.cpu().reshape(-1), unpack_bits(ref.codes, 4).reshape(-1))
+    assert torch.equal(scales.cpu().reshape(-1), ref.scales.reshape(-1))
+    e4m3 = FORMATS.get("fp8_e4m3").element_type
+    got = tk.scaled_dequantize(
+        codes.reshape(-1, 16),
+        e4m3.decode(scales.cpu()).reshape(-1).to(DEVICE),
+        ref.global_scale,
+        FORMATS.get("nvfp4").element_type,
+    ).cpu()
+    want = dequantize(ref, native=False)
+    torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
+
+
+@runnable
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_triton_fp8_equals_reference(fmt):
+    x = _adversarial(7)
+    ref = quantize(x, fmt, native=False)
+    et = FORMATS.get(fmt).element_type
+    codes = tk.scaled_quantize(x.to(DEVICE), ref.scales, et).cpu()
+    assert torch.equal(codes, ref.codes)
+    got = tk.scaled_dequantize(
+        codes.reshape(1, -1).to(DEVICE), ref.scales.to(DEVICE), torch.ones(1), et
+    ).cpu()
+    want = dequantize(ref, native=False)
+    torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
