@@ -52,6 +52,22 @@ def _encode(
 
 
 @triton.jit
+def _block_tile(n_blocks, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """This program's ROWS blocks of BLOCK elements: row ids, in-range mask, element offsets."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    mask = rows[:, None] < n_blocks
+    return rows, mask, rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+
+
+@triton.jit
+def _block_amax(v):
+    """Per row: whether it holds NaN or Inf, and its amax over the non-NaN values."""
+    a = tl.abs(v)
+    bad = tl.max(((v != v) | (a == float("inf"))).to(tl.int32), axis=1) > 0
+    return bad, tl.max(tl.where(v != v, 0.0, a), axis=1)
+
+
+@triton.jit
 def _mx_quantize_kernel(
     x_ptr,
     codes_ptr,
@@ -68,14 +84,9 @@ def _mx_quantize_kernel(
     EMAX: tl.constexpr,
     RCEIL: tl.constexpr,
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    mask = rows[:, None] < n_blocks
-    offs = rows[:, None] * BLOCK + cols[None, :]
+    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS)
     v = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    a = tl.abs(v)
-    bad = tl.max(((v != v) | (a == float("inf"))).to(tl.int32), axis=1) > 0
-    amax = tl.max(tl.where(v != v, 0.0, a), axis=1)
+    bad, amax = _block_amax(v)
     abits = amax.to(tl.int32, bitcast=True)
     if RCEIL:
         r = amax / MAX
@@ -103,10 +114,7 @@ def _mx_quantize_kernel(
 def _mx_dequantize_kernel(
     codes_ptr, scales_ptr, table_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr, ROWS: tl.constexpr
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    mask = rows[:, None] < n_blocks
-    offs = rows[:, None] * BLOCK + cols[None, :]
+    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS)
     codes = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
     s = tl.load(scales_ptr + rows, mask=rows < n_blocks, other=127).to(tl.int32)
     e = s - 127
@@ -121,15 +129,11 @@ def _mx_dequantize_kernel(
 def _nvfp4_quantize_kernel(
     x_ptr, codes_ptr, scales_ptr, global_ptr, e4m3_ptr, n_blocks, ROWS: tl.constexpr
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, 16)
-    mask = rows[:, None] < n_blocks
-    offs = rows[:, None] * 16 + cols[None, :]
+    rows, mask, offs = _block_tile(n_blocks, 16, ROWS)
     v = tl.load(x_ptr + offs, mask=mask, other=0.0)
     g = tl.load(global_ptr)
-    a = tl.abs(v)
-    bad = tl.max(((v != v) | (a == float("inf"))).to(tl.int32), axis=1) > 0
-    amax = tl.where(bad, 0.0, tl.max(tl.where(v != v, 0.0, a), axis=1))
+    bad, amax = _block_amax(v)
+    amax = tl.where(bad, 0.0, amax)
     s = _encode(amax / 6.0 / g, 3, -6, 8, 0x7E, 0x7F, 448.0)  # E4M3 block scale
     sval = tl.load(e4m3_ptr + s.to(tl.int32))
     divisor = sval * g
@@ -152,10 +156,7 @@ def _scaled_dequantize_kernel(
     ROWS: tl.constexpr,
 ):
     """out = table[code] · scale[block] · post[0] (NVFP4: E4M3 value, global; FP8: scale, 1)."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    mask = rows[:, None] < n_blocks
-    offs = rows[:, None] * BLOCK + cols[None, :]
+    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS)
     codes = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
     scale = tl.load(scale_ptr + rows, mask=rows < n_blocks, other=1.0)
     values = tl.load(table_ptr + codes, mask=mask, other=0.0)
