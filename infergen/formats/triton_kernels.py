@@ -1,5 +1,5 @@
-"""Triton kernels for MX, NVFP4 and FP8 quantize / dequantize (GPU; tested on the CPU with
-TRITON_INTERPRET=1).
+"""Triton kernels for MX, NVFP4, FP8 and integer quantize and MX / NVFP4 / FP8 dequantize
+(GPU; tested on the CPU with TRITON_INTERPRET=1).
 
 The same arithmetic as formats/codec.py and kernels/quantize_f32.c, in bit operations:
 floor(log2 a) from the fp32 exponent field, powers of two built in the exponent bits, and
@@ -283,3 +283,80 @@ def scaled_quantize(x: torch.Tensor, scale: torch.Tensor, et: Minifloat) -> torc
         x, codes, scale.reshape(1).float().to(x.device), x.numel(), SIZE=size, **_elem(et)
     )
     return codes
+
+
+@triton.jit
+def _rne(y):
+    """Round to nearest even for |y| < 2^22 (integer codes are far below); NaN → 0, as the
+    reference zeroes NaN codes (e.g. Inf / Inf when a group holds an Inf)."""
+    r = (y + RNE_MAGIC) - RNE_MAGIC
+    return tl.where(r != r, 0.0, r)
+
+
+@triton.jit
+def _int_quantize_kernel(
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    zeros_ptr,
+    n_blocks,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    BITS: tl.constexpr,
+    MODE: tl.constexpr,
+):
+    """MODE 0 symmetric, 1 asymmetric with an integer zero point, 2 KIVI (fp32 minimum);
+    the operations of codec._int_quantize in the same order."""
+    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS)
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    has_nan = tl.max((v != v).to(tl.int32), axis=1) > 0
+    if MODE == 0:
+        qmax: tl.constexpr = (1 << (BITS - 1)) - 1
+        scale = tl.max(tl.abs(tl.where(v != v, 0.0, v)), axis=1) / qmax
+    else:
+        qmax: tl.constexpr = (1 << BITS) - 1
+        lo = tl.min(tl.where(mask, v, float("inf")), axis=1)
+        hi = tl.max(tl.where(mask, v, -float("inf")), axis=1)
+        if MODE == 1:
+            lo = tl.minimum(lo, 0.0)
+            hi = tl.maximum(hi, 0.0)
+        scale = (hi - lo) / qmax
+    scale = tl.where(has_nan, float("nan"), scale)
+    div = tl.where(scale == 0.0, 1.0, scale)
+    if MODE == 0:
+        q = tl.minimum(tl.maximum(_rne(v / div[:, None]), -qmax), qmax)
+        codes = q.to(tl.int32) & ((1 << BITS) - 1)
+    elif MODE == 1:
+        z = tl.minimum(tl.maximum(_rne(-lo / div), 0.0), qmax)
+        q = ((v / div[:, None]) + RNE_MAGIC) - RNE_MAGIC + z[:, None]  # NaN stays NaN here
+        q = tl.minimum(tl.maximum(tl.where(q != q, 0.0, q), 0.0), qmax)
+        codes = q.to(tl.int32)
+        tl.store(
+            zeros_ptr + rows,
+            tl.where(has_nan, 0, z.to(tl.int32)).to(tl.uint8),
+            mask=rows < n_blocks,
+        )
+    else:
+        q = tl.minimum(tl.maximum(_rne((v - lo[:, None]) / div[:, None]), 0.0), qmax)
+        codes = q.to(tl.int32)
+        tl.store(zeros_ptr + rows, tl.where(has_nan, float("nan"), lo), mask=rows < n_blocks)
+    codes = tl.where(has_nan[:, None], 0, codes).to(tl.uint8)
+    tl.store(codes_ptr + offs, codes, mask=mask)
+    tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
+
+
+def int_quantize(blocks: torch.Tensor, bits: int, mode: int):
+    """blocks [..., n_groups, group] fp32 → (codes, fp32 scales, uint8 zeros | fp32 minimums
+    | None), as formats/fast.int_quantize (mode 0 symmetric, 1 zero point, 2 KIVI)."""
+    blocks = blocks.contiguous()
+    n_blocks, block = blocks.numel() // blocks.shape[-1], blocks.shape[-1]
+    dev = blocks.device
+    codes = torch.empty(blocks.shape, dtype=torch.uint8, device=dev)
+    scales = torch.empty(blocks.shape[:-1], dtype=torch.float32, device=dev)
+    zero_dtype = torch.float32 if mode == 2 else torch.uint8
+    zeros = torch.empty(blocks.shape[:-1], dtype=zero_dtype, device=dev)
+    grid = (triton.cdiv(n_blocks, ROWS),)
+    _int_quantize_kernel[grid](
+        blocks, codes, scales, zeros, n_blocks, BLOCK=block, ROWS=ROWS, BITS=bits, MODE=mode
+    )
+    return codes, scales, zeros if mode else None

@@ -87,3 +87,29 @@ def test_triton_fp8_equals_reference(fmt):
     ).cpu()
     want = dequantize(ref, native=False)
     torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
+
+
+@runnable
+@pytest.mark.parametrize("fmt,block", [("int8", 32), ("int4", 32), ("int4_asym", 64), ("int2", 32)])
+def test_triton_int_quantize_equals_reference(fmt, block):
+    x = _adversarial(8)
+    x[6, :32] = 5.0  # constant groups
+    x[7, :32] = -2.0
+    spec = FORMATS.get(fmt)
+    ref = quantize(x, fmt, block_size=block, native=False)
+    blocks, _ = _blocks(x, 1, block)
+    mode = 0 if spec.symmetric else 2 if spec.float_offset else 1
+    codes, scales, zeros = tk.int_quantize(blocks.to(DEVICE), spec.int_bits, mode)
+    want = unpack_bits(ref.codes, spec.int_bits) if spec.packed else ref.codes
+    assert torch.equal(codes.cpu().reshape(want.shape), want)
+    torch.testing.assert_close(
+        scales.cpu().reshape(ref.scales.shape), ref.scales, rtol=0, atol=0, equal_nan=True
+    )
+    if ref.zero_points is not None:
+        torch.testing.assert_close(
+            zeros.cpu().reshape(ref.zero_points.shape),
+            ref.zero_points,
+            rtol=0,
+            atol=0,
+            equal_nan=True,
+        )
