@@ -26,20 +26,23 @@ static inline float pow2f(int e) { /* 2^e for -126 <= e <= 127 (a normal float) 
 }
 
 static inline uint8_t encode(float v, const elem_t *t) {
+    /* branch-free (selects only), so that GCC vectorises the loops that call it */
     uint32_t bits;
     memcpy(&bits, &v, 4);
-    uint8_t sign = (uint8_t)((bits >> 31) << (t->bits - 1));
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return t->nan_code >= 0 ? (uint8_t)(sign | t->nan_code) : 0;
-    float a = fminf(fabsf(v), t->max);
+    int sign = (int)(bits >> 31) << (t->bits - 1);
+    int is_nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    float a = fabsf(v);
+    a = a < t->max ? a : t->max; /* NaN → max here; replaced below */
     uint32_t abits;
     memcpy(&abits, &a, 4);
     int e = (int)(abits >> 23) - 127; /* floor(log2 a) for normal a; fp32 subnormals and 0 are
                                          far below emin and clamp to it (then round to 0) */
-    if (e < t->emin) e = t->emin;
+    e = e < t->emin ? t->emin : e;
     float m = rintf(a * pow2f(t->mbits - e));
     int code = ((e - t->emin) << t->mbits) + (int)m;
-    if (code > t->max_code) code = t->max_code;
-    return (uint8_t)(sign | code);
+    code = code > t->max_code ? t->max_code : code;
+    int nan = t->nan_code >= 0 ? (sign | t->nan_code) : 0;
+    return (uint8_t)(is_nan ? nan : (sign | code));
 }
 
 /* x · 2^-e exactly for |e| <= 127, as the reference's pow2_scale (two normal factors). */
