@@ -62,19 +62,19 @@ def _ceil_log2(a: torch.Tensor) -> torch.Tensor:
     return torch.where(mant == 0.5, exp - 1, exp)
 
 
-def _blocks(x: torch.Tensor, axis: int, block: int) -> tuple[torch.Tensor, int]:
-    """x with `axis` moved last, as [..., n_blocks, block] fp32; and the axis length."""
+def _blocks(x: torch.Tensor, axis: int, block: int) -> torch.Tensor:
+    """x with `axis` moved last, as [..., n_blocks, block] fp32 ([1, numel] per tensor)."""
     moved = x.float().movedim(axis, -1)
     length = moved.shape[-1]
     if block == PER_CHANNEL:
         block = length
     if block == PER_TENSOR:
-        return moved.reshape(1, -1), length
+        return moved.reshape(1, -1)
     if length % block:
         raise ValueError(
             f"axis {axis} has length {length}, not a multiple of the block size {block}"
         )
-    return moved.reshape(*moved.shape[:-1], length // block, block), length
+    return moved.reshape(*moved.shape[:-1], length // block, block)
 
 
 def _moved_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
@@ -207,7 +207,7 @@ def quantize(
     if not x.dtype.is_floating_point:
         raise TypeError(f"quantize expects a floating-point tensor, got {x.dtype}")
     axis = axis % x.dim() if x.dim() else 0
-    blocks, _ = _blocks(x, axis, block)
+    blocks = _blocks(x, axis, block)
     codes, scales, zero_points, global_scale = QUANTIZERS[spec.scaling](
         spec, blocks, scale_rule, native
     )

@@ -137,11 +137,3 @@ for _row in (
 # ---- E8M0: the MX block scale --------------------------------------------------------------
 E8M0_BIAS = 127
 E8M0_NAN = 0xFF
-
-
-def e8m0_decode(codes: torch.Tensor) -> torch.Tensor:
-    """E8M0 bytes → fp32 2^(code - 127); 0xFF → NaN. 2^-127 is an fp32 subnormal (zero under
-    flush-to-zero): scale values with codec.pow2_scale instead of multiplying by these."""
-    exp = codes.to(torch.int32) - E8M0_BIAS
-    value = torch.ldexp(torch.ones_like(exp, dtype=torch.float32), exp)
-    return torch.where(codes == E8M0_NAN, torch.full_like(value, math.nan), value)

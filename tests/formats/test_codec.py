@@ -229,6 +229,29 @@ def test_save_load_round_trip(fmt, tmp_path):
     torch.testing.assert_close(dequantize(back), dequantize(q), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_e8m0_scales_decode_like_torch(native):
+    """Every normal E8M0 byte (and 0xFF = NaN) scales an element 1.0 to torch's float8_e8m0fnu
+    value (0x00 = 2^-127 is an fp32 subnormal, zero under the flush-to-zero tests run with)."""
+    scales = torch.arange(1, 256, dtype=torch.uint8)
+    one = FORMATS.get("mxfp8_e4m3").element_type.encode(torch.ones(1))
+    q = QuantizedTensor(
+        "mxfp8_e4m3",
+        one.repeat(255 * 32).view(255, 32),
+        scales.view(255, 1),
+        None,
+        None,
+        (255, 32),
+        torch.float32,
+        1,
+        32,
+        "floor",
+    )
+    want = scales.view(torch.float8_e8m0fnu).float()
+    got = dequantize(q, native=native)[:, 0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
 def test_bits_per_value():
     bpv = {name: FORMATS.get(name).bits_per_value() for name in FORMATS}
     assert bpv["mxfp4"] == 4.25 and bpv["nvfp4"] == 4.5 and bpv["mxfp8_e4m3"] == 8.25

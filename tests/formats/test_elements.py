@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from infergen.formats import ELEMENT_TYPES
-from infergen.formats.elements import e8m0_decode
 
 ML_DTYPES = {
     "e4m3": ml_dtypes.float8_e4m3fn,
@@ -120,9 +119,3 @@ def test_limits(name, max_value, subnormal):
     et = ELEMENT_TYPES.get(name)
     assert et.max == max_value and et.smallest_subnormal == subnormal
     assert et.max == float(ml_dtypes.finfo(ML_DTYPES[name]).max)
-
-
-def test_e8m0_decode_matches_torch():
-    codes = torch.arange(256, dtype=torch.uint8)
-    want = codes.view(torch.float8_e8m0fnu).float()
-    torch.testing.assert_close(e8m0_decode(codes), want, rtol=0, atol=0, equal_nan=True)

@@ -36,7 +36,7 @@ def test_triton_mx_quantize_equals_reference(fmt, rule):
     x = _adversarial(4)
     spec = FORMATS.get(fmt)
     ref = quantize(x, fmt, scale_rule=rule, native=False)
-    blocks, _ = _blocks(x, 1, 32)
+    blocks = _blocks(x, 1, 32)
     codes, scales = tk.mx_quantize(blocks.to(DEVICE), spec.element_type, rule)
     codes, scales = codes.cpu(), scales.cpu()
     want = unpack_bits(ref.codes, 4) if spec.packed else ref.codes
@@ -61,7 +61,7 @@ def test_triton_mx_dequantize_equals_reference(fmt):
 def test_triton_nvfp4_equals_reference():
     x = _adversarial(6)
     ref = quantize(x, "nvfp4", native=False)
-    blocks, _ = _blocks(x, 1, 16)
+    blocks = _blocks(x, 1, 16)
     codes, scales = tk.nvfp4_quantize(blocks.to(DEVICE), ref.global_scale)
     assert torch.equal(codes.cpu().reshape(-1), unpack_bits(ref.codes, 4).reshape(-1))
     assert torch.equal(scales.cpu().reshape(-1), ref.scales.reshape(-1))
@@ -99,7 +99,7 @@ def test_triton_int_quantize_equals_reference(fmt, block):
     x[7, :32] = -2.0
     spec = FORMATS.get(fmt)
     ref = quantize(x, fmt, block_size=block, native=False)
-    blocks, _ = _blocks(x, 1, block)
+    blocks = _blocks(x, 1, block)
     mode = 0 if spec.symmetric else 2 if spec.float_offset else 1
     codes, scales, zeros = tk.int_quantize(blocks.to(DEVICE), spec.int_bits, mode)
     want = unpack_bits(ref.codes, spec.int_bits) if spec.packed else ref.codes
