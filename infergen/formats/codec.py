@@ -45,6 +45,34 @@ E2M1 = ELEMENT_TYPES.get("e2m1")
 NVFP4_GLOBAL_DIVISOR = 6.0 * 448.0
 
 
+def _triton_paths():
+    try:
+        from infergen.formats import triton_kernels
+    except ImportError:  # Triton is an optional extra: the torch reference runs instead
+        return None
+    return triton_kernels
+
+
+# Fast paths per device type: a module with the functions of formats/fast.py (each may return
+# None: the torch reference then runs). CPU: the C kernels; CUDA: the Triton kernels.
+FAST_PATHS = {"cpu": lambda: fast, "cuda": _triton_paths}
+
+
+class _NoFastPath:
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+NO_FAST_PATH = _NoFastPath()
+
+
+def fast_paths(t: torch.Tensor, native: bool = True):
+    """The fast-path module for t's device (NO_FAST_PATH: the torch reference only)."""
+    loader = FAST_PATHS.get(t.device.type) if native else None
+    paths = loader() if loader is not None else None
+    return paths if paths is not None else NO_FAST_PATH
+
+
 def pow2_scale(x: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
     """x · 2^exp, exact, for |exp| ≤ 254: applied in two halves so that no factor is an fp32
     subnormal (flush-to-zero mode, which the engine turns on, would zero 2^−127)."""
@@ -90,7 +118,7 @@ def _finite_amax(blocks: torch.Tensor) -> torch.Tensor:
 
 def _tensor_amax(blocks: torch.Tensor, native: bool) -> torch.Tensor:
     """Finite amax of the whole tensor, shape [1]."""
-    amax = fast.finite_amax(blocks) if native else None
+    amax = fast_paths(blocks, native).finite_amax(blocks)
     return amax.reshape(1) if amax is not None else _finite_amax(blocks.reshape(1, -1))
 
 
@@ -98,7 +126,7 @@ def _tensor_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, n
     et = spec.element_type
     amax = _tensor_amax(blocks, native)
     scale = torch.where(amax > 0, amax / et.max, torch.ones_like(amax))  # [1]
-    codes = fast.scaled_encode(blocks, scale.item(), et) if native else None
+    codes = fast_paths(blocks, native).scaled_encode(blocks, scale.item(), et)
     if codes is None:
         codes = et.encode(blocks / scale)
     return codes, scale, None, None
@@ -107,7 +135,7 @@ def _tensor_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, n
 def _e8m0_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
     et = spec.element_type
     rule = rule or "floor"
-    done = fast.mx_quantize(blocks, et, rule) if native else None
+    done = fast_paths(blocks, native).mx_quantize(blocks, et, rule)
     if done is not None:
         return done[0], done[1], None, None
     amax = blocks.abs().amax(dim=-1)  # NaN propagates
@@ -128,8 +156,8 @@ def _nvfp4_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, na
     amax_tensor = _tensor_amax(blocks, native).reshape(())
     global_scale = amax_tensor / NVFP4_GLOBAL_DIVISOR
     if amax_tensor == 0:
-        global_scale = torch.ones(())  # all-zero tensor: every block scale is 0 anyway
-    done = fast.nvfp4_quantize(blocks, global_scale) if native else None
+        global_scale = torch.ones((), device=blocks.device)  # all-zero: every block scale is 0
+    done = fast_paths(blocks, native).nvfp4_quantize(blocks, global_scale)
     if done is not None:
         return done[0], done[1], None, global_scale.float()
     amax = blocks.abs().amax(dim=-1)
@@ -147,7 +175,7 @@ def _nvfp4_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, na
 def _int_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
     bits = spec.int_bits
     mode = 0 if spec.symmetric else 2 if spec.float_offset else 1
-    done = fast.int_quantize(blocks, bits, mode) if native else None
+    done = fast_paths(blocks, native).int_quantize(blocks, bits, mode)
     if done is not None:
         return done[0], done[1], done[2], None
     if spec.symmetric:
@@ -194,8 +222,8 @@ def quantize(
     native: bool = True,
 ) -> QuantizedTensor:
     """Quantize `x` to `fmt` in blocks along `axis` (see the module docstring for the rules).
-    `native=False` forces the torch reference path (the C fast path, formats/fast.py, is
-    bit-identical and used when it can be built)."""
+    `native=False` forces the torch reference path; else the fast path of x's device runs
+    (FAST_PATHS: C on the CPU, Triton on CUDA), bit-identical, where it exists."""
     spec = FORMATS.get(fmt, where="format") if isinstance(fmt, str) else fmt
     block = spec.block_size if block_size is None else block_size
     spec.check_block_size(block)
@@ -245,18 +273,16 @@ def dequantize(q: QuantizedTensor, native: bool = True) -> torch.Tensor:
 
 
 def _dequantize_native(spec: FormatSpec, q: QuantizedTensor, codes: torch.Tensor):
+    paths = fast_paths(codes)
     if spec.scaling == "e8m0":
-        return fast.mx_dequantize(codes, q.scales.reshape(-1), spec.element_type)
+        return paths.mx_dequantize(codes, q.scales.reshape(-1), spec.element_type)
     if spec.scaling == "nvfp4":
-        return fast.block_dequantize(
-            codes, E4M3.decode(q.scales).reshape(-1), q.global_scale.item(), E2M1
-        )
+        scale_values = E4M3.decode(q.scales).reshape(-1)
+        return paths.block_dequantize(codes, scale_values, q.global_scale.item(), E2M1)
     if spec.scaling == "tensor":
-        return fast.block_dequantize(codes, q.scales.reshape(-1), 1.0, spec.element_type)
-    if spec.scaling == "int" and not spec.float_offset:
-        zeros = None if spec.symmetric else q.zero_points.reshape(-1)
-        return fast.int_dequantize(codes, q.scales.reshape(-1), zeros, spec.int_bits)
-    return None
+        return paths.block_dequantize(codes, q.scales.reshape(-1), 1.0, spec.element_type)
+    zeros = None if spec.symmetric else q.zero_points.reshape(-1)
+    return paths.int_dequantize(codes, q.scales.reshape(-1), zeros, spec.int_bits)
 
 
 def _dequantize_reference(spec: FormatSpec, q: QuantizedTensor, codes: torch.Tensor):

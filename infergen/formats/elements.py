@@ -100,7 +100,7 @@ class Minifloat:
         scale_exp = (exp - 1).clamp(min=self.emin) - self.mbits  # quantum of a's binade
         rounded = torch.ldexp(torch.round(torch.ldexp(a, -scale_exp)), scale_exp)  # RNE
         rounded = rounded.clamp(max=self.max).contiguous()  # rounding past max saturates
-        codes = torch.searchsorted(self.positive_values(), rounded).to(torch.int32)
+        codes = torch.searchsorted(self.positive_values().to(a.device), rounded).to(torch.int32)
         codes = codes | (sign.to(torch.int32) << (self.bits - 1))
         if self.nan_code is not None:
             codes = torch.where(
@@ -112,7 +112,7 @@ class Minifloat:
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """uint8 codes → fp32 values."""
-        return self.decode_table()[codes.long()]
+        return self.decode_table().to(codes.device)[codes.long()]
 
 
 @functools.cache

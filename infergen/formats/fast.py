@@ -152,9 +152,10 @@ def int_quantize(blocks: torch.Tensor, bits: int, mode: int):
 def int_dequantize(
     codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int
 ):
-    """codes [n_groups, group] → fp32: symmetric (zeros None) or with uint8 zero points."""
+    """codes [n_groups, group] → fp32: symmetric (zeros None) or with uint8 zero points (None
+    for fp32 KIVI minimums: the torch reference does that one)."""
     fn = kernel("int_dequantize_f32", P, P, P, P, L, L, I, I, source=SOURCE)
-    if fn is None:
+    if fn is None or (zeros is not None and zeros.dtype != torch.uint8):
         return None
     codes, scales = codes.contiguous(), scales.float().contiguous()
     zeros = zeros.contiguous() if zeros is not None else None

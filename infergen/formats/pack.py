@@ -22,7 +22,7 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
             f"of {per_byte}"
         )
     grouped = codes.to(torch.uint8).reshape(*codes.shape[:-1], -1, per_byte)
-    out = torch.zeros(grouped.shape[:-1], dtype=torch.uint8)
+    out = torch.zeros(grouped.shape[:-1], dtype=torch.uint8, device=codes.device)
     for j in range(per_byte):
         out |= grouped[..., j] << (bits * j)
     return out
@@ -36,11 +36,11 @@ def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], -1)
 
 
-def _tile_index(rows: int, cols: int) -> tuple[torch.Tensor, int, int]:
+def _tile_index(rows: int, cols: int, device: torch.device) -> tuple[torch.Tensor, int, int]:
     """For the padded [R, C] matrix: the flat swizzled position of every (r, c)."""
     padded_rows, padded_cols = -(-rows // 128) * 128, -(-cols // 4) * 4
-    r = torch.arange(padded_rows).view(-1, 1)
-    c = torch.arange(padded_cols).view(1, -1)
+    r = torch.arange(padded_rows, device=device).view(-1, 1)
+    c = torch.arange(padded_cols, device=device).view(1, -1)
     tile = (r // 128) * (padded_cols // 4) + c // 4
     inner = (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
     return tile * 512 + inner, padded_rows, padded_cols
@@ -49,17 +49,17 @@ def _tile_index(rows: int, cols: int) -> tuple[torch.Tensor, int, int]:
 def to_blocked(scales: torch.Tensor) -> torch.Tensor:
     """Scale matrix [rows, cols] → the flat swizzled layout (padding zero-filled)."""
     rows, cols = scales.shape
-    index, padded_rows, padded_cols = _tile_index(rows, cols)
-    padded = torch.zeros(padded_rows, padded_cols, dtype=scales.dtype)
+    index, padded_rows, padded_cols = _tile_index(rows, cols, scales.device)
+    padded = scales.new_zeros(padded_rows, padded_cols)
     padded[:rows, :cols] = scales
-    out = torch.empty(padded_rows * padded_cols, dtype=scales.dtype)
+    out = scales.new_empty(padded_rows * padded_cols)
     out[index.reshape(-1)] = padded.reshape(-1)
     return out
 
 
 def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Inverse of to_blocked: the flat swizzled scales → [rows, cols]."""
-    index, padded_rows, padded_cols = _tile_index(rows, cols)
+    index, padded_rows, padded_cols = _tile_index(rows, cols, blocked.device)
     if blocked.numel() != padded_rows * padded_cols:
         raise ValueError(
             f"swizzled scales hold {blocked.numel()} entries; [{rows}, {cols}] padded to "

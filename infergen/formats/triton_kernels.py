@@ -1,4 +1,4 @@
-"""Triton kernels for MX, NVFP4, FP8 and integer quantize and MX / NVFP4 / FP8 dequantize
+"""Triton kernels for MX, NVFP4, FP8 and integer quantize and dequantize
 (GPU; tested on the CPU with TRITON_INTERPRET=1).
 
 The same arithmetic as formats/codec.py and kernels/quantize_f32.c, in bit operations:
@@ -52,11 +52,13 @@ def _encode(
 
 
 @triton.jit
-def _block_tile(n_blocks, BLOCK: tl.constexpr, ROWS: tl.constexpr):
-    """This program's ROWS blocks of BLOCK elements: row ids, in-range mask, element offsets."""
+def _block_tile(n_blocks, BLOCK: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """This program's ROWS blocks of BLOCK elements, each padded to WIDTH lanes (a power of
+    two, as tl.arange needs): row ids, in-range mask, element offsets."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    mask = rows[:, None] < n_blocks
-    return rows, mask, rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    cols = tl.arange(0, WIDTH)[None, :]
+    mask = (rows[:, None] < n_blocks) & (cols < BLOCK)
+    return rows, mask, rows[:, None] * BLOCK + cols
 
 
 @triton.jit
@@ -84,7 +86,7 @@ def _mx_quantize_kernel(
     EMAX: tl.constexpr,
     RCEIL: tl.constexpr,
 ):
-    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS)
+    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, BLOCK)
     v = tl.load(x_ptr + offs, mask=mask, other=0.0)
     bad, amax = _block_amax(v)
     abits = amax.to(tl.int32, bitcast=True)
@@ -114,7 +116,7 @@ def _mx_quantize_kernel(
 def _mx_dequantize_kernel(
     codes_ptr, scales_ptr, table_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr, ROWS: tl.constexpr
 ):
-    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS)
+    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, BLOCK)
     codes = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
     s = tl.load(scales_ptr + rows, mask=rows < n_blocks, other=127).to(tl.int32)
     e = s - 127
@@ -129,7 +131,7 @@ def _mx_dequantize_kernel(
 def _nvfp4_quantize_kernel(
     x_ptr, codes_ptr, scales_ptr, global_ptr, e4m3_ptr, n_blocks, ROWS: tl.constexpr
 ):
-    rows, mask, offs = _block_tile(n_blocks, 16, ROWS)
+    rows, mask, offs = _block_tile(n_blocks, 16, ROWS, 16)
     v = tl.load(x_ptr + offs, mask=mask, other=0.0)
     g = tl.load(global_ptr)
     bad, amax = _block_amax(v)
@@ -154,9 +156,10 @@ def _scaled_dequantize_kernel(
     n_blocks,
     BLOCK: tl.constexpr,
     ROWS: tl.constexpr,
+    WIDTH: tl.constexpr,
 ):
     """out = table[code] · scale[block] · post[0] (NVFP4: E4M3 value, global; FP8: scale, 1)."""
-    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS)
+    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, WIDTH)
     codes = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
     scale = tl.load(scale_ptr + rows, mask=rows < n_blocks, other=1.0)
     values = tl.load(table_ptr + codes, mask=mask, other=0.0)
@@ -185,7 +188,25 @@ def _scaled_quantize_kernel(
     tl.store(codes_ptr + offs, codes, mask=offs < n)
 
 
-ROWS = 16
+ROWS = 16  # blocks per program for small blocks (MX 32, NVFP4 16, groups of 32..128)
+MAX_TILE = 8192  # lanes per program; a block wider than this runs the torch reference
+
+
+def _tiling(t: torch.Tensor):
+    """(n_blocks, block, rows per program, padded width, grid) for blocks along t's last axis,
+    or None when a block is wider than MAX_TILE."""
+    block = t.shape[-1]
+    width = triton.next_power_of_2(block)
+    if width > MAX_TILE:
+        return None
+    n_blocks = t.numel() // block
+    rows = max(1, min(ROWS, 2048 // width))
+    return n_blocks, block, rows, width, (triton.cdiv(n_blocks, rows),)
+
+
+# Every launch: no FMA contraction, so a·b + c rounds twice as in the torch reference (the
+# interpreter has no such pass and ignores the option).
+NO_FMA = {"enable_fp_fusion": False}
 
 
 def _elem(et: Minifloat) -> dict:
@@ -202,20 +223,20 @@ def _elem(et: Minifloat) -> dict:
 def mx_quantize(blocks: torch.Tensor, et: Minifloat, rule: str):
     """blocks [..., n_blocks, 32] fp32 → (codes uint8 like blocks, E8M0 scales [..., n])."""
     blocks = blocks.contiguous()
-    n_blocks, block = blocks.numel() // blocks.shape[-1], blocks.shape[-1]
+    n_blocks, block, rows, _, grid = _tiling(blocks)
     codes = torch.empty(blocks.shape, dtype=torch.uint8, device=blocks.device)
     scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8, device=blocks.device)
-    grid = (triton.cdiv(n_blocks, ROWS),)
     _mx_quantize_kernel[grid](
         blocks,
         codes,
         scales,
         n_blocks,
         BLOCK=block,
-        ROWS=ROWS,
+        ROWS=rows,
         EMAX=et.emax,
         RCEIL=rule == "rceil",
         **_elem(et),
+        **NO_FMA,
     )
     return codes, scales
 
@@ -223,11 +244,12 @@ def mx_quantize(blocks: torch.Tensor, et: Minifloat, rule: str):
 def mx_dequantize(codes: torch.Tensor, scales: torch.Tensor, et: Minifloat) -> torch.Tensor:
     """codes [..., n_blocks, 32] uint8 + E8M0 scales → fp32 values."""
     codes, scales = codes.contiguous(), scales.contiguous()
-    n_blocks, block = codes.numel() // codes.shape[-1], codes.shape[-1]
+    n_blocks, block, rows, _, grid = _tiling(codes)
     out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
     table = et.decode_table().to(codes.device)
-    grid = (triton.cdiv(n_blocks, ROWS),)
-    _mx_dequantize_kernel[grid](codes, scales, table, out, n_blocks, BLOCK=block, ROWS=ROWS)
+    _mx_dequantize_kernel[grid](
+        codes, scales, table, out, n_blocks, BLOCK=block, ROWS=rows, **NO_FMA
+    )
     return out
 
 
@@ -236,13 +258,12 @@ def nvfp4_quantize(blocks: torch.Tensor, global_scale: torch.Tensor):
     from infergen.formats.elements import ELEMENT_TYPES
 
     blocks = blocks.contiguous()
-    n_blocks = blocks.numel() // 16
+    n_blocks, _, rows, _, grid = _tiling(blocks)
     codes = torch.empty(blocks.shape, dtype=torch.uint8, device=blocks.device)
     scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8, device=blocks.device)
     table = ELEMENT_TYPES.get("e4m3").decode_table().to(blocks.device)
     g = global_scale.reshape(1).float().to(blocks.device)
-    grid = (triton.cdiv(n_blocks, ROWS),)
-    _nvfp4_quantize_kernel[grid](blocks, codes, scales, g, table, n_blocks, ROWS=ROWS)
+    _nvfp4_quantize_kernel[grid](blocks, codes, scales, g, table, n_blocks, ROWS=rows, **NO_FMA)
     return codes, scales
 
 
@@ -256,10 +277,12 @@ def scaled_dequantize(
         width = codes.numel() & -codes.numel()  # largest power of two dividing numel
         codes = codes.reshape(-1, min(width, 1024))
         scale_values = scale_values.reshape(1).expand(codes.shape[0])
-    n_blocks, block = codes.numel() // codes.shape[-1], codes.shape[-1]
+    tiling = _tiling(codes)
+    if tiling is None:
+        return None
+    n_blocks, block, rows, width, grid = tiling
     out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
     table = et.decode_table().to(codes.device)
-    grid = (triton.cdiv(n_blocks, ROWS),)
     _scaled_dequantize_kernel[grid](
         codes,
         scale_values.float().contiguous(),
@@ -268,7 +291,9 @@ def scaled_dequantize(
         post.reshape(1).float().to(codes.device),
         n_blocks,
         BLOCK=block,
-        ROWS=ROWS,
+        ROWS=rows,
+        WIDTH=width,
+        **NO_FMA,
     )
     return out.reshape(shape)
 
@@ -280,7 +305,7 @@ def scaled_quantize(x: torch.Tensor, scale: torch.Tensor, et: Minifloat) -> torc
     size = 1024
     grid = (triton.cdiv(x.numel(), size),)
     _scaled_quantize_kernel[grid](
-        x, codes, scale.reshape(1).float().to(x.device), x.numel(), SIZE=size, **_elem(et)
+        x, codes, scale.reshape(1).float().to(x.device), x.numel(), SIZE=size, **_elem(et), **NO_FMA
     )
     return codes
 
@@ -302,12 +327,13 @@ def _int_quantize_kernel(
     n_blocks,
     BLOCK: tl.constexpr,
     ROWS: tl.constexpr,
+    WIDTH: tl.constexpr,
     BITS: tl.constexpr,
     MODE: tl.constexpr,
 ):
     """MODE 0 symmetric, 1 asymmetric with an integer zero point, 2 KIVI (fp32 minimum);
     the operations of codec._int_quantize in the same order."""
-    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS)
+    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, WIDTH)
     v = tl.load(x_ptr + offs, mask=mask, other=0.0)
     has_nan = tl.max((v != v).to(tl.int32), axis=1) > 0
     if MODE == 0:
@@ -349,14 +375,102 @@ def int_quantize(blocks: torch.Tensor, bits: int, mode: int):
     """blocks [..., n_groups, group] fp32 → (codes, fp32 scales, uint8 zeros | fp32 minimums
     | None), as formats/fast.int_quantize (mode 0 symmetric, 1 zero point, 2 KIVI)."""
     blocks = blocks.contiguous()
-    n_blocks, block = blocks.numel() // blocks.shape[-1], blocks.shape[-1]
+    tiling = _tiling(blocks)
+    if tiling is None:
+        return None
+    n_blocks, block, rows, width, grid = tiling
     dev = blocks.device
     codes = torch.empty(blocks.shape, dtype=torch.uint8, device=dev)
     scales = torch.empty(blocks.shape[:-1], dtype=torch.float32, device=dev)
     zero_dtype = torch.float32 if mode == 2 else torch.uint8
     zeros = torch.empty(blocks.shape[:-1], dtype=zero_dtype, device=dev)
-    grid = (triton.cdiv(n_blocks, ROWS),)
     _int_quantize_kernel[grid](
-        blocks, codes, scales, zeros, n_blocks, BLOCK=block, ROWS=ROWS, BITS=bits, MODE=mode
+        blocks,
+        codes,
+        scales,
+        zeros,
+        n_blocks,
+        BLOCK=block,
+        ROWS=rows,
+        WIDTH=width,
+        BITS=bits,
+        MODE=mode,
+        **NO_FMA,
     )
     return codes, scales, zeros if mode else None
+
+
+@triton.jit
+def _int_dequantize_kernel(
+    codes_ptr,
+    scales_ptr,
+    zeros_ptr,
+    out_ptr,
+    n_blocks,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    WIDTH: tl.constexpr,
+    BITS: tl.constexpr,
+    MODE: tl.constexpr,
+):
+    """MODE 0: signed(code) · scale; 1: (code − zero) · scale; 2 (KIVI): code · scale + min,
+    rounded twice as the reference does (the launch turns off FMA contraction)."""
+    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, WIDTH)
+    q = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
+    in_range = rows < n_blocks
+    scale = tl.load(scales_ptr + rows, mask=in_range, other=1.0)[:, None]
+    if MODE == 0:
+        half: tl.constexpr = 1 << (BITS - 1)
+        out = tl.where(q >= half, q - 2 * half, q).to(tl.float32) * scale
+    elif MODE == 1:
+        zero = tl.load(zeros_ptr + rows, mask=in_range, other=0).to(tl.float32)[:, None]
+        out = (q.to(tl.float32) - zero) * scale
+    else:
+        lo = tl.load(zeros_ptr + rows, mask=in_range, other=0.0)[:, None]
+        out = q.to(tl.float32) * scale + lo
+    tl.store(out_ptr + offs, out, mask=mask)
+
+
+def int_dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int
+) -> torch.Tensor:
+    """codes [..., n_groups, group] uint8 → fp32; zeros: None (symmetric), uint8 zero points
+    or fp32 minimums (KIVI), as int_quantize returns them."""
+    mode = 0 if zeros is None else 1 if zeros.dtype == torch.uint8 else 2
+    codes = codes.contiguous()
+    tiling = _tiling(codes)
+    if tiling is None:
+        return None
+    n_blocks, block, rows, width, grid = tiling
+    out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+    scales = scales.float().contiguous()
+    zeros = scales if zeros is None else zeros.contiguous()  # unread in mode 0
+    _int_dequantize_kernel[grid](
+        codes,
+        scales,
+        zeros,
+        out,
+        n_blocks,
+        BLOCK=block,
+        ROWS=rows,
+        WIDTH=width,
+        BITS=bits,
+        MODE=mode,
+        **NO_FMA,
+    )
+    return out
+
+
+# The rest of formats/fast.py's interface, so codec.FAST_PATHS can hold this module for CUDA.
+
+
+def scaled_encode(values: torch.Tensor, scale: float, et: Minifloat) -> torch.Tensor:
+    return scaled_quantize(values, torch.tensor([scale], device=values.device), et)
+
+
+def block_dequantize(codes: torch.Tensor, scale_values: torch.Tensor, post: float, et: Minifloat):
+    return scaled_dequantize(codes, scale_values, torch.tensor([post], device=codes.device), et)
+
+
+def finite_amax(x: torch.Tensor) -> None:
+    return None  # torch's reduction is already one pass at memory speed on a GPU

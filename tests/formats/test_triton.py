@@ -12,7 +12,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from infergen.formats import FORMATS, quantize  # noqa: E402
+from infergen.formats import FORMATS, PER_CHANNEL, PER_TENSOR, codec, quantize  # noqa: E402
 from infergen.formats import triton_kernels as tk  # noqa: E402
 from infergen.formats.codec import _blocks, dequantize  # noqa: E402
 from infergen.formats.pack import unpack_bits  # noqa: E402
@@ -115,3 +115,54 @@ def test_triton_int_quantize_equals_reference(fmt, block):
             atol=0,
             equal_nan=True,
         )
+
+
+@runnable
+@pytest.mark.parametrize("fmt,block", [("int8", 32), ("int4", 32), ("int4_asym", 64), ("int2", 32)])
+def test_triton_int_dequantize_equals_reference(fmt, block):
+    x = _adversarial(9)
+    spec = FORMATS.get(fmt)
+    q = quantize(x, fmt, block_size=block, native=False)
+    codes = unpack_bits(q.codes, spec.int_bits) if spec.packed else q.codes
+    zeros = q.zero_points.reshape(-1).to(DEVICE) if q.zero_points is not None else None
+    got = tk.int_dequantize(
+        codes.reshape(-1, block).to(DEVICE),
+        q.scales.reshape(-1).to(DEVICE),
+        zeros,
+        spec.int_bits,
+    ).cpu()
+    want = dequantize(q, native=False)
+    torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
+
+
+CASES = [(f, 32 if FORMATS.get(f).scaling == "int" else None, 64) for f in FORMATS] + [
+    ("int8", PER_CHANNEL, 1024),  # wide rows: fewer blocks per program
+    ("int8", PER_CHANNEL, 576),  # no power of two: the torch reference on the device
+    ("int8", PER_TENSOR, 64),
+    ("int4_asym", 128, 128),
+]
+
+
+@runnable
+@pytest.mark.parametrize("fmt,block,width", CASES)
+def test_public_api_runs_triton_for_the_device(fmt, block, width, monkeypatch):
+    """quantize / dequantize of a tensor on DEVICE take the Triton path (codec.FAST_PATHS;
+    in the interpreter the CPU row is pointed at it) and equal the reference bit for bit."""
+    if INTERPRETED:
+        monkeypatch.setitem(codec.FAST_PATHS, "cpu", lambda: tk)
+    assert codec.fast_paths(torch.empty(0, device=DEVICE)) is tk
+    x = _adversarial(10).reshape(-1)
+    x = x[: len(x) // width * width].reshape(-1, width)
+    ref = quantize(x, fmt, block_size=block, native=False)
+    want = dequantize(ref, native=False)
+    for native in (True, False):  # the Triton path, and the torch reference on the device
+        q = quantize(x.to(DEVICE), fmt, block_size=block, native=native)
+        for name in ("codes", "scales", "zero_points", "global_scale"):
+            got, expected = getattr(q, name), getattr(ref, name)
+            assert (got is None) == (expected is None), name
+            if expected is not None:
+                assert got.device.type == DEVICE, name
+                torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0, equal_nan=True)
+        got = dequantize(q, native=native)
+        assert got.device.type == DEVICE
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
