@@ -14,7 +14,7 @@ status=0
 # 1. Every Triton kernel (and the public quantize / dequantize API on CUDA tensors, and the
 #    torch reference codec on the GPU) bit-identical to the CPU reference, compiled for the
 #    GPU (no interpreter).
-TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -x \
+TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider \
     tests/formats/test_triton.py 2>&1 | tee "$OUT/device_tests.log" | tail -15 || status=1
 
 # 2. Quantize / dequantize GB/s of fp32 input: Triton vs the torch-eager codec on the same

@@ -5,9 +5,8 @@ The same arithmetic as formats/codec.py and kernels/quantize_f32.c, in bit opera
 floor(log2 a) from the fp32 exponent field, powers of two built in the exponent bits, and
 round-to-nearest-even by the 1.5·2^23 magic number (exact for |y| < 2^22; element mantissas
 are below 2^4). Bit-identical to the reference in the interpreter (tests/formats/
-test_triton.py); on a GPU, true fp32 division is assumed for `/` (to be checked by
-benchmarks/device_check.sh, which runs the same tests there). Triton is optional:
-`pip install 'infergen[triton]'`.
+test_triton.py) and on an H200 (benchmarks/device_check.sh runs the same tests there).
+Triton is optional: `pip install 'infergen[triton]'`.
 """
 
 from __future__ import annotations
@@ -18,7 +17,14 @@ import triton.language as tl
 
 from infergen.formats.elements import Minifloat
 
-RNE_MAGIC = 12582912.0  # 1.5 * 2^23
+RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23 (a global a kernel reads: constexpr)
+
+
+@triton.jit
+def _div(a, b):
+    """a / b rounded to nearest even, as torch and C divide (Triton's `/` on fp32 compiles to
+    the approximate div.full.f32 on NVIDIA GPUs: up to 2 ulp off, seen on an H200)."""
+    return tl.div_rn(a, tl.zeros_like(a) + b)
 
 
 @triton.jit
@@ -91,7 +97,7 @@ def _mx_quantize_kernel(
     bad, amax = _block_amax(v)
     abits = amax.to(tl.int32, bitcast=True)
     if RCEIL:
-        r = amax / MAX
+        r = _div(amax, MAX)
         rbits = r.to(tl.int32, bitcast=True)
         rexp = (rbits >> 23) & 0xFF
         mant = rbits & 0x7FFFFF
@@ -136,11 +142,11 @@ def _nvfp4_quantize_kernel(
     g = tl.load(global_ptr)
     bad, amax = _block_amax(v)
     amax = tl.where(bad, 0.0, amax)
-    s = _encode(amax / 6.0 / g, 3, -6, 8, 0x7E, 0x7F, 448.0)  # E4M3 block scale
+    s = _encode(_div(_div(amax, 6.0), g), 3, -6, 8, 0x7E, 0x7F, 448.0)  # E4M3 block scale
     sval = tl.load(e4m3_ptr + s.to(tl.int32))
     divisor = sval * g
     zero = sval == 0.0
-    codes = _encode(v / tl.where(zero, 1.0, divisor)[:, None], 1, 0, 4, 0x7, -1, 6.0)
+    codes = _encode(_div(v, tl.where(zero, 1.0, divisor)[:, None]), 1, 0, 4, 0x7, -1, 6.0)
     codes = tl.where((zero | bad)[:, None], 0, codes).to(tl.uint8)
     tl.store(codes_ptr + offs, codes, mask=mask)
     tl.store(scales_ptr + rows, tl.where(bad, 0x7F, s).to(tl.uint8), mask=rows < n_blocks)
@@ -184,7 +190,7 @@ def _scaled_quantize_kernel(
     """FP8 per tensor: codes = encode(x / scale)."""
     offs = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
     v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    codes = _encode(v / tl.load(scale_ptr), MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
+    codes = _encode(_div(v, tl.load(scale_ptr)), MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
     tl.store(codes_ptr + offs, codes, mask=offs < n)
 
 
@@ -338,7 +344,7 @@ def _int_quantize_kernel(
     has_nan = tl.max((v != v).to(tl.int32), axis=1) > 0
     if MODE == 0:
         qmax: tl.constexpr = (1 << (BITS - 1)) - 1
-        scale = tl.max(tl.abs(tl.where(v != v, 0.0, v)), axis=1) / qmax
+        scale = _div(tl.max(tl.abs(tl.where(v != v, 0.0, v)), axis=1), qmax)
     else:
         qmax: tl.constexpr = (1 << BITS) - 1
         lo = tl.min(tl.where(mask, v, float("inf")), axis=1)
@@ -346,15 +352,15 @@ def _int_quantize_kernel(
         if MODE == 1:
             lo = tl.minimum(lo, 0.0)
             hi = tl.maximum(hi, 0.0)
-        scale = (hi - lo) / qmax
+        scale = _div(hi - lo, qmax)
     scale = tl.where(has_nan, float("nan"), scale)
     div = tl.where(scale == 0.0, 1.0, scale)
     if MODE == 0:
-        q = tl.minimum(tl.maximum(_rne(v / div[:, None]), -qmax), qmax)
+        q = tl.minimum(tl.maximum(_rne(_div(v, div[:, None])), -qmax), qmax)
         codes = q.to(tl.int32) & ((1 << BITS) - 1)
     elif MODE == 1:
-        z = tl.minimum(tl.maximum(_rne(-lo / div), 0.0), qmax)
-        q = ((v / div[:, None]) + RNE_MAGIC) - RNE_MAGIC + z[:, None]  # NaN stays NaN here
+        z = tl.minimum(tl.maximum(_rne(_div(-lo, div)), 0.0), qmax)
+        q = (_div(v, div[:, None]) + RNE_MAGIC) - RNE_MAGIC + z[:, None]  # NaN stays NaN here
         q = tl.minimum(tl.maximum(tl.where(q != q, 0.0, q), 0.0), qmax)
         codes = q.to(tl.int32)
         tl.store(
@@ -363,7 +369,7 @@ def _int_quantize_kernel(
             mask=rows < n_blocks,
         )
     else:
-        q = tl.minimum(tl.maximum(_rne((v - lo[:, None]) / div[:, None]), 0.0), qmax)
+        q = tl.minimum(tl.maximum(_rne(_div(v - lo[:, None], div[:, None])), 0.0), qmax)
         codes = q.to(tl.int32)
         tl.store(zeros_ptr + rows, tl.where(has_nan, float("nan"), lo), mask=rows < n_blocks)
     codes = tl.where(has_nan[:, None], 0, codes).to(tl.uint8)
@@ -472,5 +478,21 @@ def block_dequantize(codes: torch.Tensor, scale_values: torch.Tensor, post: floa
     return scaled_dequantize(codes, scale_values, torch.tensor([post], device=codes.device), et)
 
 
-def finite_amax(x: torch.Tensor) -> None:
-    return None  # torch's reduction is already one pass at memory speed on a GPU
+@triton.jit
+def _finite_amax_kernel(x_ptr, out_ptr, n, SIZE: tl.constexpr):
+    offs = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
+    a = tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
+    a = tl.where((a != a) | (a == float("inf")), 0.0, a)
+    tl.atomic_max(out_ptr, tl.max(a, axis=0))  # every value is >= 0: float order = int order
+
+
+def finite_amax(x: torch.Tensor) -> torch.Tensor | None:
+    """max |x| over finite values (0 if none), as a 0-d fp32 tensor: one pass (torch's
+    isfinite / where / amax take four)."""
+    if x.dtype != torch.float32:
+        return None
+    x = x.contiguous()
+    out = torch.zeros((), dtype=torch.float32, device=x.device)
+    size = 4096
+    _finite_amax_kernel[(triton.cdiv(x.numel(), size),)](x, out, x.numel(), SIZE=size)
+    return out

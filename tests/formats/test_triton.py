@@ -5,6 +5,7 @@ installed (an optional extra; `make test` installs it)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -166,3 +167,11 @@ def test_public_api_runs_triton_for_the_device(fmt, block, width, monkeypatch):
         got = dequantize(q, native=native)
         assert got.device.type == DEVICE
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
+@runnable
+def test_triton_finite_amax_ignores_nan_and_inf():
+    x = _adversarial(11)
+    want = x.abs().where(torch.isfinite(x), torch.zeros(())).amax()
+    assert tk.finite_amax(x.to(DEVICE)).item() == want.item()
+    assert tk.finite_amax(torch.full((5,), math.inf, device=DEVICE)).item() == 0.0
