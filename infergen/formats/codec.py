@@ -73,6 +73,12 @@ def fast_paths(t: torch.Tensor, native: bool = True):
     return paths if paths is not None else NO_FAST_PATH
 
 
+def _div(a: torch.Tensor, b: float) -> torch.Tensor:
+    """a / b correctly rounded on every device: CUDA torch computes tensor / Python number as
+    a · (1 / b), up to 1 ulp off (seen on an H200); a divisor tensor on a's device divides."""
+    return a / torch.full_like(a, b)
+
+
 def pow2_scale(x: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
     """x · 2^exp, exact, for |exp| ≤ 254: applied in two halves so that no factor is an fp32
     subnormal (flush-to-zero mode, which the engine turns on, would zero 2^−127)."""
@@ -125,7 +131,7 @@ def _tensor_amax(blocks: torch.Tensor, native: bool) -> torch.Tensor:
 def _tensor_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
     et = spec.element_type
     amax = _tensor_amax(blocks, native)
-    scale = torch.where(amax > 0, amax / et.max, torch.ones_like(amax))  # [1]
+    scale = torch.where(amax > 0, _div(amax, et.max), torch.ones_like(amax))  # [1]
     codes = fast_paths(blocks, native).scaled_encode(blocks, scale.item(), et)
     if codes is None:
         codes = et.encode(blocks / scale)
@@ -144,7 +150,7 @@ def _e8m0_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, nat
     if rule == "floor":
         exp = _floor_log2(safe) - et.emax
     else:  # rceil
-        exp = _ceil_log2(safe / et.max)
+        exp = _ceil_log2(_div(safe, et.max))
     exp = torch.where(amax == 0, torch.full_like(exp, -127), exp).clamp(-127, 127)
     codes = et.encode(pow2_scale(blocks, -exp.unsqueeze(-1)))
     codes = torch.where(bad.unsqueeze(-1), torch.zeros_like(codes), codes)
@@ -154,7 +160,7 @@ def _e8m0_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, nat
 
 def _nvfp4_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
     amax_tensor = _tensor_amax(blocks, native).reshape(())
-    global_scale = amax_tensor / NVFP4_GLOBAL_DIVISOR
+    global_scale = _div(amax_tensor, NVFP4_GLOBAL_DIVISOR)
     if amax_tensor == 0:
         global_scale = torch.ones((), device=blocks.device)  # all-zero: every block scale is 0
     done = fast_paths(blocks, native).nvfp4_quantize(blocks, global_scale)
@@ -162,7 +168,9 @@ def _nvfp4_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, na
         return done[0], done[1], None, global_scale.float()
     amax = blocks.abs().amax(dim=-1)
     bad = ~torch.isfinite(amax)
-    scale_codes = E4M3.encode(torch.where(bad, torch.zeros_like(amax), amax) / 6.0 / global_scale)
+    scale_codes = E4M3.encode(
+        _div(torch.where(bad, torch.zeros_like(amax), amax), 6.0) / global_scale
+    )
     scale_vals = E4M3.decode(scale_codes)
     divisor = (scale_vals * global_scale).unsqueeze(-1)
     zero = (scale_vals == 0).unsqueeze(-1)
@@ -180,7 +188,7 @@ def _int_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, nati
         return done[0], done[1], done[2], None
     if spec.symmetric:
         qmax = (1 << (bits - 1)) - 1
-        scale = blocks.abs().amax(dim=-1) / qmax  # NaN propagates into the group's scale
+        scale = _div(blocks.abs().amax(dim=-1), qmax)  # NaN propagates into the group's scale
         div = torch.where(scale == 0, torch.ones_like(scale), scale).unsqueeze(-1)
         q = torch.round(blocks / div).clamp(-qmax, qmax)
         q = torch.where(torch.isnan(q), torch.zeros_like(q), q)
@@ -189,13 +197,13 @@ def _int_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, nati
     qmax = (1 << bits) - 1
     lo, hi = blocks.amin(dim=-1), blocks.amax(dim=-1)
     if spec.float_offset:  # KIVI: q = round((v - min) / scale), dequant q · scale + min
-        scale = (hi - lo) / qmax
+        scale = _div(hi - lo, qmax)
         div = torch.where(scale == 0, torch.ones_like(scale), scale).unsqueeze(-1)
         q = torch.round((blocks - lo.unsqueeze(-1)) / div).clamp(0, qmax)
         q = torch.where(torch.isnan(q), torch.zeros_like(q), q)
         return q.to(torch.uint8), scale, lo, None
     lo, hi = torch.minimum(lo, torch.zeros_like(lo)), torch.maximum(hi, torch.zeros_like(hi))
-    scale = (hi - lo) / qmax  # the range always holds 0, so 0 is exact
+    scale = _div(hi - lo, qmax)  # the range always holds 0, so 0 is exact
     div = torch.where(scale == 0, torch.ones_like(scale), scale)
     zero = torch.round(-lo / div).clamp(0, qmax)
     zero = torch.where(torch.isnan(zero), torch.zeros_like(zero), zero)

@@ -163,7 +163,9 @@ def test_public_api_runs_triton_for_the_device(fmt, block, width, monkeypatch):
             assert (got is None) == (expected is None), name
             if expected is not None:
                 assert got.device.type == DEVICE, name
-                torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0, equal_nan=True)
+                torch.testing.assert_close(
+                    got.cpu(), expected, rtol=0, atol=0, equal_nan=True, msg=f"{name} {native=}"
+                )
         got = dequantize(q, native=native)
         assert got.device.type == DEVICE
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
