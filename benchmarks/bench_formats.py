@@ -6,7 +6,9 @@ Peers: torchao 0.18 `to_mx` (MX formats, FLOOR), `nvfp4_quantize` (NVFP4, two-le
 FP8 per-tensor torch's own scaled cast (x / scale, clamp, .to(float8)); integer formats have
 no peer row. Copy = `dst.copy_(x)` into a preallocated tensor (memory bandwidth; every
 quantize/dequantize also pays for allocating its output). Targets (issue): >= 1x torchao on every
-format it has, >= 25 % of copy bandwidth. JSON lines to --out; `benchmarks/report.py` puts the
+format it has, >= 25 % of copy bandwidth. The process is set up as an engine's
+(infergen/process.py: thread count, flush-to-zero, glibc malloc keeping large buffers), for
+infergen and the peers alike. JSON lines to --out; `benchmarks/report.py` puts the
 ratios in the README.
 """
 
@@ -29,6 +31,7 @@ from bench_generate import git_state, machine_info  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
 
 from infergen.formats import FORMATS, dequantize, quantize  # noqa: E402
+from infergen.process import configure_process  # noqa: E402
 
 MX_ELEM = {
     "mxfp8_e4m3": torch.float8_e4m3fn,
@@ -105,7 +108,7 @@ def main() -> None:
         "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/formats.jsonl"
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    configure_process(args.threads)  # as an engine does: threads, FTZ, malloc (infergen/process.py)
     x = torch.randn(args.size, args.size, generator=torch.Generator().manual_seed(0))
     nbytes = x.numel() * 4
     from importlib.metadata import version
@@ -196,11 +199,6 @@ def main() -> None:
     print(f"{'format':<12} {'op':<10} {'infergen':>9} {'torchao':>9} {'ratio':>6} {'% copy':>7}")
     for fmt, op, value, shown, ratio in table:
         print(f"{fmt:<12} {op:<10} {value:9.2f} {shown} {ratio} {100 * value / copy_gbs:6.0f}%")
-    print(
-        "\nQuantize is bound by the per-element encode (the MXFP4 kernel alone, into preallocated "
-        "buffers, ran at ~1.5 GB/s here); dequantize outputs of 32 MiB and more come from fresh "
-        "mmap pages (page faults) on every call."
-    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
     print(f"\nwrote {len(lines)} lines to {args.out}")

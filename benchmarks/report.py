@@ -42,6 +42,9 @@ def _num(value: float | None, unit: str = "") -> str:
 
 def _machine(line: dict) -> str:
     m = line.get("machine") or {}
+    if m.get("gpu"):
+        gpu = f"{m['gpu']} ({m.get('sms', '?')} SMs)"
+        return f"{gpu}, torch {m.get('torch')}, triton {m.get('triton')}"
     parts = [m.get("cpu", "?"), f"{m.get('cores', '?')} cores", f"{m.get('threads', '?')} thr"]
     if m.get("torch"):
         parts.append(f"torch {m['torch']}")

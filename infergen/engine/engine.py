@@ -25,22 +25,14 @@ from infergen.kernels.build import build_all
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.models.transformer import Transformer
+from infergen.process import configure_process
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def configure_torch(num_threads: int | None) -> None:
-    """Process-wide torch settings, applied once when an engine starts."""
-    # Dequantized weights and small activations produce denormals; without flushing them a
-    # CPU forward runs several times slower.
-    torch.set_flush_denormal(True)
-    if num_threads:
-        torch.set_num_threads(num_threads)
-
-
 class Engine:
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
-        configure_torch(config.num_threads)
+        configure_process(config.num_threads)
         if config.kernels == "native":
             build_all()  # compile (or load cached) C kernels now, not during the first request
         self.config = config

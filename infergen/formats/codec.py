@@ -250,7 +250,8 @@ def quantize(
     moved_shape = _moved_shape(tuple(x.shape), axis)
     codes = codes.reshape(moved_shape)
     if spec.packed:
-        codes = pack_bits(codes, spec.element_bits)
+        packed = fast_paths(codes, native).pack_bits(codes, spec.element_bits)
+        codes = packed if packed is not None else pack_bits(codes, spec.element_bits)
     return QuantizedTensor(
         format=spec.name,
         codes=codes,
@@ -268,7 +269,10 @@ def quantize(
 def dequantize(q: QuantizedTensor, native: bool = True) -> torch.Tensor:
     """The values `q` stands for, in q.dtype and q.shape (`native=False`: torch reference)."""
     spec = FORMATS.get(q.format, where="QuantizedTensor.format")
-    codes = unpack_bits(q.codes, spec.element_bits) if spec.packed else q.codes
+    codes = q.codes
+    if spec.packed:
+        unpacked = fast_paths(codes, native).unpack_bits(codes, spec.element_bits)
+        codes = unpacked if unpacked is not None else unpack_bits(codes, spec.element_bits)
     moved_shape = _moved_shape(q.shape, q.axis)
     block = q.block_size
     if block == PER_CHANNEL:

@@ -152,10 +152,16 @@ def int_quantize(blocks: torch.Tensor, bits: int, mode: int):
 def int_dequantize(
     codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int
 ):
-    """codes [n_groups, group] → fp32: symmetric (zeros None) or with uint8 zero points (None
-    for fp32 KIVI minimums: the torch reference does that one)."""
+    """codes [n_groups, group] → fp32: symmetric (zeros None), with uint8 zero points, or
+    with fp32 minimums (KIVI: code · scale + min)."""
+    if zeros is not None and zeros.dtype == torch.float32:
+        fn = kernel("kivi_dequantize_f32", P, P, P, P, L, L, I, source=SOURCE)
+        if fn is None:
+            return None
+        codes, scales, zeros = codes.contiguous(), scales.float().contiguous(), zeros.contiguous()
+        return _decode_blocks(fn, codes, scales.data_ptr(), zeros.data_ptr())
     fn = kernel("int_dequantize_f32", P, P, P, P, L, L, I, I, source=SOURCE)
-    if fn is None or (zeros is not None and zeros.dtype != torch.uint8):
+    if fn is None:
         return None
     codes, scales = codes.contiguous(), scales.float().contiguous()
     zeros = zeros.contiguous() if zeros is not None else None
@@ -170,4 +176,26 @@ def int_dequantize(
         bits,
         torch.get_num_threads(),
     )
+    return out
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor | None:
+    """formats/pack.pack_bits in one pass (codes: uint8, last axis a multiple of 8 / bits)."""
+    fn = kernel("pack_bits_u8", P, P, L, I, I, source=SOURCE)
+    if fn is None or bits not in (2, 4) or codes.dtype != torch.uint8:
+        return None
+    codes = codes.contiguous()
+    out = torch.empty(*codes.shape[:-1], codes.shape[-1] * bits // 8, dtype=torch.uint8)
+    fn(codes.data_ptr(), out.data_ptr(), out.numel(), bits, torch.get_num_threads())
+    return out
+
+
+def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor | None:
+    """formats/pack.unpack_bits in one pass."""
+    fn = kernel("unpack_bits_u8", P, P, L, I, I, source=SOURCE)
+    if fn is None or bits not in (2, 4) or packed.dtype != torch.uint8:
+        return None
+    packed = packed.contiguous()
+    out = torch.empty(*packed.shape[:-1], packed.shape[-1] * 8 // bits, dtype=torch.uint8)
+    fn(packed.data_ptr(), out.data_ptr(), packed.numel(), bits, torch.get_num_threads())
     return out

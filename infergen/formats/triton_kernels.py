@@ -496,3 +496,11 @@ def finite_amax(x: torch.Tensor) -> torch.Tensor | None:
     size = 4096
     _finite_amax_kernel[(triton.cdiv(x.numel(), size),)](x, out, x.numel(), SIZE=size)
     return out
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> None:
+    return None  # formats/pack.py's torch ops run on the GPU
+
+
+def unpack_bits(packed: torch.Tensor, bits: int) -> None:
+    return None
