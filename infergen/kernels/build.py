@@ -12,6 +12,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,10 +50,24 @@ class KernelUnavailable(RuntimeError):
     """No C compiler, or the compile failed: the torch path is used instead."""
 
 
+def _source_bytes(filename: str, seen: set[str] | None = None) -> bytes:
+    """The file and, recursively, every kernels-local file it #includes (the cache key: a
+    change to an included kernel rebuilds the files that include it)."""
+    seen = set() if seen is None else seen
+    if filename in seen:
+        return b""
+    seen.add(filename)
+    text = (_HERE / filename).read_bytes()
+    parts = [text]
+    for match in re.finditer(rb'^#include "([^"]+)"', text, re.MULTILINE):
+        parts.append(_source_bytes(match.group(1).decode(), seen))
+    return b"".join(parts)
+
+
 @functools.cache
 def load(name: str) -> ctypes.CDLL:
     """Compile (if not cached) and load `infergen/kernels/<name>.c`."""
-    source = (_HERE / f"{name}.c").read_bytes() + (_HERE / "common.h").read_bytes()
+    source = _source_bytes(f"{name}.c")
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc/gcc) on PATH")

@@ -24,6 +24,7 @@ from infergen.layers.attention import Attention
 from infergen.layers.linear import Linear
 from infergen.layers.mlp import GatedMLP
 from infergen.layers.norm import RMSNorm
+from infergen.models.fused_decode import FusedDecode
 from infergen.ops.rope import RopeInputs, cos_sin_cache
 
 
@@ -69,6 +70,10 @@ class Transformer(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, kernels)
         self.register_buffer("rope_cache", cos_sin_cache(config), persistent=False)
+        # decode steps run all layers in one native call where the layers allow it
+        # (models/fused_decode.py); False forces the per-op path (tests compare the two)
+        self.fused_decode = True
+        self._fused_decode: FusedDecode | None = None
 
     @torch.no_grad()
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -91,6 +96,11 @@ class Transformer(nn.Module):
             layer.mlp.load(get, prefix + "mlp.")
         self.norm.weight.copy_(get("model.norm.weight"))
 
+    def _fused(self, kv_cache: PagedKVCache) -> FusedDecode:
+        if self._fused_decode is None or self._fused_decode.kv_cache is not kv_cache:
+            self._fused_decode = FusedDecode(self, kv_cache)
+        return self._fused_decode
+
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
         """Returns logits [len(batch.logits_indices), vocab] in fp32."""
@@ -99,9 +109,10 @@ class Transformer(nn.Module):
         ids = batch.input_ids
         h = self.lm_head.rows(ids) if self.embed is None else self.embed.index_select(0, ids)
         # h [tokens, hidden] is a fresh tensor: the layers update it in place
-        delta = None
-        for i, layer in enumerate(self.layers):
-            delta = layer(h, delta, batch, kv_cache.layer(i))
+        delta = self._fused(kv_cache).run(h, batch) if self.fused_decode else None
+        if delta is None:  # the per-op path: every step the fused decode does not cover
+            for i, layer in enumerate(self.layers):
+                delta = layer(h, delta, batch, kv_cache.layer(i))
         rows = batch.logits_indices
         h = self.norm(h.index_select(0, rows), delta.index_select(0, rows))
         return self.lm_head(h).float()

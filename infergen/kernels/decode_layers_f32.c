@@ -1,0 +1,75 @@
+/* Every decoder layer of a decode step in one call: the same kernels the per-op path calls
+ * from Python (rms_norm, gemm_packed, rope, paged decode attention, silu_mul), in the same
+ * order with the same arguments, so the results are bit-identical to it — without ~10 Python
+ * calls, tensor allocations and module dispatches per layer.
+ *
+ * Per layer (T tokens, one per sequence; h [T, hidden] is the residual stream, `delta` the
+ * pending output of the previous layer's MLP):
+ *   x = rms_norm(h += delta, attn_norm);  qkv = x Wqkvᵀ + b;  rope(q, k);  cache[slot] = k, v
+ *   a = attention(q, cache);  o = a Woᵀ + b;  x = rms_norm(h += o, mlp_norm)
+ *   delta = down(silu(gate) · up)
+ */
+#include <string.h>
+
+#include "gemm_packed_f32.c"
+#include "paged_decode_attention_f32.c"
+#include "rms_norm_f32.c"
+#include "rope_f32.c"
+#include "silu_mul_f32.c"
+
+typedef struct {
+    const float *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b;
+    const float *mlp_norm, *gate_up_w, *gate_up_b, *down_w, *down_b;
+    float *k_cache, *v_cache; /* [blocks, block_size, kv_heads, dim] */
+} layer_weights;
+
+typedef struct {
+    long tokens, hidden, heads, kv_heads, dim, inter, block_size, max_blocks, window;
+    float eps, scale;
+    const long *positions, *slots, *block_tables, *seq_lens;
+    const float *rope_cache;
+} step_args;
+
+/* h [T, hidden] in/out; delta [T, hidden] in (when has_delta) and out; scratch: see below. */
+void decode_layers_f32(const layer_weights *layers, long n_layers, const step_args *a, float *h,
+                       float *delta, int has_delta, float *scratch, int num_threads) {
+    long T = a->tokens, q_size = a->heads * a->dim, kv_size = a->kv_heads * a->dim;
+    long qkv_cols = q_size + 2 * kv_size;
+    float *x = scratch;                     /* [T, hidden] */
+    float *qkv = x + T * a->hidden;         /* [T, qkv_cols] */
+    float *q = qkv + T * qkv_cols;          /* [T, q_size] */
+    float *attn = q + T * q_size;           /* [T, q_size] */
+    float *o = attn + T * q_size;           /* [T, hidden] */
+    float *gate_up = o + T * a->hidden;     /* [T, 2 · inter] */
+    float *act = gate_up + T * 2 * a->inter; /* [T, inter] */
+    for (long l = 0; l < n_layers; ++l) {
+        const layer_weights *w = layers + l;
+        rms_norm_f32(h, (l > 0 || has_delta) ? delta : 0, w->attn_norm, x, T, a->hidden, a->eps,
+                     num_threads);
+        gemm_packed_f32(w->qkv_w, x, w->qkv_b, qkv, T, qkv_cols, a->hidden, num_threads);
+        rope_f32(qkv, a->positions, a->rope_cache, T, a->heads + a->kv_heads, a->dim, qkv_cols,
+                 num_threads);
+        for (long t = 0; t < T; ++t) {
+            const float *row = qkv + t * qkv_cols;
+            memcpy(q + t * q_size, row, sizeof(float) * (size_t)q_size);
+            memcpy(w->k_cache + a->slots[t] * kv_size, row + q_size, sizeof(float) * (size_t)kv_size);
+            memcpy(w->v_cache + a->slots[t] * kv_size, row + q_size + kv_size,
+                   sizeof(float) * (size_t)kv_size);
+        }
+        paged_decode_attention_f32(q, w->k_cache, w->v_cache, a->block_tables, a->max_blocks,
+                                   a->seq_lens, attn, T, a->heads, a->kv_heads, a->dim,
+                                   a->block_size, a->scale, a->window, num_threads);
+        gemm_packed_f32(w->o_w, attn, w->o_b, o, T, a->hidden, q_size, num_threads);
+        rms_norm_f32(h, o, w->mlp_norm, x, T, a->hidden, a->eps, num_threads);
+        gemm_packed_f32(w->gate_up_w, x, w->gate_up_b, gate_up, T, 2 * a->inter, a->hidden,
+                        num_threads);
+        silu_mul_f32(gate_up, act, T, a->inter, num_threads);
+        gemm_packed_f32(w->down_w, act, w->down_b, delta, T, a->hidden, a->inter, num_threads);
+    }
+}
+
+/* Floats of scratch decode_layers_f32 needs. */
+long decode_layers_scratch(const step_args *a) {
+    long q_size = a->heads * a->dim, kv_size = a->kv_heads * a->dim;
+    return a->tokens * (2 * a->hidden + q_size + 2 * kv_size + 2 * q_size + 3 * a->inter);
+}

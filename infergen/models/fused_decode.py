@@ -1,0 +1,145 @@
+"""All decoder layers of a decode step in one native call (kernels/decode_layers_f32.c).
+
+A decode step of a 30-layer model makes ~300 small calls from Python (norms, projections,
+RoPE, KV store, attention, activation), each with its tensor allocations and module dispatch:
+at batch 1 that overhead was a third of the step. The C driver calls the same kernels in the
+same order, so its result is bit-identical to the per-op path (tests/models/
+test_fused_decode.py); the per-op path stays the reference and runs every step this one does
+not cover (prefill, the torch kernels, QK-norm, non-fp32).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from infergen.engine.forward_batch import ForwardBatch
+from infergen.kernels.build import I, L, P, kernel
+from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.ops.paged_attention import DECODE_BACKENDS
+from infergen.ops.rms_norm import RMS_NORM_BACKENDS
+from infergen.ops.rope import ROPE_BACKENDS
+from infergen.ops.silu_mul import SILU_MUL_BACKENDS
+
+SOURCE = "decode_layers_f32"
+_LAYER_FIELDS = (
+    "attn_norm qkv_w qkv_b o_w o_b mlp_norm gate_up_w gate_up_b down_w down_b k_cache v_cache"
+)
+
+
+class LayerWeights(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in _LAYER_FIELDS.split()]
+
+
+_STEP_LONGS = "tokens hidden heads kv_heads dim inter block_size max_blocks window"
+
+
+class StepArgs(ctypes.Structure):  # the C step_args, field for field
+    _fields_ = [
+        *[(name, ctypes.c_long) for name in _STEP_LONGS.split()],
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        *[(name, ctypes.c_void_p) for name in "positions slots block_tables seq_lens".split()],
+        ("rope_cache", ctypes.c_void_p),
+    ]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
+class FusedDecode:
+    """Built once per (model, KV cache); `run` returns the last layer's pending delta, or None
+    when this step is not one it covers."""
+
+    def __init__(self, model, kv_cache: PagedKVCache):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.fn = kernel("decode_layers_f32", P, L, P, P, P, I, P, I, source=SOURCE)
+        self.scratch_floats = kernel("decode_layers_scratch", P, source=SOURCE)
+        if self.scratch_floats is not None:
+            self.scratch_floats.restype = ctypes.c_long
+        self.layers = self._layer_table() if self.fn is not None else None
+
+    def _layer_table(self):
+        """The layers' weight pointers, or None when a layer is outside what the driver does."""
+        model, cache = self.model, self.kv_cache
+        if model.dtype != torch.float32 or model.rope_cache.dtype != torch.float32:
+            return None
+        if not cache.storage.is_contiguous() or cache.storage.dtype != torch.float32:
+            return None
+        table = (LayerWeights * len(model.layers))()
+        for i, layer in enumerate(model.layers):
+            attn, mlp = layer.attn, layer.mlp
+            native = (
+                attn.q_norm is None
+                and attn.decode is DECODE_BACKENDS.get("native")
+                and attn.rope is ROPE_BACKENDS.get("native")
+                and mlp.act is SILU_MUL_BACKENDS.get("native")
+                and layer.attn_norm.fn is layer.mlp_norm.fn is RMS_NORM_BACKENDS.get("native")
+            )
+            if not native:
+                return None
+            linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
+            if any(lin.weight.dim() != 3 for lin in linears):  # not in packed panels
+                return None
+            k_cache, v_cache = cache.layer(i)
+            table[i] = LayerWeights(
+                _ptr(layer.attn_norm.weight),
+                _ptr(attn.qkv.weight),
+                _ptr(attn.qkv.bias),
+                _ptr(attn.o.weight),
+                _ptr(attn.o.bias),
+                _ptr(layer.mlp_norm.weight),
+                _ptr(mlp.gate_up.weight),
+                _ptr(mlp.gate_up.bias),
+                _ptr(mlp.down.weight),
+                _ptr(mlp.down.bias),
+                _ptr(k_cache),
+                _ptr(v_cache),
+            )
+        return table
+
+    @property
+    def available(self) -> bool:
+        return self.layers is not None
+
+    def run(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
+        plan = batch.attn_plan
+        if self.layers is None or not plan.decode_only:
+            return None
+        config, cache = self.model.config, self.kv_cache
+        tables = plan.decode_block_tables
+        k_cache, _ = cache.layer(0)
+        args = StepArgs(
+            h.shape[0],
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.intermediate_size,
+            k_cache.shape[1],
+            tables.shape[1],
+            plan.window,
+            config.rms_norm_eps,
+            self.model.layers[0].attn.scale,
+            _ptr(batch.rope.positions),
+            _ptr(batch.slot_mapping),
+            _ptr(tables),
+            _ptr(plan.decode_seq_lens),
+            _ptr(self.model.rope_cache),
+        )
+        scratch = torch.empty(self.scratch_floats(ctypes.byref(args)), dtype=torch.float32)
+        delta = torch.empty_like(h)
+        self.fn(
+            self.layers,
+            len(self.model.layers),
+            ctypes.byref(args),
+            h.data_ptr(),
+            delta.data_ptr(),
+            0,
+            scratch.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return delta
