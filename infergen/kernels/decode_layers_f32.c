@@ -9,6 +9,7 @@
  *   a = attention(q, cache);  o = a Woᵀ + b;  x = rms_norm(h += o, mlp_norm)
  *   delta = down(silu(gate) · up)
  */
+#include <omp.h>
 #include <string.h>
 
 #include "gemm_packed_f32.c"
@@ -16,6 +17,25 @@
 #include "rms_norm_f32.c"
 #include "rope_f32.c"
 #include "silu_mul_f32.c"
+
+/* Seconds spent per phase since the last reset, summed over layers and calls (for profiling:
+ * decode_layers_profile copies them out; 9 phases in the order of the loop below). */
+#define N_PHASES 9
+static double phase_seconds[N_PHASES];
+static int profiling = 0;
+
+void decode_layers_profile(int enable, double *out) {
+    if (out) memcpy(out, phase_seconds, sizeof phase_seconds);
+    memset(phase_seconds, 0, sizeof phase_seconds);
+    profiling = enable;
+}
+
+#define PHASE(i, call)                                            \
+    do {                                                          \
+        double t0_ = profiling ? omp_get_wtime() : 0.0;           \
+        call;                                                     \
+        if (profiling) phase_seconds[i] += omp_get_wtime() - t0_; \
+    } while (0)
 
 typedef struct {
     const float *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b;
@@ -44,27 +64,32 @@ void decode_layers_f32(const layer_weights *layers, long n_layers, const step_ar
     float *act = gate_up + T * 2 * a->inter; /* [T, inter] */
     for (long l = 0; l < n_layers; ++l) {
         const layer_weights *w = layers + l;
-        rms_norm_f32(h, (l > 0 || has_delta) ? delta : 0, w->attn_norm, x, T, a->hidden, a->eps,
-                     num_threads);
-        gemm_packed_f32(w->qkv_w, x, w->qkv_b, qkv, T, qkv_cols, a->hidden, num_threads);
-        rope_f32(qkv, a->positions, a->rope_cache, T, a->heads + a->kv_heads, a->dim, qkv_cols,
-                 num_threads);
-        for (long t = 0; t < T; ++t) {
-            const float *row = qkv + t * qkv_cols;
-            memcpy(q + t * q_size, row, sizeof(float) * (size_t)q_size);
-            memcpy(w->k_cache + a->slots[t] * kv_size, row + q_size, sizeof(float) * (size_t)kv_size);
-            memcpy(w->v_cache + a->slots[t] * kv_size, row + q_size + kv_size,
-                   sizeof(float) * (size_t)kv_size);
-        }
-        paged_decode_attention_f32(q, w->k_cache, w->v_cache, a->block_tables, a->max_blocks,
-                                   a->seq_lens, attn, T, a->heads, a->kv_heads, a->dim,
-                                   a->block_size, a->scale, a->window, num_threads);
-        gemm_packed_f32(w->o_w, attn, w->o_b, o, T, a->hidden, q_size, num_threads);
-        rms_norm_f32(h, o, w->mlp_norm, x, T, a->hidden, a->eps, num_threads);
-        gemm_packed_f32(w->gate_up_w, x, w->gate_up_b, gate_up, T, 2 * a->inter, a->hidden,
-                        num_threads);
-        silu_mul_f32(gate_up, act, T, a->inter, num_threads);
-        gemm_packed_f32(w->down_w, act, w->down_b, delta, T, a->hidden, a->inter, num_threads);
+        PHASE(0, rms_norm_f32(h, (l > 0 || has_delta) ? delta : 0, w->attn_norm, x, T, a->hidden,
+                              a->eps, num_threads));
+        PHASE(1, gemm_packed_f32(w->qkv_w, x, w->qkv_b, qkv, T, qkv_cols, a->hidden, num_threads));
+        PHASE(2, {
+            rope_f32(qkv, a->positions, a->rope_cache, T, a->heads + a->kv_heads, a->dim,
+                     qkv_cols, num_threads);
+            for (long t = 0; t < T; ++t) {
+                const float *row = qkv + t * qkv_cols;
+                memcpy(q + t * q_size, row, sizeof(float) * (size_t)q_size);
+                memcpy(w->k_cache + a->slots[t] * kv_size, row + q_size,
+                       sizeof(float) * (size_t)kv_size);
+                memcpy(w->v_cache + a->slots[t] * kv_size, row + q_size + kv_size,
+                       sizeof(float) * (size_t)kv_size);
+            }
+        });
+        PHASE(3, paged_decode_attention_f32(q, w->k_cache, w->v_cache, a->block_tables,
+                                            a->max_blocks, a->seq_lens, attn, T, a->heads,
+                                            a->kv_heads, a->dim, a->block_size, a->scale,
+                                            a->window, num_threads));
+        PHASE(4, gemm_packed_f32(w->o_w, attn, w->o_b, o, T, a->hidden, q_size, num_threads));
+        PHASE(5, rms_norm_f32(h, o, w->mlp_norm, x, T, a->hidden, a->eps, num_threads));
+        PHASE(6, gemm_packed_f32(w->gate_up_w, x, w->gate_up_b, gate_up, T, 2 * a->inter,
+                                 a->hidden, num_threads));
+        PHASE(7, silu_mul_f32(gate_up, act, T, a->inter, num_threads));
+        PHASE(8, gemm_packed_f32(w->down_w, act, w->down_b, delta, T, a->hidden, a->inter,
+                                 num_threads));
     }
 }
 

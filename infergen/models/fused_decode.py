@@ -143,3 +143,35 @@ class FusedDecode:
             torch.get_num_threads(),
         )
         return delta
+
+
+PHASES = (
+    "norm1",
+    "qkv",
+    "rope+kv_store",
+    "attention",
+    "o_proj",
+    "norm2",
+    "gate_up",
+    "silu_mul",
+    "down",
+)
+
+
+class PhaseProfile:
+    """Seconds per phase of the fused decode layers (summed over layers and steps) while the
+    context is open: `with PhaseProfile() as prof: ...; prof.seconds` → {phase: s}."""
+
+    def __enter__(self) -> PhaseProfile:
+        self._fn = kernel("decode_layers_profile", I, P, source=SOURCE)
+        self.seconds: dict[str, float] = {}
+        if self._fn is not None:
+            self._fn(1, None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fn is None:
+            return
+        buf = (ctypes.c_double * len(PHASES))()
+        self._fn(0, buf)
+        self.seconds = dict(zip(PHASES, buf, strict=True))
