@@ -1,4 +1,4 @@
-"""`infergen` command line: generate, chat, info, formats.
+"""`infergen` command line: generate, chat, info, formats, serve.
 
 Errors caused by input (bad model path, bad option values) print one message and exit with
 code 2; `--debug` shows the traceback too.
@@ -273,7 +273,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fmts.add_argument("--json", metavar="FILE", default=None, help="also write the rows as JSON")
     fmts.set_defaults(func=cmd_formats)
+
+    serve = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models)",
+        description="Serve the model over the OpenAI API with FastAPI + uvicorn. All concurrent "
+        "requests share one engine loop (continuous batching); streaming uses server-sent "
+        "events as the OpenAI API does.",
+    )
+    _add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
+    serve.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes"
+    )
+    serve.add_argument(
+        "--served-model-name", default=None, help="the model id clients send (default: file name)"
+    )
+    serve.add_argument(
+        "--max-pending", type=int, default=256, help="requests in flight before 503 (256)"
+    )
+    serve.set_defaults(func=cmd_serve)
     return parser
+
+
+def served_model_name(model: str | None) -> str:
+    """The id clients use: the checkpoint's file or directory name (without .gguf)."""
+    from pathlib import Path
+
+    from infergen.io.default_model import default_model_path
+
+    path = Path(model) if model else Path(default_model_path())
+    return path.name.removesuffix(".gguf")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from infergen.server.api import create_app
+
+    llm = _load(args)
+    name = args.served_model_name or served_model_name(args.model)
+    app = create_app(llm, name, api_key=args.api_key, max_pending=args.max_pending)
+    print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
 
 
 def _positive_int(text: str) -> int:

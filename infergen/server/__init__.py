@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: `infergen serve` (FastAPI + uvicorn) over one engine loop."""

@@ -1,0 +1,190 @@
+"""One engine, many concurrent HTTP requests: a background thread runs the engine's step loop
+(continuous batching across every request in flight); each request gets an asyncio queue that
+the thread feeds with the request's updates.
+
+Only the engine thread touches the engine. Requests and aborts reach it through an inbox that
+it drains before every step; `submit` awaits the thread's verdict, so a bad request raises its
+RequestError in the caller. A request whose consumer goes away (client disconnect, cancelled
+task) is aborted and its KV blocks are freed. The number of requests in flight is bounded:
+beyond `max_pending`, `submit` raises `QueueFull` (HTTP 503) instead of queueing without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from infergen.engine.engine import Engine
+from infergen.engine.request import RequestOutput, StreamDelta
+from infergen.engine.sampling_params import SamplingParams
+
+log = logging.getLogger("infergen.server")
+
+
+class QueueFull(Exception):
+    """More requests are in flight than the server accepts."""
+
+
+class EngineFailure(Exception):
+    """The engine step running this request raised (a bug, reported as HTTP 500)."""
+
+
+@dataclass
+class Update:
+    """One step's news for a request: the delta, and the final output once it finished."""
+
+    delta: StreamDelta
+    output: RequestOutput | None
+
+
+@dataclass
+class _Submission:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    accepted: asyncio.Future
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, max_pending: int = 256):
+        self.engine = engine
+        self.max_pending = max_pending
+        self._inbox: list[_Submission | str] = []  # submissions, and ids to abort
+        self._inbox_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self.stats = {"blocks_free": engine.pool.num_free, "running": 0}
+        self._thread = threading.Thread(target=self._run, name="infergen-engine", daemon=True)
+        self._thread.start()
+
+    # ---- the engine thread ----------------------------------------------------------------------
+    def _drain_inbox(self) -> None:
+        with self._inbox_lock:
+            items, self._inbox = self._inbox, []
+        for item in items:
+            if isinstance(item, str):  # an abort
+                self.engine.abort(item)
+                self.engine.release(item)
+                continue
+            try:
+                self.engine.add_request(item.prompt, item.params, request_id=item.request_id)
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
+                self._queues.pop(item.request_id, None)
+                item.loop.call_soon_threadsafe(_settle, item.accepted, exc)
+            else:
+                item.loop.call_soon_threadsafe(_settle, item.accepted, None)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox()
+            updates: list[Update] = []
+            if self.engine.has_unfinished():
+                try:
+                    updates = self._step()
+                except Exception as exc:  # noqa: BLE001 - a bug: fail the batch, keep serving
+                    self._fail_all(exc)
+            self.stats = {
+                "blocks_free": self.engine.pool.num_free,
+                "running": int(self.engine.has_unfinished()),
+            }
+            for update in updates:
+                target = self._queues.get(update.delta.request_id)
+                if target is not None:
+                    loop, queue = target
+                    loop.call_soon_threadsafe(queue.put_nowait, update)
+            if not updates and not self.engine.has_unfinished():
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def _step(self) -> list[Update]:
+        updates = []
+        for delta in self.engine.step():
+            output = None
+            if delta.finished:
+                output = self.engine.output(delta.request_id)
+                self.engine.release(delta.request_id)
+            updates.append(Update(delta, output))
+        return updates
+
+    def _fail_all(self, exc: Exception) -> None:
+        """An engine step raised: every request in flight ends with EngineFailure (HTTP 500),
+        its blocks are freed, and the loop goes on with the requests that come next."""
+        log.error("engine step failed; ending %d requests", len(self._queues), exc_info=exc)
+        failure = EngineFailure(f"internal error in the engine step: {exc!r}")
+        for request_id, (loop, queue) in list(self._queues.items()):
+            self.engine.abort(request_id)
+            self.engine.release(request_id)
+            loop.call_soon_threadsafe(queue.put_nowait, failure)
+        self._queues.clear()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # ---- requests ---------------------------------------------------------------------------
+    @property
+    def num_pending(self) -> int:
+        return len(self._queues)
+
+    async def submit(
+        self, prompt: Sequence[int], params: SamplingParams
+    ) -> tuple[str, asyncio.Queue]:
+        """Add a request (raises RequestError for a bad one, QueueFull when full)."""
+        if len(self._queues) >= self.max_pending:
+            raise QueueFull(f"{len(self._queues)} requests in flight (limit {self.max_pending})")
+        loop = asyncio.get_running_loop()
+        request_id = f"srv-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = (loop, queue)
+        accepted = loop.create_future()
+        with self._inbox_lock:
+            self._inbox.append(_Submission(request_id, list(prompt), params, loop, queue, accepted))
+        self._wake.set()
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+        return request_id, queue
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (if still running) and forget it; its KV blocks go back to the pool."""
+        self._queues.pop(request_id, None)
+        with self._inbox_lock:
+            self._inbox.append(request_id)
+        self._wake.set()
+
+    async def stream(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[Update]:
+        """The request's updates until it finishes; aborts it if the consumer stops early."""
+        finished = False
+        try:
+            while not finished:
+                update = await queue.get()
+                if isinstance(update, EngineFailure):
+                    finished = True
+                    raise update
+                finished = update.delta.finished
+                yield update
+        finally:
+            if finished:
+                self._queues.pop(request_id, None)
+            else:
+                self.abort(request_id)
+
+
+def _settle(future: asyncio.Future, error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -1,0 +1,97 @@
+"""OpenAI API request bodies (the fields infergen honours) and their mapping to SamplingParams.
+
+Unknown fields are ignored, as the OpenAI API does for forward compatibility; a known field
+with a wrong type or value is a 400 with an OpenAI-style error body naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infergen.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=16)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    # infergen extensions (vLLM names)
+    top_k: int = Field(default=0, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    ignore_eos: bool = False
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, index: int) -> SamplingParams:
+        """Parameters of choice `index` (choices of one request draw different samples: the
+        seed, when given, is offset by the index)."""
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=None if self.seed is None else self.seed + index,
+            stop=stop,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+        )
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(t, int) for t in p):
+            return [list(p)]
+        return list(p)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):  # content parts: the text ones, joined
+            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    def logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

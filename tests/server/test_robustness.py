@@ -1,0 +1,101 @@
+"""A client that disconnects mid-stream has its request aborted and its KV blocks freed; a
+full server answers 503 instead of queueing without limit; an engine step that raises ends
+only the requests in that step (HTTP 500) and the server goes on serving."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from infergen import LLM
+
+from .conftest import API_KEY, LiveServer
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def _wait_for(condition, timeout: float = 30.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(live, served_llm):
+    engine = served_llm.engine
+    body = {
+        "prompt": "Tell me a long story",
+        "max_tokens": 400,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", f"{live.url}/v1/completions", json=body, headers=HEADERS) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        received = [next(lines) for _ in range(6)]  # a few chunks, then hang up
+    assert any(line.startswith("data: {") for line in received)
+    assert _wait_for(lambda: not engine.has_unfinished())
+    assert engine.pool.num_free == engine.pool.num_blocks  # every block back (free or cached)
+    assert not engine._requests  # nothing left behind
+
+
+@pytest.fixture
+def small_server(default_model_path):
+    llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=4)
+    server = LiveServer(llm, max_pending=2)
+    yield server, llm
+    server.stop()
+
+
+def test_full_server_answers_503_then_recovers(small_server):
+    server, _ = small_server
+
+    async def run():
+        async with httpx.AsyncClient(base_url=server.url, headers=HEADERS, timeout=120) as c:
+            body = {"prompt": "Count:", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(6)))
+
+    codes = sorted(r.status_code for r in asyncio.run(run()))
+    assert 200 in codes and 503 in codes, codes
+    assert set(codes) <= {200, 503}
+    busy = next(r for r in asyncio.run(run()) if r.status_code == 503) if 503 in codes else None
+    if busy is not None:
+        assert busy.json()["error"]["type"] == "server_busy"
+    ok = httpx.post(
+        f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3}, headers=HEADERS
+    )
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_failure_is_a_500_and_the_server_keeps_serving(small_server, monkeypatch, stream):
+    server, llm = small_server
+    engine = llm.engine
+    original = engine.step
+    calls = {"n": 0}
+
+    def failing_step():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected failure")
+        return original()
+
+    monkeypatch.setattr(engine, "step", failing_step)
+    body = {"prompt": "Hello", "max_tokens": 5, "temperature": 0, "stream": stream}
+    failed = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=60)
+    if stream:  # the headers were sent: the failure is an error event, then [DONE]
+        assert failed.status_code == 200
+        assert "injected failure" in failed.text and failed.text.endswith("data: [DONE]\n\n")
+    else:
+        assert failed.status_code == 500
+        assert "injected failure" in failed.json()["error"]["message"]
+    body["stream"] = False
+    ok = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=60)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"]
+    assert _wait_for(lambda: engine.pool.num_free == engine.pool.num_blocks)
