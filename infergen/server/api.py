@@ -1,5 +1,5 @@
 """The FastAPI application: OpenAI-compatible /v1/completions, /v1/chat/completions,
-/v1/models, and /health, over one AsyncEngine.
+/v1/models, plus /health and /metrics (Prometheus text), over one AsyncEngine.
 
 Errors have the OpenAI body {"error": {"message", "type", "param", "code"}}: 400 for a bad
 request (validation, a prompt longer than the context, an unknown model), 401 for a missing
@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from infergen.errors import RequestError
 from infergen.llm import LLM
@@ -158,6 +158,10 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_pendin
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models():

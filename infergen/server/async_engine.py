@@ -15,12 +15,14 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from infergen.engine.engine import Engine
 from infergen.engine.request import RequestOutput, StreamDelta
 from infergen.engine.sampling_params import SamplingParams
+from infergen.server.metrics import ServerMetrics
 
 log = logging.getLogger("infergen.server")
 
@@ -49,6 +51,7 @@ class _Submission:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     accepted: asyncio.Future
+    submitted: float  # time.perf_counter() at submission
 
 
 class AsyncEngine:
@@ -61,7 +64,8 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
-        self.stats = {"blocks_free": engine.pool.num_free, "running": 0}
+        self.metrics = ServerMetrics()
+        self._times: dict[str, list[float]] = {}  # request id → [submitted, last token time]
         self._thread = threading.Thread(target=self._run, name="infergen-engine", daemon=True)
         self._thread.start()
 
@@ -71,15 +75,21 @@ class AsyncEngine:
             items, self._inbox = self._inbox, []
         for item in items:
             if isinstance(item, str):  # an abort
-                self.engine.abort(item)
+                seq = self.engine._requests.get(item)
+                if seq is not None and not seq.finished:
+                    self.engine.abort(item)
+                    self._account(self.engine.output(item), "aborted")
                 self.engine.release(item)
+                self._times.pop(item, None)
                 continue
             try:
                 self.engine.add_request(item.prompt, item.params, request_id=item.request_id)
             except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
                 self._queues.pop(item.request_id, None)
+                self.metrics.count("rejected")
                 item.loop.call_soon_threadsafe(_settle, item.accepted, exc)
             else:
+                self._times[item.request_id] = [item.submitted, 0.0]
                 item.loop.call_soon_threadsafe(_settle, item.accepted, None)
 
     def _run(self) -> None:
@@ -91,10 +101,7 @@ class AsyncEngine:
                     updates = self._step()
                 except Exception as exc:  # noqa: BLE001 - a bug: fail the batch, keep serving
                     self._fail_all(exc)
-            self.stats = {
-                "blocks_free": self.engine.pool.num_free,
-                "running": int(self.engine.has_unfinished()),
-            }
+            self._observe(updates)
             for update in updates:
                 target = self._queues.get(update.delta.request_id)
                 if target is not None:
@@ -103,6 +110,35 @@ class AsyncEngine:
             if not updates and not self.engine.has_unfinished():
                 self._wake.wait(0.05)
                 self._wake.clear()
+
+    def _account(self, output: RequestOutput, outcome: str) -> None:
+        m = self.metrics
+        with m.lock:
+            m.requests[outcome] += 1
+            m.prompt_tokens += len(output.prompt_token_ids)
+            m.cached_prompt_tokens += output.num_cached_prompt_tokens
+
+    def _observe(self, updates: list[Update]) -> None:
+        """Latency histograms, token counters and gauges after a step (engine thread)."""
+        now = time.perf_counter()
+        m, scheduler, pool = self.metrics, self.engine.scheduler, self.engine.pool
+        for update in updates:
+            times = self._times.get(update.delta.request_id)
+            if times is not None and update.delta.token_ids:
+                with m.lock:
+                    m.generation_tokens += len(update.delta.token_ids)
+                    (m.itl if times[1] else m.ttft).observe(now - (times[1] or times[0]))
+                times[1] = now
+            if update.output is not None:
+                self._times.pop(update.delta.request_id, None)
+                self._account(update.output, "finished")
+        with m.lock:
+            m.gauges.update(
+                waiting=len(scheduler.waiting),
+                running=len(scheduler.running),
+                blocks_free=pool.num_free,
+                blocks_used=pool.num_blocks - pool.num_free,
+            )
 
     def _step(self) -> list[Update]:
         updates = []
@@ -122,6 +158,8 @@ class AsyncEngine:
         for request_id, (loop, queue) in list(self._queues.items()):
             self.engine.abort(request_id)
             self.engine.release(request_id)
+            self._times.pop(request_id, None)
+            self.metrics.count("failed")
             loop.call_soon_threadsafe(queue.put_nowait, failure)
         self._queues.clear()
 
@@ -140,6 +178,7 @@ class AsyncEngine:
     ) -> tuple[str, asyncio.Queue]:
         """Add a request (raises RequestError for a bad one, QueueFull when full)."""
         if len(self._queues) >= self.max_pending:
+            self.metrics.count("rejected")
             raise QueueFull(f"{len(self._queues)} requests in flight (limit {self.max_pending})")
         loop = asyncio.get_running_loop()
         request_id = f"srv-{next(self._ids)}"
@@ -147,7 +186,11 @@ class AsyncEngine:
         self._queues[request_id] = (loop, queue)
         accepted = loop.create_future()
         with self._inbox_lock:
-            self._inbox.append(_Submission(request_id, list(prompt), params, loop, queue, accepted))
+            self._inbox.append(
+                _Submission(
+                    request_id, list(prompt), params, loop, queue, accepted, time.perf_counter()
+                )
+            )
         self._wake.set()
         try:
             await accepted
