@@ -56,3 +56,17 @@ def live(served_llm):
     server = LiveServer(served_llm)
     yield server
     server.stop()
+
+
+def scrape_metrics(url: str) -> dict[str, float]:
+    """GET /metrics as {sample name with labels: value}."""
+    import re
+
+    import httpx
+
+    values = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        match = re.match(r"^(\w+(?:\{[^}]*\})?) (\S+)$", line)
+        if match:
+            values[match.group(1)] = float(match.group(2))
+    return values

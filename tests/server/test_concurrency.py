@@ -6,33 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 
 import httpx
 
 from infergen import SamplingParams
 
-from .conftest import API_KEY
+from .conftest import API_KEY, scrape_metrics
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
-
-
-def _metrics(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics").text
-    values = {}
-    for line in text.splitlines():
-        match = re.match(r"^(\w+(?:\{[^}]*\})?) (\S+)$", line)
-        if match:
-            values[match.group(1)] = float(match.group(2))
-    return values
 
 
 def test_32_concurrent_streams_with_disconnects(live, served_llm, reference_llm):
     prompts = [f"Story {i}: once upon a time" for i in range(32)]
     lengths = [4 + (i * 7) % 29 for i in range(32)]
     hang_up = {3, 11, 19, 27}  # these read two chunks, then disconnect
-    before = _metrics(live.url)
+    before = scrape_metrics(live.url)
 
     async def one(client: httpx.AsyncClient, i: int):
         body = {
@@ -74,7 +63,7 @@ def test_32_concurrent_streams_with_disconnects(live, served_llm, reference_llm)
     while engine.has_unfinished() and time.time() < deadline:
         time.sleep(0.05)
     assert engine.pool.num_free == engine.pool.num_blocks
-    after = _metrics(live.url)
+    after = scrape_metrics(live.url)
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)

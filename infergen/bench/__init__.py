@@ -1,0 +1,1 @@
+"""Serving benchmarks: workloads, an async OpenAI-API client that measures latencies, reports."""

@@ -1,0 +1,136 @@
+"""Workloads for `infergen bench serve`: what requests to send, in what order.
+
+A workload is a registry row: a function (tokenizer, options, rng) → list of `BenchRequest`.
+Prompts are cut from the real text in data/ (token windows, decoded back to text), so every
+server sees the same text and counts its own tokens.
+
+- random       prompt lengths uniform in [input_len·(1−spread), input_len·(1+spread)], answers
+               likewise around output_len;
+- long-context prompts of long_input_len tokens, short answers (short_output_len);
+- agentic      sessions of `turns` turns: each turn resends the whole conversation so far
+               (previous prompt + the server's answer + a new user message), so a server's
+               prefix reuse matters; turns of one session run in order, sessions in parallel;
+- replay       a JSONL trace, one request per line: {"prompt": str, "max_tokens": int} and
+               optionally "session" (str) to chain turns as in agentic.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from infergen.registry import Registry
+
+DATA = pathlib.Path(__file__).resolve().parent.parent.parent / "data"
+
+
+@dataclass
+class BenchRequest:
+    prompt: str
+    max_tokens: int
+    session: str | None = None  # agentic: turns of one session are sent in order
+    follow_up: list[str] = field(default_factory=list)  # agentic: the next turns' user text
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    num_requests: int = 64
+    input_len: int = 128
+    output_len: int = 64
+    spread: float = 0.5
+    long_input_len: int = 1024
+    short_output_len: int = 16
+    turns: int = 4
+    trace: str | None = None
+
+
+WorkloadFn = Callable[[object, WorkloadOptions, random.Random], list[BenchRequest]]
+WORKLOADS: Registry[WorkloadFn] = Registry("workload")
+
+
+class _Corpus:
+    """Token windows of the data/ texts, decoded to text."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens = []
+        for name in ("shakespeare.txt", "python_docs.txt"):
+            self.tokens += tokenizer.encode((DATA / name).read_text())
+
+    def text(self, length: int, rng: random.Random) -> str:
+        length = max(1, min(length, len(self.tokens) - 1))
+        start = rng.randrange(0, len(self.tokens) - length)
+        return self.tokenizer.decode(self.tokens[start : start + length])
+
+
+def _around(center: int, spread: float, rng: random.Random) -> int:
+    return max(1, round(center * rng.uniform(1 - spread, 1 + spread)))
+
+
+@WORKLOADS.decorator("random")
+def random_workload(tokenizer, opts: WorkloadOptions, rng: random.Random) -> list[BenchRequest]:
+    corpus = _Corpus(tokenizer)
+    return [
+        BenchRequest(
+            corpus.text(_around(opts.input_len, opts.spread, rng), rng),
+            _around(opts.output_len, opts.spread, rng),
+        )
+        for _ in range(opts.num_requests)
+    ]
+
+
+@WORKLOADS.decorator("long-context")
+def long_context(tokenizer, opts: WorkloadOptions, rng: random.Random) -> list[BenchRequest]:
+    corpus = _Corpus(tokenizer)
+    return [
+        BenchRequest(corpus.text(opts.long_input_len, rng), opts.short_output_len)
+        for _ in range(opts.num_requests)
+    ]
+
+
+@WORKLOADS.decorator("agentic")
+def agentic(tokenizer, opts: WorkloadOptions, rng: random.Random) -> list[BenchRequest]:
+    """num_requests counts turns: num_requests // turns sessions of `turns` turns."""
+    corpus = _Corpus(tokenizer)
+    sessions = max(1, opts.num_requests // opts.turns)
+    return [
+        BenchRequest(
+            corpus.text(opts.input_len, rng),
+            opts.output_len,
+            session=f"s{s}",
+            follow_up=[
+                corpus.text(max(8, opts.input_len // 4), rng) for _ in range(opts.turns - 1)
+            ],
+        )
+        for s in range(sessions)
+    ]
+
+
+@WORKLOADS.decorator("replay")
+def replay(tokenizer, opts: WorkloadOptions, rng: random.Random) -> list[BenchRequest]:
+    if not opts.trace:
+        raise ValueError("workload replay needs --trace FILE.jsonl")
+    requests, sessions = [], {}
+    for number, line in enumerate(pathlib.Path(opts.trace).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompt, max_tokens = str(row["prompt"]), int(row["max_tokens"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{opts.trace}:{number}: expected a JSON object with 'prompt' (string) and "
+                f"'max_tokens' (integer): {exc}"
+            ) from None
+        session = row.get("session")
+        if session is not None and session in sessions:
+            sessions[session].follow_up.append(prompt)
+            continue
+        request = BenchRequest(prompt, max_tokens, session=session)
+        if session is not None:
+            sessions[session] = request
+        requests.append(request)
+    return requests
