@@ -6,8 +6,13 @@ set -euo pipefail
 PEERS="${INFERGEN_PEERS_DIR:-$HOME/.cache/infergen/peers}"
 LLAMA_VENV="$PEERS/llama-cpp"
 LLAMA_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+# llama.cpp's OpenAI-compatible server (benchmarks/bench_serving.py): the [server] extras,
+# pinned, installed next to the built package (no rebuild)
+SERVER_DEPS="uvicorn==0.54.0 fastapi==0.165.0 pydantic-settings==2.16.3 sse-starlette==3.7.0 starlette-context==0.3.6 PyYAML==6.0.4"
 if [ -x "$LLAMA_VENV/bin/python" ] && "$LLAMA_VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
   echo "llama-cpp-python already built in $LLAMA_VENV"
+  "$LLAMA_VENV/bin/python" -c "import uvicorn, sse_starlette, starlette_context" 2>/dev/null \
+    || "$LLAMA_VENV/bin/pip" install -q $SERVER_DEPS
   exit 0
 fi
 mkdir -p "$PEERS"
@@ -17,3 +22,4 @@ python3 -m venv "$LLAMA_VENV"
 CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
   "$LLAMA_VENV/bin/pip" install "llama-cpp-python==$LLAMA_VERSION"
 "$LLAMA_VENV/bin/python" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
+"$LLAMA_VENV/bin/pip" install -q $SERVER_DEPS

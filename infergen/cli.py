@@ -365,7 +365,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     from infergen.io.checkpoint import load_checkpoint
 
     make = WORKLOADS.get(args.workload, where="--workload")
-    tokenizer = load_checkpoint(args.tokenizer, load_weights=False).tokenizer
+    checkpoint = load_checkpoint(args.tokenizer, load_weights=False)
+    tokenizer = checkpoint.tokenizer
     options = WorkloadOptions(
         num_requests=args.num_requests,
         input_len=args.input_len,
@@ -380,7 +381,12 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise InfergenError(str(exc), where="--workload") from None
     client = ClientOptions(
-        args.url.rstrip("/"), args.model_name, args.api_key, ignore_eos=not args.no_ignore_eos
+        args.url.rstrip("/"),
+        args.model_name,
+        args.api_key,
+        ignore_eos=not args.no_ignore_eos,
+        eos_token_ids=tuple(checkpoint.config.eos_token_ids),
+        count_tokens=lambda text: len(tokenizer.encode(text)),
     )
     loads = (
         [("rate", args.rate)]

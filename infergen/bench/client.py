@@ -14,6 +14,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import httpx
@@ -51,6 +52,9 @@ class ClientOptions:
     temperature: float = 0.0
     ignore_eos: bool = True  # equal work per request on every server (a vLLM-style extension)
     timeout: float = 600.0
+    eos_token_ids: tuple[int, ...] = ()  # with ignore_eos, also banned by logit_bias (llama.cpp)
+    # prompt tokens when the server sends no usage (llama.cpp's stream): the client's own count
+    count_tokens: Callable[[str], int] | None = None
 
 
 async def _one(client: httpx.AsyncClient, opts: ClientOptions, prompt: str, max_tokens: int):
@@ -64,8 +68,10 @@ async def _one(client: httpx.AsyncClient, opts: ClientOptions, prompt: str, max_
     }
     if opts.model:
         body["model"] = opts.model
-    if opts.ignore_eos:
+    if opts.ignore_eos:  # each server honours the one it knows (ours: ignore_eos)
         body["ignore_eos"] = True
+        if opts.eos_token_ids:
+            body["logit_bias"] = {str(t): -100 for t in opts.eos_token_ids}
     result, text, chunks = RequestResult(ok=False), [], 0
     start = time.perf_counter()
     last = None
@@ -105,6 +111,8 @@ async def _one(client: httpx.AsyncClient, opts: ClientOptions, prompt: str, max_
     result.e2e = time.perf_counter() - start
     if result.ok and not result.output_tokens:
         result.output_tokens = chunks
+    if result.ok and not result.input_tokens and opts.count_tokens is not None:
+        result.input_tokens = opts.count_tokens(prompt)
     return result, "".join(text)
 
 
