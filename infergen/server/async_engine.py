@@ -169,10 +169,6 @@ class AsyncEngine:
         self._thread.join(timeout=10)
 
     # ---- requests ---------------------------------------------------------------------------
-    @property
-    def num_pending(self) -> int:
-        return len(self._queues)
-
     async def submit(
         self, prompt: Sequence[int], params: SamplingParams
     ) -> tuple[str, asyncio.Queue]:
