@@ -5,7 +5,7 @@
  * Query head h reads KV head h / (heads / kv_heads) (GQA; MQA and MHA are the edge cases).
  * The sequence attends positions [max(0, len - window), len) (window 0 = unlimited):
  *   out = softmax(q.K^T * scale) V, two passes (scores, then weighted sum of V).
- * Work items are (sequence, KV head) pairs, so K/V rows come from DRAM once per group of heads.
+ * K/V rows of a (sequence, KV head) come from DRAM once for the group of query heads.
  * Scores are computed 8 positions at a time (eight FMA chains, one transpose-add for the eight
  * horizontal sums); the weighted sum of V keeps the output head in registers.
  */
@@ -93,6 +93,12 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
     for (long b = 0; b < batch; ++b) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
     long work = 0;
     for (long b = 0; b < batch; ++b) work += seq_lens[b];
+    /* A work item is a whole sequence, its KV heads in turn, when there are sequences enough
+     * to keep the threads busy (the lines of a slot's other heads are then still in L2 from
+     * the hardware prefetch of the first: 8.4 -> 7.2 ms a step at 16 x 192 tokens), else one
+     * (sequence, KV head) pair. */
+    long heads_per_item = batch >= 2 * num_threads ? kv_heads : 1;
+    long items = batch * kv_heads / heads_per_item;
 #pragma omp parallel num_threads(num_threads) if (work * kv_heads * dim >= PARALLEL_MIN_ELEMENTS)
     {
         flush_denormals();
@@ -100,9 +106,11 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
         float *scores = malloc(sizeof(float) * (size_t)(group * cap));
         const float **krows = malloc(sizeof(float *) * (size_t)cap);
         const float **vrows = malloc(sizeof(float *) * (size_t)cap);
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (long b = 0; b < batch; ++b) {
-            for (long kvh = 0; kvh < kv_heads; ++kvh) {
+#pragma omp for schedule(dynamic, 1)
+        for (long it = 0; it < items; ++it) {
+            long b = it * heads_per_item / kv_heads;
+            for (long kvh = it * heads_per_item % kv_heads, e = kvh + heads_per_item; kvh < e;
+                 ++kvh) {
                 long len = seq_lens[b];
                 long start = (window > 0 && len > window) ? len - window : 0;
                 long n = len - start;

@@ -66,12 +66,26 @@ def test_linear(backend, tokens, out_features, bias):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def assert_within_dot_error_bound(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """|fp32 x·wᵀ − exact| ≤ γ_K · (|x|·|w|ᵀ) with γ_K = K·u/(1 − K·u), u = 2⁻²⁴: the worst-case
+    rounding error of any K-term fp32 dot product, whatever the summation order (Higham,
+    Accuracy and Stability of Numerical Algorithms, §3.1). A fixed tolerance would be either
+    loose or flaky for long K."""
+    k, u = x.shape[-1], 2.0**-24
+    gamma = k * u / (1 - k * u)
+    exact = x.double() @ w.double().t()
+    bound = gamma * (x.double().abs() @ w.double().abs().t())
+    excess = (got.double() - exact).abs() - bound
+    assert excess.max() <= 0, f"error exceeds the fp32 bound by {excess.max():.3g}"
+
+
 @pytest.mark.parametrize("tokens", [1, 2, 3, 5, 17, 130])
 def test_native_linear_large_odd_shape(tokens):
     """Every micro-kernel height (tokens mod 4), a partial last panel, long odd K."""
     x, w = torch.randn(tokens, 1539), torch.randn(577, 1539)
     got = _linear("native", x, w, None)
-    torch.testing.assert_close(got.double(), x.double() @ w.double().t(), rtol=1e-5, atol=1e-4)
+    assert_within_dot_error_bound(got, x, w)
+    assert (got.double() - x.double() @ w.double().t()).abs().max() < 1e-3  # not vacuous
 
 
 def test_native_linear_strided_input():
