@@ -28,6 +28,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-cache-memory", default="1GiB", help="KV cache budget, e.g. 512MiB (default 1GiB)"
     )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="cap the context (prompt + generated tokens) below the model's own length",
+    )
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +71,12 @@ def _load(args: argparse.Namespace):
 
     started = time.perf_counter()
     print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
-    llm = LLM(args.model, num_threads=args.threads, kv_cache_memory=args.kv_cache_memory)
+    llm = LLM(
+        args.model,
+        num_threads=args.threads,
+        kv_cache_memory=args.kv_cache_memory,
+        max_model_len=args.max_model_len,
+    )
     print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return llm
 

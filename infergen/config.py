@@ -362,6 +362,7 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0
     kernels: str = "native"  # op backends: "native" (C kernels, torch fallback) | "torch"
+    max_model_len: int | None = None  # context cap in tokens (None: the model's own)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -374,4 +375,11 @@ class EngineConfig:
             where="dtype",
             found=self.dtype,
             expected=f"one of {self.DTYPES}",
+        )
+        _require(
+            self.max_model_len is None or self.max_model_len >= 2,
+            "max_model_len must leave room for a prompt token and a generated one",
+            where="max_model_len",
+            found=self.max_model_len,
+            expected="an integer >= 2 (or None for the model's own context length)",
         )

@@ -55,12 +55,14 @@ class LLM:
         seed: int = 0,
         dtype: str = "float32",
         kernels: str = "native",
+        max_model_len: int | None = None,
         checkpoint: Any = None,
     ):
         config = EngineConfig(
             model=model,
             dtype=dtype,
             kernels=kernels,
+            max_model_len=max_model_len,
             num_threads=num_threads,
             seed=seed,
             cache=CacheConfig(

@@ -82,3 +82,12 @@ def test_request_that_can_never_fit_the_kv_pool():
     small = LLM(num_kv_blocks=4, block_size=16)
     with pytest.raises(RequestError, match="never fit"):
         small.generate([1] * 60, SamplingParams(max_tokens=10))
+
+
+def test_max_model_len_caps_the_context():
+    capped = LLM(kv_cache_memory="16MiB", max_model_len=24)
+    assert capped.engine.max_model_len == 24
+    with pytest.raises(RequestError, match="fewer than 24 tokens"):
+        capped.generate([1] * 24, SamplingParams(max_tokens=1))
+    out = capped.generate([1] * 20, SamplingParams(max_tokens=100, ignore_eos=True))[0]
+    assert (len(out.token_ids), out.finish_reason) == (4, "length")  # 20 + 4 = the cap

@@ -51,7 +51,11 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.pool, cache.block_size)
         self.runner = ModelRunner(model, self.kv_cache)
         self.sampler = Sampler()
-        self.max_model_len = self.model_config.max_position_embeddings
+        # the context a sequence may grow to: the model's, or less when config caps it
+        self.max_model_len = min(
+            self.model_config.max_position_embeddings,
+            config.max_model_len or self.model_config.max_position_embeddings,
+        )
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
 

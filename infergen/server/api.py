@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infergen.errors import RequestError
 from infergen.llm import LLM
@@ -69,6 +70,8 @@ async def _merge(streams: list[AsyncIterator[Update]]) -> AsyncIterator[tuple[in
     finally:
         for task in tasks:
             task.cancel()
+        # a stream may be closed only once its pump has stopped iterating it
+        await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
             await stream.aclose()
 
@@ -104,6 +107,13 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_pendin
             "invalid_request_error",
             ".".join(loc) or None,
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        # the framework's own errors (unparseable body, unknown route, wrong method) get the
+        # same OpenAI body as ours instead of {"detail": ...}
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error(exc.status_code, str(exc.detail), kind)
 
     @app.exception_handler(RequestError)
     async def _bad_request(_: Request, exc: RequestError):
