@@ -454,9 +454,11 @@ def served_model_name(model: str | None) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from infergen.process import in_transient_thread
     from infergen.server.api import create_app
 
-    llm = _load(args)
+    # load off the main thread: the engine thread must be the only one with an OpenMP pool
+    llm = in_transient_thread(_load, args)
     name = args.served_model_name or served_model_name(args.model)
     app = create_app(llm, name, api_key=args.api_key, max_pending=args.max_pending)
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)

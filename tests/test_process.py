@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -37,3 +38,40 @@ def test_large_buffers_are_reused_after_configure_process():
     pages = (64 << 20) // 4096
     assert _faults_per_allocation("default") > pages // 2  # fresh mmap pages every time
     assert _faults_per_allocation("configured") < pages // 20
+
+
+POOL_SCRIPT = """
+import os, sys, time, torch
+from infergen.process import in_transient_thread
+torch.set_num_threads(2)
+def threads():
+    time.sleep(0.3)
+    return len(os.listdir("/proc/self/task"))
+def work():
+    torch.randn(1500, 1500) @ torch.randn(1500, 1500)  # an OpenMP parallel region
+before = threads()
+work() if sys.argv[1] == "main" else in_transient_thread(work)
+print(threads() - before)
+"""
+
+
+@pytest.mark.parametrize("where,extra", [("main", 1), ("transient", 0)])
+def test_openmp_pool_of_a_transient_thread_goes_away(where, extra):
+    """The kernel's task list is the oracle: parallel work on the main thread leaves an OpenMP
+    worker behind for good; in a transient thread, the worker leaves with it."""
+    out = subprocess.run(
+        [sys.executable, "-c", POOL_SCRIPT, where], capture_output=True, text=True, check=True
+    )
+    assert int(out.stdout.split()[-1]) == extra, out.stdout + out.stderr
+
+
+def test_in_transient_thread_returns_and_raises():
+    from infergen.process import in_transient_thread
+
+    main = threading.get_ident()
+    assert in_transient_thread(lambda a, b: (a + b, threading.get_ident() != main), 2, 3) == (
+        5,
+        True,
+    )
+    with pytest.raises(ValueError, match="bad"):
+        in_transient_thread(lambda: (_ for _ in ()).throw(ValueError("bad")))

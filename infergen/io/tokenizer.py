@@ -189,6 +189,24 @@ class Tokenizer:
             source=str(path),
         )
 
+    def save_hf(self, directory: pathlib.Path | str) -> pathlib.Path:
+        """Write `tokenizer.json` and `tokenizer_config.json` into `directory`, so Hugging Face
+        tools (transformers' AutoTokenizer, load generators) read this tokenizer, GGUF ones
+        included. Returns the directory."""
+        out = pathlib.Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self._backend.save(str(out / "tokenizer.json"))
+        token = self._backend.id_to_token
+        config: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": token(self.bos_token_id) if self.bos_token_id is not None else None,
+            "eos_token": token(self.eos_token_ids[0]),
+            "add_bos_token": self.add_bos_token,
+            "chat_template": self.chat_template,
+        }
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+        return out
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; BOS is prepended iff `add_bos_token and add_special_tokens`.
 

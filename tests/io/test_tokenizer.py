@@ -411,3 +411,21 @@ def test_hf_dir_missing_or_corrupt_files(hf_dir, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|no_such_token|>"}')
     with pytest.raises(CheckpointError, match="eos_token"):
         Tokenizer.from_hf_dir(tmp_path)
+
+
+def test_save_hf_is_read_back_by_transformers(ours, tmp_path):
+    """save_hf: transformers' AutoTokenizer (the oracle) and from_hf_dir both read the exported
+    GGUF tokenizer and encode, decode and template exactly as the original."""
+    transformers = pytest.importorskip("transformers")
+    ours.save_hf(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    again = Tokenizer.from_hf_dir(tmp_path)
+    for text in _samples()[:12]:
+        ids = ours.encode(text)
+        assert hf.encode(text) == ids == again.encode(text), repr(text[:80])
+        assert hf.decode(ids, skip_special_tokens=True) == ours.decode(ids)
+    assert (hf.eos_token_id, hf.bos_token_id) == (2, 1)
+    messages = [{"role": "user", "content": "Hi"}]
+    rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == ours.apply_chat_template(messages, add_generation_prompt=True)
+    assert again.eos_token_ids == ours.eos_token_ids
