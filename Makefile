@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_formats.py
 	$(PY) benchmarks/profile_decode.py
 	$(PY) benchmarks/bench_serving.py
+	$(PY) benchmarks/crosscheck_guidellm.py
 	$(PY) benchmarks/report.py
 
 clean:

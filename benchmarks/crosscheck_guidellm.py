@@ -1,7 +1,9 @@
 """Cross-check `infergen bench serve` against a third-party load generator (guidellm, from PyPI,
 installed by benchmarks/setup_peers.sh into its own virtualenv).
 
-Both clients drive the same infergen server (default model, 2 threads) with the same shape of
+Both clients drive the same infergen server (default model, ONE thread: the second core is
+left to the client, since guidellm itself takes ~0.4 of a core while it runs and a server using
+both cores would run slower under it than under our client) with the same shape of
 load, one after the other: fixed-length requests (--input-len prompt tokens, exactly
 --output-len answer tokens with EOS ignored) on /v1/completions, streaming, closed loop at each
 --concurrency. guidellm makes its own synthetic prompts and counts tokens with the model's
@@ -15,7 +17,11 @@ tokenizers). Compared, where both tools define the metric the same way:
 Each line gives guidellm / ours; `agree` when within --tolerance (default 20 %: the two runs
 are minutes apart on a noisy 2-core machine, and each client competes with the server for
 CPU). guidellm runs with one worker process (GUIDELLM__MAX_WORKER_PROCESSES=1) for that reason.
-JSON lines to --out; `python benchmarks/report.py` puts the table into README.md.
+Also recorded per run: each client's CPU seconds and `busy` = request time / (wall x
+concurrency), the share of the closed loop's slots the client kept filled; a client that
+leaves gaps between one request's end and the next one's start reports lower throughput for
+the same server. JSON lines to --out; `python benchmarks/report.py` puts the table into
+README.md.
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import json
 import os
 import pathlib
 import random
+import resource
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,6 +54,7 @@ from infergen.io.default_model import default_model_path  # noqa: E402
 
 GUIDELLM = PEERS_DIR / "guidellm" / "bin" / "guidellm"
 MODEL = "smol"
+LOOP_SLEEP = os.environ.get("GUIDELLM_LOOP_SLEEP", "0.01")
 
 
 def ours(url: str, tokenizer, eos, args, concurrency: int, n: int) -> dict:
@@ -56,7 +65,9 @@ def ours(url: str, tokenizer, eos, args, concurrency: int, n: int) -> dict:
     client = ClientOptions(
         url, model=MODEL, eos_token_ids=eos, count_tokens=lambda t: len(tokenizer.encode(t))
     )
+    cpu = time.process_time()
     results, wall = asyncio.run(run_load(requests, client, concurrency=concurrency))
+    cpu = time.process_time() - cpu
     s = summarize(results, wall)
     print(format_report(f"infergen bench serve c={concurrency}", s), flush=True)
     return {
@@ -65,6 +76,9 @@ def ours(url: str, tokenizer, eos, args, concurrency: int, n: int) -> dict:
         "itl_mean_s": s["itl_s"]["mean"],
         "e2e_p50_s": s["e2e_s"]["p50"],
         "requests": s["completed"],
+        "client_cpu_s": cpu,
+        "wall_s": wall,
+        "busy": s["e2e_s"]["mean"] * s["e2e_s"]["n"] / (wall * concurrency),
     }
 
 
@@ -87,8 +101,18 @@ def guidellm(url: str, tokenizer_dir: str, args, concurrency: int, n: int, work:
         f"kind=json,path={out}",
         "--disable-console-interactive",
     ]
-    env = {**os.environ, "GUIDELLM__MAX_WORKER_PROCESSES": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "GUIDELLM__MAX_WORKER_PROCESSES": "1",
+        # its scheduler loops poll every 0.1 ms by default: most of a core taken from the
+        # server on this 2-core machine
+        "GUIDELLM__DEFAULT_ASYNC_LOOP_SLEEP": LOOP_SLEEP,
+        "HF_HUB_OFFLINE": "1",
+    }
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=work)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if done.returncode != 0 or not out.exists():
         raise SystemExit(f"guidellm failed ({done.returncode}):\n{done.stderr[-3000:]}")
     bench = json.loads(out.read_text())["benchmarks"][0]
@@ -105,6 +129,9 @@ def guidellm(url: str, tokenizer_dir: str, args, concurrency: int, n: int, work:
         "requests": ok("request_latency")["count"],
         "prompt_tokens_p50": ok("prompt_token_count")["percentiles"]["p50"],
         "output_tokens_p50": ok("output_token_count")["percentiles"]["p50"],
+        "client_cpu_s": cpu,  # the whole guidellm process, start-up included
+        "wall_s": bench["duration"],
+        "busy": ok("request_latency")["total_sum"] / (bench["duration"] * concurrency),
     }
 
 
@@ -115,7 +142,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="server threads (1: the other core is the client's, so neither client's own CPU "
+        "use slows the server it measures)",
+    )
     parser.add_argument("--tolerance", type=float, default=0.20)
     parser.add_argument(
         "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/crosscheck.jsonl"
@@ -147,7 +180,7 @@ def main() -> None:
         ours(url, tokenizer, eos, args, 2, 2)
         guidellm(url, tok_dir, args, 2, 2, work)
         for c in args.concurrency:
-            n = max(16, 4 * c)
+            n = max(16, 8 * c)  # several waves, so the first (all at once) weighs less
             a = ours(url, tokenizer, eos, args, c, n)
             b = guidellm(url, tok_dir, args, c, n, work)
             print(f"guidellm c={c}: {json.dumps(b)}", flush=True)
@@ -174,6 +207,14 @@ def main() -> None:
                                 b["prompt_tokens_p50"],
                                 b["output_tokens_p50"],
                             ],
+                            "client_cpu_s": {
+                                "ours": a["client_cpu_s"],
+                                "guidellm": b["client_cpu_s"],
+                            },
+                            "wall_s": {"ours": a["wall_s"], "guidellm": b["wall_s"]},
+                            # request time / (wall x concurrency): < 1 = the client left
+                            # slots idle between a request's end and the next one's start
+                            "busy": {"ours": a["busy"], "guidellm": b["busy"]},
                         },
                     }
                 )

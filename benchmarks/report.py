@@ -87,6 +87,22 @@ def render(lines: list[dict]) -> str:
             met = {True: "yes", False: "**no**", None: "not measured"}[ln.get("met")]
             value = "–" if ln.get("value") is None else f"{ln['value']:.2f}×"
             rows.append(f"| {ln['bench']}: {ln['metric']} | {value} | {met} |")
+    checks = [ln for ln in lines if ln.get("kind") == "crosscheck"]
+    if checks:
+        rows += [
+            "",
+            "| cross-check (same server, two load generators) | infergen bench serve "
+            "| other | other/ours | agree |",
+            "|---|---|---|---|---|",
+        ]
+        for ln in checks:
+            tol = f"±{ln['tolerance']:.0%}"
+            agree = "yes" if ln["agree"] else "**no**"
+            rows.append(
+                f"| {ln['bench']}: {ln['metric']} | {_num(ln['ours'])} "
+                f"| {ln['peer']} {_peer_version(ln).split()[-1]}: {_num(ln['peer_value'])} "
+                f"| {_num(ln['value'])} | {agree} ({tol}) |"
+            )
     skips = [ln for ln in lines if ln.get("kind") == "skip"]
     for ln in skips:
         rows.append(f"\n{ln['bench']}: {ln['engine']} not measured: {ln['note']}")
