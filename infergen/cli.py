@@ -148,9 +148,53 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_config(path: str) -> int:
+    """`infergen info --model config.json`: any architecture the performance model reads
+    (MLA, MoE, sliding windows, SSM), weights not needed."""
+    from infergen.formats import FORMATS
+    from infergen.perf.model_desc import from_path
+
+    d = from_path(path)
+    total, active = d.params_total(), d.params_active()
+    rows = [
+        ("config", d.source),
+        ("architecture", d.architecture),
+        (
+            "layers",
+            f"{len(d.layers)}: " + ", ".join(f"{n} {k}" for k, n in d.summary()["mixers"].items()),
+        ),
+        ("feed-forward", ", ".join(f"{n} {k}" for k, n in d.summary()["ffn"].items())),
+        ("hidden size", d.hidden),
+        ("vocabulary", d.vocab),
+        ("context length", d.max_context),
+        ("tied embeddings", d.tied_embeddings),
+        ("parameters", f"{total:,} ({total / 1e9:.2f} B)"),
+        ("active per token", f"{active:,} ({active / 1e9:.2f} B)"),
+    ]
+    for fmt, bits in [
+        ("bf16", 16.0),
+        *((f, FORMATS.get(f).bits_per_value()) for f in ("fp8_e4m3", "mxfp4", "nvfp4")),
+    ]:
+        rows.append((f"weight bytes ({fmt})", f"{d.weight_bytes(bits) / 2**30:,.1f} GiB"))
+    rows.append(("KV bytes per token (bf16)", f"{d.kv_bytes_per_token(2):,.0f}"))
+    if d.max_context:
+        kv = d.kv_bytes_for_context(d.max_context, 2)
+        rows.append((f"KV bytes at {d.max_context} tokens", f"{kv / 2**30:,.2f} GiB (bf16)"))
+    state = d.state_bytes_per_sequence(4)
+    if state:
+        rows.append(("SSM state per sequence (fp32)", f"{state:,.0f} bytes"))
+    rows += [("note", n) for n in d.notes]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from infergen.io.checkpoint import load_checkpoint
 
+    if args.model and args.model.endswith(".json"):
+        return _describe_config(args.model)
     ckpt = load_checkpoint(args.model, load_weights=False)
     c = ckpt.config
     params = c.num_parameters
@@ -253,7 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
     chat.set_defaults(func=cmd_chat)
 
     info = sub.add_parser("info", help="architecture, parameter count, weight and KV bytes")
-    info.add_argument("--model", "-m", default=None, help="checkpoint (default: the default model)")
+    info.add_argument(
+        "--model",
+        "-m",
+        default=None,
+        help="checkpoint (default: the default model), or any Hugging Face config.json "
+        "(MLA, MoE, sliding windows, Mamba-2: described without weights)",
+    )
     info.set_defaults(func=cmd_info)
 
     fmts = sub.add_parser(

@@ -160,18 +160,17 @@ class ModelConfig:
 
     @property
     def num_parameters(self) -> int:
-        h, i, layers = self.hidden_size, self.intermediate_size, self.num_hidden_layers
-        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
-        attn += (self.q_size + 2 * self.kv_size) * self.qkv_bias + h * self.o_bias
-        attn += 2 * self.head_dim * self.qk_norm
-        mlp = 3 * h * i + (2 * i + h) * self.mlp_bias
-        per_layer = attn + mlp + 2 * h
-        embed = self.vocab_size * h
-        head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return embed + layers * per_layer + h + head
+        return self.describe().params_total()
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
-        return 2 * self.num_hidden_layers * self.kv_size * dtype_bytes
+        return int(self.describe().kv_bytes_per_token(dtype_bytes))
+
+    def describe(self):
+        """The performance model's description of this model (infergen.perf.model_desc):
+        parameter counts, weight and KV bytes are computed there, once for every config."""
+        from infergen.perf.model_desc import from_model_config
+
+        return from_model_config(self)
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

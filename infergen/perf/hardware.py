@@ -1,0 +1,123 @@
+"""Hardware descriptions for the performance model: a table read from data (hardware.json,
+REFERENCES §4), plus any the user adds from a JSON or YAML file.
+
+A row holds peaks, not achieved rates: memory capacity and bandwidth (bytes, bytes/s), dense
+FLOP/s per format class ("fp32", "bf16", "fp8", "fp4", ...), L2 size, SM count and the
+interconnect bandwidth between devices. What fraction of a peak an op reaches is the cost
+model's business (per-op-class efficiency curves), not the table's.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass, field
+
+from infergen.errors import ConfigError
+from infergen.registry import Registry
+
+TABLE = pathlib.Path(__file__).with_name("hardware.json")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    description: str
+    memory_bytes: float
+    bandwidth: float  # bytes/s
+    flops: dict[str, float] = field(default_factory=dict)  # format class -> dense FLOP/s
+    l2_bytes: float | None = None
+    sms: int | None = None
+    interconnect: float | None = None  # bytes/s between devices (NVLink), None = none
+
+    def peak_flops(self, fmt: str) -> float:
+        """Dense FLOP/s for a compute format; a format the device lacks runs at the nearest
+        wider one it has (fp4 on an H100 runs as fp8, fp8 on an A100 as bf16)."""
+        for candidate in _WIDER.get(fmt, (fmt,)):
+            if candidate in self.flops:
+                return self.flops[candidate]
+        raise ConfigError(
+            f"{self.name} has no peak for compute format {fmt!r}",
+            where=f"hardware.{self.name}.flops",
+            expected=f"one of {sorted(self.flops)}",
+        )
+
+
+# a format falls back to the next wider one the device supports
+_WIDER = {
+    "fp4": ("fp4", "fp8", "bf16", "fp32"),
+    "fp8": ("fp8", "bf16", "fp32"),
+    "int8": ("int8", "fp8", "bf16", "fp32"),
+    "bf16": ("bf16", "fp32"),
+    "fp16": ("fp16", "bf16", "fp32"),
+    "fp32": ("fp32", "bf16"),
+}
+
+_REQUIRED = ("memory_bytes", "bandwidth", "flops")
+
+
+def from_dict(name: str, row: dict, where: str) -> Hardware:
+    missing = [key for key in _REQUIRED if key not in row]
+    if missing:
+        raise ConfigError(
+            f"hardware {name!r} lacks {', '.join(missing)}",
+            where=where,
+            expected=f"keys {list(_REQUIRED)} (plus optional l2_bytes, sms, interconnect)",
+        )
+    known = {"description", "l2_bytes", "sms", "interconnect", *_REQUIRED}
+    unknown = sorted(set(row) - known)
+    if unknown:
+        raise ConfigError(
+            f"hardware {name!r} has unknown keys {unknown}", where=where, expected=sorted(known)
+        )
+    numbers = {k: row[k] for k in ("memory_bytes", "bandwidth") if k in row}
+    for key, value in [*numbers.items(), *row["flops"].items()]:
+        if not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(
+                f"hardware {name!r}: {key} must be a positive number",
+                where=where,
+                found=value,
+                expected="bytes, bytes/s or FLOP/s as a number",
+            )
+    return Hardware(
+        name=name,
+        description=row.get("description", name),
+        memory_bytes=float(row["memory_bytes"]),
+        bandwidth=float(row["bandwidth"]),
+        flops={k: float(v) for k, v in row["flops"].items()},
+        l2_bytes=row.get("l2_bytes"),
+        sms=row.get("sms"),
+        interconnect=row.get("interconnect"),
+    )
+
+
+def load_file(path: str | pathlib.Path) -> list[Hardware]:
+    """Rows of a user file: {"name": {memory_bytes, bandwidth, flops: {...}, ...}, ...} in JSON
+    or YAML. They are returned, and registered so `--gpu name` finds them."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ConfigError("hardware file not found", where=str(path), expected="a JSON/YAML file")
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"not JSON: {exc.msg}", where=f"{path}:{exc.lineno}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("hardware file must map names to rows", where=str(path))
+    rows = [from_dict(n, r, f"{path}:{n}") for n, r in data.items() if not n.startswith("_")]
+    for row in rows:
+        if row.name in HARDWARE:
+            raise ConfigError(f"hardware {row.name!r} is already defined", where=str(path))
+        HARDWARE.register(row.name, row)
+    return rows
+
+
+HARDWARE: Registry[Hardware] = Registry("hardware")
+for _name, _row in json.loads(TABLE.read_text()).items():
+    if not _name.startswith("_"):
+        HARDWARE.register(_name, from_dict(_name, _row, str(TABLE)))

@@ -1,0 +1,466 @@
+"""What the performance model knows about a model: its shapes, layer by layer, read from any
+config (a Hugging Face config.json, a directory holding one, or a GGUF), and what follows from
+them: exact parameter counts (total, and active per token for mixtures of experts), weight
+bytes in a storage format, KV-cache bytes per token (and per sequence, where sliding windows
+cap it), and the constant-size state of SSM layers.
+
+A layer is a token mixer — "attention" (MHA / GQA / MQA, optionally a sliding window),
+"mla" (DeepSeek's latent attention: one compressed KV vector of kv_lora_rank +
+qk_rope_head_dim per token) or "ssm" (Mamba-2: a fixed state per sequence) — plus a feed-forward
+part: "dense", "moe" or none. Architectures are rows of CONFIG_READERS (model_type -> reader).
+
+Counting conventions, as transformers instantiates the models (the tests compare against
+it on the meta device): embeddings once when tied; norms and biases included; DeepSeek's
+multi-token-prediction layer excluded (transformers does not build it). "Active" parameters
+are those a token multiplies with: the total minus the routed experts it does not use and
+minus the input embedding table (a lookup; counted once when tied to the LM head).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from infergen.errors import ConfigError
+from infergen.registry import Registry
+
+
+@dataclass(frozen=True)
+class Attention:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None = None  # sliding window in tokens; None = full context
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm of q and k (Qwen3)
+    sinks: bool = False  # one learned logit per head (gpt-oss)
+
+    def params(self, hidden: int) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        n = hidden * (q + 2 * kv) + q * hidden
+        n += (q + 2 * kv) * self.qkv_bias + hidden * self.o_bias
+        n += 2 * self.head_dim * self.qk_norm + self.heads * self.sinks
+        return n
+
+    def kv_elements_per_token(self) -> int:
+        return 2 * self.kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention (DeepSeek-V2/V3)."""
+
+    heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    window: int | None = None
+
+    def params(self, hidden: int) -> int:
+        qk_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if self.q_lora_rank:
+            q = (
+                hidden * self.q_lora_rank
+                + self.q_lora_rank
+                + self.q_lora_rank * self.heads * qk_dim
+            )
+        else:
+            q = hidden * self.heads * qk_dim
+        kv_a = hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv_b = self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv_a + kv_b + self.heads * self.v_head_dim * hidden
+
+    def kv_elements_per_token(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim  # the latent, shared by K and V
+
+
+@dataclass(frozen=True)
+class SSM:
+    """A Mamba-2 mixer: constant state per sequence, nothing cached per token."""
+
+    heads: int
+    head_dim: int
+    state_size: int
+    groups: int
+    conv_kernel: int
+    bias: bool = False
+    conv_bias: bool = True
+    window: None = None
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.groups * self.state_size
+
+    def params(self, hidden: int) -> int:
+        in_proj = (
+            hidden * (self.inner + self.conv_dim + self.heads)
+            + (self.inner + self.conv_dim + self.heads) * self.bias
+        )
+        conv = self.conv_dim * self.conv_kernel + self.conv_dim * self.conv_bias
+        out_proj = self.inner * hidden + hidden * self.bias
+        return in_proj + conv + 3 * self.heads + self.inner + out_proj  # dt_bias, A, D; norm
+
+    def kv_elements_per_token(self) -> int:
+        return 0
+
+    def state_elements(self) -> int:
+        return self.conv_dim * (self.conv_kernel - 1) + self.heads * self.head_dim * self.state_size
+
+
+Mixer = Attention | MLA | SSM
+
+
+@dataclass(frozen=True)
+class Dense:
+    intermediate: int
+    bias: bool = False
+    gated: bool = True  # gate and up projections (SwiGLU); False: one up projection
+
+    def params(self, hidden: int) -> int:
+        ups = 2 if self.gated else 1
+        return (ups + 1) * hidden * self.intermediate + (
+            (ups * self.intermediate + hidden) * self.bias
+        )
+
+    def active_params(self, hidden: int) -> int:
+        return self.params(hidden)
+
+
+@dataclass(frozen=True)
+class MoE:
+    experts: int
+    top_k: int
+    intermediate: int  # per routed expert
+    shared_intermediate: int = 0  # all shared experts together (0 = none)
+    router_bias: bool = False
+    expert_bias: bool = False
+
+    def _expert(self, hidden: int) -> int:
+        return 3 * hidden * self.intermediate + (2 * self.intermediate + hidden) * self.expert_bias
+
+    def params(self, hidden: int) -> int:
+        router = self.experts * hidden + self.experts * self.router_bias
+        shared = 3 * hidden * self.shared_intermediate
+        return router + shared + self.experts * self._expert(hidden)
+
+    def active_params(self, hidden: int) -> int:
+        return self.params(hidden) - (self.experts - self.top_k) * self._expert(hidden)
+
+
+FeedForward = Dense | MoE | None
+
+
+@dataclass(frozen=True)
+class Layer:
+    mixer: Mixer
+    ffn: FeedForward
+
+    def params(self, hidden: int) -> int:
+        norms = hidden * (2 if self.ffn is not None else 1)
+        return norms + self.mixer.params(hidden) + (self.ffn.params(hidden) if self.ffn else 0)
+
+    def active_params(self, hidden: int) -> int:
+        inactive = self.ffn.params(hidden) - self.ffn.active_params(hidden) if self.ffn else 0
+        return self.params(hidden) - inactive
+
+
+@dataclass(frozen=True)
+class ModelDesc:
+    name: str
+    architecture: str
+    hidden: int
+    vocab: int
+    layers: tuple[Layer, ...]
+    tied_embeddings: bool
+    max_context: int | None = None
+    source: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    # ---- parameters --------------------------------------------------------------------------
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    def params_total(self) -> int:
+        layers = sum(layer.params(self.hidden) for layer in self.layers)
+        return self.embedding_params + layers + self.hidden  # + the final norm
+
+    def params_active(self) -> int:
+        """Parameters a token's forward pass multiplies with: routed experts top-k only, and
+        the input embedding table not at all (a lookup) unless it is tied to the LM head.
+        (The convention of the gpt-oss and DeepSeek-V3 model cards.)"""
+        layers = sum(layer.active_params(self.hidden) for layer in self.layers)
+        return self.vocab * self.hidden + layers + self.hidden
+
+    def weight_bytes(self, bits_per_value: float) -> float:
+        return self.params_total() * bits_per_value / 8
+
+    # ---- KV cache and state --------------------------------------------------------------------
+    def kv_bytes_per_token(self, bytes_per_element: float) -> float:
+        """Bytes one more token adds to the KV cache while every window still grows."""
+        return sum(lyr.mixer.kv_elements_per_token() for lyr in self.layers) * bytes_per_element
+
+    def kv_bytes_for_context(self, tokens: int, bytes_per_element: float) -> float:
+        """KV bytes of one sequence of `tokens` tokens: sliding-window layers keep only the
+        last `window` tokens."""
+        total = 0
+        for layer in self.layers:
+            window = layer.mixer.window
+            kept = tokens if window is None else min(tokens, window)
+            total += layer.mixer.kv_elements_per_token() * kept
+        return total * bytes_per_element
+
+    def state_bytes_per_sequence(self, bytes_per_element: float) -> float:
+        """Constant-size recurrent state (SSM layers) of one sequence."""
+        return (
+            sum(lyr.mixer.state_elements() for lyr in self.layers if isinstance(lyr.mixer, SSM))
+            * bytes_per_element
+        )
+
+    def summary(self) -> dict:
+        kinds: dict[str, int] = {}
+        for layer in self.layers:
+            key = type(layer.mixer).__name__.lower()
+            if getattr(layer.mixer, "window", None):
+                key += f"(window {layer.mixer.window})"
+            kinds[key] = kinds.get(key, 0) + 1
+        ffns: dict[str, int] = {}
+        for layer in self.layers:
+            key = type(layer.ffn).__name__.lower() if layer.ffn else "none"
+            if isinstance(layer.ffn, MoE):
+                key += f"({layer.ffn.experts} experts, top {layer.ffn.top_k})"
+            ffns[key] = ffns.get(key, 0) + 1
+        return {
+            "name": self.name,
+            "architecture": self.architecture,
+            "layers": len(self.layers),
+            "mixers": kinds,
+            "ffn": ffns,
+            "params_total": self.params_total(),
+            "params_active": self.params_active(),
+            "kv_bytes_per_token_bf16": self.kv_bytes_per_token(2),
+        }
+
+
+# ---- readers ---------------------------------------------------------------------------------
+ConfigReader = Callable[[dict, str], ModelDesc]
+CONFIG_READERS: Registry[ConfigReader] = Registry("architecture (config.json model_type)")
+
+
+def _need(config: dict, key: str, source: str):
+    if key not in config or config[key] is None:
+        raise ConfigError(f"config lacks {key!r}", where=source, expected=f"a value for {key}")
+    return config[key]
+
+
+def _head_dim(config: dict, source: str) -> int:
+    return config.get("head_dim") or _need(config, "hidden_size", source) // _need(
+        config, "num_attention_heads", source
+    )
+
+
+def _base(config: dict, source: str, layers: list[Layer], **extra) -> ModelDesc:
+    return ModelDesc(
+        name=pathlib.Path(source).parent.name or source,
+        architecture=config.get("model_type", "?"),
+        hidden=_need(config, "hidden_size", source),
+        vocab=_need(config, "vocab_size", source),
+        layers=tuple(layers),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_context=config.get("max_position_embeddings"),
+        source=source,
+        **extra,
+    )
+
+
+def _layer_windows(config: dict, n_layers: int) -> list[int | None]:
+    """Sliding window of each layer: `layer_types` when the config lists them, else Mistral's
+    rule (every layer, when sliding_window is set) or Qwen2's (layers from max_window_layers
+    on, when use_sliding_window)."""
+    window = config.get("sliding_window")
+    if "layer_types" in config:
+        types = config["layer_types"]
+        return [window if t == "sliding_attention" else None for t in types[:n_layers]]
+    if not window or not config.get("use_sliding_window", True):
+        return [None] * n_layers
+    first = config.get("max_window_layers", 0) if "use_sliding_window" in config else 0
+    return [window if i >= first else None for i in range(n_layers)]
+
+
+def _llama_like(qkv_bias: bool | None = None, o_bias: bool | None = None, qk_norm=False):
+    def read(config: dict, source: str) -> ModelDesc:
+        bias = bool(config.get("attention_bias", False))
+        n_layers = _need(config, "num_hidden_layers", source)
+        heads = _need(config, "num_attention_heads", source)
+        layers = [
+            Layer(
+                Attention(
+                    heads=heads,
+                    kv_heads=config.get("num_key_value_heads") or heads,
+                    head_dim=_head_dim(config, source),
+                    window=window,
+                    qkv_bias=bias if qkv_bias is None else qkv_bias,
+                    o_bias=bias if o_bias is None else o_bias,
+                    qk_norm=qk_norm,
+                ),
+                Dense(_need(config, "intermediate_size", source), bool(config.get("mlp_bias"))),
+            )
+            for window in _layer_windows(config, n_layers)
+        ]
+        return _base(config, source, layers)
+
+    return read
+
+
+CONFIG_READERS.register("llama", _llama_like())
+CONFIG_READERS.register("mistral", _llama_like(qkv_bias=False, o_bias=False))
+CONFIG_READERS.register("qwen2", _llama_like(qkv_bias=True, o_bias=False))
+CONFIG_READERS.register("qwen3", _llama_like(qk_norm=True))
+
+
+def _deepseek(config: dict, source: str) -> ModelDesc:
+    n_layers = _need(config, "num_hidden_layers", source)
+    mla = MLA(
+        heads=_need(config, "num_attention_heads", source),
+        q_lora_rank=config.get("q_lora_rank"),
+        kv_lora_rank=_need(config, "kv_lora_rank", source),
+        qk_nope_head_dim=_need(config, "qk_nope_head_dim", source),
+        qk_rope_head_dim=_need(config, "qk_rope_head_dim", source),
+        v_head_dim=_need(config, "v_head_dim", source),
+    )
+    experts = config.get("n_routed_experts")
+    moe = MoE(
+        experts=experts or 0,
+        top_k=config.get("num_experts_per_tok") or 0,
+        intermediate=config.get("moe_intermediate_size") or 0,
+        shared_intermediate=(config.get("moe_intermediate_size") or 0)
+        * (config.get("n_shared_experts") or 0),
+        # V3's e_score_correction_bias is a buffer in transformers, not a parameter (E floats)
+    )
+    dense = Dense(_need(config, "intermediate_size", source))
+    first_dense = config.get("first_k_dense_replace", 0)
+    every = config.get("moe_layer_freq", 1)
+    layers = [
+        Layer(mla, moe if experts and i >= first_dense and i % every == 0 else dense)
+        for i in range(n_layers)
+    ]
+    notes = ()
+    if config.get("num_nextn_predict_layers"):
+        notes = ("multi-token-prediction layers not counted (transformers does not build them)",)
+    return _base(config, source, layers, notes=notes)
+
+
+CONFIG_READERS.register("deepseek_v2", _deepseek)
+CONFIG_READERS.register("deepseek_v3", _deepseek)
+
+
+def _gpt_oss(config: dict, source: str) -> ModelDesc:
+    n_layers = _need(config, "num_hidden_layers", source)
+    heads = _need(config, "num_attention_heads", source)
+    moe = MoE(
+        experts=_need(config, "num_local_experts", source),
+        top_k=config.get("num_experts_per_tok") or _need(config, "experts_per_token", source),
+        intermediate=_need(config, "intermediate_size", source),
+        router_bias=True,
+        expert_bias=True,
+    )
+    layers = [
+        Layer(
+            Attention(
+                heads=heads,
+                kv_heads=_need(config, "num_key_value_heads", source),
+                head_dim=_head_dim(config, source),
+                window=window,
+                qkv_bias=bool(config.get("attention_bias", True)),
+                o_bias=bool(config.get("attention_bias", True)),
+                sinks=True,
+            ),
+            moe,
+        )
+        for window in _layer_windows(config, n_layers)
+    ]
+    return _base(config, source, layers)
+
+
+CONFIG_READERS.register("gpt_oss", _gpt_oss)
+
+
+def _mamba2(config: dict, source: str) -> ModelDesc:
+    hidden = _need(config, "hidden_size", source)
+    heads = _need(config, "num_heads", source)
+    ssm = SSM(
+        heads=heads,
+        head_dim=config.get("head_dim") or int(config.get("expand", 2) * hidden) // heads,
+        state_size=_need(config, "state_size", source),
+        groups=config.get("n_groups", 1),
+        conv_kernel=config.get("conv_kernel", 4),
+        bias=bool(config.get("use_bias", False)),
+        conv_bias=bool(config.get("use_conv_bias", True)),
+    )
+    layers = [Layer(ssm, None) for _ in range(_need(config, "num_hidden_layers", source))]
+    return _base(config, source, layers)
+
+
+CONFIG_READERS.register("mamba2", _mamba2)
+
+
+def from_config(config: dict, source: str = "config") -> ModelDesc:
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise ConfigError("config has no model_type", where=source, expected="e.g. 'llama'")
+    return CONFIG_READERS.get(model_type, where=f"{source}: model_type")(config, source)
+
+
+def from_path(path: str | pathlib.Path) -> ModelDesc:
+    """A config.json, a directory holding one, or a GGUF file."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise ConfigError("model config not found", where=str(path), expected="a file")
+    if path.suffix == ".gguf":
+        return _from_gguf(path)
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not JSON: {exc.msg}", where=f"{path}:{exc.lineno}") from None
+    return from_config(config, str(path))
+
+
+def _from_gguf(path: pathlib.Path) -> ModelDesc:
+    from infergen.io.checkpoint import load_checkpoint
+
+    return from_model_config(load_checkpoint(path, load_weights=False).config)
+
+
+def from_model_config(cfg) -> ModelDesc:
+    """The engine's own ModelConfig (any checkpoint infergen loads) as a description."""
+    attn = Attention(
+        heads=cfg.num_attention_heads,
+        kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        window=cfg.sliding_window,
+        qkv_bias=cfg.qkv_bias,
+        o_bias=cfg.o_bias,
+        qk_norm=cfg.qk_norm,
+    )
+    layer = Layer(attn, Dense(cfg.intermediate_size, cfg.mlp_bias))
+    return ModelDesc(
+        name=pathlib.Path(cfg.source).stem,
+        architecture=cfg.architecture,
+        hidden=cfg.hidden_size,
+        vocab=cfg.vocab_size,
+        layers=(layer,) * cfg.num_hidden_layers,
+        tied_embeddings=cfg.tie_word_embeddings,
+        max_context=cfg.max_position_embeddings,
+        source=cfg.source,
+    )
