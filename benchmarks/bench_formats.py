@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import pathlib
 import sys
 import time
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_generate import git_state, machine_info  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
+from results_file import write_lines  # noqa: E402
 
 from infergen.formats import FORMATS, dequantize, quantize  # noqa: E402
 from infergen.process import configure_process  # noqa: E402
@@ -199,9 +199,7 @@ def main() -> None:
     print(f"{'format':<12} {'op':<10} {'infergen':>9} {'torchao':>9} {'ratio':>6} {'% copy':>7}")
     for fmt, op, value, shown, ratio in table:
         print(f"{fmt:<12} {op:<10} {value:9.2f} {shown} {ratio} {100 * value / copy_gbs:6.0f}%")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    print(f"\nwrote {len(lines)} lines to {args.out}")
+    write_lines(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import pathlib
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import triton
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from results_file import write_lines  # noqa: E402
 
 from infergen.formats import FORMATS, dequantize, quantize  # noqa: E402
 
@@ -119,9 +120,7 @@ def main() -> None:
                 f"{fmt:<12} {op:<10} {ours:8.0f} {ref:8.0f} {ours / ref:6.1f} "
                 f"{100 * ours / copy:5.0f}% {hbm_pct}"
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    print(f"\nwrote {args.out}")
+    write_lines(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
 from generate_lines import build_lines, print_table  # noqa: E402
 from protocol import run_tasks  # noqa: E402
+from results_file import write_lines  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -312,8 +313,7 @@ def main() -> None:
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     lines = build_lines(engines, tasks, sizes, base)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_lines(args.out, lines)
     print_table(lines)
     print(f"\nwrote {len(lines)} lines to {args.out}")
 

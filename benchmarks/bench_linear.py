@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import pathlib
 import sys
 import time
@@ -24,6 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_generate import git_state, machine_info  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
+from results_file import write_lines  # noqa: E402
 
 from infergen.ops.linear import LINEAR_BACKENDS  # noqa: E402
 
@@ -110,9 +110,7 @@ def main() -> None:
             }
         )
         print(f"{m:5d} {rate['native']:12.1f} {rate['torch']:11.1f} {lines[-1]['value']:6.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    print(f"wrote {len(lines)} lines to {args.out}")
+    write_lines(args.out, lines)
 
 
 if __name__ == "__main__":

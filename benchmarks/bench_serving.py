@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import json
 import os
 import pathlib
 import random
@@ -34,6 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import httpx  # noqa: E402
 from bench_generate import LLAMA_PYTHON, PEERS_DIR, git_state, machine_info  # noqa: E402
+from results_file import write_lines  # noqa: E402
 
 from infergen.bench.client import ClientOptions, run_load  # noqa: E402
 from infergen.bench.report import DEFINITIONS, format_report, summarize  # noqa: E402
@@ -245,9 +245,7 @@ def main() -> None:
                     f"target {workload} c={c}: throughput {tput:.2f}x, p50 TTFT "
                     f"{ttft:.2f}x (llama/ours) -> {'met' if met else 'NOT met'}"
                 )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    print(f"wrote {len(lines)} lines to {args.out}")
+    write_lines(args.out, lines)
 
 
 def _llama_version() -> str:

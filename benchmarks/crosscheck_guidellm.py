@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_generate import PEERS_DIR, git_state, machine_info  # noqa: E402
 from bench_serving import free_port, server  # noqa: E402
+from results_file import write_lines  # noqa: E402
 
 from infergen.bench.client import ClientOptions, run_load  # noqa: E402
 from infergen.bench.report import format_report, summarize  # noqa: E402
@@ -222,9 +223,7 @@ def main() -> None:
                     f"  {metric:14s} c={c:<3d} ours {a[metric]:.4g}  guidellm {b[metric]:.4g}  "
                     f"ratio {ratio:.3f}  {'agree' if agree else 'DISAGREE'}"
                 )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    print(f"wrote {len(lines)} lines to {args.out}")
+    write_lines(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import pathlib
 import random
 import sys
@@ -24,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_generate import git_state, machine_info  # noqa: E402
+from results_file import write_lines  # noqa: E402
 
 from infergen import LLM, SamplingParams  # noqa: E402
 from infergen.models.fused_decode import PhaseProfile  # noqa: E402
@@ -110,9 +110,7 @@ def main() -> None:
         )
         for name, ms in sorted(result["phases_ms"].items(), key=lambda kv: -kv[1]):
             print(f"  {name:<44} {ms:7.2f} ms  {100 * ms / forward:5.1f}%")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    print(f"\nwrote {args.out}")
+    write_lines(args.out, lines)
 
 
 if __name__ == "__main__":
