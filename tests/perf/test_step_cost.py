@@ -1,0 +1,111 @@
+"""Per-step FLOPs and bytes (infergen/perf/step_cost.py). Oracles: torch's FlopCounterMode on a
+transformers forward (projection FLOPs), brute-force loops over positions (attention), and the
+model description's own totals (weights and KV read once per step)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from infergen.perf.model_desc import from_config, from_path
+from infergen.perf.step_cost import Chunk, Formats, attended_keys, expected_experts, step_ops
+
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 211,
+    "tie_word_embeddings": False,
+}
+
+
+def test_projection_flops_equal_torch_flop_counter():
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tokens = 37
+    cfg = transformers.AutoConfig.for_model(**TINY)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.randint(0, TINY["vocab_size"], (1, tokens)))
+    counts = counter.get_flop_counts()["Global"]
+    measured = sum(v for k, v in counts.items() if str(k).split(".")[1] in ("mm", "addmm"))
+    ops = step_ops(from_config(TINY), [Chunk(tokens, tokens)])
+    ours = sum(o.flops for o in ops if o.kind == "gemm" and o.name != "lm_head")
+    ours += 2 * tokens * TINY["hidden_size"] * TINY["vocab_size"]  # transformers: every row
+    assert ours == measured
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_attended_keys_equal_a_loop_over_positions(seed):
+    rng = random.Random(seed)
+    context = rng.randint(1, 300)
+    new = rng.randint(1, context)
+    window = rng.choice([None, 1, 7, 64, 500])
+    first = context - new
+    expected = sum(min(p + 1, window or p + 1) for p in range(first, context))
+    assert attended_keys(Chunk(new, context), window) == expected
+
+
+def test_a_decode_step_reads_every_weight_and_the_kv_once(default_model_path):
+    desc = from_path(default_model_path)
+    fmt = Formats(weight_bits=32, kv_bits=32, act_bytes=4)
+    ops = step_ops(desc, [Chunk(1, 200)], fmt)
+    by_name = {o.name: o for o in ops}
+    norms = (2 * len(desc.layers) + 1) * desc.hidden
+    gemm_weights = sum(o.weight_bytes for o in ops if o.kind == "gemm")
+    assert gemm_weights == (desc.params_total() - norms) * 4  # tied: the LM head is the table
+    assert by_name["attention"].bytes - 2 * 9 * 64 * 4 * len(desc.layers) == pytest.approx(
+        desc.kv_bytes_for_context(200, 4)
+    )
+    flops = sum(o.flops for o in ops)
+    active = desc.params_active() - norms
+    attention = 4 * 9 * 64 * 200 * len(desc.layers)
+    assert flops == 2 * active + attention
+
+
+def test_sliding_window_caps_the_keys_read():
+    windowed = {**TINY, "model_type": "mistral", "sliding_window": 16}
+    desc = from_config(windowed)
+    (attn,) = [
+        o for o in step_ops(desc, [Chunk(1, 1000)], Formats(kv_bits=8)) if o.name == "attention"
+    ]
+    kv = attn.bytes - 2 * 4 * 16 * 2 * 2  # minus q and output activations (2 layers)
+    assert kv == desc.kv_bytes_for_context(1000, 1) == 2 * 2 * 2 * 16 * 16
+
+
+def test_expected_distinct_experts():
+    assert expected_experts(256, 8, 1) == pytest.approx(8)
+    assert expected_experts(256, 8, 10_000) == pytest.approx(256)
+    values = [expected_experts(32, 4, t) for t in (1, 2, 4, 16, 64)]
+    assert values == sorted(values)
+    rng = random.Random(0)  # Monte Carlo check of the closed form
+    draws = [len({e for _ in range(6) for e in rng.sample(range(32), 4)}) for _ in range(4000)]
+    assert sum(draws) / len(draws) == pytest.approx(expected_experts(32, 4, 6), rel=0.02)
+
+
+def test_moe_step_counts_only_routed_flops():
+    cfg = {
+        "model_type": "gpt_oss",
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 100,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+    }
+    desc = from_config(cfg)
+    ops = {o.name: o for o in step_ops(desc, [Chunk(1, 10)])}
+    assert ops["experts_up"].flops == 2 * 2 * 64 * 64 * 2  # 2 experts x (64 -> 2x32) x 2 layers
+    assert ops["experts_up"].weight_bytes == pytest.approx(2 * 64 * 64 * 2 * 2)  # 2 touched
