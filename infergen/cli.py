@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from infergen.errors import InfergenError
+from infergen.errors import ConfigError, InfergenError
 
 EXIT_USER_ERROR = 2
 
@@ -190,6 +190,57 @@ def _describe_config(path: str) -> int:
     return 0
 
 
+def cmd_perf_calibrate(args: argparse.Namespace) -> int:
+    import pathlib
+
+    from infergen.perf.calibrate import default_path, measure, save
+
+    print("measuring GEMM FLOP/s, read bandwidth, launch cost ...", file=sys.stderr, flush=True)
+    hw = measure(args.threads, quick=args.quick)
+    path = save(hw, pathlib.Path(args.out) if args.out else default_path())
+    print(f"GEMM fp32      {hw.flops['fp32'] / 1e9:8.1f} GFLOP/s")
+    print(f"read bandwidth {hw.bandwidth / 1e9:8.1f} GB/s")
+    print(f"launch cost    {hw.launch_overhead_s * 1e6:8.1f} us")
+    print(f"wrote {path} (hardware row {hw.name!r})")
+    return 0
+
+
+def cmd_perf_step(args: argparse.Namespace) -> int:
+    from infergen.perf import roofline
+    from infergen.perf.hardware import HARDWARE, bits_of, load_file
+    from infergen.perf.model_desc import from_path
+    from infergen.perf.step_cost import Chunk, Formats, step_ops
+
+    if args.hardware_file:
+        load_file(args.hardware_file)
+    if args.gpu == "cpu-local" and "cpu-local" not in HARDWARE:
+        from infergen.perf.calibrate import default_path
+
+        if not default_path().exists():
+            raise ConfigError(
+                "cpu-local is not calibrated",
+                where="--gpu",
+                expected="run `infergen perf calibrate`",
+            )
+        load_file(default_path())
+    hw = HARDWARE.get(args.gpu, where="--gpu")
+    if args.model is None:
+        from infergen.io.default_model import default_model_path
+
+        args.model = str(default_model_path())
+    desc = from_path(args.model)
+    fmt = Formats(weight_bits=bits_of(args.weights), kv_bits=bits_of(args.kv), act_bytes=2)
+    compute = args.compute or ("fp32" if args.weights == "fp32" else "bf16")
+    chunks = [Chunk(args.new, args.context)] * args.batch
+    ops = step_ops(desc, chunks, fmt)
+    launches = 6 * len(desc.layers) + 2  # one per op per layer, plus embedding and LM head
+    eff = roofline.Efficiency(overhead_s=hw.launch_overhead_s)
+    times = roofline.op_times(ops, hw, compute, eff, launches)
+    print(f"{desc.name} on {hw.description}: batch {args.batch}, {args.new} new of {args.context}")
+    print(roofline.explain(times))
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from infergen.io.checkpoint import load_checkpoint
 
@@ -355,6 +406,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-pending", type=int, default=256, help="requests in flight before 503 (256)"
     )
     serve.set_defaults(func=cmd_serve)
+
+    perf = sub.add_parser("perf", help="performance model: `infergen perf calibrate|step`")
+    perf_sub = perf.add_subparsers(dest="perf_command", required=True, metavar="COMMAND")
+    cal = perf_sub.add_parser(
+        "calibrate",
+        help="measure this machine's peaks (GEMM FLOP/s, read bandwidth, launch cost) as the "
+        "`cpu-local` hardware row",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    cal.add_argument("--threads", type=int, default=None, help="threads (default: torch's)")
+    cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
+    cal.add_argument("--out", default=None, help="JSON file (default: the cache directory)")
+    cal.set_defaults(func=cmd_perf_calibrate)
+    step = perf_sub.add_parser(
+        "step",
+        help="predicted time of one engine step, op by op, and what bounds each op",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    step.add_argument("--model", "-m", default=None, help="config.json, directory or GGUF")
+    step.add_argument("--gpu", default="h200", help="hardware row (cpu-local: calibrated)")
+    step.add_argument("--hardware-file", default=None, help="extra hardware rows (JSON/YAML)")
+    step.add_argument("--batch", type=int, default=1, help="sequences in the step")
+    step.add_argument("--context", type=int, default=1024, help="tokens per sequence")
+    step.add_argument("--new", type=int, default=1, help="new tokens per sequence (1 = decode)")
+    step.add_argument("--weights", default="bf16", help="weight format: fp32, bf16 or a format")
+    step.add_argument("--kv", default="bf16", help="KV cache format")
+    step.add_argument("--compute", default=None, help="compute format (default: from weights)")
+    step.set_defaults(func=cmd_perf_step)
 
     bench = sub.add_parser("bench", help="benchmarks; `infergen bench serve --help`")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")

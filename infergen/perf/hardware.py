@@ -29,6 +29,7 @@ class Hardware:
     l2_bytes: float | None = None
     sms: int | None = None
     interconnect: float | None = None  # bytes/s between devices (NVLink), None = none
+    launch_overhead_s: float = 0.0  # fixed cost per op launch (kernel / parallel region)
 
     def peak_flops(self, fmt: str) -> float:
         """Dense FLOP/s for a compute format; a format the device lacks runs at the nearest
@@ -64,7 +65,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             where=where,
             expected=f"keys {list(_REQUIRED)} (plus optional l2_bytes, sms, interconnect)",
         )
-    known = {"description", "l2_bytes", "sms", "interconnect", *_REQUIRED}
+    known = {"description", "l2_bytes", "sms", "interconnect", "launch_overhead_s", *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
         raise ConfigError(
@@ -88,6 +89,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         l2_bytes=row.get("l2_bytes"),
         sms=row.get("sms"),
         interconnect=row.get("interconnect"),
+        launch_overhead_s=float(row.get("launch_overhead_s", 0.0)),
     )
 
 
@@ -121,3 +123,16 @@ HARDWARE: Registry[Hardware] = Registry("hardware")
 for _name, _row in json.loads(TABLE.read_text()).items():
     if not _name.startswith("_"):
         HARDWARE.register(_name, from_dict(_name, _row, str(TABLE)))
+
+
+_PLAIN_BITS = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0}
+
+
+def bits_of(fmt: str) -> float:
+    """Stored bits per value of a weight / KV format: plain floats, or any row of the formats
+    registry (scales included: mxfp4 4.25, nvfp4 4.5)."""
+    if fmt in _PLAIN_BITS:
+        return _PLAIN_BITS[fmt]
+    from infergen.formats import FORMATS
+
+    return FORMATS.get(fmt, where="format").bits_per_value()

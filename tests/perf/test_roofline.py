@@ -1,0 +1,52 @@
+"""Roofline step time, calibration of cpu-local, and `infergen perf step`."""
+
+from __future__ import annotations
+
+import pytest
+
+from infergen.perf.calibrate import measure, save
+from infergen.perf.hardware import HARDWARE, Hardware, bits_of, load_file
+from infergen.perf.roofline import Efficiency, op_times, step_seconds
+from infergen.perf.step_cost import OpCost
+
+HW = Hardware("toy", "toy", memory_bytes=1e9, bandwidth=1e9, flops={"bf16": 1e12})
+
+
+def test_each_op_takes_the_longer_of_compute_and_memory_plus_launches():
+    ops = [OpCost("a", "gemm", flops=4e9, bytes=1e6), OpCost("b", "attention", 1e6, 5e6)]
+    eff = Efficiency(compute={"gemm": 0.5}, memory={"attention": 0.25}, overhead_s=1e-5)
+    times = op_times(ops, HW, "bf16", eff, launches=10)
+    assert [t.bound for t in times] == ["compute", "memory", "overhead"]
+    assert times[0].seconds == pytest.approx(4e9 / 0.5e12)
+    assert times[1].seconds == pytest.approx(5e6 / 0.25e9)
+    assert step_seconds(times) == pytest.approx(8e-3 + 2e-2 + 1e-4)
+
+
+def test_bits_of_formats():
+    assert (bits_of("fp32"), bits_of("bf16"), bits_of("mxfp4"), bits_of("nvfp4")) == (
+        32.0,
+        16.0,
+        4.25,
+        4.5,
+    )
+
+
+def test_calibration_round_trips_as_a_hardware_row(tmp_path):
+    hw = measure(quick=True)
+    assert hw.flops["fp32"] > 1e9 and hw.bandwidth > 1e8 and 0 < hw.launch_overhead_s < 1e-2
+    (row,) = load_file(
+        save(hw.__class__(**{**hw.__dict__, "name": "cpu-test"}), tmp_path / "c.json")
+    )
+    assert HARDWARE.get("cpu-test") is row and row.flops == hw.flops
+
+
+def test_cli_perf_step_explains_a_step(capsys):
+    from infergen.cli import main
+
+    config = "tests/perf/configs/llama-3.1-8b.json"
+    argv = ["perf", "step", "--model", config, "--gpu", "h200", "--batch", "1"]
+    assert main([*argv, "--context", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert "mlp_up" in out and "memory" in out  # batch-1 decode streams the weights
+    assert main([*argv, "--new", "512", "--context", "512"]) == 0
+    assert "compute" in capsys.readouterr().out  # a 512-token prefill is compute-bound
