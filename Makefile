@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/profile_decode.py
 	$(PY) benchmarks/bench_serving.py
 	$(PY) benchmarks/crosscheck_guidellm.py
+	$(PY) benchmarks/validate_perf_model.py
 	$(PY) benchmarks/report.py
 
 clean:

@@ -103,6 +103,20 @@ def render(lines: list[dict]) -> str:
                 f"| {ln['peer']} {_peer_version(ln).split()[-1]}: {_num(ln['peer_value'])} "
                 f"| {_num(ln['value'])} | {agree} ({tol}) |"
             )
+    checks = [ln for ln in lines if ln.get("kind") == "validation"]
+    if checks:
+        rows += [
+            "",
+            "| performance model (predicted vs measured, this machine) | predicted | measured "
+            "| error | within ±15 % |",
+            "|---|---|---|---|---|",
+        ]
+        for ln in checks:
+            rows.append(
+                f"| {ln['bench']}: {ln['metric']} | {_num(ln['predicted'])} "
+                f"| {_num(ln['measured'])} | {100 * ln['error']:+.1f} % "
+                f"| {'yes' if ln['met'] else '**no**'} |"
+            )
     skips = [ln for ln in lines if ln.get("kind") == "skip"]
     for ln in skips:
         rows.append(f"\n{ln['bench']}: {ln['engine']} not measured: {ln['note']}")
