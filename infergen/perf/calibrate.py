@@ -58,14 +58,24 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
         _best(lambda: [row.apply(small_x, small_w, None, 512) for _ in range(calls)], repeats)
         / calls
     )
+    peak = max(native, torch_mm)
+    # the curve: a weight larger than the caches (as a model's), rows 1 .. 512
+    big_n = 8192 if quick else 24576
+    big = row.prepare(torch.randn(big_n, k))
+    curve = {}
+    for rows in (1, 2, 4, 8, 16, 32, 64, 128, 512):
+        xr = torch.randn(rows, k)
+        seconds = _best(lambda xr=xr: row.apply(xr, big, None, big_n), repeats)
+        curve[rows] = min(1.0, 2 * rows * k * big_n / seconds / peak)
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(
         name=CPU_LOCAL,
         description=f"this machine, measured ({torch.get_num_threads()} threads, fp32)",
         memory_bytes=float(total_ram),
         bandwidth=bandwidth,
-        flops={"fp32": max(native, torch_mm)},
+        flops={"fp32": peak},
         launch_overhead_s=overhead,
+        gemm_efficiency=curve,
     )
 
 
@@ -77,6 +87,7 @@ def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
         "bandwidth": hw.bandwidth,
         "flops": hw.flops,
         "launch_overhead_s": hw.launch_overhead_s,
+        "gemm_efficiency": hw.gemm_efficiency,
     }
     path.write_text(json.dumps({hw.name: row}, indent=1))
     return path

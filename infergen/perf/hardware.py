@@ -10,6 +10,7 @@ model's business (per-op-class efficiency curves), not the table's.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from dataclasses import dataclass, field
 
@@ -30,6 +31,22 @@ class Hardware:
     sms: int | None = None
     interconnect: float | None = None  # bytes/s between devices (NVLink), None = none
     launch_overhead_s: float = 0.0  # fixed cost per op launch (kernel / parallel region)
+    # measured GEMM efficiency by row count: {rows: achieved / peak FLOP/s} on a weight that
+    # streams from memory (empty: no curve, efficiency 1)
+    gemm_efficiency: dict[int, float] = field(default_factory=dict)
+
+    def gemm_efficiency_at(self, rows: int) -> float:
+        """The curve interpolated in log2(rows), flat beyond its ends."""
+        if not self.gemm_efficiency or rows <= 0:
+            return 1.0
+        points = sorted(self.gemm_efficiency.items())
+        if rows <= points[0][0]:
+            return points[0][1]
+        for (m0, e0), (m1, e1) in zip(points, points[1:], strict=False):
+            if rows <= m1:
+                t = (math.log2(rows) - math.log2(m0)) / (math.log2(m1) - math.log2(m0))
+                return e0 + t * (e1 - e0)
+        return points[-1][1]
 
     def peak_flops(self, fmt: str) -> float:
         """Dense FLOP/s for a compute format; a format the device lacks runs at the nearest
@@ -65,7 +82,8 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             where=where,
             expected=f"keys {list(_REQUIRED)} (plus optional l2_bytes, sms, interconnect)",
         )
-    known = {"description", "l2_bytes", "sms", "interconnect", "launch_overhead_s", *_REQUIRED}
+    known = {"description", "l2_bytes", "sms", "interconnect", "launch_overhead_s"}
+    known |= {"gemm_efficiency", *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
         raise ConfigError(
@@ -90,6 +108,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         sms=row.get("sms"),
         interconnect=row.get("interconnect"),
         launch_overhead_s=float(row.get("launch_overhead_s", 0.0)),
+        gemm_efficiency={int(m): float(e) for m, e in row.get("gemm_efficiency", {}).items()},
     )
 
 

@@ -61,6 +61,8 @@ def op_times(
     times = []
     for o in ops:
         ce, me = eff.of(o.kind)
+        if o.kind == "gemm":
+            ce *= hw.gemm_efficiency_at(o.rows)
         times.append(
             OpTime(o.name, o.kind, o.flops / (peak * ce), o.bytes / (hw.bandwidth * me), 0.0)
         )

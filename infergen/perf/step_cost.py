@@ -60,11 +60,13 @@ class OpCost:
     flops: float = 0.0
     bytes: float = 0.0  # everything moved, weights included
     weight_bytes: float = 0.0
+    rows: int = 0  # GEMMs: the largest row count (tokens) of the op; its efficiency depends on it
 
-    def add(self, flops: float, nbytes: float, weight_bytes: float = 0.0) -> None:
+    def add(self, flops: float, nbytes: float, weight_bytes: float = 0.0, rows: int = 0) -> None:
         self.flops += flops
         self.bytes += nbytes + weight_bytes
         self.weight_bytes += weight_bytes
+        self.rows = max(self.rows, rows)
 
 
 def attended_keys(chunk: Chunk, window: int | None) -> int:
@@ -98,9 +100,8 @@ def step_ops(desc: ModelDesc, chunks: Iterable[Chunk], fmt: Formats = Formats())
     h = desc.hidden
 
     def gemm(name: str, k: int, n: int, rows: int = tokens, weight_copies: float = 1.0) -> None:
-        op(name, "gemm").add(
-            2.0 * rows * k * n, rows * (k + n) * act, k * n * w_bytes * weight_copies
-        )
+        weights = k * n * w_bytes * weight_copies
+        op(name, "gemm").add(2.0 * rows * k * n, rows * (k + n) * act, weights, rows)
 
     op("embedding", "lookup").add(0.0, tokens * h * act, tokens * h * w_bytes)
     for layer in desc.layers:

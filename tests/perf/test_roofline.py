@@ -50,3 +50,14 @@ def test_cli_perf_step_explains_a_step(capsys):
     assert "mlp_up" in out and "memory" in out  # batch-1 decode streams the weights
     assert main([*argv, "--new", "512", "--context", "512"]) == 0
     assert "compute" in capsys.readouterr().out  # a 512-token prefill is compute-bound
+
+
+def test_gemm_efficiency_curve_by_rows():
+    hw = Hardware(
+        "curve", "c", 1e9, 1e9, {"fp32": 1e12}, gemm_efficiency={1: 0.1, 4: 0.4, 64: 0.9}
+    )
+    assert hw.gemm_efficiency_at(1) == 0.1 and hw.gemm_efficiency_at(64) == 0.9
+    assert hw.gemm_efficiency_at(2) == pytest.approx(0.25)  # halfway in log2
+    assert hw.gemm_efficiency_at(512) == 0.9 and HW.gemm_efficiency_at(8) == 1.0
+    (t,) = op_times([OpCost("g", "gemm", flops=1e9, bytes=0.0, rows=2)], hw, "fp32")
+    assert t.seconds == pytest.approx(1e9 / (1e12 * 0.25))
