@@ -8,7 +8,6 @@ fp32 input on this machine (best of a few runs of the reference codec).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -16,6 +15,7 @@ import torch
 
 from infergen.formats.codec import dequantize, quantize, sqnr_db
 from infergen.formats.spec import FORMATS, FormatSpec
+from infergen.timing import best_seconds
 
 # The projections whose weights the "real weights" SQNR uses (first, middle and last layer).
 WEIGHT_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -58,13 +58,7 @@ def _sqnr_over(tensors: list[torch.Tensor], spec: FormatSpec) -> float:
 
 
 def _throughput(fn, nbytes: int, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return nbytes / best / 1e9
+    return nbytes / best_seconds(fn, repeats) / 1e9
 
 
 def format_row(

@@ -12,28 +12,18 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import time
 
 import torch
 
 from infergen.kernels.build import cache_dir
 from infergen.perf.hardware import Hardware
+from infergen.timing import best_seconds
 
 CPU_LOCAL = "cpu-local"
 
 
 def default_path() -> pathlib.Path:
     return cache_dir() / "perf" / f"{CPU_LOCAL}.json"
-
-
-def _best(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def measure(threads: int | None = None, quick: bool = False) -> Hardware:
@@ -46,16 +36,18 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
     row = linear.LINEAR_BACKENDS.get("native")
     w = torch.randn(n, k)
     packed, x = row.prepare(w), torch.randn(m, k)
-    native = 2 * m * k * n / _best(lambda: row.apply(x, packed, None, n), repeats)
+    native = 2 * m * k * n / best_seconds(lambda: row.apply(x, packed, None, n), repeats)
     a, b = torch.randn(512, 512), torch.randn(512, 512)
-    torch_mm = 2 * 512**3 / _best(lambda: a @ b, repeats)
+    torch_mm = 2 * 512**3 / best_seconds(lambda: a @ b, repeats)
     buf = torch.ones((64 if quick else 256) << 18)  # 64 / 256 MiB of fp32
-    bandwidth = buf.numel() * 4 / _best(lambda: buf.sum(), repeats)
+    bandwidth = buf.numel() * 4 / best_seconds(lambda: buf.sum(), repeats)
     # one parallel region on almost no data: the launch cost (from Python, so an upper bound)
     small_w = row.prepare(torch.randn(512, 64))
     small_x, calls = torch.randn(1, 64), 200
     overhead = (
-        _best(lambda: [row.apply(small_x, small_w, None, 512) for _ in range(calls)], repeats)
+        best_seconds(
+            lambda: [row.apply(small_x, small_w, None, 512) for _ in range(calls)], repeats
+        )
         / calls
     )
     peak = max(native, torch_mm)
@@ -65,7 +57,7 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
     curve = {}
     for rows in (1, 2, 4, 8, 16, 32, 64, 128, 512):
         xr = torch.randn(rows, k)
-        seconds = _best(lambda xr=xr: row.apply(xr, big, None, big_n), repeats)
+        seconds = best_seconds(lambda xr=xr: row.apply(xr, big, None, big_n), repeats)
         curve[rows] = min(1.0, 2 * rows * k * big_n / seconds / peak)
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(

@@ -53,9 +53,7 @@ def test_cli_perf_step_explains_a_step(capsys):
 
 
 def test_gemm_efficiency_curve_by_rows():
-    hw = Hardware(
-        "curve", "c", 1e9, 1e9, {"fp32": 1e12}, gemm_efficiency={1: 0.1, 4: 0.4, 64: 0.9}
-    )
+    hw = Hardware("curve", "c", 1e9, 1e9, {"fp32": 1e12}, gemm_efficiency={1: 0.1, 4: 0.4, 64: 0.9})
     assert hw.gemm_efficiency_at(1) == 0.1 and hw.gemm_efficiency_at(64) == 0.9
     assert hw.gemm_efficiency_at(2) == pytest.approx(0.25)  # halfway in log2
     assert hw.gemm_efficiency_at(512) == 0.9 and HW.gemm_efficiency_at(8) == 1.0
