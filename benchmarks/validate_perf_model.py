@@ -36,16 +36,13 @@ from infergen import LLM, SamplingParams  # noqa: E402
 from infergen.perf import roofline  # noqa: E402
 from infergen.perf.calibrate import measure  # noqa: E402
 from infergen.perf.model_desc import from_model_config  # noqa: E402
-from infergen.perf.step_cost import Chunk, Formats, step_ops  # noqa: E402
+from infergen.perf.step_cost import Chunk, Formats  # noqa: E402
 
 FP32 = Formats(weight_bits=32, kv_bits=32, act_bytes=4)
 
 
 def predict_ms(desc, hw, chunks: list[Chunk]) -> float:
-    ops = step_ops(desc, chunks, FP32)
-    eff = roofline.Efficiency(overhead_s=hw.launch_overhead_s)
-    launches = 6 * len(desc.layers) + 2
-    return roofline.step_seconds(roofline.op_times(ops, hw, "fp32", eff, launches)) * 1e3
+    return roofline.step_seconds(roofline.predict_step(desc, hw, chunks, FP32, "fp32")) * 1e3
 
 
 def main() -> None:

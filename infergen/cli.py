@@ -209,7 +209,7 @@ def cmd_perf_step(args: argparse.Namespace) -> int:
     from infergen.perf import roofline
     from infergen.perf.hardware import HARDWARE, bits_of, load_file
     from infergen.perf.model_desc import from_path
-    from infergen.perf.step_cost import Chunk, Formats, step_ops
+    from infergen.perf.step_cost import Chunk, Formats
 
     if args.hardware_file:
         load_file(args.hardware_file)
@@ -232,10 +232,7 @@ def cmd_perf_step(args: argparse.Namespace) -> int:
     fmt = Formats(weight_bits=bits_of(args.weights), kv_bits=bits_of(args.kv), act_bytes=2)
     compute = args.compute or ("fp32" if args.weights == "fp32" else "bf16")
     chunks = [Chunk(args.new, args.context)] * args.batch
-    ops = step_ops(desc, chunks, fmt)
-    launches = 6 * len(desc.layers) + 2  # one per op per layer, plus embedding and LM head
-    eff = roofline.Efficiency(overhead_s=hw.launch_overhead_s)
-    times = roofline.op_times(ops, hw, compute, eff, launches)
+    times = roofline.predict_step(desc, hw, chunks, fmt, compute)
     print(f"{desc.name} on {hw.description}: batch {args.batch}, {args.new} new of {args.context}")
     print(roofline.explain(times))
     return 0

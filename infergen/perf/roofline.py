@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infergen.perf.hardware import Hardware
-from infergen.perf.step_cost import OpCost
+from infergen.perf.model_desc import ModelDesc
+from infergen.perf.step_cost import Chunk, Formats, OpCost, step_ops
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,6 @@ class Efficiency:
 
     compute: dict[str, float] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
-    launches_per_layer: dict[str, int] = field(default_factory=dict)
     overhead_s: float = 0.0  # per launch
 
     def of(self, kind: str) -> tuple[float, float]:
@@ -54,9 +54,7 @@ def op_times(
     eff: Efficiency = Efficiency(),
     launches: int = 0,
 ) -> list[OpTime]:
-    """Per-op times; `launches` = op launches in the whole step (spread over the ops by
-    their share of the step's FLOPs and bytes is not meaningful, so it is one line of its
-    own: "launch overhead")."""
+    """Per-op times, plus one "launch overhead" line for the step's `launches` op launches."""
     peak = hw.peak_flops(compute_format)
     times = []
     for o in ops:
@@ -69,6 +67,21 @@ def op_times(
     if launches and eff.overhead_s > 0:
         times.append(OpTime("launch overhead", "overhead", 0.0, 0.0, launches * eff.overhead_s))
     return times
+
+
+def launches(desc: ModelDesc) -> int:
+    """Op launches of a step: one per op of each layer (norm, qkv, attention, o, norm, up,
+    activation, down: the fused decode's parallel regions are about six), plus embedding and
+    LM head."""
+    return 6 * len(desc.layers) + 2
+
+
+def predict_step(
+    desc: ModelDesc, hw: Hardware, chunks: list[Chunk], fmt: Formats, compute_format: str
+) -> list[OpTime]:
+    """Op times of one step of `desc` on `hw` for the batch `chunks`."""
+    eff = Efficiency(overhead_s=hw.launch_overhead_s)
+    return op_times(step_ops(desc, chunks, fmt), hw, compute_format, eff, launches(desc))
 
 
 def step_seconds(times: list[OpTime]) -> float:

@@ -180,7 +180,3 @@ def expected_experts(experts: int, top_k: int, tokens: int) -> float:
     if tokens <= 0:
         return 0.0
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
-
-
-def totals(ops: list[OpCost]) -> tuple[float, float]:
-    return sum(o.flops for o in ops), sum(o.bytes for o in ops)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from infergen.perf.calibrate import measure, save
@@ -34,9 +36,7 @@ def test_bits_of_formats():
 def test_calibration_round_trips_as_a_hardware_row(tmp_path):
     hw = measure(quick=True)
     assert hw.flops["fp32"] > 1e9 and hw.bandwidth > 1e8 and 0 < hw.launch_overhead_s < 1e-2
-    (row,) = load_file(
-        save(hw.__class__(**{**hw.__dict__, "name": "cpu-test"}), tmp_path / "c.json")
-    )
+    (row,) = load_file(save(dataclasses.replace(hw, name="cpu-test"), tmp_path / "c.json"))
     assert HARDWARE.get("cpu-test") is row and row.flops == hw.flops
 
 
