@@ -11,7 +11,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from infergen.errors import ConfigError, InfergenError
+from infergen.bench.workloads import add_workload_args
+from infergen.cli_predict import add_predict_parser
+from infergen.errors import InfergenError
 
 EXIT_USER_ERROR = 2
 
@@ -207,23 +209,11 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_perf_step(args: argparse.Namespace) -> int:
     from infergen.perf import roofline
-    from infergen.perf.hardware import HARDWARE, bits_of, load_file
+    from infergen.perf.hardware import bits_of, resolve
     from infergen.perf.model_desc import from_path
     from infergen.perf.step_cost import Chunk, Formats
 
-    if args.hardware_file:
-        load_file(args.hardware_file)
-    if args.gpu == "cpu-local" and "cpu-local" not in HARDWARE:
-        from infergen.perf.calibrate import default_path
-
-        if not default_path().exists():
-            raise ConfigError(
-                "cpu-local is not calibrated",
-                where="--gpu",
-                expected="run `infergen perf calibrate`",
-            )
-        load_file(default_path())
-    hw = HARDWARE.get(args.gpu, where="--gpu")
+    hw = resolve(args.gpu, args.hardware_file)
     if args.model is None:
         from infergen.io.default_model import default_model_path
 
@@ -432,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--compute", default=None, help="compute format (default: from weights)")
     step.set_defaults(func=cmd_perf_step)
 
+    add_predict_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks; `infergen bench serve --help`")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     bs = bench_sub.add_parser(
@@ -443,7 +435,6 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     bs.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    bs.add_argument("--workload", default="random", help="random | long-context | agentic | replay")
     load = bs.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency",
@@ -454,15 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument("--rate", type=float, default=None, help="open loop: Poisson arrivals, req/s")
     bs.add_argument("--duration", type=float, default=None, help="stop starting requests after S s")
-    bs.add_argument("--num-requests", type=int, default=64, help="requests (agentic: turns)")
-    bs.add_argument("--input-len", type=int, default=128, help="prompt tokens (random, agentic)")
-    bs.add_argument("--output-len", type=int, default=64, help="answer tokens (random, agentic)")
-    bs.add_argument("--long-input-len", type=int, default=1024, help="long-context prompt tokens")
-    bs.add_argument("--short-output-len", type=int, default=16, help="long-context answer tokens")
-    bs.add_argument("--turns", type=int, default=4, help="agentic: turns per session")
-    bs.add_argument(
-        "--trace", default=None, help="replay: JSONL of {prompt, max_tokens[, session]}"
-    )
+    add_workload_args(bs, num_requests=64)
     bs.add_argument(
         "--tokenizer",
         default=None,
@@ -498,21 +481,13 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
     from infergen.bench.client import ClientOptions, run_load
     from infergen.bench.report import DEFINITIONS, format_report, plot, summarize
-    from infergen.bench.workloads import WORKLOADS, WorkloadOptions
+    from infergen.bench.workloads import WORKLOADS, workload_options
     from infergen.io.checkpoint import load_checkpoint
 
     make = WORKLOADS.get(args.workload, where="--workload")
     checkpoint = load_checkpoint(args.tokenizer, load_weights=False)
     tokenizer = checkpoint.tokenizer
-    options = WorkloadOptions(
-        num_requests=args.num_requests,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        long_input_len=args.long_input_len,
-        short_output_len=args.short_output_len,
-        turns=args.turns,
-        trace=args.trace,
-    )
+    options = workload_options(args)
     try:
         requests = make(tokenizer, options, random.Random(args.seed))
     except ValueError as exc:

@@ -70,43 +70,64 @@ def _around(center: int, spread: float, rng: random.Random) -> int:
     return max(1, round(center * rng.uniform(1 - spread, 1 + spread)))
 
 
-@WORKLOADS.decorator("random")
-def random_workload(tokenizer, opts: WorkloadOptions, rng: random.Random) -> list[BenchRequest]:
-    corpus = _Corpus(tokenizer)
+@dataclass(frozen=True)
+class Shape:
+    """A workload's request (or agentic session) in tokens: what the performance model
+    simulates and what `infergen bench` fills with text."""
+
+    prompt_tokens: int
+    max_tokens: int
+    follow_up_tokens: tuple[int, ...] = ()  # agentic: new user tokens of each later turn
+    session: str | None = None
+
+
+ShapeFn = Callable[[WorkloadOptions, random.Random], list[Shape]]
+SHAPES: Registry[ShapeFn] = Registry("workload")
+
+
+@SHAPES.decorator("random")
+def random_shapes(opts: WorkloadOptions, rng: random.Random) -> list[Shape]:
     return [
-        BenchRequest(
-            corpus.text(_around(opts.input_len, opts.spread, rng), rng),
-            _around(opts.output_len, opts.spread, rng),
-        )
+        Shape(_around(opts.input_len, opts.spread, rng), _around(opts.output_len, opts.spread, rng))
         for _ in range(opts.num_requests)
     ]
 
 
-@WORKLOADS.decorator("long-context")
-def long_context(tokenizer, opts: WorkloadOptions, rng: random.Random) -> list[BenchRequest]:
-    corpus = _Corpus(tokenizer)
-    return [
-        BenchRequest(corpus.text(opts.long_input_len, rng), opts.short_output_len)
-        for _ in range(opts.num_requests)
-    ]
+@SHAPES.decorator("long-context")
+def long_context_shapes(opts: WorkloadOptions, rng: random.Random) -> list[Shape]:
+    return [Shape(opts.long_input_len, opts.short_output_len) for _ in range(opts.num_requests)]
 
 
-@WORKLOADS.decorator("agentic")
-def agentic(tokenizer, opts: WorkloadOptions, rng: random.Random) -> list[BenchRequest]:
+@SHAPES.decorator("agentic")
+def agentic_shapes(opts: WorkloadOptions, rng: random.Random) -> list[Shape]:
     """num_requests counts turns: num_requests // turns sessions of `turns` turns."""
-    corpus = _Corpus(tokenizer)
     sessions = max(1, opts.num_requests // opts.turns)
+    follow_up = max(8, opts.input_len // 4)
     return [
-        BenchRequest(
-            corpus.text(opts.input_len, rng),
-            opts.output_len,
-            session=f"s{s}",
-            follow_up=[
-                corpus.text(max(8, opts.input_len // 4), rng) for _ in range(opts.turns - 1)
-            ],
-        )
+        Shape(opts.input_len, opts.output_len, (follow_up,) * (opts.turns - 1), f"s{s}")
         for s in range(sessions)
     ]
+
+
+def _text_workload(name: str) -> WorkloadFn:
+    def make(tokenizer, opts: WorkloadOptions, rng: random.Random) -> list[BenchRequest]:
+        corpus = _Corpus(tokenizer)
+        return [
+            BenchRequest(
+                corpus.text(shape.prompt_tokens, rng),
+                shape.max_tokens,
+                session=shape.session,
+                follow_up=[corpus.text(n, rng) for n in shape.follow_up_tokens],
+            )
+            for shape in SHAPES.get(name)(opts, rng)
+        ]
+
+    make.__doc__ = SHAPES.get(name).__doc__
+    return make
+
+
+for _name in list(SHAPES):
+    WORKLOADS.register(_name, _text_workload(_name))
 
 
 @WORKLOADS.decorator("replay")
@@ -134,3 +155,55 @@ def replay(tokenizer, opts: WorkloadOptions, rng: random.Random) -> list[BenchRe
             sessions[session] = request
         requests.append(request)
     return requests
+
+
+def shapes(name: str, opts: WorkloadOptions, rng: random.Random, count_tokens) -> list[Shape]:
+    """Any workload as token shapes; a trace's prompts are counted with `count_tokens`."""
+    if name in SHAPES:
+        return SHAPES.get(name, where="--workload")(opts, rng)
+    requests = WORKLOADS.get(name, where="--workload")(None, opts, rng)
+    return [
+        Shape(
+            count_tokens(r.prompt),
+            r.max_tokens,
+            tuple(count_tokens(text) for text in r.follow_up),
+            r.session,
+        )
+        for r in requests
+    ]
+
+
+def add_workload_args(parser, num_requests: int) -> None:
+    """The workload options `infergen bench serve` and `infergen predict` share."""
+    parser.add_argument("--workload", default="random", help=f"{' | '.join(WORKLOADS.names())}")
+    parser.add_argument(
+        "--num-requests", type=int, default=num_requests, help="requests (agentic: turns)"
+    )
+    parser.add_argument(
+        "--input-len", type=int, default=128, help="prompt tokens (random, agentic)"
+    )
+    parser.add_argument(
+        "--output-len", type=int, default=64, help="answer tokens (random, agentic)"
+    )
+    parser.add_argument(
+        "--long-input-len", type=int, default=1024, help="long-context prompt tokens"
+    )
+    parser.add_argument(
+        "--short-output-len", type=int, default=16, help="long-context answer tokens"
+    )
+    parser.add_argument("--turns", type=int, default=4, help="agentic: turns per session")
+    parser.add_argument(
+        "--trace", default=None, help="replay: JSONL of {prompt, max_tokens[, session]}"
+    )
+
+
+def workload_options(args) -> WorkloadOptions:
+    return WorkloadOptions(
+        num_requests=args.num_requests,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        long_input_len=args.long_input_len,
+        short_output_len=args.short_output_len,
+        turns=args.turns,
+        trace=args.trace,
+    )

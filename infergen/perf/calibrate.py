@@ -2,8 +2,10 @@
 
 Measured, in fp32 on the engine's own kernels and thread count: GEMM FLOP/s (the native
 packed GEMM at a compute-bound shape, or torch's matmul if faster), memory read bandwidth (a
-sum over a buffer far larger than the caches) and the fixed cost of one parallel op launch
-(a native op on a tiny tensor). Best of several repeats: the peaks a careful kernel reaches,
+sum over a buffer far larger than the caches), the fixed cost of one parallel op launch
+(a native op on a tiny tensor), the GEMM's efficiency by row count on a stack of model-sized
+weights, and the fraction of the bandwidth the decode-attention kernel reaches. Best of
+several repeats: the peaks a careful kernel reaches,
 which is what a roofline divides by. Written as a hardware JSON row (`load_file` reads it).
 """
 
@@ -51,14 +53,8 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
         / calls
     )
     peak = max(native, torch_mm)
-    # the curve: a weight larger than the caches (as a model's), rows 1 .. 512
-    big_n = 8192 if quick else 24576
-    big = row.prepare(torch.randn(big_n, k))
-    curve = {}
-    for rows in (1, 2, 4, 8, 16, 32, 64, 128, 512):
-        xr = torch.randn(rows, k)
-        seconds = best_seconds(lambda xr=xr: row.apply(xr, big, None, big_n), repeats)
-        curve[rows] = min(1.0, 2 * rows * k * big_n / seconds / peak)
+    curve = _gemm_curve(row, peak, repeats, layers=8 if quick else 24)
+    attention = _attention_efficiency(bandwidth, repeats, layers=4 if quick else 16)
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(
         name=CPU_LOCAL,
@@ -68,7 +64,52 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
         flops={"fp32": peak},
         launch_overhead_s=overhead,
         gemm_efficiency=curve,
+        memory_efficiency_by_kind={"attention": attention},
     )
+
+
+def _gemm_curve(row, peak: float, repeats: int, layers: int) -> dict[int, float]:
+    """FLOP efficiency by row count (1 .. 512) of a stack of `layers` model-sized weights
+    (1536 x 576, 3.5 MiB each, together larger than the caches) run one after another, as a
+    forward pass streams its layers' weights."""
+    k, n = 576, 1536
+    stack = [row.prepare(torch.randn(n, k)) for _ in range(layers)]
+    curve = {}
+    for rows in (1, 2, 4, 8, 16, 32, 64, 128, 512):
+        x = torch.randn(rows, k)
+
+        def run(x=x):
+            for w in stack:
+                row.apply(x, w, None, n)
+
+        seconds = best_seconds(run, repeats)
+        curve[rows] = min(1.0, 2 * rows * k * n * layers / seconds / peak)
+    return curve
+
+
+def _attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
+    """Fraction of the read bandwidth the engine's decode attention reaches: 16 sequences of
+    256 tokens (8 heads, 2 KV heads, head_dim 64) in scattered 16-token blocks, over `layers`
+    separate caches (4 MiB each) so the KV comes from memory, as between a model's layers."""
+    from infergen.ops.paged_attention import DECODE_BACKENDS, plan
+
+    batch, context, heads, kv_heads, dim, block = 16, 256, 8, 2, 64, 16
+    blocks = batch * context // block
+    tables = torch.randperm(blocks).view(batch, -1)
+    attn_plan = plan(list(range(batch + 1)), [context] * batch, tables, block, None)
+    caches = [
+        (torch.randn(blocks, block, kv_heads, dim), torch.randn(blocks, block, kv_heads, dim))
+        for _ in range(layers)
+    ]
+    q = torch.randn(batch, heads, dim)
+    decode = DECODE_BACKENDS.get("native")
+
+    def run():
+        for k_cache, v_cache in caches:
+            decode(q, k_cache, v_cache, attn_plan, dim**-0.5)
+
+    nbytes = layers * 2 * batch * context * kv_heads * dim * 4
+    return min(1.0, nbytes / best_seconds(run, repeats) / bandwidth)
 
 
 def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
@@ -80,6 +121,7 @@ def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
         "flops": hw.flops,
         "launch_overhead_s": hw.launch_overhead_s,
         "gemm_efficiency": hw.gemm_efficiency,
+        "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
     }
     path.write_text(json.dumps({hw.name: row}, indent=1))
     return path

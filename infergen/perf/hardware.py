@@ -31,6 +31,19 @@ class Hardware:
     sms: int | None = None
     interconnect: float | None = None  # bytes/s between devices (NVLink), None = none
     launch_overhead_s: float = 0.0  # fixed cost per op launch (kernel / parallel region)
+    step_overhead_s: float = 0.0  # host time per engine step (scheduling, sampling)
+    link_latency_s: float = 0.0  # per collective over the interconnect
+    # the device's global calibration: the fraction of peak FLOP/s (per compute format, or
+    # "default") and of peak bandwidth its kernels reach (absent: 1.0, uncalibrated peaks)
+    compute_efficiency: dict[str, float] = field(default_factory=dict)
+    memory_efficiency: float = 1.0
+    # measured per op kind where it differs from memory_efficiency (cpu-local: "attention")
+    memory_efficiency_by_kind: dict[str, float] = field(default_factory=dict)
+
+    def compute_efficiency_for(self, fmt: str) -> float:
+        fmt = self.runs_as(fmt)
+        return self.compute_efficiency.get(fmt, self.compute_efficiency.get("default", 1.0))
+
     # measured GEMM efficiency by row count: {rows: achieved / peak FLOP/s} on a weight that
     # streams from memory (empty: no curve, efficiency 1)
     gemm_efficiency: dict[int, float] = field(default_factory=dict)
@@ -49,11 +62,15 @@ class Hardware:
         return points[-1][1]
 
     def peak_flops(self, fmt: str) -> float:
-        """Dense FLOP/s for a compute format; a format the device lacks runs at the nearest
+        """Dense FLOP/s for a compute format (see `runs_as`)."""
+        return self.flops[self.runs_as(fmt)]
+
+    def runs_as(self, fmt: str) -> str:
+        """The format a compute format runs in: a format the device lacks runs at the nearest
         wider one it has (fp4 on an H100 runs as fp8, fp8 on an A100 as bf16)."""
         for candidate in _WIDER.get(fmt, (fmt,)):
             if candidate in self.flops:
-                return self.flops[candidate]
+                return candidate
         raise ConfigError(
             f"{self.name} has no peak for compute format {fmt!r}",
             where=f"hardware.{self.name}.flops",
@@ -66,12 +83,14 @@ _WIDER = {
     "fp4": ("fp4", "fp8", "bf16", "fp32"),
     "fp8": ("fp8", "bf16", "fp32"),
     "int8": ("int8", "fp8", "bf16", "fp32"),
+    "int4": ("int4", "fp4", "int8", "fp8", "bf16", "fp32"),
     "bf16": ("bf16", "fp32"),
     "fp16": ("fp16", "bf16", "fp32"),
     "fp32": ("fp32", "bf16"),
 }
 
 _REQUIRED = ("memory_bytes", "bandwidth", "flops")
+_OPTIONAL_FLOATS = ("launch_overhead_s", "step_overhead_s", "link_latency_s", "memory_efficiency")
 
 
 def from_dict(name: str, row: dict, where: str) -> Hardware:
@@ -82,8 +101,8 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             where=where,
             expected=f"keys {list(_REQUIRED)} (plus optional l2_bytes, sms, interconnect)",
         )
-    known = {"description", "l2_bytes", "sms", "interconnect", "launch_overhead_s"}
-    known |= {"gemm_efficiency", *_REQUIRED}
+    known = {"description", "l2_bytes", "sms", "interconnect", *_OPTIONAL_FLOATS}
+    known |= {"gemm_efficiency", "compute_efficiency", "memory_efficiency_by_kind", *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
         raise ConfigError(
@@ -107,9 +126,28 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         l2_bytes=row.get("l2_bytes"),
         sms=row.get("sms"),
         interconnect=row.get("interconnect"),
-        launch_overhead_s=float(row.get("launch_overhead_s", 0.0)),
+        **{key: float(row[key]) for key in _OPTIONAL_FLOATS if key in row},
         gemm_efficiency={int(m): float(e) for m, e in row.get("gemm_efficiency", {}).items()},
+        compute_efficiency=_per_format(row.get("compute_efficiency", {}), name, where),
+        memory_efficiency_by_kind={
+            k: float(v) for k, v in row.get("memory_efficiency_by_kind", {}).items()
+        },
     )
+
+
+def _per_format(value, name: str, where: str) -> dict[str, float]:
+    """compute_efficiency: one number for every format, or {format: fraction}."""
+    table = {"default": value} if isinstance(value, int | float) else value
+    if not isinstance(table, dict) or not all(
+        isinstance(v, int | float) and 0 < v <= 1 for v in table.values()
+    ):
+        raise ConfigError(
+            f"hardware {name!r}: compute_efficiency must be fractions in (0, 1]",
+            where=where,
+            found=value,
+            expected='a number or {"bf16": 0.8, "fp8": 0.5, ...}',
+        )
+    return {k: float(v) for k, v in table.items()}
 
 
 def load_file(path: str | pathlib.Path) -> list[Hardware]:
@@ -155,3 +193,36 @@ def bits_of(fmt: str) -> float:
     from infergen.formats import FORMATS
 
     return FORMATS.get(fmt, where="format").bits_per_value()
+
+
+def compute_class(activation_format: str) -> str:
+    """The peak a GEMM runs at, from its activation (input) format: weight-only formats
+    (W4A16) still multiply in the activation width. fp8/fp6 minifloats -> "fp8", 4-bit
+    -> "fp4", integers -> "int8" / "int4", 16-bit -> "bf16"."""
+    if activation_format in _PLAIN_BITS:
+        return "fp32" if activation_format == "fp32" else "bf16"
+    from infergen.formats import FORMATS
+
+    spec = FORMATS.get(activation_format, where="activation format")
+    bits = spec.element_bits
+    if spec.element is None:
+        return "int8" if bits > 4 else "int4"
+    return "fp8" if bits > 4 else "fp4"
+
+
+def resolve(name: str, hardware_file: str | None = None) -> Hardware:
+    """`--gpu NAME [--hardware-file F]`: a table row, a row of F, or `cpu-local` from the
+    last `infergen perf calibrate`."""
+    if hardware_file:
+        load_file(hardware_file)
+    if name == "cpu-local" and name not in HARDWARE:
+        from infergen.perf.calibrate import default_path
+
+        if not default_path().exists():
+            raise ConfigError(
+                "cpu-local is not calibrated",
+                where="--gpu",
+                expected="run `infergen perf calibrate` first",
+            )
+        load_file(default_path())
+    return HARDWARE.get(name, where="--gpu")

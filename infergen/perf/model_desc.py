@@ -201,8 +201,20 @@ class ModelDesc:
         layers = sum(layer.active_params(self.hidden) for layer in self.layers)
         return self.vocab * self.hidden + layers + self.hidden
 
-    def weight_bytes(self, bits_per_value: float) -> float:
-        return self.params_total() * bits_per_value / 8
+    def routed_expert_params(self) -> int:
+        """Parameters of all routed experts (MoE layers), the part expert parallelism splits
+        and an expert-only format (gpt-oss's MXFP4) applies to."""
+        return sum(
+            lyr.ffn.experts * lyr.ffn._expert(self.hidden)
+            for lyr in self.layers
+            if isinstance(lyr.ffn, MoE)
+        )
+
+    def weight_bytes(self, bits_per_value: float, expert_bits: float | None = None) -> float:
+        """Stored weight bytes; routed experts at `expert_bits` when given."""
+        experts = self.routed_expert_params()
+        rest = self.params_total() - experts
+        return (rest * bits_per_value + experts * (expert_bits or bits_per_value)) / 8
 
     # ---- KV cache and state --------------------------------------------------------------------
     def kv_bytes_per_token(self, bytes_per_element: float) -> float:
@@ -270,7 +282,7 @@ def _head_dim(config: dict, source: str) -> int:
 
 def _base(config: dict, source: str, layers: list[Layer], **extra) -> ModelDesc:
     return ModelDesc(
-        name=pathlib.Path(source).parent.name or source,
+        name=_name_of(source),
         architecture=config.get("model_type", "?"),
         hidden=_need(config, "hidden_size", source),
         vocab=_need(config, "vocab_size", source),
@@ -280,6 +292,12 @@ def _base(config: dict, source: str, layers: list[Layer], **extra) -> ModelDesc:
         source=source,
         **extra,
     )
+
+
+def _name_of(source: str) -> str:
+    """A model's name: its directory for a config.json, else the file's stem."""
+    path = pathlib.Path(source)
+    return (path.parent.name if path.name == "config.json" else path.stem) or source
 
 
 def _layer_windows(config: dict, n_layers: int) -> list[int | None]:

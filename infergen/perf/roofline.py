@@ -1,19 +1,22 @@
-"""Time of a step's ops on a device: each op is bound by compute or by memory, whichever takes
-longer at the device's peak scaled by an efficiency for the op's kind, plus a fixed overhead
-per op launch (a kernel launch on a GPU, a parallel region on a CPU).
+"""Time of a step's ops on a device: each op is bound by compute, memory or the interconnect,
+whichever takes longest at the device's peak scaled by an efficiency, plus a fixed overhead per
+op launch (a kernel launch on a GPU, a parallel region on a CPU) and per step (the host's
+scheduling and sampling).
 
-The efficiencies here are one number per op kind (first step of issue 5). Per-shape efficiency
-curves fitted to measurements replace them next; until then `explain` shows which bound each
-op hits, so a reader sees where a prediction can be wrong.
+Efficiencies come from the hardware row: one compute and one memory fraction per device (its
+global calibration, e.g. an H200's measured 790 of 989 TFLOP/s and 4.3 of 4.8 TB/s), and for
+GEMMs a curve by row count where one was measured (`infergen perf calibrate`). `explain` shows
+which bound each op hits, so a reader sees where a prediction can be wrong.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from infergen.errors import ConfigError
 from infergen.perf.hardware import Hardware
 from infergen.perf.model_desc import ModelDesc
-from infergen.perf.step_cost import Chunk, Formats, OpCost, step_ops
+from infergen.perf.step_cost import Chunk, Formats, OpCost, Parallel, step_ops
 
 
 @dataclass(frozen=True)
@@ -23,9 +26,23 @@ class Efficiency:
     compute: dict[str, float] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
     overhead_s: float = 0.0  # per launch
+    default_compute: float = 1.0  # kinds not in `compute`
+    default_memory: float = 1.0
 
     def of(self, kind: str) -> tuple[float, float]:
-        return self.compute.get(kind, 1.0), self.memory.get(kind, 1.0)
+        return (
+            self.compute.get(kind, self.default_compute),
+            self.memory.get(kind, self.default_memory),
+        )
+
+    @classmethod
+    def of_hardware(cls, hw: Hardware, compute_format: str) -> Efficiency:
+        return cls(
+            memory=dict(hw.memory_efficiency_by_kind),
+            overhead_s=hw.launch_overhead_s,
+            default_compute=hw.compute_efficiency_for(compute_format),
+            default_memory=hw.memory_efficiency,
+        )
 
 
 @dataclass(frozen=True)
@@ -35,15 +52,18 @@ class OpTime:
     compute_s: float
     memory_s: float
     overhead_s: float
+    link_s: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.overhead_s
+        return max(self.compute_s, self.memory_s, self.link_s) + self.overhead_s
 
     @property
     def bound(self) -> str:
-        if self.overhead_s > max(self.compute_s, self.memory_s):
+        if self.overhead_s > max(self.compute_s, self.memory_s, self.link_s):
             return "overhead"
+        if self.link_s > max(self.compute_s, self.memory_s):
+            return "interconnect"
         return "compute" if self.compute_s >= self.memory_s else "memory"
 
 
@@ -59,6 +79,9 @@ def op_times(
     times = []
     for o in ops:
         ce, me = eff.of(o.kind)
+        if o.kind == "comm":
+            times.append(OpTime(o.name, o.kind, 0.0, 0.0, 0.0, _link_seconds(o, hw)))
+            continue
         if o.kind == "gemm":
             ce *= hw.gemm_efficiency_at(o.rows)
         times.append(
@@ -69,6 +92,20 @@ def op_times(
     return times
 
 
+def _link_seconds(o: OpCost, hw: Hardware) -> float:
+    """Bytes over one direction of the link (the table's NVLink figure is both directions
+    together) plus a latency per collective."""
+    if not o.bytes:
+        return 0.0
+    if not hw.interconnect:
+        raise ConfigError(
+            f"{hw.name} has no interconnect for {o.name}",
+            where=f"hardware.{hw.name}.interconnect",
+            expected="a device with NVLink for --tp/--ep > 1",
+        )
+    return o.bytes / (hw.interconnect / 2) + o.calls * hw.link_latency_s
+
+
 def launches(desc: ModelDesc) -> int:
     """Op launches of a step: one per op of each layer (norm, qkv, attention, o, norm, up,
     activation, down: the fused decode's parallel regions are about six), plus embedding and
@@ -77,11 +114,22 @@ def launches(desc: ModelDesc) -> int:
 
 
 def predict_step(
-    desc: ModelDesc, hw: Hardware, chunks: list[Chunk], fmt: Formats, compute_format: str
+    desc: ModelDesc,
+    hw: Hardware,
+    chunks: list[Chunk],
+    fmt: Formats,
+    compute_format: str,
+    par: Parallel | None = None,
 ) -> list[OpTime]:
-    """Op times of one step of `desc` on `hw` for the batch `chunks`."""
-    eff = Efficiency(overhead_s=hw.launch_overhead_s)
-    return op_times(step_ops(desc, chunks, fmt), hw, compute_format, eff, launches(desc))
+    """Op times of one step of `desc` on `hw` (per device of `par`) for the batch `chunks`,
+    with the device's per-step host overhead as a last line."""
+    ops = step_ops(desc, chunks, fmt, par or Parallel())
+    times = op_times(
+        ops, hw, compute_format, Efficiency.of_hardware(hw, compute_format), launches(desc)
+    )
+    if hw.step_overhead_s:
+        times.append(OpTime("step overhead", "overhead", 0.0, 0.0, hw.step_overhead_s))
+    return times
 
 
 def step_seconds(times: list[OpTime]) -> float:

@@ -25,6 +25,7 @@ device's peaks and efficiencies elsewhere; this module only counts.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -46,26 +47,47 @@ class Chunk:
 @dataclass(frozen=True)
 class Formats:
     """Storage widths: weights and KV in bits per value (scales included, e.g. MXFP4 4.25),
-    activations in bytes."""
+    activations in bytes. `expert_weight_bits` overrides the width of routed experts (gpt-oss
+    ships MXFP4 experts next to bf16 attention). Activations narrower than 2 bytes are
+    quantized before each GEMM: a "quantize" op reads them at 2 bytes and writes them narrow."""
 
     weight_bits: float = 16.0
     kv_bits: float = 16.0
     act_bytes: float = 2.0
+    expert_weight_bits: float | None = None
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Tensor parallelism `tp` (heads, GEMM columns/rows and the vocabulary split over tp
+    devices; two all-reduces of the hidden states per layer) and expert parallelism `ep`
+    (routed experts split over ep devices; an all-to-all dispatch and combine per MoE layer).
+    Costs are per device."""
+
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.ep < 1:
+            raise ValueError(f"tp and ep must be >= 1, got tp={self.tp}, ep={self.ep}")
 
 
 @dataclass
 class OpCost:
     name: str
-    kind: str  # gemm | attention | norm | kv_write | scan | lookup
+    kind: str  # gemm | attention | norm | kv_write | scan | lookup | quantize | comm
     flops: float = 0.0
-    bytes: float = 0.0  # everything moved, weights included
+    bytes: float = 0.0  # everything moved, weights included (comm: bytes over the link)
     weight_bytes: float = 0.0
     rows: int = 0  # GEMMs: the largest row count (tokens) of the op; its efficiency depends on it
+    calls: int = 0  # comm: collectives (each pays the link latency)
 
-    def add(self, flops: float, nbytes: float, weight_bytes: float = 0.0, rows: int = 0) -> None:
-        self.flops += flops
-        self.bytes += nbytes + weight_bytes
-        self.weight_bytes += weight_bytes
+    def add(
+        self, flops: float, nbytes: float, weight_bytes: float = 0.0, rows: int = 0, times=1
+    ) -> None:
+        self.flops += flops * times
+        self.bytes += (nbytes + weight_bytes) * times
+        self.weight_bytes += weight_bytes * times
         self.rows = max(self.rows, rows)
 
 
@@ -87,92 +109,166 @@ def keys_read(chunk: Chunk, window: int | None) -> int:
     return chunk.context if window is None else min(chunk.context, window + chunk.new - 1)
 
 
-def step_ops(desc: ModelDesc, chunks: Iterable[Chunk], fmt: Formats = Formats()) -> list[OpCost]:
-    """The step's ops, summed over layers, in a fixed order; `chunks` is the batch."""
+def step_ops(
+    desc: ModelDesc,
+    chunks: Iterable[Chunk],
+    fmt: Formats = Formats(),
+    par: Parallel = Parallel(),
+) -> list[OpCost]:
+    """The step's ops on one device, summed over layers, in a fixed order; `chunks` is the
+    batch. Identical layers are counted once and multiplied, so a step costs
+    O(distinct layers x sequences)."""
     chunks = list(chunks)
-    tokens = sum(c.new for c in chunks)
-    ops: dict[str, OpCost] = {}
-
-    def op(name: str, kind: str) -> OpCost:
-        return ops.setdefault(name, OpCost(name, kind))
-
-    w_bytes, kv_bytes, act = fmt.weight_bits / 8, fmt.kv_bits / 8, fmt.act_bytes
+    step = _Step(chunks, fmt, par, desc.hidden)
     h = desc.hidden
+    step.op("embedding", "lookup").add(
+        0.0, step.tokens * h * fmt.act_bytes, step.tokens * h * step.w_bytes
+    )
+    for layer, count in Counter(desc.layers).items():
+        step.times = count
+        step.op("norm", "norm").add(
+            0.0, 2 * step.tokens * h * fmt.act_bytes * (2 if layer.ffn else 1), times=count
+        )
+        _mixer(layer, step)
+        _ffn(layer, step)
+        if par.tp > 1:  # after the mixer's and the feed-forward's row-parallel GEMM
+            step.all_reduce(2 if layer.ffn else 1)
+    step.times = 1
+    step.gemm("lm_head", h, desc.vocab, rows=len(chunks), split=par.tp)  # last token of each
+    return list(step.ops.values())
 
-    def gemm(name: str, k: int, n: int, rows: int = tokens, weight_copies: float = 1.0) -> None:
-        weights = k * n * w_bytes * weight_copies
-        op(name, "gemm").add(2.0 * rows * k * n, rows * (k + n) * act, weights, rows)
 
-    op("embedding", "lookup").add(0.0, tokens * h * act, tokens * h * w_bytes)
-    for layer in desc.layers:
-        op("norm", "norm").add(0.0, 2 * tokens * h * act * (2 if layer.ffn else 1))
-        _mixer(layer, chunks, tokens, h, gemm, op, kv_bytes, act)
-        _ffn(layer, tokens, h, gemm)
-    rows = len(chunks)  # logits for the last new token of each sequence
-    gemm("lm_head", h, desc.vocab, rows=rows)
-    return list(ops.values())
+class _Step:
+    """Accumulates one step's ops; `times` multiplies everything added (identical layers)."""
+
+    def __init__(self, chunks: list[Chunk], fmt: Formats, par: Parallel, hidden: int):
+        self.chunks, self.fmt, self.par, self.hidden = chunks, fmt, par, hidden
+        self.tokens = sum(c.new for c in chunks)
+        self.w_bytes, self.kv_bytes = fmt.weight_bits / 8, fmt.kv_bits / 8
+        self.ops: dict[str, OpCost] = {}
+        self.times = 1
+
+    def op(self, name: str, kind: str) -> OpCost:
+        return self.ops.setdefault(name, OpCost(name, kind))
+
+    def gemm(
+        self,
+        name: str,
+        k: int,
+        n: int,
+        rows: int | None = None,
+        weight_copies: float = 1.0,
+        split: int | None = None,
+        weight_bits: float | None = None,
+    ) -> None:
+        """rows x k @ k x n, the weight split `split` ways (tp by default) across devices."""
+        rows = self.tokens if rows is None else rows
+        split = self.par.tp if split is None else split
+        act = self.fmt.act_bytes
+        w_bytes = (weight_bits or self.fmt.weight_bits) / 8
+        weights = k * n * w_bytes * weight_copies / split
+        self.op(name, "gemm").add(
+            2.0 * rows * k * n / split, rows * (k + n / split) * act, weights, rows, self.times
+        )
+        if act < 2:  # the input is quantized to the activation format first
+            self.op("quantize", "quantize").add(0.0, rows * k * (2 + act), times=self.times)
+
+    def all_reduce(self, count: int) -> None:
+        """Ring all-reduce of the step's hidden states: 2 (tp - 1) / tp of them per device."""
+        tp = self.par.tp
+        nbytes = 2 * (tp - 1) / tp * self.tokens * self.hidden * self.fmt.act_bytes
+        comm = self.op("all_reduce", "comm")
+        comm.add(0.0, nbytes * count, times=self.times)
+        comm.calls += count * self.times
+
+    def all_to_all(self, top_k: int) -> None:
+        """Dispatch each token's hidden state to its top-k experts' devices and combine back:
+        (ep - 1) / ep of the assignments leave the device, twice."""
+        ep = self.par.ep
+        nbytes = 2 * (ep - 1) / ep * self.tokens * top_k * self.hidden * self.fmt.act_bytes
+        comm = self.op("all_to_all", "comm")
+        comm.add(0.0, nbytes, times=self.times)
+        comm.calls += 2 * self.times
 
 
-def _mixer(layer: Layer, chunks, tokens, h, gemm, op, kv_bytes, act) -> None:
-    m = layer.mixer
+def _heads(heads: int, tp: int) -> int:
+    """Heads per device; KV heads fewer than tp are replicated (at least one per device)."""
+    return max(1, -(-heads // tp))
+
+
+def _mixer(layer: Layer, step: _Step) -> None:
+    m, h, tp, act = layer.mixer, step.hidden, step.par.tp, step.fmt.act_bytes
+    kv_bytes, times = step.kv_bytes, step.times
     if isinstance(m, Attention):
-        q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
-        gemm("qkv_proj", h, q + 2 * kv)
-        gemm("o_proj", q, h)
-        attn = op("attention", "attention")
-        for c in chunks:
-            keys = attended_keys(c, m.window)
-            flops = 4.0 * m.heads * m.head_dim * keys  # q·k and p·v
-            reads = keys_read(c, m.window) * 2 * kv * kv_bytes
-            attn.add(flops, reads + 2 * c.new * q * act)
-        op("kv_write", "kv_write").add(0.0, tokens * 2 * kv * kv_bytes)
+        heads, kv_heads = _heads(m.heads, tp), _heads(m.kv_heads, tp)
+        q, kv = heads * m.head_dim, kv_heads * m.head_dim
+        step.gemm("qkv_proj", h, q + 2 * kv, split=1)  # already per device
+        step.gemm("o_proj", q, h, split=1)
+        attn = step.op("attention", "attention")
+        keys = sum(attended_keys(c, m.window) for c in step.chunks)
+        reads = sum(keys_read(c, m.window) for c in step.chunks)
+        attn.add(
+            4.0 * heads * m.head_dim * keys,  # q.k and p.v
+            reads * 2 * kv * kv_bytes + 2 * step.tokens * q * act,
+            times=times,
+        )
+        step.op("kv_write", "kv_write").add(0.0, step.tokens * 2 * kv * kv_bytes, times=times)
     elif isinstance(m, MLA):
+        heads = _heads(m.heads, tp)
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
         if m.q_lora_rank:
-            gemm("q_a_proj", h, m.q_lora_rank)
-            gemm("q_b_proj", m.q_lora_rank, m.heads * qk)
+            step.gemm("q_a_proj", h, m.q_lora_rank, split=1)  # small, replicated
+            step.gemm("q_b_proj", m.q_lora_rank, heads * qk, split=1)
         else:
-            gemm("q_proj", h, m.heads * qk)
-        gemm("kv_a_proj", h, m.kv_lora_rank + m.qk_rope_head_dim)
-        # absorbed: q_nope into the latent, and the latent output back to v (kv_b_proj twice)
-        gemm("kv_b_absorb", m.kv_lora_rank, m.heads * (m.qk_nope_head_dim + m.v_head_dim))
-        gemm("o_proj", m.heads * m.v_head_dim, h)
+            step.gemm("q_proj", h, heads * qk, split=1)
         latent = m.kv_lora_rank + m.qk_rope_head_dim
-        attn = op("attention", "attention")
-        for c in chunks:
-            keys = attended_keys(c, m.window)
-            flops = 2.0 * m.heads * keys * (latent + m.kv_lora_rank)
-            attn.add(
-                flops,
-                keys_read(c, m.window) * latent * kv_bytes + 2 * c.new * m.heads * latent * act,
-            )
-        op("kv_write", "kv_write").add(0.0, tokens * latent * kv_bytes)
+        step.gemm("kv_a_proj", h, latent, split=1)  # the latent is replicated on every device
+        # absorbed: q_nope into the latent, and the latent output back to v (kv_b_proj twice)
+        step.gemm(
+            "kv_b_absorb", m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim), split=1
+        )
+        step.gemm("o_proj", heads * m.v_head_dim, h, split=1)
+        keys = sum(attended_keys(c, m.window) for c in step.chunks)
+        reads = sum(keys_read(c, m.window) for c in step.chunks)
+        step.op("attention", "attention").add(
+            2.0 * heads * keys * (latent + m.kv_lora_rank),
+            reads * latent * kv_bytes + 2 * step.tokens * heads * latent * act,
+            times=times,
+        )
+        step.op("kv_write", "kv_write").add(0.0, step.tokens * latent * kv_bytes, times=times)
     elif isinstance(m, SSM):
-        gemm("in_proj", h, m.inner + m.conv_dim + m.heads)
-        gemm("out_proj", m.inner, h)
+        step.gemm("in_proj", h, m.inner + m.conv_dim + m.heads)
+        step.gemm("out_proj", m.inner, h)
         # per token: conv over the kernel, state decay + outer-product update + readout
         per_token = 2.0 * m.conv_dim * m.conv_kernel + 6.0 * m.heads * m.head_dim * m.state_size
-        state = m.state_elements() * 4.0  # fp32 state, read and written once per sequence
-        op("scan", "scan").add(
-            per_token * tokens, 2 * state * len(chunks) + tokens * m.conv_dim * act
+        state = m.state_elements() * 4.0 / tp  # fp32 state, read and written once per sequence
+        step.op("scan", "scan").add(
+            per_token * step.tokens / tp,
+            2 * state * len(step.chunks) + step.tokens * m.conv_dim * act / tp,
+            times=times,
         )
 
 
-def _ffn(layer: Layer, tokens: int, h: int, gemm) -> None:
-    f = layer.ffn
+def _ffn(layer: Layer, step: _Step) -> None:
+    f, h, tokens = layer.ffn, step.hidden, step.tokens
     if isinstance(f, Dense):
         ups = 2 if f.gated else 1
-        gemm("mlp_up", h, ups * f.intermediate)
-        gemm("mlp_down", f.intermediate, h)
+        step.gemm("mlp_up", h, ups * f.intermediate)
+        step.gemm("mlp_down", f.intermediate, h)
     elif isinstance(f, MoE):
-        gemm("router", h, f.experts)
+        step.gemm("router", h, f.experts, split=1)
         if f.shared_intermediate:
-            gemm("shared_up", h, 2 * f.shared_intermediate)
-            gemm("shared_down", f.shared_intermediate, h)
+            step.gemm("shared_up", h, 2 * f.shared_intermediate)
+            step.gemm("shared_down", f.shared_intermediate, h)
+        # routed experts: split ep ways when expert-parallel, else tp ways like any GEMM
+        split = step.par.ep if step.par.ep > 1 else step.par.tp
         touched = expected_experts(f.experts, f.top_k, tokens)
-        assignments = tokens * f.top_k
-        gemm("experts_up", h, 2 * f.intermediate, rows=assignments, weight_copies=touched)
-        gemm("experts_down", f.intermediate, h, rows=assignments, weight_copies=touched)
+        rows = tokens * f.top_k
+        bits = step.fmt.expert_weight_bits
+        step.gemm("experts_up", h, 2 * f.intermediate, rows, touched, split, bits)
+        step.gemm("experts_down", f.intermediate, h, rows, touched, split, bits)
+        if step.par.ep > 1:
+            step.all_to_all(f.top_k)
 
 
 def expected_experts(experts: int, top_k: int, tokens: int) -> float:

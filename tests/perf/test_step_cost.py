@@ -109,3 +109,56 @@ def test_moe_step_counts_only_routed_flops():
     ops = {o.name: o for o in step_ops(desc, [Chunk(1, 10)])}
     assert ops["experts_up"].flops == 2 * 2 * 64 * 64 * 2  # 2 experts x (64 -> 2x32) x 2 layers
     assert ops["experts_up"].weight_bytes == pytest.approx(2 * 64 * 64 * 2 * 2)  # 2 touched
+
+
+def _by_name(ops):
+    return {o.name: o for o in ops}
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tensor_parallel_splits_the_work_and_adds_two_all_reduces_per_layer(tp):
+    from infergen.perf.step_cost import Parallel
+
+    desc = from_path("tests/perf/configs/llama-3.1-8b.json")  # 32 heads, 8 KV heads
+    chunks = [Chunk(1, 300), Chunk(64, 64)]
+    one = _by_name(step_ops(desc, chunks))
+    split = _by_name(step_ops(desc, chunks, par=Parallel(tp=tp)))
+    for name in ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "lm_head", "attention"):
+        assert split[name].flops * tp == pytest.approx(one[name].flops)
+        assert split[name].weight_bytes * tp == pytest.approx(one[name].weight_bytes)
+    assert split["kv_write"].bytes * tp == pytest.approx(one["kv_write"].bytes)
+    tokens, layers = 65, 32
+    ring = 2 * (tp - 1) / tp * tokens * desc.hidden * 2  # bf16 hidden states
+    assert split["all_reduce"].bytes == pytest.approx(2 * layers * ring)
+    assert split["all_reduce"].calls == 2 * layers and "all_reduce" not in one
+
+
+def test_kv_heads_fewer_than_devices_are_replicated():
+    from infergen.perf.memory import kv_share
+    from infergen.perf.step_cost import Parallel
+
+    desc = from_path("tests/perf/configs/llama-3.1-8b.json")
+    par = Parallel(tp=16)
+    ops = _by_name(step_ops(desc, [Chunk(1, 10)], par=par))
+    assert ops["kv_write"].bytes == 32 * 2 * 1 * 128 * 2  # one KV head per device
+    assert kv_share(desc, par) == pytest.approx(1 / 8)
+
+
+def test_expert_parallel_all_to_all_and_activation_quantize():
+    from infergen.perf.step_cost import Parallel
+
+    desc = from_path("tests/perf/configs/gpt-oss-20b.json")
+    moe = desc.layers[0].ffn
+    tokens = 40
+    ops = _by_name(step_ops(desc, [Chunk(tokens, tokens)], par=Parallel(ep=4)))
+    a2a = 2 * 3 / 4 * tokens * moe.top_k * desc.hidden * 2
+    assert ops["all_to_all"].bytes == pytest.approx(len(desc.layers) * a2a)
+    whole = _by_name(step_ops(desc, [Chunk(tokens, tokens)]))
+    assert ops["experts_up"].flops * 4 == pytest.approx(whole["experts_up"].flops)
+    assert "quantize" not in whole
+    llama = from_path("tests/perf/configs/llama-3.1-8b.json")
+    fp8 = _by_name(step_ops(llama, [Chunk(tokens, tokens)], Formats(8, 8, 1)))
+    # every GEMM input is read in bf16 and written in fp8 once: per layer the qkv, o, up
+    # and down inputs (hidden, heads x head_dim, hidden, intermediate), then the LM head's row
+    per_layer = tokens * (4096 + 32 * 128 + 4096 + 14336) * 3
+    assert fp8["quantize"].bytes == 32 * per_layer + 1 * 4096 * 3

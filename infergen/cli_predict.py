@@ -1,0 +1,287 @@
+"""`infergen predict`: the performance model's command line (parser and command).
+
+Builds a `perf.predict.Deployment` from the flags, simulates the load and prints a report,
+the JSON result (`--json`), the per-op table of a step (`--explain`), or a sweep over one
+parameter as a table plus a PNG plot (`--sweep NAME=V1,V2,...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+
+from infergen.bench.workloads import add_workload_args
+from infergen.config import parse_bytes
+from infergen.errors import ConfigError
+
+# flags a sweep may vary: name -> the type of its values
+SWEEPABLE = {
+    "concurrency": int,
+    "rate": float,
+    "tp": int,
+    "ep": int,
+    "isl": int,
+    "osl": int,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "spec_tokens": int,
+    "spec_acceptance": float,
+    "num_requests": int,
+}
+
+
+def add_predict_parser(sub) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="predict TTFT, ITL, throughput, memory and cost of serving a model on a GPU",
+        description="Simulate continuous-batching serving of a model on a device (roofline "
+        "step times with the device's calibrated efficiencies, the engine's scheduler, KV "
+        "capacity, prefix cache, speculative decoding) and report latency percentiles, "
+        "throughput, the memory plan, the concurrency that fits and the cost per million "
+        "output tokens. Metric definitions as `infergen bench serve`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", "-m", default=None, help="config.json, directory or GGUF")
+    p.add_argument("--gpu", default="h200", help="hardware row; cpu-local = calibrated here")
+    p.add_argument("--hardware-file", default=None, help="extra hardware rows (JSON/YAML)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel devices (MoE)")
+    p.add_argument("--weights", default="bf16", help="weight format: fp32, bf16 or a format")
+    p.add_argument("--expert-weights", default=None, help="routed experts' format (MoE)")
+    p.add_argument("--activations", default="bf16", help="activation format")
+    p.add_argument("--kv", default="bf16", help="KV cache format")
+    p.add_argument("--compute", default=None, help="GEMM peak class (default: from --activations)")
+    add_workload_args(p, num_requests=256)
+    p.add_argument("--isl", type=int, default=None, help="fixed prompt tokens (with --osl)")
+    p.add_argument("--osl", type=int, default=None, help="fixed answer tokens (with --isl)")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, default=None, help="closed loop (default 32)")
+    load.add_argument("--rate", type=float, default=None, help="open loop: Poisson, req/s")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="tokens per step")
+    p.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
+    p.add_argument("--no-prefix-caching", action="store_true", help="no KV reuse across turns")
+    p.add_argument(
+        "--admission",
+        choices=("optimistic", "reserve"),
+        default="optimistic",
+        help="optimistic: KV as computed, preempt when full (infergen, vLLM); reserve: KV for "
+        "prompt + max_tokens at admission (TensorRT-LLM)",
+    )
+    p.add_argument("--memory-util", type=float, default=0.9, help="fraction of device memory")
+    p.add_argument("--kv-memory", default=None, help="KV cache size per device (e.g. 40GiB)")
+    p.add_argument("--spec-tokens", type=int, default=0, help="speculative: drafted tokens")
+    p.add_argument("--spec-acceptance", type=float, default=0.7, help="per-token acceptance")
+    p.add_argument("--draft-model", default=None, help="draft config (default: free n-gram)")
+    p.add_argument("--usd-per-gpu-hour", type=float, default=3.0, help="price of one GPU-hour")
+    p.add_argument("--seed", type=int, default=0, help="workload, arrivals and acceptance")
+    p.add_argument("--warmup", type=int, default=0, help="requests simulated first and not counted")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--explain", action="store_true", help="per-op table of a decode step")
+    p.add_argument(
+        "--sweep", default=None, metavar="NAME=V1,V2,..", help=f"one of {sorted(SWEEPABLE)}"
+    )
+    p.add_argument("--plot", default="predict-sweep.png", help="the sweep's PNG plot")
+    p.set_defaults(func=cmd_predict)
+
+
+def deployment(args: argparse.Namespace):
+    from infergen.perf.hardware import bits_of, compute_class, resolve
+    from infergen.perf.model_desc import from_path
+    from infergen.perf.predict import Deployment
+    from infergen.perf.step_cost import Formats, Parallel
+
+    if args.model is None:
+        from infergen.io.default_model import default_model_path
+
+        args.model = str(default_model_path())
+    from infergen.config import SchedulerConfig
+
+    try:
+        par = Parallel(args.tp, args.ep)
+    except ValueError as exc:
+        raise ConfigError(str(exc), where="--tp/--ep") from None
+    fmt = Formats(
+        weight_bits=bits_of(args.weights),
+        kv_bits=bits_of(args.kv),
+        act_bytes=bits_of(args.activations) / 8,
+        expert_weight_bits=bits_of(args.expert_weights) if args.expert_weights else None,
+    )
+    return Deployment(
+        desc=from_path(args.model),
+        hw=resolve(args.gpu, args.hardware_file),
+        fmt=fmt,
+        compute_format=args.compute or compute_class(args.activations),
+        par=par,
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        ),
+        block_size=args.block_size,
+        prefix_caching=not args.no_prefix_caching,
+        reserve_kv=args.admission == "reserve",
+        memory_utilization=args.memory_util,
+        kv_capacity=parse_bytes(args.kv_memory, where="--kv-memory") if args.kv_memory else None,
+        spec_tokens=args.spec_tokens,
+        spec_acceptance=args.spec_acceptance,
+        draft=from_path(args.draft_model) if args.draft_model else None,
+    )
+
+
+def _shapes(args: argparse.Namespace):
+    import random
+
+    from infergen.bench.workloads import shapes, workload_options
+    from infergen.perf.predict import fixed_shapes
+
+    if (args.isl is None) != (args.osl is None):
+        raise ConfigError("give --isl and --osl together", where="--isl/--osl")
+    if args.isl is not None:
+        return fixed_shapes(args.isl, args.osl, args.num_requests)
+    try:
+        return shapes(
+            args.workload,
+            workload_options(args),
+            random.Random(args.seed),
+            count_tokens=lambda text: max(1, len(text) // 4),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc), where="--workload") from None
+
+
+def run_one(args: argparse.Namespace) -> dict:
+    from infergen.perf.predict import predict
+
+    if args.concurrency is None and args.rate is None:
+        args.concurrency = 32
+    return predict(
+        deployment(args),
+        _shapes(args),
+        concurrency=args.concurrency,
+        rate=args.rate,
+        usd_per_gpu_hour=args.usd_per_gpu_hour,
+        seed=args.seed,
+        warmup=args.warmup,
+    )
+
+
+def format_prediction(r: dict) -> str:
+    mem = r["memory_per_device"]
+    gb = 1e9
+    lines = [
+        f"{r['model']} on {r['gpus']} x {r['gpu']} (tp {r['tp']}, ep {r['ep']}), "
+        f"weights {r['weights_bits']:g} bits, KV {r['kv_bits']:g} bits, "
+        f"compute {r['compute_format']}",
+        f"params {r['params_total'] / 1e9:.2f} B total, {r['params_active'] / 1e9:.2f} B active; "
+        f"weights {r['weight_bytes'] / gb:.2f} GB; KV {r['kv_bytes_per_token'] / 1024:.1f} "
+        "KiB/token",
+        f"memory per device: weights {mem['weights'] / gb:.2f} GB, activations "
+        f"{mem['activations'] / gb:.2f} GB, KV cache {mem['kv_cache'] / gb:.2f} GB "
+        f"(of {mem['usable_bytes'] / gb:.1f} GB usable)",
+        f"max concurrency that fits: {r['max_concurrency']} (KV alone: {r['max_concurrency_kv']})",
+        f"{r['requests'] - r['failed']}/{r['requests']} requests in {r['wall_s']:.2f} s: output "
+        f"{r['output_tok_s']:.1f} tok/s, total {r['total_tok_s']:.1f} tok/s",
+        f"{'metric':<8} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}   (ms)",
+    ]
+    for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        s = r[name]
+        cells = [s["mean"], s["p50"], s["p90"], s["p99"]]
+        text = " ".join(f"{c:9.2f}" if c is not None else f"{'-':>9}" for c in cells)
+        lines.append(f"{name[:-3].upper():<8} {text}")
+    if r["cost_per_mtok_usd"] is not None:
+        lines.append(
+            f"cost: ${r['cost_per_mtok_usd']:.3f} per million output tokens at "
+            f"${r['usd_per_gpu_hour']:.2f}/GPU-hour"
+        )
+    if r["errors"]:
+        lines.append(f"rejected: {r['errors']}")
+    return "\n".join(lines)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    if args.explain:
+        from infergen.perf.predict import explain
+
+        dep = deployment(args)
+        isl = args.isl or args.input_len
+        osl = args.osl or args.output_len
+        batch = min(args.concurrency or 32, args.max_num_seqs)
+        print(explain(dep, batch, isl + osl // 2))
+        print()
+        print(explain(dep, 1, isl, new=min(isl, args.max_num_batched_tokens)))
+        return 0
+    if args.sweep:
+        return _sweep(args)
+    result = run_one(args)
+    print(json.dumps(result) if args.json else format_prediction(result))
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    name, _, values = args.sweep.partition("=")
+    name = name.replace("-", "_")
+    if name not in SWEEPABLE or not values:
+        raise ConfigError(
+            "bad --sweep",
+            found=args.sweep,
+            expected=f"NAME=V1,V2,... with NAME in {sorted(SWEEPABLE)}",
+        )
+    try:
+        points = [SWEEPABLE[name](v) for v in values.split(",")]
+    except ValueError:
+        raise ConfigError("bad --sweep values", found=values, expected="numbers") from None
+    rows = []
+    for value in points:
+        point = copy.copy(args)
+        setattr(point, name, value)
+        if name == "rate":
+            point.concurrency = None
+        elif name == "concurrency":
+            point.rate = None
+        if name in ("isl", "osl"):
+            point.isl = point.isl or args.input_len
+            point.osl = point.osl or args.output_len
+        rows.append((value, run_one(point)))
+        print(f"  {name}={value} done", file=sys.stderr, flush=True)
+    header = f"{name:>14} {'out tok/s':>10} {'ITL p50':>9} {'TPOT p50':>9} {'TTFT p50':>9} "
+    header += f"{'TTFT p90':>9} {'$/Mtok':>8}"
+    print(header + "   (ms)")
+    for value, r in rows:
+        cost = r["cost_per_mtok_usd"]
+        print(
+            f"{value:>14} {r['output_tok_s']:10.1f} {r['itl_ms']['p50']:9.2f} "
+            f"{r['tpot_ms']['p50']:9.2f} {r['ttft_ms']['p50']:9.2f} {r['ttft_ms']['p90']:9.2f} "
+            f"{cost if cost is not None else float('nan'):8.3f}"
+        )
+    if args.json:
+        print(json.dumps([{name: v, **r} for v, r in rows]))
+    _plot(name, rows, args.plot)
+    print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _plot(name: str, rows: list, path: str) -> None:
+    """Throughput against TPOT across the sweep: the latency/throughput trade-off curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    tpot = [r["tpot_ms"]["p50"] for _, r in rows]
+    tput = [r["output_tok_s"] for _, r in rows]
+    ax.plot(tpot, tput, marker="o")
+    for (value, _), x, y in zip(rows, tpot, tput, strict=True):
+        ax.annotate(
+            f"{name}={value}", (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points"
+        )
+    first = rows[0][1]
+    ax.set_xlabel("TPOT p50 (ms)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(f"{first['model']} on {first['gpus']} x {first['gpu']}: sweep over {name}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
