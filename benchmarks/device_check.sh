@@ -21,4 +21,7 @@ TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider \
 #    GPU, vs device copy and HBM peak.
 TRITON_INTERPRET=0 timeout 200 python3 benchmarks/bench_formats_gpu.py \
     --out "$OUT/formats_gpu.jsonl" 2>&1 | tee "$OUT/formats_gpu.log" || status=1
+# 3. Performance model: calibrate the GPU's row from GEMM / copy / attention / launch
+#    microbenchmarks; the JSON line sets the measured efficiencies beside the table row's.
+timeout 120 python3 benchmarks/calibrate_gpu.py --out "$OUT" 2>&1 | tee "$OUT/calibrate_gpu.log" || status=1
 exit $status

@@ -16,8 +16,8 @@ published  REFERENCES §5: TensorRT-LLM's max-load throughput rows (H200, FP8) a
            hardware.json (bar: within +-20 %). No engine run; seconds.
 
 The `cpu-local` hardware row is calibrated in this run (`infergen perf calibrate`'s
-measurement), plus the engine's host time per step (scheduling, sampling: the wall time of
-a batch outside the model's forward, measured in process) for the serving part. Error =
+measurement); for the serving part also the served engine's host time per step (a + b x
+sequences, from two calibration runs with their own prompts: see `calibrate_host`). Error =
 predicted / measured - 1 (published: the ratio predicted / published). JSON lines to --out.
 """
 
@@ -97,15 +97,45 @@ def steps_part(llm, desc, hw) -> list[tuple]:
     return rows
 
 
+def _load(client, tokenizer, workload: str, concurrency: int, seed: int):
+    """One closed-loop run: (requests, measured summary)."""
+    from infergen.bench.client import run_load
+    from infergen.bench.report import format_report, summarize
+    from infergen.bench.workloads import WORKLOADS, WorkloadOptions
+
+    opts = WorkloadOptions(num_requests=2 * concurrency, input_len=128, output_len=32)
+    requests = WORKLOADS.get(workload)(tokenizer, opts, random.Random(seed))
+    results, wall = asyncio.run(run_load(requests, client, concurrency=concurrency))
+    measured = summarize(results, wall)
+    print(format_report(f"measured {workload} c={concurrency}", measured), flush=True)
+    return [_shape_of(r, tokenizer) for r in requests], measured
+
+
+def calibrate_host(dep, client, tokenizer) -> tuple[float, float]:
+    """The engine's host time per step as served (scheduling, sampling, streaming, and the
+    server's event loop taking a core from the model's threads): two calibration runs
+    (random, concurrency 2 and 16, their own prompts) measured, simulated without host time;
+    the mean-ITL gap at each, fitted as a + b x (sequences in the step)."""
+    points = []
+    for c in (2, 16):
+        shapes, measured = _load(client, tokenizer, "random", c, seed=1000 + c)
+        predicted = predict(dep, shapes, concurrency=c)
+        gap = measured["itl_s"]["mean"] - predicted["itl_ms"]["mean"] / 1e3
+        points.append((predicted["simulation"]["mean_batch"], gap))
+    (m1, g1), (m2, g2) = points
+    per_seq = max(0.0, (g2 - g1) / (m2 - m1))
+    return max(0.0, g1 - per_seq * m1), per_seq
+
+
 def serving_part(desc, hw, threads: int) -> list[tuple]:
     from infergen.bench.client import ClientOptions, run_load
-    from infergen.bench.report import format_report, summarize
     from infergen.bench.workloads import WORKLOADS, WorkloadOptions
     from infergen.io.checkpoint import load_checkpoint
     from infergen.io.default_model import default_model_path
 
     tokenizer = load_checkpoint(default_model_path(), load_weights=False).tokenizer
-    dep = Deployment(desc, hw, FP32, "fp32", scheduler=SchedulerConfig(), kv_capacity=KV_MEMORY)
+    hw = dataclasses.replace(hw, step_overhead_s=0.0, sequence_overhead_s=0.0)
+    scheduler = SchedulerConfig()  # the server's defaults
     port = free_port()
     cmd = [sys.executable, "-m", "infergen.cli", "serve", "--port", str(port)]
     cmd += ["--threads", str(threads), "--kv-cache-memory", "1GiB"]
@@ -116,14 +146,16 @@ def serving_part(desc, hw, threads: int) -> list[tuple]:
             tokenizer, WorkloadOptions(num_requests=2, output_len=4), random.Random(99)
         )
         asyncio.run(run_load(warm, client, concurrency=2))
+        forward_only = Deployment(
+            desc, hw, FP32, "fp32", scheduler=scheduler, kv_capacity=KV_MEMORY
+        )
+        step_s, seq_s = calibrate_host(forward_only, client, tokenizer)
+        print(f"host time per step: {step_s * 1e3:.2f} ms + {seq_s * 1e3:.2f} ms per sequence")
+        hw = dataclasses.replace(hw, step_overhead_s=step_s, sequence_overhead_s=seq_s)
+        dep = Deployment(desc, hw, FP32, "fp32", scheduler=scheduler, kv_capacity=KV_MEMORY)
         for workload in ("random", "agentic"):
             for c in (8, 32):
-                opts = WorkloadOptions(num_requests=2 * c, input_len=128, output_len=32)
-                requests = WORKLOADS.get(workload)(tokenizer, opts, random.Random(c))
-                results, wall = asyncio.run(run_load(requests, client, concurrency=c))
-                measured = summarize(results, wall)
-                print(format_report(f"measured {workload} c={c}", measured), flush=True)
-                shapes = [_shape_of(r, tokenizer) for r in requests]
+                shapes, measured = _load(client, tokenizer, workload, c, seed=c)
                 predicted = predict(dep, shapes, concurrency=c)
                 tag = f"{workload}_c{c}"
                 rows += [
@@ -146,7 +178,7 @@ def serving_part(desc, hw, threads: int) -> list[tuple]:
                         0.25,
                     ),
                 ]
-    return rows
+    return rows, {"step_overhead_s": step_s, "sequence_overhead_s": seq_s}
 
 
 def _shape_of(request, tokenizer):
@@ -226,27 +258,26 @@ def main() -> None:
         llm = LLM(num_threads=args.threads, enable_prefix_caching=False)
         desc = from_model_config(llm.config)
         profile(llm, 2, 32, 8, seed=99)  # warm-up
-        host = statistics.median(
-            profile(llm, 8, 128, 32, seed=s)["host_ms_per_step"] for s in range(3)
-        )
-        hw = dataclasses.replace(hw, step_overhead_s=host / 1e3)
         base["hardware"] = {
             "flops": hw.flops,
             "bandwidth": hw.bandwidth,
             "launch": hw.launch_overhead_s,
-            "step_overhead": hw.step_overhead_s,
+            "gemm_efficiency": hw.gemm_efficiency,
+            "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
         }
         print(
             f"cpu-local: {hw.flops['fp32'] / 1e9:.1f} GFLOP/s, {hw.bandwidth / 1e9:.1f} GB/s, "
-            f"launch {hw.launch_overhead_s * 1e6:.1f} us, host {host:.2f} ms/step",
+            f"launch {hw.launch_overhead_s * 1e6:.1f} us, attention at "
+            f"{hw.memory_efficiency_by_kind['attention']:.0%} of the bandwidth",
             flush=True,
         )
         if "steps" in args.parts:
-            no_host = dataclasses.replace(hw, step_overhead_s=0.0)  # forward time only
-            rows += [("steps", *r) for r in steps_part(llm, desc, no_host)]
+            rows += [("steps", *r) for r in steps_part(llm, desc, hw)]
         del llm
         if "serving" in args.parts:
-            rows += [("serving", *r) for r in serving_part(desc, hw, args.threads)]
+            serving, host = serving_part(desc, hw, args.threads)
+            rows += [("serving", *r) for r in serving]
+            base["hardware"]["host"] = host
     if "published" in args.parts:
         rows += [("published", *r) for r in published_part()]
     lines = []

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from infergen.bench.workloads import add_workload_args
-from infergen.cli_predict import add_predict_parser
+from infergen.cli_predict import add_device_args, add_predict_parser
 from infergen.errors import InfergenError
 
 EXIT_USER_ERROR = 2
@@ -411,13 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="predicted time of one engine step, op by op, and what bounds each op",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    step.add_argument("--model", "-m", default=None, help="config.json, directory or GGUF")
-    step.add_argument("--gpu", default="h200", help="hardware row (cpu-local: calibrated)")
-    step.add_argument("--hardware-file", default=None, help="extra hardware rows (JSON/YAML)")
+    add_device_args(step)
     step.add_argument("--batch", type=int, default=1, help="sequences in the step")
     step.add_argument("--context", type=int, default=1024, help="tokens per sequence")
     step.add_argument("--new", type=int, default=1, help="new tokens per sequence (1 = decode)")
-    step.add_argument("--weights", default="bf16", help="weight format: fp32, bf16 or a format")
     step.add_argument("--kv", default="bf16", help="KV cache format")
     step.add_argument("--compute", default=None, help="compute format (default: from weights)")
     step.set_defaults(func=cmd_perf_step)

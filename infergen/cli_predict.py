@@ -32,6 +32,14 @@ SWEEPABLE = {
 }
 
 
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    """Model, device and weight format: what `predict` and `perf step` share."""
+    p.add_argument("--model", "-m", default=None, help="config.json, directory or GGUF")
+    p.add_argument("--gpu", default="h200", help="hardware row; cpu-local = calibrated here")
+    p.add_argument("--hardware-file", default=None, help="extra hardware rows (JSON/YAML)")
+    p.add_argument("--weights", default="bf16", help="weight format: fp32, bf16 or a format")
+
+
 def add_predict_parser(sub) -> None:
     p = sub.add_parser(
         "predict",
@@ -43,12 +51,9 @@ def add_predict_parser(sub) -> None:
         "output tokens. Metric definitions as `infergen bench serve`.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", "-m", default=None, help="config.json, directory or GGUF")
-    p.add_argument("--gpu", default="h200", help="hardware row; cpu-local = calibrated here")
-    p.add_argument("--hardware-file", default=None, help="extra hardware rows (JSON/YAML)")
+    add_device_args(p)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel devices (MoE)")
-    p.add_argument("--weights", default="bf16", help="weight format: fp32, bf16 or a format")
     p.add_argument("--expert-weights", default=None, help="routed experts' format (MoE)")
     p.add_argument("--activations", default="bf16", help="activation format")
     p.add_argument("--kv", default="bf16", help="KV cache format")
@@ -168,6 +173,8 @@ def run_one(args: argparse.Namespace) -> dict:
 
 
 def format_prediction(r: dict) -> str:
+    from infergen.bench.report import LATENCIES, latency_table
+
     mem = r["memory_per_device"]
     gb = 1e9
     lines = [
@@ -183,13 +190,8 @@ def format_prediction(r: dict) -> str:
         f"max concurrency that fits: {r['max_concurrency']} (KV alone: {r['max_concurrency_kv']})",
         f"{r['requests'] - r['failed']}/{r['requests']} requests in {r['wall_s']:.2f} s: output "
         f"{r['output_tok_s']:.1f} tok/s, total {r['total_tok_s']:.1f} tok/s",
-        f"{'metric':<8} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}   (ms)",
     ]
-    for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-        s = r[name]
-        cells = [s["mean"], s["p50"], s["p90"], s["p99"]]
-        text = " ".join(f"{c:9.2f}" if c is not None else f"{'-':>9}" for c in cells)
-        lines.append(f"{name[:-3].upper():<8} {text}")
+    lines += latency_table({n: r[f"{n}_ms"] for n in LATENCIES}, scale=1.0, digits=2)
     if r["cost_per_mtok_usd"] is not None:
         lines.append(
             f"cost: ${r['cost_per_mtok_usd']:.3f} per million output tokens at "

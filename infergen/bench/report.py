@@ -61,19 +61,27 @@ def summarize(
     }
 
 
+LATENCIES = ("ttft", "itl", "tpot", "e2e")
+
+
+def latency_table(stats: dict[str, dict], scale: float, digits: int) -> list[str]:
+    """Rows of mean / p50 / p90 / p99 in ms for each named latency (values times `scale`)."""
+    lines = [f"{'metric':<8} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}   (ms)"]
+    for name, s in stats.items():
+        cells = [s["mean"], s["p50"], s["p90"], s["p99"]]
+        text = " ".join(f"{c * scale:9.{digits}f}" if c is not None else f"{'-':>9}" for c in cells)
+        lines.append(f"{name.upper():<8} {text}")
+    return lines
+
+
 def format_report(label: str, summary: dict) -> str:
     lines = [
         f"== {label}: {summary['completed']}/{summary['requests']} requests in "
         f"{summary['wall_s']:.1f} s ==",
         f"output {summary['output_tok_s']:.1f} tok/s, total {summary['total_tok_s']:.1f} tok/s, "
         f"{summary['request_s']:.2f} req/s, goodput {summary['goodput_req_s']:.2f} req/s",
-        f"{'metric':<8} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}   (ms)",
     ]
-    for name in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
-        s = summary[name]
-        cells = [s["mean"], s["p50"], s["p90"], s["p99"]]
-        text = " ".join(f"{c * 1e3:9.1f}" if c is not None else f"{'-':>9}" for c in cells)
-        lines.append(f"{name[:-2].upper():<8} {text}")
+    lines += latency_table({n: summary[f"{n}_s"] for n in LATENCIES}, scale=1e3, digits=1)
     if summary["errors"]:
         lines.append(f"errors: {summary['errors']}")
     return "\n".join(lines)

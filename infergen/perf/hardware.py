@@ -32,6 +32,7 @@ class Hardware:
     interconnect: float | None = None  # bytes/s between devices (NVLink), None = none
     launch_overhead_s: float = 0.0  # fixed cost per op launch (kernel / parallel region)
     step_overhead_s: float = 0.0  # host time per engine step (scheduling, sampling)
+    sequence_overhead_s: float = 0.0  # host time per sequence of a step (sampling, streaming)
     link_latency_s: float = 0.0  # per collective over the interconnect
     # the device's global calibration: the fraction of peak FLOP/s (per compute format, or
     # "default") and of peak bandwidth its kernels reach (absent: 1.0, uncalibrated peaks)
@@ -90,7 +91,13 @@ _WIDER = {
 }
 
 _REQUIRED = ("memory_bytes", "bandwidth", "flops")
-_OPTIONAL_FLOATS = ("launch_overhead_s", "step_overhead_s", "link_latency_s", "memory_efficiency")
+_OPTIONAL_FLOATS = (
+    "launch_overhead_s",
+    "step_overhead_s",
+    "sequence_overhead_s",
+    "link_latency_s",
+    "memory_efficiency",
+)
 
 
 def from_dict(name: str, row: dict, where: str) -> Hardware:

@@ -122,13 +122,14 @@ def predict_step(
     par: Parallel | None = None,
 ) -> list[OpTime]:
     """Op times of one step of `desc` on `hw` (per device of `par`) for the batch `chunks`,
-    with the device's per-step host overhead as a last line."""
+    with the engine's host time (per step, plus per sequence) as a last line."""
     ops = step_ops(desc, chunks, fmt, par or Parallel())
     times = op_times(
         ops, hw, compute_format, Efficiency.of_hardware(hw, compute_format), launches(desc)
     )
-    if hw.step_overhead_s:
-        times.append(OpTime("step overhead", "overhead", 0.0, 0.0, hw.step_overhead_s))
+    host = hw.step_overhead_s + hw.sequence_overhead_s * len(chunks)
+    if host:
+        times.append(OpTime("host overhead", "overhead", 0.0, 0.0, host))
     return times
 
 

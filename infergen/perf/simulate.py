@@ -86,6 +86,7 @@ class _Seq:
 @dataclass
 class SimStats:
     steps: int = 0
+    sequences: int = 0  # summed over steps: the mean batch is sequences / steps
     preemptions: int = 0
     prefix_hit_tokens: int = 0
     prompt_tokens: int = 0
@@ -96,6 +97,7 @@ class SimStats:
     def as_dict(self, wall: float) -> dict:
         return {
             "steps": self.steps,
+            "mean_batch": self.sequences / self.steps if self.steps else 0.0,
             "preemptions": self.preemptions,
             "prefix_hit_rate": self.prefix_hit_tokens / self.prompt_tokens
             if self.prompt_tokens
@@ -332,6 +334,7 @@ class Simulator:
         self.stats.in_system_s += in_system * seconds
         self.stats.busy_s += seconds
         self.stats.steps += 1
+        self.stats.sequences += len(batch)
         self.clock += seconds
         for seq, n in batch:
             if seq.uncomputed == 1 and n > 1:  # a verify step: 1 + accepted drafts

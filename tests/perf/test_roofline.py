@@ -59,3 +59,55 @@ def test_gemm_efficiency_curve_by_rows():
     assert hw.gemm_efficiency_at(512) == 0.9 and HW.gemm_efficiency_at(8) == 1.0
     (t,) = op_times([OpCost("g", "gemm", flops=1e9, bytes=0.0, rows=2)], hw, "fp32")
     assert t.seconds == pytest.approx(1e9 / (1e12 * 0.25))
+
+
+def test_calibration_fields_scale_the_roofline_and_host_time_is_per_step_and_sequence():
+    from infergen.perf.model_desc import from_path
+    from infergen.perf.roofline import predict_step
+    from infergen.perf.step_cost import Chunk, Formats
+
+    desc = from_path("tests/perf/configs/llama-3.1-8b.json")
+    raw = Hardware("raw", "r", 1e11, 1e14, {"bf16": 1e15, "fp8": 2e15})
+    tuned = dataclasses.replace(
+        raw,
+        compute_efficiency={"fp8": 0.5},
+        memory_efficiency=0.8,
+        step_overhead_s=1e-3,
+        sequence_overhead_s=1e-4,
+    )
+    prefill, decode = [Chunk(4096, 4096)], [Chunk(1, 100)] * 3
+
+    def seconds(hw, chunks, fmt):
+        return step_seconds(predict_step(desc, hw, chunks, Formats(8, 8, 1), fmt))
+
+    # compute-bound prefill in fp8 takes twice as long at half the fp8 peak; bf16 untouched
+    assert seconds(tuned, prefill, "fp8") - 1e-3 - 1e-4 == pytest.approx(
+        2 * seconds(raw, prefill, "fp8"), rel=0.01
+    )
+    assert seconds(tuned, prefill, "bf16") - 1.1e-3 == pytest.approx(
+        seconds(raw, prefill, "bf16"), rel=0.01
+    )
+    # memory-bound decode: 1 / 0.8 longer, plus 1 ms + 3 x 0.1 ms of host time
+    assert seconds(tuned, decode, "fp8") == pytest.approx(
+        seconds(raw, decode, "fp8") / 0.8 + 1.3e-3, rel=0.01
+    )
+    assert tuned.runs_as("fp4") == "fp8" and tuned.compute_efficiency_for("fp4") == 0.5
+
+
+def test_compute_class_of_activation_formats():
+    from infergen.perf.hardware import compute_class
+
+    got = [compute_class(f) for f in ("fp32", "bf16", "fp8_e4m3", "mxfp6_e2m3", "nvfp4", "int8")]
+    assert got == ["fp32", "bf16", "fp8", "fp8", "fp4", "int8"]
+
+
+def test_hardware_rows_reject_bad_efficiencies(tmp_path):
+    from infergen.errors import ConfigError
+
+    path = tmp_path / "bad.json"
+    path.write_text(
+        '{"x1": {"memory_bytes": 1e9, "bandwidth": 1e9, "flops": {"bf16": 1e12}, '
+        '"compute_efficiency": {"bf16": 1.5}}}'
+    )
+    with pytest.raises(ConfigError, match="compute_efficiency"):
+        load_file(path)
