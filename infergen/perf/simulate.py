@@ -64,7 +64,6 @@ class SpecDecode:
 class _Seq:
     job: int
     turn: int
-    shape: Shape
     arrival: float
     prompt: int
     output: int
@@ -197,7 +196,7 @@ class Simulator:
             self.stats.in_system_s += self.clock - at  # arrived during the last step
             shape = self.shapes[job]
             new = shape.prompt_tokens if turn == 0 else shape.follow_up_tokens[turn - 1]
-            seq = _Seq(job, turn, shape, at, context + new, shape.max_tokens)
+            seq = _Seq(job, turn, at, context + new, shape.max_tokens)
             seq.result.session, seq.result.turn = shape.session, turn
             seq.result.input_tokens = seq.prompt
             need = self.kv_bytes(self._round(seq.prompt + seq.output))
