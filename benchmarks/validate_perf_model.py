@@ -101,14 +101,15 @@ def _load(client, tokenizer, workload: str, concurrency: int, seed: int):
     """One closed-loop run: (requests, measured summary)."""
     from infergen.bench.client import run_load
     from infergen.bench.report import format_report, summarize
-    from infergen.bench.workloads import WORKLOADS, WorkloadOptions
+    from infergen.bench.workloads import WORKLOADS, WorkloadOptions, shape_of
 
     opts = WorkloadOptions(num_requests=2 * concurrency, input_len=128, output_len=32)
     requests = WORKLOADS.get(workload)(tokenizer, opts, random.Random(seed))
     results, wall = asyncio.run(run_load(requests, client, concurrency=concurrency))
     measured = summarize(results, wall)
     print(format_report(f"measured {workload} c={concurrency}", measured), flush=True)
-    return [_shape_of(r, tokenizer) for r in requests], measured
+    count = lambda text: len(tokenizer.encode(text))  # noqa: E731
+    return [shape_of(r, count) for r in requests], measured
 
 
 def calibrate_host(dep, client, tokenizer) -> tuple[float, float]:
@@ -179,19 +180,6 @@ def serving_part(desc, hw, threads: int) -> list[tuple]:
                     ),
                 ]
     return rows, {"step_overhead_s": step_s, "sequence_overhead_s": seq_s}
-
-
-def _shape_of(request, tokenizer):
-    """The request as the simulator sees it: its text counted in tokens (the server adds
-    the BOS token)."""
-    from infergen.bench.workloads import Shape
-
-    return Shape(
-        len(tokenizer.encode(request.prompt)),
-        request.max_tokens,
-        tuple(len(tokenizer.encode(t)) + 1 for t in request.follow_up),  # + "\n\n"
-        request.session,
-    )
 
 
 def published_part() -> list[tuple]:

@@ -162,15 +162,17 @@ def shapes(name: str, opts: WorkloadOptions, rng: random.Random, count_tokens) -
     if name in SHAPES:
         return SHAPES.get(name, where="--workload")(opts, rng)
     requests = WORKLOADS.get(name, where="--workload")(None, opts, rng)
-    return [
-        Shape(
-            count_tokens(r.prompt),
-            r.max_tokens,
-            tuple(count_tokens(text) for text in r.follow_up),
-            r.session,
-        )
-        for r in requests
-    ]
+    return [shape_of(r, count_tokens) for r in requests]
+
+
+def shape_of(request: BenchRequest, count_tokens) -> Shape:
+    """A text request in tokens; each later turn also carries the client's "\n\n" joint."""
+    return Shape(
+        count_tokens(request.prompt),
+        request.max_tokens,
+        tuple(count_tokens(text) + 1 for text in request.follow_up),
+        request.session,
+    )
 
 
 def add_workload_args(parser, num_requests: int) -> None:
