@@ -7,7 +7,8 @@ steps      our engine in process on the default model (fp32, 2 threads), one ste
            contexts 129..256) and prefill_ms_512 (one 512-token prompt), against
            `step_ops` + `roofline` for the same chunks.
 serving    `infergen serve` driven by `infergen bench`'s client (closed loop, random and
-           agentic workloads at concurrency 8 and 32, 128-token prompts, 32-token answers),
+           agentic workloads at concurrency 8 and 32, 128-token prompts, 32-token answers;
+           random: two requests per client, agentic: one 4-turn session per client),
            against `infergen predict`'s simulation of the same request shapes with the
            engine's scheduler limits and KV capacity. Metrics: mean ITL, output tok/s, p90
            TTFT (the issue's bars: 15 %, 15 %, 25 %).
@@ -16,8 +17,10 @@ published  REFERENCES §5: TensorRT-LLM's max-load throughput rows (H200, FP8) a
            hardware.json (bar: within +-20 %). No engine run; seconds.
 
 The `cpu-local` hardware row is calibrated in this run (`infergen perf calibrate`'s
-measurement); for the serving part also the served engine's host time per step (a + b x
-sequences, from two calibration runs with their own prompts: see `calibrate_host`). Error =
+measurement), plus two engine host times measured on their own inputs: the cost per op launch
+of a step run op by op (a 2-token prefill in process: see `eager_launch_overhead`) and, for
+the serving part, the served engine's host time per step (a + b x sequences, from two
+calibration runs with their own prompts: see `calibrate_host`). Error =
 predicted / measured - 1 (published: the ratio predicted / published). JSON lines to --out.
 """
 
@@ -75,6 +78,32 @@ def predict_ms(desc, hw, chunks: list[Chunk]) -> float:
     return roofline.step_seconds(roofline.predict_step(desc, hw, chunks, FP32, "fp32")) * 1e3
 
 
+def eager_launch_overhead(llm, desc, hw) -> float:
+    """Seconds per op launch of a step the engine runs op by op (a prefill: the fused decode
+    covers decode-only steps): the forward of a 2-token prompt (best of 5, in process; its
+    compute is negligible) minus its prediction, spread over the step's launches."""
+    from infergen import SamplingParams
+    from infergen.models.transformer import Transformer
+
+    forward, seconds = Transformer.forward, []
+
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = forward(self, *args, **kwargs)
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    rng, params = random.Random(5), SamplingParams(max_tokens=1, temperature=0.0)
+    Transformer.forward = timed
+    try:
+        for _ in range(5):
+            llm.generate([[rng.randrange(100, 40000) for _ in range(2)]], params)
+    finally:
+        Transformer.forward = forward
+    gap = min(seconds) - predict_ms(desc, hw, [Chunk(2, 2)]) / 1e3
+    return hw.launch_overhead_s + max(0.0, gap) / roofline.launches(desc)
+
+
 def steps_part(llm, desc, hw) -> list[tuple]:
     rows = []
     for batch in (1, 8, 16):
@@ -103,7 +132,9 @@ def _load(client, tokenizer, workload: str, concurrency: int, seed: int):
     from infergen.bench.report import format_report, summarize
     from infergen.bench.workloads import WORKLOADS, WorkloadOptions, shape_of
 
-    opts = WorkloadOptions(num_requests=2 * concurrency, input_len=128, output_len=32)
+    # random: two requests per client; agentic: one session of `turns` turns per client
+    per_client = WorkloadOptions().turns if workload == "agentic" else 2
+    opts = WorkloadOptions(num_requests=per_client * concurrency, input_len=128, output_len=32)
     requests = WORKLOADS.get(workload)(tokenizer, opts, random.Random(seed))
     results, wall = asyncio.run(run_load(requests, client, concurrency=concurrency))
     measured = summarize(results, wall)
@@ -116,12 +147,13 @@ def calibrate_host(dep, client, tokenizer) -> tuple[float, float]:
     """The engine's host time per step as served (scheduling, sampling, streaming, and the
     server's event loop taking a core from the model's threads): two calibration runs
     (random, concurrency 2 and 16, their own prompts) measured, simulated without host time;
-    the mean-ITL gap at each, fitted as a + b x (sequences in the step)."""
+    the gap in median ITL at each (the typical decode step: the mean would also absorb the
+    prefill steps' prediction error), fitted as a + b x (sequences in the step)."""
     points = []
     for c in (2, 16):
         shapes, measured = _load(client, tokenizer, "random", c, seed=1000 + c)
         predicted = predict(dep, shapes, concurrency=c)
-        gap = measured["itl_s"]["mean"] - predicted["itl_ms"]["mean"] / 1e3
+        gap = measured["itl_s"]["p50"] - predicted["itl_ms"]["p50"] / 1e3
         points.append((predicted["simulation"]["mean_batch"], gap))
     (m1, g1), (m2, g2) = points
     per_seq = max(0.0, (g2 - g1) / (m2 - m1))
@@ -246,17 +278,22 @@ def main() -> None:
         llm = LLM(num_threads=args.threads, enable_prefix_caching=False)
         desc = from_model_config(llm.config)
         profile(llm, 2, 32, 8, seed=99)  # warm-up
+        hw = dataclasses.replace(hw, eager_launch_overhead_s=eager_launch_overhead(llm, desc, hw))
         base["hardware"] = {
             "flops": hw.flops,
             "bandwidth": hw.bandwidth,
             "launch": hw.launch_overhead_s,
+            "eager_launch": hw.eager_launch_overhead_s,
             "gemm_efficiency": hw.gemm_efficiency,
             "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
+            "compute_efficiency_by_kind": hw.compute_efficiency_by_kind,
         }
         print(
             f"cpu-local: {hw.flops['fp32'] / 1e9:.1f} GFLOP/s, {hw.bandwidth / 1e9:.1f} GB/s, "
-            f"launch {hw.launch_overhead_s * 1e6:.1f} us, attention at "
-            f"{hw.memory_efficiency_by_kind['attention']:.0%} of the bandwidth",
+            f"launch {hw.launch_overhead_s * 1e6:.1f} us (op by op "
+            f"{hw.eager_launch_overhead_s * 1e6:.1f} us), decode attention at "
+            f"{hw.memory_efficiency_by_kind['attention']:.0%} of the bandwidth, prefill "
+            f"attention at {hw.compute_efficiency_by_kind['attention']:.0%} of the peak",
             flush=True,
         )
         if "steps" in args.parts:

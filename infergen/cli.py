@@ -197,12 +197,20 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
 
     from infergen.perf.calibrate import default_path, measure, save
 
-    print("measuring GEMM FLOP/s, read bandwidth, launch cost ...", file=sys.stderr, flush=True)
+    print(
+        "measuring GEMM FLOP/s, read bandwidth, launch cost, attention ...",
+        file=sys.stderr,
+        flush=True,
+    )
     hw = measure(args.threads, quick=args.quick)
     path = save(hw, pathlib.Path(args.out) if args.out else default_path())
     print(f"GEMM fp32      {hw.flops['fp32'] / 1e9:8.1f} GFLOP/s")
     print(f"read bandwidth {hw.bandwidth / 1e9:8.1f} GB/s")
     print(f"launch cost    {hw.launch_overhead_s * 1e6:8.1f} us")
+    for kind, share in hw.memory_efficiency_by_kind.items():
+        print(f"{kind:<14} {100 * share:8.1f} % of the bandwidth (decode)")
+    for kind, share in hw.compute_efficiency_by_kind.items():
+        print(f"{kind:<14} {100 * share:8.1f} % of the GEMM peak (prefill)")
     print(f"wrote {path} (hardware row {hw.name!r})")
     return 0
 
@@ -398,8 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     perf_sub = perf.add_subparsers(dest="perf_command", required=True, metavar="COMMAND")
     cal = perf_sub.add_parser(
         "calibrate",
-        help="measure this machine's peaks (GEMM FLOP/s, read bandwidth, launch cost) as the "
-        "`cpu-local` hardware row",
+        help="measure this machine's peaks (GEMM FLOP/s by row count, read bandwidth, launch "
+        "cost, decode and prefill attention efficiency) as the `cpu-local` hardware row",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     cal.add_argument("--threads", type=int, default=None, help="threads (default: torch's)")

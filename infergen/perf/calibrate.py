@@ -4,7 +4,8 @@ Measured, in fp32 on the engine's own kernels and thread count: GEMM FLOP/s (the
 packed GEMM at a compute-bound shape, or torch's matmul if faster), memory read bandwidth (a
 sum over a buffer far larger than the caches), the fixed cost of one parallel op launch
 (a native op on a tiny tensor), the GEMM's efficiency by row count on a stack of model-sized
-weights, and the fraction of the bandwidth the decode-attention kernel reaches. Best of
+weights, the fraction of the bandwidth the decode-attention kernel reaches and the fraction of
+the GEMM peak the prefill attention reaches. Best of
 several repeats: the peaks a careful kernel reaches,
 which is what a roofline divides by. Written as a hardware JSON row (`load_file` reads it).
 """
@@ -19,7 +20,7 @@ import torch
 
 from infergen.kernels.build import cache_dir
 from infergen.perf.hardware import Hardware
-from infergen.timing import best_seconds
+from infergen.timing import best_seconds, best_seconds_each
 
 CPU_LOCAL = "cpu-local"
 
@@ -58,6 +59,7 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
     peak = max(native, torch_mm, *achieved.values())
     curve = {rows: flops / peak for rows, flops in achieved.items()}
     attention = _attention_efficiency(bandwidth, repeats, layers=4 if quick else 16)
+    prefill_attention = _prefill_attention_efficiency(peak, repeats, 256 if quick else 512)
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(
         name=CPU_LOCAL,
@@ -68,6 +70,7 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
         launch_overhead_s=overhead,
         gemm_efficiency=curve,
         memory_efficiency_by_kind={"attention": attention},
+        compute_efficiency_by_kind={"attention": prefill_attention},
     )
 
 
@@ -77,16 +80,14 @@ def _gemm_achieved(row, repeats: int, layers: int) -> dict[int, float]:
     streams its layers' weights."""
     k, n = 576, 1536
     stack = [row.prepare(torch.randn(n, k)) for _ in range(layers)]
-    curve = {}
-    for rows in (1, 2, 4, 8, 16, 32, 64, 128, 512):
+
+    def pass_of(rows: int):
         x = torch.randn(rows, k)
+        return lambda: [row.apply(x, w, None, n) for w in stack]
 
-        def run(x=x):
-            for w in stack:
-                row.apply(x, w, None, n)
-
-        curve[rows] = 2 * rows * k * n * layers / best_seconds(run, repeats)
-    return curve
+    runs = {rows: pass_of(rows) for rows in (1, 2, 4, 8, 16, 32, 64, 128, 512)}
+    seconds = best_seconds_each(runs, repeats)
+    return {rows: 2 * rows * k * n * layers / s for rows, s in seconds.items()}
 
 
 def _attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
@@ -114,6 +115,26 @@ def _attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
     return min(1.0, nbytes / best_seconds(run, repeats) / bandwidth)
 
 
+def _prefill_attention_efficiency(peak: float, repeats: int, tokens: int) -> float:
+    """Fraction of the GEMM peak the engine's prefill attention reaches: one cold causal
+    prompt of `tokens` tokens (8 heads, 2 KV heads, head_dim 64) through `paged_attention`,
+    FLOPs counted as the cost model counts them (4 x heads x head_dim per attended key)."""
+    from infergen.ops.paged_attention import paged_attention, plan
+    from infergen.perf.step_cost import Chunk, attended_keys
+
+    heads, kv_heads, dim, block = 8, 2, 64, 16
+    tables = torch.arange(tokens // block).view(1, -1)
+    attn_plan = plan([0, tokens], [tokens], tables, block, None)
+    q = torch.randn(tokens, heads, dim)
+    k, v = torch.randn(tokens, kv_heads, dim), torch.randn(tokens, kv_heads, dim)
+    cache = torch.empty(tokens // block, block, kv_heads, dim)
+    seconds = best_seconds(
+        lambda: paged_attention(q, k, v, cache, cache, attn_plan, dim**-0.5), repeats
+    )
+    flops = 4 * heads * dim * attended_keys(Chunk(tokens, tokens), None)
+    return min(1.0, flops / seconds / peak)
+
+
 def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     row = {
@@ -124,6 +145,7 @@ def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
         "launch_overhead_s": hw.launch_overhead_s,
         "gemm_efficiency": hw.gemm_efficiency,
         "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
+        "compute_efficiency_by_kind": hw.compute_efficiency_by_kind,
     }
     path.write_text(json.dumps({hw.name: row}, indent=1))
     return path

@@ -31,6 +31,10 @@ class Hardware:
     sms: int | None = None
     interconnect: float | None = None  # bytes/s between devices (NVLink), None = none
     launch_overhead_s: float = 0.0  # fixed cost per op launch (kernel / parallel region)
+    # per op launch of a step that runs op by op (one with a chunk of several tokens: the
+    # engine's fused decode, like a GPU's captured graph, covers decode-only steps); 0: the
+    # same as launch_overhead_s
+    eager_launch_overhead_s: float = 0.0
     step_overhead_s: float = 0.0  # host time per engine step (scheduling, sampling)
     sequence_overhead_s: float = 0.0  # host time per sequence of a step (sampling, streaming)
     link_latency_s: float = 0.0  # per collective over the interconnect
@@ -40,6 +44,9 @@ class Hardware:
     memory_efficiency: float = 1.0
     # measured per op kind where it differs from memory_efficiency (cpu-local: "attention")
     memory_efficiency_by_kind: dict[str, float] = field(default_factory=dict)
+    # measured per op kind where it differs from compute_efficiency (cpu-local: "attention",
+    # the prefill attention kernel's fraction of the GEMM peak)
+    compute_efficiency_by_kind: dict[str, float] = field(default_factory=dict)
 
     def compute_efficiency_for(self, fmt: str) -> float:
         fmt = self.runs_as(fmt)
@@ -91,8 +98,10 @@ _WIDER = {
 }
 
 _REQUIRED = ("memory_bytes", "bandwidth", "flops")
+_BY_KIND = ("memory_efficiency_by_kind", "compute_efficiency_by_kind")
 _OPTIONAL_FLOATS = (
     "launch_overhead_s",
+    "eager_launch_overhead_s",
     "step_overhead_s",
     "sequence_overhead_s",
     "link_latency_s",
@@ -109,7 +118,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             expected=f"keys {list(_REQUIRED)} (plus optional l2_bytes, sms, interconnect)",
         )
     known = {"description", "l2_bytes", "sms", "interconnect", *_OPTIONAL_FLOATS}
-    known |= {"gemm_efficiency", "compute_efficiency", "memory_efficiency_by_kind", *_REQUIRED}
+    known |= {"gemm_efficiency", "compute_efficiency", *_BY_KIND, *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
         raise ConfigError(
@@ -136,10 +145,22 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         **{key: float(row[key]) for key in _OPTIONAL_FLOATS if key in row},
         gemm_efficiency={int(m): float(e) for m, e in row.get("gemm_efficiency", {}).items()},
         compute_efficiency=_per_format(row.get("compute_efficiency", {}), name, where),
-        memory_efficiency_by_kind={
-            k: float(v) for k, v in row.get("memory_efficiency_by_kind", {}).items()
-        },
+        **{key: _fractions(row.get(key, {}), key, name, where) for key in _BY_KIND},
     )
+
+
+def _fractions(value, key: str, name: str, where: str) -> dict[str, float]:
+    """{op kind: fraction in (0, 1]}."""
+    if not isinstance(value, dict) or not all(
+        isinstance(v, int | float) and 0 < v <= 1 for v in value.values()
+    ):
+        raise ConfigError(
+            f"hardware {name!r}: {key} must map op kinds to fractions in (0, 1]",
+            where=where,
+            found=value,
+            expected='{"attention": 0.4, ...}',
+        )
+    return {k: float(v) for k, v in value.items()}
 
 
 def _per_format(value, name: str, where: str) -> dict[str, float]:

@@ -36,10 +36,12 @@ class Efficiency:
         )
 
     @classmethod
-    def of_hardware(cls, hw: Hardware, compute_format: str) -> Efficiency:
+    def of_hardware(cls, hw: Hardware, compute_format: str, eager: bool = False) -> Efficiency:
+        """`eager`: the step runs op by op (see Hardware.eager_launch_overhead_s)."""
         return cls(
+            compute=dict(hw.compute_efficiency_by_kind),
             memory=dict(hw.memory_efficiency_by_kind),
-            overhead_s=hw.launch_overhead_s,
+            overhead_s=(eager and hw.eager_launch_overhead_s) or hw.launch_overhead_s,
             default_compute=hw.compute_efficiency_for(compute_format),
             default_memory=hw.memory_efficiency,
         )
@@ -122,11 +124,12 @@ def predict_step(
     par: Parallel | None = None,
 ) -> list[OpTime]:
     """Op times of one step of `desc` on `hw` (per device of `par`) for the batch `chunks`,
-    with the engine's host time (per step, plus per sequence) as a last line."""
+    with the engine's host time (per step, plus per sequence) as a last line. A step with a
+    chunk of several tokens (prefill, speculative verification) launches its ops eagerly."""
     ops = step_ops(desc, chunks, fmt, par or Parallel())
-    times = op_times(
-        ops, hw, compute_format, Efficiency.of_hardware(hw, compute_format), launches(desc)
-    )
+    eager = any(c.new > 1 for c in chunks)
+    eff = Efficiency.of_hardware(hw, compute_format, eager)
+    times = op_times(ops, hw, compute_format, eff, launches(desc))
     host = hw.step_overhead_s + hw.sequence_overhead_s * len(chunks)
     if host:
         times.append(OpTime("host overhead", "overhead", 0.0, 0.0, host))

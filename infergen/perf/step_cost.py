@@ -15,6 +15,8 @@ a prefill chunk may continue a sequence whose first tokens are already cached). 
               bytes: the expected number of distinct experts a batch touches, for uniform
               routing E·(1 − (1 − k/E)^T)), shared experts as dense
   norm        read and write of the hidden states
+  elementwise RoPE on q and k (read and written), the MLP's activation (silu(gate) * up:
+              gate and up read, the product written)
 plus the LM head for the rows that need logits (the last token of each chunk).
 
 Bytes count what an op must move from memory at least once: its weights (in the weight
@@ -75,7 +77,7 @@ class Parallel:
 @dataclass
 class OpCost:
     name: str
-    kind: str  # gemm | attention | norm | kv_write | scan | lookup | quantize | comm
+    kind: str  # gemm | attention | norm | elementwise | kv_write | scan | lookup | quantize | comm
     flops: float = 0.0
     bytes: float = 0.0  # everything moved, weights included (comm: bytes over the link)
     weight_bytes: float = 0.0
@@ -173,6 +175,13 @@ class _Step:
         if act < 2:  # the input is quantized to the activation format first
             self.op("quantize", "quantize").add(0.0, rows * k * (2 + act), times=self.times)
 
+    def activation(self, rows: float, width: float, gated: bool = True) -> None:
+        """The activation on `rows` rows of `width` (per device): gated, silu(gate) * up
+        reads two inputs; plain, act(up) one; the output is written."""
+        self.op("activation", "elementwise").add(
+            0.0, (3 if gated else 2) * rows * width * self.fmt.act_bytes, times=self.times
+        )
+
     def all_reduce(self, count: int) -> None:
         """Ring all-reduce of the step's hidden states: 2 (tp - 1) / tp of them per device."""
         tp = self.par.tp
@@ -204,6 +213,7 @@ def _mixer(layer: Layer, step: _Step) -> None:
         q, kv = heads * m.head_dim, kv_heads * m.head_dim
         step.gemm("qkv_proj", h, q + 2 * kv, split=1)  # already per device
         step.gemm("o_proj", q, h, split=1)
+        step.op("rope", "elementwise").add(0.0, 2 * step.tokens * (q + kv) * act, times=times)
         attn = step.op("attention", "attention")
         keys = sum(attended_keys(c, m.window) for c in step.chunks)
         reads = sum(keys_read(c, m.window) for c in step.chunks)
@@ -254,11 +264,13 @@ def _ffn(layer: Layer, step: _Step) -> None:
     if isinstance(f, Dense):
         ups = 2 if f.gated else 1
         step.gemm("mlp_up", h, ups * f.intermediate)
+        step.activation(tokens, f.intermediate / step.par.tp, f.gated)
         step.gemm("mlp_down", f.intermediate, h)
     elif isinstance(f, MoE):
         step.gemm("router", h, f.experts, split=1)
         if f.shared_intermediate:
             step.gemm("shared_up", h, 2 * f.shared_intermediate)
+            step.activation(tokens, f.shared_intermediate / step.par.tp)
             step.gemm("shared_down", f.shared_intermediate, h)
         # routed experts: split ep ways when expert-parallel, else tp ways like any GEMM
         split = step.par.ep if step.par.ep > 1 else step.par.tp
@@ -266,6 +278,7 @@ def _ffn(layer: Layer, step: _Step) -> None:
         rows = tokens * f.top_k
         bits = step.fmt.expert_weight_bits
         step.gemm("experts_up", h, 2 * f.intermediate, rows, touched, split, bits)
+        step.activation(rows / split, f.intermediate)
         step.gemm("experts_down", f.intermediate, h, rows, touched, split, bits)
         if step.par.ep > 1:
             step.all_to_all(f.top_k)

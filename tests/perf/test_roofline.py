@@ -6,12 +6,21 @@ import dataclasses
 
 import pytest
 
-from infergen.perf.calibrate import measure, save
+from infergen.perf.calibrate import save
 from infergen.perf.hardware import HARDWARE, Hardware, bits_of, load_file
 from infergen.perf.roofline import Efficiency, op_times, step_seconds
 from infergen.perf.step_cost import OpCost
 
 HW = Hardware("toy", "toy", memory_bytes=1e9, bandwidth=1e9, flops={"bf16": 1e12})
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 211,
+}
 
 
 def test_each_op_takes_the_longer_of_compute_and_memory_plus_launches():
@@ -33,11 +42,32 @@ def test_bits_of_formats():
     )
 
 
-def test_calibration_round_trips_as_a_hardware_row(tmp_path):
-    hw = measure(quick=True)
+def test_calibration_round_trips_as_a_hardware_row(tmp_path, capsys):
+    from infergen.cli import main
+
+    assert main(["perf", "calibrate", "--quick", "--out", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    assert "% of the bandwidth (decode)" in out and "% of the GEMM peak (prefill)" in out
+    (hw,) = load_file(tmp_path / "c.json")
     assert hw.flops["fp32"] > 1e9 and hw.bandwidth > 1e8 and 0 < hw.launch_overhead_s < 1e-2
-    (row,) = load_file(save(dataclasses.replace(hw, name="cpu-test"), tmp_path / "c.json"))
-    assert HARDWARE.get("cpu-test") is row and row.flops == hw.flops
+    for by_kind in ("memory_efficiency_by_kind", "compute_efficiency_by_kind"):
+        assert 0 < getattr(hw, by_kind)["attention"] <= 1
+    (row,) = load_file(save(dataclasses.replace(hw, name="cpu-test"), tmp_path / "t.json"))
+    assert HARDWARE.get("cpu-test") is row and dataclasses.replace(row, name=hw.name) == hw
+
+
+def test_a_kinds_compute_efficiency_divides_its_peak_only():
+    from infergen.perf.model_desc import from_config
+    from infergen.perf.roofline import predict_step
+    from infergen.perf.step_cost import Chunk, Formats
+
+    desc, fmt = from_config(TINY), Formats(weight_bits=16, kv_bits=16, act_bytes=2)
+    prefill = [Chunk(512, 512)]
+    plain = {t.name: t for t in predict_step(desc, HW, prefill, fmt, "bf16")}
+    slow = dataclasses.replace(HW, compute_efficiency_by_kind={"attention": 0.25})
+    tuned = {t.name: t for t in predict_step(desc, slow, prefill, fmt, "bf16")}
+    assert tuned["attention"].compute_s == pytest.approx(4 * plain["attention"].compute_s)
+    assert tuned["mlp_up"].compute_s == plain["mlp_up"].compute_s
 
 
 def test_cli_perf_step_explains_a_step(capsys):
@@ -111,3 +141,32 @@ def test_hardware_rows_reject_bad_efficiencies(tmp_path):
     )
     with pytest.raises(ConfigError, match="compute_efficiency"):
         load_file(path)
+    path.write_text(
+        '{"x2": {"memory_bytes": 1e9, "bandwidth": 1e9, "flops": {"bf16": 1e12}, '
+        '"compute_efficiency_by_kind": {"attention": 0}}}'
+    )
+    with pytest.raises(ConfigError, match="compute_efficiency_by_kind must map op kinds"):
+        load_file(path)
+
+
+def test_steps_with_a_multi_token_chunk_pay_the_eager_launch_cost():
+    from infergen.perf.model_desc import from_config
+    from infergen.perf.roofline import launches, predict_step
+    from infergen.perf.step_cost import Chunk, Formats
+
+    desc = from_config(TINY)
+    hw = dataclasses.replace(HW, launch_overhead_s=2e-6, eager_launch_overhead_s=5e-5)
+
+    def launch_line(chunks):  # the step's launch overhead line on `hw`
+        (line,) = [
+            t
+            for t in predict_step(desc, hw, chunks, Formats(), "bf16")
+            if t.name == "launch overhead"
+        ]
+        return line.seconds
+
+    assert launch_line([Chunk(1, 10)] * 4) == pytest.approx(launches(desc) * 2e-6)
+    for mixed in ([Chunk(7, 7)], [Chunk(1, 10), Chunk(3, 30)]):
+        assert launch_line(mixed) == pytest.approx(launches(desc) * 5e-5)
+    hw = dataclasses.replace(hw, eager_launch_overhead_s=0.0)  # unset: one launch cost
+    assert launch_line([Chunk(7, 7)]) == pytest.approx(launches(desc) * 2e-6)

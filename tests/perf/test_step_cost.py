@@ -42,6 +42,35 @@ def test_projection_flops_equal_torch_flop_counter():
     assert ours == measured
 
 
+def test_elementwise_bytes_equal_the_tensors_transformers_moves():
+    """RoPE reads and writes q and k (the q/k projections' outputs); the gated activation
+    reads gate and up and writes the down projection's input: counted on a transformers
+    forward with hooks, in fp32."""
+    transformers = pytest.importorskip("transformers")
+    tokens, numel = 23, {"rope": 0, "activation": 0}
+    cfg = transformers.AutoConfig.for_model(**TINY)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+    def count(kind, times, of_input=False):
+        def hook(module, args, out):
+            numel[kind] += times * (args[0] if of_input else out).numel()
+
+        return hook
+
+    for layer in model.model.layers:
+        layer.self_attn.q_proj.register_forward_hook(count("rope", 2))
+        layer.self_attn.k_proj.register_forward_hook(count("rope", 2))
+        layer.mlp.gate_proj.register_forward_hook(count("activation", 1))
+        layer.mlp.up_proj.register_forward_hook(count("activation", 1))
+        layer.mlp.down_proj.register_forward_hook(count("activation", 1, of_input=True))
+    with torch.no_grad():
+        model(torch.randint(0, TINY["vocab_size"], (1, tokens)))
+    ops = {o.name: o for o in step_ops(from_config(TINY), [Chunk(tokens, tokens)])}
+    assert ops["rope"].kind == ops["activation"].kind == "elementwise"
+    assert ops["rope"].bytes == 2 * numel["rope"]  # bf16 activations by default
+    assert ops["activation"].bytes == 2 * numel["activation"]
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_attended_keys_equal_a_loop_over_positions(seed):
     rng = random.Random(seed)
