@@ -12,6 +12,9 @@ Measured with CUDA events, best of several repeats:
   launch          a tiny kernel launched 1000 times (eager), and replayed from a CUDA graph
 Writes the row as JSON (loadable with `--hardware-file`) and a JSON line comparing it with the
 table row it calibrates (`--gpu`, default h200): measured efficiency vs the table's.
+
+`--device cpu --small` runs the same code path on the CPU at toy sizes (tests/perf checks the
+script that way; the numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import json
 import pathlib
 import sys
+from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -28,9 +32,24 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from infergen.perf.hardware import HARDWARE  # noqa: E402
+from infergen.timing import best_seconds  # noqa: E402
 
 
-def cuda_seconds(fn, repeats: int = 10) -> float:
+@dataclass(frozen=True)
+class Sizes:
+    gemm: int = 8192  # n of the n^3 GEMM and of the n x n weight of the curve
+    copy: int = 1 << 30  # int16 elements copied (2 GiB)
+    attention: tuple = (64, 4096, 32, 8, 128)  # batch, keys, heads, KV heads, head_dim
+    launches: int = 1000
+
+
+SMALL = Sizes(256, 1 << 20, (4, 256, 8, 2, 64), 50)
+
+
+def cuda_seconds(fn, dev: torch.device, repeats: int = 10) -> float:
+    """Best of `repeats` timed with CUDA events (on a CPU device: wall clock)."""
+    if dev.type != "cuda":
+        return best_seconds(fn, repeats)
     fn()
     torch.cuda.synchronize()
     best = float("inf")
@@ -44,15 +63,15 @@ def cuda_seconds(fn, repeats: int = 10) -> float:
     return best
 
 
-def gemm(dev) -> tuple[float, dict[int, float], float | None]:
-    n = 8192
+def gemm(dev, sizes: Sizes) -> tuple[float, dict[int, float], float | None]:
+    n = sizes.gemm
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    peak = 2 * n**3 / cuda_seconds(lambda: a @ b)
+    peak = 2 * n**3 / cuda_seconds(lambda: a @ b, dev)
     curve = {}
     for rows in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096):
         x = torch.randn(rows, n, device=dev, dtype=torch.bfloat16)
-        curve[rows] = min(1.0, 2 * rows * n * n / cuda_seconds(lambda x=x: x @ b) / peak)
+        curve[rows] = min(1.0, 2 * rows * n * n / cuda_seconds(lambda x=x: x @ b, dev) / peak)
     fp8 = None
     if hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e4m3fn"):
         try:
@@ -60,36 +79,38 @@ def gemm(dev) -> tuple[float, dict[int, float], float | None]:
             b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
             one = torch.ones((), device=dev)
             fn = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
-            fp8 = 2 * n**3 / cuda_seconds(fn)
+            fp8 = 2 * n**3 / cuda_seconds(fn, dev)
         except (RuntimeError, TypeError) as exc:
             print(f"fp8 GEMM not measured: {exc}")
     return peak, curve, fp8
 
 
-def copy_bandwidth(dev) -> float:
-    src = torch.empty(1 << 30, dtype=torch.int16, device=dev)  # 2 GiB
+def copy_bandwidth(dev, sizes: Sizes) -> float:
+    src = torch.empty(sizes.copy, dtype=torch.int16, device=dev)
     dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / cuda_seconds(lambda: dst.copy_(src))
+    return 2 * src.numel() * 2 / cuda_seconds(lambda: dst.copy_(src), dev)
 
 
-def attention_bandwidth(dev) -> float:
-    batch, keys, heads, kv_heads, dim = 64, 4096, 32, 8, 128
+def attention_bandwidth(dev, sizes: Sizes) -> float:
+    batch, keys, heads, kv_heads, dim = sizes.attention
     q = torch.randn(batch, heads, 1, dim, device=dev, dtype=torch.bfloat16)
     k = torch.randn(batch, kv_heads, keys, dim, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
     fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
-    return 2 * k.numel() * 2 / cuda_seconds(fn)
+    return 2 * k.numel() * 2 / cuda_seconds(fn, dev)
 
 
-def launch_overhead(dev) -> tuple[float, float]:
+def launch_overhead(dev, sizes: Sizes) -> tuple[float, float]:
     x = torch.zeros(1, device=dev)
-    calls = 1000
+    calls = sizes.launches
 
     def many():
         for _ in range(calls):
             x.add_(1)
 
-    eager = cuda_seconds(many, 3) / calls
+    eager = cuda_seconds(many, dev, 3) / calls
+    if dev.type != "cuda":
+        return eager, eager
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -97,30 +118,37 @@ def launch_overhead(dev) -> tuple[float, float]:
         with torch.cuda.graph(graph):
             many()
     torch.cuda.synchronize()
-    return eager, cuda_seconds(graph.replay, 3) / calls
+    return eager, cuda_seconds(graph.replay, dev, 3) / calls
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--gpu", default="h200", help="the table row this calibrates")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks/results")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
+    parser.add_argument("--small", action="store_true", help="toy sizes (a dry run)")
+    args = parser.parse_args(argv)
+    dev, sizes = torch.device(args.device), SMALL if args.small else Sizes()
+    if dev.type == "cuda" and not torch.cuda.is_available():
         print("calibrate_gpu: no CUDA device here; nothing measured")
         return
-    dev = torch.device("cuda")
     table = HARDWARE.get(args.gpu)
-    bf16, curve, fp8 = gemm(dev)
-    copy = copy_bandwidth(dev)
-    attention = attention_bandwidth(dev)
-    eager, graphed = launch_overhead(dev)
+    bf16, curve, fp8 = gemm(dev, sizes)
+    copy = copy_bandwidth(dev, sizes)
+    attention = attention_bandwidth(dev, sizes)
+    eager, graphed = launch_overhead(dev, sizes)
     name = f"{args.gpu}-measured"
+    if dev.type == "cuda":
+        gpu_name = torch.cuda.get_device_name()
+        memory = float(torch.cuda.get_device_properties(dev).total_memory)
+    else:  # a dry run
+        gpu_name, memory = f"{dev.type} (dry run)", table.memory_bytes
     flops = {"bf16": bf16, **({"fp8": fp8} if fp8 else {})}
     row = {
-        "description": f"{torch.cuda.get_device_name()} measured by benchmarks/calibrate_gpu.py",
-        "memory_bytes": float(torch.cuda.get_device_properties(dev).total_memory),
+        "description": f"{gpu_name} measured by benchmarks/calibrate_gpu.py",
+        "memory_bytes": memory,
         "bandwidth": table.bandwidth,
         "flops": table.flops,
         "interconnect": table.interconnect,
@@ -134,7 +162,7 @@ def main() -> None:
     (args.out / f"{name}.json").write_text(json.dumps({name: row}, indent=1))
     line = {
         "bench": "calibrate_gpu",
-        "gpu": torch.cuda.get_device_name(),
+        "gpu": gpu_name,
         "bf16_tflops": bf16 / 1e12,
         "fp8_tflops": fp8 / 1e12 if fp8 else None,
         "copy_tb_s": copy / 1e12,

@@ -8,7 +8,8 @@ steps      our engine in process on the default model (fp32, 2 threads), one ste
            `step_ops` + `roofline` for the same chunks.
 serving    `infergen serve` driven by `infergen bench`'s client (closed loop, random and
            agentic workloads at concurrency 8 and 32, 128-token prompts, 32-token answers;
-           random: two requests per client, agentic: one 4-turn session per client),
+           random: four requests per client, agentic: one 4-turn session per client; each
+           load twice on distinct prompts, the faster run counts),
            against `infergen predict`'s simulation of the same request shapes with the
            engine's scheduler limits and KV capacity. Metrics: mean ITL, output tok/s, p90
            TTFT (the issue's bars: 15 %, 15 %, 25 %).
@@ -16,12 +17,14 @@ published  REFERENCES §5: TensorRT-LLM's max-load throughput rows (H200, FP8) a
            NIM's TTFT/ITL rows (2 x H100, TP2, FP8), predicted with the Hopper calibration of
            hardware.json (bar: within +-20 %). No engine run; seconds.
 
-The `cpu-local` hardware row is calibrated in this run (`infergen perf calibrate`'s
-measurement), plus two engine host times measured on their own inputs: the cost per op launch
-of a step run op by op (a 2-token prefill in process: see `eager_launch_overhead`) and, for
-the serving part, the served engine's host time per step (a + b x sequences, from two
-calibration runs with their own prompts: see `calibrate_host`). Error =
-predicted / measured - 1 (published: the ratio predicted / published). JSON lines to --out.
+Everything is measured first, then predicted. The `cpu-local` hardware row is calibrated in
+this run (`infergen perf calibrate`'s measurement, before and after the measured runs, each
+rate the faster of the two: another tenant's load on this shared machine only slows it down),
+plus two engine host times measured on their own inputs: the cost per op launch of a step run
+op by op (a 2-token prefill in process: see `eager_launch_overhead`) and, for the serving
+part, the served engine's host time per step (a + b x sequences, from two calibration loads
+with their own prompts: see `calibrate_host`). Error = predicted /
+measured - 1 (published: the ratio predicted / published). JSON lines to --out.
 """
 
 from __future__ import annotations
@@ -78,10 +81,9 @@ def predict_ms(desc, hw, chunks: list[Chunk]) -> float:
     return roofline.step_seconds(roofline.predict_step(desc, hw, chunks, FP32, "fp32")) * 1e3
 
 
-def eager_launch_overhead(llm, desc, hw) -> float:
-    """Seconds per op launch of a step the engine runs op by op (a prefill: the fused decode
-    covers decode-only steps): the forward of a 2-token prompt (best of 5, in process; its
-    compute is negligible) minus its prediction, spread over the step's launches."""
+def two_token_forward_s(llm) -> float:
+    """The forward of a 2-token prompt (best of 5, in process): a step the engine runs op by
+    op (a prefill; the fused decode covers decode-only steps) whose compute is negligible."""
     from infergen import SamplingParams
     from infergen.models.transformer import Transformer
 
@@ -100,19 +102,29 @@ def eager_launch_overhead(llm, desc, hw) -> float:
             llm.generate([[rng.randrange(100, 40000) for _ in range(2)]], params)
     finally:
         Transformer.forward = forward
-    gap = min(seconds) - predict_ms(desc, hw, [Chunk(2, 2)]) / 1e3
+    return min(seconds)
+
+
+def eager_launch_overhead(forward_s: float, desc, hw) -> float:
+    """Seconds per op launch of a step run op by op: the 2-token forward minus its
+    prediction, spread over the step's launches."""
+    gap = forward_s - predict_ms(desc, hw, [Chunk(2, 2)]) / 1e3
     return hw.launch_overhead_s + max(0.0, gap) / roofline.launches(desc)
 
 
-def steps_part(llm, desc, hw) -> list[tuple]:
-    rows = []
-    for batch in (1, 8, 16):
-        measured = min(profile(llm, batch, 128, 128, seed=s)["forward_ms"] for s in range(2))
-        contexts = range(129, 256)
-        predicted = statistics.mean(predict_ms(desc, hw, [Chunk(1, c)] * batch) for c in contexts)
-        rows.append((f"decode_step_ms_b{batch}", predicted, measured, 0.15))
+STEP_BATCHES = (1, 8, 16)
+
+
+def measure_steps(llm) -> dict[str, float]:
+    """Mean forward ms of decode-only steps (contexts 129..256) at each batch; a 512-token
+    prefill (best of 3)."""
     from infergen import SamplingParams
 
+    ms = {}
+    for batch in STEP_BATCHES:
+        ms[f"decode_step_ms_b{batch}"] = min(
+            profile(llm, batch, 128, 128, seed=s)["forward_ms"] for s in range(2)
+        )
     rng = random.Random(0)
     prompt = [rng.randrange(100, 40000) for _ in range(512)]
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -122,7 +134,20 @@ def steps_part(llm, desc, hw) -> list[tuple]:
         start = time.perf_counter()
         llm.generate([prompt], params)
         times.append((time.perf_counter() - start) * 1e3)
-    rows.append(("prefill_ms_512", predict_ms(desc, hw, [Chunk(512, 512)]), min(times), 0.15))
+    ms["prefill_ms_512"] = min(times)
+    return ms
+
+
+def predict_steps(desc, hw, measured: dict[str, float]) -> list[tuple]:
+    rows = []
+    for batch in STEP_BATCHES:
+        predicted = statistics.mean(
+            predict_ms(desc, hw, [Chunk(1, c)] * batch) for c in range(129, 256)
+        )
+        name = f"decode_step_ms_b{batch}"
+        rows.append((name, predicted, measured[name], 0.15))
+    prefill = predict_ms(desc, hw, [Chunk(512, 512)])
+    rows.append(("prefill_ms_512", prefill, measured["prefill_ms_512"], 0.15))
     return rows
 
 
@@ -132,8 +157,8 @@ def _load(client, tokenizer, workload: str, concurrency: int, seed: int):
     from infergen.bench.report import format_report, summarize
     from infergen.bench.workloads import WORKLOADS, WorkloadOptions, shape_of
 
-    # random: two requests per client; agentic: one session of `turns` turns per client
-    per_client = WorkloadOptions().turns if workload == "agentic" else 2
+    # random: four requests per client; agentic: one session of `turns` turns per client
+    per_client = WorkloadOptions().turns if workload == "agentic" else 4
     opts = WorkloadOptions(num_requests=per_client * concurrency, input_len=128, output_len=32)
     requests = WORKLOADS.get(workload)(tokenizer, opts, random.Random(seed))
     results, wall = asyncio.run(run_load(requests, client, concurrency=concurrency))
@@ -143,16 +168,54 @@ def _load(client, tokenizer, workload: str, concurrency: int, seed: int):
     return [shape_of(r, count) for r in requests], measured
 
 
-def calibrate_host(dep, client, tokenizer) -> tuple[float, float]:
+HOST_LOADS = (2, 16)  # random, concurrency: the host-time calibration loads
+MEASURED_LOADS = [(w, c) for w in ("random", "agentic") for c in (8, 32)]
+REPEATS = 2  # each load runs this many times on distinct prompts; the fastest run counts
+
+
+def measure_serving(threads: int) -> dict:
+    """`infergen serve` under the host-calibration loads (random, concurrency 2 and 16, their
+    own prompts) and the measured loads, each REPEATS times on distinct prompts, the runs of
+    a load in turn with the others' (a slow window of this shared machine then costs each
+    load one run): {(workload, concurrency): the fastest run's (shapes, summary)}."""
+    from infergen.bench.client import ClientOptions, run_load
+    from infergen.bench.workloads import WORKLOADS, WorkloadOptions
+    from infergen.io.checkpoint import load_checkpoint
+    from infergen.io.default_model import default_model_path
+
+    tokenizer = load_checkpoint(default_model_path(), load_weights=False).tokenizer
+    port = free_port()
+    cmd = [sys.executable, "-m", "infergen.cli", "serve", "--port", str(port)]
+    cmd += ["--threads", str(threads), "--kv-cache-memory", "1GiB"]
+    loads = {}
+    with server(cmd, port, "infergen", pathlib.Path("/tmp/validate_perf_model.log")) as url:
+        client = ClientOptions(url, count_tokens=lambda t: len(tokenizer.encode(t)))
+        warm = WORKLOADS.get("random")(
+            tokenizer, WorkloadOptions(num_requests=2, output_len=4), random.Random(99)
+        )
+        asyncio.run(run_load(warm, client, concurrency=2))
+        plan = [("host", "random", c, 1000 + c) for c in HOST_LOADS]
+        plan += [(workload, workload, c, c) for workload, c in MEASURED_LOADS]
+        for repeat in range(REPEATS):
+            for key, workload, c, seed in plan:
+                run = _load(client, tokenizer, workload, c, seed=seed + 100 * repeat)
+                best = loads.get((key, c))
+                if best is None or run[1]["output_tok_s"] > best[1]["output_tok_s"]:
+                    loads[key, c] = run
+    return loads
+
+
+def calibrate_host(deployment, loads: dict) -> tuple[float, float]:
     """The engine's host time per step as served (scheduling, sampling, streaming, and the
-    server's event loop taking a core from the model's threads): two calibration runs
-    (random, concurrency 2 and 16, their own prompts) measured, simulated without host time;
-    the gap in median ITL at each (the typical decode step: the mean would also absorb the
-    prefill steps' prediction error), fitted as a + b x (sequences in the step)."""
+    server's event loop taking a core from the model's threads), from the two calibration
+    loads simulated without host time: the gap in median ITL at each (the typical decode
+    step: the mean would also absorb the prefill steps' prediction error), fitted as
+    a + b x (sequences in the step). `deployment(host)`: the Deployment with host times
+    (per step, per sequence)."""
     points = []
-    for c in (2, 16):
-        shapes, measured = _load(client, tokenizer, "random", c, seed=1000 + c)
-        predicted = predict(dep, shapes, concurrency=c)
+    for c in HOST_LOADS:
+        shapes, measured = loads["host", c]
+        predicted = predict(deployment((0.0, 0.0)), shapes, concurrency=c)
         gap = measured["itl_s"]["p50"] - predicted["itl_ms"]["p50"] / 1e3
         points.append((predicted["simulation"]["mean_batch"], gap))
     (m1, g1), (m2, g2) = points
@@ -160,58 +223,28 @@ def calibrate_host(dep, client, tokenizer) -> tuple[float, float]:
     return max(0.0, g1 - per_seq * m1), per_seq
 
 
-def serving_part(desc, hw, threads: int) -> list[tuple]:
-    from infergen.bench.client import ClientOptions, run_load
-    from infergen.bench.workloads import WORKLOADS, WorkloadOptions
-    from infergen.io.checkpoint import load_checkpoint
-    from infergen.io.default_model import default_model_path
+def predict_serving(desc, hw, loads: dict) -> tuple[list[tuple], dict]:
+    def deployment(host: tuple[float, float]) -> Deployment:
+        row = dataclasses.replace(hw, step_overhead_s=host[0], sequence_overhead_s=host[1])
+        return Deployment(
+            desc, row, FP32, "fp32", scheduler=SchedulerConfig(), kv_capacity=KV_MEMORY
+        )
 
-    tokenizer = load_checkpoint(default_model_path(), load_weights=False).tokenizer
-    hw = dataclasses.replace(hw, step_overhead_s=0.0, sequence_overhead_s=0.0)
-    scheduler = SchedulerConfig()  # the server's defaults
-    port = free_port()
-    cmd = [sys.executable, "-m", "infergen.cli", "serve", "--port", str(port)]
-    cmd += ["--threads", str(threads), "--kv-cache-memory", "1GiB"]
+    host = calibrate_host(deployment, loads)
+    print(f"host time per step: {host[0] * 1e3:.2f} ms + {host[1] * 1e3:.2f} ms per sequence")
     rows = []
-    with server(cmd, port, "infergen", pathlib.Path("/tmp/validate_perf_model.log")) as url:
-        client = ClientOptions(url, count_tokens=lambda t: len(tokenizer.encode(t)))
-        warm = WORKLOADS.get("random")(
-            tokenizer, WorkloadOptions(num_requests=2, output_len=4), random.Random(99)
-        )
-        asyncio.run(run_load(warm, client, concurrency=2))
-        forward_only = Deployment(
-            desc, hw, FP32, "fp32", scheduler=scheduler, kv_capacity=KV_MEMORY
-        )
-        step_s, seq_s = calibrate_host(forward_only, client, tokenizer)
-        print(f"host time per step: {step_s * 1e3:.2f} ms + {seq_s * 1e3:.2f} ms per sequence")
-        hw = dataclasses.replace(hw, step_overhead_s=step_s, sequence_overhead_s=seq_s)
-        dep = Deployment(desc, hw, FP32, "fp32", scheduler=scheduler, kv_capacity=KV_MEMORY)
-        for workload in ("random", "agentic"):
-            for c in (8, 32):
-                shapes, measured = _load(client, tokenizer, workload, c, seed=c)
-                predicted = predict(dep, shapes, concurrency=c)
-                tag = f"{workload}_c{c}"
-                rows += [
-                    (
-                        f"itl_ms_mean_{tag}",
-                        predicted["itl_ms"]["mean"],
-                        measured["itl_s"]["mean"] * 1e3,
-                        0.15,
-                    ),
-                    (
-                        f"output_tok_s_{tag}",
-                        predicted["output_tok_s"],
-                        measured["output_tok_s"],
-                        0.15,
-                    ),
-                    (
-                        f"ttft_ms_p90_{tag}",
-                        predicted["ttft_ms"]["p90"],
-                        measured["ttft_s"]["p90"] * 1e3,
-                        0.25,
-                    ),
-                ]
-    return rows, {"step_overhead_s": step_s, "sequence_overhead_s": seq_s}
+    for workload, c in MEASURED_LOADS:
+        shapes, measured = loads[workload, c]
+        predicted = predict(deployment(host), shapes, concurrency=c)
+        tag = f"{workload}_c{c}"
+        rows += [
+            (f"itl_ms_mean_{tag}", predicted["itl_ms"]["mean"], measured["itl_s"]["mean"] * 1e3),
+            (f"output_tok_s_{tag}", predicted["output_tok_s"], measured["output_tok_s"]),
+            (f"ttft_ms_p90_{tag}", predicted["ttft_ms"]["p90"], measured["ttft_s"]["p90"] * 1e3),
+        ]
+    targets = {"itl": 0.15, "out": 0.15, "ttf": 0.25}  # the issue's bars by metric
+    rows = [(name, p, m, targets[name[:3]]) for name, p, m in rows]
+    return rows, {"step_overhead_s": host[0], "sequence_overhead_s": host[1]}
 
 
 def published_part() -> list[tuple]:
@@ -272,13 +305,22 @@ def main() -> None:
     rows: list[tuple[str, str, float, float, float]] = []
     if "steps" in args.parts or "serving" in args.parts:
         from infergen import LLM
-        from infergen.perf.calibrate import measure
+        from infergen.perf.calibrate import best_of, measure
 
+        # measure everything, calibrating before and after; then predict with the best of
+        # the two calibrations (another tenant's load only ever slows this machine down)
         hw = measure(args.threads)
         llm = LLM(num_threads=args.threads, enable_prefix_caching=False)
         desc = from_model_config(llm.config)
         profile(llm, 2, 32, 8, seed=99)  # warm-up
-        hw = dataclasses.replace(hw, eager_launch_overhead_s=eager_launch_overhead(llm, desc, hw))
+        steps = measure_steps(llm) if "steps" in args.parts else None
+        two_token_s = two_token_forward_s(llm)
+        del llm
+        loads = measure_serving(args.threads) if "serving" in args.parts else None
+        hw = best_of(hw, measure(args.threads))
+        hw = dataclasses.replace(
+            hw, eager_launch_overhead_s=eager_launch_overhead(two_token_s, desc, hw)
+        )
         base["hardware"] = {
             "flops": hw.flops,
             "bandwidth": hw.bandwidth,
@@ -296,11 +338,10 @@ def main() -> None:
             f"attention at {hw.compute_efficiency_by_kind['attention']:.0%} of the peak",
             flush=True,
         )
-        if "steps" in args.parts:
-            rows += [("steps", *r) for r in steps_part(llm, desc, hw)]
-        del llm
-        if "serving" in args.parts:
-            serving, host = serving_part(desc, hw, args.threads)
+        if steps is not None:
+            rows += [("steps", *r) for r in predict_steps(desc, hw, steps)]
+        if loads is not None:
+            serving, host = predict_serving(desc, hw, loads)
             rows += [("serving", *r) for r in serving]
             base["hardware"]["host"] = host
     if "published" in args.parts:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+from dataclasses import replace
 
 import torch
 
@@ -71,6 +72,39 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
         gemm_efficiency=curve,
         memory_efficiency_by_kind={"attention": attention},
         compute_efficiency_by_kind={"attention": prefill_attention},
+    )
+
+
+def best_of(a: Hardware, b: Hardware) -> Hardware:
+    """Two calibrations of the same machine combined: each measured rate is the faster of
+    the two (contention from other tenants only ever lowers a rate), launch costs the lower;
+    the efficiencies are re-expressed against the combined peaks."""
+    flops = {k: max(a.flops[k], b.flops.get(k, 0.0)) for k in a.flops}
+    bandwidth = max(a.bandwidth, b.bandwidth)
+    peak_a, peak_b, peak = a.flops["fp32"], b.flops["fp32"], flops["fp32"]
+
+    def rates(ea: dict, eb: dict, ref_a: float, ref_b: float, ref: float) -> dict:
+        keys = ea.keys() | eb.keys()
+        return {
+            k: min(1.0, max(ea.get(k, 0.0) * ref_a, eb.get(k, 0.0) * ref_b) / ref) for k in keys
+        }
+
+    return replace(
+        a,
+        flops=flops,
+        bandwidth=bandwidth,
+        launch_overhead_s=min(a.launch_overhead_s, b.launch_overhead_s),
+        gemm_efficiency=rates(a.gemm_efficiency, b.gemm_efficiency, peak_a, peak_b, peak),
+        memory_efficiency_by_kind=rates(
+            a.memory_efficiency_by_kind,
+            b.memory_efficiency_by_kind,
+            a.bandwidth,
+            b.bandwidth,
+            bandwidth,
+        ),
+        compute_efficiency_by_kind=rates(
+            a.compute_efficiency_by_kind, b.compute_efficiency_by_kind, peak_a, peak_b, peak
+        ),
     )
 
 

@@ -170,3 +170,35 @@ def test_steps_with_a_multi_token_chunk_pay_the_eager_launch_cost():
         assert launch_line(mixed) == pytest.approx(launches(desc) * 5e-5)
     hw = dataclasses.replace(hw, eager_launch_overhead_s=0.0)  # unset: one launch cost
     assert launch_line([Chunk(7, 7)]) == pytest.approx(launches(desc) * 2e-6)
+
+
+def test_best_of_two_calibrations_keeps_each_faster_rate():
+    from infergen.perf.calibrate import best_of
+
+    slow = Hardware(
+        "cpu-local",
+        "c",
+        1e9,
+        bandwidth=20e9,
+        flops={"fp32": 100e9},
+        launch_overhead_s=8e-6,
+        gemm_efficiency={1: 0.2, 16: 0.9},
+        memory_efficiency_by_kind={"attention": 0.5},
+        compute_efficiency_by_kind={"attention": 0.3},
+    )
+    fast = dataclasses.replace(
+        slow,
+        bandwidth=40e9,
+        flops={"fp32": 200e9},
+        launch_overhead_s=6e-6,
+        gemm_efficiency={1: 0.05, 16: 0.6},  # achieved 10 and 120 GFLOP/s
+        memory_efficiency_by_kind={"attention": 0.2},  # achieved 8 GB/s
+        compute_efficiency_by_kind={"attention": 0.25},  # achieved 50 GFLOP/s
+    )
+    hw = best_of(slow, fast)
+    assert hw.flops == {"fp32": 200e9} and hw.bandwidth == 40e9 and hw.launch_overhead_s == 6e-6
+    # achieved rates: GEMM rows 1 -> max(20, 10) = 20, rows 16 -> max(90, 120) = 120 GFLOP/s
+    assert hw.gemm_efficiency == pytest.approx({1: 0.1, 16: 0.6})
+    assert hw.memory_efficiency_by_kind == pytest.approx({"attention": 10e9 / 40e9})
+    assert hw.compute_efficiency_by_kind == pytest.approx({"attention": 50e9 / 200e9})
+    assert best_of(fast, slow) == hw
