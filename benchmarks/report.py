@@ -108,14 +108,17 @@ def render(lines: list[dict]) -> str:
         rows += [
             "",
             "| performance model: predicted vs measured (steps, serving: this machine; "
-            "published: REFERENCES §5) | predicted | measured / published | error | met |",
-            "|---|---|---|---|---|",
+            "published: REFERENCES §5; error: the median pass's, every pass's beside it) "
+            "| predicted | measured / published | error | passes | met |",
+            "|---|---|---|---|---|---|",
         ]
         for ln in checks:
             met = "yes" if ln["met"] else "**no**"
+            errors = ln.get("run_errors", [])
+            passes = " / ".join(f"{100 * e:+.0f}" for e in errors) if len(errors) > 1 else ""
             rows.append(
                 f"| {ln.get('part', 'steps')}: {ln['metric']} | {_num(ln['predicted'])} "
-                f"| {_num(ln['measured'])} | {100 * ln['error']:+.1f} % "
+                f"| {_num(ln['measured'])} | {100 * ln['error']:+.1f} % | {passes} "
                 f"| {met} (±{ln.get('target', 0.15):.0%}) |"
             )
     skips = [ln for ln in lines if ln.get("kind") == "skip"]

@@ -145,37 +145,29 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         **{key: float(row[key]) for key in _OPTIONAL_FLOATS if key in row},
         gemm_efficiency={int(m): float(e) for m, e in row.get("gemm_efficiency", {}).items()},
         compute_efficiency=_per_format(row.get("compute_efficiency", {}), name, where),
-        **{key: _fractions(row.get(key, {}), key, name, where) for key in _BY_KIND},
+        **{key: _by_kind(row, key, name, where) for key in _BY_KIND},
     )
 
 
-def _fractions(value, key: str, name: str, where: str) -> dict[str, float]:
-    """{op kind: fraction in (0, 1]}."""
-    if not isinstance(value, dict) or not all(
-        isinstance(v, int | float) and 0 < v <= 1 for v in value.values()
+def _fractions(table, name: str, where: str, what: str, expected: str) -> dict[str, float]:
+    """{key: fraction in (0, 1]}, or a ConfigError saying `what` the field must be."""
+    if not isinstance(table, dict) or not all(
+        isinstance(v, int | float) and 0 < v <= 1 for v in table.values()
     ):
-        raise ConfigError(
-            f"hardware {name!r}: {key} must map op kinds to fractions in (0, 1]",
-            where=where,
-            found=value,
-            expected='{"attention": 0.4, ...}',
-        )
-    return {k: float(v) for k, v in value.items()}
+        raise ConfigError(f"hardware {name!r}: {what}", where=where, found=table, expected=expected)
+    return {k: float(v) for k, v in table.items()}
+
+
+def _by_kind(row: dict, key: str, name: str, where: str) -> dict[str, float]:
+    what = f"{key} must map op kinds to fractions in (0, 1]"
+    return _fractions(row.get(key, {}), name, where, what, '{"attention": 0.4, ...}')
 
 
 def _per_format(value, name: str, where: str) -> dict[str, float]:
     """compute_efficiency: one number for every format, or {format: fraction}."""
     table = {"default": value} if isinstance(value, int | float) else value
-    if not isinstance(table, dict) or not all(
-        isinstance(v, int | float) and 0 < v <= 1 for v in table.values()
-    ):
-        raise ConfigError(
-            f"hardware {name!r}: compute_efficiency must be fractions in (0, 1]",
-            where=where,
-            found=value,
-            expected='a number or {"bf16": 0.8, "fp8": 0.5, ...}',
-        )
-    return {k: float(v) for k, v in table.items()}
+    what = "compute_efficiency must be fractions in (0, 1]"
+    return _fractions(table, name, where, what, 'a number or {"bf16": 0.8, "fp8": 0.5, ...}')
 
 
 def load_file(path: str | pathlib.Path) -> list[Hardware]:
