@@ -400,6 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-pending", type=int, default=256, help="requests in flight before 503 (256)"
     )
+    serve.add_argument(
+        "--step-trace",
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per engine step to FILE: start, scheduling / forward / "
+        "sampling seconds, and the batch as (new tokens, context) per sequence",
+    )
     serve.set_defaults(func=cmd_serve)
 
     perf = sub.add_parser("perf", help="performance model: `infergen perf calibrate|step`")
@@ -565,6 +572,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # load off the main thread: the engine thread must be the only one with an OpenMP pool
     llm = in_transient_thread(_load, args)
+    if args.step_trace:
+        from infergen.engine.step_trace import StepTraceWriter
+
+        llm.engine.on_step = StepTraceWriter(args.step_trace)
     name = args.served_model_name or served_model_name(args.model)
     app = create_app(llm, name, api_key=args.api_key, max_pending=args.max_pending)
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)

@@ -8,6 +8,8 @@ engine.output(request_id) → RequestOutput
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import torch
@@ -18,6 +20,7 @@ from infergen.engine.runner import ModelRunner
 from infergen.engine.sampler import Sampler, SamplingState
 from infergen.engine.sampling_params import SamplingParams
 from infergen.engine.scheduler import ScheduledBatch, Scheduler
+from infergen.engine.step_trace import StepRecord
 from infergen.engine.stopping import StopChecker
 from infergen.errors import RequestError
 from infergen.io.checkpoint import Checkpoint, load_checkpoint
@@ -51,6 +54,7 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.pool, cache.block_size)
         self.runner = ModelRunner(model, self.kv_cache)
         self.sampler = Sampler()
+        self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         # the context a sequence may grow to: the model's, or less when config caps it
         self.max_model_len = min(
             self.model_config.max_position_embeddings,
@@ -145,10 +149,13 @@ class Engine:
 
     # ---- one step ---------------------------------------------------------------------------
     def step(self) -> list[StreamDelta]:
+        start = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        scheduled = time.perf_counter()
         logits, sampling = self.runner.run(batch)
+        forward_end = time.perf_counter()
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             seq.num_computed_tokens += n
             self.scheduler.register_full_blocks(seq)
@@ -156,7 +163,20 @@ class Engine:
         result = self.sampler(logits, [seq.sampling for seq in sampled])
         for k, seq in enumerate(sampled):
             self._append_token(seq, result.token_ids[k], result.logprobs[k])
-        return [self._delta(seq) for seq in sampled]
+        deltas = [self._delta(seq) for seq in sampled]
+        if self.on_step is not None:
+            pairs = zip(batch.seqs, batch.num_tokens, strict=True)
+            chunks = [(n, seq.num_computed_tokens) for seq, n in pairs]
+            self.on_step(
+                StepRecord(
+                    start,
+                    scheduled - start,
+                    forward_end - scheduled,
+                    time.perf_counter() - forward_end,
+                    chunks,
+                )
+            )
+        return deltas
 
     def _append_token(self, seq: Sequence, token: int, logprobs: object) -> None:
         seq.token_ids.append(token)
