@@ -113,13 +113,14 @@ def render(lines: list[dict]) -> str:
             "|---|---|---|---|---|---|",
         ]
         for ln in checks:
-            met = "yes" if ln["met"] else "**no**"
+            met = {True: "yes", False: "**no**", None: "(diagnostic)"}[ln["met"]]
+            target = f" (±{ln['target']:.0%})" if ln.get("target") else ""
             errors = ln.get("run_errors", [])
             passes = " / ".join(f"{100 * e:+.0f}" for e in errors) if len(errors) > 1 else ""
             rows.append(
                 f"| {ln.get('part', 'steps')}: {ln['metric']} | {_num(ln['predicted'])} "
                 f"| {_num(ln['measured'])} | {100 * ln['error']:+.1f} % | {passes} "
-                f"| {met} (±{ln.get('target', 0.15):.0%}) |"
+                f"| {met}{target} |"
             )
     skips = [ln for ln in lines if ln.get("kind") == "skip"]
     for ln in skips:
