@@ -175,14 +175,12 @@ def _load(client, tokenizer, workload: str, concurrency: int, seed: int):
 
 HOST_LOADS = (2, 16)  # random, concurrency: the host-time calibration loads
 MEASURED_LOADS = [(w, c) for w in ("random", "agentic") for c in (8, 32)]
-REPEATS = 1  # runs of each load per pass on distinct prompts; the fastest counts
 
 
 def measure_serving(threads: int) -> dict:
     """`infergen serve` under the host-calibration loads (random, concurrency 2 and 16, their
-    own prompts) and the measured loads, each REPEATS times on distinct prompts, the runs of
-    a load in turn with the others': {(workload, concurrency): the fastest run's (shapes,
-    summary, its engine steps as the server traced them)}."""
+    own prompts) and the measured loads: {(workload, concurrency): (shapes, summary, its
+    engine steps as the server traced them)}."""
     from infergen.bench.client import ClientOptions, run_load
     from infergen.bench.workloads import WORKLOADS, WorkloadOptions
     from infergen.engine.step_trace import read
@@ -205,14 +203,10 @@ def measure_serving(threads: int) -> dict:
         asyncio.run(run_load(warm, client, concurrency=2))
         plan = [("host", "random", c, 1000 + c) for c in HOST_LOADS]
         plan += [(workload, workload, c, c) for workload, c in MEASURED_LOADS]
-        for repeat in range(REPEATS):
-            for key, workload, c, seed in plan:
-                before = len(read(trace)) if trace.exists() else 0
-                run = _load(client, tokenizer, workload, c, seed=seed + 100 * repeat)
-                run = (*run, read(trace)[before:])
-                best = loads.get((key, c))
-                if best is None or run[1]["output_tok_s"] > best[1]["output_tok_s"]:
-                    loads[key, c] = run
+        for key, workload, c, seed in plan:
+            before = len(read(trace)) if trace.exists() else 0
+            shapes, summary = _load(client, tokenizer, workload, c, seed=seed)
+            loads[key, c] = shapes, summary, read(trace)[before:]
     return loads
 
 
