@@ -37,11 +37,13 @@ class Efficiency:
 
     @classmethod
     def of_hardware(cls, hw: Hardware, compute_format: str, eager: bool = False) -> Efficiency:
-        """`eager`: the step runs op by op (see Hardware.eager_launch_overhead_s)."""
+        """`eager`: the step runs op by op (see Hardware.eager_launch_overhead_s; unset, a
+        launch costs launch_overhead_s either way)."""
+        eager_cost = hw.eager_launch_overhead_s if eager else 0.0
         return cls(
             compute=dict(hw.compute_efficiency_by_kind),
             memory=dict(hw.memory_efficiency_by_kind),
-            overhead_s=(eager and hw.eager_launch_overhead_s) or hw.launch_overhead_s,
+            overhead_s=eager_cost or hw.launch_overhead_s,
             default_compute=hw.compute_efficiency_for(compute_format),
             default_memory=hw.memory_efficiency,
         )
