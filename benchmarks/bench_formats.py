@@ -2,10 +2,13 @@
 memory-copy bandwidth measured in the same run.
 
 A 4096x4096 fp32 tensor (N(0,1)) per format; GB/s of fp32 input (64 MiB), best of --repeats.
-Peers: torchao 0.18 `to_mx` (MX formats, FLOOR), `nvfp4_quantize` (NVFP4, two-level), and for
-FP8 per-tensor torch's own scaled cast (x / scale, clamp, .to(float8)); integer formats have
-no peer row. Copy = `dst.copy_(x)` into a preallocated tensor (memory bandwidth; every
-quantize/dequantize also pays for allocating its output). Targets (issue): >= 1x torchao on every
+Peers, all torchao 0.18 on the CPU: `to_mx` / `to_dtype` (MX formats, FLOOR),
+`NVFP4Tensor.to_nvfp4` / `.dequantize` (NVFP4, two-level), the float8 primitives behind its
+Float8Tensor (FP8 per tensor), and the affine primitives `choose_qparams_affine` /
+`quantize_affine` / `dequantize_affine` behind its int8 / int4 configs (integers; torchao
+stores int4/int2 codes one per byte, ours are packed). Copy = `dst.copy_(x)` into a
+preallocated tensor (memory bandwidth; every quantize/dequantize also pays for allocating its
+output). Targets (issue): >= 1x torchao on every
 format it has, >= 25 % of copy bandwidth. The process is set up as an engine's
 (infergen/process.py: thread count, flush-to-zero, glibc malloc keeping large buffers), for
 infergen and the peers alike. JSON lines to --out; `benchmarks/report.py` puts the
@@ -41,47 +44,87 @@ MX_ELEM = {
     "mxfp4": torch.float4_e2m1fn_x2,
 }
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+# format -> (mapping, storage dtype, quant_min, quant_max, group along the last axis; None =
+# the whole row, i.e. per channel). int2: torchao's asymmetric keeps an integer zero point
+# where ours (KIVI) keeps the fp32 minimum: the same work, not the same codes.
+AFFINE = {
+    "int8": ("SYMMETRIC", torch.int8, -127, 127, None),
+    "int4": ("SYMMETRIC", torch.int8, -7, 7, 32),
+    "int4_asym": ("ASYMMETRIC", torch.uint8, 0, 15, 32),
+    "int2": ("ASYMMETRIC", torch.uint8, 0, 3, 32),
+}
+
+
+def _torchao():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchao.prototype.mx_formats import mx_tensor, nvfp4_tensor
+        from torchao.quantization import quant_primitives
+    return mx_tensor, nvfp4_tensor, quant_primitives
+
+
+def _mx_peer(fmt: str):
+    mx_tensor = _torchao()[0]
+    elem = MX_ELEM[fmt]
+
+    def dq(x, state):
+        scale, data = state
+        return mx_tensor.to_dtype(data, scale, elem, 32, torch.float32)
+
+    return (lambda x: mx_tensor.to_mx(x, elem, 32)), dq
+
+
+def _nvfp4_peer(fmt: str):
+    nv = _torchao()[1]
+
+    def q(x):
+        return nv.NVFP4Tensor.to_nvfp4(x, 16, nv.per_tensor_amax_to_scale(x.abs().max()))
+
+    return q, (lambda x, state: state.dequantize(torch.float32))
+
+
+def _fp8_peer(fmt: str):
+    qp, dtype = _torchao()[2], FP8[fmt]
+
+    def q(x):
+        scale = qp._choose_scale_float8(x, list(x.shape), dtype)
+        return qp._quantize_affine_float8(x, scale, dtype), scale
+
+    def dq(x, state):
+        return qp._dequantize_affine_float8(*state, torch.float32)
+
+    return q, dq
+
+
+def _affine_peer(fmt: str):
+    qp = _torchao()[2]
+    mapping, dtype, lo, hi, group = AFFINE[fmt]
+
+    def q(x):
+        block = (1, group or x.shape[-1])
+        scale, zero = qp.choose_qparams_affine(x, qp.MappingType[mapping], block, dtype, lo, hi)
+        return qp.quantize_affine(x, block, scale, zero, dtype, lo, hi), block, scale, zero
+
+    def dq(x, state):
+        codes, block, scale, zero = state
+        return qp.dequantize_affine(
+            codes, block, scale, zero, dtype, lo, hi, output_dtype=torch.float32
+        )
+
+    return q, dq
+
+
+PEERS = {
+    **dict.fromkeys(MX_ELEM, _mx_peer),
+    "nvfp4": _nvfp4_peer,
+    **dict.fromkeys(FP8, _fp8_peer),
+    **dict.fromkeys(AFFINE, _affine_peer),
+}
 
 
 def torchao_peer(fmt: str):
-    """(quantize, dequantize) callables of the peer for `fmt`, or None."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
-        from torchao.prototype.mx_formats.nvfp4_tensor import (
-            nvfp4_quantize,
-            per_tensor_amax_to_scale,
-        )
-    if fmt in MX_ELEM:
-        elem = MX_ELEM[fmt]
-
-        def q(x):
-            return to_mx(x, elem, 32)
-
-        def dq(x, state):
-            scale, data = state
-            return to_dtype(data, scale, elem, 32, torch.float32)
-
-        return q, dq
-    if fmt == "nvfp4":
-
-        def q(x):
-            return nvfp4_quantize(x, 16, per_tensor_amax_to_scale(x.abs().max()))
-
-        return q, None
-    if fmt in FP8:
-        dtype, mx = FP8[fmt], torch.finfo(FP8[fmt]).max
-
-        def q(x):
-            scale = x.abs().max() / mx
-            return (x / scale).clamp(-mx, mx).to(dtype), scale
-
-        def dq(x, state):
-            data, scale = state
-            return data.float() * scale
-
-        return q, dq
-    return None
+    """(quantize, dequantize) callables of torchao's CPU implementation of `fmt`, or None."""
+    return PEERS[fmt](fmt) if fmt in PEERS else None
 
 
 def best_gbs(fn, nbytes: int, repeats: int) -> tuple[float, float | None]:
@@ -168,7 +211,7 @@ def main() -> None:
             )
             peer_value = theirs.get(op, (None, None))[0]
             if peer_value is not None:
-                peer_name = "torch" if fmt in FP8 else "torchao"
+                peer_name = "torchao"
                 lines.append(
                     {
                         **base,

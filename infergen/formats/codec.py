@@ -248,10 +248,13 @@ def quantize(
         spec, blocks, scale_rule, native
     )
     moved_shape = _moved_shape(tuple(x.shape), axis)
-    codes = codes.reshape(moved_shape)
-    if spec.packed:
-        packed = fast_paths(codes, native).pack_bits(codes, spec.element_bits)
-        codes = packed if packed is not None else pack_bits(codes, spec.element_bits)
+    if spec.packed and codes.numel() != blocks.numel():  # a fast path packed as it encoded
+        codes = codes.reshape(*moved_shape[:-1], moved_shape[-1] * spec.element_bits // 8)
+    else:
+        codes = codes.reshape(moved_shape)
+        if spec.packed:
+            packed = fast_paths(codes, native).pack_bits(codes, spec.element_bits)
+            codes = packed if packed is not None else pack_bits(codes, spec.element_bits)
     return QuantizedTensor(
         format=spec.name,
         codes=codes,
@@ -270,6 +273,9 @@ def dequantize(q: QuantizedTensor, native: bool = True) -> torch.Tensor:
     """The values `q` stands for, in q.dtype and q.shape (`native=False`: torch reference)."""
     spec = FORMATS.get(q.format, where="QuantizedTensor.format")
     codes = q.codes
+    values = _fp4_dequantize_packed(spec, q) if native else None
+    if values is not None:
+        return values.reshape(_moved_shape(q.shape, q.axis)).movedim(-1, q.axis).to(q.dtype)
     if spec.packed:
         unpacked = fast_paths(codes, native).unpack_bits(codes, spec.element_bits)
         codes = unpacked if unpacked is not None else unpack_bits(codes, spec.element_bits)
@@ -282,6 +288,18 @@ def dequantize(q: QuantizedTensor, native: bool = True) -> torch.Tensor:
     if values is None:
         values = _dequantize_reference(spec, q, codes)
     return values.reshape(moved_shape).movedim(-1, q.axis).to(q.dtype)
+
+
+def _fp4_dequantize_packed(spec: FormatSpec, q: QuantizedTensor) -> torch.Tensor | None:
+    """MXFP4 / NVFP4 straight from the packed codes, where the device's fast path has it."""
+    if spec.element_bits != 4 or spec.scaling not in ("e8m0", "nvfp4"):
+        return None
+    fn = getattr(fast_paths(q.codes), "fp4_dequantize", None)
+    if fn is None:
+        return None
+    if spec.scaling == "nvfp4":
+        return fn(q.codes, q.scales, q.block_size, spec.element_type, q.global_scale.item())
+    return fn(q.codes, q.scales, q.block_size, spec.element_type, None)
 
 
 def _dequantize_native(spec: FormatSpec, q: QuantizedTensor, codes: torch.Tensor):

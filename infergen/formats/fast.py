@@ -44,7 +44,7 @@ def nvfp4_quantize(blocks: torch.Tensor, global_scale: torch.Tensor):
     if fn is None:
         return None
     blocks = blocks.contiguous()
-    codes = torch.empty(blocks.shape, dtype=torch.uint8)
+    codes = torch.empty(*blocks.shape[:-1], 8, dtype=torch.uint8)  # packed as it encodes
     scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8)
     table = E4M3.decode_table()
     fn(
@@ -109,6 +109,39 @@ def block_dequantize(codes: torch.Tensor, scale_values: torch.Tensor, post: floa
     scale_values = scale_values.float().contiguous()
     table = et.decode_table()
     return _decode_blocks(fn, codes.contiguous(), scale_values.data_ptr(), post, table.data_ptr())
+
+
+def fp4_dequantize(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    block: int,
+    et: Minifloat,
+    global_scale: float | None,
+):
+    """Packed 4-bit codes (two a byte, blocks of `block` along the last axis) → fp32
+    [n_blocks, block], without unpacking first: NVFP4 (E4M3 scale codes · global_scale) or MX
+    (global_scale None: E8M0 scale codes)."""
+    fn = kernel("fp4_dequantize_f32", P, P, P, P, F, I, P, L, L, I, source=SOURCE)
+    if fn is None or block % 16:
+        return None
+    packed, scales = packed.contiguous(), scales.contiguous()
+    n_blocks = packed.numel() * 2 // block
+    out = torch.empty(n_blocks, block, dtype=torch.float32)
+    table, e4m3 = et.decode_table(), E4M3.decode_table()
+    mode = 1 if global_scale is None else 0
+    fn(
+        packed.data_ptr(),
+        scales.data_ptr(),
+        table.data_ptr(),
+        e4m3.data_ptr(),
+        1.0 if global_scale is None else global_scale,
+        mode,
+        out.data_ptr(),
+        n_blocks,
+        block,
+        torch.get_num_threads(),
+    )
+    return out
 
 
 def finite_amax(x: torch.Tensor) -> torch.Tensor | None:

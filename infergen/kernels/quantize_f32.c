@@ -176,17 +176,26 @@ void mx_quantize_f32(const float *x, uint8_t *codes, uint8_t *scales, long n_blo
     }
 }
 
-/* NVFP4: blocks of 16; scale = e4m3(amax / 6 / global); elements e2m1(v / (scale · global)).
+/* NVFP4: blocks of 16; scale = e4m3(amax / 6 / global); elements e2m1(v / (scale · global)),
+ * written packed (8 bytes a block, element 2i in the low nibble: formats/pack.py).
  * e4m3_values: the 256-entry E4M3 decode table (fp32). */
 /* One NVFP4 block's elements, given its E4M3 scale code (scalar tail and the 8-block path). */
-static inline void nvfp4_block(const float *v, uint8_t *c, uint8_t s, int bad, float global,
+static inline void nvfp4_block(const float *v, uint8_t *packed, uint8_t s, int bad, float global,
                                const float *e4m3_values, const elem_t *e2m1) {
     float divisor = e4m3_values[s] * global;
     if (bad || e4m3_values[s] == 0.0f) {
-        memset(c, 0, 16);
+        memset(packed, 0, 8);
         return;
     }
+    uint8_t c[16];
     encode_run(v, c, 16, 1, 1.0f, 1.0f, divisor, e2m1);
+#ifdef __AVX2__
+    /* (low, high) byte pairs → low + 16 · high, then the 8 u16 lanes → 8 bytes */
+    __m128i pairs = _mm_maddubs_epi16(_mm_loadu_si128((const __m128i *)c), _mm_set1_epi16(0x1001));
+    _mm_storel_epi64((__m128i *)packed, _mm_packus_epi16(pairs, pairs));
+#else
+    for (int j = 0; j < 8; ++j) packed[j] = (uint8_t)(c[2 * j] | (c[2 * j + 1] << 4));
+#endif
 }
 
 #ifdef __AVX2__
@@ -218,7 +227,7 @@ void nvfp4_quantize_f32(const float *x, uint8_t *codes, uint8_t *scales, long n_
 #pragma omp for schedule(static)
         for (long grp = 0; grp < n_groups; ++grp) {
             const float *v = x + grp * 128;
-            uint8_t *c = codes + grp * 128;
+            uint8_t *c = codes + grp * 64;
             __m256 amax[8];
             int bad[8];
             for (int k = 0; k < 8; ++k) {
@@ -238,7 +247,7 @@ void nvfp4_quantize_f32(const float *x, uint8_t *codes, uint8_t *scales, long n_
             int sc[8];
             _mm256_storeu_si256((__m256i *)sc, s);
             for (int k = 0; k < 8; ++k)
-                nvfp4_block(v + 16 * k, c + 16 * k, (uint8_t)sc[k], bad[k], global, e4m3_values, &e2m1);
+                nvfp4_block(v + 16 * k, c + 8 * k, (uint8_t)sc[k], bad[k], global, e4m3_values, &e2m1);
         }
 #endif
 #pragma omp for schedule(static)
@@ -248,7 +257,7 @@ void nvfp4_quantize_f32(const float *x, uint8_t *codes, uint8_t *scales, long n_
             float amax = block_amax(v, 16, &bad);
             uint8_t s = bad ? 0x7F : encode(amax / 6.0f / global, &e4m3);
             scales[b] = s;
-            nvfp4_block(v, codes + b * 16, s, bad, global, e4m3_values, &e2m1);
+            nvfp4_block(v, codes + b * 8, s, bad, global, e4m3_values, &e2m1);
         }
     }
 }
@@ -543,6 +552,65 @@ void unpack_bits_u8(const uint8_t *packed, uint8_t *codes, long n_in, int bits, 
             uint8_t nibbles[2 * PACK_CHUNK];
             split_pairs(packed + start, nibbles, len, 4);
             split_pairs(nibbles, codes + 4 * start, 2 * len, 2);
+        }
+    }
+}
+
+/* Dequantize packed 4-bit codes (MXFP4, NVFP4) without unpacking them first. Every code of a
+ * block decodes to table[c] · f1 · f2 with the block's two factors, so the block's 16 possible
+ * values are computed once, in that order (bit-identical to decoding element by element), and
+ * each element is a lookup: two 8-entry permutes picked by the code's high bit.
+ * Factors: mode 0 (NVFP4): f1 = e4m3_values[scales[b]], f2 = post (the global scale);
+ * mode 1 (MX, E8M0): 2^(s-127) split in two normal halves as mx_dequantize_f32 (0xFF → NaN).
+ * packed: n_blocks · block / 2 bytes, element 2i in the low nibble. */
+static inline void fp4_block_factors(int mode, uint8_t s, const float *e4m3_values, float post,
+                                     float *f1, float *f2) {
+    if (mode == 0) {
+        *f1 = e4m3_values[s];
+        *f2 = post;
+        return;
+    }
+    int e = (int)s - 127;
+    int half = e >= 0 ? e / 2 : -((-e + 1) / 2);
+    *f1 = s == 0xFF ? NAN : pow2f(half);
+    *f2 = pow2f(e - half);
+}
+
+void fp4_dequantize_f32(const uint8_t *packed, const uint8_t *scales, const float *table,
+                        const float *e4m3_values, float post, int mode, float *out,
+                        long n_blocks, long block, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (n_blocks * block >= PARALLEL_MIN_ELEMENTS)
+    for (long b = 0; b < n_blocks; ++b) {
+        flush_denormals();
+        float f1, f2, lut[16];
+        fp4_block_factors(mode, scales[b], e4m3_values, post, &f1, &f2);
+        for (int k = 0; k < 16; ++k) lut[k] = table[k] * f1 * f2;
+        const uint8_t *p = packed + b * block / 2;
+        float *o = out + b * block;
+        long i = 0;
+#ifdef __AVX2__
+        __m256 lo = _mm256_loadu_ps(lut), hi = _mm256_loadu_ps(lut + 8);
+        const __m128i nibble = _mm_set1_epi16(0x0F);
+        for (; i + 16 <= block; i += 16) {
+            /* 8 bytes → 16 codes in element order: each u16 lane holds (low, high) nibble */
+            __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p + i / 2)));
+            __m128i codes = _mm_or_si128(_mm_and_si128(w, nibble),
+                                         _mm_slli_epi16(_mm_srli_epi16(w, 4), 8));
+            __m256i c0 = _mm256_cvtepu8_epi32(codes);
+            __m256i c1 = _mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8));
+            __m256 v0 = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, c0),
+                                         _mm256_permutevar8x32_ps(hi, c0),
+                                         _mm256_castsi256_ps(_mm256_slli_epi32(c0, 28)));
+            __m256 v1 = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, c1),
+                                         _mm256_permutevar8x32_ps(hi, c1),
+                                         _mm256_castsi256_ps(_mm256_slli_epi32(c1, 28)));
+            _mm256_storeu_ps(o + i, v0);
+            _mm256_storeu_ps(o + i + 8, v1);
+        }
+#endif
+        for (; i < block; i += 2) {
+            o[i] = lut[p[i / 2] & 15];
+            o[i + 1] = lut[p[i / 2] >> 4];
         }
     }
 }

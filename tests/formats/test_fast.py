@@ -70,10 +70,12 @@ def test_fast_equals_reference(fmt, seed):
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_fast_dequantize_equals_reference(fmt):
-    q = quantize(_adversarial(2), fmt)
-    torch.testing.assert_close(
-        dequantize(q), dequantize(q, native=False), rtol=0, atol=0, equal_nan=True
-    )
+    for x in (_adversarial(2), _adversarial(0)):
+        q = quantize(x, fmt)
+        fast, ref = dequantize(q), dequantize(q, native=False)
+        torch.testing.assert_close(fast, ref, rtol=0, atol=0, equal_nan=True)
+        finite = ~ref.isnan()  # bit for bit, the sign of zero included
+        assert torch.equal(fast[finite].view(torch.int32), ref[finite].view(torch.int32)), fmt
 
 
 @pytest.mark.parametrize("fmt,block", INT_CASES)
