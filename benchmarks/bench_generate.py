@@ -13,7 +13,15 @@ Metrics (greedy, EOS ignored, prompts cut from the real text in data/):
   prefill_tok_s        512-token prompt, max_tokens=1: 512 / time. Best of 3 distinct prompts.
   throughput_tok_s_cN  N concurrent requests (16, 64), 128 -> 128 each, distinct prompts:
                        output tokens / wall time (prefill included). Best of 2.
-Each engine is warmed up once before timing. Output: one JSON line per result, per ratio
+  decode_tok_s_cN      infergen only: the same runs' decode phase (after every request has
+                       its first token): tokens emitted in it / its time.
+  roofline             the bound on throughput_tok_s_cN at this machine's fp32 GEMM peak,
+                       measured in the run (benchmarks/compute_bound.py: the workload's
+                       FLOPs / peak); the ratio infergen / roofline is the fraction reached.
+Every engine runs --rounds times in turn (default 2: infergen, transformers, llama.cpp, then
+all again), each metric the best run of all rounds: the machine drifts over minutes, and
+rounds give every engine a chance at its faster moments. Each engine is warmed up once before
+timing (per round). Output: one JSON line per result, per ratio
 (infergen / peer: >1 means infergen is faster), per greedy-agreement check and per target of
 the issue (with "met"), written to --out (overwritten); a table on stdout. Every line records
 other_cpu_cores: the CPU other processes used meanwhile (this machine is shared and noisy).
@@ -138,20 +146,46 @@ class InfergenRunner:
         return {"seconds": time.perf_counter() - start, "tokens": len(prompt)}
 
     def run_concurrent(self, prompts: list[list[int]], max_tokens: int) -> dict:
+        """All prompts at once; also times the decode phase: from the step in which the last
+        request got its first token to the end, and the tokens emitted in it."""
+        engine = self.llm.engine
         start = time.perf_counter()
-        outs = self.llm.generate(prompts, self._params(max_tokens))
-        seconds = time.perf_counter() - start
-        outputs = [list(o.token_ids) for o in outs]
-        return {"seconds": seconds, "output_tokens": sum(map(len, outputs)), "outputs": outputs}
+        ids = [engine.add_request(p, self._params(max_tokens)) for p in prompts]
+        waiting, decode_start, decode_tokens = set(ids), None, 0
+        while engine.has_unfinished():
+            deltas = engine.step()
+            if decode_start is not None:
+                decode_tokens += sum(len(d.token_ids) for d in deltas)
+            waiting -= {d.request_id for d in deltas if d.token_ids}
+            if not waiting and decode_start is None:
+                decode_start = time.perf_counter()
+        end = time.perf_counter()
+        outputs = [list(engine.output(r).token_ids) for r in ids]
+        for r in ids:
+            engine.release(r)
+        return {
+            "seconds": end - start,
+            "output_tokens": sum(map(len, outputs)),
+            "outputs": outputs,
+            "decode_phase_s": end - decode_start,
+            "decode_phase_tokens": decode_tokens,
+        }
 
 
 def run_infergen(threads: int, sizes: Sizes, retries: int) -> tuple[dict, list, list]:
-    """infergen's results, and the (warm-up, measured) tasks every peer then runs."""
+    """infergen's results, and the (warm-up, measured) tasks every peer then runs; with the
+    compute bound of each concurrent workload on this machine (benchmarks/compute_bound.py)."""
+    from compute_bound import compute_bound
+
     runner = InfergenRunner(threads)
     warmup, tasks = make_tasks(runner.llm.tokenizer, sizes)
     run_tasks(runner, warmup)
     results = run_tasks(runner, tasks, retries)
-    return {"version": _version("infergen"), "results": results}, warmup, tasks
+    bounds = {
+        c: compute_bound(runner.llm.config, c, sizes.conc_prompt, sizes.conc_new)
+        for c in sizes.concurrency
+    }
+    return {"version": _version("infergen"), "results": results, "bounds": bounds}, warmup, tasks
 
 
 def run_peer(python, script: str, name: str, model, threads: int, warmup, tasks, **extra):
@@ -189,13 +223,18 @@ def llama_cpp_missing() -> str | None:
 
 def machine_info(threads: int) -> dict:
     with open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+        text = f.read().splitlines()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in text if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1] for ln in text if ln.startswith("flags")), "").split())
+    # machines of one name differ (both "AMD EPYC" here): the widest vector ISA tells them apart
+    isa = next((name for name in ("avx512f", "avx2", "sse4_2") if name in flags), "?")
     with open("/proc/meminfo") as f:
         mem_kb = next(int(ln.split()[1]) for ln in f if ln.startswith("MemTotal"))
     import torch
 
     return {
         "cpu": cpu,
+        "isa": isa.replace("avx512f", "avx512"),
         "cores": os.cpu_count(),
         "ram_gib": round(mem_kb / 2**20, 1),
         "torch": torch.__version__,
@@ -224,40 +263,12 @@ def _version(package: str) -> str:
         return "dev"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help=f"smoke run: {asdict(QUICK)}")
-    parser.add_argument("--skip-transformers", action="store_true", help="no transformers peer")
-    parser.add_argument("--skip-llamacpp", action="store_true", help="no llama.cpp peer")
-    parser.add_argument("--threads", type=int, default=2, help="threads of every engine (2)")
-    parser.add_argument(
-        "--retries",
-        type=int,
-        default=None,
-        help="re-run a measurement that competed with other processes for more than "
-        "0.25 cores, up to this many times, keeping the least contended (default 2; quick 0)",
-    )
-    parser.add_argument(
-        "--out",
-        type=pathlib.Path,
-        default=ROOT / "benchmarks" / "results" / "generate.jsonl",
-        help="JSON-lines output, overwritten (default: %(default)s)",
-    )
-    args = parser.parse_args()
-    sizes = QUICK if args.quick else FULL
-    retries = args.retries if args.retries is not None else (0 if args.quick else 2)
-    git = git_state()  # before the run: others may change the tree meanwhile
-
-    from infergen.io.default_model import default_model_path
-
-    model = default_model_path()
+def run_round(args, sizes: Sizes, retries: int, model, versions: dict) -> tuple[dict, list]:
+    """Every engine once, in turn: infergen, transformers, llama.cpp; and the tasks."""
     print(f"[infergen] {model.name}, fp32, {args.threads} threads", flush=True)
     started = time.perf_counter()
     infergen_out, warmup, tasks = run_infergen(args.threads, sizes, retries)
     engines: dict[str, dict] = {"infergen": infergen_out}
-    versions: dict[str, str] = {}
     print(f"[infergen] done in {time.perf_counter() - started:.0f} s", flush=True)
     if not args.skip_transformers:
         print("[transformers] loading the GGUF (~45 s), then the same tasks", flush=True)
@@ -301,6 +312,71 @@ def main() -> None:
             engines["llama.cpp"] = out
             versions["llama-cpp-python"] = out.get("version", "?")
             print(f"[llama.cpp] {out.get('error', 'done')} ({time.perf_counter() - started:.0f} s)")
+    return engines, tasks
+
+
+def merge_rounds(kept: dict | None, new: dict) -> dict:
+    """One engine's results over rounds: each task's runs of every round (the metrics take
+    the best); a round that failed or was skipped adds nothing (results of another round win);
+    the compute bound is the highest (the fastest peak measured)."""
+    if kept is None:
+        return {**new, "tasks_rounds": 1}
+    if "results" not in kept or "results" not in new:
+        return kept if "results" in kept else new
+    for mine, theirs in zip(kept["results"], new["results"], strict=True):
+        mine["runs"] = mine["runs"] + theirs["runs"]
+    for c, bound in new.get("bounds", {}).items():
+        if bound["value"] > kept["bounds"][c]["value"]:
+            kept["bounds"][c] = bound
+    kept["tasks_rounds"] += 1
+    return kept
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: {asdict(QUICK)}")
+    parser.add_argument("--skip-transformers", action="store_true", help="no transformers peer")
+    parser.add_argument("--skip-llamacpp", action="store_true", help="no llama.cpp peer")
+    parser.add_argument("--threads", type=int, default=2, help="threads of every engine (2)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="run every engine this many times in turn, keeping each metric's best run: this "
+        "machine's speed drifts by tens of percent over minutes, so one engine measured "
+        "minutes after another can be judged on a slower machine (default 2; quick 1)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=None,
+        help="re-run a measurement that competed with other processes for more than "
+        "0.25 cores, up to this many times, keeping the least contended (default 2; quick 0)",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=ROOT / "benchmarks" / "results" / "generate.jsonl",
+        help="JSON-lines output, overwritten (default: %(default)s)",
+    )
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    retries = args.retries if args.retries is not None else (0 if args.quick else 2)
+    args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 2)
+    git = git_state()  # before the run: others may change the tree meanwhile
+
+    from infergen.io.default_model import default_model_path
+
+    model = default_model_path()
+    engines: dict[str, dict] = {}
+    versions: dict[str, str] = {}
+    for round_ in range(1, args.rounds + 1):
+        print(f"== round {round_} of {args.rounds}", flush=True)
+        found, tasks = run_round(args, sizes, retries, model, versions)
+        for name, out in found.items():
+            engines[name] = merge_rounds(engines.get(name), out)
     base = {
         "bench": "generate",
         "quick": args.quick,

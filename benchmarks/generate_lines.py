@@ -62,7 +62,7 @@ def summarize(out: dict, tasks: list[dict], sizes: Sizes) -> dict[str, dict]:
     """metric -> {"value", "unit", "stat", "runs", "params", "other_cpu_cores", ...}."""
     metrics: dict[str, dict] = {}
     pairs = list(zip(tasks, out["results"], strict=True))
-    decodes = [r["runs"][0] for t, r in pairs if t["kind"] == "decode"]
+    decodes = [run for t, r in pairs if t["kind"] == "decode" for run in r["runs"]]
     if decodes:
         params = {"prompt_tokens": sizes.decode_prompt, "new_tokens": sizes.decode_new}
         rates = [(len(d["tokens"]) - 1) / d["decode_s"] for d in decodes]
@@ -85,6 +85,10 @@ def summarize(out: dict, tasks: list[dict], sizes: Sizes) -> dict[str, dict]:
                 "wall_s": [r["seconds"] for r in runs],
             }
             metrics[f"throughput_tok_s_c{c}"] = _metric(runs, rates, "tok/s", params)
+            if all("decode_phase_s" in r for r in runs):
+                rates = [r["decode_phase_tokens"] / r["decode_phase_s"] for r in runs]
+                params = {**params, "phase": "after every request's first token"}
+                metrics[f"decode_tok_s_c{c}"] = _metric(runs, rates, "tok/s", params)
     return metrics
 
 
@@ -160,6 +164,7 @@ def build_lines(engines: dict[str, dict], tasks: list[dict], sizes: Sizes, base:
                 **agreement(engines["infergen"], engines[peer], tasks),
             }
         )
+    lines += roofline_lines(engines.get("infergen", {}), ours, base)
     for name, (m1, e1), (m2, e2), threshold in TARGETS:
         name, m1 = name.format(c0=sizes.concurrency[0]), m1.format(c0=sizes.concurrency[0])
         a, b = summaries.get(e1, {}).get(m1), summaries.get(e2, {}).get(m2)
@@ -176,7 +181,56 @@ def build_lines(engines: dict[str, dict], tasks: list[dict], sizes: Sizes, base:
             line.update(value=None, met=None, note="not measured in this run")
         else:
             line.update(value=a["value"] / b["value"], met=a["value"] / b["value"] >= threshold)
+            bound = engines.get(e1, {}).get("bounds", {}).get(_concurrency(m1))
+            if bound is not None and m2 == "decode_tok_s_bs1":
+                ceiling = bound["value"] / b["value"]
+                line["ceiling"] = ceiling
+                line["note"] = (
+                    f"at this machine's fp32 GEMM peak ({bound['peak_flops']['peak'] / 1e9:.0f} "
+                    f"GFLOP/s) no engine can exceed {ceiling:.2f}x on this workload"
+                )
         lines.append(line)
+    return lines
+
+
+def _concurrency(metric: str) -> int | None:
+    return int(metric.rsplit("_c", 1)[1]) if "_c" in metric else None
+
+
+def roofline_lines(out: dict, ours: dict[str, dict], base: dict) -> list[dict]:
+    """The compute bound of each concurrent workload and the fraction infergen reached."""
+    lines = []
+    for c, bound in sorted(out.get("bounds", {}).items(), key=lambda kv: int(kv[0])):
+        metric = f"throughput_tok_s_c{c}"
+        lines.append(
+            {
+                **base,
+                "kind": "result",
+                "metric": metric,
+                "engine": "roofline",
+                "stat": "bound",
+                "other_cpu_cores": None,
+                **bound,
+                "note": "output tokens / (workload FLOPs / fp32 GEMM peak measured in the run)",
+            }
+        )
+        if metric in ours:
+            a = ours[metric]["value"]
+            lines.append(
+                {
+                    **base,
+                    "kind": "ratio",
+                    "metric": metric,
+                    "engine": "infergen",
+                    "peer": "roofline",
+                    "infergen_value": a,
+                    "peer_value": bound["value"],
+                    "value": a / bound["value"],
+                    "unit": "x",
+                    "definition": "infergen / compute bound (tok/s): the fraction reached",
+                    "other_cpu_cores": {"infergen": ours[metric]["other_cpu_cores"]},
+                }
+            )
     return lines
 
 
@@ -202,6 +256,8 @@ def print_table(lines: list[dict]) -> None:
         if ln["kind"] == "target":
             value = "n/a" if ln["value"] is None else f"{ln['value']:.2f}x"
             print(f"  {ln['metric']:<40}{value:>8}  met={ln['met']}")
+            if "ceiling" in ln:
+                print(f"    {ln['note']}")
     print(
         "\nother cpu = cores used by other processes during the measurement; > ~0.2 means the "
         "numbers are contended (thread barriers stall) and should be re-run."

@@ -45,7 +45,8 @@ def _machine(line: dict) -> str:
     if m.get("gpu"):
         gpu = f"{m['gpu']} ({m.get('sms', '?')} SMs)"
         return f"{gpu}, torch {m.get('torch')}, triton {m.get('triton')}"
-    parts = [m.get("cpu", "?"), f"{m.get('cores', '?')} cores", f"{m.get('threads', '?')} thr"]
+    cpu = f"{m.get('cpu', '?')} ({m['isa']})" if m.get("isa") else m.get("cpu", "?")
+    parts = [cpu, f"{m.get('cores', '?')} cores", f"{m.get('threads', '?')} thr"]
     if m.get("torch"):
         parts.append(f"torch {m['torch']}")
     return ", ".join(parts)
@@ -82,11 +83,16 @@ def render(lines: list[dict]) -> str:
         )
     targets = [ln for ln in lines if ln.get("kind") == "target"]
     if targets:
-        rows += ["", "| target | measured | met |", "|---|---|---|"]
+        rows += [
+            "",
+            "| target | measured | most any engine could reach here (roofline) | met |",
+            "|---|---|---|---|",
+        ]
         for ln in targets:
             met = {True: "yes", False: "**no**", None: "not measured"}[ln.get("met")]
             value = "–" if ln.get("value") is None else f"{ln['value']:.2f}×"
-            rows.append(f"| {ln['bench']}: {ln['metric']} | {value} | {met} |")
+            ceiling = f"{ln['ceiling']:.2f}×" if ln.get("ceiling") else "–"
+            rows.append(f"| {ln['bench']}: {ln['metric']} | {value} | {ceiling} | {met} |")
     checks = [ln for ln in lines if ln.get("kind") == "crosscheck"]
     if checks:
         rows += [
