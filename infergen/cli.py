@@ -36,6 +36,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="cap the context (prompt + generated tokens) below the model's own length",
     )
+    parser.add_argument(
+        "--weights",
+        default=None,
+        help="quantize the weights as they load: 'int8' (weight-only, one scale per output "
+        "channel; ~2x faster decode at batch 1). Default: the checkpoint's values",
+    )
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +84,7 @@ def _load(args: argparse.Namespace):
         num_threads=args.threads,
         kv_cache_memory=args.kv_cache_memory,
         max_model_len=args.max_model_len,
+        weights=args.weights,
     )
     print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return llm

@@ -361,6 +361,7 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0
     kernels: str = "native"  # op backends: "native" (C kernels, torch fallback) | "torch"
+    weights: str | None = None  # a quant.WEIGHT_SCHEMES row, e.g. "int8" (None: unquantized)
     max_model_len: int | None = None  # context cap in tokens (None: the model's own)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -375,6 +376,17 @@ class EngineConfig:
             found=self.dtype,
             expected=f"one of {self.DTYPES}",
         )
+        if self.weights is not None:
+            from infergen.quant.schemes import WEIGHT_SCHEMES
+
+            scheme = WEIGHT_SCHEMES.get(self.weights, where="weights")
+            _require(
+                self.dtype in scheme.dtypes,
+                f"weights {self.weights!r} are quantized from another engine dtype",
+                where="dtype",
+                found=self.dtype,
+                expected=f"one of {scheme.dtypes}",
+            )
         _require(
             self.max_model_len is None or self.max_model_len >= 2,
             "max_model_len must leave room for a prompt token and a generated one",

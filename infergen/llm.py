@@ -38,6 +38,8 @@ class LLM:
         seed: engine seed for requests without their own seed.
         kernels: "native" (C kernels for linear, norms, RoPE, SwiGLU, decode attention)
             or "torch" (torch ops only).
+        weights: a weight quantization scheme (infergen.quant.WEIGHT_SCHEMES), e.g. "int8"
+            (weight-only, per-channel scales); None keeps the checkpoint's values.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class LLM:
         seed: int = 0,
         dtype: str = "float32",
         kernels: str = "native",
+        weights: str | None = None,
         max_model_len: int | None = None,
         checkpoint: Any = None,
     ):
@@ -62,6 +65,7 @@ class LLM:
             model=model,
             dtype=dtype,
             kernels=kernels,
+            weights=weights,
             max_model_len=max_model_len,
             num_threads=num_threads,
             seed=seed,

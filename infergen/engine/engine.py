@@ -29,6 +29,7 @@ from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.models.transformer import Transformer
 from infergen.process import configure_process
+from infergen.quant.schemes import apply_weight_scheme
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,6 +46,8 @@ class Engine:
         self.tokenizer = checkpoint.tokenizer
         dtype = _DTYPES[config.dtype]
         model = Transformer(self.model_config, dtype, config.kernels)
+        if config.weights is not None:
+            apply_weight_scheme(model, config.weights)  # backends quantize as they load
         model.load_weights(checkpoint.tensors)
         checkpoint.tensors.clear()  # the model holds its own (fused) copies
         cache = config.cache

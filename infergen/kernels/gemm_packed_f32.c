@@ -12,6 +12,8 @@
  * same micro-kernel specialised for 1..3 rows, so one token (batch-1 decode) streams each
  * panel exactly once, at memory bandwidth.
  */
+#ifndef GEMM_PACKED_F32_C
+#define GEMM_PACKED_F32_C
 #include "common.h"
 
 #define NR 24
@@ -104,3 +106,4 @@ void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *
         }
     }
 }
+#endif /* GEMM_PACKED_F32_C */

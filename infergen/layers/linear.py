@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from infergen.ops import linear_int8  # noqa: F401  (registers the "int8" row)
 from infergen.ops.linear import LINEAR_BACKENDS
 
 

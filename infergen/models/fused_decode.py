@@ -29,7 +29,10 @@ _LAYER_FIELDS = (
 
 
 class LayerWeights(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in _LAYER_FIELDS.split()]
+    _fields_ = [
+        *[(name, ctypes.c_void_p) for name in _LAYER_FIELDS.split()],
+        ("int8_weights", ctypes.c_long),
+    ]
 
 
 _STEP_LONGS = "tokens hidden heads kv_heads dim inter block_size max_blocks window"
@@ -84,6 +87,9 @@ class FusedDecode:
             linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
             if any(lin.weight.dim() != 3 for lin in linears):  # not in packed panels
                 return None
+            formats = {lin.weight.dtype for lin in linears}  # fp32 or int8 panels, one per layer
+            if len(formats) != 1 or not formats <= {torch.float32, torch.int8}:
+                return None
             k_cache, v_cache = cache.layer(i)
             table[i] = LayerWeights(
                 _ptr(layer.attn_norm.weight),
@@ -98,6 +104,7 @@ class FusedDecode:
                 _ptr(mlp.down.bias),
                 _ptr(k_cache),
                 _ptr(v_cache),
+                int(formats == {torch.int8}),
             )
         return table
 

@@ -1,0 +1,49 @@
+"""Weight schemes: a row per scheme (WEIGHT_SCHEMES) names the LINEAR_BACKENDS row its
+projections use and the projections it keeps at the engine's precision (module-name globs,
+e.g. "lm_head"). The engine applies the scheme to the model before loading the checkpoint,
+so each projection's backend quantizes its own weight as it loads (`prepare`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from torch import nn
+
+from infergen.layers.linear import Linear
+from infergen.ops.linear import LINEAR_BACKENDS
+from infergen.registry import Registry
+
+
+@dataclass(frozen=True)
+class WeightScheme:
+    linear_backend: str  # a LINEAR_BACKENDS row
+    description: str
+    keep: tuple[str, ...] = ()  # module-name globs left at the engine's precision
+    dtypes: tuple[str, ...] = ("float32",)  # engine dtypes the backend quantizes from
+
+
+WEIGHT_SCHEMES: Registry[WeightScheme] = Registry("weight scheme")
+WEIGHT_SCHEMES.register(
+    "int8",
+    WeightScheme(
+        "int8",
+        "weight-only int8, one fp32 scale per output channel (formats 'int8'); every "
+        "projection, the LM head (and a tied embedding) included",
+    ),
+)
+
+
+def apply_weight_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ()) -> list[str]:
+    """Point the model's projections at the scheme's backend (before `load_weights`); those
+    matching the scheme's or `keep`'s globs stay as they are. Returns the names changed."""
+    scheme = WEIGHT_SCHEMES.get(name, where="weights")
+    backend = LINEAR_BACKENDS.get(scheme.linear_backend, where="weight scheme backend")
+    kept = scheme.keep + tuple(keep)
+    changed = []
+    for module_name, module in model.named_modules():
+        if isinstance(module, Linear) and not any(fnmatch.fnmatch(module_name, g) for g in kept):
+            module.backend = backend
+            changed.append(module_name)
+    return changed
