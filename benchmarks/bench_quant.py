@@ -1,0 +1,175 @@
+"""Quantized weights against our fp32 engine, in the same run: speed and accuracy.
+
+Default model, 2 threads. For each weight scheme (fp32 = the checkpoint's values, then every
+row of infergen.quant.WEIGHT_SCHEMES), in --rounds alternating rounds (this machine drifts
+by tens of percent over minutes; each metric keeps its best round):
+  decode_tok_s_bs1       128-token prompt -> 128 new tokens, best of 3 prompts (as
+                         bench_generate.py)
+  throughput_tok_s_c16   16 concurrent 128 -> 128 requests, prefill included
+and once per scheme, teacher-forced on --eval-tokens tokens of held-out text (data/):
+  perplexity, KL(fp32 || scheme) in nats per token and top-1 agreement with fp32;
+  weight_bytes: the bytes the projections hold in memory (prepared weights).
+Target (issue 6): int8 weight-only decode >= 1.8x our fp32 decode at batch 1.
+JSON lines to --out; `benchmarks/report.py` renders the ratios and targets into README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import pathlib
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
+
+from bench_generate import (  # noqa: E402
+    InfergenRunner,
+    Sizes,
+    git_state,
+    machine_info,
+    make_tasks,
+)
+from generate_lines import summarize  # noqa: E402
+from protocol import run_tasks  # noqa: E402
+from results_file import write_lines  # noqa: E402
+
+from infergen.layers.linear import Linear  # noqa: E402
+from infergen.quant import WEIGHT_SCHEMES  # noqa: E402
+
+SIZES = Sizes(concurrency=(16,))
+TARGETS = {"int8": 1.8}  # decode_tok_s_bs1 over fp32's (issue 6)
+
+
+def weight_bytes(model) -> int:
+    return sum(
+        m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, Linear)
+    )
+
+
+def evaluate(engine, tokens: list[int], reference: torch.Tensor | None) -> dict:
+    """Perplexity of the text, and KL / top-1 agreement against the fp32 logits."""
+    logits = engine.prompt_logits(tokens).double()
+    logp = torch.log_softmax(logits[:-1], dim=-1)
+    nll = -logp.gather(1, torch.tensor(tokens[1:])[:, None]).mean().item()
+    out = {"perplexity": math.exp(nll), "logits": logits}
+    if reference is not None:
+        ref_logp = torch.log_softmax(reference[:-1], dim=-1)
+        out["kl_nats"] = (ref_logp.exp() * (ref_logp - logp)).sum(-1).mean().item()
+        out["top1_agreement"] = (reference.argmax(-1) == logits.argmax(-1)).double().mean().item()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--eval-tokens", type=int, default=1024)
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "quant.jsonl"
+    )
+    args = parser.parse_args()
+    schemes: list[str | None] = [None, *WEIGHT_SCHEMES.names()]
+    runs: dict[str, list] = {}
+    accuracy: dict[str, dict] = {}
+    tasks = None
+    for round_ in range(1, args.rounds + 1):
+        for scheme in schemes:
+            name = scheme or "fp32"
+            started = time.perf_counter()
+            runner = InfergenRunner(args.threads, weights=scheme)
+            warmup, tasks = make_tasks(runner.llm.tokenizer, SIZES)
+            tasks = [t for t in tasks if t["kind"] != "prefill"]
+            run_tasks(runner, warmup)
+            results = run_tasks(runner, tasks)
+            if name in runs:
+                for mine, new in zip(runs[name], results, strict=True):
+                    mine["runs"] += new["runs"]
+            else:
+                runs[name] = results
+            if name not in accuracy:
+                text = (ROOT / "data" / "shakespeare.txt").read_text()[-40000:]  # held out
+                tokens = runner.llm.tokenizer.encode(text)[: args.eval_tokens]
+                ref = accuracy.get("fp32", {}).get("logits")
+                accuracy[name] = evaluate(runner.llm.engine, tokens, ref)
+                accuracy[name]["weight_bytes"] = weight_bytes(runner.llm.engine.runner.model)
+            print(f"round {round_}: {name} done in {time.perf_counter() - started:.0f} s")
+            del runner
+    base = {
+        "bench": "quant",
+        "quick": False,
+        "model": "SmolLM2-135M-Instruct",
+        "git": git_state(),
+        "machine": machine_info(args.threads),
+        "peer_versions": {},
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    lines: list[dict] = []
+    metrics = {name: summarize({"results": r}, tasks, SIZES) for name, r in runs.items()}
+    for name, ms in metrics.items():
+        for metric, m in ms.items():
+            lines.append({**base, "kind": "result", "metric": metric, "engine": name, **m})
+        acc = {k: v for k, v in accuracy[name].items() if k != "logits"}
+        lines.append(
+            {**base, "kind": "accuracy", "engine": name, "eval_tokens": args.eval_tokens, **acc}
+        )
+    fp32 = metrics["fp32"]
+    for name, ms in metrics.items():
+        if name == "fp32":
+            continue
+        for metric in ("decode_tok_s_bs1", "throughput_tok_s_c16"):
+            a, b = ms[metric]["value"], fp32[metric]["value"]
+            lines.append(
+                {
+                    **base,
+                    "kind": "ratio",
+                    "metric": f"{metric} ({name} weights)",
+                    "engine": name,
+                    "peer": "infergen fp32",
+                    "infergen_value": a,
+                    "peer_value": b,
+                    "value": a / b,
+                    "unit": "x",
+                    "definition": f"{name} / fp32 (tok/s)",
+                    "other_cpu_cores": {},
+                }
+            )
+        if name in TARGETS:
+            ratio = ms["decode_tok_s_bs1"]["value"] / fp32["decode_tok_s_bs1"]["value"]
+            lines.append(
+                {
+                    **base,
+                    "kind": "target",
+                    "metric": f"{name} weight-only decode_bs1 >= {TARGETS[name]}x our fp32",
+                    "engine": name,
+                    "threshold": TARGETS[name],
+                    "value": ratio,
+                    "met": ratio >= TARGETS[name],
+                }
+            )
+    write_lines(args.out, lines)
+    head = ("scheme", "bs1 tok/s", "c16 tok/s", "ppl", "KL nats", "top-1", "weights MB")
+    print("\n" + "".join(f"{h:>11}" for h in head))
+    for name, ms in metrics.items():
+        acc = accuracy[name]
+        row = (
+            name,
+            f"{ms['decode_tok_s_bs1']['value']:.1f}",
+            f"{ms['throughput_tok_s_c16']['value']:.1f}",
+            f"{acc['perplexity']:.3f}",
+            f"{acc.get('kl_nats', 0.0):.5f}",
+            f"{acc.get('top1_agreement', 1.0):.4f}",
+            f"{acc['weight_bytes'] / 1e6:.1f}",
+        )
+        print("".join(f"{c:>11}" for c in row))
+
+
+if __name__ == "__main__":
+    main()
