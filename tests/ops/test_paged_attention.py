@@ -68,12 +68,14 @@ def test_matches_reference(case, heads, kv_heads, window, backend):
 
 @pytest.mark.parametrize("dim", [12, 64, 80, 128])
 @pytest.mark.parametrize("window", [None, 21])
-def test_native_decode_head_dims(dim, window):
-    """The kernel's paths: 8-position score blocks + register V sums (dim % 64 == 0), the
-    axpy V path (80), scalar dots (12); long contexts with block-size and window tails."""
+@pytest.mark.parametrize("heads", [6, 8, 12])
+def test_native_decode_head_dims(dim, window, heads):
+    """The kernel's paths: query heads three at a time (groups of 3 and 6; a group of 4 has
+    one head left over), 8-position score blocks + register V sums (dim % 64 == 0), the axpy
+    V path (80), scalar dots (12); long contexts with block-size and window tails."""
     seq_lens = [1, 7, 8, 9, 40, 131]
     q, k_new, v_new, kc, vc, qsl, tables, plan = _scatter_batch(
-        [1] * len(seq_lens), seq_lens, 6, 2, dim, 16, window, seed=dim
+        [1] * len(seq_lens), seq_lens, heads, 2, dim, 16, window, seed=dim
     )
     scale = pa.default_scale(dim)
     got = pa.paged_attention(q, k_new, v_new, kc, vc, plan, scale, pa.DECODE_BACKENDS.get("native"))
