@@ -89,14 +89,24 @@ def _native_apply(
         return F.linear(x, weight, bias)
     if x.dtype != torch.float32:
         raise TypeError(f"native linear expects float32 activations, got {x.dtype}")
+    return run_packed(_gemm_packed(), x, weight, bias, out_features)
+
+
+def run_packed(
+    fn: Callable[..., None],
+    x: torch.Tensor,
+    prepared: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_features: int,
+) -> torch.Tensor:
+    """Call a packed-panel GEMM kernel fn(Wp, X, bias, Y, M, N, K, threads) on fp32 x."""
     x = x.contiguous()
     tokens, in_features = x.shape
     out = torch.empty(tokens, out_features, dtype=torch.float32)
-    bias_ptr = bias.contiguous().data_ptr() if bias is not None else None
-    _gemm_packed()(
-        weight.data_ptr(),
+    fn(
+        prepared.data_ptr(),
         x.data_ptr(),
-        bias_ptr,
+        bias.contiguous().data_ptr() if bias is not None else None,
         out.data_ptr(),
         tokens,
         out_features,

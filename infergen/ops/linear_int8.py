@@ -15,7 +15,7 @@ import torch
 
 from infergen.formats import dequantize, quantize
 from infergen.kernels.build import I, L, P, kernel
-from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend
+from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
 from infergen.ops.linear import reference as fp32_reference
 
 SCALE_ROWS = 4  # a panel's 24 fp32 scales: 96 bytes = 4 rows of 24 int8
@@ -72,20 +72,7 @@ def _apply(
     fn = _kernel()
     if fn is None:  # no C compiler: the same values through torch
         return fp32_reference(x, _rows_all(prepared)[:out_features], bias)
-    x = x.contiguous()
-    tokens, in_features = x.shape
-    out = torch.empty(tokens, out_features, dtype=torch.float32)
-    fn(
-        prepared.data_ptr(),
-        x.data_ptr(),
-        bias.contiguous().data_ptr() if bias is not None else None,
-        out.data_ptr(),
-        tokens,
-        out_features,
-        in_features,
-        torch.get_num_threads(),
-    )
-    return out
+    return run_packed(fn, x, prepared, bias, out_features)
 
 
 def _rows_all(prepared: torch.Tensor) -> torch.Tensor:
