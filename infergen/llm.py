@@ -38,8 +38,8 @@ class LLM:
         seed: engine seed for requests without their own seed.
         kernels: "native" (C kernels for linear, norms, RoPE, SwiGLU, decode attention)
             or "torch" (torch ops only).
-        weights: a weight quantization scheme (infergen.quant.WEIGHT_SCHEMES), e.g. "int8"
-            (weight-only, per-channel scales); None keeps the checkpoint's values.
+        weights: a weight quantization scheme (infergen.quant.WEIGHT_SCHEMES): "int8"
+            (weight-only, per-channel scales) or "fp8_e4m3"; None keeps the checkpoint's values.
     """
 
     def __init__(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from infergen.ops import linear_int8  # noqa: F401  (registers the "int8" row)
+from infergen.ops import linear_quantized  # noqa: F401  (registers "int8", "fp8_e4m3")
 from infergen.ops.linear import LINEAR_BACKENDS
 
 

@@ -28,10 +28,14 @@ _LAYER_FIELDS = (
 )
 
 
+# prepared panel dtype → decode_layers_f32.c's weight_format (ops/linear.py, linear_quantized.py)
+PANEL_FORMATS = {torch.float32: 0, torch.int8: 1, torch.float8_e4m3fn: 2}
+
+
 class LayerWeights(ctypes.Structure):
     _fields_ = [
         *[(name, ctypes.c_void_p) for name in _LAYER_FIELDS.split()],
-        ("int8_weights", ctypes.c_long),
+        ("weight_format", ctypes.c_long),
     ]
 
 
@@ -87,8 +91,8 @@ class FusedDecode:
             linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
             if any(lin.weight.dim() != 3 for lin in linears):  # not in packed panels
                 return None
-            formats = {lin.weight.dtype for lin in linears}  # fp32 or int8 panels, one per layer
-            if len(formats) != 1 or not formats <= {torch.float32, torch.int8}:
+            formats = {lin.weight.dtype for lin in linears}  # one panel format per layer
+            if len(formats) != 1 or not formats <= PANEL_FORMATS.keys():
                 return None
             k_cache, v_cache = cache.layer(i)
             table[i] = LayerWeights(
@@ -104,7 +108,7 @@ class FusedDecode:
                 _ptr(mlp.down.bias),
                 _ptr(k_cache),
                 _ptr(v_cache),
-                int(formats == {torch.int8}),
+                PANEL_FORMATS[formats.pop()],
             )
         return table
 

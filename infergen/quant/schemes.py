@@ -35,6 +35,17 @@ WEIGHT_SCHEMES.register(
 )
 
 
+WEIGHT_SCHEMES.register(
+    "fp8_e4m3",
+    WeightScheme(
+        "fp8_e4m3",
+        "weight-only FP8 E4M3, one fp32 scale per projection as the engine holds it (formats "
+        "'fp8_e4m3'; q/k/v share one, gate/up share one); every projection, the LM head (and "
+        "a tied embedding) included",
+    ),
+)
+
+
 def apply_weight_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ()) -> list[str]:
     """Point the model's projections at the scheme's backend (before `load_weights`); those
     matching the scheme's or `keep`'s globs stay as they are. Returns the names changed."""
