@@ -94,3 +94,30 @@ def test_weight_scheme_errors():
         LLM(weights="int3")
     with pytest.raises(InfergenError, match="dtype"):
         LLM(weights="int8", dtype="bfloat16")
+
+
+def test_scheme_keeps_matching_projections():
+    from infergen.config import ModelConfig
+    from infergen.models.transformer import Transformer
+    from infergen.quant import apply_weight_scheme
+
+    config = ModelConfig(
+        architecture="llama",
+        head_dim=8,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = Transformer(config, torch.float32, "native")
+    changed = apply_weight_scheme(model, "int8", keep=("lm_head", "layers.1.*"))
+    assert changed == [
+        "layers.0.attn.qkv",
+        "layers.0.attn.o",
+        "layers.0.mlp.gate_up",
+        "layers.0.mlp.down",
+    ]
+    assert model.lm_head.backend is NATIVE and model.layers[1].mlp.down.backend is NATIVE
+    assert model.layers[0].mlp.down.backend is LINEAR_BACKENDS.get("int8")
