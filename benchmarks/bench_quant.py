@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import pathlib
 import sys
 import time
@@ -41,6 +40,7 @@ from results_file import write_lines  # noqa: E402
 
 from infergen.layers.linear import Linear  # noqa: E402
 from infergen.quant import WEIGHT_SCHEMES  # noqa: E402
+from infergen.quant.evaluate import default_tokens, divergence, perplexity  # noqa: E402
 
 SIZES = Sizes(concurrency=(16,))
 TARGETS = {"int8": 1.8}  # decode_tok_s_bs1 over fp32's (issue 6)
@@ -54,14 +54,10 @@ def weight_bytes(model) -> int:
 
 def evaluate(engine, tokens: list[int], reference: torch.Tensor | None) -> dict:
     """Perplexity of the text, and KL / top-1 agreement against the fp32 logits."""
-    logits = engine.prompt_logits(tokens).double()
-    logp = torch.log_softmax(logits[:-1], dim=-1)
-    nll = -logp.gather(1, torch.tensor(tokens[1:])[:, None]).mean().item()
-    out = {"perplexity": math.exp(nll), "logits": logits}
+    logits = engine.prompt_logits(tokens)
+    out = {"perplexity": perplexity(logits, tokens), "logits": logits}
     if reference is not None:
-        ref_logp = torch.log_softmax(reference[:-1], dim=-1)
-        out["kl_nats"] = (ref_logp.exp() * (ref_logp - logp)).sum(-1).mean().item()
-        out["top1_agreement"] = (reference.argmax(-1) == logits.argmax(-1)).double().mean().item()
+        out.update(divergence(reference, logits))
     return out
 
 
@@ -95,8 +91,7 @@ def main() -> None:
             else:
                 runs[name] = results
             if name not in accuracy:
-                text = (ROOT / "data" / "shakespeare.txt").read_text()[-40000:]  # held out
-                tokens = runner.llm.tokenizer.encode(text)[: args.eval_tokens]
+                tokens = default_tokens(runner.llm.tokenizer, args.eval_tokens)  # held out
                 ref = accuracy.get("fp32", {}).get("logits")
                 accuracy[name] = evaluate(runner.llm.engine, tokens, ref)
                 accuracy[name]["weight_bytes"] = weight_bytes(runner.llm.engine.runner.model)

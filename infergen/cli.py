@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from infergen.bench.workloads import add_workload_args
 from infergen.cli_predict import add_device_args, add_predict_parser
-from infergen.errors import InfergenError
+from infergen.errors import ConfigError, InfergenError
 
 EXIT_USER_ERROR = 2
 
@@ -311,6 +311,34 @@ def cmd_formats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from infergen.quant import WEIGHT_SCHEMES
+    from infergen.quant.evaluate import evaluate
+
+    schemes = args.weights or WEIGHT_SCHEMES.names()
+    for name in schemes:
+        WEIGHT_SCHEMES.get(name, where="--weights")  # a clear error before any loading
+    if args.tokens < 2:
+        raise ConfigError(
+            "too few tokens to score", where="--tokens", found=args.tokens, expected=">= 2"
+        )
+    print(f"scoring {args.tokens} tokens: none, {', '.join(schemes)} ...", file=sys.stderr)
+    rows = evaluate(args.model, schemes, args.tokens, num_threads=args.threads)
+    print(f"{'weights':<12}{'perplexity':>12}{'KL nats':>10}{'top-1':>8}{'weight MB':>11}")
+    for r in rows:
+        print(
+            f"{r['scheme']:<12}{r['perplexity']:>12.3f}{r['kl_nats']:>10.5f}"
+            f"{r['top1_agreement']:>8.4f}{r['weight_bytes'] / 1e6:>11.1f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _threads() -> int:
     import torch
 
@@ -388,6 +416,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fmts.add_argument("--json", metavar="FILE", default=None, help="also write the rows as JSON")
     fmts.set_defaults(func=cmd_formats)
+
+    ev = sub.add_parser(
+        "eval",
+        help="accuracy of weight schemes against the unquantized model (ppl, KL, top-1)",
+        description="Scores held-out text (the end of data/shakespeare.txt) teacher-forced "
+        "with the unquantized model and with each --weights scheme: perplexity, mean KL "
+        "divergence of the next-token distributions (nats per token) and top-1 agreement.",
+    )
+    ev.add_argument("--model", "-m", default=None, help="checkpoint (default: the default model)")
+    ev.add_argument(
+        "--weights",
+        action="append",
+        default=None,
+        help="a scheme to score (repeatable; default: every scheme in infergen.quant)",
+    )
+    ev.add_argument("--tokens", type=int, default=1024, help="tokens of text scored (1024)")
+    ev.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    ev.add_argument("--json", metavar="FILE", default=None, help="also write the rows as JSON")
+    ev.set_defaults(func=cmd_eval)
 
     serve = sub.add_parser(
         "serve",
