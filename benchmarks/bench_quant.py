@@ -6,9 +6,11 @@ by tens of percent over minutes; each metric keeps its best round):
   decode_tok_s_bs1       128-token prompt -> 128 new tokens, best of 3 prompts (as
                          bench_generate.py)
   throughput_tok_s_c16   16 concurrent 128 -> 128 requests, prefill included
-and once per scheme, teacher-forced on --eval-tokens tokens of held-out text (data/):
-  perplexity, KL(fp32 || scheme) in nats per token and top-1 agreement with fp32;
-  weight_bytes: the bytes the projections hold in memory (prepared weights).
+the same tasks on llama.cpp (benchmarks/setup_peers.sh) with the same weights in its own
+formats: Q8_0 (written from the checkpoint by gguf.quants, the peer of int8) and the shipped
+Q4_1 file (for 4-bit schemes); and once per scheme, teacher-forced on --eval-tokens tokens
+of held-out text (data/): perplexity, KL(fp32 || scheme) in nats per token and top-1
+agreement with fp32; weight_bytes: the bytes the projections hold in memory (prepared weights).
 Target (issue 6): int8 weight-only decode >= 1.8x our fp32 decode at batch 1.
 JSON lines to --out; `benchmarks/report.py` renders the ratios and targets into README.
 """
@@ -28,22 +30,31 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
 from bench_generate import (  # noqa: E402
+    LLAMA_PYTHON,
+    PEERS_DIR,
     InfergenRunner,
     Sizes,
     git_state,
+    llama_cpp_missing,
     machine_info,
     make_tasks,
+    run_peer,
 )
 from generate_lines import summarize  # noqa: E402
+from gguf_f32 import cached_f32_gguf  # noqa: E402
 from protocol import run_tasks  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
+from infergen.io.default_model import default_model_path  # noqa: E402
 from infergen.layers.linear import Linear  # noqa: E402
 from infergen.quant import WEIGHT_SCHEMES  # noqa: E402
 from infergen.quant.evaluate import default_tokens, divergence, perplexity  # noqa: E402
 
 SIZES = Sizes(concurrency=(16,))
 TARGETS = {"int8": 1.8}  # decode_tok_s_bs1 over fp32's (issue 6)
+# llama.cpp on the same weights in its own formats: name -> (GGUF type, our scheme it faces;
+# None: no scheme of ours yet). "Q4_1" is the default model's file as shipped.
+PEERS = {"llama.cpp Q8_0": ("Q8_0", "int8"), "llama.cpp Q4_1": ("Q4_1", None)}
 
 
 def weight_bytes(model) -> int:
@@ -75,6 +86,8 @@ def main() -> None:
     schemes: list[str | None] = [None, *WEIGHT_SCHEMES.names()]
     runs: dict[str, list] = {}
     accuracy: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    versions: dict[str, str] = {}
     tasks = None
     for round_ in range(1, args.rounds + 1):
         for scheme in schemes:
@@ -97,13 +110,39 @@ def main() -> None:
                 accuracy[name]["weight_bytes"] = weight_bytes(runner.llm.engine.runner.model)
             print(f"round {round_}: {name} done in {time.perf_counter() - started:.0f} s")
             del runner
+        for name, (qtype, _) in PEERS.items():
+            if llama_cpp_missing():
+                skipped[name] = f"{llama_cpp_missing()}; build it with benchmarks/setup_peers.sh"
+                continue
+            source = default_model_path()
+            path = source if qtype == "Q4_1" else cached_f32_gguf(source, PEERS_DIR, qtype)
+            out = run_peer(
+                LLAMA_PYTHON,
+                "llama_cpp_runner.py",
+                name,
+                path,
+                args.threads,
+                warmup,
+                tasks,
+                kv_type="f32",
+            )
+            if "error" in out:
+                skipped[name] = out["error"][-300:]
+                continue
+            versions["llama-cpp-python"] = out.get("version", "?")
+            if name in runs:
+                for mine, new in zip(runs[name], out["results"], strict=True):
+                    mine["runs"] += new["runs"]
+            else:
+                runs[name] = out["results"]
+            print(f"round {round_}: {name} done")
     base = {
         "bench": "quant",
         "quick": False,
         "model": "SmolLM2-135M-Instruct",
         "git": git_state(),
         "machine": machine_info(args.threads),
-        "peer_versions": {},
+        "peer_versions": versions,
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     lines: list[dict] = []
@@ -111,13 +150,36 @@ def main() -> None:
     for name, ms in metrics.items():
         for metric, m in ms.items():
             lines.append({**base, "kind": "result", "metric": metric, "engine": name, **m})
-        acc = {k: v for k, v in accuracy[name].items() if k != "logits"}
-        lines.append(
-            {**base, "kind": "accuracy", "engine": name, "eval_tokens": args.eval_tokens, **acc}
-        )
+        if name in accuracy:
+            acc = {k: v for k, v in accuracy[name].items() if k != "logits"}
+            lines.append(
+                {**base, "kind": "accuracy", "engine": name, "eval_tokens": args.eval_tokens, **acc}
+            )
+    for name, note in skipped.items():
+        lines.append({**base, "kind": "skip", "engine": name, "note": note})
+    for peer, (_, scheme) in PEERS.items():
+        if scheme is None or peer not in metrics or scheme not in metrics:
+            continue
+        for metric in ("decode_tok_s_bs1", "throughput_tok_s_c16"):
+            a, b = metrics[scheme][metric]["value"], metrics[peer][metric]["value"]
+            lines.append(
+                {
+                    **base,
+                    "kind": "ratio",
+                    "metric": f"{metric} ({scheme} weights)",
+                    "engine": scheme,
+                    "peer": "llama.cpp",
+                    "infergen_value": a,
+                    "peer_value": b,
+                    "value": a / b,
+                    "unit": "x",
+                    "definition": f"infergen {scheme} / {peer} (tok/s)",
+                    "other_cpu_cores": {},
+                }
+            )
     fp32 = metrics["fp32"]
     for name, ms in metrics.items():
-        if name == "fp32":
+        if name == "fp32" or name in PEERS:
             continue
         for metric in ("decode_tok_s_bs1", "throughput_tok_s_c16"):
             a, b = ms[metric]["value"], fp32[metric]["value"]
@@ -153,7 +215,13 @@ def main() -> None:
     head = ("scheme", "bs1 tok/s", "c16 tok/s", "ppl", "KL nats", "top-1", "weights MB")
     print("\n" + "".join(f"{h:>11}" for h in head))
     for name, ms in metrics.items():
-        acc = accuracy[name]
+        acc = accuracy.get(name, {})
+        if not acc:  # a peer: speed only
+            print(
+                f"{name:>11}{ms['decode_tok_s_bs1']['value']:>11.1f}"
+                f"{ms['throughput_tok_s_c16']['value']:>11.1f}"
+            )
+            continue
         row = (
             name,
             f"{ms['decode_tok_s_bs1']['value']:.1f}",
