@@ -46,21 +46,19 @@ from protocol import run_tasks  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 from infergen.io.default_model import default_model_path  # noqa: E402
-from infergen.layers.linear import Linear  # noqa: E402
 from infergen.quant import WEIGHT_SCHEMES  # noqa: E402
-from infergen.quant.evaluate import default_tokens, divergence, perplexity  # noqa: E402
+from infergen.quant.evaluate import (  # noqa: E402
+    default_tokens,
+    divergence,
+    perplexity,
+    weight_bytes,
+)
 
 SIZES = Sizes(concurrency=(16,))
 TARGETS = {"int8": 1.8}  # decode_tok_s_bs1 over fp32's (issue 6)
 # llama.cpp on the same weights in its own formats: name -> (GGUF type, our scheme it faces;
 # None: no scheme of ours yet). "Q4_1" is the default model's file as shipped.
 PEERS = {"llama.cpp Q8_0": ("Q8_0", "int8"), "llama.cpp Q4_1": ("Q4_1", None)}
-
-
-def weight_bytes(model) -> int:
-    return sum(
-        m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, Linear)
-    )
 
 
 def evaluate(engine, tokens: list[int], reference: torch.Tensor | None) -> dict:

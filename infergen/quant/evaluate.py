@@ -45,6 +45,15 @@ def divergence(reference: torch.Tensor, logits: torch.Tensor) -> dict[str, float
     return {"kl_nats": max(kl, 0.0), "top1_agreement": top1}
 
 
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes the model's projections hold in memory, in their prepared (quantized) form."""
+    from infergen.layers.linear import Linear
+
+    return sum(
+        m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, Linear)
+    )
+
+
 def evaluate(
     model: str | None,
     schemes: Sequence[str | None],
@@ -55,7 +64,6 @@ def evaluate(
     """One row per scheme (None: unquantized, always scored first as the reference):
     perplexity, KL / top-1 against the reference, and the projections' weight bytes."""
     from infergen import LLM
-    from infergen.layers.linear import Linear
 
     rows, reference, ids = [], None, token_ids
     for scheme in [None, *[s for s in schemes if s is not None]]:
@@ -64,14 +72,11 @@ def evaluate(
             ids = default_tokens(llm.tokenizer, tokens)
         ids = list(ids)
         logits = llm.engine.prompt_logits(ids)
-        weights = llm.engine.runner.model.modules()
         row = {
             "scheme": scheme or "none",
             "tokens": len(ids),
             "perplexity": perplexity(logits, ids),
-            "weight_bytes": sum(
-                m.weight.numel() * m.weight.element_size() for m in weights if isinstance(m, Linear)
-            ),
+            "weight_bytes": weight_bytes(llm.engine.runner.model),
         }
         if reference is None:
             reference = logits

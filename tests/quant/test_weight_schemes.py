@@ -16,7 +16,7 @@ from infergen.errors import InfergenError
 from infergen.formats import dequantize, quantize
 from infergen.ops import linear_quantized as lq
 from infergen.ops.linear import LINEAR_BACKENDS
-from tests.hf_models import build_hf_model
+from tests.hf_models import BASE, build_hf_model
 
 NATIVE = LINEAR_BACKENDS.get("native")
 SCHEMES = ["int8", "fp8_e4m3"]
@@ -101,23 +101,10 @@ def test_scheme_keeps_matching_projections():
     from infergen.models.transformer import Transformer
     from infergen.quant import apply_weight_scheme
 
-    config = ModelConfig(
-        architecture="llama",
-        head_dim=8,
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    config = ModelConfig(architecture="llama", head_dim=16, num_key_value_heads=2, **BASE)
     model = Transformer(config, torch.float32, "native")
     changed = apply_weight_scheme(model, "int8", keep=("lm_head", "layers.1.*"))
-    assert changed == [
-        "layers.0.attn.qkv",
-        "layers.0.attn.o",
-        "layers.0.mlp.gate_up",
-        "layers.0.mlp.down",
-    ]
+    projections = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
+    assert changed == [f"layers.{i}.{name}" for i in (0, 2) for name in projections]  # 3 layers
     assert model.lm_head.backend is NATIVE and model.layers[1].mlp.down.backend is NATIVE
     assert model.layers[0].mlp.down.backend is LINEAR_BACKENDS.get("int8")
