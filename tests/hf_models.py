@@ -43,12 +43,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 }
 
 
-def build_hf_model(name: str, directory: Path, seed: int = 0):
-    """Build, save (safetensors + config.json) and return the transformers model."""
+def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides):
+    """Build, save (safetensors + config.json) and return the transformers model (`overrides`
+    replace BASE / variant config values)."""
     import transformers
 
     cls_name, extra = VARIANTS[name]
-    config = getattr(transformers, cls_name)(**{**BASE, **extra})
+    config = getattr(transformers, cls_name)(**{**BASE, **extra, **overrides})
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -22,14 +22,15 @@ from infergen.engine.sampling_params import SamplingParams
 from infergen.engine.scheduler import ScheduledBatch, Scheduler
 from infergen.engine.step_trace import StepRecord
 from infergen.engine.stopping import StopChecker
-from infergen.errors import RequestError
+from infergen.errors import ConfigError, RequestError
+from infergen.io.block_weight import BlockWeight
 from infergen.io.checkpoint import Checkpoint, load_checkpoint
 from infergen.kernels.build import build_all
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.models.transformer import Transformer
 from infergen.process import configure_process
-from infergen.quant.schemes import apply_weight_scheme
+from infergen.quant.schemes import WEIGHT_SCHEMES, apply_weight_scheme
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,7 +41,16 @@ class Engine:
         if config.kernels == "native":
             build_all()  # compile (or load cached) C kernels now, not during the first request
         self.config = config
-        checkpoint = checkpoint or load_checkpoint(config.model)
+        keep_blocks = config.weights is not None and WEIGHT_SCHEMES.get(config.weights).keep_blocks
+        checkpoint = checkpoint or load_checkpoint(config.model, keep_blocks=keep_blocks)
+        if keep_blocks and not any(isinstance(t, BlockWeight) for t in checkpoint.tensors.values()):
+            raise ConfigError(
+                f"weights {config.weights!r} runs a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks as "
+                "loaded, and this checkpoint has none",
+                where=str(checkpoint.path),
+                expected="a GGUF file with Q4_0 / Q4_1 / Q8_0 tensors, or a scheme that "
+                "quantizes (e.g. 'q4_1', 'int4', 'int8')",
+            )
         self.checkpoint_path = checkpoint.path
         self.model_config: ModelConfig = checkpoint.config
         self.tokenizer = checkpoint.tokenizer

@@ -54,8 +54,12 @@ def _gguf_in_directory(directory: Path) -> Path | None:
     return files[0] if files else None
 
 
-def load_checkpoint(path: str | Path | None = None, *, load_weights: bool = True) -> Checkpoint:
-    """Read config, tensors (fp32, Hugging Face names, validated) and tokenizer."""
+def load_checkpoint(
+    path: str | Path | None = None, *, load_weights: bool = True, keep_blocks: bool = False
+) -> Checkpoint:
+    """Read config, tensors (fp32, Hugging Face names, validated) and tokenizer. With
+    `keep_blocks`, a GGUF file's Q4_0 / Q4_1 / Q8_0 matrices stay in their blocks
+    (io.block_weight.BlockWeight) for the backends that compute on them."""
     resolved = resolve_path(path)
     if resolved.is_dir() and not (resolved / "config.json").is_file():
         gguf_file = _gguf_in_directory(resolved)
@@ -67,11 +71,11 @@ def load_checkpoint(path: str | Path | None = None, *, load_weights: bool = True
             )
         resolved = gguf_file
     if resolved.is_file():
-        return _load_gguf(resolved, load_weights)
+        return _load_gguf(resolved, load_weights, keep_blocks)
     return _load_hf(resolved, load_weights)
 
 
-def _load_gguf(path: Path, load_weights: bool) -> Checkpoint:
+def _load_gguf(path: Path, load_weights: bool, keep_blocks: bool = False) -> Checkpoint:
     from infergen.io.gguf import gguf_hf_config, load_gguf_tensors, open_gguf
     from infergen.io.tokenizer import Tokenizer
 
@@ -84,7 +88,7 @@ def _load_gguf(path: Path, load_weights: bool) -> Checkpoint:
     )
     if tokenizer is not None and tokenizer.eos_token_ids:
         config = config.replace(eos_token_ids=tuple(tokenizer.eos_token_ids))
-    tensors = load_gguf_tensors(reader, source, config, spec) if load_weights else {}
+    tensors = load_gguf_tensors(reader, source, config, spec, keep_blocks) if load_weights else {}
     if load_weights:
         validate_tensors(config, tensors, source)
     return Checkpoint(config, tensors, tokenizer, path, "gguf")

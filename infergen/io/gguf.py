@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from infergen.errors import CheckpointError, ConfigError
+from infergen.io.block_weight import BLOCK_TYPES, BlockWeight
 from infergen.models.arch import ArchSpec, arch_for_gguf
 
 # GGUF tensor name → Hugging Face name ("{i}" is the layer index).
@@ -138,12 +139,13 @@ def _canonical_name(name: str) -> str | None:
 
 
 def load_gguf_tensors(
-    reader: Any, source: str, config: Any, spec: ArchSpec
-) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor to fp32 under its canonical (Hugging Face) name."""
+    reader: Any, source: str, config: Any, spec: ArchSpec, keep_blocks: bool = False
+) -> dict[str, torch.Tensor | BlockWeight]:
+    """Dequantize every tensor to fp32 under its canonical (Hugging Face) name; with
+    `keep_blocks`, Q4_0 / Q4_1 / Q8_0 matrices stay in their blocks (`BlockWeight`)."""
     from gguf import quants
 
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor | BlockWeight] = {}
     for t in reader.tensors:
         if t.name in _IGNORED:
             continue
@@ -154,6 +156,10 @@ def load_gguf_tensors(
                 where=f"{source}: {t.name}",
                 expected="the tensors of a " + spec.name + " decoder",
             )
+        shape = tuple(int(d) for d in t.shape[::-1])
+        if keep_blocks and t.tensor_type.name in BLOCK_TYPES and len(shape) == 2:
+            tensors[name] = _blocks(t, shape, config, spec)
+            continue
         try:
             array = quants.dequantize(t.data, t.tensor_type)
         except Exception as exc:
@@ -163,11 +169,24 @@ def load_gguf_tensors(
                 found=f"type {t.tensor_type.name}: {exc}",
                 expected="F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K/... data",
             ) from exc
-        array = np.asarray(array, dtype=np.float32).reshape(tuple(int(d) for d in t.shape[::-1]))
-        if spec.gguf_permute_qk and (".attn_q." in t.name or ".attn_k." in t.name):
-            heads = (
-                config.num_attention_heads if ".attn_q." in t.name else config.num_key_value_heads
-            )
-            array = _unpermute_rows(array, heads)
+        array = _canonical_rows(
+            t.name, np.asarray(array, dtype=np.float32).reshape(shape), config, spec
+        )
         tensors[name] = torch.from_numpy(np.array(array, copy=not array.flags.writeable, order="C"))
     return tensors
+
+
+def _canonical_rows(name: str, array: np.ndarray, config: Any, spec: ArchSpec) -> np.ndarray:
+    """Rows in Hugging Face order: llama.cpp permutes q/k rows (the rows of a block-quantized
+    matrix are its blocks' rows, so blocks are permuted the same way)."""
+    if spec.gguf_permute_qk and (".attn_q." in name or ".attn_k." in name):
+        heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
+        array = _unpermute_rows(array, heads)
+    return array
+
+
+def _blocks(t: Any, shape: tuple[int, int], config: Any, spec: ArchSpec) -> BlockWeight:
+    """A block-quantized matrix as loaded: its rows of blocks, in Hugging Face row order."""
+    raw = np.asarray(t.data, dtype=np.uint8).reshape(shape[0], -1)
+    rows = _canonical_rows(t.name, raw, config, spec)
+    return BlockWeight(t.tensor_type.name, torch.from_numpy(np.array(rows, order="C")), shape)

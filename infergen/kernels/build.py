@@ -41,8 +41,10 @@ def _cpu_flags() -> set[str]:
 def _compile_flags() -> list[str]:
     flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", f"-I{_HERE}"]
     cpu = _cpu_flags()
-    if {"avx2", "fma"} <= cpu:
-        flags += ["-mavx2", "-mfma"]
+    if os.environ.get("INFERGEN_KERNEL_ISA") == "generic":  # the portable scalar paths (tests)
+        return flags
+    if {"avx2", "fma", "f16c"} <= cpu:
+        flags += ["-mavx2", "-mfma", "-mf16c"]
     return flags
 
 

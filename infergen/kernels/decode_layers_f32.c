@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "gemm_packed_f32.c"
+#include "gemm_packed_g_f32.c"
 #include "gemm_packed_q_f32.c"
 #include "paged_decode_attention_f32.c"
 #include "rms_norm_f32.c"
@@ -42,15 +43,23 @@ typedef struct {
     const float *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b;
     const float *mlp_norm, *gate_up_w, *gate_up_b, *down_w, *down_b;
     float *k_cache, *v_cache; /* [blocks, block_size, kv_heads, dim] */
-    long weight_format; /* the four projections' panels: 0 fp32, 1 int8, 2 FP8 E4M3 codes */
+    /* each projection's panels (qkv, o, gate_up, down): 0 fp32, 1 int8, 2 FP8 E4M3 codes,
+     * 3 Q4_0, 4 Q4_1, 5 Q8_0, 6 int4, 7 int4_asym groups (LinearBackend.decode_format) */
+    long formats[4];
 } layer_weights;
 
-/* One projection of layer w in its weight format (the per-op path's LINEAR_BACKENDS row). */
-static inline void gemm_any(const layer_weights *w, const float *W, const float *X,
-                            const float *B, float *Y, long M, long N, long K, int threads) {
-    switch (w->weight_format) {
-    case 1: gemm_packed_i8_f32((const uint8_t *)W, X, B, Y, M, N, K, threads); break;
-    case 2: gemm_packed_e4m3_f32((const uint8_t *)W, X, B, Y, M, N, K, threads); break;
+/* One projection in its weight format (the per-op path's LINEAR_BACKENDS row). */
+static inline void gemm_any(long format, const float *W, const float *X, const float *B,
+                            float *Y, long M, long N, long K, int threads) {
+    const uint8_t *Q = (const uint8_t *)W;
+    switch (format) {
+    case 1: gemm_packed_i8_f32(Q, X, B, Y, M, N, K, threads); break;
+    case 2: gemm_packed_e4m3_f32(Q, X, B, Y, M, N, K, threads); break;
+    case 3: gemm_packed_q4_0_f32(Q, X, B, Y, M, N, K, threads); break;
+    case 4: gemm_packed_q4_1_f32(Q, X, B, Y, M, N, K, threads); break;
+    case 5: gemm_packed_q8_0_f32(Q, X, B, Y, M, N, K, threads); break;
+    case 6: gemm_packed_int4_f32(Q, X, B, Y, M, N, K, threads); break;
+    case 7: gemm_packed_int4_asym_f32(Q, X, B, Y, M, N, K, threads); break;
     default: gemm_packed_f32(W, X, B, Y, M, N, K, threads);
     }
 }
@@ -78,7 +87,7 @@ void decode_layers_f32(const layer_weights *layers, long n_layers, const step_ar
         const layer_weights *w = layers + l;
         PHASE(0, rms_norm_f32(h, (l > 0 || has_delta) ? delta : 0, w->attn_norm, x, T, a->hidden,
                               a->eps, num_threads));
-        PHASE(1, gemm_any(w, w->qkv_w, x, w->qkv_b, qkv, T, qkv_cols, a->hidden, num_threads));
+        PHASE(1, gemm_any(w->formats[0], w->qkv_w, x, w->qkv_b, qkv, T, qkv_cols, a->hidden, num_threads));
         PHASE(2, {
             rope_f32(qkv, a->positions, a->rope_cache, T, a->heads + a->kv_heads, a->dim,
                      qkv_cols, num_threads);
@@ -95,12 +104,12 @@ void decode_layers_f32(const layer_weights *layers, long n_layers, const step_ar
                                             a->max_blocks, a->seq_lens, attn, T, a->heads,
                                             a->kv_heads, a->dim, a->block_size, a->scale,
                                             a->window, num_threads));
-        PHASE(4, gemm_any(w, w->o_w, attn, w->o_b, o, T, a->hidden, q_size, num_threads));
+        PHASE(4, gemm_any(w->formats[1], w->o_w, attn, w->o_b, o, T, a->hidden, q_size, num_threads));
         PHASE(5, rms_norm_f32(h, o, w->mlp_norm, x, T, a->hidden, a->eps, num_threads));
-        PHASE(6, gemm_any(w, w->gate_up_w, x, w->gate_up_b, gate_up, T, 2 * a->inter,
+        PHASE(6, gemm_any(w->formats[2], w->gate_up_w, x, w->gate_up_b, gate_up, T, 2 * a->inter,
                                  a->hidden, num_threads));
         PHASE(7, silu_mul_f32(gate_up, act, T, a->inter, num_threads));
-        PHASE(8, gemm_any(w, w->down_w, act, w->down_b, delta, T, a->hidden, a->inter,
+        PHASE(8, gemm_any(w->formats[3], w->down_w, act, w->down_b, delta, T, a->hidden, a->inter,
                                  num_threads));
     }
 }

@@ -9,7 +9,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from infergen.ops import linear_quantized  # noqa: F401  (registers "int8", "fp8_e4m3")
+from infergen.io.block_weight import BlockWeight, fuse
+from infergen.ops import (
+    linear_grouped,  # noqa: F401  (registers "q4_0" ... "int4_asym")
+    linear_quantized,  # noqa: F401  (registers "int8", "fp8_e4m3")
+)
 from infergen.ops.linear import LINEAR_BACKENDS
 
 
@@ -28,15 +32,26 @@ class Linear(nn.Module):
         self.register_buffer("weight", None)
         self.register_buffer("bias", None)
         self.has_bias = bias
+        self.keep_blocks = True  # False: a weight scheme keeps this layer at full precision
 
-    def load(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        """Take the checkpoint weight [out, in] (and bias [out]) in the engine dtype."""
+    def load(self, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None) -> None:
+        """Take the checkpoint weight [out, in] (and bias [out]) in the engine dtype. GGUF
+        blocks kept by the loader (the "gguf" weight scheme) are computed on as they are by
+        their format's backend when this layer uses the native kernels (`keep_blocks`), else
+        dequantized."""
         expected = (self.out_features, self.in_features)
         if tuple(weight.shape) != expected or (bias is not None) != self.has_bias:
             raise ValueError(
                 f"Linear.load: weight {tuple(weight.shape)} bias {bias is not None}, "
                 f"expected {expected} bias {self.has_bias}"
             )
+        if isinstance(weight, BlockWeight):
+            if self.keep_blocks and self.backend is LINEAR_BACKENDS.get("native"):
+                self.backend = LINEAR_BACKENDS.get(weight.fmt)
+                self.weight = self.backend.prepare(weight)
+                self.bias = bias.to(self.dtype).contiguous() if bias is not None else None
+                return
+            weight = weight.dequantize()
         self.weight = self.backend.prepare(weight.to(self.dtype).contiguous())
         self.bias = bias.to(self.dtype).contiguous() if bias is not None else None
 
@@ -48,6 +63,7 @@ class Linear(nn.Module):
         return self.backend.rows(self.weight, ids)
 
     @staticmethod
-    def fused(weights: list[torch.Tensor]) -> torch.Tensor:
-        """Concatenate projections that share an input (q/k/v, gate/up) along `out`."""
-        return torch.cat(weights, dim=0)
+    def fused(weights: list[torch.Tensor | BlockWeight]) -> torch.Tensor | BlockWeight:
+        """Concatenate projections that share an input (q/k/v, gate/up) along `out` (GGUF
+        blocks of one type stay blocks)."""
+        return fuse(weights)

@@ -28,14 +28,10 @@ _LAYER_FIELDS = (
 )
 
 
-# prepared panel dtype → decode_layers_f32.c's weight_format (ops/linear.py, linear_quantized.py)
-PANEL_FORMATS = {torch.float32: 0, torch.int8: 1, torch.float8_e4m3fn: 2}
-
-
 class LayerWeights(ctypes.Structure):
     _fields_ = [
         *[(name, ctypes.c_void_p) for name in _LAYER_FIELDS.split()],
-        ("weight_format", ctypes.c_long),
+        ("formats", ctypes.c_long * 4),  # qkv, o, gate_up, down: LinearBackend.decode_format
     ]
 
 
@@ -91,8 +87,8 @@ class FusedDecode:
             linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
             if any(lin.weight.dim() != 3 for lin in linears):  # not in packed panels
                 return None
-            formats = {lin.weight.dtype for lin in linears}  # one panel format per layer
-            if len(formats) != 1 or not formats <= PANEL_FORMATS.keys():
+            formats = [lin.backend.decode_format for lin in linears]
+            if None in formats:
                 return None
             k_cache, v_cache = cache.layer(i)
             table[i] = LayerWeights(
@@ -108,7 +104,7 @@ class FusedDecode:
                 _ptr(mlp.down.bias),
                 _ptr(k_cache),
                 _ptr(v_cache),
-                PANEL_FORMATS[formats.pop()],
+                (ctypes.c_long * 4)(*formats),
             )
         return table
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from infergen.config import ModelConfig
 from infergen.engine.forward_batch import ForwardBatch
+from infergen.io.block_weight import dense
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.attention import Attention
 from infergen.layers.linear import Linear
@@ -86,7 +87,7 @@ class Transformer(nn.Module):
         if self.embed is None:
             self.lm_head.load(embed)
         else:
-            self.embed.copy_(embed)
+            self.embed.copy_(dense(embed))  # GGUF blocks kept by the loader: dequantized
             self.lm_head.load(get("lm_head.weight"))
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."

@@ -33,6 +33,9 @@ class LinearBackend:
     prepare: Callable[[torch.Tensor], torch.Tensor]
     apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
     rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # kernels/decode_layers_f32.c's weight_format of the prepared panels (None: the fused
+    # decode step cannot run this backend)
+    decode_format: int | None = None
 
 
 LINEAR_BACKENDS: Registry[LinearBackend] = Registry("linear backend")
@@ -122,4 +125,6 @@ def _native_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return weight[ids // PANEL, :, ids % PANEL]  # [len(ids), in]
 
 
-LINEAR_BACKENDS.register("native", LinearBackend(_native_prepare, _native_apply, _native_rows))
+LINEAR_BACKENDS.register(
+    "native", LinearBackend(_native_prepare, _native_apply, _native_rows, decode_format=0)
+)

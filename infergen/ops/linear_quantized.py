@@ -33,11 +33,12 @@ class CodeFormat:
     fmt: str  # the infergen.formats format the codes are in
     dtype: torch.dtype  # what a code is (its torch view) and the prepared panels' dtype
     kernel: str  # the function in kernels/gemm_packed_q_f32.c
+    decode_format: int  # kernels/decode_layers_f32.c weight_format
 
 
 CODE_FORMATS = {
-    "int8": CodeFormat("int8", torch.int8, "gemm_packed_i8_f32"),
-    "fp8_e4m3": CodeFormat("fp8_e4m3", torch.float8_e4m3fn, "gemm_packed_e4m3_f32"),
+    "int8": CodeFormat("int8", torch.int8, "gemm_packed_i8_f32", 1),
+    "fp8_e4m3": CodeFormat("fp8_e4m3", torch.float8_e4m3fn, "gemm_packed_e4m3_f32", 2),
 }
 
 
@@ -105,7 +106,7 @@ def _backend(name: str, code: CodeFormat) -> LinearBackend:
         scales = raw[:, in_features:].contiguous().view(torch.float32).reshape(panels, PANEL)
         return _decode(raw[p, :in_features, j], scales[p, j], code)
 
-    return LinearBackend(prepare, apply, rows)
+    return LinearBackend(prepare, apply, rows, decode_format=code.decode_format)
 
 
 for _name, _code in CODE_FORMATS.items():

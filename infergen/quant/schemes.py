@@ -22,6 +22,9 @@ class WeightScheme:
     description: str
     keep: tuple[str, ...] = ()  # module-name globs left at the engine's precision
     dtypes: tuple[str, ...] = ("float32",)  # engine dtypes the backend quantizes from
+    # True: nothing is quantized here; a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks are kept as
+    # loaded and each projection runs its blocks' backend (ops/linear_grouped.py)
+    keep_blocks: bool = False
 
 
 WEIGHT_SCHEMES: Registry[WeightScheme] = Registry("weight scheme")
@@ -46,6 +49,36 @@ WEIGHT_SCHEMES.register(
 )
 
 
+_GROUPED = {
+    "int4": "formats 'int4': symmetric, one fp32 scale (amax / 7) per group of 32 inputs",
+    "int4_asym": "formats 'int4_asym': min-max, one fp32 scale and uint8 zero point per group "
+    "of 32 inputs",
+    "q4_0": "llama.cpp's Q4_0 blocks (gguf.quants): one fp16 scale per 32 inputs, 4.5 bits",
+    "q4_1": "llama.cpp's Q4_1 blocks (gguf.quants): fp16 scale and minimum per 32 inputs, 5 bits",
+    "q8_0": "llama.cpp's Q8_0 blocks (gguf.quants): one fp16 scale per 32 int8 inputs, 8.5 bits",
+}
+for _name, _what in _GROUPED.items():
+    WEIGHT_SCHEMES.register(
+        _name,
+        WeightScheme(
+            _name,
+            f"weight-only {_what}; every projection, the LM head (and a tied embedding) "
+            "included (input features must be a multiple of 32)",
+        ),
+    )
+
+WEIGHT_SCHEMES.register(
+    "gguf",
+    WeightScheme(
+        "native",
+        "a GGUF file's own Q4_0 / Q4_1 / Q8_0 blocks, computed on as loaded (no re-quantization: "
+        "the same values the unquantized engine dequantizes them to); other tensor types are "
+        "dequantized to fp32",
+        keep_blocks=True,
+    ),
+)
+
+
 def apply_weight_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ()) -> list[str]:
     """Point the model's projections at the scheme's backend (before `load_weights`); those
     matching the scheme's or `keep`'s globs stay as they are. Returns the names changed."""
@@ -54,7 +87,11 @@ def apply_weight_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ())
     kept = scheme.keep + tuple(keep)
     changed = []
     for module_name, module in model.named_modules():
-        if isinstance(module, Linear) and not any(fnmatch.fnmatch(module_name, g) for g in kept):
-            module.backend = backend
-            changed.append(module_name)
+        if not isinstance(module, Linear):
+            continue
+        if any(fnmatch.fnmatch(module_name, g) for g in kept):
+            module.keep_blocks = False  # blocks of a kept projection are dequantized
+            continue
+        module.backend = backend
+        changed.append(module_name)
     return changed

@@ -1,0 +1,59 @@
+"""A checkpoint weight kept in its GGUF block encoding instead of being dequantized at load.
+
+`load_checkpoint(..., keep_blocks=True)` returns Q4_0 / Q4_1 / Q8_0 matrices as `BlockWeight`s
+(the "gguf" weight scheme): the projections then compute on the blocks directly
+(ops/linear_grouped.py) and the model holds 4.5-8.5 bits a weight instead of 32. Everything
+else that needs the values calls `dense(w)` (the fp32 values gguf.quants.dequantize gives).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# ggml type name → (our format name, bytes per block of 32)
+BLOCK_TYPES = {"Q4_0": ("q4_0", 18), "Q4_1": ("q4_1", 20), "Q8_0": ("q8_0", 34)}
+BLOCK = 32
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    ggml_type: str  # a BLOCK_TYPES key
+    blocks: torch.Tensor  # uint8 [out, in / 32 * block bytes]: each row's blocks in order
+    shape: tuple[int, int]  # [out, in] of the weight it encodes
+
+    @property
+    def fmt(self) -> str:
+        return BLOCK_TYPES[self.ggml_type][0]
+
+    def dequantize(self) -> torch.Tensor:
+        from gguf import GGMLQuantizationType, quants
+
+        qtype = GGMLQuantizationType[self.ggml_type]
+        values = quants.dequantize(self.blocks.numpy(), qtype)
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
+
+    @staticmethod
+    def cat(parts: list[BlockWeight]) -> BlockWeight:
+        """Concatenate along `out` (fused q/k/v, gate/up); all parts of one type and width."""
+        first = parts[0]
+        rows = sum(p.shape[0] for p in parts)
+        return BlockWeight(
+            first.ggml_type, torch.cat([p.blocks for p in parts]), (rows, first.shape[1])
+        )
+
+
+def dense(weight: torch.Tensor | BlockWeight) -> torch.Tensor:
+    """The weight's values as a tensor (a BlockWeight dequantized to fp32)."""
+    return weight.dequantize() if isinstance(weight, BlockWeight) else weight
+
+
+def fuse(parts: list[torch.Tensor | BlockWeight]) -> torch.Tensor | BlockWeight:
+    """Concatenate projections sharing an input along `out`: blocks stay blocks when every
+    part has the same block type, else every part is dequantized."""
+    kinds = {p.ggml_type if isinstance(p, BlockWeight) else None for p in parts}
+    if len(kinds) == 1 and None not in kinds:
+        return BlockWeight.cat(parts)
+    return torch.cat([dense(p) for p in parts], dim=0)

@@ -1,0 +1,205 @@
+"""Group-quantized projections: y = x · Wᵀ + b with W held as codes in groups of 32 inputs of
+one output channel sharing a scale (and an offset), fp32 activations. One LINEAR_BACKENDS row
+per group format (GROUP_FORMATS):
+  "q4_0"       GGUF Q4_0: 4-bit u, fp16 d per group;            w = d·(u − 8)
+  "q4_1"       GGUF Q4_1: 4-bit u, fp16 d and m per group;      w = d·u + m
+  "q8_0"       GGUF Q8_0: int8 q, fp16 d per group;             w = d·q
+  "int4"       formats "int4" (symmetric, g32): q + 8 in 4 bits, fp32 scale
+  "int4_asym"  formats "int4_asym" (min-max, g32): 4-bit u, fp32 scale, uint8 zero point
+
+A backend takes either a GGUF `BlockWeight` (the checkpoint's blocks, as loaded: nothing is
+re-quantized) or an fp32 weight, which it quantizes (GGUF formats through gguf.quants, the
+others through infergen.formats). `prepare` lays the codes out for
+kernels/gemm_packed_g_f32.c: uint8 [panels, in / 32, group bytes], each group the 24 columns'
+header fields then their codes (4-bit: two inputs a byte). The kernel uses every weight at the
+value the format's reference dequantization gives, so the product equals the fp32 "native"
+backend on the dequantized weight bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from infergen.io.block_weight import BLOCK, BLOCK_TYPES, BlockWeight
+from infergen.kernels.build import I, L, P, kernel
+from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
+from infergen.ops.linear import reference as fp32_reference
+
+SOURCE = "gemm_packed_g_f32"
+
+
+@dataclass
+class Grouped:
+    """A weight [out, in] as one code per weight and per-group header fields [out, in / 32]."""
+
+    codes: torch.Tensor  # uint8 [out, in]: the 4-bit u (0..15) or the int8 q's byte
+    fields: list[torch.Tensor]  # e.g. [d fp16] or [s fp32, zero uint8], each [out, groups]
+
+
+@dataclass(frozen=True)
+class GroupFormat:
+    bits: int  # 4 or 8 bits a code
+    fields: tuple[torch.dtype, ...]  # header fields, in layout order
+    decode_format: int  # kernels/decode_layers_f32.c weight_format
+    value: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]  # (codes, fields) → fp32
+    encode: Callable[[torch.Tensor], Grouped]  # fp32 weight → codes and fields
+
+
+def _per_weight(field: torch.Tensor) -> torch.Tensor:
+    """[out, groups] → fp32 [out, groups · 32] (each group's value for its 32 inputs)."""
+    return field.float().repeat_interleave(BLOCK, dim=1)
+
+
+def _gguf_encode(ggml_type: str) -> Callable[[torch.Tensor], Grouped]:
+    def encode(weight: torch.Tensor) -> Grouped:
+        from gguf import GGMLQuantizationType, quants
+
+        raw = quants.quantize(weight.numpy(), GGMLQuantizationType[ggml_type])
+        return from_blocks(BlockWeight(ggml_type, torch.from_numpy(raw), tuple(weight.shape)))
+
+    return encode
+
+
+def _formats_encode(fmt: str) -> Callable[[torch.Tensor], Grouped]:
+    def encode(weight: torch.Tensor) -> Grouped:
+        from infergen.formats import quantize
+        from infergen.formats.pack import unpack_bits
+
+        q = quantize(weight, fmt, axis=-1, block_size=BLOCK)
+        groups = (weight.shape[0], weight.shape[1] // BLOCK)
+        scales = q.scales.reshape(groups).float()
+        codes = unpack_bits(q.codes, 4).reshape(weight.shape)
+        if q.zero_points is None:  # symmetric: 4-bit two's complement q → u = q + 8
+            return Grouped(codes ^ 8, [scales])
+        return Grouped(codes, [scales, q.zero_points.reshape(groups)])
+
+    return encode
+
+
+GROUP_FORMATS = {
+    "q4_0": GroupFormat(
+        4, (torch.float16,), 3,
+        lambda c, f: _per_weight(f[0]) * (c.float() - 8.0),
+        _gguf_encode("Q4_0"),
+    ),
+    "q4_1": GroupFormat(
+        4, (torch.float16, torch.float16), 4,
+        lambda c, f: _per_weight(f[0]) * c.float() + _per_weight(f[1]),
+        _gguf_encode("Q4_1"),
+    ),
+    "q8_0": GroupFormat(
+        8, (torch.float16,), 5,
+        lambda c, f: _per_weight(f[0]) * c.view(torch.int8).float(),
+        _gguf_encode("Q8_0"),
+    ),
+    "int4": GroupFormat(
+        4, (torch.float32,), 6,
+        lambda c, f: (c.float() - 8.0) * _per_weight(f[0]),
+        _formats_encode("int4"),
+    ),
+    "int4_asym": GroupFormat(
+        4, (torch.float32, torch.uint8), 7,
+        lambda c, f: (c.float() - _per_weight(f[1])) * _per_weight(f[0]),
+        _formats_encode("int4_asym"),
+    ),
+}  # fmt: skip
+
+
+def from_blocks(weight: BlockWeight) -> Grouped:
+    """GGUF blocks → codes and header fields (a Q4 block: fp16 d [, fp16 m], 16 bytes holding
+    elements i (low nibble) and i + 16 (high nibble); a Q8_0 block: fp16 d, 32 int8)."""
+    out, inp = weight.shape
+    size = BLOCK_TYPES[weight.ggml_type][1]
+    raw = weight.blocks.reshape(out, inp // BLOCK, size)
+    d = raw[..., 0:2].contiguous().view(torch.float16)[..., 0]
+    if weight.ggml_type == "Q8_0":
+        return Grouped(raw[..., 2:].reshape(out, inp).contiguous(), [d])
+    fields = [d]
+    if weight.ggml_type == "Q4_1":
+        fields.append(raw[..., 2:4].contiguous().view(torch.float16)[..., 0])
+    qs = raw[..., size - 16 :]
+    codes = torch.cat([qs & 0xF, qs >> 4], dim=-1)  # [out, groups, 32]: elements 0..15, 16..31
+    return Grouped(codes.reshape(out, inp).contiguous(), fields)
+
+
+def pack(g: Grouped, fmt: GroupFormat) -> torch.Tensor:
+    """Codes and fields → uint8 [panels, groups, header + codes] (see the module docstring)."""
+    out, inp = g.codes.shape
+    groups, panels = inp // BLOCK, -(-out // PANEL)
+    rows = panels * PANEL
+    codes = torch.zeros(rows, inp, dtype=torch.uint8)
+    codes[:out] = g.codes
+    parts = []
+    for field in g.fields:
+        padded = torch.zeros(rows, groups, dtype=field.dtype)
+        padded[:out] = field
+        per_group = padded.view(panels, PANEL, groups).transpose(1, 2).contiguous()
+        parts.append(per_group.view(torch.uint8).reshape(panels, groups, -1))
+    c = codes.view(panels, PANEL, groups, BLOCK).permute(0, 2, 3, 1)  # [p, g, 32, 24]
+    if fmt.bits == 4:  # inputs 2r (low nibble) and 2r + 1 (high) in code row r
+        c = c[:, :, 0::2] | (c[:, :, 1::2] << 4)
+    parts.append(c.reshape(panels, groups, -1))
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def unpack(prepared: torch.Tensor, fmt: GroupFormat) -> Grouped:
+    """The inverse of `pack` up to the padding: [panels · 24, in] codes and fields."""
+    panels, groups, _ = prepared.shape
+    offset, fields = 0, []
+    for dtype in fmt.fields:
+        size = torch.empty((), dtype=dtype).element_size() * PANEL
+        raw = prepared[..., offset : offset + size].contiguous().view(dtype)  # [p, g, 24]
+        fields.append(raw.transpose(1, 2).reshape(panels * PANEL, groups))
+        offset += size
+    c = prepared[..., offset:].reshape(panels, groups, -1, PANEL)
+    if fmt.bits == 4:
+        c = torch.stack([c & 0xF, c >> 4], dim=3).reshape(panels, groups, BLOCK, PANEL)
+    codes = c.permute(0, 3, 1, 2).reshape(panels * PANEL, groups * BLOCK)
+    return Grouped(codes, fields)
+
+
+def dequantized(weight: torch.Tensor | BlockWeight, name: str) -> torch.Tensor:
+    """The fp32 weight the backend computes with (what its tests compare against)."""
+    fmt = GROUP_FORMATS[name]
+    g = from_blocks(weight) if isinstance(weight, BlockWeight) else fmt.encode(weight)
+    return fmt.value(g.codes, g.fields)
+
+
+def _backend(name: str, fmt: GroupFormat) -> LinearBackend:
+    def prepare(weight: torch.Tensor | BlockWeight) -> torch.Tensor:
+        out, inp = weight.shape
+        if inp % BLOCK:
+            raise ValueError(
+                f"{name} weights need input features in multiples of {BLOCK}, got {inp}"
+            )
+        if isinstance(weight, BlockWeight):
+            if weight.fmt != name:
+                raise TypeError(f"{name} backend got {weight.ggml_type} blocks")
+            return pack(from_blocks(weight), fmt)
+        if weight.dtype != torch.float32:
+            raise TypeError(f"{name} weights are quantized from float32, got {weight.dtype}")
+        return pack(fmt.encode(weight.contiguous()), fmt)
+
+    def apply(x, prepared, bias, out_features):
+        if x.dtype != torch.float32:
+            raise TypeError(f"{name} linear expects float32 activations, got {x.dtype}")
+        fn = kernel(f"gemm_packed_{name}_f32", P, P, P, P, L, L, L, I, source=SOURCE)
+        if fn is None:  # no C compiler: the same values through torch
+            g = unpack(prepared, fmt)
+            return fp32_reference(x, fmt.value(g.codes, g.fields)[:out_features], bias)
+        return run_packed(fn, x, prepared, bias, out_features)
+
+    def rows(prepared: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Dequantized rows (a tied LM head's embedding lookup reads the quantized weight)."""
+        g = unpack(prepared[ids // PANEL], fmt)  # the panels holding the rows
+        pick = torch.arange(len(ids)) * PANEL + ids % PANEL
+        return fmt.value(g.codes[pick], [f[pick] for f in g.fields])
+
+    return LinearBackend(prepare, apply, rows, decode_format=fmt.decode_format)
+
+
+for _name, _fmt in GROUP_FORMATS.items():
+    LINEAR_BACKENDS.register(_name, _backend(_name, _fmt))

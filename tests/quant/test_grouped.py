@@ -1,0 +1,207 @@
+"""Group-quantized weights: int4 / int4_asym (infergen.formats) and llama.cpp's Q4_0 / Q4_1 /
+Q8_0 blocks, quantized from fp32 or kept as a GGUF file holds them (ops/linear_grouped.py,
+kernels/gemm_packed_g_f32.c, the "gguf" weight scheme).
+
+Oracles: the dequantized weight comes from gguf.quants (llama.cpp's reference codec, for the
+GGUF formats) or infergen.formats (checked against torchao in tests/formats); each product
+equals the fp32 "native" backend on that weight bit for bit and a float64 matmul within
+rounding; an engine running a GGUF file's blocks equals the engine running the same file
+dequantized, bit for bit; the quantizing schemes equal transformers with fake-quantized
+weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from infergen import LLM
+from infergen.errors import InfergenError
+from infergen.formats import dequantize, quantize
+from infergen.io.block_weight import BlockWeight
+from infergen.io.checkpoint import load_checkpoint
+from infergen.ops import linear_grouped as lg
+from infergen.ops.linear import LINEAR_BACKENDS
+from tests.hf_models import build_hf_model
+
+NATIVE = LINEAR_BACKENDS.get("native")
+FORMATS = sorted(lg.GROUP_FORMATS)
+GGUF = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
+
+
+def _oracle(w: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The weight the format's own reference codec reconstructs."""
+    if fmt in GGUF:
+        from gguf import GGMLQuantizationType, quants
+
+        qtype = GGMLQuantizationType[GGUF[fmt]]
+        values = quants.dequantize(quants.quantize(w.numpy(), qtype), qtype)
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(w.shape)
+    return dequantize(quantize(w, fmt, axis=-1, block_size=32))
+
+
+def _weight(out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_features, in_features, generator=gen)
+    w[0] = 0.0  # an all-zero row: scale 0
+    w[1, 3] = 40.0  # an outlier group
+    w[2, :32] = 1.5  # a constant group (min = max)
+    return w
+
+
+@pytest.mark.parametrize("out_features,in_features", [(48, 64), (50, 32), (7, 96), (1536, 576)])
+@pytest.mark.parametrize("tokens", [1, 2, 3, 5, 16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_linear_equals_dequantized_weight(fmt, out_features, in_features, tokens, bias):
+    w = _weight(out_features, in_features, out_features + tokens)
+    gen = torch.Generator().manual_seed(tokens)
+    b = torch.randn(out_features, generator=gen) if bias else None
+    x = torch.randn(tokens, in_features, generator=gen)
+    deq = _oracle(w, fmt)
+    assert torch.equal(lg.dequantized(w, fmt), deq)  # the values the kernel uses
+    backend = LINEAR_BACKENDS.get(fmt)
+    ours = backend.apply(x, backend.prepare(w), b, out_features)
+    assert torch.equal(ours, NATIVE.apply(x, NATIVE.prepare(deq), b, out_features))
+    expected = x.double() @ deq.double().t() + (b.double() if bias else 0)
+    torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_pack_round_trip_and_rows(fmt):
+    w = _weight(50, 64, 1)
+    spec = lg.GROUP_FORMATS[fmt]
+    grouped = spec.encode(w)
+    back = lg.unpack(lg.pack(grouped, spec), spec)
+    assert torch.equal(back.codes[:50], grouped.codes) and (back.codes[50:] == 0).all()
+    for got, field in zip(back.fields, grouped.fields, strict=True):
+        assert torch.equal(got[:50], field)
+    backend = LINEAR_BACKENDS.get(fmt)
+    ids = torch.tensor([0, 23, 24, 49, 23])
+    assert torch.equal(backend.rows(backend.prepare(w), ids), _oracle(w, fmt)[ids])
+
+
+@pytest.mark.parametrize("fmt", sorted(GGUF))
+def test_blocks_as_loaded_equal_quantized_from_fp32(fmt):
+    from gguf import GGMLQuantizationType, quants
+
+    w = _weight(30, 64, 2)
+    raw = quants.quantize(w.numpy(), GGMLQuantizationType[GGUF[fmt]])
+    blocks = BlockWeight(GGUF[fmt], torch.from_numpy(raw), (30, 64))
+    assert torch.equal(blocks.dequantize(), _oracle(w, fmt))
+    backend = LINEAR_BACKENDS.get(fmt)
+    assert torch.equal(backend.prepare(blocks), backend.prepare(w))
+    other = "q4_1" if fmt == "q8_0" else "q8_0"
+    with pytest.raises(TypeError, match=f"{other} backend got {GGUF[fmt]} blocks"):
+        LINEAR_BACKENDS.get(other).prepare(blocks)
+
+
+def test_input_features_must_be_whole_groups():
+    with pytest.raises(ValueError, match="multiples of 32, got 40"):
+        LINEAR_BACKENDS.get("int4").prepare(torch.randn(8, 40))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_as_loaded_equal_dequantized_engine(tmp_path, qtype):
+    """A GGUF file run on its blocks gives the logits of the same file dequantized at load,
+    bit for bit (prefill, decode steps and the fused decode path), holding ~1/6 of the bytes."""
+    import gguf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from infergen.quant.evaluate import weight_bytes
+    from tests.io.test_gguf import _write_gguf
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rms_norm_eps=1e-5, initializer_range=0.2,
+    )  # fmt: skip
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    _write_gguf(path, LlamaForCausalLM(config).eval(), gguf.GGMLQuantizationType[qtype])
+    blocks = load_checkpoint(path, keep_blocks=True)
+    held = blocks.tensors["model.layers.0.self_attn.q_proj.weight"]
+    assert isinstance(held, BlockWeight) and held.ggml_type == qtype
+    dense = load_checkpoint(path)
+    for name, t in blocks.tensors.items():  # rows in Hugging Face order, values unchanged
+        got = t.dequantize() if isinstance(t, BlockWeight) else t
+        assert torch.equal(got, dense.tensors[name]), name
+
+    quantized = LLM(checkpoint=blocks, kv_cache_memory="8MiB", weights="gguf")
+    model = quantized.engine.runner.model
+    assert model.layers[0].attn.qkv.backend is LINEAR_BACKENDS.get(qtype.lower())
+    assert model.lm_head.backend is LINEAR_BACKENDS.get(qtype.lower())  # untied "output"
+    reference = LLM(checkpoint=dense, kv_cache_memory="8MiB")
+    assert weight_bytes(model) * 3 < weight_bytes(reference.engine.runner.model)
+    tokens = torch.randint(0, 96, (30,)).tolist()
+    for chunk in (None, 1):  # prefill; then one token a step (the fused decode path)
+        got = quantized.engine.prompt_logits(tokens, chunk=chunk)
+        assert torch.equal(got, reference.engine.prompt_logits(tokens, chunk=chunk))
+    model.fused_decode = False
+    assert torch.equal(
+        quantized.engine.prompt_logits(tokens, chunk=1),
+        reference.engine.prompt_logits(tokens, chunk=1),
+    )
+
+
+def test_gguf_scheme_needs_gguf_blocks(tmp_path):
+    build_hf_model("llama_gqa", tmp_path)
+    with pytest.raises(InfergenError, match="has none") as err:
+        LLM(str(tmp_path), kv_cache_memory="8MiB", weights="gguf")
+    assert "'q4_1', 'int4'" in str(err.value)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_qkv_bias"])
+def test_engine_equals_fake_quantized_transformers(fmt, name, tmp_path):
+    """Every projection and the LM head quantized per output row in groups of 32 inputs (so
+    fused q/k/v and gate/up quantize exactly as their parts): the engine's logits equal
+    transformers' on the fake-quantized weights."""
+    hf_model = build_hf_model(name, tmp_path, intermediate_size=128)
+    with torch.no_grad():
+        for module in hf_model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(_oracle(module.weight.detach().clone(), fmt))
+    llm = LLM(str(tmp_path), kv_cache_memory="16MiB", weights=fmt)
+    torch.manual_seed(3)
+    tokens = torch.randint(0, hf_model.config.vocab_size, (20,)).tolist()
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([tokens])).logits[0]
+    engine = llm.engine
+    decode_steps = engine.prompt_logits(tokens, chunk=1)
+    engine.runner.model.fused_decode = False
+    assert torch.equal(decode_steps, engine.prompt_logits(tokens, chunk=1))
+    for got in (decode_steps, engine.prompt_logits(tokens)):
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (fmt, name)
+
+
+_SCALAR_CHECK = """
+import sys, torch
+from infergen.ops import linear_grouped as lg
+from infergen.ops.linear import LINEAR_BACKENDS
+from tests.quant.test_grouped import _oracle, _weight
+for fmt in lg.GROUP_FORMATS:
+    w, x = _weight(50, 96, 5), torch.randn(3, 96)
+    backend = LINEAR_BACKENDS.get(fmt)
+    for tokens in (1, 2, 3):
+        got = backend.apply(x[:tokens], backend.prepare(w), None, 50)
+        want = x[:tokens].double() @ _oracle(w, fmt).double().t()
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+print("ok")
+"""
+
+
+def test_portable_scalar_kernels(tmp_path):
+    """The kernels' non-AVX2 paths (compiled with INFERGEN_KERNEL_ISA=generic) give the same
+    products."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "INFERGEN_KERNEL_ISA": "generic", "XDG_CACHE_HOME": str(tmp_path)}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _SCALAR_CHECK], env=env, cwd=root, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
