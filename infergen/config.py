@@ -286,8 +286,13 @@ class CacheConfig:
     memory_bytes: int = 1 << 30
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
+    kv_format: str | None = None  # a kvcache.KV_FORMATS row, e.g. "fp8_e4m3" (None: engine dtype)
 
     def __post_init__(self) -> None:
+        if self.kv_format is not None:
+            from infergen.kvcache.kv_format import KV_FORMATS
+
+            KV_FORMATS.get(self.kv_format, where="kv_format")  # unknown → clear error now
         _require(
             self.block_size > 0,
             "block_size must be positive",
@@ -311,10 +316,21 @@ class CacheConfig:
             expected="> 0",
         )
 
+    def element_bytes(self, dtype_bytes: int) -> int:
+        """Bytes a cached K / V element takes: the KV format's, else the engine dtype's."""
+        if self.kv_format is None:
+            return dtype_bytes
+        from infergen.kvcache.kv_format import KV_FORMATS
+
+        return KV_FORMATS.get(self.kv_format).element_bytes
+
     def blocks_for(self, model: ModelConfig, dtype_bytes: int) -> int:
+        """Blocks in the pool: `num_blocks`, or as many as `memory_bytes` holds at this
+        format's element size (the per-head scales of a KV format are not counted: a few
+        bytes a layer)."""
         if self.num_blocks is not None:
             return self.num_blocks
-        per_block = model.kv_bytes_per_token(dtype_bytes) * self.block_size
+        per_block = model.kv_bytes_per_token(self.element_bytes(dtype_bytes)) * self.block_size
         blocks = self.memory_bytes // per_block
         if blocks < 1:
             raise ConfigError(

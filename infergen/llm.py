@@ -38,8 +38,12 @@ class LLM:
         seed: engine seed for requests without their own seed.
         kernels: "native" (C kernels for linear, norms, RoPE, SwiGLU, decode attention)
             or "torch" (torch ops only).
-        weights: a weight quantization scheme (infergen.quant.WEIGHT_SCHEMES): "int8"
-            (weight-only, per-channel scales) or "fp8_e4m3"; None keeps the checkpoint's values.
+        weights: a weight quantization scheme (infergen.quant.WEIGHT_SCHEMES), e.g. "int8",
+            "int4", "q4_1", or "gguf" (a GGUF file's own blocks); None keeps the checkpoint's
+            values.
+        kv_format: what the KV cache stores (infergen.kvcache.KV_FORMATS), e.g. "fp8_e4m3":
+            codes with per-head scales calibrated at start, 4x the tokens of fp32 in the same
+            memory; None stores the engine dtype.
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class LLM:
         dtype: str = "float32",
         kernels: str = "native",
         weights: str | None = None,
+        kv_format: str | None = None,
         max_model_len: int | None = None,
         checkpoint: Any = None,
     ):
@@ -74,6 +79,7 @@ class LLM:
                 memory_bytes=parse_bytes(kv_cache_memory, where="kv_cache_memory"),
                 num_blocks=num_kv_blocks,
                 enable_prefix_caching=enable_prefix_caching,
+                kv_format=kv_format,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs,

@@ -27,6 +27,7 @@ from infergen.io.block_weight import BlockWeight
 from infergen.io.checkpoint import Checkpoint, load_checkpoint
 from infergen.kernels.build import build_all
 from infergen.kvcache.block_pool import BlockPool
+from infergen.kvcache.calibrate import calibrate_kv_scales
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.models.transformer import Transformer
 from infergen.process import configure_process
@@ -60,12 +61,6 @@ class Engine:
             apply_weight_scheme(model, config.weights)  # backends quantize as they load
         model.load_weights(checkpoint.tensors)
         checkpoint.tensors.clear()  # the model holds its own (fused) copies
-        cache = config.cache
-        num_blocks = cache.blocks_for(self.model_config, torch.finfo(dtype).bits // 8)
-        self.kv_cache = PagedKVCache(self.model_config, num_blocks, cache.block_size, dtype)
-        self.pool = BlockPool(num_blocks, cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.pool, cache.block_size)
-        self.runner = ModelRunner(model, self.kv_cache)
         self.sampler = Sampler()
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         # the context a sequence may grow to: the model's, or less when config caps it
@@ -73,8 +68,32 @@ class Engine:
             self.model_config.max_position_embeddings,
             config.max_model_len or self.model_config.max_position_embeddings,
         )
+        cache = config.cache
+        scales = None
+        if cache.kv_format is not None:  # per-head scales from the model's own K / V
+            scales = calibrate_kv_scales(self, model, dtype)
+        num_blocks = cache.blocks_for(self.model_config, torch.finfo(dtype).bits // 8)
+        self._attach_cache(
+            model,
+            PagedKVCache(self.model_config, num_blocks, cache.block_size, dtype, cache.kv_format),
+        )
+        if scales is not None:
+            self.kv_cache.scales.copy_(scales[0])
+            self.kv_cache.k_shift.copy_(scales[1])
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
+
+    def _attach_cache(self, model: Transformer, kv_cache: PagedKVCache) -> None:
+        """Run on `kv_cache`: its block pool, a scheduler over it, a runner writing to it."""
+        self.kv_cache = kv_cache
+        self.pool = BlockPool(kv_cache.num_blocks, self.config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config.scheduler, self.pool, kv_cache.block_size)
+        self.runner = ModelRunner(model, kv_cache)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV pool holds (over all sequences)."""
+        return self.kv_cache.num_blocks * self.kv_cache.block_size
 
     # ---- requests ---------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:

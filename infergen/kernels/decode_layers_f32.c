@@ -15,6 +15,7 @@
 #include "gemm_packed_f32.c"
 #include "gemm_packed_g_f32.c"
 #include "gemm_packed_q_f32.c"
+#include "minifloat.h"
 #include "paged_decode_attention_f32.c"
 #include "rms_norm_f32.c"
 #include "rope_f32.c"
@@ -46,7 +47,21 @@ typedef struct {
     /* each projection's panels (qkv, o, gate_up, down): 0 fp32, 1 int8, 2 FP8 E4M3 codes,
      * 3 Q4_0, 4 Q4_1, 5 Q8_0, 6 int4, 7 int4_asym groups (LinearBackend.decode_format) */
     long formats[4];
+    /* FP8 E4M3 KV cache (kvcache/kv_format.py): k_cache / v_cache hold codes of
+     * (k − k_shift) / k_scale and v / v_scale per KV head; NULL scales: fp32 values */
+    const float *k_scale, *v_scale, *k_shift;
 } layer_weights;
+
+/* cache row ← codes of (x − shift) / scale per KV head, as kv_format.encode computes them */
+static void store_e4m3(const float *x, uint8_t *dst, const float *scale, const float *shift,
+                       long kv_heads, long dim) {
+    static const elem_t e4m3 = {3, -6, 8, 0x7E, 0x7F, 448.0f};
+    for (long h = 0; h < kv_heads; ++h)
+        for (long j = 0; j < dim; ++j) {
+            float v = x[h * dim + j] - (shift ? shift[h * dim + j] : 0.0f);
+            dst[h * dim + j] = encode(v / scale[h], &e4m3);
+        }
+}
 
 /* One projection in its weight format (the per-op path's LINEAR_BACKENDS row). */
 static inline void gemm_any(long format, const float *W, const float *X, const float *B,
@@ -94,16 +109,24 @@ void decode_layers_f32(const layer_weights *layers, long n_layers, const step_ar
             for (long t = 0; t < T; ++t) {
                 const float *row = qkv + t * qkv_cols;
                 memcpy(q + t * q_size, row, sizeof(float) * (size_t)q_size);
+                if (w->k_scale) {
+                    long at = a->slots[t] * kv_size; /* codes: a byte per element */
+                    store_e4m3(row + q_size, (uint8_t *)w->k_cache + at, w->k_scale, w->k_shift,
+                               a->kv_heads, a->dim);
+                    store_e4m3(row + q_size + kv_size, (uint8_t *)w->v_cache + at, w->v_scale, 0,
+                               a->kv_heads, a->dim);
+                    continue;
+                }
                 memcpy(w->k_cache + a->slots[t] * kv_size, row + q_size,
                        sizeof(float) * (size_t)kv_size);
                 memcpy(w->v_cache + a->slots[t] * kv_size, row + q_size + kv_size,
                        sizeof(float) * (size_t)kv_size);
             }
         });
-        PHASE(3, paged_decode_attention_f32(q, w->k_cache, w->v_cache, a->block_tables,
-                                            a->max_blocks, a->seq_lens, attn, T, a->heads,
-                                            a->kv_heads, a->dim, a->block_size, a->scale,
-                                            a->window, num_threads));
+        PHASE(3, decode_attention(q, w->k_cache, w->v_cache, w->k_scale, w->v_scale,
+                                  a->block_tables, a->max_blocks, a->seq_lens, attn, T, a->heads,
+                                  a->kv_heads, a->dim, a->block_size, a->scale, a->window,
+                                  num_threads));
         PHASE(4, gemm_any(w->formats[1], w->o_w, attn, w->o_b, o, T, a->hidden, q_size, num_threads));
         PHASE(5, rms_norm_f32(h, o, w->mlp_norm, x, T, a->hidden, a->eps, num_threads));
         PHASE(6, gemm_any(w->formats[2], w->gate_up_w, x, w->gate_up_b, gate_up, T, 2 * a->inter,

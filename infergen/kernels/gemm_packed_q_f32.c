@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp8.h"
 #include "gemm_packed_f32.c"
 
 static inline const float *panel_scales(const uint8_t *wp, long K) {
@@ -27,11 +28,9 @@ static inline const float *panel_scales(const uint8_t *wp, long K) {
 /* One code → its fp32 value (scalar paths). */
 static inline float decode_i8(uint8_t c) { return (float)(int8_t)c; }
 
-static inline float decode_e4m3(uint8_t c) { /* E4M3FN: bias 7, subnormals below 2^-6 */
-    int e = (c >> 3) & 0xF, m = c & 7;
-    float v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf((float)m, -9);
-    return (c & 0x80) ? -v : v;
-}
+/* what a format's AVX2 decode leaves to multiply into the scale (exact powers of two) */
+#define SCALE_i8 1.0f
+#define SCALE_e4m3 256.0f
 
 #ifdef __AVX2__
 /* 8 codes → their fp32 values (exact), times their scales */
@@ -40,18 +39,10 @@ static inline __m256 dequant8_i8(const uint8_t *p, __m256 s) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
 }
 
-static inline __m256 dequant8_e4m3(const uint8_t *p, __m256 s) {
-    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
-    /* normal: exponent e + 120 and the 3 mantissa bits in place: 2^(e-7) (1 + m/8) */
-    __m256 normal = _mm256_castsi256_ps(
-        _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
-    /* subnormal (e = 0): m · 2^-9 (no fp32 denormal is formed: the process flushes them) */
-    __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.0f / 512.0f));
-    __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
-    __m256 v = _mm256_blendv_ps(normal, sub, is_sub);
-    __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(c, 7), 31));
-    return _mm256_mul_ps(_mm256_or_ps(v, sign), s);
+/* (value · 2^-8) · (2^8 · s) rounds once, to value · s: the scale vector of an FP8 panel is
+ * premultiplied by 256 (exact) in MICRO_Q's setup. */
+static inline __m256 dequant8_e4m3(const uint8_t *p, __m256 s256) {
+    return _mm256_mul_ps(e4m3x8_times_2m8(p), s256);
 }
 
 #define MICRO_Q(FMT, MR)                                                                       \
@@ -59,8 +50,10 @@ static inline __m256 dequant8_e4m3(const uint8_t *p, __m256 s) {
                                    long ldy, const float *bias, int cols, float *keep) {       \
         const int mr = MR;                                                                     \
         const float *sc = panel_scales(wp, K);                                                 \
-        const __m256 s0 = _mm256_loadu_ps(sc), s1 = _mm256_loadu_ps(sc + 8),                   \
-                     s2 = _mm256_loadu_ps(sc + 16);                                            \
+        const __m256 f = _mm256_set1_ps(SCALE_##FMT);                                          \
+        const __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(sc), f),                               \
+                     s1 = _mm256_mul_ps(_mm256_loadu_ps(sc + 8), f),                           \
+                     s2 = _mm256_mul_ps(_mm256_loadu_ps(sc + 16), f);                          \
         __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00,          \
                c12 = c00, c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;    \
         for (long k = 0; k < K; ++k) {                                                         \

@@ -16,9 +16,11 @@
  */
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "common.h"
+#include "fp8.h"
 
 /* Cache slot of position p. Block sizes are powers of two in practice: shift and mask then,
  * since an integer division per position would cost more than the dot product. */
@@ -140,10 +142,33 @@ static inline void weighted_sum32_3heads(float *o0, float *o1, float *o2, const 
 }
 #endif
 
-void paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                                const long *block_tables, long max_blocks, const long *seq_lens,
-                                float *out, long batch, long heads, long kv_heads, long dim,
-                                long block_size, float scale, long window, int num_threads) {
+/* Rows of FP8 E4M3 codes → fp32 values · s (one rounding, as the torch path decodes them). */
+static inline void decode_rows_e4m3(const uint8_t *const *src, float *dst, long n, long dim,
+                                    float s) {
+    for (long i = 0; i < n; ++i) {
+        const uint8_t *c = src[i];
+        float *d = dst + i * dim;
+        long j = 0;
+#ifdef __AVX2__
+        __m256 s256 = _mm256_set1_ps(s * 256.0f);
+        for (; j + 8 <= dim; j += 8)
+            _mm256_storeu_ps(d + j, _mm256_mul_ps(e4m3x8_times_2m8(c + j), s256));
+#endif
+        for (; j < dim; ++j) d[j] = decode_e4m3(c[j]) * s;
+    }
+}
+
+/* The kernel for both cache element types: fp32 values (k_scales NULL) or FP8 E4M3 codes
+ * with one scale per KV head, decoded per (sequence, KV head) into a thread's fp32 rows
+ * before the same arithmetic runs on them. */
+static void decode_attention(const float *q, const void *k_cache, const void *v_cache,
+                             const float *k_scales, const float *v_scales,
+                             const long *block_tables, long max_blocks, const long *seq_lens,
+                             float *out, long batch, long heads, long kv_heads, long dim,
+                             long block_size, float scale, long window, int num_threads) {
+    int codes = k_scales != 0;
+    long esz = codes ? 1 : 4; /* bytes per cached element */
+    const char *kc = (const char *)k_cache, *vc = (const char *)v_cache;
     long group = heads / kv_heads;
     long slot_stride = kv_heads * dim; /* floats between consecutive cache slots */
     long max_len = 0;
@@ -163,8 +188,11 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
         float *scores = malloc(sizeof(float) * (size_t)(group * cap));
         const float **krows = malloc(sizeof(float *) * (size_t)cap);
         const float **vrows = malloc(sizeof(float *) * (size_t)cap);
+        float *kbuf = codes ? malloc(sizeof(float) * (size_t)(cap * dim)) : 0;
+        float *vbuf = codes ? malloc(sizeof(float) * (size_t)(cap * dim)) : 0;
         int nthr = omp_get_num_threads();
         long pf_cursor = 0, pf_total = 0, pf_b = -1;
+        long lines_per_slot = slot_stride * esz / 64 > 0 ? slot_stride * esz / 64 : 1;
 #pragma omp for schedule(static, 1)
         for (long it = 0; it < items; ++it) {
             long b = it * heads_per_item / kv_heads;
@@ -173,7 +201,7 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
             pf_cursor = 0, pf_total = 0, pf_b = -1;
             if (heads_per_item == kv_heads && it + nthr < items) {
                 pf_b = (it + nthr) * heads_per_item / kv_heads;
-                pf_total = seq_lens[pf_b] * 2 * (slot_stride / 16); /* lines */
+                pf_total = seq_lens[pf_b] * 2 * lines_per_slot;
             }
             for (long kvh = it * heads_per_item % kv_heads, e = kvh + heads_per_item; kvh < e;
                  ++kvh) {
@@ -183,8 +211,13 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
                 const long *table = block_tables + b * max_blocks;
                 for (long i = 0; i < n; ++i) { /* slots once per (sequence, KV head) */
                     long offset = slot_of(table, start + i, block_size) * slot_stride + kvh * dim;
-                    krows[i] = k_cache + offset;
-                    vrows[i] = v_cache + offset;
+                    krows[i] = (const float *)(kc + offset * esz);
+                    vrows[i] = (const float *)(vc + offset * esz);
+                }
+                if (codes) { /* the codes' values, in this thread's rows */
+                    decode_rows_e4m3((const uint8_t *const *)krows, kbuf, n, dim, k_scales[kvh]);
+                    decode_rows_e4m3((const uint8_t *const *)vrows, vbuf, n, dim, v_scales[kvh]);
+                    for (long i = 0; i < n; ++i) krows[i] = kbuf + i * dim, vrows[i] = vbuf + i * dim;
                 }
                 long g3 = 0; /* heads done three at a time (scores of rows 0..n4) */
                 long n4 = 0;
@@ -194,7 +227,7 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
                     for (; g3 + 3 <= group; g3 += 3) {
                         const float *qh = q + (b * heads + kvh * group + g3) * dim;
                         for (long i = 0; i < n4; i += 4) {
-                            if (g3 == 0) { /* this KV head's K rows ahead, V rows now (L2) */
+                            if (g3 == 0 && !codes) { /* this KV head's K rows ahead, V rows now (L2) */
                                 for (long r = i + 16; r < i + 20 && r < n; ++r)
                                     for (long c = 0; c < dim; c += 16)
                                         _mm_prefetch((const char *)(krows[r] + c), _MM_HINT_T0);
@@ -214,9 +247,9 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
                         long share = pf_total / (kv_heads * group) + 1;
                         const long *pt = block_tables + pf_b * max_blocks;
                         for (long e2 = pf_cursor + share; pf_cursor < e2 && pf_cursor < pf_total; ++pf_cursor) {
-                            long line = pf_cursor >> 1, pos = line / (slot_stride / 16);
-                            long off = slot_of(pt, pos, block_size) * slot_stride + (line % (slot_stride / 16)) * 16;
-                            _mm_prefetch((const char *)((pf_cursor & 1 ? v_cache : k_cache) + off), _MM_HINT_T1);
+                            long line = pf_cursor >> 1, pos = line / lines_per_slot;
+                            long off = slot_of(pt, pos, block_size) * slot_stride * esz + (line % lines_per_slot) * 64;
+                            _mm_prefetch((pf_cursor & 1 ? vc : kc) + off, _MM_HINT_T1);
                         }
                     }
                     const float *qh = q + (b * heads + kvh * group + g) * dim;
@@ -266,5 +299,25 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
         free(scores);
         free(krows);
         free(vrows);
+        free(kbuf);
+        free(vbuf);
     }
+}
+
+void paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
+                                const long *block_tables, long max_blocks, const long *seq_lens,
+                                float *out, long batch, long heads, long kv_heads, long dim,
+                                long block_size, float scale, long window, int num_threads) {
+    decode_attention(q, k_cache, v_cache, 0, 0, block_tables, max_blocks, seq_lens, out, batch,
+                     heads, kv_heads, dim, block_size, scale, window, num_threads);
+}
+
+/* k_cache / v_cache: FP8 E4M3 codes; k_scales / v_scales [kv_heads]. */
+void paged_decode_attention_e4m3(const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                                 const float *k_scales, const float *v_scales,
+                                 const long *block_tables, long max_blocks, const long *seq_lens,
+                                 float *out, long batch, long heads, long kv_heads, long dim,
+                                 long block_size, float scale, long window, int num_threads) {
+    decode_attention(q, k_cache, v_cache, k_scales, v_scales, block_tables, max_blocks, seq_lens,
+                     out, batch, heads, kv_heads, dim, block_size, scale, window, num_threads);
 }

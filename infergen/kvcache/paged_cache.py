@@ -1,36 +1,78 @@
 """The KV cache tensors: per layer, K and V as [num_blocks, block_size, kv_heads, head_dim].
 
-One allocation holds every layer: [layers, 2, num_blocks, block_size, kv_heads, head_dim].
+One allocation holds every layer: [layers, 2, num_blocks, block_size, kv_heads, head_dim], in
+the engine dtype or in a KV format's codes (kv_format.py) with one fp32 scale per (layer,
+K/V, KV head) in `scales` [layers, 2, kv_heads] (NaN until calibrated) and the keys' stored
+shift `k_shift` [layers, kv_heads, head_dim] (kv_format.py).
 Which blocks belong to which sequence is the block pool's business (block_pool.py).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from infergen.config import ModelConfig
+from infergen.kvcache.kv_format import KV_FORMATS, KVFormat
+
+
+class KVLayer(NamedTuple):
+    """One layer's cache: K and V [num_blocks, block_size, kv_heads, head_dim], and for a
+    scaled format its per-head scales [kv_heads] (None: the values are stored as they are)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+    fmt: KVFormat | None = None
+    k_shift: torch.Tensor | None = None  # [kv_heads, head_dim]: keys are stored minus this
 
 
 class PagedKVCache:
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype):
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        kv_format: str | None = None,
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.dtype = dtype  # what readers compute in
+        self.kv_format = kv_format
+        self.format = KV_FORMATS.get(kv_format, where="kv_format") if kv_format else None
+        layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
         self.storage = torch.zeros(
-            config.num_hidden_layers,
+            layers,
             2,
             num_blocks,
             block_size,
-            config.num_key_value_heads,
+            kv_heads,
             config.head_dim,
-            dtype=dtype,
+            dtype=self.format.storage if self.format else dtype,
         )
+        self.scales = self.k_shift = None
+        if self.format is not None:
+            self.scales = torch.full((layers, 2, kv_heads), float("nan"))
+            self.k_shift = torch.zeros(layers, kv_heads, config.head_dim)
         # per-layer views made once: slicing costs ~15 µs per layer per step otherwise
-        self._layers = [(self.storage[i, 0], self.storage[i, 1]) for i in range(len(self.storage))]
+        self._layers = [
+            KVLayer(self.storage[i, 0], self.storage[i, 1])
+            if self.format is None
+            else KVLayer(
+                self.storage[i, 0], self.storage[i, 1], self.scales[i, 0], self.scales[i, 1],
+                self.format, self.k_shift[i],
+            )
+            for i in range(layers)
+        ]  # fmt: skip
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k_cache, v_cache) of one layer, each [num_blocks, block_size, kv_heads, head_dim]."""
+    def layer(self, index: int) -> KVLayer:
+        """One layer's K / V cache (and scales)."""
         return self._layers[index]
 
     @property
     def nbytes(self) -> int:
-        return self.storage.numel() * self.storage.element_size()
+        scales = self.scales.numel() * 4 + self.k_shift.numel() * 4 if self.format else 0
+        return self.storage.numel() * self.storage.element_size() + scales

@@ -8,6 +8,7 @@ from torch import nn
 
 from infergen.config import ModelConfig
 from infergen.engine.forward_batch import ForwardBatch
+from infergen.kvcache.paged_cache import KVLayer
 from infergen.layers.linear import Linear
 from infergen.layers.norm import RMSNorm
 from infergen.ops.kv_store import kv_store
@@ -36,7 +37,7 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,  # [tokens, hidden]
         batch: ForwardBatch,
-        kv: tuple[torch.Tensor, torch.Tensor],
+        kv: KVLayer,
     ) -> torch.Tensor:
         tokens, heads, dim = x.shape[0], self.num_heads, self.head_dim
         qkv = self.qkv(x)  # [tokens, q_size + 2·kv_size]
@@ -49,9 +50,8 @@ class Attention(nn.Module):
             q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, -1, dim))
             q, k = self.rope(q, batch.rope), self.rope(k, batch.rope)
-        k_cache, v_cache = kv
-        kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
-        out = paged_attention(q, k, v, k_cache, v_cache, batch.attn_plan, self.scale, self.decode)
+        kv_store(k, v, kv.k, kv.v, batch.slot_mapping, kv)
+        out = paged_attention(q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv)
         return self.o(out.view(tokens, self.q_size))
 
     def load(self, get: callable, prefix: str) -> None:

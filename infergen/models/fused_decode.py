@@ -23,6 +23,8 @@ from infergen.ops.rope import ROPE_BACKENDS
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
 
 SOURCE = "decode_layers_f32"
+# cache element types the driver stores and reads: fp32 values, FP8 E4M3 codes (kv_format.py)
+_CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
 _LAYER_FIELDS = (
     "attn_norm qkv_w qkv_b o_w o_b mlp_norm gate_up_w gate_up_b down_w down_b k_cache v_cache"
 )
@@ -32,6 +34,7 @@ class LayerWeights(ctypes.Structure):
     _fields_ = [
         *[(name, ctypes.c_void_p) for name in _LAYER_FIELDS.split()],
         ("formats", ctypes.c_long * 4),  # qkv, o, gate_up, down: LinearBackend.decode_format
+        *[(name, ctypes.c_void_p) for name in ("k_scale", "v_scale", "k_shift")],  # FP8 KV
     ]
 
 
@@ -70,7 +73,7 @@ class FusedDecode:
         model, cache = self.model, self.kv_cache
         if model.dtype != torch.float32 or model.rope_cache.dtype != torch.float32:
             return None
-        if not cache.storage.is_contiguous() or cache.storage.dtype != torch.float32:
+        if not cache.storage.is_contiguous() or cache.storage.dtype not in _CACHE_DTYPES:
             return None
         table = (LayerWeights * len(model.layers))()
         for i, layer in enumerate(model.layers):
@@ -90,7 +93,7 @@ class FusedDecode:
             formats = [lin.backend.decode_format for lin in linears]
             if None in formats:
                 return None
-            k_cache, v_cache = cache.layer(i)
+            kv = cache.layer(i)
             table[i] = LayerWeights(
                 _ptr(layer.attn_norm.weight),
                 _ptr(attn.qkv.weight),
@@ -102,9 +105,12 @@ class FusedDecode:
                 _ptr(mlp.gate_up.bias),
                 _ptr(mlp.down.weight),
                 _ptr(mlp.down.bias),
-                _ptr(k_cache),
-                _ptr(v_cache),
+                _ptr(kv.k),
+                _ptr(kv.v),
                 (ctypes.c_long * 4)(*formats),
+                _ptr(kv.k_scale),
+                _ptr(kv.v_scale),
+                _ptr(kv.k_shift),
             )
         return table
 
@@ -118,7 +124,7 @@ class FusedDecode:
             return None
         config, cache = self.model.config, self.kv_cache
         tables = plan.decode_block_tables
-        k_cache, _ = cache.layer(0)
+        k_cache = cache.layer(0).k
         args = StepArgs(
             h.shape[0],
             config.hidden_size,

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from infergen.kernels.build import F as CF
 from infergen.kernels.build import I, L, P, kernel
+from infergen.kvcache.kv_format import decode, encode
+from infergen.kvcache.paged_cache import KVLayer
 from infergen.registry import Registry
 
 
@@ -113,8 +115,24 @@ def _slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Te
     return blocks * block_size + pos % block_size
 
 
-DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, float], torch.Tensor]
+DecodeFn = Callable[..., torch.Tensor]  # (q, k_cache, v_cache, plan, scale, kv=None)
 DECODE_BACKENDS: Registry[DecodeFn] = Registry("decode attention backend")
+
+
+def _gather(flat: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """flat[slots] (one-byte codes are gathered as bytes: no fp8 index_select on the CPU)."""
+    if flat.element_size() == 1 and flat.dtype != torch.uint8:
+        return flat.view(torch.uint8).index_select(0, slots).view(flat.dtype)
+    return flat.index_select(0, slots)
+
+
+def _keys_values(
+    keys: torch.Tensor, values: torch.Tensor, kv: KVLayer | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cached K / V as the attention computes with them: a KV format's codes · scale."""
+    if kv is None or kv.fmt is None:
+        return keys.to(dtype), values.to(dtype)
+    return decode(keys, kv.k_scale, dtype), decode(values, kv.v_scale, dtype)
 
 
 @DECODE_BACKENDS.decorator("torch")
@@ -124,6 +142,7 @@ def decode_attention(
     v_cache: torch.Tensor,
     attn_plan: AttentionPlan,
     scale: float,
+    kv: KVLayer | None = None,
 ) -> torch.Tensor:
     """One query token per sequence: gather K/V by slot, then SDPA. The GQA group is folded
     into the query axis: q [decodes, heads, d] → [decodes, kv_heads, group, d], so K/V are
@@ -133,13 +152,14 @@ def decode_attention(
     kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
     flat_k = k_cache.view(-1, kv_heads, dim)
     flat_v = v_cache.view(-1, kv_heads, dim)
-    keys = flat_k.index_select(0, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
-    values = flat_v.index_select(0, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
+    keys = _gather(flat_k, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
+    values = _gather(flat_v, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
+    keys, values = _keys_values(keys, values, kv, q.dtype)
     query = attn_plan.decode_queries(q).reshape(batch, kv_heads, -1, dim)
     o = F.scaled_dot_product_attention(
         query,
-        keys.transpose(1, 2).to(q.dtype),
-        values.transpose(1, 2).to(q.dtype),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
         attn_mask=attn_plan.decode_mask,
         scale=scale,
     )
@@ -153,11 +173,22 @@ def decode_attention_native(
     v_cache: torch.Tensor,
     attn_plan: AttentionPlan,
     scale: float,
+    kv: KVLayer | None = None,
 ) -> torch.Tensor:
-    """kernels/paged_decode_attention_f32.c: reads K/V through the block table, no gather."""
-    fn = kernel("paged_decode_attention_f32", P, P, P, P, L, P, P, L, L, L, L, L, CF, L, I)
-    if fn is None or q.dtype != torch.float32 or k_cache.dtype != torch.float32:
-        return decode_attention(q, k_cache, v_cache, attn_plan, scale)
+    """kernels/paged_decode_attention_f32.c: reads K/V through the block table, no gather
+    (fp32 values, or FP8 E4M3 codes with per-head scales)."""
+    fp8 = kv is not None and kv.fmt is not None and k_cache.dtype == torch.float8_e4m3fn
+    if fp8:
+        fn = kernel(
+            "paged_decode_attention_e4m3", *[P] * 6, L, P, P, L, L, L, L, L, CF, L, I,
+            source="paged_decode_attention_f32",
+        )  # fmt: skip
+        scales = (kv.k_scale.data_ptr(), kv.v_scale.data_ptr())
+    else:
+        fn = kernel("paged_decode_attention_f32", P, P, P, P, L, P, P, L, L, L, L, L, CF, L, I)
+        scales = ()
+    if fn is None or q.dtype != torch.float32 or (k_cache.dtype != torch.float32 and not fp8):
+        return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv)
     query = attn_plan.decode_queries(q).contiguous()
     batch, heads, dim = query.shape
     tables = attn_plan.decode_block_tables
@@ -166,6 +197,7 @@ def decode_attention_native(
         query.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
+        *scales,
         tables.data_ptr(),
         tables.shape[1],
         attn_plan.decode_seq_lens.data_ptr(),
@@ -191,33 +223,39 @@ def paged_attention(
     attn_plan: AttentionPlan,
     scale: float,
     decode_fn: DecodeFn | None = None,
+    kv: KVLayer | None = None,
 ) -> torch.Tensor:
     """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache);
-    `decode_fn` (a DECODE_BACKENDS row, torch by default) handles one-token sequences.
+    `decode_fn` (a DECODE_BACKENDS row, torch by default) handles one-token sequences; `kv`
+    (the layer's KVLayer) says how cached values are encoded (None: as they are).
 
     Returns [tokens, heads, d].
     """
     decode_fn = decode_fn or decode_attention
     if attn_plan.decode_only:
-        return decode_fn(q, k_cache, v_cache, attn_plan, scale)
+        return decode_fn(q, k_cache, v_cache, attn_plan, scale, kv)
     flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [slots, kv_heads, d]
     flat_v = v_cache.view(-1, *v_cache.shape[2:])
     out = torch.empty_like(q)
     if attn_plan.decode_rows is not None:
-        decoded = decode_fn(q, k_cache, v_cache, attn_plan, scale)
+        decoded = decode_fn(q, k_cache, v_cache, attn_plan, scale, kv)
         out.index_copy_(0, attn_plan.decode_rows, decoded)
     for item in attn_plan.prefills:
         query = q[item.start : item.end].transpose(0, 1)  # [heads, query_len, d]
-        if item.slots is None:
+        if item.slots is None:  # all new: the values the cache now holds for them
             keys, values = k_new[item.start : item.end], v_new[item.start : item.end]
+            if kv is not None and kv.fmt is not None:
+                keys = encode(keys, kv.k_scale, kv.fmt, kv.k_shift)
+                values = encode(values, kv.v_scale, kv.fmt)
         else:
-            keys, values = flat_k[item.slots], flat_v[item.slots]
+            keys, values = _gather(flat_k, item.slots), _gather(flat_v, item.slots)
+        keys, values = _keys_values(keys, values, kv, q.dtype)
         # 4-D with a batch of one: torch's CPU flash kernel then takes GQA and masks itself
         # (3-D inputs fall back to the math path: 1.5-3x slower, most of it mask building)
         o = F.scaled_dot_product_attention(
             query.unsqueeze(0),
-            keys.transpose(0, 1).to(q.dtype).unsqueeze(0),
-            values.transpose(0, 1).to(q.dtype).unsqueeze(0),
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
             attn_mask=item.mask,
             is_causal=item.mask is None,
             scale=scale,

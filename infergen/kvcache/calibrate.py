@@ -1,0 +1,55 @@
+"""Static KV scales for a KV format (kv_format.py): one fp32 scale per (layer, K/V, KV head).
+
+The engine runs the model once, teacher-forced, over calibration text — `CALIBRATION_TOKENS`
+tokens from the start of the shipped corpus (evaluation text comes from its end) — with a
+scratch cache in the engine dtype, and takes each head's largest |K| and |V| over every
+position and channel: scale = amax / the format's largest code, so nothing the model produced
+on that text saturates. A model without a tokenizer is calibrated on a fixed pseudo-random
+token sequence.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import random
+
+import torch
+
+from infergen.kvcache.kv_format import KV_FORMATS
+from infergen.kvcache.paged_cache import PagedKVCache
+
+CALIBRATION_TOKENS = 512
+CALIBRATION_TEXT = "shakespeare.txt"
+
+
+def calibration_tokens(tokenizer, vocab_size: int, count: int = CALIBRATION_TOKENS) -> list[int]:
+    path = pathlib.Path(__file__).resolve().parents[2] / "data" / CALIBRATION_TEXT
+    if tokenizer is not None and path.is_file():
+        tokens = tokenizer.encode(path.read_text()[: count * 8])
+        if len(tokens) >= count:
+            return tokens[:count]
+    rng = random.Random(0)
+    return [rng.randrange(vocab_size) for _ in range(count)]
+
+
+def calibrate_kv_scales(engine, model, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales [layers, 2, kv_heads], key shift [layers, kv_heads, head_dim]) for
+    engine.config.cache.kv_format: the shift is each key channel's mean over the calibration
+    text, the scales the largest |K − shift| and |V| of each head over the format's largest
+    code. Leaves the engine on a scratch cache: the caller attaches the real one."""
+    config, cache = engine.model_config, engine.config.cache
+    fmt = KV_FORMATS.get(cache.kv_format, where="kv_format")
+    count = min(CALIBRATION_TOKENS, engine.max_model_len - 1)
+    tokens = calibration_tokens(engine.tokenizer, config.vocab_size, count)
+    blocks = count // cache.block_size + 1  # the prompt and the token it would sample
+    scratch = PagedKVCache(config, blocks, cache.block_size, dtype)
+    engine._attach_cache(model, scratch)
+    engine.prompt_logits(tokens)
+    slots = scratch.storage.float().flatten(2, 3)  # [layers, 2, slots, kv_heads, d]
+    used = slots[:, :, slots.abs().amax(dim=(0, 1, 3, 4)) > 0]  # the calibration positions
+    shift = used[:, 0].mean(dim=1)  # [layers, kv_heads, d]
+    keys = (used[:, 0] - shift[:, None]).abs().amax(dim=(1, 3))
+    amax = torch.stack([keys, used[:, 1].abs().amax(dim=(1, 3))], dim=1)
+    scales = amax / fmt.max_code
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # all-zero head: any
+    return scales, shift
