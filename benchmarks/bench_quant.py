@@ -1,8 +1,9 @@
 """Quantized weights against our fp32 engine, in the same run: speed and accuracy.
 
-Default model, 2 threads. For each weight scheme (fp32 = the checkpoint's values, then every
-row of infergen.quant.WEIGHT_SCHEMES), in --rounds alternating rounds (this machine drifts
-by tens of percent over minutes; each metric keeps its best round):
+Default model, 2 threads. For each configuration — fp32 (the checkpoint's values), every row
+of infergen.quant.WEIGHT_SCHEMES, and every KV cache format of infergen.kvcache.KV_FORMATS over
+fp32 weights — in --rounds alternating rounds (this machine drifts by tens of percent over
+minutes; each metric keeps its best round):
   decode_tok_s_bs1       128-token prompt -> 128 new tokens, best of 3 prompts (as
                          bench_generate.py)
   throughput_tok_s_c16   16 concurrent 128 -> 128 requests, prefill included
@@ -11,10 +12,11 @@ formats: Q8_0 (written from the checkpoint by gguf.quants, the peer of int8 and 
 shipped Q4_1 file (the peer of the 4-bit schemes); and once per scheme, teacher-forced on
 --eval-tokens tokens of held-out text (data/): perplexity, KL(fp32 || scheme) in nats per
 token and top-1 agreement with fp32; weight_bytes: the bytes the projections hold in memory
-(prepared weights).
+(prepared weights); kv_bytes_per_token and the tokens a 1 GiB KV pool holds.
 Targets (issue 6): int8 weight-only decode >= 1.8x our fp32 decode at batch 1; every 4-bit
 weight-only scheme (the shipped Q4_1 blocks run as loaded, q4_1 / q4_0 / int4 / int4_asym
-quantized from them) >= 1.0x llama.cpp's Q4_1 decode at batch 1.
+quantized from them) >= 1.0x llama.cpp's Q4_1 decode at batch 1; an FP8 KV cache holds
+>= 2x the tokens of fp32 in the same memory with KL < 0.01 nats per token.
 JSON lines to --out; `benchmarks/report.py` renders the ratios and targets into README.
 """
 
@@ -49,6 +51,7 @@ from protocol import run_tasks  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 from infergen.io.default_model import default_model_path  # noqa: E402
+from infergen.kvcache.kv_format import KV_FORMATS  # noqa: E402
 from infergen.quant import WEIGHT_SCHEMES  # noqa: E402
 from infergen.quant.evaluate import (  # noqa: E402
     default_tokens,
@@ -89,17 +92,20 @@ def main() -> None:
         "--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "quant.jsonl"
     )
     args = parser.parse_args()
-    schemes: list[str | None] = [None, *WEIGHT_SCHEMES.names()]
+    # (name, weight scheme, KV format): fp32 first (the reference), every weight scheme, then
+    # the KV formats over fp32 weights
+    configs = [("fp32", None, None)]
+    configs += [(name, name, None) for name in WEIGHT_SCHEMES.names()]
+    configs += [(f"kv {kv}", None, kv) for kv in KV_FORMATS.names()]
     runs: dict[str, list] = {}
     accuracy: dict[str, dict] = {}
     skipped: dict[str, str] = {}
     versions: dict[str, str] = {}
     tasks = None
     for round_ in range(1, args.rounds + 1):
-        for scheme in schemes:
-            name = scheme or "fp32"
+        for name, scheme, kv_format in configs:
             started = time.perf_counter()
-            runner = InfergenRunner(args.threads, weights=scheme)
+            runner = InfergenRunner(args.threads, weights=scheme, kv_format=kv_format)
             warmup, tasks = make_tasks(runner.llm.tokenizer, SIZES)
             tasks = [t for t in tasks if t["kind"] != "prefill"]
             run_tasks(runner, warmup)
@@ -113,7 +119,14 @@ def main() -> None:
                 tokens = default_tokens(runner.llm.tokenizer, args.eval_tokens)  # held out
                 ref = accuracy.get("fp32", {}).get("logits")
                 accuracy[name] = evaluate(runner.llm.engine, tokens, ref)
-                accuracy[name]["weight_bytes"] = weight_bytes(runner.llm.engine.runner.model)
+                engine = runner.llm.engine
+                accuracy[name]["weight_bytes"] = weight_bytes(engine.runner.model)
+                cache = engine.config.cache  # KV bytes per token, tokens in the 1 GiB pool
+                element = cache.element_bytes(engine.kv_cache.dtype.itemsize)
+                accuracy[name]["kv_bytes_per_token"] = engine.model_config.kv_bytes_per_token(
+                    element
+                )
+                accuracy[name]["kv_capacity_tokens"] = engine.kv_capacity_tokens
             print(f"round {round_}: {name} done in {time.perf_counter() - started:.0f} s")
             del runner
         for name, (qtype, _) in PEERS.items():
@@ -235,8 +248,26 @@ def main() -> None:
                     "met": ratio >= TARGETS[name],
                 }
             )
+    for name, _, kv in configs:
+        if kv is None or name not in accuracy:
+            continue
+        acc, ref = accuracy[name], accuracy["fp32"]
+        capacity = acc["kv_capacity_tokens"] / ref["kv_capacity_tokens"]
+        lines.append(
+            {
+                **base,
+                "kind": "target",
+                "metric": f"{kv} KV cache: >= 2x the tokens of fp32 in the same memory, "
+                "KL < 0.01 nats",
+                "engine": name,
+                "threshold": 2.0,
+                "value": capacity,
+                "kl_nats": acc["kl_nats"],
+                "met": capacity >= 2.0 and acc["kl_nats"] < 0.01,
+            }
+        )
     write_lines(args.out, lines)
-    head = ("scheme", "bs1 tok/s", "c16 tok/s", "ppl", "KL nats", "top-1", "weights MB")
+    head = ("config", "bs1 tok/s", "c16 tok/s", "ppl", "KL nats", "top-1", "weights MB", "KV B/tok")
     print("\n" + "".join(f"{h:>11}" for h in head))
     for name, ms in metrics.items():
         acc = accuracy.get(name, {})
@@ -254,6 +285,7 @@ def main() -> None:
             f"{acc.get('kl_nats', 0.0):.5f}",
             f"{acc.get('top1_agreement', 1.0):.4f}",
             f"{acc['weight_bytes'] / 1e6:.1f}",
+            f"{acc['kv_bytes_per_token']}",
         )
         print("".join(f"{c:>11}" for c in row))
 

@@ -331,6 +331,7 @@ def cmd_formats(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
+    from infergen.kvcache.kv_format import KV_FORMATS
     from infergen.quant import WEIGHT_SCHEMES
     from infergen.quant.evaluate import evaluate
 
@@ -341,17 +342,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ]
     for name in schemes:
         WEIGHT_SCHEMES.get(name, where="--weights")  # a clear error before any loading
+    kv_formats = args.kv_format
+    if kv_formats is None:
+        kv_formats = [] if args.weights else KV_FORMATS.names()
+    for name in kv_formats:
+        KV_FORMATS.get(name, where="--kv-format")
     if args.tokens < 2:
         raise ConfigError(
             "too few tokens to score", where="--tokens", found=args.tokens, expected=">= 2"
         )
-    print(f"scoring {args.tokens} tokens: none, {', '.join(schemes)} ...", file=sys.stderr)
-    rows = evaluate(args.model, schemes, args.tokens, num_threads=args.threads)
-    print(f"{'weights':<12}{'perplexity':>12}{'KL nats':>10}{'top-1':>8}{'weight MB':>11}")
+    names = ", ".join(["none", *schemes, *[f"kv {k}" for k in kv_formats]])
+    print(f"scoring {args.tokens} tokens: {names} ...", file=sys.stderr)
+    rows = evaluate(
+        args.model, schemes, args.tokens, kv_formats=kv_formats, num_threads=args.threads
+    )
+    print(
+        f"{'config':<14}{'perplexity':>12}{'KL nats':>10}{'top-1':>8}{'weight MB':>11}"
+        f"{'KV B/token':>12}"
+    )
     for r in rows:
         print(
-            f"{r['scheme']:<12}{r['perplexity']:>12.3f}{r['kl_nats']:>10.5f}"
+            f"{r['scheme']:<14}{r['perplexity']:>12.3f}{r['kl_nats']:>10.5f}"
             f"{r['top1_agreement']:>8.4f}{r['weight_bytes'] / 1e6:>11.1f}"
+            f"{r['kv_bytes_per_token']:>12}"
         )
     if args.json:
         with open(args.json, "w") as f:
@@ -457,6 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         help="a scheme to score (repeatable; default: every scheme in infergen.quant)",
+    )
+    ev.add_argument(
+        "--kv-format",
+        action="append",
+        default=None,
+        help="a KV cache format to score over the unquantized weights (repeatable; default: "
+        "every format in infergen.kvcache; none when --weights is given)",
     )
     ev.add_argument("--tokens", type=int, default=1024, help="tokens of text scored (1024)")
     ev.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")

@@ -59,24 +59,33 @@ def evaluate(
     schemes: Sequence[str | None],
     tokens: int = 1024,
     token_ids: Sequence[int] | None = None,
+    kv_formats: Sequence[str] = (),
     **llm_args,
 ) -> list[dict]:
-    """One row per scheme (None: unquantized, always scored first as the reference):
-    perplexity, KL / top-1 against the reference, and the projections' weight bytes."""
+    """One row per weight scheme, then per KV cache format over unquantized weights (the
+    unquantized model with the engine-dtype cache is always scored first, as the reference):
+    perplexity, KL / top-1 against the reference, the projections' weight bytes and the KV
+    cache's bytes per token."""
     from infergen import LLM
 
+    configs = [("none", None, None)]
+    configs += [(s, s, None) for s in schemes if s is not None]
+    configs += [(f"kv {kv}", None, kv) for kv in kv_formats]
     rows, reference, ids = [], None, token_ids
-    for scheme in [None, *[s for s in schemes if s is not None]]:
-        llm = LLM(model, weights=scheme, **llm_args)
+    for name, scheme, kv_format in configs:
+        llm = LLM(model, weights=scheme, kv_format=kv_format, **llm_args)
         if ids is None:
             ids = default_tokens(llm.tokenizer, tokens)
         ids = list(ids)
-        logits = llm.engine.prompt_logits(ids)
+        engine = llm.engine
+        logits = engine.prompt_logits(ids)
+        element = engine.config.cache.element_bytes(engine.kv_cache.dtype.itemsize)
         row = {
-            "scheme": scheme or "none",
+            "scheme": name,
             "tokens": len(ids),
             "perplexity": perplexity(logits, ids),
-            "weight_bytes": weight_bytes(llm.engine.runner.model),
+            "weight_bytes": weight_bytes(engine.runner.model),
+            "kv_bytes_per_token": engine.model_config.kv_bytes_per_token(element),
         }
         if reference is None:
             reference = logits

@@ -46,3 +46,20 @@ def test_divergence_of_known_distributions():
 def test_eval_cli_rejects_unknown_scheme(capsys):
     assert main(["eval", "--weights", "int9"]) == 2
     assert "unknown weight scheme 'int9'" in capsys.readouterr().err
+
+
+def test_evaluate_kv_format_rows(tmp_path):
+    """A KV format is scored over unquantized weights: same weight bytes, a quarter of the
+    KV bytes per token for FP8 against fp32, a small nonzero KL."""
+    build_hf_model("llama_gqa", tmp_path)
+    ids = torch.randint(0, 211, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    rows = evaluate(str(tmp_path), [], token_ids=ids, kv_formats=["fp8_e4m3"])
+    assert [r["scheme"] for r in rows] == ["none", "kv fp8_e4m3"]
+    assert rows[1]["weight_bytes"] == rows[0]["weight_bytes"]
+    assert rows[1]["kv_bytes_per_token"] * 4 == rows[0]["kv_bytes_per_token"]
+    assert 0 < rows[1]["kl_nats"] < 0.05
+
+
+def test_eval_cli_rejects_unknown_kv_format(capsys):
+    assert main(["eval", "--kv-format", "fp7"]) == 2
+    assert "unknown KV cache format 'fp7'" in capsys.readouterr().err
