@@ -14,8 +14,8 @@ shipped Q4_1 file (the peer of the 4-bit schemes); and once per scheme, teacher-
 token and top-1 agreement with fp32; weight_bytes: the bytes the projections hold in memory
 (prepared weights); kv_bytes_per_token and the tokens a 1 GiB KV pool holds.
 Targets (issue 6): int8 weight-only decode >= 1.8x our fp32 decode at batch 1; every 4-bit
-weight-only scheme (the shipped Q4_1 blocks run as loaded, q4_1 / q4_0 / int4 / int4_asym
-quantized from them) >= 1.0x llama.cpp's Q4_1 decode at batch 1; an FP8 KV cache holds
+weight-only scheme (the shipped Q4_1 blocks run as loaded; q4_1 / q4_0 / int4 / int4_asym /
+mxfp4 / nvfp4 quantized from them) >= 1.0x llama.cpp's Q4_1 decode at batch 1; an FP8 KV cache holds
 >= 2x the tokens of fp32 in the same memory with KL < 0.01 nats per token.
 JSON lines to --out; `benchmarks/report.py` renders the ratios and targets into README.
 """
@@ -62,7 +62,7 @@ from infergen.quant.evaluate import (  # noqa: E402
 
 SIZES = Sizes(concurrency=(16,))
 TARGETS = {"int8": 1.8}  # decode_tok_s_bs1 over fp32's (issue 6)
-FOUR_BIT = ("gguf", "q4_1", "q4_0", "int4", "int4_asym")
+FOUR_BIT = ("gguf", "q4_1", "q4_0", "int4", "int4_asym", "mxfp4", "nvfp4")
 PEER_TARGETS = {name: ("llama.cpp Q4_1", 1.0) for name in FOUR_BIT}  # bs1 over the peer's
 # llama.cpp on the same weights in its own formats: name -> (GGUF type, our schemes it faces).
 # "Q4_1" is the default model's file as shipped (our "gguf" scheme runs those very blocks).

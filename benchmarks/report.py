@@ -142,6 +142,67 @@ def render(lines: list[dict]) -> str:
     return "\n".join(rows)
 
 
+QUANT_START, QUANT_END = "<!-- quant:start -->", "<!-- quant:end -->"
+
+
+def render_quant(lines: list[dict]) -> str | None:
+    """The bench_quant table: speed, accuracy and memory per configuration (None: no run)."""
+    quant = [ln for ln in lines if ln.get("bench") == "quant"]
+    speed: dict[str, dict[str, float]] = {}
+    for ln in quant:
+        if ln.get("kind") == "result":
+            speed.setdefault(ln["engine"], {})[ln["metric"]] = ln["value"]
+    if "fp32" not in speed:
+        return None
+    accuracy = {ln["engine"]: ln for ln in quant if ln.get("kind") == "accuracy"}
+    base = speed["fp32"]
+    rows = [
+        "| configuration | decode bs1 tok/s (× fp32) | 16 concurrent tok/s (× fp32) "
+        "| perplexity | KL vs fp32 (nats/token) | top-1 vs fp32 | weight MB | KV bytes/token |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def tok_s(name: str, metric: str) -> str:
+        value = speed[name].get(metric)
+        if value is None:
+            return "–"
+        if name in accuracy and name != "fp32":
+            return f"{value:.1f} ({value / base[metric]:.2f}×)"
+        return f"{value:.1f}"
+
+    for name in [*accuracy, *[n for n in speed if n not in accuracy]]:
+        a = accuracy.get(name)
+        cells = [
+            name if a else f"{name} (peer)",
+            tok_s(name, "decode_tok_s_bs1"),
+            tok_s(name, "throughput_tok_s_c16"),
+        ]
+        if a:
+            cells += [
+                f"{a['perplexity']:.2f}",
+                "–" if name == "fp32" else f"{a['kl_nats']:.4f}",
+                "–" if name == "fp32" else f"{100 * a['top1_agreement']:.1f} %",
+                f"{a['weight_bytes'] / 1e6:.0f}",
+                str(a.get("kv_bytes_per_token", "–")),
+            ]
+        else:
+            cells += [""] * 5
+        rows.append("| " + " | ".join(cells) + " |")
+    stamp = max(ln["timestamp"] for ln in quant)
+    rows.append(
+        f"\n{_machine(quant[0])}; llama.cpp: {_peer_version({**quant[0], 'peer': 'llama.cpp'})}; "
+        f"run {stamp}. Regenerate: `python benchmarks/bench_quant.py && python "
+        "benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
+def _splice(text: str, start: str, end: str, body: str) -> str:
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
@@ -159,10 +220,12 @@ def main() -> None:
             why = "does not exist" if text is None else f"has no {START} … {END} markers"
             print(f"\n{args.readme} {why}: table printed, not written.", file=sys.stderr)
         return
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    args.readme.write_text(f"{head}{START}\n{table}\n{END}{tail}")
-    print(f"wrote the results table ({len(lines)} lines read) into {args.readme}")
+    text = _splice(text, START, END, table)
+    quant = render_quant(lines)
+    if quant is not None and QUANT_START in text and QUANT_END in text:
+        text = _splice(text, QUANT_START, QUANT_END, quant)
+    args.readme.write_text(text)
+    print(f"wrote the results tables ({len(lines)} lines read) into {args.readme}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
  *   q8_0       GGUF Q8_0: int8 q, fp16 d           w = d·q
  *   int4       formats "int4": 4-bit u = q + 8, fp32 s             w = s·(u − 8)
  *   int4_asym  formats "int4_asym": 4-bit u, fp32 s, uint8 zero z  w = s·(u − z)
+ *   mxfp4      formats "mxfp4": E2M1 codes, E8M0 scale 2^(e − 127)  w = e2m1(u)·2^(e − 127)
+ *   nvfp4      formats "nvfp4": E2M1 codes, an E4M3 scale per 16 inputs and one fp32 global
+ *              scale per weight                                 w = (e2m1(u)·e4m3(s))·global
  *
  * Packed layout (ops/linear_grouped.py): the 24-column panels of gemm_packed_f32.c cut into
  * groups of 32 inputs. Group g of panel p is a header — the 24 columns' scales (then offsets
@@ -26,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp8.h"
 #include "gemm_packed_f32.c"
 
 #define GROUP 32
@@ -51,6 +55,10 @@ static inline float half_to_float(uint16_t h) {
 #define HDR_q8_0 48
 #define HDR_int4 96
 #define HDR_int4_asym 120
+#define HDR_mxfp4 24  /* 24 E8M0 bytes */
+#define HDR_nvfp4 52  /* 24 E4M3 bytes (inputs 0..15), 24 (inputs 16..31), fp32 global */
+#define ROWS_mxfp4 16
+#define ROWS_nvfp4 16
 #define ROWS_q4_0 16
 #define ROWS_q4_1 16
 #define ROWS_q8_0 32
@@ -86,6 +94,26 @@ static inline float scalar_int4_asym(const uint8_t *g, int r, int j, int hi) {
     return (nibble(g, HDR_int4_asym, r, j, hi) - z) * hdr32(g)[j];
 }
 
+/* E2M1 code → value (sign bit 3, then 2 exponent and 1 mantissa bits) */
+static const float E2M1_VALUES[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+static inline float e2m1(int u) { return (u & 8) ? -E2M1_VALUES[u & 7] : E2M1_VALUES[u & 7]; }
+static inline float e8m0(uint8_t e) { /* 2^(e - 127); 0 for e = 0 (its elements are zero) */
+    uint32_t bits = (uint32_t)e << 23;
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+}
+static inline float scalar_mxfp4(const uint8_t *g, int r, int j, int hi) {
+    uint8_t b = g[HDR_mxfp4 + r * NR + j];
+    return e2m1(hi ? b >> 4 : b & 0xF) * e8m0(g[j]);
+}
+static inline float scalar_nvfp4(const uint8_t *g, int r, int j, int hi) {
+    uint8_t b = g[HDR_nvfp4 + r * NR + j];
+    float global;
+    memcpy(&global, g + 2 * NR, 4);
+    return e2m1(hi ? b >> 4 : b & 0xF) * decode_e4m3(g[(r >= 8) * NR + j]) * global;
+}
+
 #ifdef __AVX2__
 /* The group's per-column decode constants, 8 columns (c = 0, 8, 16) at a time: w = fma(u, a, b)
  * for the fma formats, w = (u − b)·a for int4_asym, w = q·a for q8_0. */
@@ -101,6 +129,25 @@ static inline __m256 h8(const uint8_t *g, int off) {
     __m256 a##c = _mm256_loadu_ps(hdr32(g) + c),                                               \
            b##c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(                                    \
                _mm_loadl_epi64((const __m128i *)(g + 4 * NR + c))));
+/* FP4: a (and h for inputs 16..31) the per-column scale, b nvfp4's global scale */
+static inline __m256 e8m0x8(const uint8_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), 23));
+}
+#define SETUP_mxfp4(g, c) __m256 a##c = e8m0x8(g + c), h##c = a##c, b##c = a##c;
+#define SETUP_nvfp4(g, c)                                                                      \
+    __m256 a##c = _mm256_mul_ps(e4m3x8_times_2m8(g + c), _mm256_set1_ps(256.0f)),              \
+           h##c = _mm256_mul_ps(e4m3x8_times_2m8(g + NR + c), _mm256_set1_ps(256.0f)),         \
+           b##c = _mm256_broadcast_ss((const float *)(g + 2 * NR));
+#define DEQ_mxfp4(v, a, b) _mm256_mul_ps(v, a)
+#define DEQ_nvfp4(v, a, b) _mm256_mul_ps(_mm256_mul_ps(v, a), b)
+/* 8 E2M1 codes (bits 0..3 of each lane, higher bits ignored) → their values */
+static inline __m256 e2m1x8(__m256i u) {
+    const __m256 table = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    __m256 mag = _mm256_permutevar8x32_ps(table, u); /* uses bits 0..2 */
+    __m256i sign = _mm256_and_si256(_mm256_slli_epi32(u, 28), _mm256_set1_epi32((int)0x80000000));
+    return _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+}
 #define DEQ_q4_0(u, a, b) _mm256_fmadd_ps(u, a, b)
 #define DEQ_q4_1(u, a, b) _mm256_fmadd_ps(u, a, b)
 #define DEQ_q8_0(u, a, b) _mm256_mul_ps(u, a)
@@ -152,6 +199,21 @@ static inline __m256 i8x8(const uint8_t *p) {
         w2 = DEQ_##FMT(hi4(v2), a16, b16);                                                     \
         USE_W(k0 + 2 * r + 1);                                                                 \
     }
+#define FP4_ROWS(FMT, R0, R1, A0, A8, A16)                                                     \
+    for (int r = R0; r < R1; ++r) {                                                            \
+        const uint8_t *row = g + HDR_##FMT + r * NR;                                           \
+        __m256i v0 = bytes8(row), v1 = bytes8(row + 8), v2 = bytes8(row + 16);                 \
+        __m256 w0 = DEQ_##FMT(e2m1x8(v0), A0, b0), w1 = DEQ_##FMT(e2m1x8(v1), A8, b8),         \
+               w2 = DEQ_##FMT(e2m1x8(v2), A16, b16);                                           \
+        USE_W(k0 + 2 * r);                                                                     \
+        v0 = _mm256_srli_epi32(v0, 4), v1 = _mm256_srli_epi32(v1, 4),                          \
+        v2 = _mm256_srli_epi32(v2, 4);                                                         \
+        w0 = DEQ_##FMT(e2m1x8(v0), A0, b0), w1 = DEQ_##FMT(e2m1x8(v1), A8, b8),                \
+        w2 = DEQ_##FMT(e2m1x8(v2), A16, b16);                                                  \
+        USE_W(k0 + 2 * r + 1);                                                                 \
+    }
+/* FP4: code rows 0..7 hold inputs 0..15 (scale a), rows 8..15 inputs 16..31 (scale h) */
+#define GROUP_BODY_FP4(FMT) FP4_ROWS(FMT, 0, 8, a0, a8, a16) FP4_ROWS(FMT, 8, 16, h0, h8, h16)
 #define GROUP_BODY_8(FMT)                                                                      \
     for (int r = 0; r < ROWS_##FMT; ++r) {                                                     \
         const uint8_t *row = g + HDR_##FMT + r * NR;                                           \
@@ -197,6 +259,7 @@ static inline __m256 i8x8(const uint8_t *p) {
     }
 #define GROUP_BODY_4(FMT)
 #define GROUP_BODY_8(FMT)
+#define GROUP_BODY_FP4(FMT)
 #endif
 
 typedef void (*micro_g_fn)(const uint8_t *, const float *, long, float *, long, const float *,
@@ -242,3 +305,5 @@ GEMM_PACKED_G(q4_1, GROUP_BODY_4)
 GEMM_PACKED_G(q8_0, GROUP_BODY_8)
 GEMM_PACKED_G(int4, GROUP_BODY_4)
 GEMM_PACKED_G(int4_asym, GROUP_BODY_4)
+GEMM_PACKED_G(mxfp4, GROUP_BODY_FP4)
+GEMM_PACKED_G(nvfp4, GROUP_BODY_FP4)

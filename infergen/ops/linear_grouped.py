@@ -6,6 +6,8 @@ per group format (GROUP_FORMATS):
   "q8_0"       GGUF Q8_0: int8 q, fp16 d per group;             w = d·q
   "int4"       formats "int4" (symmetric, g32): q + 8 in 4 bits, fp32 scale
   "int4_asym"  formats "int4_asym" (min-max, g32): 4-bit u, fp32 scale, uint8 zero point
+  "mxfp4"      formats "mxfp4": E2M1 codes, an E8M0 scale per group (4.25 bits a weight)
+  "nvfp4"      formats "nvfp4": E2M1 codes, an E4M3 scale per 16 inputs, one fp32 global scale
 
 A backend takes either a GGUF `BlockWeight` (the checkpoint's blocks, as loaded: nothing is
 re-quantized) or an fp32 weight, which it quantizes (GGUF formats through gguf.quants, the
@@ -37,6 +39,7 @@ class Grouped:
 
     codes: torch.Tensor  # uint8 [out, in]: the 4-bit u (0..15) or the int8 q's byte
     fields: list[torch.Tensor]  # e.g. [d fp16] or [s fp32, zero uint8], each [out, groups]
+    scalar: float | None = None  # one fp32 for the whole weight (NVFP4's global scale)
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,47 @@ class GroupFormat:
     bits: int  # 4 or 8 bits a code
     fields: tuple[torch.dtype, ...]  # header fields, in layout order
     decode_format: int  # kernels/decode_layers_f32.c weight_format
-    value: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]  # (codes, fields) → fp32
+    value: Callable[[Grouped], torch.Tensor]  # the reference dequantization, fp32 [out, in]
     encode: Callable[[torch.Tensor], Grouped]  # fp32 weight → codes and fields
+    scalar: bool = False  # the header ends with Grouped.scalar (fp32)
 
 
 def _per_weight(field: torch.Tensor) -> torch.Tensor:
     """[out, groups] → fp32 [out, groups · 32] (each group's value for its 32 inputs)."""
     return field.float().repeat_interleave(BLOCK, dim=1)
+
+
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0] * 2) * torch.tensor(
+    [1.0] * 8 + [-1.0] * 8
+)
+
+
+def _fp4_value(g: Grouped) -> torch.Tensor:
+    """MXFP4: e2m1 · 2^(e − 127); NVFP4: (e2m1 · e4m3 scale of its 16 inputs) · global."""
+    values = _E2M1[g.codes.long()]
+    if g.scalar is None:  # MXFP4
+        e = g.fields[0].to(torch.int32)
+        scale = torch.where(e > 0, torch.exp2((e - 127).float()), torch.zeros(()))
+        return values * _per_weight(scale)
+    e4m3 = torch.stack(g.fields, dim=-1).view(torch.float8_e4m3fn).float()  # [out, groups, 2]
+    per_16 = e4m3.flatten(1).repeat_interleave(BLOCK // 2, dim=1)
+    return values * per_16 * g.scalar
+
+
+def _fp4_encode(fmt: str) -> Callable[[torch.Tensor], Grouped]:
+    def encode(weight: torch.Tensor) -> Grouped:
+        from infergen.formats import quantize
+        from infergen.formats.pack import unpack_bits
+
+        q = quantize(weight, fmt, axis=-1)
+        codes = unpack_bits(q.codes, 4).reshape(weight.shape)
+        scales = q.scales.reshape(weight.shape[0], -1)  # a byte per block
+        if fmt == "mxfp4":
+            return Grouped(codes, [scales.contiguous()])
+        halves = [scales[:, 0::2].contiguous(), scales[:, 1::2].contiguous()]
+        return Grouped(codes, halves, float(q.global_scale))
+
+    return encode
 
 
 def _gguf_encode(ggml_type: str) -> Callable[[torch.Tensor], Grouped]:
@@ -82,28 +119,32 @@ def _formats_encode(fmt: str) -> Callable[[torch.Tensor], Grouped]:
 GROUP_FORMATS = {
     "q4_0": GroupFormat(
         4, (torch.float16,), 3,
-        lambda c, f: _per_weight(f[0]) * (c.float() - 8.0),
+        lambda g: _per_weight(g.fields[0]) * (g.codes.float() - 8.0),
         _gguf_encode("Q4_0"),
     ),
     "q4_1": GroupFormat(
         4, (torch.float16, torch.float16), 4,
-        lambda c, f: _per_weight(f[0]) * c.float() + _per_weight(f[1]),
+        lambda g: _per_weight(g.fields[0]) * g.codes.float() + _per_weight(g.fields[1]),
         _gguf_encode("Q4_1"),
     ),
     "q8_0": GroupFormat(
         8, (torch.float16,), 5,
-        lambda c, f: _per_weight(f[0]) * c.view(torch.int8).float(),
+        lambda g: _per_weight(g.fields[0]) * g.codes.view(torch.int8).float(),
         _gguf_encode("Q8_0"),
     ),
     "int4": GroupFormat(
         4, (torch.float32,), 6,
-        lambda c, f: (c.float() - 8.0) * _per_weight(f[0]),
+        lambda g: (g.codes.float() - 8.0) * _per_weight(g.fields[0]),
         _formats_encode("int4"),
     ),
     "int4_asym": GroupFormat(
         4, (torch.float32, torch.uint8), 7,
-        lambda c, f: (c.float() - _per_weight(f[1])) * _per_weight(f[0]),
+        lambda g: (g.codes.float() - _per_weight(g.fields[1])) * _per_weight(g.fields[0]),
         _formats_encode("int4_asym"),
+    ),
+    "mxfp4": GroupFormat(4, (torch.uint8,), 8, _fp4_value, _fp4_encode("mxfp4")),
+    "nvfp4": GroupFormat(
+        4, (torch.uint8, torch.uint8), 9, _fp4_value, _fp4_encode("nvfp4"), scalar=True
     ),
 }  # fmt: skip
 
@@ -138,6 +179,9 @@ def pack(g: Grouped, fmt: GroupFormat) -> torch.Tensor:
         padded[:out] = field
         per_group = padded.view(panels, PANEL, groups).transpose(1, 2).contiguous()
         parts.append(per_group.view(torch.uint8).reshape(panels, groups, -1))
+    if fmt.scalar:
+        scalar = torch.tensor([g.scalar], dtype=torch.float32).view(torch.uint8)
+        parts.append(scalar.expand(panels, groups, 4))
     c = codes.view(panels, PANEL, groups, BLOCK).permute(0, 2, 3, 1)  # [p, g, 32, 24]
     if fmt.bits == 4:  # inputs 2r (low nibble) and 2r + 1 (high) in code row r
         c = c[:, :, 0::2] | (c[:, :, 1::2] << 4)
@@ -154,18 +198,22 @@ def unpack(prepared: torch.Tensor, fmt: GroupFormat) -> Grouped:
         raw = prepared[..., offset : offset + size].contiguous().view(dtype)  # [p, g, 24]
         fields.append(raw.transpose(1, 2).reshape(panels * PANEL, groups))
         offset += size
+    scalar = None
+    if fmt.scalar:
+        scalar = prepared[0, 0, offset : offset + 4].contiguous().view(torch.float32).item()
+        offset += 4
     c = prepared[..., offset:].reshape(panels, groups, -1, PANEL)
     if fmt.bits == 4:
         c = torch.stack([c & 0xF, c >> 4], dim=3).reshape(panels, groups, BLOCK, PANEL)
     codes = c.permute(0, 3, 1, 2).reshape(panels * PANEL, groups * BLOCK)
-    return Grouped(codes, fields)
+    return Grouped(codes, fields, scalar)
 
 
 def dequantized(weight: torch.Tensor | BlockWeight, name: str) -> torch.Tensor:
     """The fp32 weight the backend computes with (what its tests compare against)."""
     fmt = GROUP_FORMATS[name]
     g = from_blocks(weight) if isinstance(weight, BlockWeight) else fmt.encode(weight)
-    return fmt.value(g.codes, g.fields)
+    return fmt.value(g)
 
 
 def _backend(name: str, fmt: GroupFormat) -> LinearBackend:
@@ -188,15 +236,14 @@ def _backend(name: str, fmt: GroupFormat) -> LinearBackend:
             raise TypeError(f"{name} linear expects float32 activations, got {x.dtype}")
         fn = kernel(f"gemm_packed_{name}_f32", P, P, P, P, L, L, L, I, source=SOURCE)
         if fn is None:  # no C compiler: the same values through torch
-            g = unpack(prepared, fmt)
-            return fp32_reference(x, fmt.value(g.codes, g.fields)[:out_features], bias)
+            return fp32_reference(x, fmt.value(unpack(prepared, fmt))[:out_features], bias)
         return run_packed(fn, x, prepared, bias, out_features)
 
     def rows(prepared: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows (a tied LM head's embedding lookup reads the quantized weight)."""
         g = unpack(prepared[ids // PANEL], fmt)  # the panels holding the rows
         pick = torch.arange(len(ids)) * PANEL + ids % PANEL
-        return fmt.value(g.codes[pick], [f[pick] for f in g.fields])
+        return fmt.value(Grouped(g.codes[pick], [f[pick] for f in g.fields], g.scalar))
 
     return LinearBackend(prepare, apply, rows, decode_format=fmt.decode_format)
 

@@ -56,6 +56,9 @@ _GROUPED = {
     "q4_0": "llama.cpp's Q4_0 blocks (gguf.quants): one fp16 scale per 32 inputs, 4.5 bits",
     "q4_1": "llama.cpp's Q4_1 blocks (gguf.quants): fp16 scale and minimum per 32 inputs, 5 bits",
     "q8_0": "llama.cpp's Q8_0 blocks (gguf.quants): one fp16 scale per 32 int8 inputs, 8.5 bits",
+    "mxfp4": "formats 'mxfp4' (OCP MX): E2M1 codes, one E8M0 scale per 32 inputs, 4.25 bits",
+    "nvfp4": "formats 'nvfp4': E2M1 codes, one E4M3 scale per 16 inputs and an fp32 scale per "
+    "projection as the engine holds it (q/k/v share one, gate/up share one), 4.5 bits",
 }
 for _name, _what in _GROUPED.items():
     WEIGHT_SCHEMES.register(

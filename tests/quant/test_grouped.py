@@ -37,7 +37,8 @@ def _oracle(w: torch.Tensor, fmt: str) -> torch.Tensor:
         qtype = GGMLQuantizationType[GGUF[fmt]]
         values = quants.dequantize(quants.quantize(w.numpy(), qtype), qtype)
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(w.shape)
-    return dequantize(quantize(w, fmt, axis=-1, block_size=32))
+    per_group = {"block_size": 32} if fmt.startswith("int") else {}  # FP4: the format's own
+    return dequantize(quantize(w, fmt, axis=-1, **per_group))
 
 
 def _weight(out_features: int, in_features: int, seed: int) -> torch.Tensor:
@@ -76,6 +77,7 @@ def test_pack_round_trip_and_rows(fmt):
     assert torch.equal(back.codes[:50], grouped.codes) and (back.codes[50:] == 0).all()
     for got, field in zip(back.fields, grouped.fields, strict=True):
         assert torch.equal(got[:50], field)
+    assert back.scalar == grouped.scalar
     backend = LINEAR_BACKENDS.get(fmt)
     ids = torch.tensor([0, 23, 24, 49, 23])
     assert torch.equal(backend.rows(backend.prepare(w), ids), _oracle(w, fmt)[ids])
@@ -154,14 +156,21 @@ def test_gguf_scheme_needs_gguf_blocks(tmp_path):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2_qkv_bias"])
 def test_engine_equals_fake_quantized_transformers(fmt, name, tmp_path):
-    """Every projection and the LM head quantized per output row in groups of 32 inputs (so
-    fused q/k/v and gate/up quantize exactly as their parts): the engine's logits equal
-    transformers' on the fake-quantized weights."""
+    """Every projection and the LM head quantized in groups of 32 inputs of a row, q/k/v and
+    gate/up as the engine holds them, fused (NVFP4's per-tensor scale is then shared): the
+    engine's logits equal transformers' on the fake-quantized weights."""
     hf_model = build_hf_model(name, tmp_path, intermediate_size=128)
     with torch.no_grad():
-        for module in hf_model.modules():
-            if isinstance(module, torch.nn.Linear):
-                module.weight.copy_(_oracle(module.weight.detach().clone(), fmt))
+        for layer in hf_model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj],
+                          [m.down_proj]):  # fmt: skip
+                fused = _oracle(torch.cat([lin.weight for lin in group]), fmt)
+                for lin, part in zip(
+                    group, fused.split([g.out_features for g in group]), strict=True
+                ):
+                    lin.weight.copy_(part)
+        hf_model.lm_head.weight.copy_(_oracle(hf_model.lm_head.weight.detach().clone(), fmt))
     llm = LLM(str(tmp_path), kv_cache_memory="16MiB", weights=fmt)
     torch.manual_seed(3)
     tokens = torch.randint(0, hf_model.config.vocab_size, (20,)).tolist()
