@@ -57,6 +57,7 @@ from infergen.quant.evaluate import (  # noqa: E402
     default_tokens,
     divergence,
     perplexity,
+    probe_errors,
     weight_bytes,
 )
 
@@ -121,6 +122,7 @@ def main() -> None:
                 accuracy[name] = evaluate(runner.llm.engine, tokens, ref)
                 engine = runner.llm.engine
                 accuracy[name]["weight_bytes"] = weight_bytes(engine.runner.model)
+                accuracy[name]["probe_error"] = probe_errors(engine.runner.model)
                 cache = engine.config.cache  # KV bytes per token, tokens in the 1 GiB pool
                 element = cache.element_bytes(engine.kv_cache.dtype.itemsize)
                 accuracy[name]["kv_bytes_per_token"] = engine.model_config.kv_bytes_per_token(

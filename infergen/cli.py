@@ -335,15 +335,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from infergen.quant import WEIGHT_SCHEMES
     from infergen.quant.evaluate import evaluate
 
-    schemes = args.weights or [  # every scheme that applies to this checkpoint
+    applicable = [  # every weight scheme that applies to this checkpoint
         name
         for name in WEIGHT_SCHEMES.names()
         if not WEIGHT_SCHEMES.get(name).keep_blocks or _is_gguf(args.model)
     ]
+    schemes = args.weights or applicable
     for name in schemes:
         WEIGHT_SCHEMES.get(name, where="--weights")  # a clear error before any loading
     kv_formats = args.kv_format
-    if kv_formats is None:
+    if kv_formats is None:  # every format, unless only weight schemes were asked for
         kv_formats = [] if args.weights else KV_FORMATS.names()
     for name in kv_formats:
         KV_FORMATS.get(name, where="--kv-format")
@@ -351,26 +352,47 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(
             "too few tokens to score", where="--tokens", found=args.tokens, expected=">= 2"
         )
-    names = ", ".join(["none", *schemes, *[f"kv {k}" for k in kv_formats]])
-    print(f"scoring {args.tokens} tokens: {names} ...", file=sys.stderr)
+    tasks = {"all": ("ppl", "kl", "passkey"), "passkey": ("passkey",)}.get(args.task, ("ppl", "kl"))
+    names = ["none", *schemes, *[f"kv {k}" for k in kv_formats]]
+    print(f"{', '.join(tasks)} for: {', '.join(names)}", file=sys.stderr)
+    done = iter(range(1, len(names) + 1))
     rows = evaluate(
-        args.model, schemes, args.tokens, kv_formats=kv_formats, num_threads=args.threads
+        args.model,
+        schemes,
+        args.tokens,
+        kv_formats=kv_formats,
+        tasks=tasks,
+        passkey_lengths=args.passkey_lengths,
+        passkey_samples=args.passkey_samples,
+        progress=lambda name: print(f"[{next(done)}/{len(names)}] {name}", file=sys.stderr),
+        num_threads=args.threads,
     )
-    print(
-        f"{'config':<14}{'perplexity':>12}{'KL nats':>10}{'top-1':>8}{'weight MB':>11}"
-        f"{'KV B/token':>12}"
-    )
-    for r in rows:
-        print(
-            f"{r['scheme']:<14}{r['perplexity']:>12.3f}{r['kl_nats']:>10.5f}"
-            f"{r['top1_agreement']:>8.4f}{r['weight_bytes'] / 1e6:>11.1f}"
-            f"{r['kv_bytes_per_token']:>12}"
-        )
+    from infergen.quant.matrix import markdown, plot
+
+    table = markdown(rows)
+    print(table)
+    if args.matrix:
+        with open(f"{args.matrix}.md", "w") as f:
+            f.write(table + "\n")
+        print(f"wrote {args.matrix}.md")
+        if "kl" in tasks:
+            plot(rows, f"{args.matrix}.png")
+            print(f"wrote {args.matrix}.png")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
         print(f"wrote {args.json}")
     return 0
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 64:
+        raise argparse.ArgumentTypeError(f"expected prompt lengths like 1024,4096; got {text!r}")
+    return values
 
 
 def _is_gguf(model: str | None) -> bool:
@@ -459,10 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser(
         "eval",
-        help="accuracy of weight schemes against the unquantized model (ppl, KL, top-1)",
+        help="accuracy of weight schemes and KV formats against the unquantized model "
+        "(ppl, KL, top-1, passkey)",
         description="Scores held-out text (the end of data/shakespeare.txt) teacher-forced "
-        "with the unquantized model and with each --weights scheme: perplexity, mean KL "
-        "divergence of the next-token distributions (nats per token) and top-1 agreement.",
+        "with the unquantized model and with each --weights scheme / --kv-format: perplexity, "
+        "mean KL divergence of the next-token distributions (nats per token) and top-1 "
+        "agreement; --task passkey retrieves a key hidden in 1k-7k tokens of filler.",
     )
     ev.add_argument("--model", "-m", default=None, help="checkpoint (default: the default model)")
     ev.add_argument(
@@ -478,6 +502,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="a KV cache format to score over the unquantized weights (repeatable; default: "
         "every format in infergen.kvcache; none when --weights is given)",
     )
+    ev.add_argument(
+        "--task",
+        choices=("ppl", "kl", "passkey", "all"),
+        default="kl",
+        help="ppl / kl: perplexity, KL and top-1 from one teacher-forced pass (the default); "
+        "passkey: retrieval of a key hidden in long filler; all: both",
+    )
+    ev.add_argument(
+        "--matrix",
+        metavar="PREFIX",
+        nargs="?",
+        const="eval-matrix",
+        default=None,
+        help="also write PREFIX.md (the table) and PREFIX.png (KL against bits per weight / KV "
+        "bytes per token) for the configurations scored (every weight scheme and KV format "
+        "unless --weights / --kv-format name some); PREFIX defaults to eval-matrix",
+    )
+    ev.add_argument(
+        "--passkey-lengths",
+        type=_lengths,
+        default=None,
+        metavar="N,N,...",
+        help="passkey prompt lengths in tokens (default 1024,2048,4096,7168)",
+    )
+    ev.add_argument("--passkey-samples", type=_count, default=3, help="keys per length (3)")
     ev.add_argument("--tokens", type=int, default=1024, help="tokens of text scored (1024)")
     ev.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     ev.add_argument("--json", metavar="FILE", default=None, help="also write the rows as JSON")
@@ -685,12 +734,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
+def _count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0 or value % 128:
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _count(text)
+    if value % 128:
         raise argparse.ArgumentTypeError(f"expected a positive multiple of 128, got {value}")
     return value
 

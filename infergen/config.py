@@ -378,6 +378,9 @@ class EngineConfig:
     seed: int = 0
     kernels: str = "native"  # op backends: "native" (C kernels, torch fallback) | "torch"
     weights: str | None = None  # a quant.WEIGHT_SCHEMES row, e.g. "int8" (None: unquantized)
+    # a projection whose load-time probe error is far above its scheme's level (quant/probe.py):
+    # "fallback" keeps it at full precision (and says so), "refuse" stops the engine
+    on_bad_layer: str = "fallback"
     max_model_len: int | None = None  # context cap in tokens (None: the model's own)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -391,6 +394,13 @@ class EngineConfig:
             where="dtype",
             found=self.dtype,
             expected=f"one of {self.DTYPES}",
+        )
+        _require(
+            self.on_bad_layer in ("fallback", "refuse"),
+            "unknown load-time check policy",
+            where="on_bad_layer",
+            found=self.on_bad_layer,
+            expected="'fallback' or 'refuse'",
         )
         if self.weights is not None:
             from infergen.quant.schemes import WEIGHT_SCHEMES

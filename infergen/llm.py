@@ -44,6 +44,9 @@ class LLM:
         kv_format: what the KV cache stores (infergen.kvcache.KV_FORMATS), e.g. "fp8_e4m3":
             codes with per-head scales calibrated at start, 4x the tokens of fp32 in the same
             memory; None stores the engine dtype.
+        on_bad_layer: a quantized projection whose load-time probe error is far above its
+            scheme's level: "fallback" keeps it at full precision (a warning names it),
+            "refuse" raises.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class LLM:
         kernels: str = "native",
         weights: str | None = None,
         kv_format: str | None = None,
+        on_bad_layer: str = "fallback",
         max_model_len: int | None = None,
         checkpoint: Any = None,
     ):
@@ -71,6 +75,7 @@ class LLM:
             dtype=dtype,
             kernels=kernels,
             weights=weights,
+            on_bad_layer=on_bad_layer,
             max_model_len=max_model_len,
             num_threads=num_threads,
             seed=seed,

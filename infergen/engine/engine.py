@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
@@ -31,9 +32,33 @@ from infergen.kvcache.calibrate import calibrate_kv_scales
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.models.transformer import Transformer
 from infergen.process import configure_process
+from infergen.quant.probe import check_kv_scales
 from infergen.quant.schemes import WEIGHT_SCHEMES, apply_weight_scheme
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check_fallbacks(model: Transformer, config: EngineConfig) -> dict[str, tuple[float, float]]:
+    """The load-time check's verdicts (quant/probe.py): {projection: (error, limit)} of those
+    kept at full precision; with on_bad_layer="refuse", an error naming them instead."""
+    bad = {name: m.fallback for name, m in model.named_modules() if getattr(m, "fallback", None)}
+    if not bad:
+        return bad
+    listing = ", ".join(f"{name} ({err:.3g} > {limit:.3g})" for name, (err, limit) in bad.items())
+    if config.on_bad_layer == "refuse":
+        raise ConfigError(
+            f"weights {config.weights!r}: the load-time probe of some projections is far above "
+            "the scheme's error level",
+            found=listing,
+            expected="probe error (mean per-channel relative error) within the limit",
+            hint="on_bad_layer='fallback' keeps those projections at full precision",
+        )
+    warnings.warn(
+        f"weights {config.weights!r}: kept at full precision (load-time probe error above the "
+        f"scheme's limit): {listing}",
+        stacklevel=3,
+    )
+    return bad
 
 
 class Engine:
@@ -61,6 +86,7 @@ class Engine:
             apply_weight_scheme(model, config.weights)  # backends quantize as they load
         model.load_weights(checkpoint.tensors)
         checkpoint.tensors.clear()  # the model holds its own (fused) copies
+        self.fallback_layers = _check_fallbacks(model, config)
         self.sampler = Sampler()
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         # the context a sequence may grow to: the model's, or less when config caps it
@@ -78,6 +104,7 @@ class Engine:
             PagedKVCache(self.model_config, num_blocks, cache.block_size, dtype, cache.kv_format),
         )
         if scales is not None:
+            check_kv_scales(scales[0], where=f"kv_format {cache.kv_format!r} calibration")
             self.kv_cache.scales.copy_(scales[0])
             self.kv_cache.k_shift.copy_(scales[1])
         self._requests: dict[str, Sequence] = {}

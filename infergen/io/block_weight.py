@@ -35,6 +35,14 @@ class BlockWeight:
         values = quants.dequantize(self.blocks.numpy(), qtype)
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
 
+    def nonfinite_scales(self) -> tuple[int, int]:
+        """(how many, of how many) of the blocks' fp16 scales (and Q4_1 minimums) are NaN or
+        ±Inf."""
+        size = BLOCK_TYPES[self.ggml_type][1]
+        raw = self.blocks.reshape(-1, size)
+        heads = raw[:, : 4 if self.ggml_type == "Q4_1" else 2].contiguous().view(torch.float16)
+        return int((~torch.isfinite(heads)).sum()), heads.numel()
+
     @staticmethod
     def cat(parts: list[BlockWeight]) -> BlockWeight:
         """Concatenate along `out` (fused q/k/v, gate/up); all parts of one type and width."""

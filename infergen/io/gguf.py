@@ -158,7 +158,8 @@ def load_gguf_tensors(
             )
         shape = tuple(int(d) for d in t.shape[::-1])
         if keep_blocks and t.tensor_type.name in BLOCK_TYPES and len(shape) == 2:
-            tensors[name] = _blocks(t, shape, config, spec)
+            tensors[name] = blocks = _blocks(t, shape, config, spec)
+            _require_finite(*blocks.nonfinite_scales(), source, t)
             continue
         try:
             array = quants.dequantize(t.data, t.tensor_type)
@@ -169,11 +170,22 @@ def load_gguf_tensors(
                 found=f"type {t.tensor_type.name}: {exc}",
                 expected="F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K/... data",
             ) from exc
-        array = _canonical_rows(
-            t.name, np.asarray(array, dtype=np.float32).reshape(shape), config, spec
-        )
+        array = np.asarray(array, dtype=np.float32).reshape(shape)
+        _require_finite(int(array.size - np.isfinite(array).sum()), array.size, source, t)
+        array = _canonical_rows(t.name, array, config, spec)
         tensors[name] = torch.from_numpy(np.array(array, copy=not array.flags.writeable, order="C"))
     return tensors
+
+
+def _require_finite(bad: int, total: int, source: str, t: Any) -> None:
+    """A checkpoint tensor with NaN / Inf values (or block scales) is corrupt: refuse it."""
+    if bad:
+        raise CheckpointError(
+            "tensor holds non-finite values (corrupt data or block scales)",
+            where=f"{source}: {t.name}",
+            found=f"{bad} NaN/Inf among {total} ({t.tensor_type.name})",
+            expected="finite values",
+        )
 
 
 def _canonical_rows(name: str, array: np.ndarray, config: Any, spec: ArchSpec) -> np.ndarray:

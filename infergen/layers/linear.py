@@ -33,6 +33,11 @@ class Linear(nn.Module):
         self.register_buffer("bias", None)
         self.has_bias = bias
         self.keep_blocks = True  # False: a weight scheme keeps this layer at full precision
+        # the load-time check (quant/probe.py): the largest probe error a quantized weight may
+        # show (None: no check), and (error, limit) when this layer fell back to full precision
+        self.max_error: float | None = None
+        self.probe_error: float | None = None  # measured at load when checked
+        self.fallback: tuple[float, float] | None = None
 
     def load(self, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None) -> None:
         """Take the checkpoint weight [out, in] (and bias [out]) in the engine dtype. GGUF
@@ -52,7 +57,16 @@ class Linear(nn.Module):
                 self.bias = bias.to(self.dtype).contiguous() if bias is not None else None
                 return
             weight = weight.dequantize()
-        self.weight = self.backend.prepare(weight.to(self.dtype).contiguous())
+        weight = weight.to(self.dtype).contiguous()
+        self.weight = self.backend.prepare(weight)
+        if self.max_error is not None:
+            from infergen.quant.probe import probe_error  # (infergen.quant imports this module)
+
+            error = self.probe_error = probe_error(self.backend, self.weight, weight)
+            if error > self.max_error:  # far above the scheme's level: keep full precision
+                self.fallback = (error, self.max_error)
+                self.backend = LINEAR_BACKENDS.get("native")
+                self.weight = self.backend.prepare(weight)
         self.bias = bias.to(self.dtype).contiguous() if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, in] → [tokens, out]

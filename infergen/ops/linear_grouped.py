@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from infergen.errors import ConfigError
 from infergen.io.block_weight import BLOCK, BLOCK_TYPES, BlockWeight
 from infergen.kernels.build import I, L, P, kernel
 from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
@@ -220,8 +221,11 @@ def _backend(name: str, fmt: GroupFormat) -> LinearBackend:
     def prepare(weight: torch.Tensor | BlockWeight) -> torch.Tensor:
         out, inp = weight.shape
         if inp % BLOCK:
-            raise ValueError(
-                f"{name} weights need input features in multiples of {BLOCK}, got {inp}"
+            raise ConfigError(
+                f"weights {name!r} quantize groups of {BLOCK} inputs, and this projection's "
+                "inputs are not a whole number of groups",
+                found=f"{inp} input features",
+                expected=f"a multiple of {BLOCK} (or another scheme, e.g. 'int8')",
             )
         if isinstance(weight, BlockWeight):
             if weight.fmt != name:

@@ -1,5 +1,6 @@
-"""Accuracy of a weight scheme against the unquantized model: perplexity of held-out text,
-and per-token KL divergence and top-1 agreement of the next-token distributions.
+"""Accuracy of a weight scheme or KV cache format against the unquantized model: perplexity of
+held-out text, per-token KL divergence and top-1 agreement of the next-token distributions,
+and passkey retrieval (quant/passkey.py).
 
 Both models score the same token ids teacher-forced (Engine.prompt_logits: the paged cache,
 the engine's own kernels). KL(p_ref || p_scheme) = Σ p_ref (log p_ref − log p_scheme), in nats,
@@ -13,6 +14,8 @@ import pathlib
 from collections.abc import Sequence
 
 import torch
+
+from infergen.errors import ConfigError
 
 DEFAULT_TEXT = "shakespeare.txt"  # data/ of the repository: its last part is held out
 
@@ -54,43 +57,88 @@ def weight_bytes(model: torch.nn.Module) -> int:
     )
 
 
+def probe_errors(model: torch.nn.Module) -> dict[str, float] | None:
+    """Mean and largest load-time probe error (quant/probe.py) over the checked projections."""
+    from infergen.layers.linear import Linear
+
+    errors = [m.probe_error for m in model.modules() if isinstance(m, Linear)]
+    errors = [e for e in errors if e is not None]
+    if not errors:
+        return None
+    return {"mean": sum(errors) / len(errors), "max": max(errors)}
+
+
+def bits_per_weight(model: torch.nn.Module) -> float:
+    """Bits the projections hold per weight (codes, scales and padding)."""
+    from infergen.layers.linear import Linear
+
+    weights = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, Linear))
+    return 8 * weight_bytes(model) / weights
+
+
+TASKS = ("ppl", "kl", "passkey")  # ppl and kl come from the same teacher-forced pass
+
+
 def evaluate(
     model: str | None,
     schemes: Sequence[str | None],
     tokens: int = 1024,
     token_ids: Sequence[int] | None = None,
     kv_formats: Sequence[str] = (),
+    tasks: Sequence[str] = ("ppl", "kl"),
+    passkey_lengths: Sequence[int] = (),
+    passkey_samples: int = 3,
+    progress=None,
     **llm_args,
 ) -> list[dict]:
     """One row per weight scheme, then per KV cache format over unquantized weights (the
     unquantized model with the engine-dtype cache is always scored first, as the reference):
-    perplexity, KL / top-1 against the reference, the projections' weight bytes and the KV
-    cache's bytes per token."""
+    perplexity, KL / top-1 against the reference ("ppl" / "kl"), passkey retrieval accuracy
+    per prompt length ("passkey"), the projections' bytes and bits per weight and the KV
+    cache's bytes per token. `progress(name)` is called as each configuration starts."""
     from infergen import LLM
+    from infergen.quant.passkey import LENGTHS, passkey_accuracy
 
     configs = [("none", None, None)]
     configs += [(s, s, None) for s in schemes if s is not None]
     configs += [(f"kv {kv}", None, kv) for kv in kv_formats]
     rows, reference, ids = [], None, token_ids
     for name, scheme, kv_format in configs:
-        llm = LLM(model, weights=scheme, kv_format=kv_format, **llm_args)
-        if ids is None:
-            ids = default_tokens(llm.tokenizer, tokens)
-        ids = list(ids)
+        if progress is not None:
+            progress(name)
+        try:
+            llm = LLM(model, weights=scheme, kv_format=kv_format, **llm_args)
+        except ConfigError as exc:  # a scheme this model cannot take (e.g. its group size)
+            if scheme is None and kv_format is None:
+                raise
+            rows.append({"scheme": name, "weights": scheme or "none",
+                         "kv_format": kv_format or "none", "error": exc.what})  # fmt: skip
+            continue
         engine = llm.engine
-        logits = engine.prompt_logits(ids)
         element = engine.config.cache.element_bytes(engine.kv_cache.dtype.itemsize)
         row = {
             "scheme": name,
-            "tokens": len(ids),
-            "perplexity": perplexity(logits, ids),
+            "weights": scheme or "none",
+            "kv_format": kv_format or "none",
             "weight_bytes": weight_bytes(engine.runner.model),
+            "bits_per_weight": bits_per_weight(engine.runner.model),
             "kv_bytes_per_token": engine.model_config.kv_bytes_per_token(element),
+            "probe_error": probe_errors(engine.runner.model),
         }
-        if reference is None:
-            reference = logits
-            row.update(kl_nats=0.0, top1_agreement=1.0)
-        else:
-            row.update(divergence(reference, logits))
+        if "ppl" in tasks or "kl" in tasks:
+            if ids is None:
+                ids = default_tokens(llm.tokenizer, tokens)
+            ids = list(ids)
+            logits = engine.prompt_logits(ids)
+            row.update(tokens=len(ids), perplexity=perplexity(logits, ids))
+            if reference is None:
+                reference = logits
+                row.update(kl_nats=0.0, top1_agreement=1.0)
+            else:
+                row.update(divergence(reference, logits))
+        if "passkey" in tasks:
+            found = passkey_accuracy(llm, passkey_lengths or LENGTHS, passkey_samples)
+            row["passkey"] = {str(length): acc for length, acc in found.items()}
         rows.append(row)
+        del llm, engine
     return rows

@@ -13,6 +13,7 @@ from torch import nn
 
 from infergen.layers.linear import Linear
 from infergen.ops.linear import LINEAR_BACKENDS
+from infergen.quant.probe import FALLBACK_FACTOR
 from infergen.registry import Registry
 
 
@@ -25,6 +26,9 @@ class WeightScheme:
     # True: nothing is quantized here; a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks are kept as
     # loaded and each projection runs its blocks' backend (ops/linear_grouped.py)
     keep_blocks: bool = False
+    # the load-time check (quant/probe.py): probe_error on Gaussian weights; a projection
+    # FALLBACK_FACTOR times above it falls back to full precision (None: not checked)
+    expected_error: float | None = None
 
 
 WEIGHT_SCHEMES: Registry[WeightScheme] = Registry("weight scheme")
@@ -34,6 +38,7 @@ WEIGHT_SCHEMES.register(
         "int8",
         "weight-only int8, one fp32 scale per output channel (formats 'int8'); every "
         "projection, the LM head (and a tied embedding) included",
+        expected_error=0.008,
     ),
 )
 
@@ -45,28 +50,45 @@ WEIGHT_SCHEMES.register(
         "weight-only FP8 E4M3, one fp32 scale per projection as the engine holds it (formats "
         "'fp8_e4m3'; q/k/v share one, gate/up share one); every projection, the LM head (and "
         "a tied embedding) included",
+        expected_error=0.027,
     ),
 )
 
 
+# name → (description, probe error on Gaussian weights: quant/probe.py)
 _GROUPED = {
-    "int4": "formats 'int4': symmetric, one fp32 scale (amax / 7) per group of 32 inputs",
-    "int4_asym": "formats 'int4_asym': min-max, one fp32 scale and uint8 zero point per group "
-    "of 32 inputs",
-    "q4_0": "llama.cpp's Q4_0 blocks (gguf.quants): one fp16 scale per 32 inputs, 4.5 bits",
-    "q4_1": "llama.cpp's Q4_1 blocks (gguf.quants): fp16 scale and minimum per 32 inputs, 5 bits",
-    "q8_0": "llama.cpp's Q8_0 blocks (gguf.quants): one fp16 scale per 32 int8 inputs, 8.5 bits",
-    "mxfp4": "formats 'mxfp4' (OCP MX): E2M1 codes, one E8M0 scale per 32 inputs, 4.25 bits",
-    "nvfp4": "formats 'nvfp4': E2M1 codes, one E4M3 scale per 16 inputs and an fp32 scale per "
-    "projection as the engine holds it (q/k/v share one, gate/up share one), 4.5 bits",
+    "int4": ("formats 'int4': symmetric, one fp32 scale (amax / 7) per group of 32 inputs", 0.10),
+    "int4_asym": (
+        "formats 'int4_asym': min-max, one fp32 scale and uint8 zero point per group of 32 inputs",
+        0.084,
+    ),
+    "q4_0": ("llama.cpp's Q4_0 blocks (gguf.quants): one fp16 scale per 32 inputs, 4.5 bits", 0.09),
+    "q4_1": (
+        "llama.cpp's Q4_1 blocks (gguf.quants): fp16 scale and minimum per 32 inputs, 5 bits",
+        0.081,
+    ),
+    "q8_0": (
+        "llama.cpp's Q8_0 blocks (gguf.quants): one fp16 scale per 32 int8 inputs, 8.5 bits",
+        0.0055,
+    ),
+    "mxfp4": (
+        "formats 'mxfp4' (OCP MX): E2M1 codes, one E8M0 scale per 32 inputs, 4.25 bits",
+        0.12,
+    ),
+    "nvfp4": (
+        "formats 'nvfp4': E2M1 codes, one E4M3 scale per 16 inputs and an fp32 scale per "
+        "projection as the engine holds it (q/k/v share one, gate/up share one), 4.5 bits",
+        0.10,
+    ),
 }
-for _name, _what in _GROUPED.items():
+for _name, (_what, _error) in _GROUPED.items():
     WEIGHT_SCHEMES.register(
         _name,
         WeightScheme(
             _name,
             f"weight-only {_what}; every projection, the LM head (and a tied embedding) "
             "included (input features must be a multiple of 32)",
+            expected_error=_error,
         ),
     )
 
@@ -96,5 +118,7 @@ def apply_weight_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ())
             module.keep_blocks = False  # blocks of a kept projection are dequantized
             continue
         module.backend = backend
+        if scheme.expected_error is not None:
+            module.max_error = scheme.expected_error * FALLBACK_FACTOR
         changed.append(module_name)
     return changed

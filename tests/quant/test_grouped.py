@@ -99,8 +99,9 @@ def test_blocks_as_loaded_equal_quantized_from_fp32(fmt):
 
 
 def test_input_features_must_be_whole_groups():
-    with pytest.raises(ValueError, match="multiples of 32, got 40"):
+    with pytest.raises(InfergenError, match="a whole number of groups") as err:
         LINEAR_BACKENDS.get("int4").prepare(torch.randn(8, 40))
+    assert "40 input features" in str(err.value) and "multiple of 32" in str(err.value)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])

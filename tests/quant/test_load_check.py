@@ -1,0 +1,115 @@
+"""The load-time check (quant/probe.py, io/gguf.py): a projection quantized far worse than its
+scheme's level falls back to full precision (or the engine refuses), a GGUF file with corrupt
+block scales is refused, KV scales must be finite, positive and calibrated.
+
+Oracle for the fallback: transformers with every projection fake-quantized except the one the
+check kept at full precision."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from infergen import LLM
+from infergen.errors import InfergenError
+from infergen.formats import dequantize, quantize
+from infergen.io.checkpoint import load_checkpoint
+from infergen.ops.linear import LINEAR_BACKENDS
+from infergen.quant.probe import check_kv_scales
+from tests.hf_models import build_hf_model
+
+
+def _outlier_model(tmp_path):
+    """A model whose layer-1 o_proj holds one 1e6 weight: per-tensor FP8 then flushes the
+    rest of that projection to zero."""
+    hf_model = build_hf_model("llama_gqa", tmp_path)
+    with torch.no_grad():
+        hf_model.model.layers[1].self_attn.o_proj.weight[3, 5] = 1e6
+    hf_model.save_pretrained(tmp_path, safe_serialization=True)
+    return hf_model
+
+
+def test_outlier_projection_falls_back_to_full_precision(tmp_path):
+    hf_model = _outlier_model(tmp_path)
+    with pytest.warns(UserWarning, match=r"layers\.1\.attn\.o \("):
+        llm = LLM(str(tmp_path), kv_cache_memory="8MiB", weights="fp8_e4m3")
+    model = llm.engine.runner.model
+    assert list(llm.engine.fallback_layers) == ["layers.1.attn.o"]
+    error, limit = llm.engine.fallback_layers["layers.1.attn.o"]
+    assert error > 0.9 and limit == pytest.approx(4 * 0.027)  # all but one weight lost
+    assert model.layers[1].attn.o.backend is LINEAR_BACKENDS.get("native")
+    assert model.layers[0].attn.o.backend is LINEAR_BACKENDS.get("fp8_e4m3")
+    with torch.no_grad():  # the oracle: every other projection fake-quantized
+        for i, layer in enumerate(hf_model.model.layers):
+            a, m = layer.self_attn, layer.mlp
+            for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj]):
+                if i == 1 and group == [a.o_proj]:
+                    continue
+                fused = torch.cat([lin.weight for lin in group])
+                fused = dequantize(quantize(fused, "fp8_e4m3", axis=-1))
+                for lin, part in zip(
+                    group, fused.split([g.out_features for g in group]), strict=True
+                ):
+                    lin.weight.copy_(part)
+            m.down_proj.weight.copy_(dequantize(quantize(m.down_proj.weight, "fp8_e4m3", axis=-1)))
+        hf_model.lm_head.weight.copy_(
+            dequantize(quantize(hf_model.lm_head.weight, "fp8_e4m3", axis=-1))
+        )
+        tokens = torch.randint(0, 211, (16,), generator=torch.Generator().manual_seed(0)).tolist()
+        expected = hf_model(torch.tensor([tokens])).logits[0]
+    got = llm.engine.prompt_logits(tokens)
+    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+def test_outlier_projection_refused(tmp_path):
+    _outlier_model(tmp_path)
+    with pytest.raises(InfergenError, match="load-time probe") as err:
+        LLM(str(tmp_path), kv_cache_memory="8MiB", weights="fp8_e4m3", on_bad_layer="refuse")
+    assert "layers.1.attn.o" in str(err.value)
+
+
+def test_clean_model_keeps_every_projection_quantized(tmp_path):
+    build_hf_model("llama_gqa", tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory="8MiB", weights="int8")
+    assert llm.engine.fallback_layers == {}
+
+
+@pytest.mark.parametrize("keep_blocks", [False, True])
+def test_gguf_with_corrupt_block_scale_is_refused(tmp_path, keep_blocks):
+    import gguf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.io.test_gguf import _write_gguf
+
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(path, LlamaForCausalLM(config).eval(), gguf.GGMLQuantizationType.Q4_1)
+    reader = gguf.GGUFReader(str(path))
+    target = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+    data = bytearray(path.read_bytes())
+    block = 3  # its fp16 scale d ← NaN
+    at = int(target.data_offset) + block * 20
+    data[at : at + 2] = np.array([np.nan], dtype=np.float16).tobytes()
+    path.write_bytes(bytes(data))
+    with pytest.raises(InfergenError, match="non-finite") as err:
+        load_checkpoint(path, keep_blocks=keep_blocks)
+    assert "blk.0.ffn_down.weight" in str(err.value) and "Q4_1" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "scales,message",
+    [
+        (torch.tensor([[0.1, float("nan")]]), "non-finite or not positive"),
+        (torch.tensor([[0.1, 0.0]]), "non-finite or not positive"),
+        (torch.tensor([[0.1, float("inf")]]), "non-finite or not positive"),
+        (torch.ones(2, 3), "all 1.0: uncalibrated"),
+    ],
+)
+def test_kv_scales_check(scales, message):
+    with pytest.raises(InfergenError, match=message):
+        check_kv_scales(scales, "test")
+    check_kv_scales(torch.tensor([[0.1, 0.2]]), "test")  # fine ones pass
