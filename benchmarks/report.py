@@ -16,6 +16,7 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 CONTENDED = 0.25  # cores used by other processes during a measurement (see peers/cpu_contention)
 
@@ -158,8 +159,9 @@ def render_quant(lines: list[dict]) -> str | None:
     base = speed["fp32"]
     rows = [
         "| configuration | decode bs1 tok/s (× fp32) | 16 concurrent tok/s (× fp32) "
-        "| perplexity | KL vs fp32 (nats/token) | top-1 vs fp32 | weight MB | KV bytes/token |",
-        "|---|---|---|---|---|---|---|---|",
+        "| perplexity | KL vs fp32 (nats/token) | top-1 vs fp32 | weight MB | KV bytes/token "
+        "| probe error on its weights (Gaussian) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
     def tok_s(name: str, metric: str) -> str:
@@ -184,9 +186,10 @@ def render_quant(lines: list[dict]) -> str | None:
                 "–" if name == "fp32" else f"{100 * a['top1_agreement']:.1f} %",
                 f"{a['weight_bytes'] / 1e6:.0f}",
                 str(a.get("kv_bytes_per_token", "–")),
+                _probe(a, name),
             ]
         else:
-            cells += [""] * 5
+            cells += [""] * 6
         rows.append("| " + " | ".join(cells) + " |")
     stamp = max(ln["timestamp"] for ln in quant)
     rows.append(
@@ -195,6 +198,18 @@ def render_quant(lines: list[dict]) -> str | None:
         "benchmarks/report.py`."
     )
     return "\n".join(rows)
+
+
+def _probe(accuracy: dict, name: str) -> str:
+    """Mean load-time probe error over the projections, with the scheme's Gaussian level."""
+    probe = accuracy.get("probe_error")
+    if not probe:
+        return "–"
+    from infergen.quant import WEIGHT_SCHEMES
+
+    expected = WEIGHT_SCHEMES.get(name).expected_error if name in WEIGHT_SCHEMES.names() else None
+    level = f" ({expected:.3g})" if expected else ""
+    return f"{probe['mean']:.3g}{level}"
 
 
 def _splice(text: str, start: str, end: str, body: str) -> str:

@@ -82,6 +82,7 @@ static const micro_fn MICROS[5] = {0, micro_1, micro_2, micro_3, micro_4};
 /* Wp [ceil(N/24)][K][24], X [M][K] contiguous, Y [M][N]. */
 void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *Y, long M, long N,
                      long K, int num_threads) {
+    if (M <= 0 || N <= 0) return; /* nothing to compute (e.g. a step with no logits rows) */
     long panels = (N + NR - 1) / NR;
     long blocks = (M + 3) / 4;
     long pf_step = (NR + blocks - 1) / blocks;

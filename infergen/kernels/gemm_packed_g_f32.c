@@ -275,6 +275,7 @@ typedef void (*micro_g_fn)(const uint8_t *, const float *, long, float *, long, 
                                                  micro_g_##FMT##_2};                           \
     void gemm_packed_##FMT##_f32(const uint8_t *Wp, const float *X, const float *bias,        \
                                  float *Y, long M, long N, long K, int num_threads) {         \
+        if (M <= 0 || N <= 0) return;                                                          \
         long panels = (N + NR - 1) / NR;                                                       \
         long panel_bytes = K / GROUP * GROUP_BYTES(FMT);                                       \
         _Pragma("omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)") \

@@ -103,6 +103,7 @@ typedef void (*micro_q_fn)(const uint8_t *, const float *, long, float *, long, 
                                                micro_##FMT##_3, micro_##FMT##_4};             \
     void gemm_packed_##FMT##_f32(const uint8_t *Wp, const float *X, const float *bias,        \
                                  float *Y, long M, long N, long K, int num_threads) {         \
+        if (M <= 0 || N <= 0) return;                                                          \
         long panels = (N + NR - 1) / NR;                                                       \
         _Pragma("omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)") \
         {                                                                                      \

@@ -115,5 +115,7 @@ class Transformer(nn.Module):
             for i, layer in enumerate(self.layers):
                 delta = layer(h, delta, batch, kv_cache.layer(i))
         rows = batch.logits_indices
+        if rows.numel() == 0:  # only unfinished prefill chunks this step: nothing to sample
+            return torch.empty(0, self.config.vocab_size)
         h = self.norm(h.index_select(0, rows), delta.index_select(0, rows))
         return self.lm_head(h).float()

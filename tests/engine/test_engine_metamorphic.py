@@ -46,6 +46,16 @@ def test_chunked_prefill_equals_unchunked(model_dir):
         assert_greedy_equivalent(a, b)
 
 
+@pytest.mark.parametrize("weights", [None, "int8"])
+def test_prompt_longer_than_the_token_budget_alone(model_dir, weights):
+    """One prompt over several steps with no other sequence: the steps before its last chunk
+    sample nothing (no logits rows), and the result equals the unchunked run."""
+    prompt = torch.randint(0, 211, (70,), generator=torch.Generator().manual_seed(9)).tolist()
+    chunked = LLM(model_dir, max_num_batched_tokens=16, weights=weights).generate(prompt, GREEDY)
+    whole = LLM(model_dir, max_num_batched_tokens=512, weights=weights).generate(prompt, GREEDY)
+    assert_greedy_equivalent(chunked[0], whole[0])
+
+
 def test_prefix_cache_hit_equals_cold_run(model_dir):
     shared = _prompts(2, seed=2)[1][:40]  # 40 shared tokens = 5 full blocks of 8
     first, second = shared + [1, 2, 3], shared + [7, 8, 9, 10]

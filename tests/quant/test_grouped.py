@@ -98,6 +98,15 @@ def test_blocks_as_loaded_equal_quantized_from_fp32(fmt):
         LINEAR_BACKENDS.get(other).prepare(blocks)
 
 
+@pytest.mark.parametrize("name", ["native", "int8", "fp8_e4m3", *FORMATS])
+def test_zero_tokens(name):
+    """A step may compute no logits rows: every backend returns an empty product."""
+    backend = LINEAR_BACKENDS.get(name)
+    prepared = backend.prepare(torch.randn(48, 64))
+    out = backend.apply(torch.randn(0, 64), prepared, torch.randn(48), 48)
+    assert out.shape == (0, 48)
+
+
 def test_input_features_must_be_whole_groups():
     with pytest.raises(InfergenError, match="a whole number of groups") as err:
         LINEAR_BACKENDS.get("int4").prepare(torch.randn(8, 40))
