@@ -395,6 +395,23 @@ def _lengths(text: str) -> list[int]:
     return values
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from infergen.quant.export import export
+
+    started = time.perf_counter()
+    print(f"quantizing {args.model or 'the default model'} to {args.weights} ...", file=sys.stderr)
+
+    def progress(done: int, total: int) -> None:
+        bar = "#" * (30 * done // total)
+        print(f"\r  layers [{bar:<30}] {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    out = export(args.model, args.weights, args.out, kv_format=args.kv, progress=progress)
+    print(file=sys.stderr)
+    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    print(f"wrote {out} ({size:.0f} MiB) in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
 def _is_gguf(model: str | None) -> bool:
     from infergen.io.checkpoint import load_checkpoint
 
@@ -531,6 +548,25 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     ev.add_argument("--json", metavar="FILE", default=None, help="also write the rows as JSON")
     ev.set_defaults(func=cmd_eval)
+
+    qz = sub.add_parser(
+        "quantize",
+        help="write a quantized checkpoint (compressed-tensors layout) that LLM(model=DIR) loads",
+        description="Quantizes the decoder projections with a weight scheme — codes and scales "
+        "exactly as --weights computes them — and writes a Hugging Face directory in the "
+        "compressed-tensors layout (quantization_config in config.json, safetensors with "
+        "weight_packed / weight_scale / ..., the tokenizer); --kv fp8_e4m3 adds per-head K / V "
+        "scales calibrated on the shipped corpus. The LM head and embedding stay full precision.",
+    )
+    qz.add_argument("--model", "-m", default=None, help="checkpoint (default: the default model)")
+    qz.add_argument(
+        "--weights",
+        required=True,
+        help="int8, int4, int4_asym, fp8_e4m3, nvfp4 or mxfp4",
+    )
+    qz.add_argument("--kv", default=None, help="also calibrate an FP8 KV cache: fp8_e4m3")
+    qz.add_argument("--out", required=True, help="directory to write")
+    qz.set_defaults(func=cmd_quantize)
 
     serve = sub.add_parser(
         "serve",

@@ -7,6 +7,7 @@ engine.output(request_id) → RequestOutput
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import warnings
@@ -96,7 +97,19 @@ class Engine:
         )
         cache = config.cache
         scales = None
-        if cache.kv_format is not None:  # per-head scales from the model's own K / V
+        if checkpoint.kv_scales is not None:  # the checkpoint's FP8 KV scales, keys unshifted
+            if cache.kv_format not in (None, "fp8_e4m3"):
+                raise ConfigError(
+                    "the checkpoint carries FP8 KV cache scales",
+                    where="kv_format",
+                    found=cache.kv_format,
+                    expected="fp8_e4m3 or None (the checkpoint's scheme)",
+                )
+            cache = dataclasses.replace(cache, kv_format="fp8_e4m3")
+            self.config = config = dataclasses.replace(config, cache=cache)
+            layers, _, heads = checkpoint.kv_scales.shape
+            scales = (checkpoint.kv_scales, torch.zeros(layers, heads, self.model_config.head_dim))
+        elif cache.kv_format is not None:  # per-head scales from the model's own K / V
             scales = calibrate_kv_scales(self, model, dtype)
         num_blocks = cache.blocks_for(self.model_config, torch.finfo(dtype).bits // 8)
         self._attach_cache(
@@ -104,7 +117,7 @@ class Engine:
             PagedKVCache(self.model_config, num_blocks, cache.block_size, dtype, cache.kv_format),
         )
         if scales is not None:
-            check_kv_scales(scales[0], where=f"kv_format {cache.kv_format!r} calibration")
+            check_kv_scales(scales[0], where=f"kv_format {cache.kv_format!r} scales")
             self.kv_cache.scales.copy_(scales[0])
             self.kv_cache.k_shift.copy_(scales[1])
         self._requests: dict[str, Sequence] = {}

@@ -53,15 +53,22 @@ class BlockWeight:
         )
 
 
-def dense(weight: torch.Tensor | BlockWeight) -> torch.Tensor:
-    """The weight's values as a tensor (a BlockWeight dequantized to fp32)."""
-    return weight.dequantize() if isinstance(weight, BlockWeight) else weight
+def dense(weight) -> torch.Tensor:
+    """The weight's values as a tensor (a stored-quantized weight dequantized to fp32)."""
+    return weight if isinstance(weight, torch.Tensor) else weight.dequantize()
 
 
-def fuse(parts: list[torch.Tensor | BlockWeight]) -> torch.Tensor | BlockWeight:
-    """Concatenate projections sharing an input along `out`: blocks stay blocks when every
-    part has the same block type, else every part is dequantized."""
+def fuse(parts: list):
+    """Concatenate projections sharing an input along `out`: GGUF blocks stay blocks when
+    every part has the same block type, compressed-tensors weights stay quantized when they
+    share a format (and NVFP4 global scale); else every part is dequantized."""
+    from infergen.io.quant_weight import QuantWeight
+
     kinds = {p.ggml_type if isinstance(p, BlockWeight) else None for p in parts}
     if len(kinds) == 1 and None not in kinds:
         return BlockWeight.cat(parts)
+    if all(isinstance(p, QuantWeight) for p in parts):
+        fused = QuantWeight.cat(parts)
+        if fused is not None:
+            return fused
     return torch.cat([dense(p) for p in parts], dim=0)

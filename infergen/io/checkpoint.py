@@ -25,6 +25,8 @@ class Checkpoint:
     tokenizer: Any | None  # infergen.io.tokenizer.Tokenizer
     path: Path
     format: str  # "gguf" | "hf"
+    # a compressed-tensors checkpoint's FP8 KV cache scales [layers, 2, kv_heads] (None: none)
+    kv_scales: torch.Tensor | None = None
 
 
 def resolve_path(path: str | Path | None) -> Path:
@@ -75,6 +77,26 @@ def load_checkpoint(
     return _load_hf(resolved, load_weights)
 
 
+def hf_config_dict(path: str | Path | None = None) -> dict:
+    """The checkpoint's Hugging Face `config.json` content (a GGUF file's metadata mapped onto
+    its keys), without any quantization_config (for writing a derived checkpoint)."""
+    from infergen.io.safetensors import read_json
+
+    resolved = resolve_path(path)
+    if resolved.is_dir() and (resolved / "config.json").is_file():
+        config = read_json(resolved / "config.json")
+    else:
+        from infergen.io.gguf import gguf_hf_config, open_gguf
+
+        gguf_file = resolved if resolved.is_file() else _gguf_in_directory(resolved)
+        config, spec = gguf_hf_config(open_gguf(gguf_file), str(gguf_file))
+        config["architectures"] = [f"{spec.name.capitalize()}ForCausalLM"]  # e.g. Qwen2...
+        config = {k: v for k, v in config.items() if v is not None}
+    config.pop("quantization_config", None)
+    config["torch_dtype"] = "float32"
+    return config
+
+
 def _load_gguf(path: Path, load_weights: bool, keep_blocks: bool = False) -> Checkpoint:
     from infergen.io.gguf import gguf_hf_config, load_gguf_tensors, open_gguf
     from infergen.io.tokenizer import Tokenizer
@@ -108,9 +130,24 @@ def _load_hf(directory: Path, load_weights: bool) -> Checkpoint:
         if extra:
             config = config.replace(eos_token_ids=config.eos_token_ids + extra)
     tensors = load_safetensors(directory) if load_weights else {}
+    kv_scales = None
+    qconfig = read_json(config_path).get("quantization_config")
+    if load_weights and qconfig:
+        if qconfig.get("quant_method") != "compressed-tensors":
+            raise CheckpointError(
+                "quantized checkpoint of an unsupported kind",
+                where=f"{config_path}: quantization_config.quant_method",
+                found=qconfig.get("quant_method"),
+                expected="compressed-tensors (e.g. written by `infergen quantize`)",
+            )
+        from infergen.io.compressed_tensors import read_checkpoint
+
+        kv_scales = read_checkpoint(
+            tensors, qconfig, str(directory), config.num_hidden_layers, config.num_key_value_heads
+        )
     if load_weights:
         validate_tensors(config, tensors, str(directory))
-    return Checkpoint(config, tensors, tokenizer, directory, "hf")
+    return Checkpoint(config, tensors, tokenizer, directory, "hf", kv_scales)
 
 
 _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -67,7 +67,8 @@ def shard_files(directory: Path) -> list[Path]:
 
 
 def load_safetensors(directory: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory as fp32, keyed by Hugging Face name."""
+    """All tensors of a checkpoint directory, keyed by Hugging Face name: floating-point
+    values as fp32, integer and one-byte tensors (quantized codes) as stored."""
     from safetensors import safe_open
 
     tensors: dict[str, torch.Tensor] = {}
@@ -75,7 +76,10 @@ def load_safetensors(directory: Path) -> dict[str, torch.Tensor]:
         try:
             with safe_open(str(path), framework="pt") as handle:
                 for name in handle.keys():
-                    tensors[name] = handle.get_tensor(name).to(torch.float32)
+                    t = handle.get_tensor(name)
+                    # values → fp32; codes (integers, FP8 / packed bytes) stay as stored
+                    stored = not t.is_floating_point() or t.element_size() == 1
+                    tensors[name] = t if stored else t.to(torch.float32)
         except CheckpointError:
             raise
         except Exception as exc:  # SafetensorError, OSError on truncated files

@@ -126,6 +126,18 @@ class Tokenizer:
         self.chat_template = chat_template
         self._compiled_template: ChatTemplate | None = None
 
+    def save(self, directory: pathlib.Path | str) -> None:
+        """Write `tokenizer.json` and `tokenizer_config.json` (what `from_hf_dir` reads)."""
+        import json
+
+        directory = pathlib.Path(directory)
+        self._backend.save(str(directory / "tokenizer.json"))
+        config = {name: token for name, token in self.special_tokens.items() if token is not None}
+        config.update(add_bos_token=self.add_bos_token, chat_template=self.chat_template)
+        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+        eos = list(self.eos_token_ids)
+        (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+
     @classmethod
     def from_gguf(cls, reader: gguf.GGUFReader, source: str) -> Tokenizer:
         """Build from a GGUF file's `tokenizer.*` metadata; `source` names the file in errors."""

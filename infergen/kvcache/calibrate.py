@@ -32,13 +32,16 @@ def calibration_tokens(tokenizer, vocab_size: int, count: int = CALIBRATION_TOKE
     return [rng.randrange(vocab_size) for _ in range(count)]
 
 
-def calibrate_kv_scales(engine, model, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def calibrate_kv_scales(
+    engine, model, dtype: torch.dtype, kv_format: str | None = None, smooth_keys: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(scales [layers, 2, kv_heads], key shift [layers, kv_heads, head_dim]) for
-    engine.config.cache.kv_format: the shift is each key channel's mean over the calibration
-    text, the scales the largest |K − shift| and |V| of each head over the format's largest
-    code. Leaves the engine on a scratch cache: the caller attaches the real one."""
+        engine.config.cache.kv_format: the shift is each key channel's mean over the calibration
+        text, the scales the largest |K − shift| and |V| of each head over the format's largest
+        code (`smooth_keys=False`: no shift). `kv_format` overrides the engine's. Leaves the
+    engine on a scratch cache: the caller attaches the real one."""
     config, cache = engine.model_config, engine.config.cache
-    fmt = KV_FORMATS.get(cache.kv_format, where="kv_format")
+    fmt = KV_FORMATS.get(kv_format or cache.kv_format, where="kv_format")
     count = min(CALIBRATION_TOKENS, engine.max_model_len - 1)
     tokens = calibration_tokens(engine.tokenizer, config.vocab_size, count)
     blocks = count // cache.block_size + 1  # the prompt and the token it would sample
@@ -48,6 +51,8 @@ def calibrate_kv_scales(engine, model, dtype: torch.dtype) -> tuple[torch.Tensor
     slots = scratch.storage.float().flatten(2, 3)  # [layers, 2, slots, kv_heads, d]
     used = slots[:, :, slots.abs().amax(dim=(0, 1, 3, 4)) > 0]  # the calibration positions
     shift = used[:, 0].mean(dim=1)  # [layers, kv_heads, d]
+    if not smooth_keys:  # scales for the keys as they are (a checkpoint without a key shift)
+        shift = torch.zeros_like(shift)
     keys = (used[:, 0] - shift[:, None]).abs().amax(dim=(1, 3))
     amax = torch.stack([keys, used[:, 1].abs().amax(dim=(1, 3))], dim=1)
     scales = amax / fmt.max_code

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from infergen.io.block_weight import BlockWeight, fuse
+from infergen.io.quant_weight import QuantWeight
 from infergen.ops import (
     linear_grouped,  # noqa: F401  (registers "q4_0" ... "int4_asym")
     linear_quantized,  # noqa: F401  (registers "int8", "fp8_e4m3")
@@ -50,7 +51,7 @@ class Linear(nn.Module):
                 f"Linear.load: weight {tuple(weight.shape)} bias {bias is not None}, "
                 f"expected {expected} bias {self.has_bias}"
             )
-        if isinstance(weight, BlockWeight):
+        if isinstance(weight, (BlockWeight, QuantWeight)):  # stored quantized
             if self.keep_blocks and self.backend is LINEAR_BACKENDS.get("native"):
                 self.backend = LINEAR_BACKENDS.get(weight.fmt)
                 self.weight = self.backend.prepare(weight)

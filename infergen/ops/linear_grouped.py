@@ -27,6 +27,7 @@ import torch
 
 from infergen.errors import ConfigError
 from infergen.io.block_weight import BLOCK, BLOCK_TYPES, BlockWeight
+from infergen.io.quant_weight import QuantWeight
 from infergen.kernels.build import I, L, P, kernel
 from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
 from infergen.ops.linear import reference as fp32_reference
@@ -231,6 +232,8 @@ def _backend(name: str, fmt: GroupFormat) -> LinearBackend:
             if weight.fmt != name:
                 raise TypeError(f"{name} backend got {weight.ggml_type} blocks")
             return pack(from_blocks(weight), fmt)
+        if isinstance(weight, QuantWeight):  # codes and fields as a checkpoint stores them
+            return pack(Grouped(weight.codes, list(weight.fields), weight.scalar), fmt)
         if weight.dtype != torch.float32:
             raise TypeError(f"{name} weights are quantized from float32, got {weight.dtype}")
         return pack(fmt.encode(weight.contiguous()), fmt)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from infergen.formats import dequantize, quantize
+from infergen.io.quant_weight import QuantWeight
 from infergen.kernels.build import I, L, P, kernel
 from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
 from infergen.ops.linear import reference as fp32_reference
@@ -82,7 +83,9 @@ def _decode(codes: torch.Tensor, scales: torch.Tensor, code: CodeFormat) -> torc
 
 
 def _backend(name: str, code: CodeFormat) -> LinearBackend:
-    def prepare(weight: torch.Tensor) -> torch.Tensor:
+    def prepare(weight: torch.Tensor | QuantWeight) -> torch.Tensor:
+        if isinstance(weight, QuantWeight):  # codes and scales as a checkpoint stores them
+            return pack(weight.codes, weight.fields[0], code.dtype)
         if weight.dtype != torch.float32:
             raise TypeError(f"{name} weights are quantized from float32, got {weight.dtype}")
         return pack(*quantize_weight(weight, code.fmt), code.dtype)

@@ -1,0 +1,43 @@
+"""A checkpoint weight stored quantized (a compressed-tensors checkpoint, io/compressed_tensors.py):
+codes and scales in the layout of one of our quantized backends, handed to it as they are.
+
+`fmt` names the LINEAR_BACKENDS row: "int8" / "fp8_e4m3" (codes [out, in], one fp32 scale per
+output channel in fields[0]) or a group format of ops/linear_grouped.py ("int4", "int4_asym",
+"mxfp4", "nvfp4": codes [out, in] unpacked, header fields [out, in / 32], NVFP4's global
+scale in `scalar`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    fmt: str
+    codes: torch.Tensor  # uint8 [out, in], one code per weight
+    fields: tuple[torch.Tensor, ...]  # per output row (int8 / FP8) or per row and group of 32
+    scalar: float | None = None
+    shape: tuple[int, int] = (0, 0)
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight the backend computes with."""
+        from infergen.ops.linear import LINEAR_BACKENDS
+
+        backend = LINEAR_BACKENDS.get(self.fmt)
+        rows = torch.arange(self.shape[0])
+        return backend.rows(backend.prepare(self), rows)
+
+    @staticmethod
+    def cat(parts: list[QuantWeight]) -> QuantWeight | None:
+        """Concatenated along `out` (fused q/k/v, gate/up), or None when the parts cannot share
+        one prepared weight (different formats, or different NVFP4 global scales)."""
+        first = parts[0]
+        if any(p.fmt != first.fmt or p.scalar != first.scalar for p in parts):
+            return None
+        fields = tuple(torch.cat(f) for f in zip(*(p.fields for p in parts), strict=True))
+        rows = sum(p.shape[0] for p in parts)
+        codes = torch.cat([p.codes for p in parts])
+        return QuantWeight(first.fmt, codes, fields, first.scalar, (rows, first.shape[1]))

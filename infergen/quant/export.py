@@ -1,0 +1,181 @@
+"""`infergen quantize`: write a compressed-tensors checkpoint (io/compressed_tensors.py has the
+layout) from any checkpoint we load — codes and scales exactly as our weight schemes compute
+them, so `LLM(model=DIR)` runs the same values as `LLM(model=SRC, weights=SCHEME)` (the LM head
+and embedding stay in full precision, as compressed-tensors checkpoints keep them).
+
+q/k/v and gate/up are quantized fused, as the engine holds them, then split: per-tensor scales
+(FP8, NVFP4's global) are then shared by the parts, so the loader can fuse them again.
+With an FP8 KV cache, per-head K / V scales are calibrated as the engine does
+(kvcache/calibrate.py) but for the keys as they are (the checkpoint format has no key shift).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from infergen.errors import ConfigError
+from infergen.io.compressed_tensors import pack_int32
+
+# our scheme → (compressed-tensors format, weights quantization args)
+EXPORTS = {
+    "int8": ("pack-quantized", {"num_bits": 8, "type": "int", "symmetric": True,
+                                "strategy": "channel", "group_size": None}),
+    "int4": ("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": True,
+                                "strategy": "group", "group_size": 32}),
+    "int4_asym": ("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": False,
+                                     "strategy": "group", "group_size": 32}),
+    "fp8_e4m3": ("naive-quantized", {"num_bits": 8, "type": "float", "symmetric": True,
+                                     "strategy": "tensor", "group_size": None}),
+    "nvfp4": ("nvfp4-pack-quantized", {"num_bits": 4, "type": "float", "symmetric": True,
+                                       "strategy": "tensor_group", "group_size": 16,
+                                       "scale_dtype": "torch.float8_e4m3fn"}),
+    "mxfp4": ("mxfp4-pack-quantized", {"num_bits": 4, "type": "float", "symmetric": True,
+                                       "strategy": "group", "group_size": 32,
+                                       "scale_dtype": "torch.uint8"}),
+}  # fmt: skip
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("o_proj",), ("down_proj",))
+
+
+def _stored(weight: torch.Tensor, scheme: str) -> dict[str, torch.Tensor]:
+    """One weight [out, in] → its compressed-tensors tensors (suffixes after `<p>.`)."""
+    from infergen.ops import linear_grouped as lg
+    from infergen.ops import linear_quantized as lq
+
+    out, inp = weight.shape
+    if scheme in ("int8", "fp8_e4m3"):
+        codes, scales = lq.quantize_weight(weight, scheme)
+        if scheme == "fp8_e4m3":
+            return {"weight": codes.view(torch.float8_e4m3fn), "weight_scale": scales[:1].clone()}
+        q = codes.view(torch.int8).to(torch.int16) + 128  # stored unsigned
+        return {"weight_packed": pack_int32(q, 8), "weight_scale": scales.reshape(out, 1),
+                "weight_shape": torch.tensor([out, inp])}  # fmt: skip
+    g = lg.GROUP_FORMATS[scheme].encode(weight)
+    if scheme in ("int4", "int4_asym"):
+        tensors = {"weight_packed": pack_int32(g.codes, 4), "weight_scale": g.fields[0],
+                   "weight_shape": torch.tensor([out, inp])}  # fmt: skip
+        if scheme == "int4_asym":  # zero points (stored + 8 like the codes), packed over rows
+            tensors["weight_zero_point"] = pack_int32(g.fields[1].t(), 4).t().contiguous()
+        return tensors
+    packed = g.codes[:, 0::2] | (g.codes[:, 1::2] << 4)
+    if scheme == "mxfp4":
+        return {"weight_packed": packed, "weight_scale": g.fields[0]}
+    e4m3 = torch.stack(g.fields, dim=-1).reshape(out, -1).view(torch.float8_e4m3fn)
+    divisor = torch.tensor([1.0 / g.scalar], dtype=torch.float32)
+    return {"weight_packed": packed, "weight_scale": e4m3, "weight_global_scale": divisor}
+
+
+def _split(stored: dict[str, torch.Tensor], sizes: list[int]) -> list[dict[str, torch.Tensor]]:
+    """A fused weight's tensors → each part's (rows split; shared per-tensor scales copied)."""
+    total = sum(sizes)
+    parts: list[dict[str, torch.Tensor]] = [{} for _ in sizes]
+    for key, t in stored.items():
+        if key == "weight_shape":
+            for part, rows in zip(parts, sizes, strict=True):
+                part[key] = torch.tensor([rows, int(t[1])])
+        elif key == "weight_zero_point":  # packed 8 rows a word: unpack, split, repack
+            from infergen.io.compressed_tensors import unpack_int32
+
+            z = unpack_int32(t.t().contiguous(), 4, total).t()
+            for part, chunk in zip(parts, z.split(sizes), strict=True):
+                part[key] = pack_int32(chunk.t(), 4).t().contiguous()
+        elif t.dim() >= 1 and t.shape[0] == total:
+            for part, chunk in zip(parts, t.split(sizes), strict=True):
+                part[key] = chunk.contiguous()
+        else:  # per-tensor: the parts share it
+            for part in parts:
+                part[key] = t.clone()
+    return parts
+
+
+def export(
+    model: str | None,
+    scheme: str,
+    out: str | Path,
+    kv_format: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """Quantize `model`'s decoder projections with `scheme` (and calibrate KV scales for
+    `kv_format`) into a compressed-tensors directory `out`; returns it."""
+    from safetensors.torch import save_file
+
+    from infergen.io.checkpoint import hf_config_dict, load_checkpoint
+
+    if scheme not in EXPORTS:
+        raise ConfigError(
+            "no compressed-tensors layout for this weight scheme",
+            where="--weights",
+            found=scheme,
+            expected=f"one of {sorted(EXPORTS)} (llama.cpp's blocks stay GGUF)",
+        )
+    if kv_format not in (None, "fp8_e4m3"):
+        raise ConfigError("unsupported KV format", where="--kv", found=kv_format,
+                          expected="fp8_e4m3")  # fmt: skip
+    ckpt = load_checkpoint(model)
+    config, tensors = ckpt.config, ckpt.tensors
+    fmt, args = EXPORTS[scheme]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, torch.Tensor] = {}
+    layers = config.num_hidden_layers
+    for layer in range(layers):
+        for group in FUSED:
+            module = "mlp" if group[0] in ("gate_proj", "down_proj") else "self_attn"
+            prefix = f"model.layers.{layer}.{module}."
+            names = [prefix + name for name in group]
+            weights = [tensors.pop(n + ".weight") for n in names]
+            fused = _stored(torch.cat(weights), scheme)
+            for name, part in zip(names, _split(fused, [w.shape[0] for w in weights]), strict=True):
+                result.update({f"{name}.{key}": t for key, t in part.items()})
+        if progress is not None:
+            progress(layer + 1, layers)
+    result.update({name: t.contiguous() for name, t in tensors.items()})  # norms, embeddings
+    quant = {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "quantization_status": "compressed",
+        "global_compression_ratio": None,
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {**args, "dynamic": False},
+                "input_activations": None,
+                "output_activations": None,
+                "format": fmt,
+            }
+        },
+        "kv_cache_scheme": None,
+        "producer": "infergen quantize",
+    }
+    if kv_format is not None:
+        scales = _kv_scales(model)
+        for layer in range(layers):
+            for j, kind in enumerate(("k_scale", "v_scale")):
+                result[f"model.layers.{layer}.self_attn.{kind}"] = scales[layer, j].reshape(
+                    -1, 1, 1
+                )
+        quant["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "symmetric": True,
+                                    "strategy": "attn_head", "dynamic": False}  # fmt: skip
+    save_file(result, str(out / "model.safetensors"))
+    hf = hf_config_dict(model)
+    hf["quantization_config"] = quant
+    (out / "config.json").write_text(json.dumps(hf, indent=1))
+    if ckpt.tokenizer is not None:
+        ckpt.tokenizer.save(out)
+    return out
+
+
+def _kv_scales(model: str | None) -> torch.Tensor:
+    """Per-head FP8 scales [layers, 2, kv_heads] of the unshifted keys and the values."""
+    from infergen import LLM
+    from infergen.kvcache.calibrate import calibrate_kv_scales
+
+    engine = LLM(model, kv_cache_memory="64MiB").engine
+    scales, _ = calibrate_kv_scales(
+        engine, engine.runner.model, torch.float32, "fp8_e4m3", smooth_keys=False
+    )
+    return scales
