@@ -60,3 +60,32 @@ def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides):
     model.eval()
     model.save_pretrained(directory, safe_serialization=True)
     return model
+
+
+def fake_quantize(hf_model, quantize_dequantize, lm_head: bool = True, skip=()) -> None:
+    """Replace every projection's weight by quantize_dequantize(weight) in place, q/k/v and
+    gate/up fused as the engine holds them (a per-tensor scale is then shared by the parts);
+    `skip`: (layer index, "o_proj" ...) pairs left alone; `lm_head`: the LM head too."""
+    import torch
+
+    with torch.no_grad():
+        for i, layer in enumerate(hf_model.model.layers):
+            a, m = layer.self_attn, layer.mlp
+            groups = ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj],
+                      [m.down_proj])  # fmt: skip
+            for group in groups:
+                if (i, _proj_name(layer, group[0])) in skip:
+                    continue
+                fused = quantize_dequantize(torch.cat([lin.weight for lin in group]))
+                parts = fused.split([lin.out_features for lin in group])
+                for lin, part in zip(group, parts, strict=True):
+                    lin.weight.copy_(part)
+        if lm_head:
+            hf_model.lm_head.weight.copy_(quantize_dequantize(hf_model.lm_head.weight.clone()))
+
+
+def _proj_name(layer, module) -> str:
+    for name, child in [*layer.self_attn.named_children(), *layer.mlp.named_children()]:
+        if child is module:
+            return name
+    return ""

@@ -69,18 +69,24 @@ def _write_gguf(path, hf_model, qtype):
     return effective
 
 
-@pytest.mark.parametrize("qtype_name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
-def test_gguf_logits_match_transformers(tmp_path, qtype_name):
-    import gguf
+def tiny_llama(seed: int = 0, **overrides):
+    """A random 2-layer GQA Llama (transformers) small enough to write as GGUF in a test."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
+    torch.manual_seed(seed)
+    config = dict(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         rms_norm_eps=1e-5, initializer_range=0.2,
     )  # fmt: skip
-    hf = LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(LlamaConfig(**{**config, **overrides})).eval()
+
+
+@pytest.mark.parametrize("qtype_name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+def test_gguf_logits_match_transformers(tmp_path, qtype_name):
+    import gguf
+
+    hf = tiny_llama()
     path = tmp_path / f"tiny-{qtype_name}.gguf"
     effective = _write_gguf(path, hf, getattr(gguf.GGMLQuantizationType, qtype_name))
     hf.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in effective.items()})

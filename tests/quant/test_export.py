@@ -23,7 +23,7 @@ from infergen.formats import dequantize, quantize
 from infergen.io.compressed_tensors import pack_int32, unpack_int32
 from infergen.ops.linear import LINEAR_BACKENDS
 from infergen.quant.export import EXPORTS, export
-from tests.hf_models import build_hf_model
+from tests.hf_models import build_hf_model, fake_quantize
 
 
 def test_int32_packing_matches_compressed_tensors_vectors():
@@ -70,16 +70,9 @@ def test_exported_checkpoint_equals_fake_quantized_transformers(scheme, tmp_path
     model = llm.engine.runner.model
     assert model.layers[0].attn.qkv.backend is LINEAR_BACKENDS.get(scheme)  # fused again
     assert model.lm_head.backend is LINEAR_BACKENDS.get("native")
-    with torch.no_grad():  # the oracle, fused as the engine (and the export) quantize
-        for layer in hf_model.model.layers:
-            a, m = layer.self_attn, layer.mlp
-            for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj],
-                          [m.down_proj]):  # fmt: skip
-                fused = _fake_quant(torch.cat([lin.weight for lin in group]), scheme)
-                for lin, part in zip(
-                    group, fused.split([g.out_features for g in group]), strict=True
-                ):
-                    lin.weight.copy_(part)
+    # the oracle, fused as the engine (and the export) quantize; the LM head in fp32
+    fake_quantize(hf_model, lambda w: _fake_quant(w, scheme), lm_head=False)
+    with torch.no_grad():
         tokens = torch.randint(0, 211, (20,), generator=torch.Generator().manual_seed(1)).tolist()
         expected = hf_model(torch.tensor([tokens])).logits[0]
     got = llm.engine.prompt_logits(tokens)

@@ -22,7 +22,7 @@ from infergen.io.block_weight import BlockWeight
 from infergen.io.checkpoint import load_checkpoint
 from infergen.ops import linear_grouped as lg
 from infergen.ops.linear import LINEAR_BACKENDS
-from tests.hf_models import build_hf_model
+from tests.hf_models import build_hf_model, fake_quantize
 
 NATIVE = LINEAR_BACKENDS.get("native")
 FORMATS = sorted(lg.GROUP_FORMATS)
@@ -118,19 +118,12 @@ def test_gguf_blocks_as_loaded_equal_dequantized_engine(tmp_path, qtype):
     """A GGUF file run on its blocks gives the logits of the same file dequantized at load,
     bit for bit (prefill, decode steps and the fused decode path), holding ~1/6 of the bytes."""
     import gguf
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from infergen.quant.evaluate import weight_bytes
-    from tests.io.test_gguf import _write_gguf
+    from tests.io.test_gguf import _write_gguf, tiny_llama
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        rms_norm_eps=1e-5, initializer_range=0.2,
-    )  # fmt: skip
     path = tmp_path / f"tiny-{qtype}.gguf"
-    _write_gguf(path, LlamaForCausalLM(config).eval(), gguf.GGMLQuantizationType[qtype])
+    _write_gguf(path, tiny_llama(), gguf.GGMLQuantizationType[qtype])
     blocks = load_checkpoint(path, keep_blocks=True)
     held = blocks.tensors["model.layers.0.self_attn.q_proj.weight"]
     assert isinstance(held, BlockWeight) and held.ggml_type == qtype
@@ -170,17 +163,7 @@ def test_engine_equals_fake_quantized_transformers(fmt, name, tmp_path):
     gate/up as the engine holds them, fused (NVFP4's per-tensor scale is then shared): the
     engine's logits equal transformers' on the fake-quantized weights."""
     hf_model = build_hf_model(name, tmp_path, intermediate_size=128)
-    with torch.no_grad():
-        for layer in hf_model.model.layers:
-            a, m = layer.self_attn, layer.mlp
-            for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj],
-                          [m.down_proj]):  # fmt: skip
-                fused = _oracle(torch.cat([lin.weight for lin in group]), fmt)
-                for lin, part in zip(
-                    group, fused.split([g.out_features for g in group]), strict=True
-                ):
-                    lin.weight.copy_(part)
-        hf_model.lm_head.weight.copy_(_oracle(hf_model.lm_head.weight.detach().clone(), fmt))
+    fake_quantize(hf_model, lambda w: _oracle(w, fmt))
     llm = LLM(str(tmp_path), kv_cache_memory="16MiB", weights=fmt)
     torch.manual_seed(3)
     tokens = torch.randint(0, hf_model.config.vocab_size, (20,)).tolist()

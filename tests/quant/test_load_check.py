@@ -17,7 +17,7 @@ from infergen.formats import dequantize, quantize
 from infergen.io.checkpoint import load_checkpoint
 from infergen.ops.linear import LINEAR_BACKENDS
 from infergen.quant.probe import check_kv_scales
-from tests.hf_models import build_hf_model
+from tests.hf_models import build_hf_model, fake_quantize
 
 
 def _outlier_model(tmp_path):
@@ -40,22 +40,11 @@ def test_outlier_projection_falls_back_to_full_precision(tmp_path):
     assert error > 0.9 and limit == pytest.approx(4 * 0.027)  # all but one weight lost
     assert model.layers[1].attn.o.backend is LINEAR_BACKENDS.get("native")
     assert model.layers[0].attn.o.backend is LINEAR_BACKENDS.get("fp8_e4m3")
-    with torch.no_grad():  # the oracle: every other projection fake-quantized
-        for i, layer in enumerate(hf_model.model.layers):
-            a, m = layer.self_attn, layer.mlp
-            for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj]):
-                if i == 1 and group == [a.o_proj]:
-                    continue
-                fused = torch.cat([lin.weight for lin in group])
-                fused = dequantize(quantize(fused, "fp8_e4m3", axis=-1))
-                for lin, part in zip(
-                    group, fused.split([g.out_features for g in group]), strict=True
-                ):
-                    lin.weight.copy_(part)
-            m.down_proj.weight.copy_(dequantize(quantize(m.down_proj.weight, "fp8_e4m3", axis=-1)))
-        hf_model.lm_head.weight.copy_(
-            dequantize(quantize(hf_model.lm_head.weight, "fp8_e4m3", axis=-1))
-        )
+    # the oracle: every other projection fake-quantized
+    fake_quantize(
+        hf_model, lambda w: dequantize(quantize(w, "fp8_e4m3", axis=-1)), skip={(1, "o_proj")}
+    )
+    with torch.no_grad():
         tokens = torch.randint(0, 211, (16,), generator=torch.Generator().manual_seed(0)).tolist()
         expected = hf_model(torch.tensor([tokens])).logits[0]
     got = llm.engine.prompt_logits(tokens)
@@ -78,16 +67,11 @@ def test_clean_model_keeps_every_projection_quantized(tmp_path):
 @pytest.mark.parametrize("keep_blocks", [False, True])
 def test_gguf_with_corrupt_block_scale_is_refused(tmp_path, keep_blocks):
     import gguf
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.io.test_gguf import _write_gguf
+    from tests.io.test_gguf import _write_gguf, tiny_llama
 
-    config = LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
     path = tmp_path / "tiny.gguf"
-    _write_gguf(path, LlamaForCausalLM(config).eval(), gguf.GGMLQuantizationType.Q4_1)
+    _write_gguf(path, tiny_llama(num_hidden_layers=1), gguf.GGMLQuantizationType.Q4_1)
     reader = gguf.GGUFReader(str(path))
     target = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
     data = bytearray(path.read_bytes())

@@ -16,7 +16,7 @@ from infergen.errors import InfergenError
 from infergen.formats import dequantize, quantize
 from infergen.ops import linear_quantized as lq
 from infergen.ops.linear import LINEAR_BACKENDS
-from tests.hf_models import BASE, build_hf_model
+from tests.hf_models import BASE, build_hf_model, fake_quantize
 
 NATIVE = LINEAR_BACKENDS.get("native")
 SCHEMES = ["int8", "fp8_e4m3"]
@@ -63,17 +63,8 @@ def test_pack_round_trip_and_rows(fmt):
 @pytest.mark.parametrize("fmt", SCHEMES)
 def test_engine_equals_fake_quantized_transformers(fmt, name, tmp_path):
     hf_model = build_hf_model(name, tmp_path)
-    with torch.no_grad():  # the oracle: every projection (and the LM head) fake-quantized,
-        # q/k/v and gate/up as the engine holds them, fused (a per-tensor scale is shared)
-        for layer in hf_model.model.layers:
-            a, m = layer.self_attn, layer.mlp
-            for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj]):
-                fused = _fake_quant(torch.cat([lin.weight for lin in group]), fmt)
-                parts = fused.split([g.out_features for g in group])
-                for lin, part in zip(group, parts, strict=True):
-                    lin.weight.copy_(part)
-            m.down_proj.weight.copy_(_fake_quant(m.down_proj.weight, fmt))
-        hf_model.lm_head.weight.copy_(_fake_quant(hf_model.lm_head.weight, fmt))
+    # the oracle: every projection and the LM head fake-quantized, fused as the engine holds them
+    fake_quantize(hf_model, lambda w: _fake_quant(w, fmt))
     llm = LLM(str(tmp_path), kv_cache_memory="16MiB", weights=fmt)
     torch.manual_seed(3)
     tokens = torch.randint(0, hf_model.config.vocab_size, (20,)).tolist()
