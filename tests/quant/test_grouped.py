@@ -23,6 +23,7 @@ from infergen.io.checkpoint import load_checkpoint
 from infergen.ops import linear_grouped as lg
 from infergen.ops.linear import LINEAR_BACKENDS
 from tests.hf_models import build_hf_model, fake_quantize
+from tests.quant.oracle import assert_equals_dequantized
 
 NATIVE = LINEAR_BACKENDS.get("native")
 FORMATS = sorted(lg.GROUP_FORMATS)
@@ -61,11 +62,7 @@ def test_linear_equals_dequantized_weight(fmt, out_features, in_features, tokens
     x = torch.randn(tokens, in_features, generator=gen)
     deq = _oracle(w, fmt)
     assert torch.equal(lg.dequantized(w, fmt), deq)  # the values the kernel uses
-    backend = LINEAR_BACKENDS.get(fmt)
-    ours = backend.apply(x, backend.prepare(w), b, out_features)
-    assert torch.equal(ours, NATIVE.apply(x, NATIVE.prepare(deq), b, out_features))
-    expected = x.double() @ deq.double().t() + (b.double() if bias else 0)
-    torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-4)
+    assert_equals_dequantized(fmt, w, deq, x, b)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -17,6 +17,7 @@ from infergen.formats import dequantize, quantize
 from infergen.ops import linear_quantized as lq
 from infergen.ops.linear import LINEAR_BACKENDS
 from tests.hf_models import BASE, build_hf_model, fake_quantize
+from tests.quant.oracle import assert_equals_dequantized
 
 NATIVE = LINEAR_BACKENDS.get("native")
 SCHEMES = ["int8", "fp8_e4m3"]
@@ -38,12 +39,7 @@ def test_linear_equals_dequantized_weight(fmt, out_features, in_features, tokens
     w[2, :4] = torch.tensor([1e-4, -1e-4, 3e-3, -0.0])  # FP8 subnormals and -0
     b = torch.randn(out_features, generator=gen) if bias else None
     x = torch.randn(tokens, in_features, generator=gen)
-    deq = _fake_quant(w, fmt)
-    backend = LINEAR_BACKENDS.get(fmt)
-    ours = backend.apply(x, backend.prepare(w), b, out_features)
-    assert torch.equal(ours, NATIVE.apply(x, NATIVE.prepare(deq), b, out_features))
-    expected = x.double() @ deq.double().t() + (b.double() if bias else 0)
-    torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-4)
+    assert_equals_dequantized(fmt, w, _fake_quant(w, fmt), x, b)
 
 
 @pytest.mark.parametrize("fmt", SCHEMES)
