@@ -25,7 +25,6 @@ from infergen.ops.linear import LINEAR_BACKENDS
 from tests.hf_models import build_hf_model, fake_quantize
 from tests.quant.oracle import assert_equals_dequantized
 
-NATIVE = LINEAR_BACKENDS.get("native")
 FORMATS = sorted(lg.GROUP_FORMATS)
 GGUF = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
 
