@@ -140,13 +140,12 @@ def read_checkpoint(tensors: dict[str, torch.Tensor], qconfig: dict[str, Any], s
     prefixes = sorted({name.rsplit(".", 1)[0] for name in tensors if name.endswith(stored)})
     for prefix in prefixes:
         weight = read_weight(tensors, prefix, fmt, group["weights"], source)
-        values = weight.dequantize()  # the load-time check: corrupt scales show up here
-        bad = int((~torch.isfinite(values)).sum())
+        bad = weight.nonfinite()  # the load-time check: corrupt scales or codes
         if bad:
             raise CheckpointError(
                 "quantized weight decodes to non-finite values (corrupt scales?)",
                 where=f"{source}: {prefix}",
-                found=f"{bad} NaN/Inf of {values.numel()}",
+                found=f"{bad} NaN/Inf scales or codes ({weight.fmt})",
                 expected="finite scales",
             )
         tensors[prefix + ".weight"] = weight

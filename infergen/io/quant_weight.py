@@ -30,6 +30,22 @@ class QuantWeight:
         rows = torch.arange(self.shape[0])
         return backend.rows(backend.prepare(self), rows)
 
+    def nonfinite(self) -> int:
+        """How many stored values decode to NaN / ±Inf: float scales (and NVFP4's global), FP8
+        scale bytes, E8M0 NaN exponents, FP8 NaN codes (the load-time check; no decoding of
+        the whole weight)."""
+        bad = 0 if self.scalar is None or torch.isfinite(torch.tensor(self.scalar)) else 1
+        for field in self.fields:
+            if field.is_floating_point():
+                bad += int((~torch.isfinite(field)).sum())
+            elif self.fmt == "nvfp4":  # E4M3 scale bytes
+                bad += int((~torch.isfinite(field.view(torch.float8_e4m3fn).float())).sum())
+            elif self.fmt == "mxfp4":  # E8M0: 0xFF is NaN
+                bad += int((field == 0xFF).sum())
+        if self.fmt == "fp8_e4m3":  # E4M3FN codes: S.1111.111 is NaN
+            bad += int(((self.codes & 0x7F) == 0x7F).sum())
+        return bad
+
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight | None:
         """Concatenated along `out` (fused q/k/v, gate/up), or None when the parts cannot share

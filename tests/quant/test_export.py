@@ -140,3 +140,28 @@ def test_quantize_cli_and_errors(tmp_path, capsys):
         == 2
     )
     assert "no compressed-tensors layout" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheme", sorted(EXPORTS))
+def test_nonfinite_scales_are_found_without_decoding(scheme):
+    """QuantWeight.nonfinite (the load check) flags exactly the weights whose decoded values
+    (the backend's own dequantization) hold NaN / Inf."""
+    from infergen.io.compressed_tensors import read_weight
+    from infergen.quant.export import _stored
+
+    w = torch.randn(24, 64, generator=torch.Generator().manual_seed(2))
+    fmt, args = EXPORTS[scheme]
+    for corrupt in (False, True):
+        stored = {f"p.{k}": v.clone() for k, v in _stored(w, scheme).items()}
+        if corrupt:
+            if scheme == "fp8_e4m3":
+                stored["p.weight"].view(torch.uint8)[3, 5] = 0x7F  # a NaN code
+            elif scheme == "mxfp4":
+                stored["p.weight_scale"][2, 1] = 0xFF  # E8M0 NaN
+            elif scheme == "nvfp4":
+                stored["p.weight_scale"].view(torch.uint8)[2, 1] = 0x7F  # E4M3 NaN
+            else:
+                stored["p.weight_scale"][2] = float("nan")
+        weight = read_weight(stored, "p", fmt, args, "test")
+        decoded_bad = not bool(torch.isfinite(weight.dequantize()).all())
+        assert (weight.nonfinite() > 0) == decoded_bad == corrupt
