@@ -381,11 +381,52 @@ class EngineConfig:
     # a projection whose load-time probe error is far above its scheme's level (quant/probe.py):
     # "fallback" keeps it at full precision (and says so), "refuse" stops the engine
     on_bad_layer: str = "fallback"
+    # a quant.ACTIVATION_SCHEMES row: projection inputs quantized too, e.g. "fp8_e4m3" (W8A8
+    # with weights="fp8_e4m3"), "int8" (W4A8 with weights="int4"), "nvfp4" (W4A4)
+    activations: str | None = None
+    # calibration (quant/): the clipping method of static activation scales ("max",
+    # "percentile", "mse"; "mse" also clips quantized weights), smoothing ("smoothquant",
+    # "awq") and a file to save the statistics and chosen scales to
+    calibration: str = "max"
+    smoothing: str | None = None
+    calibration_stats: str | None = None
     max_model_len: int | None = None  # context cap in tokens (None: the model's own)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     DTYPES = ("float32", "bfloat16", "float16")
+
+    def _check_quantization(self) -> None:
+        """Activation schemes, calibration methods and smoothings are registry rows; the
+        calibrated options need a dtype and weights they can rewrite."""
+        from infergen.quant.activations import ACTIVATION_SCHEMES
+        from infergen.quant.clipping import CLIP_METHODS
+        from infergen.quant.smoothing import SMOOTHINGS
+
+        CLIP_METHODS.get(self.calibration, where="calibration")
+        if self.smoothing is not None:
+            SMOOTHINGS.get(self.smoothing, where="smoothing")
+        if self.activations is not None:
+            ACTIVATION_SCHEMES.get(self.activations, where="activations")
+        calibrated = self.activations or self.smoothing or self.calibration != "max"
+        _require(
+            not calibrated or self.dtype == "float32",
+            "quantized activations and calibration run on a float32 engine",
+            where="dtype",
+            found=self.dtype,
+            expected="float32",
+        )
+        if self.weights is not None and (self.smoothing or self.calibration == "mse"):
+            from infergen.quant.schemes import WEIGHT_SCHEMES
+
+            _require(
+                not WEIGHT_SCHEMES.get(self.weights).keep_blocks,
+                f"weights {self.weights!r} run a file's blocks as stored: there is nothing to "
+                "smooth or clip",
+                where="smoothing" if self.smoothing else "calibration",
+                found=self.smoothing or self.calibration,
+                expected="a scheme that quantizes (e.g. 'q4_1', 'int4')",
+            )
 
     def __post_init__(self) -> None:
         _require(
@@ -413,6 +454,7 @@ class EngineConfig:
                 found=self.dtype,
                 expected=f"one of {scheme.dtypes}",
             )
+        self._check_quantization()
         _require(
             self.max_model_len is None or self.max_model_len >= 2,
             "max_model_len must leave room for a prompt token and a generated one",

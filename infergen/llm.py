@@ -47,6 +47,17 @@ class LLM:
         on_bad_layer: a quantized projection whose load-time probe error is far above its
             scheme's level: "fallback" keeps it at full precision (a warning names it),
             "refuse" raises.
+        activations: projection inputs quantized too (infergen.quant.ACTIVATION_SCHEMES):
+            "fp8_e4m3" / "int8" (a dynamic scale per token), "fp8_e4m3_static" /
+            "int8_static" (calibrated), "mxfp4", "mxfp8", "nvfp4"; with `weights` they make
+            W8A8, W4A8, W4A4.
+        calibration: how calibrated scales clip (quant/clipping.py): "max", "percentile",
+            "mse" ("mse" also searches each quantized weight group's clipping).
+        smoothing: "smoothquant" or "awq" (quant/smoothing.py): per-channel scales moved
+            between activations and weights before quantizing.
+        calibration_stats: a .safetensors path to save calibration statistics and the
+            scales chosen.
+        progress: show progress bars while calibrating.
     """
 
     def __init__(
@@ -67,8 +78,13 @@ class LLM:
         weights: str | None = None,
         kv_format: str | None = None,
         on_bad_layer: str = "fallback",
+        activations: str | None = None,
+        calibration: str = "max",
+        smoothing: str | None = None,
+        calibration_stats: str | None = None,
         max_model_len: int | None = None,
         checkpoint: Any = None,
+        progress: bool = False,
     ):
         config = EngineConfig(
             model=model,
@@ -76,6 +92,10 @@ class LLM:
             kernels=kernels,
             weights=weights,
             on_bad_layer=on_bad_layer,
+            activations=activations,
+            calibration=calibration,
+            smoothing=smoothing,
+            calibration_stats=calibration_stats,
             max_model_len=max_model_len,
             num_threads=num_threads,
             seed=seed,
@@ -92,7 +112,7 @@ class LLM:
                 enable_chunked_prefill=enable_chunked_prefill,
             ),
         )
-        self.engine = Engine(config, checkpoint)
+        self.engine = Engine(config, checkpoint, progress=progress)
         self.config = self.engine.model_config
         self.tokenizer = self.engine.tokenizer
 

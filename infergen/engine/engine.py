@@ -33,6 +33,7 @@ from infergen.kvcache.calibrate import calibrate_kv_scales
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.models.transformer import Transformer
 from infergen.process import configure_process
+from infergen.quant.apply import CalibrationResult, quantize_calibrated, rewrites_weights
 from infergen.quant.probe import check_kv_scales
 from infergen.quant.schemes import WEIGHT_SCHEMES, apply_weight_scheme
 
@@ -63,7 +64,9 @@ def _check_fallbacks(model: Transformer, config: EngineConfig) -> dict[str, tupl
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
+    def __init__(
+        self, config: EngineConfig, checkpoint: Checkpoint | None = None, progress: bool = False
+    ):
         configure_process(config.num_threads)
         if config.kernels == "native":
             build_all()  # compile (or load cached) C kernels now, not during the first request
@@ -83,11 +86,10 @@ class Engine:
         self.tokenizer = checkpoint.tokenizer
         dtype = _DTYPES[config.dtype]
         model = Transformer(self.model_config, dtype, config.kernels)
-        if config.weights is not None:
+        if config.weights is not None and not rewrites_weights(config):
             apply_weight_scheme(model, config.weights)  # backends quantize as they load
         model.load_weights(checkpoint.tensors)
         checkpoint.tensors.clear()  # the model holds its own (fused) copies
-        self.fallback_layers = _check_fallbacks(model, config)
         self.sampler = Sampler()
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         # the context a sequence may grow to: the model's, or less when config caps it
@@ -95,6 +97,10 @@ class Engine:
             self.model_config.max_position_embeddings,
             config.max_model_len or self.model_config.max_position_embeddings,
         )
+        self.calibration: CalibrationResult | None = None
+        if config.activations is not None or rewrites_weights(config):
+            self.calibration = quantize_calibrated(self, model, config, dtype, progress)
+        self.fallback_layers = _check_fallbacks(model, config)
         cache = config.cache
         scales = None
         if checkpoint.kv_scales is not None:  # the checkpoint's FP8 KV scales, keys unshifted

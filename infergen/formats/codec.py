@@ -158,11 +158,19 @@ def _e8m0_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, nat
     return codes, scales, None, None
 
 
-def _nvfp4_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, native: bool):
-    amax_tensor = _tensor_amax(blocks, native).reshape(())
-    global_scale = _div(amax_tensor, NVFP4_GLOBAL_DIVISOR)
-    if amax_tensor == 0:
-        global_scale = torch.ones((), device=blocks.device)  # all-zero: every block scale is 0
+def _nvfp4_quantize(
+    spec: FormatSpec,
+    blocks: torch.Tensor,
+    rule: str | None,
+    native: bool,
+    global_scale: torch.Tensor | None = None,
+):
+    if global_scale is None:  # from the tensor's own amax
+        amax_tensor = _tensor_amax(blocks, native).reshape(())
+        global_scale = _div(amax_tensor, NVFP4_GLOBAL_DIVISOR)
+        if amax_tensor == 0:
+            global_scale = torch.ones((), device=blocks.device)  # all-zero: block scales are 0
+    global_scale = global_scale.reshape(()).float()
     done = fast_paths(blocks, native).nvfp4_quantize(blocks, global_scale)
     if done is not None:
         return done[0], done[1], None, global_scale.float()
@@ -228,11 +236,19 @@ def quantize(
     block_size: int | None = None,
     scale_rule: str | None = None,
     native: bool = True,
+    global_scale: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize `x` to `fmt` in blocks along `axis` (see the module docstring for the rules).
     `native=False` forces the torch reference path; else the fast path of x's device runs
-    (FAST_PATHS: C on the CPU, Triton on CUDA), bit-identical, where it exists."""
+    (FAST_PATHS: C on the CPU, Triton on CUDA), bit-identical, where it exists.
+    `global_scale` (NVFP4 only): a given fp32 tensor scale (e.g. a static activation scale from
+    calibration) instead of the tensor's amax / (448 · 6); values beyond it saturate."""
     spec = FORMATS.get(fmt, where="format") if isinstance(fmt, str) else fmt
+    extra = {}
+    if global_scale is not None:
+        if spec.scaling != "nvfp4":
+            raise ValueError(f"format {spec.name}: global_scale is an NVFP4 parameter")
+        extra["global_scale"] = global_scale
     block = spec.block_size if block_size is None else block_size
     spec.check_block_size(block)
     if scale_rule is not None and scale_rule not in spec.scale_rules:
@@ -245,7 +261,7 @@ def quantize(
     axis = axis % x.dim() if x.dim() else 0
     blocks = _blocks(x, axis, block)
     codes, scales, zero_points, global_scale = QUANTIZERS[spec.scaling](
-        spec, blocks, scale_rule, native
+        spec, blocks, scale_rule, native, **extra
     )
     moved_shape = _moved_shape(tuple(x.shape), axis)
     if spec.packed and codes.numel() != blocks.numel():  # a fast path packed as it encoded

@@ -39,6 +39,8 @@ class Linear(nn.Module):
         self.max_error: float | None = None
         self.probe_error: float | None = None  # measured at load when checked
         self.fallback: tuple[float, float] | None = None
+        # the input quantizer of a weight + activation scheme (quant/activations.py), or None
+        self.act: nn.Module | None = None
 
     def load(self, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None) -> None:
         """Take the checkpoint weight [out, in] (and bias [out]) in the engine dtype. GGUF
@@ -71,7 +73,13 @@ class Linear(nn.Module):
         self.bias = bias.to(self.dtype).contiguous() if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, in] → [tokens, out]
+        if self.act is not None:
+            x = self.act(x)
         return self.backend.apply(x, self.weight, self.bias, self.out_features)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight [out, in] as the product uses it (dequantized when quantized)."""
+        return self.rows(torch.arange(self.out_features))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the weight [len(ids), in] (an embedding lookup for tied heads)."""

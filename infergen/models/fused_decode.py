@@ -90,6 +90,8 @@ class FusedDecode:
             linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
             if any(lin.weight.dim() != 3 for lin in linears):  # not in packed panels
                 return None
+            if any(lin.act is not None for lin in linears):  # inputs quantized: per-op path
+                return None
             formats = [lin.backend.decode_format for lin in linears]
             if None in formats:
                 return None

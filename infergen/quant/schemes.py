@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from infergen.layers.linear import Linear
@@ -29,6 +30,11 @@ class WeightScheme:
     # the load-time check (quant/probe.py): probe_error on Gaussian weights; a projection
     # FALLBACK_FACTOR times above it falls back to full precision (None: not checked)
     expected_error: float | None = None
+    # the weights sharing a scale, for clipping searches (quant/clipping.py): a group size
+    # along the inputs, PER_CHANNEL (-1: a row) or PER_TENSOR (0); asymmetric: a scale and an
+    # offset (a group's range is [min, max], not ±amax)
+    scale_group: int = 32
+    asymmetric: bool = False
 
 
 WEIGHT_SCHEMES: Registry[WeightScheme] = Registry("weight scheme")
@@ -39,6 +45,7 @@ WEIGHT_SCHEMES.register(
         "weight-only int8, one fp32 scale per output channel (formats 'int8'); every "
         "projection, the LM head (and a tied embedding) included",
         expected_error=0.008,
+        scale_group=-1,
     ),
 )
 
@@ -51,6 +58,7 @@ WEIGHT_SCHEMES.register(
         "'fp8_e4m3'; q/k/v share one, gate/up share one); every projection, the LM head (and "
         "a tied embedding) included",
         expected_error=0.027,
+        scale_group=0,
     ),
 )
 
@@ -89,6 +97,8 @@ for _name, (_what, _error) in _GROUPED.items():
             f"weight-only {_what}; every projection, the LM head (and a tied embedding) "
             "included (input features must be a multiple of 32)",
             expected_error=_error,
+            scale_group=16 if _name == "nvfp4" else 32,
+            asymmetric=_name in ("int4_asym", "q4_1"),
         ),
     )
 
@@ -122,3 +132,16 @@ def apply_weight_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ())
             module.max_error = scheme.expected_error * FALLBACK_FACTOR
         changed.append(module_name)
     return changed
+
+
+def dequantized_weight(name: str, weight: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight [out, in] scheme `name` computes with for fp32 `weight` (the values its
+    backend's product uses: quantize, then dequantize by the format's reference)."""
+    from infergen.ops import linear_grouped, linear_quantized
+
+    backend = WEIGHT_SCHEMES.get(name, where="weights").linear_backend
+    if backend in linear_quantized.CODE_FORMATS:
+        return linear_quantized.dequantized(weight, backend)
+    if backend in linear_grouped.GROUP_FORMATS:
+        return linear_grouped.dequantized(weight, backend)
+    raise ValueError(f"weight scheme {name!r} does not quantize fp32 weights")

@@ -1,0 +1,93 @@
+"""Activation quantization before a projection: x [tokens, in] fp32 → x̂ [tokens, in] fp32, the
+values x's codes stand for. The projection then runs on x̂: the numerics of a W·A kernel that
+multiplies codes and applies both scales in its epilogue with fp32 accumulation.
+
+Granularities (an ActivationFormat's `granularity`):
+  "token"  a scale per token (row): amax / the format's largest code, computed every step;
+  "tensor" one static fp32 scale from calibration; values beyond it saturate;
+  "block"  the format's own blocks along the row: MXFP4 / MXFP8 (32 values, E8M0 scale) dynamic;
+           NVFP4 (16 values, E4M3 scale) under a static fp32 global scale from calibration.
+Every granularity is row-local: a request's activations never depend on the other requests in
+its batch.
+
+Bytes moved: x read and x̂ written once (8 bytes a value). This CPU has no FP8 / FP4 matrix
+units, so the product stays fp32 on x̂: a scheme here shows its accuracy, and its speed cost is
+this pass (benchmarks/bench_quant.py). `reference` computes x̂ through infergen.formats'
+element codecs; `fake_quantize` through torch's float8 cast and the formats' C fast paths,
+bit-identical (tests/ops/test_quantize_activation.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infergen.formats import ELEMENT_TYPES, dequantize, quantize
+
+
+@dataclass(frozen=True)
+class ActivationFormat:
+    fmt: str  # an infergen.formats row ("fp8_e4m3", "int8", "mxfp4", "nvfp4", ...)
+    granularity: str  # "token" | "tensor" | "block"
+    bits: float  # bits per activation value, scales included (for reports)
+
+    @property
+    def static(self) -> bool:
+        """Takes a scale from calibration (per-tensor scale, or NVFP4's global scale)."""
+        return self.granularity == "tensor" or self.fmt == "nvfp4"
+
+    @property
+    def max_code(self) -> float:
+        """The largest value a static scale maps the clipping range onto."""
+        return _MAX_CODE[self.fmt]
+
+
+_MAX_CODE = {"int8": 127.0, "fp8_e4m3": 448.0, "nvfp4": 448.0 * 6.0}
+_TORCH_FP8 = {"fp8_e4m3": torch.float8_e4m3fn}
+
+
+def _row_scales(x: torch.Tensor, max_code: float) -> torch.Tensor:
+    """amax of each row / max_code, [tokens, 1]; an all-zero row gets 1."""
+    scale = x.abs().amax(dim=-1, keepdim=True) / max_code
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def _check(x: torch.Tensor, act: ActivationFormat, scale: torch.Tensor | None) -> None:
+    if x.dtype != torch.float32 or x.dim() != 2:
+        raise TypeError(f"activation quantization expects fp32 [tokens, in], got {x.dtype} "
+                        f"{tuple(x.shape)}")  # fmt: skip
+    if act.static and scale is None:
+        raise ValueError(f"{act.fmt} {act.granularity} activations need a calibrated scale")
+
+
+def reference(
+    x: torch.Tensor, act: ActivationFormat, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x̂ through the formats' reference codecs (the oracle)."""
+    _check(x, act, scale)
+    if act.granularity == "block":
+        extra = {"global_scale": scale} if act.fmt == "nvfp4" else {}
+        q = quantize(x, act.fmt, axis=-1, native=False, **extra)
+        return dequantize(q, native=False)
+    s = _row_scales(x, act.max_code) if act.granularity == "token" else scale.reshape(1, 1)
+    if act.fmt == "int8":
+        return torch.round(x / s).clamp(-127, 127) * s
+    et = ELEMENT_TYPES.get(act.fmt.removeprefix("fp8_"))
+    return et.decode(et.encode(x / s)) * s  # encode saturates at the format's max
+
+
+def fake_quantize(
+    x: torch.Tensor, act: ActivationFormat, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x̂, as `reference` computes it, by the fast paths."""
+    _check(x, act, scale)
+    if act.granularity == "block":
+        extra = {"global_scale": scale} if act.fmt == "nvfp4" else {}
+        return dequantize(quantize(x, act.fmt, axis=-1, **extra))
+    s = _row_scales(x, act.max_code) if act.granularity == "token" else scale.reshape(1, 1)
+    y = x / s
+    if act.fmt == "int8":
+        return y.round_().clamp_(-127, 127).mul_(s)
+    m = act.max_code
+    return y.clamp_(-m, m).to(_TORCH_FP8[act.fmt]).float().mul_(s)
