@@ -52,6 +52,51 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "head, calibrated on the shipped corpus at start: 4x the tokens of fp32 in the same "
         "--kv-cache-memory). Default: the engine dtype",
     )
+    _add_calibration_args(parser)
+
+
+def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--activations",
+        default=None,
+        help="quantize projection inputs too: 'fp8_e4m3' / 'int8' (a dynamic scale per token), "
+        "'fp8_e4m3_static' / 'int8_static' (a calibrated scale), 'mxfp8', 'mxfp4', 'nvfp4'. "
+        "With --weights: W8A8 (fp8_e4m3 + fp8_e4m3), W4A8 (int4 + int8), W4A4 (nvfp4 + nvfp4). "
+        "On this CPU the products stay fp32 on the quantized values (accuracy, not speed)",
+    )
+    parser.add_argument(
+        "--calibration",
+        default="max",
+        help="how calibrated scales clip: 'max' (default: nothing seen saturates), "
+        "'percentile' (99.99th of |x|), 'mse' (least squared error; also searches each "
+        "quantized weight group's clipping)",
+    )
+    parser.add_argument(
+        "--smoothing",
+        default=None,
+        help="move per-channel scales between activations and weights before quantizing: "
+        "'awq' (searched for 4-bit weights) or 'smoothquant' (for W8A8)",
+    )
+    parser.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="keep matching projections at full precision (repeatable), e.g. lm_head, "
+        "'layers.0.*', '*.mlp.down'",
+    )
+    parser.add_argument(
+        "--calib",
+        default=None,
+        metavar="TEXT_FILE",
+        help="calibrate on this text (default: the start of the shipped corpus, data/)",
+    )
+    parser.add_argument(
+        "--calib-stats",
+        default=None,
+        metavar="PATH",
+        help="save the calibration statistics and chosen scales to PATH (.safetensors)",
+    )
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +141,13 @@ def _load(args: argparse.Namespace):
         max_model_len=args.max_model_len,
         weights=args.weights,
         kv_format=args.kv_format,
+        activations=args.activations,
+        calibration=args.calibration,
+        smoothing=args.smoothing,
+        calibration_stats=args.calib_stats,
+        calibration_text=args.calib,
+        keep=args.keep,
+        progress=sys.stderr.isatty(),
     )
     cache = llm.engine.kv_cache
     print(
@@ -334,15 +386,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from infergen.kvcache.kv_format import KV_FORMATS
     from infergen.quant import WEIGHT_SCHEMES
     from infergen.quant.evaluate import evaluate
+    from infergen.quant.spec import MATRIX_SPECS, parse_spec
 
     applicable = [  # every weight scheme that applies to this checkpoint
         name
         for name in WEIGHT_SCHEMES.names()
         if not WEIGHT_SCHEMES.get(name).keep_blocks or _is_gguf(args.model)
     ]
-    schemes = args.weights or applicable
+    schemes = args.weights or [*applicable, *MATRIX_SPECS]
     for name in schemes:
-        WEIGHT_SCHEMES.get(name, where="--weights")  # a clear error before any loading
+        parse_spec(name)  # a clear error before any loading
     kv_formats = args.kv_format
     if kv_formats is None:  # every format, unless only weight schemes were asked for
         kv_formats = [] if args.weights else KV_FORMATS.names()
@@ -398,6 +451,14 @@ def _lengths(text: str) -> list[int]:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from infergen.quant.export import export
 
+    if args.keep:
+        raise ConfigError(
+            "infergen quantize writes every decoder projection quantized (the checkpoint "
+            "keeps only lm_head in full precision)",
+            where="--keep",
+            found=args.keep,
+            expected="no --keep (use it with generate / serve / eval instead)",
+        )
     started = time.perf_counter()
     print(f"quantizing {args.model or 'the default model'} to {args.weights} ...", file=sys.stderr)
 
@@ -405,7 +466,18 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         bar = "#" * (30 * done // total)
         print(f"\r  layers [{bar:<30}] {done}/{total}", end="", file=sys.stderr, flush=True)
 
-    out = export(args.model, args.weights, args.out, kv_format=args.kv, progress=progress)
+    out = export(
+        args.model,
+        args.weights,
+        args.out,
+        kv_format=args.kv,
+        progress=progress,
+        activations=args.activations,
+        calibration=args.calibration,
+        smoothing=args.smoothing,
+        calibration_stats=args.calib_stats,
+        calibration_text=args.calib,
+    )
     print(file=sys.stderr)
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     print(f"wrote {out} ({size:.0f} MiB) in {time.perf_counter() - started:.1f} s")
@@ -510,7 +582,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights",
         action="append",
         default=None,
-        help="a scheme to score (repeatable; default: every scheme in infergen.quant)",
+        help="a quantization config to score (repeatable): a weight scheme, or "
+        "WEIGHTS[/ACTIVATIONS][+OPTION...] with options awq, smoothquant, max, percentile, mse, "
+        "e.g. 'int4+awq', 'fp8_e4m3/fp8_e4m3', 'int8/int8_static+smoothquant' (default: every "
+        "weight scheme and infergen.quant.spec.MATRIX_SPECS)",
     )
     ev.add_argument(
         "--kv-format",
@@ -566,6 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     qz.add_argument("--kv", default=None, help="also calibrate an FP8 KV cache: fp8_e4m3")
     qz.add_argument("--out", required=True, help="directory to write")
+    _add_calibration_args(qz)
     qz.set_defaults(func=cmd_quantize)
 
     serve = sub.add_parser(

@@ -390,6 +390,10 @@ class EngineConfig:
     calibration: str = "max"
     smoothing: str | None = None
     calibration_stats: str | None = None
+    calibration_text: str | None = None  # a text file to calibrate on (None: the shipped corpus)
+    # projections (module-name globs, e.g. "lm_head", "layers.0.*") kept at full precision by
+    # the weight and activation schemes
+    keep: tuple[str, ...] = ()
     max_model_len: int | None = None  # context cap in tokens (None: the model's own)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -409,6 +413,16 @@ class EngineConfig:
         if self.activations is not None:
             ACTIVATION_SCHEMES.get(self.activations, where="activations")
         calibrated = self.activations or self.smoothing or self.calibration != "max"
+        if self.calibration_text is not None:
+            import os
+
+            _require(
+                os.path.isfile(self.calibration_text),
+                "calibration text file not found",
+                where="calibration_text",
+                found=self.calibration_text,
+                expected="a readable text file",
+            )
         _require(
             not calibrated or self.dtype == "float32",
             "quantized activations and calibration run on a float32 engine",

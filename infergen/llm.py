@@ -57,6 +57,9 @@ class LLM:
             between activations and weights before quantizing.
         calibration_stats: a .safetensors path to save calibration statistics and the
             scales chosen.
+        calibration_text: a text file to calibrate on (default: the shipped corpus).
+        keep: projections the weight / activation schemes leave at full precision, as
+            module-name globs, e.g. ("lm_head", "layers.0.*").
         progress: show progress bars while calibrating.
     """
 
@@ -82,6 +85,8 @@ class LLM:
         calibration: str = "max",
         smoothing: str | None = None,
         calibration_stats: str | None = None,
+        calibration_text: str | None = None,
+        keep: tuple[str, ...] | list[str] = (),
         max_model_len: int | None = None,
         checkpoint: Any = None,
         progress: bool = False,
@@ -96,6 +101,8 @@ class LLM:
             calibration=calibration,
             smoothing=smoothing,
             calibration_stats=calibration_stats,
+            calibration_text=calibration_text,
+            keep=tuple(keep),
             max_model_len=max_model_len,
             num_threads=num_threads,
             seed=seed,

@@ -33,6 +33,7 @@ from infergen.kvcache.calibrate import calibrate_kv_scales
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.models.transformer import Transformer
 from infergen.process import configure_process
+from infergen.quant.activations import load_activation_scales
 from infergen.quant.apply import CalibrationResult, quantize_calibrated, rewrites_weights
 from infergen.quant.probe import check_kv_scales
 from infergen.quant.schemes import WEIGHT_SCHEMES, apply_weight_scheme
@@ -65,7 +66,11 @@ def _check_fallbacks(model: Transformer, config: EngineConfig) -> dict[str, tupl
 
 class Engine:
     def __init__(
-        self, config: EngineConfig, checkpoint: Checkpoint | None = None, progress: bool = False
+        self,
+        config: EngineConfig,
+        checkpoint: Checkpoint | None = None,
+        progress: bool = False,
+        keep_dense: bool = False,  # keep calibration's rewritten fp32 weights (quant/export.py)
     ):
         configure_process(config.num_threads)
         if config.kernels == "native":
@@ -87,7 +92,7 @@ class Engine:
         dtype = _DTYPES[config.dtype]
         model = Transformer(self.model_config, dtype, config.kernels)
         if config.weights is not None and not rewrites_weights(config):
-            apply_weight_scheme(model, config.weights)  # backends quantize as they load
+            apply_weight_scheme(model, config.weights, keep=config.keep)  # quantized as loaded
         model.load_weights(checkpoint.tensors)
         checkpoint.tensors.clear()  # the model holds its own (fused) copies
         self.sampler = Sampler()
@@ -98,8 +103,22 @@ class Engine:
             config.max_model_len or self.model_config.max_position_embeddings,
         )
         self.calibration: CalibrationResult | None = None
-        if config.activations is not None or rewrites_weights(config):
-            self.calibration = quantize_calibrated(self, model, config, dtype, progress)
+        if checkpoint.activations is not None:  # the checkpoint's scheme and static scales
+            if config.activations not in (None, checkpoint.activations):
+                raise ConfigError(
+                    "the checkpoint's input activations are quantized by another scheme",
+                    where="activations",
+                    found=config.activations,
+                    expected=f"{checkpoint.activations!r} or None (the checkpoint's)",
+                )
+            self.config = config = dataclasses.replace(config, activations=checkpoint.activations)
+            load_activation_scales(
+                model, config.activations, checkpoint.input_scales, str(checkpoint.path)
+            )
+        elif config.activations is not None or rewrites_weights(config):
+            self.calibration = quantize_calibrated(
+                self, model, config, dtype, progress, keep_dense=keep_dense
+            )
         self.fallback_layers = _check_fallbacks(model, config)
         cache = config.cache
         scales = None

@@ -27,6 +27,10 @@ class Checkpoint:
     format: str  # "gguf" | "hf"
     # a compressed-tensors checkpoint's FP8 KV cache scales [layers, 2, kv_heads] (None: none)
     kv_scales: torch.Tensor | None = None
+    # its input activation scheme (quant/activations.py) and static input scales by
+    # Hugging Face projection prefix (`model.layers.N.self_attn.q_proj`)
+    activations: str | None = None
+    input_scales: dict[str, torch.Tensor] | None = None
 
 
 def resolve_path(path: str | Path | None) -> Path:
@@ -130,7 +134,7 @@ def _load_hf(directory: Path, load_weights: bool) -> Checkpoint:
         if extra:
             config = config.replace(eos_token_ids=config.eos_token_ids + extra)
     tensors = load_safetensors(directory) if load_weights else {}
-    kv_scales = None
+    kv_scales, activations, input_scales = None, None, None
     qconfig = read_json(config_path).get("quantization_config")
     if load_weights and qconfig:
         if qconfig.get("quant_method") != "compressed-tensors":
@@ -142,12 +146,14 @@ def _load_hf(directory: Path, load_weights: bool) -> Checkpoint:
             )
         from infergen.io.compressed_tensors import read_checkpoint
 
-        kv_scales = read_checkpoint(
+        kv_scales, activations, input_scales = read_checkpoint(
             tensors, qconfig, str(directory), config.num_hidden_layers, config.num_key_value_heads
         )
     if load_weights:
         validate_tensors(config, tensors, str(directory))
-    return Checkpoint(config, tensors, tokenizer, directory, "hf", kv_scales)
+    return Checkpoint(
+        config, tensors, tokenizer, directory, "hf", kv_scales, activations, input_scales
+    )
 
 
 _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -17,11 +17,14 @@ Per quantized Linear `<p>` (weights [out, in]):
       [out, in / 32].  w = e2m1 · 2^(e − 127).
 KV cache (`kv_cache_scheme` FP8): `model.layers.N.self_attn.k_scale` / `v_scale`, [1] or
 [kv_heads, 1, 1]: k ≈ e4m3(k / k_scale) · k_scale.
+Input activations (`input_activations`, ACTIVATION_ARGS): dynamic schemes store nothing; static
+ones `<p>.input_scale` [1] (x ≈ q · input_scale) and NVFP4 `<p>.input_global_scale` [1], a
+divisor like the weights' (global scale = 1 / it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -29,6 +32,42 @@ from infergen.errors import CheckpointError
 from infergen.io.quant_weight import QuantWeight
 
 GROUP = 32  # our group kernels' group size: a checkpoint's groups must be multiples of it
+
+# our activation scheme (quant/activations.py) → its compressed-tensors input_activations
+ACTIVATION_ARGS: dict[str, dict[str, Any]] = {
+    "fp8_e4m3": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                 "dynamic": True, "group_size": None},
+    "fp8_e4m3_static": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor",
+                        "dynamic": False, "group_size": None},
+    "int8": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+             "dynamic": True, "group_size": None},
+    "int8_static": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor",
+                    "dynamic": False, "group_size": None},
+    "mxfp8": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group",
+              "dynamic": True, "group_size": 32, "scale_dtype": "torch.uint8"},
+    "mxfp4": {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group",
+              "dynamic": True, "group_size": 32, "scale_dtype": "torch.uint8"},
+    "nvfp4": {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group",
+              "dynamic": "local", "group_size": 16, "scale_dtype": "torch.float8_e4m3fn"},
+}  # fmt: skip
+_ACTIVATION_KEY = ("num_bits", "type", "strategy", "dynamic", "group_size")
+
+
+class CompressedExtras(NamedTuple):
+    """What a compressed-tensors checkpoint carries besides its weights."""
+
+    kv_scales: torch.Tensor | None  # FP8 KV cache scales [layers, 2, kv_heads]
+    activations: str | None  # our activation scheme (ACTIVATION_ARGS), None: weight-only
+    input_scales: dict[str, torch.Tensor]  # `<p>` → its static scale [1] (static schemes)
+
+
+def activation_scheme(args: dict[str, Any], where: str) -> str:
+    """input_activations args → our activation scheme (a clear error when we have none)."""
+    key = tuple(args.get(k) for k in _ACTIVATION_KEY)
+    for name, ours in ACTIVATION_ARGS.items():
+        if key == tuple(ours.get(k) for k in _ACTIVATION_KEY):
+            return name
+    raise _unsupported(where, f"input_activations {args}")
 
 
 def pack_int32(values: torch.Tensor, bits: int) -> torch.Tensor:
@@ -127,14 +166,15 @@ def read_weight(tensors: dict[str, torch.Tensor], prefix: str, fmt: str, args: d
 def read_checkpoint(tensors: dict[str, torch.Tensor], qconfig: dict[str, Any], source: str,
                     num_layers: int, kv_heads: int) -> torch.Tensor | None:  # fmt: skip
     """Replace every quantized Linear's tensors in `tensors` (in place) by a QuantWeight under
-    `<p>.weight`; returns the KV scales [layers, 2, kv_heads] when the checkpoint has an FP8
-    KV cache scheme (else None)."""
+    `<p>.weight`; returns the KV scales, activation scheme and input scales it carries."""
     groups = list((qconfig.get("config_groups") or {}).values())
     if len(groups) != 1 or not groups[0].get("weights"):
         raise _unsupported(source, f"{len(groups)} config groups")
     group = groups[0]
+    activations, input_scales = None, {}
     if group.get("input_activations"):
-        raise _unsupported(source, "quantized input activations (weight-only schemes only)")
+        activations = activation_scheme(group["input_activations"], source)
+        input_scales = _input_scales(tensors, activations, source)
     fmt = group.get("format") or qconfig.get("format")
     stored = (".weight_packed", ".weight_scale")
     prefixes = sorted({name.rsplit(".", 1)[0] for name in tensors if name.endswith(stored)})
@@ -149,6 +189,37 @@ def read_checkpoint(tensors: dict[str, torch.Tensor], qconfig: dict[str, Any], s
                 expected="finite scales",
             )
         tensors[prefix + ".weight"] = weight
+    return CompressedExtras(_kv_scales(tensors, qconfig, source, num_layers, kv_heads),
+                            activations, input_scales)  # fmt: skip
+
+
+def _input_scales(tensors: dict[str, torch.Tensor], scheme: str, source: str) -> dict:
+    """`<p>` → static input scale [1], popped from `tensors` (none for dynamic schemes)."""
+    suffix = {"fp8_e4m3_static": ".input_scale", "int8_static": ".input_scale",
+              "nvfp4": ".input_global_scale"}.get(scheme)  # fmt: skip
+    if suffix is None:
+        return {}
+    scales = {}
+    for name in [n for n in tensors if n.endswith(suffix)]:
+        value = tensors.pop(name).float().reshape(-1)
+        if value.numel() != 1 or not bool(torch.isfinite(value).all()) or float(value) <= 0:
+            raise CheckpointError(
+                "static input activation scale is not usable",
+                where=f"{source}: {name}",
+                found=f"{value.numel()} values, {value[:4].tolist()}",
+                expected="one finite positive fp32 scale",
+            )
+        scales[name.removesuffix(suffix)] = 1.0 / value if scheme == "nvfp4" else value
+    if not scales:
+        raise CheckpointError(
+            f"static {scheme} input activations without their scales",
+            where=source,
+            expected=f"`<projection>{suffix}` tensors",
+        )
+    return scales
+
+
+def _kv_scales(tensors, qconfig, source, num_layers, kv_heads) -> torch.Tensor | None:
     kv = qconfig.get("kv_cache_scheme")
     if not kv:
         return None

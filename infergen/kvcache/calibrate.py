@@ -22,10 +22,20 @@ CALIBRATION_TOKENS = 512
 CALIBRATION_TEXT = "shakespeare.txt"
 
 
-def calibration_tokens(tokenizer, vocab_size: int, count: int = CALIBRATION_TOKENS) -> list[int]:
-    path = pathlib.Path(__file__).resolve().parents[2] / "data" / CALIBRATION_TEXT
+def calibration_tokens(
+    tokenizer, vocab_size: int, count: int = CALIBRATION_TOKENS, text: str | None = None
+) -> list[int]:
+    """`count` tokens from the start of `text` (a file; default: the shipped corpus); a text
+    too short for `count` tokens is repeated."""
+    path = (
+        pathlib.Path(text)
+        if text
+        else pathlib.Path(__file__).resolve().parents[2] / "data" / CALIBRATION_TEXT
+    )
     if tokenizer is not None and path.is_file():
         tokens = tokenizer.encode(path.read_text()[: count * 8])
+        if tokens and text and len(tokens) < count:
+            tokens = tokens * (count // len(tokens) + 1)
         if len(tokens) >= count:
             return tokens[:count]
     rng = random.Random(0)

@@ -75,3 +75,43 @@ def apply_activation_scheme(model: nn.Module, name: str, keep: tuple[str, ...] =
             module.act = ActivationQuant(scheme.act)
             changed.append(module_name)
     return changed
+
+
+# a Hugging Face projection (in model.layers.N) → the engine's projection that holds it
+HF_PROJECTIONS = {
+    "self_attn.q_proj": "attn.qkv", "self_attn.k_proj": "attn.qkv", "self_attn.v_proj": "attn.qkv",
+    "self_attn.o_proj": "attn.o", "mlp.gate_proj": "mlp.gate_up", "mlp.up_proj": "mlp.gate_up",
+    "mlp.down_proj": "mlp.down",
+}  # fmt: skip
+
+
+def engine_name(hf_prefix: str) -> str:
+    """`model.layers.N.self_attn.q_proj` → `layers.N.attn.qkv`."""
+    _, _, index, module, proj = hf_prefix.split(".")
+    return f"layers.{index}.{HF_PROJECTIONS[f'{module}.{proj}']}"
+
+
+def load_activation_scales(
+    model: nn.Module, name: str, input_scales: dict[str, torch.Tensor], where: str
+) -> None:
+    """Put scheme `name`'s input quantizers on the model with a checkpoint's static scales
+    (by Hugging Face prefix; parts of a fused projection share its input: the largest wins)."""
+    from infergen.errors import CheckpointError
+
+    apply_activation_scheme(model, name)
+    if not ACTIVATION_SCHEMES.get(name).act.static:
+        return
+    scales: dict[str, torch.Tensor] = {}
+    for prefix, scale in input_scales.items():
+        ours = engine_name(prefix)
+        scales[ours] = torch.maximum(scales[ours], scale) if ours in scales else scale
+    for module_name, module in model.named_modules():
+        if not isinstance(module.__dict__.get("_modules", {}).get("act"), ActivationQuant):
+            continue
+        if module_name not in scales:
+            raise CheckpointError(
+                f"static {name} input activations: a projection has no input scale",
+                where=f"{where}: {module_name}",
+                expected="an input scale for every quantized projection",
+            )
+        module.act.scale = scales[module_name].reshape(1).float()

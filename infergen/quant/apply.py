@@ -31,6 +31,7 @@ class CalibrationResult:
     chosen: dict[str, torch.Tensor] = field(default_factory=dict)
     tokens: int = 0  # calibration tokens per pass
     passes: int = 0
+    dense: DenseModel | None = None  # the rewritten fp32 weights, when asked to keep them
 
 
 def rewrites_weights(config) -> bool:
@@ -51,22 +52,28 @@ def _norms(model):
     return {n: m.weight for n, m in model.named_modules() if isinstance(m, RMSNorm)}
 
 
-def quantize_calibrated(engine, model, config, dtype, progress: bool = True) -> CalibrationResult:
+def quantize_calibrated(
+    engine, model, config, dtype, progress: bool = True, keep_dense: bool = False
+) -> CalibrationResult:
     """Steps 1–3 of the module docstring on `model` (loaded: in fp32 when `rewrites_weights`).
     Leaves the engine on a scratch cache: the caller attaches the real one."""
     result = CalibrationResult()
     act = ACTIVATION_SCHEMES.get(config.activations).act if config.activations else None
     sequences = calibration_sequences(
-        engine.tokenizer, engine.model_config.vocab_size, engine.max_model_len
+        engine.tokenizer,
+        engine.model_config.vocab_size,
+        engine.max_model_len,
+        text=config.calibration_text,
     )
     result.tokens = sum(len(s) for s in sequences)
     stats = None
     if rewrites_weights(config):
         stats = collect_statistics(engine, model, dtype, sequences, progress)
         result.passes += 1
-        _rewrite(model, config, act, stats, result.chosen, progress)
+        dense = _rewrite(model, config, act, stats, result.chosen, progress)
+        result.dense = dense if keep_dense else None
     if act is not None:
-        apply_activation_scheme(model, config.activations)
+        apply_activation_scheme(model, config.activations, keep=config.keep)
         if act.static:
             quantizers = {n: m.act for n, m in _linears(model) if m.act is not None}
             for _, m in _linears(model):
@@ -90,7 +97,7 @@ def quantize_calibrated(engine, model, config, dtype, progress: bool = True) -> 
     return result
 
 
-def _rewrite(model, config, act, stats, chosen, progress) -> None:
+def _rewrite(model, config, act, stats, chosen, progress) -> DenseModel:
     """Smooth and clip the fp32 weights, then quantize every projection from them."""
     linears = _linears(model)
     dense = DenseModel(
@@ -105,11 +112,13 @@ def _rewrite(model, config, act, stats, chosen, progress) -> None:
             chosen[f"{n}.smooth_scale"] = s
             chosen[f"{n}.smooth_alpha"] = torch.tensor([a])
             energy[n] = energy[n] / s.square()  # the input is now x / s
-    if config.weights is not None and CLIP_METHODS.get(config.calibration).clips_weights:
-        for n, _ in linears:
+    quantized = []
+    if config.weights is not None:
+        quantized = apply_weight_scheme(model, config.weights, keep=config.keep)
+    if CLIP_METHODS.get(config.calibration).clips_weights:
+        for n in quantized:
             dense.weights[n], ratio = clip_weight(dense.weights[n], config.weights, energy[n])
             chosen[f"{n}.clip_ratio"] = ratio.flatten()
-    if config.weights is not None:
-        apply_weight_scheme(model, config.weights)
     for n, m in linears:
         m.load(dense.weights[n].to(m.dtype), dense.biases[n])
+    return dense

@@ -69,11 +69,16 @@ class InputStats:
 
 
 def calibration_sequences(
-    tokenizer, vocab_size: int, max_len: int, sequences: int = CALIBRATION_SEQUENCES
+    tokenizer,
+    vocab_size: int,
+    max_len: int,
+    sequences: int = CALIBRATION_SEQUENCES,
+    text: str | None = None,
 ) -> list[list[int]]:
-    """`sequences` consecutive runs of SEQUENCE_TOKENS tokens (fewer when the context is short)."""
+    """`sequences` consecutive runs of SEQUENCE_TOKENS tokens (fewer when the context is short)
+    from the start of `text` (a file; default: the shipped corpus)."""
     length = min(SEQUENCE_TOKENS, max_len - 1)
-    tokens = calibration_tokens(tokenizer, vocab_size, length * sequences)
+    tokens = calibration_tokens(tokenizer, vocab_size, length * sequences, text)
     return [tokens[i * length : (i + 1) * length] for i in range(sequences)]
 
 

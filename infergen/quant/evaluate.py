@@ -91,35 +91,37 @@ def evaluate(
     progress=None,
     **llm_args,
 ) -> list[dict]:
-    """One row per weight scheme, then per KV cache format over unquantized weights (the
+    """One row per quantization config (a weight scheme or a quant/spec.py string such as
+    "int4+awq" or "fp8_e4m3/fp8_e4m3"), then per KV cache format over unquantized weights (the
     unquantized model with the engine-dtype cache is always scored first, as the reference):
     perplexity, KL / top-1 against the reference ("ppl" / "kl"), passkey retrieval accuracy
     per prompt length ("passkey"), the projections' bytes and bits per weight and the KV
     cache's bytes per token. `progress(name)` is called as each configuration starts."""
     from infergen import LLM
     from infergen.quant.passkey import LENGTHS, passkey_accuracy
+    from infergen.quant.spec import parse_spec
 
-    configs = [("none", None, None)]
-    configs += [(s, s, None) for s in schemes if s is not None]
-    configs += [(f"kv {kv}", None, kv) for kv in kv_formats]
+    configs = [("none", parse_spec("none"), None)]
+    configs += [(s, parse_spec(s), None) for s in schemes if s is not None]
+    configs += [(f"kv {kv}", parse_spec("none"), kv) for kv in kv_formats]
     rows, reference, ids = [], None, token_ids
-    for name, scheme, kv_format in configs:
+    for name, quant, kv_format in configs:
         if progress is not None:
             progress(name)
+        described = {"scheme": name, "weights": quant["weights"] or "none",
+                     "activations": quant["activations"] or "none",
+                     "kv_format": kv_format or "none"}  # fmt: skip
         try:
-            llm = LLM(model, weights=scheme, kv_format=kv_format, **llm_args)
+            llm = LLM(model, kv_format=kv_format, **quant, **llm_args)
         except ConfigError as exc:  # a scheme this model cannot take (e.g. its group size)
-            if scheme is None and kv_format is None:
+            if name == "none":
                 raise
-            rows.append({"scheme": name, "weights": scheme or "none",
-                         "kv_format": kv_format or "none", "error": exc.what})  # fmt: skip
+            rows.append({**described, "error": exc.what})
             continue
         engine = llm.engine
         element = engine.config.cache.element_bytes(engine.kv_cache.dtype.itemsize)
         row = {
-            "scheme": name,
-            "weights": scheme or "none",
-            "kv_format": kv_format or "none",
+            **described,
             "weight_bytes": weight_bytes(engine.runner.model),
             "bits_per_weight": bits_per_weight(engine.runner.model),
             "kv_bytes_per_token": engine.model_config.kv_bytes_per_token(element),

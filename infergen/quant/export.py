@@ -97,12 +97,21 @@ def export(
     out: str | Path,
     kv_format: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    activations: str | None = None,
+    calibration: str = "max",
+    smoothing: str | None = None,
+    calibration_stats: str | None = None,
+    calibration_text: str | None = None,
 ) -> Path:
     """Quantize `model`'s decoder projections with `scheme` (and calibrate KV scales for
-    `kv_format`) into a compressed-tensors directory `out`; returns it."""
+    `kv_format`) into a compressed-tensors directory `out`; returns it. With `activations`,
+    `calibration` or `smoothing` the engine calibrates first (quant/apply.py): the smoothed /
+    clipped weights and norms are what is quantized and written, and static activation
+    schemes store each projection's input scale."""
     from safetensors.torch import save_file
 
     from infergen.io.checkpoint import hf_config_dict, load_checkpoint
+    from infergen.io.compressed_tensors import ACTIVATION_ARGS
 
     if scheme not in EXPORTS:
         raise ConfigError(
@@ -114,8 +123,17 @@ def export(
     if kv_format not in (None, "fp8_e4m3"):
         raise ConfigError("unsupported KV format", where="--kv", found=kv_format,
                           expected="fp8_e4m3")  # fmt: skip
+    if activations is not None and activations not in ACTIVATION_ARGS:
+        raise ConfigError("no compressed-tensors layout for this activation scheme",
+                          where="--activations", found=activations,
+                          expected=f"one of {sorted(ACTIVATION_ARGS)}")  # fmt: skip
     ckpt = load_checkpoint(model)
     config, tensors = ckpt.config, ckpt.tensors
+    input_scales: dict[str, torch.Tensor] = {}
+    if activations is not None or smoothing is not None or calibration != "max":
+        input_scales = _calibrate(model, scheme, tensors, config, dict(
+            activations=activations, calibration=calibration, smoothing=smoothing,
+            calibration_stats=calibration_stats, calibration_text=calibration_text))  # fmt: skip
     fmt, args = EXPORTS[scheme]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,6 +151,11 @@ def export(
         if progress is not None:
             progress(layer + 1, layers)
     result.update({name: t.contiguous() for name, t in tensors.items()})  # norms, embeddings
+    for prefix, scale in input_scales.items():  # static activation scales
+        if activations == "nvfp4":  # stored as a divisor, like the weights' global scale
+            result[f"{prefix}.input_global_scale"] = (1.0 / scale).reshape(1).float().clone()
+        else:
+            result[f"{prefix}.input_scale"] = scale.reshape(1).float().clone()
     quant = {
         "quant_method": "compressed-tensors",
         "format": fmt,
@@ -143,7 +166,7 @@ def export(
             "group_0": {
                 "targets": ["Linear"],
                 "weights": {**args, "dynamic": False},
-                "input_activations": None,
+                "input_activations": ACTIVATION_ARGS[activations] if activations else None,
                 "output_activations": None,
                 "format": fmt,
             }
@@ -178,4 +201,51 @@ def _kv_scales(model: str | None) -> torch.Tensor:
     scales, _ = calibrate_kv_scales(
         engine, engine.runner.model, torch.float32, "fp8_e4m3", smooth_keys=False
     )
+    return scales
+
+
+def _calibrate(model, scheme, tensors, config, options) -> dict[str, torch.Tensor]:
+    """Calibrate `model` as the engine does for `scheme` and `options`; replace the decoder's
+    weights, biases and norms in `tensors` by the rewritten ones (smoothing, clipping) and
+    return each projection's static input scale by Hugging Face prefix."""
+    from infergen.config import CacheConfig, EngineConfig
+    from infergen.engine.engine import Engine
+    from infergen.quant.activations import HF_PROJECTIONS
+
+    engine_config = EngineConfig(
+        model=model,
+        weights=scheme,
+        keep=("lm_head",),
+        cache=CacheConfig(memory_bytes=64 << 20),
+        **options,
+    )  # fmt: skip  (the checkpoint keeps lm_head)
+    engine = Engine(engine_config, progress=True, keep_dense=True)
+    result = engine.calibration
+    dense = result.dense if result is not None else None
+    q, kv, inter = config.q_size, config.kv_size, config.intermediate_size
+    parts = {"attn.qkv": (("self_attn.q_proj", q), ("self_attn.k_proj", kv),
+                          ("self_attn.v_proj", kv)),
+             "attn.o": (("self_attn.o_proj", None),),
+             "mlp.gate_up": (("mlp.gate_proj", inter), ("mlp.up_proj", inter)),
+             "mlp.down": (("mlp.down_proj", None),)}  # fmt: skip
+    norms = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+    scales = {}
+    for layer in range(config.num_hidden_layers):
+        hf = f"model.layers.{layer}."
+        for ours, hf_parts in parts.items():
+            name = f"layers.{layer}.{ours}"
+            if dense is not None:
+                sizes = [size or dense.weights[name].shape[0] for _, size in hf_parts]
+                for kind, value in (("weight", dense.weights[name]), ("bias", dense.biases[name])):
+                    if value is None:
+                        continue
+                    for (proj, _), chunk in zip(hf_parts, value.split(sizes), strict=True):
+                        tensors[f"{hf}{proj}.{kind}"] = chunk.contiguous()
+            scale = result.chosen.get(f"{name}.input_scale") if result else None
+            if scale is not None:
+                scales.update({hf + proj: scale for proj, _ in hf_parts})
+        if dense is not None:
+            for ours, theirs in norms.items():
+                tensors[f"{hf}{theirs}.weight"] = dense.norms[f"layers.{layer}.{ours}"].clone()
+    assert set(HF_PROJECTIONS) == {p for ps in parts.values() for p, _ in ps}
     return scales

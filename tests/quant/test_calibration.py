@@ -219,3 +219,18 @@ def test_configuration_errors():
         LLM(activations="int8", dtype="bfloat16")
     with pytest.raises(InfergenError, match="nothing to smooth"):
         LLM(weights="gguf", smoothing="awq")
+
+
+def test_keep_leaves_matching_projections_in_full_precision(tmp_path):
+    from infergen.ops.linear import LINEAR_BACKENDS
+
+    build_hf_model("llama_gqa", tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory="16MiB", weights="int8", activations="int8",
+              keep=["layers.1.*"])  # fmt: skip
+    model = llm.engine.runner.model
+    assert model.layers[1].mlp.down.act is None and model.layers[1].attn.qkv.act is None
+    assert model.layers[1].mlp.down.backend is LINEAR_BACKENDS.get("native")
+    assert model.layers[0].mlp.down.act is not None and model.lm_head.act is None
+    assert model.layers[2].attn.o.backend is LINEAR_BACKENDS.get("int8")
+    with pytest.raises(InfergenError, match="calibration text file not found"):
+        LLM(str(tmp_path), activations="int8_static", calibration_text=str(tmp_path / "nope"))

@@ -165,3 +165,52 @@ def test_nonfinite_scales_are_found_without_decoding(scheme):
         weight = read_weight(stored, "p", fmt, args, "test")
         decoded_bad = not bool(torch.isfinite(weight.dequantize()).all())
         assert (weight.nonfinite() > 0) == decoded_bad == corrupt
+
+
+@pytest.mark.parametrize(
+    "scheme,options",
+    [("int4", dict(activations="int8_static", smoothing="smoothquant", calibration="mse")),
+     ("fp8_e4m3", dict(activations="fp8_e4m3")),
+     ("nvfp4", dict(activations="nvfp4", smoothing="awq")),
+     ("int4_asym", dict(calibration="mse"))],
+)  # fmt: skip
+def test_exported_calibrated_checkpoint_equals_the_engine(scheme, options, tmp_path):
+    """Smoothing, clipping and static input scales are written as the engine chose them: the
+    checkpoint runs as the engine calibrating the source itself (the LM head kept fp32)."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    build_hf_model("llama_gqa", src, intermediate_size=128)
+    export(str(src), scheme, out, **options)
+    stored = load_file(str(out / "model.safetensors"))
+    qconfig = json.loads((out / "config.json").read_text())["quantization_config"]
+    activations = options.get("activations")
+    group = qconfig["config_groups"]["group_0"]
+    assert (group["input_activations"] is None) == (activations is None)
+    static = {"int8_static": ".input_scale", "nvfp4": ".input_global_scale"}.get(activations)
+    if static:
+        assert "model.layers.1.mlp.down_proj" + static in stored
+
+    source = LLM(str(src), kv_cache_memory="8MiB", weights=scheme, keep=["lm_head"], **options)
+    loaded = LLM(str(out), kv_cache_memory="8MiB")
+    assert loaded.engine.config.activations == activations
+    assert loaded.engine.calibration is None  # nothing recalibrated: the scales are stored
+    tokens = torch.randint(0, 211, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    expected = source.engine.prompt_logits(tokens)
+    got = loaded.engine.prompt_logits(tokens)
+    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max(), (scheme, options)
+    plain = LLM(str(src), kv_cache_memory="8MiB", weights=scheme, keep=["lm_head"])
+    assert not torch.allclose(plain.engine.prompt_logits(tokens), expected)  # options mattered
+
+
+def test_static_input_scales_missing_or_corrupt_are_refused(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    build_hf_model("llama_gqa", src, intermediate_size=128)
+    export(str(src), "int8", out, activations="int8_static")
+    stored = load_file(str(out / "model.safetensors"))
+    stored["model.layers.0.self_attn.o_proj.input_scale"] = torch.tensor([float("nan")])
+    save_file(stored, str(out / "model.safetensors"))
+    with pytest.raises(InfergenError, match="input activation scale is not usable"):
+        LLM(str(out), kv_cache_memory="8MiB")
+    del stored["model.layers.0.self_attn.o_proj.input_scale"]
+    save_file(stored, str(out / "model.safetensors"))
+    with pytest.raises(InfergenError, match="has no input scale"):
+        LLM(str(out), kv_cache_memory="8MiB")
