@@ -78,6 +78,12 @@ def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
         "'awq' (searched for 4-bit weights) or 'smoothquant' (for W8A8)",
     )
     parser.add_argument(
+        "--attention",
+        default=None,
+        help="attention operands: 'fp8_e4m3' computes Q·K and P·V on FP8 Q, K, V and softmax "
+        "probabilities (with --kv-format fp8_e4m3). Default: the engine dtype",
+    )
+    parser.add_argument(
         "--keep",
         action="append",
         default=[],
@@ -147,6 +153,7 @@ def _load(args: argparse.Namespace):
         calibration_stats=args.calib_stats,
         calibration_text=args.calib,
         keep=args.keep,
+        attention=args.attention,
         progress=sys.stderr.isatty(),
     )
     cache = llm.engine.kv_cache

@@ -394,6 +394,9 @@ class EngineConfig:
     # projections (module-name globs, e.g. "lm_head", "layers.0.*") kept at full precision by
     # the weight and activation schemes
     keep: tuple[str, ...] = ()
+    # attention operands (ops/attention_operands.py): "fp8_e4m3" computes Q·Kᵀ and P·V on FP8
+    # Q, K, V and P (needs the FP8 KV cache); None: the engine dtype
+    attention: str | None = None
     max_model_len: int | None = None  # context cap in tokens (None: the model's own)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -412,6 +415,17 @@ class EngineConfig:
             SMOOTHINGS.get(self.smoothing, where="smoothing")
         if self.activations is not None:
             ACTIVATION_SCHEMES.get(self.activations, where="activations")
+        if self.attention not in (None, "fp32"):
+            from infergen.ops.attention_operands import ATTENTION_OPERANDS
+
+            ATTENTION_OPERANDS.get(self.attention, where="attention")
+            _require(
+                self.cache.kv_format == self.attention,
+                f"attention operands {self.attention!r} read K and V as the KV cache stores them",
+                where="kv_format",
+                found=self.cache.kv_format,
+                expected=repr(self.attention),
+            )
         calibrated = self.activations or self.smoothing or self.calibration != "max"
         if self.calibration_text is not None:
             import os

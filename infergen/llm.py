@@ -60,6 +60,8 @@ class LLM:
         calibration_text: a text file to calibrate on (default: the shipped corpus).
         keep: projections the weight / activation schemes leave at full precision, as
             module-name globs, e.g. ("lm_head", "layers.0.*").
+        attention: "fp8_e4m3" computes attention on FP8 Q, K, V and softmax P (with
+            kv_format="fp8_e4m3"); None: the engine dtype.
         progress: show progress bars while calibrating.
     """
 
@@ -87,6 +89,7 @@ class LLM:
         calibration_stats: str | None = None,
         calibration_text: str | None = None,
         keep: tuple[str, ...] | list[str] = (),
+        attention: str | None = None,
         max_model_len: int | None = None,
         checkpoint: Any = None,
         progress: bool = False,
@@ -103,6 +106,7 @@ class LLM:
             calibration_stats=calibration_stats,
             calibration_text=calibration_text,
             keep=tuple(keep),
+            attention=attention,
             max_model_len=max_model_len,
             num_threads=num_threads,
             seed=seed,

@@ -91,6 +91,9 @@ class Engine:
         self.tokenizer = checkpoint.tokenizer
         dtype = _DTYPES[config.dtype]
         model = Transformer(self.model_config, dtype, config.kernels)
+        if config.attention is not None:
+            for layer in model.layers:
+                layer.attn.set_operands(config.attention)
         if config.weights is not None and not rewrites_weights(config):
             apply_weight_scheme(model, config.weights, keep=config.keep)  # quantized as loaded
         model.load_weights(checkpoint.tensors)

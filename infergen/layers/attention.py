@@ -3,6 +3,8 @@ causal attention (MHA / GQA / MQA by the head counts; optional sliding window), 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -11,8 +13,14 @@ from infergen.engine.forward_batch import ForwardBatch
 from infergen.kvcache.paged_cache import KVLayer
 from infergen.layers.linear import Linear
 from infergen.layers.norm import RMSNorm
+from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.ops.kv_store import kv_store
-from infergen.ops.paged_attention import DECODE_BACKENDS, default_scale, paged_attention
+from infergen.ops.paged_attention import (
+    DECODE_BACKENDS,
+    decode_attention,
+    default_scale,
+    paged_attention,
+)
 from infergen.ops.rope import ROPE_BACKENDS
 
 
@@ -32,6 +40,13 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, eps, dtype, backend) if config.qk_norm else None
         self.rope = ROPE_BACKENDS.get(backend, where="kernels")
         self.decode = DECODE_BACKENDS.get(backend, where="kernels")
+        self.core = ATTENTION_OPERANDS.get("fp32")  # the attention core (prefill and decode)
+
+    def set_operands(self, name: str) -> None:
+        """Attention operands in another format (ops/attention_operands.py): both paths run
+        that core (the native decode kernel computes fp32 operands only)."""
+        self.core = ATTENTION_OPERANDS.get(name, where="attention")
+        self.decode = functools.partial(decode_attention, core=self.core)
 
     def forward(
         self,
@@ -51,7 +66,9 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, -1, dim))
             q, k = self.rope(q, batch.rope), self.rope(k, batch.rope)
         kv_store(k, v, kv.k, kv.v, batch.slot_mapping, kv)
-        out = paged_attention(q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv)
+        out = paged_attention(
+            q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv, self.core
+        )
         return self.o(out.view(tokens, self.q_size))
 
     def load(self, get: callable, prefix: str) -> None:

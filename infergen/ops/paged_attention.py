@@ -143,10 +143,12 @@ def decode_attention(
     attn_plan: AttentionPlan,
     scale: float,
     kv: KVLayer | None = None,
+    core: Callable[..., torch.Tensor] = F.scaled_dot_product_attention,
 ) -> torch.Tensor:
-    """One query token per sequence: gather K/V by slot, then SDPA. The GQA group is folded
-    into the query axis: q [decodes, heads, d] → [decodes, kv_heads, group, d], so K/V are
-    never repeated. Returns [decodes, heads, d]."""
+    """One query token per sequence: gather K/V by slot, then SDPA (`core`: an
+    ops/attention_operands.py row). The GQA group is folded into the query axis:
+    q [decodes, heads, d] → [decodes, kv_heads, group, d], so K/V are never repeated.
+    Returns [decodes, heads, d]."""
     rows = attn_plan.decode_rows
     batch = rows.shape[0]
     kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
@@ -156,7 +158,7 @@ def decode_attention(
     values = _gather(flat_v, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
     keys, values = _keys_values(keys, values, kv, q.dtype)
     query = attn_plan.decode_queries(q).reshape(batch, kv_heads, -1, dim)
-    o = F.scaled_dot_product_attention(
+    o = core(
         query,
         keys.transpose(1, 2),
         values.transpose(1, 2),
@@ -224,10 +226,12 @@ def paged_attention(
     scale: float,
     decode_fn: DecodeFn | None = None,
     kv: KVLayer | None = None,
+    core: Callable[..., torch.Tensor] = F.scaled_dot_product_attention,
 ) -> torch.Tensor:
     """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache);
     `decode_fn` (a DECODE_BACKENDS row, torch by default) handles one-token sequences; `kv`
-    (the layer's KVLayer) says how cached values are encoded (None: as they are).
+    (the layer's KVLayer) says how cached values are encoded (None: as they are); `core`
+    computes prefill attention (ops/attention_operands.py: FP8 operands).
 
     Returns [tokens, heads, d].
     """
@@ -252,7 +256,7 @@ def paged_attention(
         keys, values = _keys_values(keys, values, kv, q.dtype)
         # 4-D with a batch of one: torch's CPU flash kernel then takes GQA and masks itself
         # (3-D inputs fall back to the math path: 1.5-3x slower, most of it mask building)
-        o = F.scaled_dot_product_attention(
+        o = core(
             query.unsqueeze(0),
             keys.transpose(0, 1).unsqueeze(0),
             values.transpose(0, 1).unsqueeze(0),

@@ -108,6 +108,8 @@ def evaluate(
     for name, quant, kv_format in configs:
         if progress is not None:
             progress(name)
+        quant = dict(quant)
+        kv_format = quant.pop("kv_format") or kv_format
         described = {"scheme": name, "weights": quant["weights"] or "none",
                      "activations": quant["activations"] or "none",
                      "kv_format": kv_format or "none"}  # fmt: skip

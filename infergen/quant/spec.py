@@ -3,9 +3,11 @@
     WEIGHTS[/ACTIVATIONS][+OPTION...]
 
 WEIGHTS is a WEIGHT_SCHEMES row or "none", ACTIVATIONS an ACTIVATION_SCHEMES row, and each
-OPTION a smoothing (SMOOTHINGS: "awq", "smoothquant") or a calibration method (CLIP_METHODS:
-"max", "percentile", "mse"). Examples: "int4+awq+mse", "fp8_e4m3/fp8_e4m3" (W8A8 FP8, per-token
-scales), "int8/int8_static+smoothquant", "nvfp4/nvfp4" (W4A4), "int4/int8" (W4A8).
+OPTION a smoothing (SMOOTHINGS: "awq", "smoothquant"), a calibration method (CLIP_METHODS:
+"max", "percentile", "mse") or "fp8_attention" (Q, K, V and P in FP8: the FP8 KV cache and
+FP8 attention operands). Examples: "int4+awq+mse", "fp8_e4m3/fp8_e4m3" (W8A8 FP8, per-token
+scales), "int8/int8_static+smoothquant", "nvfp4/nvfp4" (W4A4), "int4/int8" (W4A8),
+"fp8_e4m3/fp8_e4m3+fp8_attention" (every matmul operand in FP8).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ MATRIX_SPECS = (
     "fp8_e4m3/fp8_e4m3", "fp8_e4m3/fp8_e4m3_static",
     "int8/int8", "int8/int8_static", "int8/int8_static+mse", "int8/int8_static+smoothquant",
     "int4/int8", "int4/fp8_e4m3", "nvfp4/nvfp4", "mxfp4/mxfp4",
+    "none+fp8_attention", "fp8_e4m3/fp8_e4m3+fp8_attention",
 )  # fmt: skip
 
 
 def parse_spec(spec: str) -> dict[str, str | None]:
-    """spec → the LLM / EngineConfig arguments weights, activations, calibration, smoothing."""
+    """spec → the LLM arguments weights, activations, calibration, smoothing, attention and
+    kv_format (None: the caller's)."""
     from infergen.quant.activations import ACTIVATION_SCHEMES
     from infergen.quant.clipping import CLIP_METHODS
     from infergen.quant.schemes import WEIGHT_SCHEMES
@@ -37,6 +41,8 @@ def parse_spec(spec: str) -> dict[str, str | None]:
         "activations": activations or None,
         "calibration": "max",
         "smoothing": None,
+        "attention": None,
+        "kv_format": None,
     }
     if args["weights"] is not None:
         WEIGHT_SCHEMES.get(args["weights"], where=f"quantization config {spec!r}")
@@ -47,9 +53,12 @@ def parse_spec(spec: str) -> dict[str, str | None]:
             args["smoothing"] = option
         elif option in CLIP_METHODS:
             args["calibration"] = option
+        elif option == "fp8_attention":
+            args["attention"] = args["kv_format"] = "fp8_e4m3"
         else:
             raise ConfigError(
                 f"unknown option {option!r} in quantization config {spec!r}",
-                expected=f"{SPEC_SYNTAX}; options: {SMOOTHINGS.names() + CLIP_METHODS.names()}",
+                expected=f"{SPEC_SYNTAX}; options: "
+                f"{SMOOTHINGS.names() + CLIP_METHODS.names() + ['fp8_attention']}",
             )
     return args
