@@ -293,6 +293,10 @@ class CacheConfig:
             from infergen.kvcache.kv_format import KV_FORMATS
 
             KV_FORMATS.get(self.kv_format, where="kv_format")  # unknown → clear error now
+            if self.blocked and self.block_size < 2:
+                raise ConfigError("block-quantized KV formats need blocks of several tokens",
+                                  where="cache.block_size", found=self.block_size,
+                                  expected=">= 2")  # fmt: skip
         _require(
             self.block_size > 0,
             "block_size must be positive",
@@ -316,28 +320,54 @@ class CacheConfig:
             expected="> 0",
         )
 
+    @property
+    def blocked(self) -> bool:
+        """The KV format quantizes whole blocks (kvcache/kv_blocked.py)."""
+        if self.kv_format is None:
+            return False
+        from infergen.kvcache.kv_blocked import BlockedKVFormat
+        from infergen.kvcache.kv_format import KV_FORMATS
+
+        return isinstance(KV_FORMATS.get(self.kv_format), BlockedKVFormat)
+
     def element_bytes(self, dtype_bytes: int) -> int:
-        """Bytes a cached K / V element takes: the KV format's, else the engine dtype's."""
+        """Bytes a cached K / V element takes: the KV format's, else the engine dtype's (a
+        block-quantized format has no element size: see bytes_per_token)."""
         if self.kv_format is None:
             return dtype_bytes
         from infergen.kvcache.kv_format import KV_FORMATS
 
         return KV_FORMATS.get(self.kv_format).element_bytes
 
-    def blocks_for(self, model: ModelConfig, dtype_bytes: int) -> int:
+    def bytes_per_token(self, model: ModelConfig, dtype_bytes: int) -> float:
+        """KV cache bytes one token takes over all layers (codes and their scales)."""
+        if not self.blocked:
+            return model.kv_bytes_per_token(self.element_bytes(dtype_bytes))
+        from infergen.kvcache.kv_format import KV_FORMATS
+
+        fmt = KV_FORMATS.get(self.kv_format)
+        per_block = fmt.bytes_per_block(self.block_size, model.num_key_value_heads, model.head_dim)
+        return model.num_hidden_layers * per_block / self.block_size
+
+    def blocks_for(self, model: ModelConfig, dtype_bytes: int, tail_blocks: int = 0) -> int:
         """Blocks in the pool: `num_blocks`, or as many as `memory_bytes` holds at this
-        format's element size (the per-head scales of a KV format are not counted: a few
-        bytes a layer)."""
+        format's bytes per token (the per-head scales of a scaled format are not counted: a
+        few bytes a layer); a block-quantized format first sets aside `tail_blocks` fp32
+        blocks for the blocks being filled."""
         if self.num_blocks is not None:
             return self.num_blocks
-        per_block = model.kv_bytes_per_token(self.element_bytes(dtype_bytes)) * self.block_size
-        blocks = self.memory_bytes // per_block
+        budget = self.memory_bytes
+        if self.blocked:
+            budget -= tail_blocks * model.kv_bytes_per_token(4) * self.block_size
+        per_block = self.bytes_per_token(model, dtype_bytes) * self.block_size
+        blocks = budget // per_block
         if blocks < 1:
             raise ConfigError(
                 "KV cache memory budget is smaller than one block",
                 where="cache.memory_bytes",
                 found=self.memory_bytes,
-                expected=f">= {per_block} bytes (one block of {self.block_size} tokens)",
+                expected=f">= {per_block:.0f} bytes (one block of {self.block_size} tokens"
+                + (", after the fp32 blocks being filled)" if self.blocked else ")"),
             )
         return int(blocks)
 

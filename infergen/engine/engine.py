@@ -137,12 +137,20 @@ class Engine:
             self.config = config = dataclasses.replace(config, cache=cache)
             layers, _, heads = checkpoint.kv_scales.shape
             scales = (checkpoint.kv_scales, torch.zeros(layers, heads, self.model_config.head_dim))
-        elif cache.kv_format is not None:  # per-head scales from the model's own K / V
-            scales = calibrate_kv_scales(self, model, dtype)
-        num_blocks = cache.blocks_for(self.model_config, torch.finfo(dtype).bits // 8)
+        elif cache.kv_format is not None and not cache.blocked:  # per-head scales from the
+            scales = calibrate_kv_scales(self, model, dtype)  # model's own K / V
+        # block-quantized KV: fp32 tails for every block a step writes (each running sequence's
+        # last block, and the blocks a prefill chunk completes), + one for scoring
+        sched = config.scheduler
+        tails = sched.max_num_seqs + sched.max_num_batched_tokens // cache.block_size + 2
+        num_blocks = cache.blocks_for(
+            self.model_config, torch.finfo(dtype).bits // 8, tail_blocks=tails
+        )
         self._attach_cache(
             model,
-            PagedKVCache(self.model_config, num_blocks, cache.block_size, dtype, cache.kv_format),
+            PagedKVCache(
+                self.model_config, num_blocks, cache.block_size, dtype, cache.kv_format, tails
+            ),
         )
         if scales is not None:
             check_kv_scales(scales[0], where=f"kv_format {cache.kv_format!r} scales")
@@ -155,6 +163,7 @@ class Engine:
         """Run on `kv_cache`: its block pool, a scheduler over it, a runner writing to it."""
         self.kv_cache = kv_cache
         self.pool = BlockPool(kv_cache.num_blocks, self.config.cache.enable_prefix_caching)
+        self.pool.on_free = kv_cache.block_freed
         self.scheduler = Scheduler(self.config.scheduler, self.pool, kv_cache.block_size)
         self.runner = ModelRunner(model, kv_cache)
 

@@ -51,10 +51,12 @@ class ModelRunner:
         for i, seq in enumerate(batch.seqs):
             block_tables[i, : len(seq.block_ids)] = torch.tensor(seq.block_ids)
         attn_plan = plan(query_start_loc, seq_lens, block_tables, bs, self.config.sliding_window)
+        slot_mapping = torch.tensor(slots, dtype=torch.int64)
+        self.kv_cache.begin_step(slot_mapping)
         forward_batch = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=torch.tensor(positions, dtype=torch.int64),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            slot_mapping=slot_mapping,
             attn_plan=attn_plan,
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64),
         )

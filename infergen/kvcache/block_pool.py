@@ -10,6 +10,7 @@ prefix reuse it instead of recomputing.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 
 
 class BlockPool:
@@ -22,6 +23,9 @@ class BlockPool:
         self._hash: list[bytes | None] = [None] * num_blocks
         self._by_hash: dict[bytes, int] = {}
         self.num_evictions = 0
+        # called with a block whose last reference went and whose contents are dropped (not
+        # kept for prefix reuse): a block-quantized KV cache frees its fp32 tail
+        self.on_free: Callable[[int], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -61,6 +65,8 @@ class BlockPool:
                     self._idle[block] = None
                 else:
                     self._free.append(block)
+                    if self.on_free is not None:
+                        self.on_free(block)
 
     def lookup(self, block_hash: bytes) -> int | None:
         """The block holding this chained hash, or None."""

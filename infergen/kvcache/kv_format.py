@@ -64,3 +64,19 @@ def encode(
 def decode(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """codes [..., kv_heads, d] → codes · scale in `dtype`."""
     return (codes.float() * scale[:, None]).to(dtype)
+
+
+def _register_blocked() -> None:
+    from infergen.kvcache.kv_blocked import BlockedKVFormat
+
+    for name, kind, bits, what in (
+        ("int4_kivi", "kivi", 4, "KIVI int4: keys per channel over each block, values per token, "
+         "min-max with fp16 scale and minimum; the block being filled kept in fp32"),
+        ("int2_kivi", "kivi", 2, "KIVI int2: as int4_kivi with 2-bit codes"),
+        ("nvfp4", "nvfp4", 4, "NVFP4 per token (E2M1, an E4M3 scale per 16 values, an fp32 scale "
+         "per block and head); the block being filled kept in fp32"),
+    ):  # fmt: skip
+        KV_FORMATS.register(name, BlockedKVFormat(kind, bits, what))
+
+
+_register_blocked()

@@ -14,12 +14,14 @@ from typing import NamedTuple
 import torch
 
 from infergen.config import ModelConfig
+from infergen.kvcache.kv_blocked import BlockedKVFormat, BlockedLayer, BlockedStore
 from infergen.kvcache.kv_format import KV_FORMATS, KVFormat
 
 
 class KVLayer(NamedTuple):
     """One layer's cache: K and V [num_blocks, block_size, kv_heads, head_dim], and for a
-    scaled format its per-head scales [kv_heads] (None: the values are stored as they are)."""
+    scaled format its per-head scales [kv_heads] (None: the values are stored as they are).
+    A block-quantized format (kv_blocked.py) has its own store and reader: `blocked`."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -27,6 +29,7 @@ class KVLayer(NamedTuple):
     v_scale: torch.Tensor | None = None
     fmt: KVFormat | None = None
     k_shift: torch.Tensor | None = None  # [kv_heads, head_dim]: keys are stored minus this
+    blocked: BlockedLayer | None = None
 
 
 class PagedKVCache:
@@ -37,6 +40,7 @@ class PagedKVCache:
         block_size: int,
         dtype: torch.dtype,
         kv_format: str | None = None,
+        tail_slots: int = 0,  # block-quantized formats: blocks filled at once (running seqs)
     ):
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -44,6 +48,20 @@ class PagedKVCache:
         self.kv_format = kv_format
         self.format = KV_FORMATS.get(kv_format, where="kv_format") if kv_format else None
         layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+        self.blocked: BlockedStore | None = None
+        if isinstance(self.format, BlockedKVFormat):
+            self.blocked = BlockedStore(
+                self.format, layers, num_blocks, block_size, kv_heads, config.head_dim,
+                max(tail_slots, 1),
+            )  # fmt: skip
+            self.storage = self.scales = self.k_shift = None
+            self.format = None  # (no per-head scales: KVLayer.fmt stays None)
+            self._layers = [
+                KVLayer(self.blocked.tail[i, 0], self.blocked.tail[i, 1],
+                        blocked=BlockedLayer(self.blocked, i))
+                for i in range(layers)
+            ]  # fmt: skip
+            return
         self.storage = torch.zeros(
             layers,
             2,
@@ -72,7 +90,19 @@ class PagedKVCache:
         """One layer's K / V cache (and scales)."""
         return self._layers[index]
 
+    def begin_step(self, slot_mapping: torch.Tensor) -> None:
+        """Before a forward writing `slot_mapping` (block-quantized formats plan the step)."""
+        if self.blocked is not None:
+            self.blocked.begin_step(slot_mapping)
+
+    def block_freed(self, block: int) -> None:
+        """The block pool let `block` go (its partial contents are dropped)."""
+        if self.blocked is not None:
+            self.blocked.block_freed(block)
+
     @property
     def nbytes(self) -> int:
+        if self.blocked is not None:
+            return self.blocked.nbytes
         scales = self.scales.numel() * 4 + self.k_shift.numel() * 4 if self.format else 0
         return self.storage.numel() * self.storage.element_size() + scales

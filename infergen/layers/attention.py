@@ -67,8 +67,9 @@ class Attention(nn.Module):
             q, k = self.rope(q, batch.rope), self.rope(k, batch.rope)
         kv_store(k, v, kv.k, kv.v, batch.slot_mapping, kv)
         out = paged_attention(
-            q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv, self.core
-        )
+            q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv, self.core,
+            batch.slot_mapping,
+        )  # fmt: skip
         return self.o(out.view(tokens, self.q_size))
 
     def load(self, get: callable, prefix: str) -> None:

@@ -34,7 +34,11 @@ def kv_store(
     slot_mapping: torch.Tensor,
     kv: KVLayer | None = None,
 ) -> None:
-    """`kv` (the layer's KVLayer) with a KV format: K / V are stored as its codes."""
+    """`kv` (the layer's KVLayer) with a KV format: K / V are stored as its codes (a
+    block-quantized format: through its own store, at the slots of the step it planned)."""
+    if kv is not None and kv.blocked is not None:
+        kv.blocked.store(k, v)
+        return
     flat_shape = (-1, *k_cache.shape[2:])
     if kv is not None and kv.fmt is not None:
         k, v = encode(k, kv.k_scale, kv.fmt, kv.k_shift), encode(v, kv.v_scale, kv.fmt)

@@ -154,9 +154,18 @@ def decode_attention(
     kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
     flat_k = k_cache.view(-1, kv_heads, dim)
     flat_v = v_cache.view(-1, kv_heads, dim)
-    keys = _gather(flat_k, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
-    values = _gather(flat_v, attn_plan.decode_slots).view(batch, -1, kv_heads, dim)
+    if kv is not None and kv.blocked is not None:  # block-quantized: own block from the tail
+        block = k_cache.shape[1]
+        tables, lens = attn_plan.decode_block_tables, attn_plan.decode_seq_lens
+        own = tables.gather(1, ((lens - 1) // block)[:, None])  # [decodes, 1]
+        slots = attn_plan.decode_slots
+        from_tail = (slots.view(batch, -1) // block == own).flatten()
+        keys, values = kv.blocked.gather(slots, from_tail)
+    else:
+        keys = _gather(flat_k, attn_plan.decode_slots)
+        values = _gather(flat_v, attn_plan.decode_slots)
     keys, values = _keys_values(keys, values, kv, q.dtype)
+    keys, values = keys.view(batch, -1, kv_heads, dim), values.view(batch, -1, kv_heads, dim)
     query = attn_plan.decode_queries(q).reshape(batch, kv_heads, -1, dim)
     o = core(
         query,
@@ -179,6 +188,8 @@ def decode_attention_native(
 ) -> torch.Tensor:
     """kernels/paged_decode_attention_f32.c: reads K/V through the block table, no gather
     (fp32 values, or FP8 E4M3 codes with per-head scales)."""
+    if kv is not None and kv.blocked is not None:  # block-quantized formats: torch path
+        return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv)
     fp8 = kv is not None and kv.fmt is not None and k_cache.dtype == torch.float8_e4m3fn
     if fp8:
         fn = kernel(
@@ -227,8 +238,10 @@ def paged_attention(
     decode_fn: DecodeFn | None = None,
     kv: KVLayer | None = None,
     core: Callable[..., torch.Tensor] = F.scaled_dot_product_attention,
+    new_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache);
+    """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache,
+    at `new_slots` [tokens]: a block-quantized cache reads them back from there);
     `decode_fn` (a DECODE_BACKENDS row, torch by default) handles one-token sequences; `kv`
     (the layer's KVLayer) says how cached values are encoded (None: as they are); `core`
     computes prefill attention (ops/attention_operands.py: FP8 operands).
@@ -246,6 +259,12 @@ def paged_attention(
         out.index_copy_(0, attn_plan.decode_rows, decoded)
     for item in attn_plan.prefills:
         query = q[item.start : item.end].transpose(0, 1)  # [heads, query_len, d]
+        if kv is not None and kv.blocked is not None:
+            slots = item.slots if item.slots is not None else new_slots[item.start : item.end]
+            out[item.start : item.end] = _blocked_prefill(
+                query, kv, slots, k_cache.shape[1], attn_plan.window, scale, core
+            )
+            continue
         if item.slots is None:  # all new: the values the cache now holds for them
             keys, values = k_new[item.start : item.end], v_new[item.start : item.end]
             if kv is not None and kv.fmt is not None:
@@ -267,6 +286,43 @@ def paged_attention(
         )
         out[item.start : item.end] = o[0].transpose(0, 1)
     return out
+
+
+def _blocked_prefill(
+    query: torch.Tensor,  # [heads, q_len, d]: the last q_len of the context's positions
+    kv: KVLayer,
+    slots: torch.Tensor,  # [ctx] cache slots of the context
+    block: int,
+    window: int,
+    scale: float,
+    core: Callable[..., torch.Tensor],
+) -> torch.Tensor:
+    """Prefill attention over a block-quantized cache (kvcache/kv_blocked.py): a query reads
+    its own block from the fp32 tail and earlier blocks from their codes. The keys are the
+    context from codes followed by the positions of the queries' blocks from the tails, and
+    a mask gives each query one copy of each key. Returns [q_len, heads, d]."""
+    ctx, q_len = slots.shape[0], query.shape[1]
+    first = (ctx - q_len) // block * block  # the first position of the first query's block
+    codes_k, codes_v = kv.blocked.gather(slots)
+    tail = torch.ones(ctx - first, dtype=torch.bool)
+    tail_k, tail_v = kv.blocked.gather(slots[first:], tail)
+    keys, values = torch.cat([codes_k, tail_k]), torch.cat([codes_v, tail_v])
+    q_pos = torch.arange(ctx - q_len, ctx)[:, None]
+    k_pos = torch.cat([torch.arange(ctx), torch.arange(first, ctx)])[None, :]
+    own = q_pos // block * block  # each query's block start
+    from_tail = torch.arange(keys.shape[0])[None, :] >= ctx
+    mask = torch.where(from_tail, (k_pos >= own) & (k_pos <= q_pos), k_pos < own)
+    if window:
+        mask &= k_pos > q_pos - window
+    o = core(
+        query.unsqueeze(0),
+        keys.transpose(0, 1).unsqueeze(0).to(query.dtype),
+        values.transpose(0, 1).unsqueeze(0).to(query.dtype),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return o[0].transpose(0, 1)
 
 
 def reference(

@@ -121,12 +121,14 @@ def evaluate(
             rows.append({**described, "error": exc.what})
             continue
         engine = llm.engine
-        element = engine.config.cache.element_bytes(engine.kv_cache.dtype.itemsize)
+        per_token = engine.config.cache.bytes_per_token(
+            engine.model_config, engine.kv_cache.dtype.itemsize
+        )
         row = {
             **described,
             "weight_bytes": weight_bytes(engine.runner.model),
             "bits_per_weight": bits_per_weight(engine.runner.model),
-            "kv_bytes_per_token": engine.model_config.kv_bytes_per_token(element),
+            "kv_bytes_per_token": round(per_token, 1),
             "probe_error": probe_errors(engine.runner.model),
         }
         if "ppl" in tasks or "kl" in tasks:

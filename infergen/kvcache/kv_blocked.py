@@ -1,0 +1,214 @@
+"""Block-quantized KV cache formats: a cache block's K and V as codes with their own scales,
+quantized when the block is complete; the block still being written stays in full precision.
+
+KIVI (Liu et al. 2024) quantizes keys per channel and values per token: key outliers live in a
+few channels, so a channel's values over a group of tokens share a range, while values have no
+channel structure. Here the group of tokens is the cache block (`block_size` tokens), so:
+  keys   per (block, KV head, channel): min-max over the block's tokens → `bits`-bit codes with
+         an fp16 scale and minimum (x ≈ q · scale + min);
+  values per (token, KV head): min-max over head_dim, the same rule.
+The recent window KIVI keeps in full precision is the query's own block: K and V of a block
+being written are held in fp32 in a per-block "tail" slot, quantized into the block when its
+last token arrives, and the tail is kept until the step after. A query at position p reads the
+keys and values of its own block (positions ⌊p/B⌋·B … p) from the tail and every earlier block
+from its codes — a rule of positions only, so a one-shot prefill, chunked prefill, prefix-cache
+hits and token-by-token decoding all see the same values.
+
+NVFP4 (`nvfp4`): K and V per token in groups of 16 along head_dim (E2M1 codes, E4M3 scale per
+16) under an fp32 global scale per (block, KV head) = the block's amax / (448 · 6), computed at
+completion (no calibration).
+
+Bytes per token per KV head (head_dim d, block B): KIVI keys d·bits/8 + 4·d/B, values
+d·bits/8 + 4; NVFP4 d/2 + d/16 + 4/B each — `bytes_per_token`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infergen.formats import ELEMENT_TYPES
+from infergen.formats.pack import pack_bits, unpack_bits
+
+E2M1 = ELEMENT_TYPES.get("e2m1")
+E4M3 = ELEMENT_TYPES.get("e4m3")
+NVFP4_GROUP = 16
+
+
+def _minmax_encode(x: torch.Tensor, dim: int, bits: int) -> dict[str, torch.Tensor]:
+    """Asymmetric min-max over `dim` (kept as size 1): codes uint8, fp16 scale and minimum."""
+    qmax = (1 << bits) - 1
+    lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
+    scale, lo = ((hi - lo) / qmax).half(), lo.half()
+    s = scale.float()
+    q = torch.round((x - lo.float()) / torch.where(s > 0, s, torch.ones_like(s)))
+    codes = q.clamp(0, qmax).to(torch.uint8)
+    return {"codes": pack_bits(codes, bits), "scale": scale, "min": lo}
+
+
+def _minmax_decode(p: dict[str, torch.Tensor], bits: int) -> torch.Tensor:
+    return unpack_bits(p["codes"], bits).float() * p["scale"].float() + p["min"].float()
+
+
+def _nvfp4_encode(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """x [n, B, H, d] → E2M1 codes per 16 values of a token with E4M3 scales, under a global
+    scale per (block, head)."""
+    n, b, h, d = x.shape
+    amax = x.abs().amax(dim=(1, 3), keepdim=True)  # [n, 1, H, 1]
+    glob = amax / (448.0 * 6.0)
+    glob = torch.where(glob > 0, glob, torch.ones_like(glob))
+    groups = (x / glob).reshape(n, b, h, d // NVFP4_GROUP, NVFP4_GROUP)
+    scale_codes = E4M3.encode(groups.abs().amax(dim=-1) / 6.0)  # [n, B, H, d/16]
+    scale = E4M3.decode(scale_codes)[..., None]
+    codes = E2M1.encode(groups / torch.where(scale > 0, scale, torch.ones_like(scale)))
+    return {"codes": pack_bits(codes.reshape(n, b, h, d), 4), "scale": scale_codes,
+            "global": glob.reshape(n, 1, h, 1)}  # fmt: skip
+
+
+def _nvfp4_decode(p: dict[str, torch.Tensor]) -> torch.Tensor:
+    codes = unpack_bits(p["codes"], 4)
+    n, b, h, d = codes.shape
+    values = E2M1.decode(codes).reshape(n, b, h, d // NVFP4_GROUP, NVFP4_GROUP)
+    values = values * E4M3.decode(p["scale"])[..., None]
+    return values.reshape(n, b, h, d) * p["global"]
+
+
+@dataclass(frozen=True)
+class BlockedKVFormat:
+    """A KV_FORMATS row whose blocks are quantized as a whole (see the module docstring)."""
+
+    kind: str  # "kivi" | "nvfp4"
+    bits: int  # code bits
+    description: str
+
+    def encode(self, x: torch.Tensor, keys: bool) -> dict[str, torch.Tensor]:
+        """A batch of complete blocks x [n, B, kv_heads, d] fp32 → their stored tensors."""
+        if self.kind == "nvfp4":
+            return _nvfp4_encode(x)
+        return _minmax_encode(x, 1 if keys else 3, self.bits)  # keys: over the block's tokens
+
+    def decode(self, p: dict[str, torch.Tensor], keys: bool) -> torch.Tensor:
+        """Stored tensors of n blocks → fp32 [n, B, kv_heads, d]."""
+        if self.kind == "nvfp4":
+            return _nvfp4_decode(p)
+        return _minmax_decode(p, self.bits)
+
+    def shapes(self, block: int, heads: int, dim: int, keys: bool) -> dict[str, tuple]:
+        """Per block: stored tensor name → (shape, dtype)."""
+        codes = ((block, heads, dim * self.bits // 8), torch.uint8)
+        if self.kind == "nvfp4":
+            return {"codes": codes, "scale": ((block, heads, dim // NVFP4_GROUP), torch.uint8),
+                    "global": ((1, heads, 1), torch.float32)}  # fmt: skip
+        params = (1, heads, dim) if keys else (block, heads, 1)
+        return {"codes": codes, "scale": (params, torch.float16), "min": (params, torch.float16)}
+
+    def bytes_per_block(self, block: int, heads: int, dim: int) -> int:
+        """K and V bytes of one block of one layer."""
+        total = 0
+        for keys in (True, False):
+            for shape, dtype in self.shapes(block, heads, dim, keys).values():
+                total += torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        return total
+
+    def check(self, block: int, dim: int) -> str | None:
+        """Why this format cannot store blocks of `block` tokens × `dim` (None: it can)."""
+        if dim % (NVFP4_GROUP if self.kind == "nvfp4" else 8 // self.bits):
+            return f"head_dim {dim} is not a whole number of groups"
+        return None
+
+
+class BlockedStore:
+    """Every layer's blocks in a BlockedKVFormat, and the fp32 tails of blocks being filled.
+
+    Per step (`begin_step`, before the forward): blocks written this step get a tail slot if
+    they have none; blocks whose last position is written this step are `completing`: each
+    layer's store quantizes them from their tail after writing (`BlockedLayer.store`), and
+    their tails are freed at the next step (this step's queries in them still read them).
+    """
+
+    def __init__(self, fmt: BlockedKVFormat, layers: int, num_blocks: int, block: int,
+                 heads: int, dim: int, tail_slots: int):  # fmt: skip
+        self.fmt, self.block, self.heads, self.dim = fmt, block, heads, dim
+        self.stored = [
+            [{name: torch.zeros(num_blocks, *shape, dtype=dtype)
+              for name, (shape, dtype) in fmt.shapes(block, heads, dim, keys).items()}
+             for keys in (True, False)]
+            for _ in range(layers)
+        ]  # fmt: skip
+        self.tail = torch.zeros(layers, 2, tail_slots, block, heads, dim)
+        self.tail_of = torch.full((num_blocks,), -1, dtype=torch.int64)
+        self._free_tails = list(range(tail_slots))
+        self._done: list[int] = []  # blocks completed last step: tails to free
+        self.tail_index = torch.empty(0, dtype=torch.int64)  # this step's token → tail row
+        self.completing = torch.empty(0, dtype=torch.int64)
+
+    @property
+    def nbytes(self) -> int:
+        stored = sum(t.numel() * t.element_size() for layer in self.stored for kind in layer
+                     for t in kind.values())  # fmt: skip
+        return stored + self.tail.numel() * 4
+
+    def _free_tail(self, block: int) -> None:
+        slot = int(self.tail_of[block])
+        if slot >= 0:
+            self._free_tails.append(slot)
+            self.tail_of[block] = -1
+
+    def block_freed(self, block: int) -> None:
+        self._free_tail(block)
+
+    def begin_step(self, slot_mapping: torch.Tensor) -> None:
+        for block in self._done:
+            self._free_tail(block)
+        blocks, offsets = slot_mapping // self.block, slot_mapping % self.block
+        for block in blocks.unique().tolist():
+            if self.tail_of[block] < 0:
+                if not self._free_tails:
+                    raise RuntimeError("KV tail slots exhausted: more blocks filling at once "
+                                       "than running sequences")  # fmt: skip
+                self.tail_of[block] = self._free_tails.pop()
+        self.tail_index = self.tail_of[blocks] * self.block + offsets
+        self.completing = blocks[offsets == self.block - 1].unique()
+        self._done = self.completing.tolist()
+
+
+class BlockedLayer:
+    """One layer of a BlockedStore: `store` new K / V, `gather` positions by cache slot."""
+
+    def __init__(self, store: BlockedStore, layer: int):
+        self.s, self.layer = store, layer
+
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [tokens, kv_heads, d] of this step's slots (BlockedStore.begin_step)."""
+        s = self.s
+        for kind, x in enumerate((k, v)):
+            tail = s.tail[self.layer, kind]
+            tail.view(-1, s.heads, s.dim).index_copy_(0, s.tail_index, x.float())
+            if s.completing.numel():
+                blocks = tail.index_select(0, s.tail_of[s.completing])  # [n, B, H, d]
+                encoded = s.fmt.encode(blocks, keys=kind == 0)
+                for name, t in s.stored[self.layer][kind].items():
+                    t.index_copy_(0, s.completing, encoded[name].to(t.dtype))
+
+    def gather(
+        self, slots: torch.Tensor, from_tail: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [len(slots), kv_heads, d] fp32 at cache slots: decoded from their blocks'
+        codes, or (`from_tail` [len(slots)] True) from the fp32 tail of a block written this
+        step. A slot whose block holds no codes yet reads what its codes decode to (zeros)."""
+        s = self.s
+        blocks, offsets = slots // s.block, slots % s.block
+        unique, inverse = blocks.unique(return_inverse=True)
+        out = []
+        for kind in (0, 1):
+            stored = {n: t.index_select(0, unique) for n, t in s.stored[self.layer][kind].items()}
+            values = s.fmt.decode(stored, keys=kind == 0)[inverse, offsets]  # [slots, H, d]
+            if from_tail is not None and bool(from_tail.any()):
+                rows = s.tail_of[blocks[from_tail]] * s.block + offsets[from_tail]
+                if bool((rows < 0).any()):
+                    raise RuntimeError("KV read from the tail of a block not written this step")
+                tail = s.tail[self.layer, kind].view(-1, s.heads, s.dim)
+                values[from_tail] = tail.index_select(0, rows)
+            out.append(values)
+        return out[0], out[1]
