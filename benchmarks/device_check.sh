@@ -24,4 +24,13 @@ TRITON_INTERPRET=0 timeout 200 python3 benchmarks/bench_formats_gpu.py \
 # 3. Performance model: calibrate the GPU's row from GEMM / copy / attention / launch
 #    microbenchmarks; the JSON line sets the measured efficiencies beside the table row's.
 timeout 120 python3 benchmarks/calibrate_gpu.py --out "$OUT" 2>&1 | tee "$OUT/calibrate_gpu.log" || status=1
+# 4. Weight-only quantized linear (ops/linear_triton.py), every weight format compiled for the
+#    GPU: equal to the reference (the CPU backends' weight read back bit for bit, products
+#    within fp32 rounding; the GGUF formats skip, the image has no gguf package), then its
+#    speed against torch F.linear in bf16 at decode / prefill token counts for the default
+#    model's projection shapes (one log for both: $OUT holds at most 8 files).
+TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
+    tests/ops/test_linear_triton.py 2>&1 | tee "$OUT/linear_triton.log" | tail -15 || status=1
+TRITON_INTERPRET=0 timeout 150 python3 benchmarks/bench_linear_triton.py \
+    --out "$OUT/linear_triton.jsonl" 2>&1 | tee -a "$OUT/linear_triton.log" || status=1
 exit $status
