@@ -110,14 +110,14 @@ def make_tasks(tokenizer, sizes: Sizes) -> tuple[list[dict], list[dict]]:
 class InfergenRunner:
     """infergen in this process, with the runner protocol of benchmarks/peers/protocol.py."""
 
-    def __init__(self, threads: int, weights: str | None = None, kv_format: str | None = None):
+    def __init__(self, threads: int, **options):
+        """`options`: LLM quantization arguments (weights, kv_format, activations, ...)."""
         from infergen import LLM, SamplingParams
 
         self.sampling_params = SamplingParams
         self.llm = LLM(
             model=None,
-            weights=weights,
-            kv_format=kv_format,
+            **options,
             num_threads=threads,
             kv_cache_memory="1GiB",
             max_num_seqs=64,

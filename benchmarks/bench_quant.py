@@ -1,9 +1,11 @@
 """Quantized weights against our fp32 engine, in the same run: speed and accuracy.
 
 Default model, 2 threads. For each configuration — fp32 (the checkpoint's values), every row
-of infergen.quant.WEIGHT_SCHEMES, and every KV cache format of infergen.kvcache.KV_FORMATS over
-fp32 weights — in --rounds alternating rounds (this machine drifts by tens of percent over
-minutes; each metric keeps its best round):
+of infergen.quant.WEIGHT_SCHEMES, every KV cache format of infergen.kvcache.KV_FORMATS over
+fp32 weights, and the weight + activation / calibrated / FP8-attention configurations of
+infergen.quant.spec.MATRIX_SPECS (`--only NAME` restricts the list; fp32 always runs) — in
+--rounds alternating rounds (this machine drifts by tens of percent over minutes; each metric
+keeps its best round):
   decode_tok_s_bs1       128-token prompt -> 128 new tokens, best of 3 prompts (as
                          bench_generate.py)
   throughput_tok_s_c16   16 concurrent 128 -> 128 requests, prefill included
@@ -60,6 +62,7 @@ from infergen.quant.evaluate import (  # noqa: E402
     probe_errors,
     weight_bytes,
 )
+from infergen.quant.spec import MATRIX_SPECS, parse_spec  # noqa: E402
 
 SIZES = Sizes(concurrency=(16,))
 TARGETS = {"int8": 1.8}  # decode_tok_s_bs1 over fp32's (issue 6)
@@ -92,21 +95,34 @@ def main() -> None:
     parser.add_argument(
         "--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "quant.jsonl"
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="run only these configurations (repeatable; fp32 always runs)",
+    )
     args = parser.parse_args()
-    # (name, weight scheme, KV format): fp32 first (the reference), every weight scheme, then
-    # the KV formats over fp32 weights
-    configs = [("fp32", None, None)]
-    configs += [(name, name, None) for name in WEIGHT_SCHEMES.names()]
-    configs += [(f"kv {kv}", None, kv) for kv in KV_FORMATS.names()]
+    # (name, LLM options): fp32 first (the reference), every weight scheme, the KV formats over
+    # fp32 weights, then the weight + activation / calibrated / FP8-attention configurations
+    configs = [("fp32", {})]
+    configs += [(name, {"weights": name}) for name in WEIGHT_SCHEMES.names()]
+    configs += [(f"kv {kv}", {"kv_format": kv}) for kv in KV_FORMATS.names()]
+    for spec in MATRIX_SPECS:
+        configs.append(
+            (spec, {k: v for k, v in parse_spec(spec).items() if v not in (None, "max")})
+        )
+    if args.only:
+        configs = [c for c in configs if c[0] == "fp32" or c[0] in args.only]
     runs: dict[str, list] = {}
     accuracy: dict[str, dict] = {}
     skipped: dict[str, str] = {}
     versions: dict[str, str] = {}
     tasks = None
     for round_ in range(1, args.rounds + 1):
-        for name, scheme, kv_format in configs:
+        for name, options in configs:
             started = time.perf_counter()
-            runner = InfergenRunner(args.threads, weights=scheme, kv_format=kv_format)
+            runner = InfergenRunner(args.threads, **options)
             warmup, tasks = make_tasks(runner.llm.tokenizer, SIZES)
             tasks = [t for t in tasks if t["kind"] != "prefill"]
             run_tasks(runner, warmup)
@@ -124,9 +140,8 @@ def main() -> None:
                 accuracy[name]["weight_bytes"] = weight_bytes(engine.runner.model)
                 accuracy[name]["probe_error"] = probe_errors(engine.runner.model)
                 cache = engine.config.cache  # KV bytes per token, tokens in the 1 GiB pool
-                element = cache.element_bytes(engine.kv_cache.dtype.itemsize)
-                accuracy[name]["kv_bytes_per_token"] = engine.model_config.kv_bytes_per_token(
-                    element
+                accuracy[name]["kv_bytes_per_token"] = round(
+                    cache.bytes_per_token(engine.model_config, engine.kv_cache.dtype.itemsize), 1
                 )
                 accuracy[name]["kv_capacity_tokens"] = engine.kv_capacity_tokens
             print(f"round {round_}: {name} done in {time.perf_counter() - started:.0f} s")
@@ -250,8 +265,9 @@ def main() -> None:
                     "met": ratio >= TARGETS[name],
                 }
             )
-    for name, _, kv in configs:
-        if kv is None or name not in accuracy:
+    for name, options in configs:
+        kv = options.get("kv_format")
+        if kv != "fp8_e4m3" or name not in accuracy or len(options) > 1:  # the issue's target
             continue
         acc, ref = accuracy[name], accuracy["fp32"]
         capacity = acc["kv_capacity_tokens"] / ref["kv_capacity_tokens"]

@@ -160,9 +160,17 @@ def render_quant(lines: list[dict]) -> str | None:
     rows = [
         "| configuration | decode bs1 tok/s (× fp32) | 16 concurrent tok/s (× fp32) "
         "| perplexity | KL vs fp32 (nats/token) | top-1 vs fp32 | weight MB | KV bytes/token "
-        "| probe error on its weights (Gaussian) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| KV tokens in 1 GiB (× fp32) | probe error on its weights (Gaussian) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    fp32_tokens = accuracy.get("fp32", {}).get("kv_capacity_tokens")
+
+    def capacity(a: dict) -> str:
+        tokens = a.get("kv_capacity_tokens")
+        if tokens is None:
+            return "–"
+        ratio = f" ({tokens / fp32_tokens:.1f}×)" if fp32_tokens else ""
+        return f"{tokens:,}{ratio}"
 
     def tok_s(name: str, metric: str) -> str:
         value = speed[name].get(metric)
@@ -185,11 +193,12 @@ def render_quant(lines: list[dict]) -> str | None:
                 "–" if name == "fp32" else f"{a['kl_nats']:.4f}",
                 "–" if name == "fp32" else f"{100 * a['top1_agreement']:.1f} %",
                 f"{a['weight_bytes'] / 1e6:.0f}",
-                str(a.get("kv_bytes_per_token", "–")),
+                f"{a['kv_bytes_per_token']:g}" if "kv_bytes_per_token" in a else "–",
+                capacity(a),
                 _probe(a, name),
             ]
         else:
-            cells += [""] * 6
+            cells += [""] * 7
         rows.append("| " + " | ".join(cells) + " |")
     stamp = max(ln["timestamp"] for ln in quant)
     rows.append(
