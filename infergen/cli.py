@@ -50,7 +50,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="what the KV cache stores: 'fp8_e4m3' (codes with one scale per layer, K/V and KV "
         "head, calibrated on the shipped corpus at start: 4x the tokens of fp32 in the same "
-        "--kv-cache-memory). Default: the engine dtype",
+        "--kv-cache-memory); 'int4_kivi' / 'int2_kivi' (KIVI: keys per channel over each "
+        "block, values per token, the block being written kept in fp32: ~6x / ~10x); 'nvfp4' "
+        "(per token, 16-value E4M3 scales: ~7x). Default: the engine dtype",
     )
     _add_calibration_args(parser)
 

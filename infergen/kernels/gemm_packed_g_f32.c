@@ -134,20 +134,26 @@ static inline __m256 e8m0x8(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(
         _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), 23));
 }
-#define SETUP_mxfp4(g, c) __m256 a##c = e8m0x8(g + c), h##c = a##c, b##c = a##c;
+/* the negated scales too (na, nh): a code's sign picks a or −a (fp4x8 below) */
+#define NEG(v) _mm256_xor_ps(v, _mm256_set1_ps(-0.0f))
+#define SETUP_mxfp4(g, c)                                                                      \
+    __m256 a##c = e8m0x8(g + c), h##c = a##c, b##c = a##c, na##c = NEG(a##c), nh##c = na##c;
 #define SETUP_nvfp4(g, c)                                                                      \
     __m256 a##c = _mm256_mul_ps(e4m3x8_times_2m8(g + c), _mm256_set1_ps(256.0f)),              \
            h##c = _mm256_mul_ps(e4m3x8_times_2m8(g + NR + c), _mm256_set1_ps(256.0f)),         \
-           b##c = _mm256_broadcast_ss((const float *)(g + 2 * NR));
-#define DEQ_mxfp4(v, a, b) _mm256_mul_ps(v, a)
-#define DEQ_nvfp4(v, a, b) _mm256_mul_ps(_mm256_mul_ps(v, a), b)
-/* 8 E2M1 codes (bits 0..3 of each lane, higher bits ignored) → their values */
-static inline __m256 e2m1x8(__m256i u) {
+           b##c = _mm256_broadcast_ss((const float *)(g + 2 * NR)), na##c = NEG(a##c),         \
+           nh##c = NEG(h##c);
+/* 8 E2M1 codes (bits 0..3 of each lane; bits 4.. zero or ignored) → |value| · (±scale): the
+ * magnitude by a permute of bits 0..2, the sign (bit 3, moved to bit 31) by choosing a or −a
+ * — |e2m1| · a is exact (2 and 4 significant bits), so the product is e2m1 · a exactly. */
+static inline __m256 fp4x8(__m256i u, __m256 a, __m256 na) {
     const __m256 table = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
     __m256 mag = _mm256_permutevar8x32_ps(table, u); /* uses bits 0..2 */
-    __m256i sign = _mm256_and_si256(_mm256_slli_epi32(u, 28), _mm256_set1_epi32((int)0x80000000));
-    return _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+    __m256 scale = _mm256_blendv_ps(a, na, _mm256_castsi256_ps(_mm256_slli_epi32(u, 28)));
+    return _mm256_mul_ps(mag, scale);
 }
+#define FP4_mxfp4(u, a, na, b) fp4x8(u, a, na)
+#define FP4_nvfp4(u, a, na, b) _mm256_mul_ps(fp4x8(u, a, na), b)
 #define DEQ_q4_0(u, a, b) _mm256_fmadd_ps(u, a, b)
 #define DEQ_q4_1(u, a, b) _mm256_fmadd_ps(u, a, b)
 #define DEQ_q8_0(u, a, b) _mm256_mul_ps(u, a)
@@ -199,21 +205,21 @@ static inline __m256 i8x8(const uint8_t *p) {
         w2 = DEQ_##FMT(hi4(v2), a16, b16);                                                     \
         USE_W(k0 + 2 * r + 1);                                                                 \
     }
-#define FP4_ROWS(FMT, R0, R1, A0, A8, A16)                                                     \
+#define FP4_ROWS(FMT, R0, R1, A, NA)                                                           \
     for (int r = R0; r < R1; ++r) {                                                            \
         const uint8_t *row = g + HDR_##FMT + r * NR;                                           \
         __m256i v0 = bytes8(row), v1 = bytes8(row + 8), v2 = bytes8(row + 16);                 \
-        __m256 w0 = DEQ_##FMT(e2m1x8(v0), A0, b0), w1 = DEQ_##FMT(e2m1x8(v1), A8, b8),         \
-               w2 = DEQ_##FMT(e2m1x8(v2), A16, b16);                                           \
+        __m256 w0 = FP4_##FMT(v0, A##0, NA##0, b0), w1 = FP4_##FMT(v1, A##8, NA##8, b8),       \
+               w2 = FP4_##FMT(v2, A##16, NA##16, b16);                                         \
         USE_W(k0 + 2 * r);                                                                     \
         v0 = _mm256_srli_epi32(v0, 4), v1 = _mm256_srli_epi32(v1, 4),                          \
         v2 = _mm256_srli_epi32(v2, 4);                                                         \
-        w0 = DEQ_##FMT(e2m1x8(v0), A0, b0), w1 = DEQ_##FMT(e2m1x8(v1), A8, b8),                \
-        w2 = DEQ_##FMT(e2m1x8(v2), A16, b16);                                                  \
+        w0 = FP4_##FMT(v0, A##0, NA##0, b0), w1 = FP4_##FMT(v1, A##8, NA##8, b8),              \
+        w2 = FP4_##FMT(v2, A##16, NA##16, b16);                                                \
         USE_W(k0 + 2 * r + 1);                                                                 \
     }
 /* FP4: code rows 0..7 hold inputs 0..15 (scale a), rows 8..15 inputs 16..31 (scale h) */
-#define GROUP_BODY_FP4(FMT) FP4_ROWS(FMT, 0, 8, a0, a8, a16) FP4_ROWS(FMT, 8, 16, h0, h8, h16)
+#define GROUP_BODY_FP4(FMT) FP4_ROWS(FMT, 0, 8, a, na) FP4_ROWS(FMT, 8, 16, h, nh)
 #define GROUP_BODY_8(FMT)                                                                      \
     for (int r = 0; r < ROWS_##FMT; ++r) {                                                     \
         const uint8_t *row = g + HDR_##FMT + r * NR;                                           \

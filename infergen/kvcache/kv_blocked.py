@@ -158,6 +158,15 @@ class BlockedStore:
     def block_freed(self, block: int) -> None:
         self._free_tail(block)
 
+    def _grow_tails(self) -> None:
+        """More blocks open at once than the engine set tails aside for (many prefill chunks
+        each crossing a block boundary in one step): add tails rather than fail a request."""
+        layers, _, slots = self.tail.shape[:3]
+        extra = max(8, slots // 2)
+        more = torch.zeros(layers, 2, extra, *self.tail.shape[3:])
+        self.tail = torch.cat([self.tail, more], dim=2)
+        self._free_tails.extend(range(slots, slots + extra))
+
     def begin_step(self, slot_mapping: torch.Tensor) -> None:
         for block in self._done:
             self._free_tail(block)
@@ -165,8 +174,7 @@ class BlockedStore:
         for block in blocks.unique().tolist():
             if self.tail_of[block] < 0:
                 if not self._free_tails:
-                    raise RuntimeError("KV tail slots exhausted: more blocks filling at once "
-                                       "than running sequences")  # fmt: skip
+                    self._grow_tails()
                 self.tail_of[block] = self._free_tails.pop()
         self.tail_index = self.tail_of[blocks] * self.block + offsets
         self.completing = blocks[offsets == self.block - 1].unique()

@@ -129,3 +129,15 @@ def test_engine_capacity_and_errors(tmp_path):
         assert all(len(o.token_ids) == 40 for o in out)
     with pytest.raises(InfergenError, match="unknown KV cache format"):
         LLM(str(tmp_path), kv_format="int3_kivi")
+
+
+def test_tails_grow_when_more_blocks_open_than_set_aside():
+    cache = PagedKVCache(_config(), 12, 8, torch.float32, "int4_kivi", tail_slots=1)
+    slots = torch.arange(40)  # five blocks written in one step
+    cache.begin_step(slots)
+    layer = cache.layer(0)
+    k = torch.randn(40, 2, 32)
+    layer.blocked.store(k, k)
+    keys, _ = layer.blocked.gather(slots, torch.ones(40, dtype=torch.bool))
+    assert torch.equal(keys, k)  # every open block's fp32 values kept
+    assert cache.blocked.tail.shape[2] >= 5

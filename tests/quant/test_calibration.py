@@ -234,3 +234,46 @@ def test_keep_leaves_matching_projections_in_full_precision(tmp_path):
     assert model.layers[2].attn.o.backend is LINEAR_BACKENDS.get("int8")
     with pytest.raises(InfergenError, match="calibration text file not found"):
         LLM(str(tmp_path), activations="int8_static", calibration_text=str(tmp_path / "nope"))
+
+
+def test_smoothquant_w8a8_equals_transformers_smoothed_and_fake_quantized(tmp_path):
+    """The engine's chosen scales applied to transformers' weights by hand (norms / V rows /
+    up rows divided, consumer columns multiplied), then fake quantization: the same logits."""
+    hf_model = build_hf_model("llama_gqa", tmp_path, intermediate_size=128)
+    llm = LLM(str(tmp_path), kv_cache_memory="16MiB", weights="int8", activations="int8",
+              smoothing="smoothquant")  # fmt: skip
+    chosen = llm.engine.calibration.chosen
+    config = hf_model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = config.hidden_size // heads
+    with torch.no_grad():
+        for i, layer in enumerate(hf_model.model.layers):
+            a, m = layer.self_attn, layer.mlp
+            s = chosen[f"layers.{i}.attn.o.smooth_scale"]
+            a.v_proj.weight /= s.view(kv_heads, heads // kv_heads, dim)[:, 0].reshape(-1, 1)
+            a.o_proj.weight *= s
+            s = chosen[f"layers.{i}.mlp.down.smooth_scale"]
+            m.up_proj.weight /= s[:, None]
+            m.down_proj.weight *= s
+            s = chosen[f"layers.{i}.attn.qkv.smooth_scale"]
+            layer.input_layernorm.weight /= s
+            for proj in (a.q_proj, a.k_proj, a.v_proj):
+                proj.weight *= s
+            s = chosen[f"layers.{i}.mlp.gate_up.smooth_scale"]
+            layer.post_attention_layernorm.weight /= s
+            for proj in (m.gate_proj, m.up_proj):
+                proj.weight *= s
+    fake_quantize(hf_model, lambda w: dequantized_weight("int8", w.float()))
+    act = ACTIVATION_SCHEMES.get("int8").act
+
+    def quantize_input(name):
+        return lambda module, args: (act_reference(args[0][0], act)[None],)
+
+    hooks = _pre_hooks(hf_model, ALL_PROJECTIONS, quantize_input)
+    tokens = torch.randint(0, 211, (24,), generator=torch.Generator().manual_seed(9)).tolist()
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([tokens])).logits[0]
+    for h in hooks:
+        h.remove()
+    got = llm.engine.prompt_logits(tokens)
+    assert (got - expected).abs().max() <= 1e-3 * expected.abs().max()
