@@ -100,7 +100,8 @@ def main() -> None:
         action="append",
         default=None,
         metavar="NAME",
-        help="run only these configurations (repeatable; fp32 always runs)",
+        help="run only these configurations (repeatable; fp32 always runs); written as bench "
+        "'quant_only' to quant_only.jsonl unless --out says otherwise",
     )
     args = parser.parse_args()
     # (name, LLM options): fp32 first (the reference), every weight scheme, the KV formats over
@@ -112,8 +113,12 @@ def main() -> None:
         configs.append(
             (spec, {k: v for k, v in parse_spec(spec).items() if v not in (None, "max")})
         )
-    if args.only:
+    bench = "quant"
+    if args.only:  # a partial run: its own file and bench name (the full table stays whole)
         configs = [c for c in configs if c[0] == "fp32" or c[0] in args.only]
+        bench = "quant_only"
+        if args.out == ROOT / "benchmarks" / "results" / "quant.jsonl":
+            args.out = args.out.with_name("quant_only.jsonl")
     runs: dict[str, list] = {}
     accuracy: dict[str, dict] = {}
     skipped: dict[str, str] = {}
@@ -173,7 +178,7 @@ def main() -> None:
                 runs[name] = out["results"]
             print(f"round {round_}: {name} done")
     base = {
-        "bench": "quant",
+        "bench": bench,
         "quick": False,
         "model": "SmolLM2-135M-Instruct",
         "git": git_state(),

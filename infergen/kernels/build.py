@@ -41,10 +41,15 @@ def _cpu_flags() -> set[str]:
 def _compile_flags() -> list[str]:
     flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", f"-I{_HERE}"]
     cpu = _cpu_flags()
-    if os.environ.get("INFERGEN_KERNEL_ISA") == "generic":  # the portable scalar paths (tests)
+    isa = os.environ.get("INFERGEN_KERNEL_ISA")
+    if isa == "generic":  # the portable scalar paths (tests)
         return flags
     if {"avx2", "fma", "f16c"} <= cpu:
         flags += ["-mavx2", "-mfma", "-mf16c"]
+        # AVX-512VL's two-table permute decodes an FP4 code, sign included, in one op
+        # (gemm_packed_g_f32.c); INFERGEN_KERNEL_ISA=avx2 leaves it out
+        if isa != "avx2" and {"avx512f", "avx512vl"} <= cpu:
+            flags += ["-mavx512f", "-mavx512vl"]
     return flags
 
 

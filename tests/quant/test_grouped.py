@@ -185,19 +185,24 @@ for fmt in lg.GROUP_FORMATS:
         got = backend.apply(x[:tokens], backend.prepare(w), None, 50)
         want = x[:tokens].double() @ _oracle(w, fmt).double().t()
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+        native = LINEAR_BACKENDS.get("native")  # the fp32 kernel of the same ISA
+        fp32 = native.apply(x[:tokens], native.prepare(_oracle(w, fmt)), None, 50)
+        assert torch.equal(got, fp32), (fmt, tokens)
 print("ok")
 """
 
 
-def test_portable_scalar_kernels(tmp_path):
-    """The kernels' non-AVX2 paths (compiled with INFERGEN_KERNEL_ISA=generic) give the same
-    products."""
+@pytest.mark.parametrize("isa", ["generic", "avx2"])
+def test_portable_kernels(isa, tmp_path):
+    """The kernels' other ISA paths — scalar (INFERGEN_KERNEL_ISA=generic) and AVX2 without
+    AVX-512's FP4 decode (avx2; the same as the default where the CPU lacks AVX-512) — give
+    the same products."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "INFERGEN_KERNEL_ISA": "generic", "XDG_CACHE_HOME": str(tmp_path)}
+    env = {**os.environ, "INFERGEN_KERNEL_ISA": isa, "XDG_CACHE_HOME": str(tmp_path)}
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "-c", _SCALAR_CHECK], env=env, cwd=root, capture_output=True, text=True
