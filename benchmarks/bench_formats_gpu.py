@@ -12,9 +12,7 @@ a lent GPU machine; needs only torch, triton and numpy.
 from __future__ import annotations
 
 import argparse
-import datetime
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -24,6 +22,7 @@ import triton
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpu_run import run_base  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 from infergen.formats import FORMATS, dequantize, quantize  # noqa: E402
@@ -70,23 +69,9 @@ def main() -> None:
     cuda = args.device == "cuda"
     name = torch.cuda.get_device_name() if cuda else "cpu (smoke run)"
     hbm = next((v for k, v in HBM_GB_S.items() if k in name), None)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    base = {
-        "bench": "formats_gpu",
-        "quick": False,
-        "git": {"commit": commit or "?"},
-        "machine": {
-            "gpu": name,
-            "sms": torch.cuda.get_device_properties(0).multi_processor_count if cuda else 0,
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-        },
-        "peer_versions": {"torch": torch.__version__},
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "params": {"shape": [args.size, args.size], "dtype": "float32"},
-    }
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if cuda else 0
+    base = {**run_base("formats_gpu", name, sms),
+            "params": {"shape": [args.size, args.size], "dtype": "float32"}}  # fmt: skip
     x = torch.randn(args.size, args.size, device=args.device)
     nbytes = x.numel() * 4
     dst = torch.empty_like(x)

@@ -17,9 +17,7 @@ their codes and scales are random (`weights: "synthetic"`: the speed does not de
 from __future__ import annotations
 
 import argparse
-import datetime
 import pathlib
-import subprocess
 import sys
 
 import torch
@@ -28,6 +26,7 @@ import torch.nn.functional as F
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpu_run import run_base  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (192, 576)]  # (out N, in K)
@@ -95,29 +94,15 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("bench_linear_triton: no CUDA device here; run it on a GPU machine. Nothing done.")
         return
-    import triton
 
     from infergen.ops.linear_triton import TRITON_FORMATS, linear_triton, reference
 
     dtype = DTYPES[args.dtype]
     formats = list(TRITON_FORMATS) if args.formats == "all" else args.formats.split(",")
     name = torch.cuda.get_device_name()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    base = {
-        "bench": "linear_triton",
-        "quick": False,
-        "git": {"commit": commit or "?"},
-        "machine": {
-            "gpu": name,
-            "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-        },
-        "peer_versions": {"torch": torch.__version__},
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    base = run_base(
+        "linear_triton", name, torch.cuda.get_device_properties(0).multi_processor_count
+    )
     print(f"{name}: y = x·dequant(W)ᵀ, x {args.dtype}; peer torch F.linear with a {args.dtype} W")
     head = f"{'format':<10} {'out x in':>10} {'tokens':>6} {'us':>8} {'TFLOP/s':>8} {'GB/s':>7}"
     print(f"{head} {'torch us':>9} {'ratio':>6} {'rel err':>8}")
