@@ -460,6 +460,13 @@ def _lengths(text: str) -> list[int]:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from infergen.quant.export import export
 
+    if args.attention:
+        raise ConfigError(
+            "a checkpoint does not carry attention operand formats",
+            where="--attention",
+            found=args.attention,
+            expected="no --attention (pass it to generate / serve / eval with the checkpoint)",
+        )
     if args.keep:
         raise ConfigError(
             "infergen quantize writes every decoder projection quantized (the checkpoint "
@@ -640,7 +647,10 @@ def build_parser() -> argparse.ArgumentParser:
         "exactly as --weights computes them — and writes a Hugging Face directory in the "
         "compressed-tensors layout (quantization_config in config.json, safetensors with "
         "weight_packed / weight_scale / ..., the tokenizer); --kv fp8_e4m3 adds per-head K / V "
-        "scales calibrated on the shipped corpus. The LM head and embedding stay full precision.",
+        "scales calibrated on the shipped corpus. --activations, --smoothing and --calibration "
+        "calibrate first (on --calib TEXT_FILE, or the shipped corpus): the smoothed / clipped "
+        "weights and folded norms are written, with each projection's static input scale. The "
+        "LM head and embedding stay full precision.",
     )
     qz.add_argument("--model", "-m", default=None, help="checkpoint (default: the default model)")
     qz.add_argument(
