@@ -159,6 +159,14 @@ class Engine:
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
 
+    def attach_scratch_cache(self, model: Transformer, tokens: int, dtype: torch.dtype):
+        """Run on a fresh engine-dtype cache that holds one prompt of `tokens` tokens (for
+        calibration passes at start; the real cache is attached after). Returns it."""
+        block = self.config.cache.block_size
+        scratch = PagedKVCache(self.model_config, tokens // block + 2, block, dtype)
+        self._attach_cache(model, scratch)
+        return scratch
+
     def _attach_cache(self, model: Transformer, kv_cache: PagedKVCache) -> None:
         """Run on `kv_cache`: its block pool, a scheduler over it, a runner writing to it."""
         self.kv_cache = kv_cache

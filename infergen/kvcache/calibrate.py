@@ -16,7 +16,6 @@ import random
 import torch
 
 from infergen.kvcache.kv_format import KV_FORMATS
-from infergen.kvcache.paged_cache import PagedKVCache
 
 CALIBRATION_TOKENS = 512
 CALIBRATION_TEXT = "shakespeare.txt"
@@ -54,9 +53,7 @@ def calibrate_kv_scales(
     fmt = KV_FORMATS.get(kv_format or cache.kv_format, where="kv_format")
     count = min(CALIBRATION_TOKENS, engine.max_model_len - 1)
     tokens = calibration_tokens(engine.tokenizer, config.vocab_size, count)
-    blocks = count // cache.block_size + 1  # the prompt and the token it would sample
-    scratch = PagedKVCache(config, blocks, cache.block_size, dtype)
-    engine._attach_cache(model, scratch)
+    scratch = engine.attach_scratch_cache(model, count, dtype)
     engine.prompt_logits(tokens)
     slots = scratch.storage.float().flatten(2, 3)  # [layers, 2, slots, kv_heads, d]
     used = slots[:, :, slots.abs().amax(dim=(0, 1, 3, 4)) > 0]  # the calibration positions

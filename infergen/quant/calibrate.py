@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from infergen.kvcache.calibrate import calibration_tokens
-from infergen.kvcache.paged_cache import PagedKVCache
 
 CALIBRATION_SEQUENCES = 8
 SEQUENCE_TOKENS = 128
@@ -99,9 +98,7 @@ def collect_statistics(
         if isinstance(module, Linear):
             stats[name] = InputStats.empty(module.in_features, stride)
             hooks.append(module.register_forward_pre_hook(_recorder(stats[name])))
-    cache = engine.config.cache
-    blocks = max(len(s) for s in sequences) // cache.block_size + 2
-    engine._attach_cache(model, PagedKVCache(engine.model_config, blocks, cache.block_size, dtype))
+    engine.attach_scratch_cache(model, max(len(s) for s in sequences), dtype)
     try:
         bar = tqdm(sequences, desc="calibrating", unit="seq", file=sys.stderr, disable=not progress)
         for seq in bar:
