@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from infergen.bench.workloads import add_workload_args
+from infergen.cli_compile import add_compile_parser
 from infergen.cli_predict import add_device_args, add_predict_parser
 from infergen.errors import ConfigError, InfergenError
 
@@ -717,6 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
     step.set_defaults(func=cmd_perf_step)
 
     add_predict_parser(sub)
+    add_compile_parser(sub, _add_model_args)
 
     bench = sub.add_parser("bench", help="benchmarks; `infergen bench serve --help`")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")

@@ -117,5 +117,8 @@ class Transformer(nn.Module):
         rows = batch.logits_indices
         if rows.numel() == 0:  # only unfinished prefill chunks this step: nothing to sample
             return torch.empty(0, self.config.vocab_size)
-        h = self.norm(h.index_select(0, rows), delta.index_select(0, rows))
-        return self.lm_head(h).float()
+        return self.head(h.index_select(0, rows), delta.index_select(0, rows))
+
+    def head(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] in fp32 of the rows h [rows, hidden] (+ their pending delta)."""
+        return self.lm_head(self.norm(h, delta)).float()

@@ -1,0 +1,60 @@
+"""The graphs of a decoder model: one decoder layer and the head, captured from the model code
+(`Transformer.layers[i].forward`, `Transformer.head`) with the step's inputs described as IR
+values. Layers of one model share a graph: their weights are graph inputs, bound per layer.
+
+Dynamic dimensions: T (tokens in the step) and B (KV cache blocks, fixed per engine but not
+part of what a kernel is specialised for). Everything else comes from the config.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infergen.compiler.capture import BLOCKS, Captured, CaptureError, Struct, capture
+from infergen.compiler.ir import TOKENS, Value
+from infergen.kvcache.paged_cache import PagedKVCache
+
+
+def step_inputs(model, kv_cache: PagedKVCache) -> dict[str, Value | Struct]:
+    """The decoder layer's arguments (h, delta, batch, kv) as graph inputs."""
+    config, dtype = model.config, model.dtype
+    if kv_cache.blocked is not None or kv_cache.format is not None:
+        raise CaptureError(
+            f"capture: KV format {kv_cache.kv_format!r} is not in the IR yet",
+            expected="the unquantized cache (kv_format None)",
+        )
+    layer = kv_cache.layer(0)
+    cache_shape = (BLOCKS, *layer.k.shape[1:])
+    hidden = (TOKENS, config.hidden_size)
+    return {
+        "h": Value("h", hidden, dtype, "input"),
+        "delta": Value("delta", hidden, dtype, "input"),
+        "batch": Struct(
+            slot_mapping=Value("slots", (TOKENS,), torch.int64, "input"),
+            attn_plan=Value("plan", (), None, "opaque"),
+            rope=Struct(
+                positions=Value("positions", (TOKENS,), torch.int64, "input"),
+                cache=Value("rope_table", tuple(model.rope_cache.shape), torch.float32, "weight"),
+            ),
+        ),
+        "kv": Struct(
+            k=Value("k_cache", cache_shape, layer.k.dtype, "cache"),
+            v=Value("v_cache", cache_shape, layer.v.dtype, "cache"),
+        ),
+    }
+
+
+def capture_layer(model, kv_cache: PagedKVCache, index: int = 0) -> Captured:
+    """The IR of decoder layer `index` (outputs: the MLP's delta, the updated residual stream
+    h, the updated caches)."""
+    return capture(model.layers[index], "forward", step_inputs(model, kv_cache), "decoder_layer")
+
+
+def capture_head(model) -> Captured:
+    """The IR of the final norm and LM head over sampled rows (R of them)."""
+    rows = (TOKENS, model.config.hidden_size)
+    args = {
+        "h": Value("h", rows, model.dtype, "input"),
+        "delta": Value("delta", rows, model.dtype, "input"),
+    }
+    return capture(model, "head", args, "head")
