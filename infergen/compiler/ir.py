@@ -188,6 +188,33 @@ class Graph:
         lines.append("  return " + ", ".join(f"%{v.name}" for v in self.outputs))
         return "\n".join(lines)
 
+    def canonical(self) -> str:
+        """The dump with values renamed v0, v1, ... in order of definition and the graph
+        unnamed: equal for graphs that compute the same thing (the JIT cache key)."""
+        saved = [(v, v.name) for v in _all_values(self)]
+        try:
+            for i, (value, _) in enumerate(saved):
+                value.name = f"v{i}"
+            name, self.name = self.name, "g"
+            try:
+                return self.dump()
+            finally:
+                self.name = name
+        finally:
+            for value, name in saved:
+                value.name = name
+
+
+def _all_values(graph: Graph) -> list[Value]:
+    seen: dict[int, Value] = {}
+    for value in graph.values():
+        seen.setdefault(id(value), value)
+    for node in graph.nodes:
+        if node.op is Op.FUSED:
+            for value in _all_values(node.attrs["graph"]):
+                seen.setdefault(id(value), value)
+    return list(seen.values())
+
 
 class Namer:
     """Unique value names: the preferred name, then name.1, name.2, ..."""

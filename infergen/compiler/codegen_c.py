@@ -1,0 +1,315 @@
+"""C renderer: a fused group of pointwise / row-reduction / layout primitives → one C function
+that makes a single pass over the token rows.
+
+    void <name>(const void **in, const long *row_stride, void **out, long T, int threads)
+
+`in[i]` is the group's i-th input: a [T, ...] tensor (its rows `row_stride[i]` elements apart,
+each row contiguous), a weight without the T dimension (broadcast over the rows, contiguous),
+or an int64 [T] index. `out[j]` is the j-th output, contiguous [T, ...]. Rows are split over
+`threads` OpenMP threads when the step has enough of them to pay for the fork.
+
+Inside a row every value lives in a small stack array (L1-resident) — or directly in the output
+row when it is a group output — and each op is a loop over the value's row elements, written
+so the C compiler vectorises the innermost one. Slices and views are not copied: a value is a
+`Ref` (base array, offset, strides) and a view or slice only changes the Ref; a concat copies.
+
+Static dimensions are constants in the source (the kernel is specialised for them); T is a
+parameter. Numerics follow the references: fp32 throughout, a row sum accumulated in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import torch
+
+from infergen.compiler.ir import TOKENS, Graph, Op, Sym, Value
+
+# row elements below which a step runs on one thread (the fork costs ~µs)
+PARALLEL_MIN_ELEMENTS = 1 << 14
+
+
+class CodegenError(ValueError):
+    """A group the C renderer has no code for (the runtime then runs it op by op)."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where a value's elements are, within one row: base[offset + Σ index_d · strides_d]."""
+
+    base: str
+    offset: int
+    shape: tuple[int, ...]  # per-row dims (a weight: all its dims)
+    strides: tuple[int, ...]
+    rowed: bool  # True: a [T, ...] value (one row of it); False: broadcast over rows
+
+    def contiguous(self) -> bool:
+        return self.strides == _contiguous(self.shape)
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _row_shape(value: Value) -> tuple[tuple[int, ...], bool]:
+    if value.rank >= 1 and value.shape[0] == TOKENS:
+        rest = value.shape[1:]
+        rowed = True
+    else:
+        rest, rowed = value.shape, False
+    if any(isinstance(d, Sym) for d in rest):
+        raise CodegenError(f"%{value.name}: dynamic dimension other than the leading T")
+    return tuple(rest), rowed
+
+
+_UNARY = {
+    Op.NEG: "-({a})",
+    Op.SIGMOID: "1.0f / (1.0f + expf(-({a})))",
+    Op.RSQRT: "1.0f / sqrtf({a})",
+}
+_BINARY = {Op.ADD: "({a}) + ({b})", Op.SUB: "({a}) - ({b})", Op.MUL: "({a}) * ({b})"}
+_SCALAR = {Op.ADD_SCALAR: "({a}) + {c}", Op.MUL_SCALAR: "({a}) * {c}"}
+
+
+def _float(value: float) -> str:
+    return f"{float(value)!r}f"  # repr round-trips; "1e-05f" and "0.5f" are C floats
+
+
+class _Renderer:
+    def __init__(self, graph: Graph, name: str):
+        self.graph, self.name = graph, name
+        self.refs: dict[int, Ref] = {}
+        self.lines: list[str] = []
+        self.locals: list[str] = []
+        self.counter = 0
+        self.index_inputs: dict[int, str] = {}
+
+    def fresh(self, stem: str) -> str:
+        self.counter += 1
+        return f"{stem}{self.counter}"
+
+    # ---- element access ----------------------------------------------------------------
+    def element(self, ref: Ref, out_shape: tuple[int, ...], idx: list[str]) -> str:
+        """C expression of `ref`'s element at the output row index `idx` (right-aligned
+        numpy broadcasting: size-1 dims read index 0, missing leading dims are absent)."""
+        terms = [str(ref.offset)] if ref.offset else []
+        lead = len(out_shape) - len(ref.shape)
+        if lead < 0:
+            raise CodegenError(f"{ref.base}: rank above its consumer's")
+        for d, (size, stride) in enumerate(zip(ref.shape, ref.strides, strict=True)):
+            if size == 1:
+                continue
+            var = idx[lead + d]
+            terms.append(var if stride == 1 else f"{var} * {stride}")
+        return f"{ref.base}[{' + '.join(terms) or '0'}]"
+
+    def loops(self, shape: tuple[int, ...], body: callable) -> None:
+        """Nested loops over `shape` with index names i0, i1, ...; `body(idx)` → statements."""
+        idx = [f"i{d}" for d in range(len(shape))]
+        indent = "    "
+        for d, size in enumerate(shape):
+            self.lines.append(
+                f"{indent * (d + 2)}for (long {idx[d]} = 0; {idx[d]} < {size}; ++{idx[d]})"
+            )
+        pad = indent * (len(shape) + 2)
+        for statement in body(idx):
+            self.lines.append(pad + statement)
+
+    def destination(self, value: Value, shape: tuple[int, ...]) -> Ref:
+        """A contiguous place for `value`'s row: its output row, or a new stack array."""
+        for j, out in enumerate(self.graph.outputs):
+            if out is value:
+                return Ref(f"o{j}", 0, shape, _contiguous(shape), True)
+        name = self.fresh("v")
+        self.locals.append(f"        float {name}[{max(1, prod(shape))}];")
+        return Ref(name, 0, shape, _contiguous(shape), True)
+
+    # ---- ops ---------------------------------------------------------------------------
+    def render_node(self, node) -> None:
+        op, out = node.op, node.outputs[0]
+        if op in _UNARY or op in _BINARY or op in _SCALAR:
+            shape, _ = _row_shape(out)
+            dst = self.destination(out, shape)
+            srcs = [self.refs[id(v)] for v in node.inputs]
+
+            def body(idx):
+                args = [self.element(r, shape, idx) for r in srcs]
+                if op in _UNARY:
+                    expr = _UNARY[op].format(a=args[0])
+                elif op in _BINARY:
+                    expr = _BINARY[op].format(a=args[0], b=args[1])
+                else:
+                    expr = _SCALAR[op].format(a=args[0], c=_float(node.attrs["value"]))
+                return [f"{self.element(dst, shape, idx)} = {expr};"]
+
+            self.loops(shape, body)
+            self.refs[id(out)] = dst
+        elif op in (Op.SUM, Op.MEAN):
+            self.render_reduce(node)
+        elif op is Op.SLICE:
+            src = self.refs[id(node.inputs[0])]
+            dim = node.attrs["dim"] - (1 if src.rowed else 0)
+            shape = list(src.shape)
+            shape[dim] = node.attrs["stop"] - node.attrs["start"]
+            offset = src.offset + node.attrs["start"] * src.strides[dim]
+            self.refs[id(out)] = Ref(src.base, offset, tuple(shape), src.strides, src.rowed)
+        elif op is Op.VIEW:
+            self.render_view(node)
+        elif op is Op.CONCAT:
+            self.render_concat(node)
+        elif op is Op.GATHER_ROWS:
+            self.render_gather(node)
+        else:
+            raise CodegenError(f"no C code for {op.label}")
+
+    def render_reduce(self, node) -> None:
+        (x,), out = node.inputs, node.outputs[0]
+        src = self.refs[id(x)]
+        shape, _ = _row_shape(out)
+        dst = self.destination(out, shape)
+        outer, n = shape[:-1], src.shape[-1]
+        divide = f" / {_float(n)}" if node.op is Op.MEAN else ""  # torch: the sum over n
+
+        def body(idx):
+            acc = self.fresh("acc")
+            full = [*idx, "r"]
+            read = self.element(src, (*outer, n), full)
+            return [
+                "{",
+                f"    float {acc} = 0.0f;",
+                f"    for (long r = 0; r < {n}; ++r) {acc} += {read};",
+                f"    {self.element(dst, shape, [*idx, '0'])} = {acc}{divide};",
+                "}",
+            ]
+
+        self.loops(outer, body)
+        self.refs[id(out)] = dst
+
+    def render_view(self, node) -> None:
+        (x,), out = node.inputs, node.outputs[0]
+        src = self.refs[id(x)]
+        shape, rowed = _row_shape(out)
+        if not (src.rowed and rowed):
+            raise CodegenError("a view must keep the token rows")
+        if not src.contiguous():  # e.g. a slice of the middle dimension: copy it first
+            tmp = Ref(self.fresh("v"), 0, src.shape, _contiguous(src.shape), True)
+            self.locals.append(f"        float {tmp.base}[{max(1, prod(src.shape))}];")
+            self.loops(
+                src.shape,
+                lambda idx: [
+                    f"{self.element(tmp, src.shape, idx)} = {self.element(src, src.shape, idx)};"
+                ],
+            )
+            src = tmp
+        self.refs[id(out)] = Ref(src.base, src.offset, shape, _contiguous(shape), True)
+        if any(o is out for o in self.graph.outputs):
+            self.copy_out(out)
+
+    def render_concat(self, node) -> None:
+        out = node.outputs[0]
+        shape, _ = _row_shape(out)
+        dst = self.destination(out, shape)
+        dim = node.attrs["dim"] - 1
+        start = 0
+        for value in node.inputs:
+            src = self.refs[id(value)]
+            part = src.shape
+            target = Ref(dst.base, dst.offset + start * dst.strides[dim], part, dst.strides, True)
+            self.loops(
+                part,
+                lambda idx, s=src, t=target, p=part: [
+                    f"{self.element(t, p, idx)} = {self.element(s, p, idx)};"
+                ],
+            )
+            start += part[dim]
+        self.refs[id(out)] = dst
+
+    def render_gather(self, node) -> None:
+        table, index = node.inputs
+        out = node.outputs[0]
+        shape, _ = _row_shape(out)
+        dst = self.destination(out, shape)
+        src = self.refs[id(table)]
+        if src.rowed or not src.contiguous():
+            raise CodegenError("gather_rows needs a contiguous table without the token rows")
+        row, pos = prod(src.shape[1:]), self.index_inputs[id(index)]
+        inner = Ref("", 0, shape, _contiguous(shape), True)
+
+        def body(idx):
+            flat = self.element(inner, shape, idx)[1:-1]  # "i0 * 8 + i1" style, no base
+            return [f"{self.element(dst, shape, idx)} = {src.base}[{pos}[t] * {row} + {flat}];"]
+
+        self.loops(shape, body)
+        self.refs[id(out)] = dst
+
+    def copy_out(self, value: Value) -> None:
+        """A group output whose Ref is not its output row (a view of a local): copy it."""
+        src = self.refs[id(value)]
+        j = next(j for j, o in enumerate(self.graph.outputs) if o is value)
+        dst = Ref(f"o{j}", 0, src.shape, _contiguous(src.shape), True)
+        if src.base == dst.base:
+            return
+        self.loops(
+            src.shape,
+            lambda idx: [
+                f"{self.element(dst, src.shape, idx)} = {self.element(src, src.shape, idx)};"
+            ],
+        )
+        self.refs[id(value)] = dst
+
+    # ---- the function ------------------------------------------------------------------
+    def render(self) -> str:
+        head: list[str] = []
+        for i, value in enumerate(self.graph.inputs):
+            if value.dtype == torch.int64 and value.rank == 1 and value.shape[0] == TOKENS:
+                head.append(f"    const long *p{i} = (const long *)in[{i}];")
+                self.index_inputs[id(value)] = f"p{i}"
+                continue
+            if value.dtype != torch.float32:
+                raise CodegenError(f"input %{value.name}: {value.dtype}, the renderer does fp32")
+            shape, rowed = _row_shape(value)
+            if rowed:
+                row = f"(const float *)in[{i}] + t * row_stride[{i}]"
+                self.lines.append(f"        const float *x{i} = {row};")
+            else:
+                head.append(f"    const float *x{i} = (const float *)in[{i}];")
+            self.refs[id(value)] = Ref(f"x{i}", 0, shape, _contiguous(shape), rowed)
+        for j, value in enumerate(self.graph.outputs):
+            shape, rowed = _row_shape(value)
+            if not rowed or value.dtype != torch.float32:
+                raise CodegenError(f"output %{value.name} is not fp32 [T, ...]")
+            self.lines.append(f"        float *o{j} = (float *)out[{j}] + t * {prod(shape)};")
+        for node in self.graph.nodes:
+            self.render_node(node)
+        for value in self.graph.outputs:
+            self.copy_out(value)
+        work = sum(prod(_row_shape(v)[0]) for v in self.graph.outputs)
+        return "\n".join(
+            [
+                f"/* generated by infergen.compiler.codegen_c from group {self.graph.name} */",
+                "#include <math.h>",
+                "",
+                f"void {self.name}(const void **in, const long *row_stride, void **out, long T, "
+                "int threads) {",
+                *head,
+                f"    #pragma omp parallel for num_threads(threads) schedule(static) "
+                f"if (T * {work} >= {PARALLEL_MIN_ELEMENTS})",
+                "    for (long t = 0; t < T; ++t) {",
+                *self.locals,
+                *self.lines,
+                "    }",
+                "}",
+                "",
+            ]
+        )
+
+
+def render_group(graph: Graph, name: str) -> str:
+    """C source of one fused group's subgraph, function `name`. Raises CodegenError for a
+    group outside what the renderer does (not fp32, dynamic inner dims, matmul, ...)."""
+    return _Renderer(graph, name).render()

@@ -1,0 +1,141 @@
+"""The persistent JIT cache: compiled kernels on disk, keyed by what determines the binary.
+
+    key = sha256(canonical graph text, specialization, target, compiler version, C compiler)
+
+An entry is `<key>.so` (the shared library), `<key>.c` (the generated source, for reading)
+and `<key>.json` (written last: the key's parts and the library's sha256). A lookup trusts
+an entry only if its .json parses and names the library's current checksum; anything else —
+a truncated library, a missing or garbled .json, a library that does not load — is a corrupt
+entry: removed and rebuilt. Builders of one key take an exclusive file lock, so two processes
+compiling the same kernel at once build it once; the library is written to a temporary file
+and renamed into place (atomic), the .json after it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from infergen.kernels.build import _HERE as KERNELS_DIR
+from infergen.kernels.build import KernelUnavailable, _compile_flags, cache_dir
+
+COMPILER_VERSION = "1"  # bump when generated code changes meaning for the same graph
+
+
+def default_root() -> Path:
+    return cache_dir() / "jit"
+
+
+def _compiler() -> str:
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        raise KernelUnavailable("no C compiler (cc/gcc) on PATH")
+    return compiler
+
+
+def target_name(flags: list[str] | None = None) -> str:
+    """The code-generation target: the C renderer with the ISA flags it compiles with."""
+    flags = _compile_flags() if flags is None else flags
+    isa = [f.removeprefix("-m") for f in flags if f.startswith("-m")]
+    return "c-" + ("+".join(isa) or "generic")
+
+
+@dataclass
+class Built:
+    fn: Callable[..., None]
+    key: str
+    path: Path
+    seconds: float  # compile time (0 when loaded from the cache)
+    cached: bool  # True: found on disk, not compiled
+
+
+class JitCache:
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root is not None else default_root()
+        self._loaded: dict[str, Built] = {}
+
+    def key(self, canonical: str, specialization: str) -> str:
+        parts = [canonical, specialization, target_name(), COMPILER_VERSION, _compiler()]
+        return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
+
+    def get(self, key: str, function: str, render: Callable[[], str]) -> Built:
+        """The kernel `function` of entry `key`: loaded from memory, from disk, or built from
+        `render()` (called only when it has to be compiled)."""
+        if key in self._loaded:
+            return self._loaded[key]
+        self.root.mkdir(parents=True, exist_ok=True)
+        built = self._load(key, function)
+        if built is None:
+            with open(self.root / f"{key}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per key across processes
+                built = self._load(key, function) or self._build(key, function, render())
+        self._loaded[key] = built
+        return built
+
+    def _files(self, key: str) -> tuple[Path, Path, Path]:
+        return self.root / f"{key}.so", self.root / f"{key}.c", self.root / f"{key}.json"
+
+    def _load(self, key: str, function: str) -> Built | None:
+        library, _, meta = self._files(key)
+        if not library.exists() and not meta.exists():
+            return None
+        try:
+            record = json.loads(meta.read_text())
+            if record["sha256"] != _sha256(library) or record["function"] != function:
+                raise ValueError("checksum or function differs")
+            fn = getattr(ctypes.CDLL(str(library)), function)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            self.evict(key)  # corrupt or half-written: rebuild
+            return None
+        return Built(fn, key, library, 0.0, True)
+
+    def _build(self, key: str, function: str, source: str) -> Built:
+        library, source_path, meta = self._files(key)
+        started = time.perf_counter()
+        flags = _compile_flags()
+        with tempfile.TemporaryDirectory(dir=self.root) as tmp:
+            src, out = Path(tmp) / f"{key}.c", Path(tmp) / f"{key}.so"
+            src.write_text(source)
+            cmd = [_compiler(), *flags, f"-I{KERNELS_DIR}", "-o", str(out), str(src)]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise KernelUnavailable(f"compiling generated {function} failed:\n"
+                                        f"{result.stderr}\n--- source ---\n{source}")  # fmt: skip
+            os.replace(src, source_path)
+            os.replace(out, library)
+        record = {"function": function, "sha256": _sha256(library), "key": key,
+                  "target": target_name(flags), "compiler_version": COMPILER_VERSION}  # fmt: skip
+        tmp_meta = meta.with_suffix(".json.tmp")
+        tmp_meta.write_text(json.dumps(record, indent=1))
+        os.replace(tmp_meta, meta)  # last: marks the entry complete
+        fn = getattr(ctypes.CDLL(str(library)), function)
+        return Built(fn, key, library, time.perf_counter() - started, False)
+
+    def evict(self, key: str) -> None:
+        for path in self._files(key):
+            path.unlink(missing_ok=True)
+        self._loaded.pop(key, None)
+
+    def entries(self) -> list[dict]:
+        """The complete entries on disk (their .json records)."""
+        found = []
+        for meta in sorted(self.root.glob("*.json")):
+            try:
+                found.append(json.loads(meta.read_text()))
+            except (OSError, ValueError):
+                continue
+        return found
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
