@@ -87,6 +87,14 @@ def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
         "probabilities (with --kv-format fp8_e4m3). Default: the engine dtype",
     )
     parser.add_argument(
+        "--compile",
+        default="off",
+        choices=("off", "eager", "jit"),
+        help="run the decoder layers through the compiler: 'eager' (the captured graph op "
+        "by op), 'jit' (fused groups as generated C kernels, cached on disk). Default: off "
+        "(the per-op path and the hand-written fused decode step)",
+    )
+    parser.add_argument(
         "--keep",
         action="append",
         default=[],
@@ -157,6 +165,7 @@ def _load(args: argparse.Namespace):
         calibration_text=args.calib,
         keep=args.keep,
         attention=args.attention,
+        compile=args.compile,
         progress=sys.stderr.isatty(),
     )
     cache = llm.engine.kv_cache

@@ -428,6 +428,10 @@ class EngineConfig:
     # Q, K, V and P (needs the FP8 KV cache); None: the engine dtype
     attention: str | None = None
     max_model_len: int | None = None  # context cap in tokens (None: the model's own)
+    # the decoder layers through the compiler (compiler/runtime.py): "off" (the per-op path
+    # and the hand-written fused decode step), "eager" (the captured graph op by op),
+    # "jit" (fused groups as generated C kernels)
+    compile: str = "off"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -513,6 +517,13 @@ class EngineConfig:
                 expected=f"one of {scheme.dtypes}",
             )
         self._check_quantization()
+        _require(
+            self.compile in ("off", "eager", "jit"),
+            f"unknown compile mode {self.compile!r}",
+            where="compile",
+            found=self.compile,
+            expected="'off', 'eager' or 'jit'",
+        )
         _require(
             self.max_model_len is None or self.max_model_len >= 2,
             "max_model_len must leave room for a prompt token and a generated one",

@@ -62,6 +62,9 @@ class LLM:
             module-name globs, e.g. ("lm_head", "layers.0.*").
         attention: "fp8_e4m3" computes attention on FP8 Q, K, V and softmax P (with
             kv_format="fp8_e4m3"); None: the engine dtype.
+        compile: "off" (default: the per-op path and the fused decode step), "eager" (the
+            decoder layer's captured graph, op by op) or "jit" (its fused groups as
+            generated C kernels, cached on disk); `infergen compile` shows the graphs.
         progress: show progress bars while calibrating.
     """
 
@@ -91,6 +94,7 @@ class LLM:
         keep: tuple[str, ...] | list[str] = (),
         attention: str | None = None,
         max_model_len: int | None = None,
+        compile: str = "off",
         checkpoint: Any = None,
         progress: bool = False,
     ):
@@ -108,6 +112,7 @@ class LLM:
             keep=tuple(keep),
             attention=attention,
             max_model_len=max_model_len,
+            compile=compile,
             num_threads=num_threads,
             seed=seed,
             cache=CacheConfig(

@@ -54,9 +54,12 @@ def bind_sizes(graph: Graph, env: dict[str, Any]) -> dict[str, int]:
     return sizes
 
 
-def run(graph: Graph, env: dict[str, Any]) -> list[Any]:
-    """The graph's outputs for the input values `env` (name → runtime value)."""
-    values = _execute(graph, env)
+def run(
+    graph: Graph, env: dict[str, Any], run_node: Callable[..., tuple] | None = None
+) -> list[Any]:
+    """The graph's outputs for the input values `env` (name → runtime value). `run_node(node,
+    args, sizes)` executes each node instead of the references (the engine's runtime)."""
+    values = _execute(graph, env, run_node)
     return [values[id(v)] for v in graph.outputs]
 
 
@@ -66,7 +69,9 @@ def values_of(graph: Graph, env: dict[str, Any]) -> dict[str, Any]:
     return {v.name: values[id(v)] for v in graph.values()}
 
 
-def _execute(graph: Graph, env: dict[str, Any]) -> dict[int, Any]:
+def _execute(
+    graph: Graph, env: dict[str, Any], run_node: Callable[..., tuple] | None = None
+) -> dict[int, Any]:
     missing = [v.name for v in graph.inputs if v.name not in env]
     if missing:
         raise ValueError(f"run {graph.name}: no values for inputs {missing}")
@@ -74,7 +79,10 @@ def _execute(graph: Graph, env: dict[str, Any]) -> dict[int, Any]:
     values: dict[int, Any] = {id(v): env[v.name] for v in graph.inputs}
     for node in graph.nodes:
         args = [None if v is None else values[id(v)] for v in node.inputs]
-        results = EXECUTORS[node.op](args, node.attrs, sizes)
+        if run_node is not None:
+            results = run_node(node, args, sizes)
+        else:
+            results = EXECUTORS[node.op](args, node.attrs, sizes)
         for value, result in zip(node.outputs, results, strict=True):
             values[id(value)] = result
     return values

@@ -156,6 +156,12 @@ class Engine:
             check_kv_scales(scales[0], where=f"kv_format {cache.kv_format!r} scales")
             self.kv_cache.scales.copy_(scales[0])
             self.kv_cache.k_shift.copy_(scales[1])
+        self.compile_report = None
+        if config.compile != "off":  # the decoder layers through the compiler
+            from infergen.compiler.runtime import CompiledLayers
+
+            model.compiled = CompiledLayers(model, self.kv_cache, config.compile)
+            self.compile_report = model.compiled.report
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
 

@@ -75,6 +75,9 @@ class Transformer(nn.Module):
         # (models/fused_decode.py); False forces the per-op path (tests compare the two)
         self.fused_decode = True
         self._fused_decode: FusedDecode | None = None
+        # the decoder layers through the compiler (compiler/runtime.py), when the engine
+        # option `compile` asks for it; used only on the cache it was built for
+        self.compiled = None
 
     @torch.no_grad()
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -110,7 +113,11 @@ class Transformer(nn.Module):
         ids = batch.input_ids
         h = self.lm_head.rows(ids) if self.embed is None else self.embed.index_select(0, ids)
         # h [tokens, hidden] is a fresh tensor: the layers update it in place
-        delta = self._fused(kv_cache).run(h, batch) if self.fused_decode else None
+        delta = None
+        if self.compiled is not None and self.compiled.kv_cache is kv_cache:
+            h, delta = self.compiled.run(h, batch)
+        elif self.fused_decode:
+            delta = self._fused(kv_cache).run(h, batch)
         if delta is None:  # the per-op path: every step the fused decode does not cover
             for i, layer in enumerate(self.layers):
                 delta = layer(h, delta, batch, kv_cache.layer(i))

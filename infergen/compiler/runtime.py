@@ -1,0 +1,231 @@
+"""The compiled decoder layers inside the engine (EngineConfig.compile = "eager" | "jit").
+
+At engine start the decoder layer is captured once (layers share the graph; each binds its
+own weights) and, for "jit", run through the "jit" pipeline with every fused pointwise group
+compiled to C (through the JIT cache; groups that hold a GEMM or a KV store run op by op, their
+pointwise tails compiled as nested groups). Each step then walks the graph: generated kernels
+for fused groups, the engine's own op backends (packed GEMMs, native decode attention, KV
+store) for everything else — the "eager" mode walks the captured graph unfused, op by op.
+
+Bucketed dispatch: a step's token count T picks a bucket (BUCKETS); a fused group can hold a
+kernel variant per bucket (the tuner, tune.py, measures them); without one the default
+variant serves.
+
+The layers' residual stream comes back as a new tensor (`run` returns h and the pending
+delta); the KV cache is written in place, as the per-op path does.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
+from infergen.compiler.codegen_c import CodegenError
+from infergen.compiler.decoder import capture_layer
+from infergen.compiler.interpret import EXECUTORS, run
+from infergen.compiler.ir import Graph, Node, Op
+from infergen.compiler.jit_cache import JitCache
+from infergen.compiler.kernel import GroupKernel, compile_group
+from infergen.compiler.passes import PASSES, run_pipeline
+from infergen.ops.attention_operands import ATTENTION_OPERANDS
+from infergen.ops.kv_store import kv_store
+from infergen.ops.paged_attention import paged_attention
+from infergen.ops.rope import RopeInputs
+from infergen.registry import Registry
+
+COMPILE_MODES = ("off", "eager", "jit")
+
+# token-count buckets a kernel variant is specialised for: (name, lowest T, highest T)
+BUCKETS = (("1", 1, 1), ("2-8", 2, 8), ("9-64", 9, 64), ("65-512", 65, 512), (">512", 513, 1 << 62))
+
+
+def bucket_of(tokens: int) -> str:
+    for name, low, high in BUCKETS:
+        if low <= tokens <= high:
+            return name
+    raise ValueError(f"no bucket for {tokens} tokens")
+
+
+@dataclass
+class CompileReport:
+    """What starting the compiled path cost and built."""
+
+    capture_seconds: float = 0.0
+    passes_seconds: float = 0.0
+    compile_seconds: float = 0.0  # C compiler time (0 when every kernel came from the cache)
+    kernels_built: int = 0
+    kernels_cached: int = 0
+    groups_op_by_op: list[str] = field(default_factory=list)
+
+    @property
+    def total_seconds(self) -> float:
+        return self.capture_seconds + self.passes_seconds + self.compile_seconds
+
+
+class CompiledLayers:
+    def __init__(self, model, kv_cache, mode: str, jit_cache: JitCache | None = None):
+        if mode not in ("eager", "jit"):
+            raise ValueError(f"compile mode {mode!r}: expected 'eager' or 'jit'")
+        self.model, self.kv_cache, self.mode = model, kv_cache, mode
+        self.report = CompileReport()
+        started = time.perf_counter()
+        self.captured = capture_layer(model, kv_cache)
+        self.report.capture_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        graph = copy.deepcopy(self.captured.graph)
+        if mode == "jit":
+            graph = run_pipeline(graph, "jit")
+            _fuse_inside_groups(graph)
+        self.graph = graph
+        self.report.passes_seconds = time.perf_counter() - started
+        self.kernels: dict[int, dict[str, GroupKernel]] = {}  # id(FUSED node) → bucket → kernel
+        if mode == "jit":
+            self._compile(graph, jit_cache or JitCache())
+        layer0 = model.layers[0]
+        self.ops = _EngineOps(
+            layer0.attn.decode, layer0.attn.rope, layer0.mlp.act, layer0.attn_norm.fn
+        )
+        # weights bound once per layer; the step's inputs are bound per call
+        self.static = [self._static_env(i) for i in range(len(model.layers))]
+
+    def _static_env(self, index: int) -> dict[str, Any]:
+        layer = self.model.layers[index]
+        env = {}
+        for name, source in self.captured.sources.items():
+            if source.origin == "module":
+                env[name] = source.fetch(layer, {})
+        env["rope_table"] = self.model.rope_cache
+        return env
+
+    def _compile(self, graph: Graph, jit_cache: JitCache) -> None:
+        for node in graph.nodes:
+            if node.op is not Op.FUSED:
+                continue
+            sub = node.attrs["graph"]
+            if node.attrs["kernel"] == "pointwise":
+                try:
+                    kernel = compile_group(sub, jit_cache)
+                except CodegenError as error:
+                    self.report.groups_op_by_op.append(f"{sub.name}: {error}")
+                    continue
+                self.kernels[id(node)] = {"default": kernel}
+                self.report.compile_seconds += kernel.built.seconds
+                self.report.kernels_cached += kernel.built.cached
+                self.report.kernels_built += not kernel.built.cached
+            else:
+                self._compile(sub, jit_cache)  # its nested pointwise groups
+
+    # ---- per step ------------------------------------------------------------------------
+    def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """All decoder layers of the step: returns (residual stream h, pending delta)."""
+        delta = torch.zeros_like(h)
+        bucket = bucket_of(h.shape[0])
+        for index in range(len(self.model.layers)):
+            env = dict(self.static[index])
+            kv = self.kv_cache.layer(index)
+            env.update(
+                h=h,
+                delta=delta,
+                slots=batch.slot_mapping,
+                plan=batch.attn_plan,
+                positions=batch.rope.positions,
+                k_cache=kv.k,
+                v_cache=kv.v,
+            )
+            delta, h, _, _ = run(self.graph, env, lambda n, a, s: self._node(n, a, s, bucket))
+        return h, delta
+
+    def _node(self, node: Node, args: list, sizes: dict[str, int], bucket: str) -> tuple:
+        if node.op is Op.FUSED:
+            variants = self.kernels.get(id(node))
+            if variants is not None:
+                return tuple((variants.get(bucket) or variants["default"])(*args))
+            sub = node.attrs["graph"]
+            env = {v.name: a for v, a in zip(sub.inputs, args, strict=True)}
+            return tuple(run(sub, env, lambda n, a, s: self._node(n, a, s, bucket)))
+        engine_op = ENGINE_OPS.get(node.op.label) if node.op.label in ENGINE_OPS else None
+        if engine_op is not None:
+            return engine_op(self.ops, args, node.attrs)
+        return EXECUTORS[node.op](args, node.attrs, sizes)
+
+
+def _fuse_inside_groups(graph: Graph) -> None:
+    """Fuse the pointwise tails inside groups that also hold a GEMM or a KV store (so the
+    group's elementwise part still becomes one generated kernel)."""
+    for node in graph.nodes:
+        if node.op is Op.FUSED and node.attrs["kernel"] != "pointwise":
+            PASSES.get("fuse_pointwise")(node.attrs["graph"])
+
+
+@dataclass(frozen=True)
+class _EngineOps:
+    """The op backends the model's layers use (native C kernels or torch)."""
+
+    decode: Any
+    rope: Any
+    silu_mul: Any
+    rms_norm: Any
+
+
+# the engine's implementation of the ops the graph leaves whole (the rest: interpret.py)
+ENGINE_OPS: Registry = Registry("engine op")
+
+
+@ENGINE_OPS.decorator("linear")
+def _linear(ops, args, attrs):
+    x, linear, _ = args
+    return (linear.backend.apply(x.contiguous(), linear.weight, linear.bias, linear.out_features),)
+
+
+@ENGINE_OPS.decorator("kv_store")
+def _kv_store(ops, args, attrs):
+    k, v, k_cache, v_cache, slots = args
+    kv_store(k, v, k_cache, v_cache, slots)
+    return k_cache, v_cache  # written in place: the old cache is never read again (verify)
+
+
+@ENGINE_OPS.decorator("attention")
+def _attention(ops, args, attrs):
+    q, k, v, k_cache, v_cache, plan, slots = args
+    core = ATTENTION_OPERANDS.get(attrs["operands"])
+    return (
+        paged_attention(
+            q, k, v, k_cache, v_cache, plan, attrs["scale"], ops.decode, None, core, slots
+        ),
+    )
+
+
+@ENGINE_OPS.decorator("rope")
+def _rope(ops, args, attrs):
+    x, positions, table = args
+    return (ops.rope(x, RopeInputs(positions, table)),)
+
+
+@ENGINE_OPS.decorator("silu_mul")
+def _silu_mul(ops, args, attrs):
+    return (ops.silu_mul(args[0]),)
+
+
+@ENGINE_OPS.decorator("add_rms_norm")
+def _add_rms_norm(ops, args, attrs):
+    h, delta, weight = args
+    y = ops.rms_norm(h, delta, weight, attrs["eps"])  # h += delta in place: h is the new h
+    return y, h
+
+
+@ENGINE_OPS.decorator("rms_norm")
+def _rms_norm(ops, args, attrs):
+    x, weight = args
+    return (ops.rms_norm(x, None, weight, attrs["eps"]),)
+
+
+@ENGINE_OPS.decorator("view")
+def _view(ops, args, attrs):
+    x = args[0]
+    shape = [x.shape[0] if not isinstance(d, int) else d for d in attrs["shape"]]
+    return (x.reshape(shape),)

@@ -1,0 +1,58 @@
+"""The compiled decoder layers in the engine (compile="eager" | "jit", compiler/runtime.py)
+against the per-op path (compile="off"): logits over prefill, chunked prefill and decode
+steps within float tolerance, and greedy generation token-identical, for every architecture;
+the JIT cache makes the second engine start compile nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infergen import LLM, SamplingParams
+from infergen.compiler import runtime
+from infergen.compiler.jit_cache import JitCache
+from infergen.errors import ConfigError
+from tests.hf_models import VARIANTS, build_hf_model
+
+PROMPTS = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
+
+
+@pytest.fixture(autouse=True)
+def private_jit_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "JitCache", lambda: JitCache(tmp_path / "jit"))
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
+    hf_model = build_hf_model(name, tmp_path / "model")
+    reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
+    compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile=mode)
+    assert compiled.engine.runner.model.compiled is not None
+    torch.manual_seed(0)
+    tokens = torch.randint(0, hf_model.config.vocab_size, (40,)).tolist()
+    for chunk in (40, 7, 1):
+        expected = reference.engine.prompt_logits(tokens, chunk=chunk)
+        got = compiled.engine.prompt_logits(tokens, chunk=chunk)
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (name, chunk)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    for a, b in zip(
+        reference.generate(PROMPTS, params), compiled.generate(PROMPTS, params), strict=True
+    ):
+        assert a.token_ids == b.token_ids, name
+
+
+def test_second_start_compiles_nothing(tmp_path):
+    build_hf_model("llama_gqa", tmp_path / "model")
+    first = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
+    report = first.engine.compile_report
+    assert report.kernels_built >= 2 and report.compile_seconds > 0
+    second = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit").engine
+    assert second.compile_report.kernels_built == 0
+    assert second.compile_report.kernels_cached == report.kernels_built
+
+
+def test_unknown_mode_is_refused(tmp_path):
+    build_hf_model("llama_gqa", tmp_path / "model")
+    with pytest.raises(ConfigError, match="unknown compile mode 'fast'"):
+        LLM(str(tmp_path / "model"), compile="fast")
