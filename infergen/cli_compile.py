@@ -33,6 +33,29 @@ def add_compile_parser(sub, add_model_args) -> None:
         help="write <graph>.captured.txt and <graph>.<pipeline>.txt (IR text) into DIR",
     )
     p.add_argument("--log", action="store_true", help="print each rule as it fires")
+    p.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="pre-build the 'jit' kernels into the JIT cache within S seconds: compile the "
+        "groups with the most expected gain per second first, then tune buckets (which "
+        "kernel variant is fastest per token count) with what is left; prints what it built, "
+        "tuned and skipped, with the expected gain of each",
+    )
+    p.add_argument(
+        "--traffic",
+        default="1=0.7,2-8=0.1,9-64=0.1,65-512=0.1",
+        metavar="MIX",
+        help="the expected traffic as bucket=share of steps, buckets 1, 2-8, 9-64, 65-512, "
+        ">512 (default %(default)s: mostly single-sequence decode)",
+    )
+    p.add_argument(
+        "--jit-cache",
+        default=None,
+        metavar="DIR",
+        help="the JIT cache directory (default ~/.cache/infergen/jit)",
+    )
     p.set_defaults(func=cmd_compile)
 
 
@@ -83,4 +106,34 @@ def cmd_compile(args: argparse.Namespace) -> int:
             (dump / f"{graph.name}.{args.pipeline}.txt").write_text(text + "\n")
     if dump:
         print(f"wrote the graphs to {dump}/", file=sys.stderr)
+    if args.budget_seconds is not None:
+        _build_within_budget(args, model, cache)
     return 0
+
+
+def _build_within_budget(args: argparse.Namespace, model, cache) -> None:
+    from infergen.compiler.budget import parse_traffic, plan_and_build
+    from infergen.compiler.jit_cache import JitCache
+    from infergen.compiler.runtime import jit_graph, pointwise_groups
+    from infergen.errors import ConfigError
+
+    try:
+        traffic = parse_traffic(args.traffic)
+    except ValueError as error:
+        raise ConfigError(str(error), where="--traffic") from None
+    jit = JitCache(Path(args.jit_cache) if args.jit_cache else None)
+    groups = [
+        (f"group {i} -> " + ", ".join(v.name for v in node.outputs), node.attrs["graph"])
+        for i, node in enumerate(pointwise_groups(jit_graph(model, cache)))
+    ]
+    layers = model.config.num_hidden_layers
+    items = plan_and_build(groups, traffic, layers, args.budget_seconds, jit)
+    print(f"\nbudget {args.budget_seconds:g} s, traffic {args.traffic}, cache {jit.root}")
+    print(f"{'item':<48} {'status':<15} {'spent s':>8} {'gain ms/step':>13}")
+    for item in items:
+        gain = "unmeasured" if item.gain_ms is None else f"{item.gain_ms:.3f}"
+        label = f"{item.kind}: {item.group}"[:48]
+        print(f"{label:<48} {item.status:<15} {item.spent_s:>8.2f} {gain:>13}")
+    skipped = [i for i in items if i.status == "skipped"]
+    lost = sum(i.gain_ms or 0.0 for i in skipped)
+    print(f"skipped {len(skipped)} items; their expected gain: {lost:.3f} ms per step")

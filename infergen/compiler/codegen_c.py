@@ -29,6 +29,14 @@ from infergen.compiler.ir import TOKENS, Graph, Op, Sym, Value
 # row elements below which a step runs on one thread (the fork costs ~µs)
 PARALLEL_MIN_ELEMENTS = 1 << 14
 
+# kernel variants (what the tuner, tune.py, chooses between per token-count bucket): the
+# output elements of a step from which rows are split over threads (None: never)
+VARIANTS: dict[str, int | None] = {
+    "default": PARALLEL_MIN_ELEMENTS,
+    "serial": None,
+    "parallel": 0,
+}
+
 
 class CodegenError(ValueError):
     """A group the C renderer has no code for (the runtime then runs it op by op)."""
@@ -81,8 +89,8 @@ def _float(value: float) -> str:
 
 
 class _Renderer:
-    def __init__(self, graph: Graph, name: str):
-        self.graph, self.name = graph, name
+    def __init__(self, graph: Graph, name: str, parallel_min: int | None):
+        self.graph, self.name, self.parallel_min = graph, name, parallel_min
         self.refs: dict[int, Ref] = {}
         self.lines: list[str] = []
         self.locals: list[str] = []
@@ -262,6 +270,14 @@ class _Renderer:
         )
         self.refs[id(value)] = dst
 
+    def _pragma(self, work: int) -> str:
+        if self.parallel_min is None:
+            return "    /* serial variant: one thread */"
+        return (
+            f"    #pragma omp parallel for num_threads(threads) schedule(static) "
+            f"if (T * {work} >= {self.parallel_min})"
+        )
+
     # ---- the function ------------------------------------------------------------------
     def render(self) -> str:
         head: list[str] = []
@@ -297,8 +313,7 @@ class _Renderer:
                 f"void {self.name}(const void **in, const long *row_stride, void **out, long T, "
                 "int threads) {",
                 *head,
-                f"    #pragma omp parallel for num_threads(threads) schedule(static) "
-                f"if (T * {work} >= {PARALLEL_MIN_ELEMENTS})",
+                self._pragma(work),
                 "    for (long t = 0; t < T; ++t) {",
                 *self.locals,
                 *self.lines,
@@ -309,7 +324,9 @@ class _Renderer:
         )
 
 
-def render_group(graph: Graph, name: str) -> str:
+def render_group(graph: Graph, name: str, variant: str = "default") -> str:
     """C source of one fused group's subgraph, function `name`. Raises CodegenError for a
     group outside what the renderer does (not fp32, dynamic inner dims, matmul, ...)."""
-    return _Renderer(graph, name).render()
+    if variant not in VARIANTS:
+        raise CodegenError(f"unknown kernel variant {variant!r}, expected one of {list(VARIANTS)}")
+    return _Renderer(graph, name, VARIANTS[variant]).render()

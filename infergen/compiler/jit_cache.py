@@ -14,6 +14,7 @@ and renamed into place (atomic), the .json after it.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -71,8 +72,8 @@ class JitCache:
     def get(self, key: str, function: str, render: Callable[[], str]) -> Built:
         """The kernel `function` of entry `key`: loaded from memory, from disk, or built from
         `render()` (called only when it has to be compiled)."""
-        if key in self._loaded:
-            return self._loaded[key]
+        if key in self._loaded:  # built or loaded earlier: nothing compiled now
+            return dataclasses.replace(self._loaded[key], seconds=0.0, cached=True)
         self.root.mkdir(parents=True, exist_ok=True)
         built = self._load(key, function)
         if built is None:
@@ -131,9 +132,11 @@ class JitCache:
         found = []
         for meta in sorted(self.root.glob("*.json")):
             try:
-                found.append(json.loads(meta.read_text()))
+                record = json.loads(meta.read_text())
             except (OSError, ValueError):
                 continue
+            if isinstance(record, dict) and meta.stem == record.get("key"):
+                found.append(record)  # (tuning.json lives here too: not an entry)
         return found
 
 

@@ -64,9 +64,10 @@ def _contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(prod(shape[d + 1 :]) for d in range(len(shape)))
 
 
-def compile_group(graph: Graph, cache: JitCache, specialization: str = "") -> GroupKernel:
-    """Build (or find in the cache) the C kernel of a fused group's subgraph."""
-    key = cache.key(graph.canonical(), specialization)
+def compile_group(graph: Graph, cache: JitCache, variant: str = "default") -> GroupKernel:
+    """Build (or find in the cache) the C kernel of a fused group's subgraph, in a variant of
+    codegen_c.VARIANTS."""
+    key = cache.key(graph.canonical(), f"variant={variant}")
     function = f"group_{key}"
-    built = cache.get(key, function, lambda: render_group(graph, function))
+    built = cache.get(key, function, lambda: render_group(graph, function, variant))
     return GroupKernel(graph, built)

@@ -7,9 +7,9 @@ pointwise tails compiled as nested groups). Each step then walks the graph: gene
 for fused groups, the engine's own op backends (packed GEMMs, native decode attention, KV
 store) for everything else — the "eager" mode walks the captured graph unfused, op by op.
 
-Bucketed dispatch: a step's token count T picks a bucket (BUCKETS); a fused group can hold a
-kernel variant per bucket (the tuner, tune.py, measures them); without one the default
-variant serves.
+Bucketed dispatch: a step's token count T picks a bucket (buckets.py); a fused group holds the
+kernel variant the tuner (tune.py, tuning.json) found fastest for each bucket it measured,
+and the default variant for the others.
 
 The layers' residual stream comes back as a new tensor (`run` returns h and the pending
 delta); the KV cache is written in place, as the per-op path does.
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
+from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.decoder import capture_layer
 from infergen.compiler.interpret import EXECUTORS, run
@@ -32,6 +33,7 @@ from infergen.compiler.ir import Graph, Node, Op
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.kernel import GroupKernel, compile_group
 from infergen.compiler.passes import PASSES, run_pipeline
+from infergen.compiler.tune import TuningRecord, group_key
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import paged_attention
@@ -39,16 +41,6 @@ from infergen.ops.rope import RopeInputs
 from infergen.registry import Registry
 
 COMPILE_MODES = ("off", "eager", "jit")
-
-# token-count buckets a kernel variant is specialised for: (name, lowest T, highest T)
-BUCKETS = (("1", 1, 1), ("2-8", 2, 8), ("9-64", 9, 64), ("65-512", 65, 512), (">512", 513, 1 << 62))
-
-
-def bucket_of(tokens: int) -> str:
-    for name, low, high in BUCKETS:
-        if low <= tokens <= high:
-            return name
-    raise ValueError(f"no bucket for {tokens} tokens")
 
 
 @dataclass
@@ -60,6 +52,7 @@ class CompileReport:
     compile_seconds: float = 0.0  # C compiler time (0 when every kernel came from the cache)
     kernels_built: int = 0
     kernels_cached: int = 0
+    tuned_buckets: int = 0  # (group, bucket) pairs running the tuner's winner
     groups_op_by_op: list[str] = field(default_factory=list)
 
     @property
@@ -73,6 +66,8 @@ class CompiledLayers:
             raise ValueError(f"compile mode {mode!r}: expected 'eager' or 'jit'")
         self.model, self.kv_cache, self.mode = model, kv_cache, mode
         self.report = CompileReport()
+        # seconds per node kind / fused group, summed over calls (None: not profiling)
+        self.profile: dict[str, float] | None = None
         started = time.perf_counter()
         self.captured = capture_layer(model, kv_cache)
         self.report.capture_seconds = time.perf_counter() - started
@@ -103,42 +98,59 @@ class CompiledLayers:
         return env
 
     def _compile(self, graph: Graph, jit_cache: JitCache) -> None:
-        for node in graph.nodes:
-            if node.op is not Op.FUSED:
-                continue
+        for node in pointwise_groups(graph):
             sub = node.attrs["graph"]
-            if node.attrs["kernel"] == "pointwise":
-                try:
-                    kernel = compile_group(sub, jit_cache)
-                except CodegenError as error:
-                    self.report.groups_op_by_op.append(f"{sub.name}: {error}")
-                    continue
-                self.kernels[id(node)] = {"default": kernel}
-                self.report.compile_seconds += kernel.built.seconds
-                self.report.kernels_cached += kernel.built.cached
-                self.report.kernels_built += not kernel.built.cached
-            else:
-                self._compile(sub, jit_cache)  # its nested pointwise groups
+            try:
+                kernel = compile_group(sub, jit_cache)
+            except CodegenError as error:
+                self.report.groups_op_by_op.append(f"{sub.name}: {error}")
+                continue
+            variants = {"default": kernel}
+            winners = TuningRecord(jit_cache).winners(group_key(sub, jit_cache))
+            for bucket, variant in winners.items():
+                variants[bucket] = (
+                    kernel if variant == "default" else compile_group(sub, jit_cache, variant)
+                )
+            self.kernels[id(node)] = variants
+            for built in {id(k): k.built for k in variants.values()}.values():
+                self.report.compile_seconds += built.seconds
+                self.report.kernels_cached += built.cached
+                self.report.kernels_built += not built.cached
+            self.report.tuned_buckets += len(winners)
 
     # ---- per step ------------------------------------------------------------------------
     def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """All decoder layers of the step: returns (residual stream h, pending delta)."""
         delta = torch.zeros_like(h)
-        bucket = bucket_of(h.shape[0])
         for index in range(len(self.model.layers)):
-            env = dict(self.static[index])
-            kv = self.kv_cache.layer(index)
-            env.update(
-                h=h,
-                delta=delta,
-                slots=batch.slot_mapping,
-                plan=batch.attn_plan,
-                positions=batch.rope.positions,
-                k_cache=kv.k,
-                v_cache=kv.v,
-            )
-            delta, h, _, _ = run(self.graph, env, lambda n, a, s: self._node(n, a, s, bucket))
+            h, delta = self.run_layer(index, h, delta, batch)
         return h, delta
+
+    def run_layer(self, index: int, h: torch.Tensor, delta: torch.Tensor, batch):
+        """Decoder layer `index`: returns (h + delta + its attention output, its MLP output)."""
+        env = dict(self.static[index])
+        kv = self.kv_cache.layer(index)
+        env.update(
+            h=h,
+            delta=delta,
+            slots=batch.slot_mapping,
+            plan=batch.attn_plan,
+            positions=batch.rope.positions,
+            k_cache=kv.k,
+            v_cache=kv.v,
+        )
+        bucket = bucket_of(h.shape[0])
+        delta, h, _, _ = run(self.graph, env, lambda n, a, s: self._timed(n, a, s, bucket))
+        return h, delta
+
+    def _timed(self, node: Node, args: list, sizes: dict[str, int], bucket: str) -> tuple:
+        if self.profile is None:
+            return self._node(node, args, sizes, bucket)
+        started = time.perf_counter()
+        result = self._node(node, args, sizes, bucket)
+        label = node.attrs.get("kernel", node.op.label)
+        self.profile[label] = self.profile.get(label, 0.0) + time.perf_counter() - started
+        return result
 
     def _node(self, node: Node, args: list, sizes: dict[str, int], bucket: str) -> tuple:
         if node.op is Op.FUSED:
@@ -152,6 +164,25 @@ class CompiledLayers:
         if engine_op is not None:
             return engine_op(self.ops, args, node.attrs)
         return EXECUTORS[node.op](args, node.attrs, sizes)
+
+
+def pointwise_groups(graph: Graph) -> list[Node]:
+    """The fused pointwise groups (what codegen_c renders), nested ones included."""
+    found = []
+    for node in graph.nodes:
+        if node.op is Op.FUSED:
+            if node.attrs["kernel"] == "pointwise":
+                found.append(node)
+            else:
+                found.extend(pointwise_groups(node.attrs["graph"]))
+    return found
+
+
+def jit_graph(model, kv_cache) -> Graph:
+    """The decoder layer after the "jit" pipeline, pointwise tails inside groups fused."""
+    graph = run_pipeline(capture_layer(model, kv_cache).graph, "jit")
+    _fuse_inside_groups(graph)
+    return graph
 
 
 def _fuse_inside_groups(graph: Graph) -> None:
