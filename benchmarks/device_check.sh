@@ -33,4 +33,9 @@ TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
     tests/ops/test_linear_triton.py 2>&1 | tee "$OUT/linear_triton.log" | tail -15 || status=1
 TRITON_INTERPRET=0 timeout 150 python3 benchmarks/bench_linear_triton.py \
     --out "$OUT/linear_triton.jsonl" 2>&1 | tee -a "$OUT/linear_triton.log" || status=1
+# 5. The compiler's Triton renderer (compiler/codegen_triton.py): every primitive and every
+#    fused pointwise group of every architecture (where transformers is installed to build
+#    them), compiled for the GPU, against the reference interpreter.
+TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
+    tests/compiler/test_codegen_triton.py 2>&1 | tee "$OUT/compiler_triton.log" | tail -15 || status=1
 exit $status
