@@ -33,6 +33,7 @@ from infergen.compiler.ir import Graph, Node, Op
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.kernel import GroupKernel, compile_group
 from infergen.compiler.passes import PASSES, run_pipeline
+from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
 from infergen.compiler.tune import TuningRecord, group_key
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.ops.kv_store import kv_store
@@ -87,6 +88,18 @@ class CompiledLayers:
         )
         # weights bound once per layer; the step's inputs are bound per call
         self.static = [self._static_env(i) for i in range(len(model.layers))]
+        # decode steps: the whole stack of layers as one generated C function (program.py)
+        self.program = None
+        if mode == "jit":
+            try:
+                self.program = LayerProgramRunner(
+                    model, kv_cache, graph, self.static, jit_cache or JitCache()
+                )
+                self.report.compile_seconds += self.program.built.seconds
+                self.report.kernels_built += not self.program.built.cached
+                self.report.kernels_cached += self.program.built.cached
+            except ProgramUnavailable as why:
+                self.report.groups_op_by_op.append(f"layer program: {why}")
 
     def _static_env(self, index: int) -> dict[str, Any]:
         layer = self.model.layers[index]
@@ -121,6 +134,8 @@ class CompiledLayers:
     # ---- per step ------------------------------------------------------------------------
     def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """All decoder layers of the step: returns (residual stream h, pending delta)."""
+        if self.program is not None and batch.attn_plan.decode_only and self.profile is None:
+            return self.program.run(h, batch)
         delta = torch.zeros_like(h)
         for index in range(len(self.model.layers)):
             h, delta = self.run_layer(index, h, delta, batch)

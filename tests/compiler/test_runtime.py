@@ -1,7 +1,8 @@
-"""The compiled decoder layers in the engine (compile="eager" | "jit", compiler/runtime.py)
-against the per-op path (compile="off"): logits over prefill, chunked prefill and decode
-steps within float tolerance, and greedy generation token-identical, for every architecture;
-the JIT cache makes the second engine start compile nothing."""
+"""The compiled decoder layers in the engine (compile="eager" | "jit", compiler/runtime.py and
+the generated layer program, program.py) against the per-op path (compile="off"): logits over
+prefill, chunked prefill and decode steps within float tolerance, and greedy generation
+token-identical, for every architecture; the JIT cache makes the second engine start compile
+nothing."""
 
 from __future__ import annotations
 
@@ -28,13 +29,25 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
     hf_model = build_hf_model(name, tmp_path / "model")
     reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
     compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile=mode)
-    assert compiled.engine.runner.model.compiled is not None
+    layers = compiled.engine.runner.model.compiled
+    assert layers is not None
+    program_steps = {"n": 0}
+    if mode == "jit":  # decode steps run the generated layer program (every architecture)
+        assert layers.program is not None, layers.report.groups_op_by_op
+        run_program = layers.program.run
+
+        def counting(h, batch):
+            program_steps["n"] += 1
+            return run_program(h, batch)
+
+        layers.program.run = counting
     torch.manual_seed(0)
     tokens = torch.randint(0, hf_model.config.vocab_size, (40,)).tolist()
     for chunk in (40, 7, 1):
         expected = reference.engine.prompt_logits(tokens, chunk=chunk)
         got = compiled.engine.prompt_logits(tokens, chunk=chunk)
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (name, chunk)
+    assert program_steps["n"] >= (39 if mode == "jit" else 0)
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     for a, b in zip(
         reference.generate(PROMPTS, params), compiled.generate(PROMPTS, params), strict=True
@@ -56,3 +69,19 @@ def test_unknown_mode_is_refused(tmp_path):
     build_hf_model("llama_gqa", tmp_path / "model")
     with pytest.raises(ConfigError, match="unknown compile mode 'fast'"):
         LLM(str(tmp_path / "model"), compile="fast")
+
+
+def test_activation_quantized_layers_run_through_the_walker(tmp_path):
+    """W8A8: the layer program has no code for input quantizers, so the graph walker runs
+    every step (and says why); the result equals the per-op path's."""
+    build_hf_model("llama_gqa", tmp_path / "model")
+    options = dict(kv_cache_memory="4MiB", weights="int8", activations="int8")
+    reference = LLM(str(tmp_path / "model"), **options)
+    compiled = LLM(str(tmp_path / "model"), compile="jit", **options)
+    layers = compiled.engine.runner.model.compiled
+    assert layers.program is None
+    assert any("quantize_act" in why for why in layers.report.groups_op_by_op)
+    tokens = list(range(5, 40))
+    expected = reference.engine.prompt_logits(tokens, chunk=4)
+    got = compiled.engine.prompt_logits(tokens, chunk=4)
+    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()

@@ -1,0 +1,292 @@
+"""The layer-program renderer: a whole decode step's decoder layers as one generated C function,
+so no Python runs between kernels (the generated counterpart of the hand-written fused decode
+driver, kernels/decode_layers_f32.c, whose GEMM and attention kernels it calls).
+
+Input: the layer graph after the "jit" pipeline. Fused groups that hold a GEMM or a KV store
+are flattened back into their nodes; what is left is pointwise groups (rendered by
+codegen_c.py, called as functions), GEMMs (`gemm_any` on the layer's prepared weights in their
+storage format), the KV store (rows copied to their slots), decode attention (the paged decode
+kernel), and slices / views (pointer arithmetic). Activations live in one scratch arena, at
+the offsets of the buffer plan (buffers.py: values whose live ranges do not overlap share
+memory), T rows each.
+
+    void <name>(const void *const *weights, const long *formats, float *const *caches,
+                long n_layers, const step_args *s, float *h, float *delta, float *arena,
+                int threads)
+
+`weights[l * W + j]` is layer l's j-th weight input (a projection's prepared panels, a norm's
+weight; NULL for a missing bias), `formats[l * G + g]` its g-th GEMM's panel format,
+`caches[2 l]`, `caches[2 l + 1]` its K / V cache; h and delta are updated in place (the
+residual stream, the pending MLP output). Decode steps only (one token per sequence, fp32
+caches); the runtime walks the graph for every other step.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from math import prod
+
+from infergen.compiler.buffers import plan_buffers
+from infergen.compiler.codegen_c import CodegenError, render_group
+from infergen.compiler.ir import TOKENS, Graph, Node, Op, Sym, Value
+from infergen.compiler.rewrite import toposort
+from infergen.compiler.verify import verify
+
+
+def flatten(graph: Graph) -> Graph:
+    """A copy with every fused group that is not a pointwise kernel replaced by its nodes."""
+    flat = copy.deepcopy(graph)
+    changed = True
+    while changed:
+        changed = False
+        for index, node in enumerate(flat.nodes):
+            if node.op is Op.FUSED and node.attrs["kernel"] != "pointwise":
+                flat.nodes[index : index + 1] = node.attrs["graph"].nodes
+                changed = True
+                break
+    toposort(flat)
+    return verify(flat)
+
+
+@dataclass(frozen=True)
+class TRef:
+    """A [T, ...] value in memory: row r at `ptr + r * row_stride`, the row's elements at
+    `offset + Σ index_d · strides_d` (floats)."""
+
+    ptr: str
+    row_stride: str
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    def contiguous_rows(self) -> bool:
+        expected, step = [], 1
+        for size in reversed(self.shape):
+            expected.append(step)
+            step *= size
+        return tuple(reversed(expected)) == self.strides
+
+    def row_elements(self) -> int:
+        return prod(self.shape)
+
+    def at(self) -> str:
+        return f"({self.ptr} + {self.offset})" if self.offset else self.ptr
+
+
+def _row(value: Value) -> tuple[int, ...]:
+    if (
+        value.rank < 1
+        or value.shape[0] != TOKENS
+        or any(isinstance(d, Sym) for d in value.shape[1:])
+    ):
+        raise CodegenError(f"%{value.name}: not a [T, ...] value")
+    return tuple(value.shape[1:])
+
+
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(prod(shape[d + 1 :]) for d in range(len(shape)))
+
+
+@dataclass
+class LayerProgram:
+    source: str
+    function: str
+    weight_inputs: list[str]  # graph input names, in the order of `weights` per layer
+    linears: list[str]  # the GEMMs' weight input names, in the order of `formats`
+    arena_floats_per_token: int
+
+
+class _Renderer:
+    def __init__(self, graph: Graph, name: str, heads: int, kv_heads: int, dim: int, scale: float):
+        self.graph, self.name = graph, name
+        self.heads, self.kv_heads, self.dim, self.scale = heads, kv_heads, dim, scale
+        self.refs: dict[int, TRef] = {}
+        self.body: list[str] = []
+        self.groups: list[str] = []
+        self.copies = 0
+        self.weight_inputs: list[str] = []
+        self.linears: list[str] = []
+        plan = plan_buffers(graph)
+        offsets, total = [], 0
+        for size in plan.sizes:
+            offsets.append(total)
+            total += size
+        self.buffer_of, self.offsets, self.arena = plan.buffer_of, offsets, total
+
+    def emit(self, line: str) -> None:
+        self.body.append("        " + line)
+
+    def arena_ref(self, value: Value) -> TRef:
+        shape = _row(value)
+        offset = self.offsets[self.buffer_of[value.name]]
+        return TRef(f"(arena + T * {offset})", str(prod(shape)), 0, shape, _strides(shape))
+
+    def contiguous(self, ref: TRef) -> TRef:
+        """`ref` itself when its rows are dense and back to back, else a copy in the arena."""
+        if ref.contiguous_rows() and ref.row_stride == str(ref.row_elements()):
+            return ref
+        n = ref.row_elements()
+        if not ref.contiguous_rows():
+            raise CodegenError("a strided row where a kernel needs dense rows")
+        self.copies += 1
+        tmp = f"(arena + T * {self.arena})"
+        self.arena += n
+        self.emit(
+            f"for (long t = 0; t < T; ++t) memcpy({tmp} + t * {n}, {ref.at()} + t * "
+            f"{ref.row_stride}, sizeof(float) * {n});"
+        )
+        return TRef(tmp, str(n), 0, ref.shape, ref.strides)
+
+    def bind_inputs(self) -> None:
+        fixed = {"h": "h", "delta": "delta"}
+        for value in self.graph.inputs:
+            if value.name in fixed:
+                shape = _row(value)
+                self.refs[id(value)] = TRef(
+                    fixed[value.name], str(prod(shape)), 0, shape, _strides(shape)
+                )
+            elif value.role == "weight" and value.name != "rope_table":
+                self.weight_inputs.append(value.name)
+        self.names = {v.name: v for v in self.graph.inputs}
+
+    def weight(self, value: Value | None) -> str:
+        if value is None:
+            return "0"
+        return f"((const float *)W[{self.weight_inputs.index(value.name)}])"
+
+    def input_pointer(self, value: Value) -> tuple[str, str]:
+        """(pointer, row stride) of a group input: a [T, ...] value, a weight, an index."""
+        if value.name == "positions":
+            return "s->positions", "0"
+        if value.name == "rope_table":
+            return "s->rope_cache", "0"
+        if value.role == "weight":
+            return self.weight(value), "0"
+        ref = self.refs[id(value)]
+        if not ref.contiguous_rows():
+            ref = self.contiguous(ref)
+        return ref.at(), ref.row_stride
+
+    def render_node(self, node: Node) -> None:
+        op = node.op
+        if op is Op.FUSED:
+            name = f"{self.name}_g{len(self.groups)}"
+            self.groups.append(render_group(node.attrs["graph"], name))
+            ins = [self.input_pointer(v) for v in node.inputs]
+            outs = [self.arena_ref(v) for v in node.outputs]
+            k = len(self.groups)
+            self.emit(f"{{ const void *in{k}[] = {{{', '.join(p for p, _ in ins)}}};")
+            self.emit(f"  long rs{k}[] = {{{', '.join(r for _, r in ins)}}};")
+            self.emit(f"  void *out{k}[] = {{{', '.join(o.ptr for o in outs)}}};")
+            self.emit(f"  {name}(in{k}, rs{k}, out{k}, T, threads); }}")
+            for value, ref in zip(node.outputs, outs, strict=True):
+                self.refs[id(value)] = ref
+        elif op is Op.LINEAR:
+            x, weight, bias = node.inputs
+            out = node.outputs[0]
+            src = self.contiguous(self.refs[id(x)])
+            dst = self.arena_ref(out)
+            n_out, n_in = weight.shape
+            g = len(self.linears)
+            self.linears.append(weight.name)
+            self.emit(
+                f"gemm_any(F[{g}], {self.weight(weight)}, {src.at()}, {self.weight(bias)}, "
+                f"{dst.ptr}, T, {n_out}, {n_in}, threads);"
+            )
+            self.refs[id(out)] = dst
+        elif op is Op.SLICE:
+            src = self.refs[id(node.inputs[0])]
+            dim = node.attrs["dim"] - 1
+            shape = list(src.shape)
+            shape[dim] = node.attrs["stop"] - node.attrs["start"]
+            offset = src.offset + node.attrs["start"] * src.strides[dim]
+            self.refs[id(node.outputs[0])] = TRef(
+                src.ptr, src.row_stride, offset, tuple(shape), src.strides
+            )
+        elif op is Op.VIEW:
+            src = self.refs[id(node.inputs[0])]
+            if not src.contiguous_rows():
+                src = self.contiguous(src)
+            shape = _row(node.outputs[0])
+            self.refs[id(node.outputs[0])] = TRef(
+                src.ptr, src.row_stride, src.offset, shape, _strides(shape)
+            )
+        elif op is Op.KV_STORE:
+            k, v = (self.refs[id(x)] for x in node.inputs[:2])
+            if not (k.contiguous_rows() and v.contiguous_rows()):
+                raise CodegenError("K / V rows must be dense to store")
+            n = k.row_elements()
+            self.emit("for (long t = 0; t < T; ++t) {")
+            self.emit(
+                f"    memcpy(kc + s->slots[t] * {n}, {k.at()} + t * {k.row_stride}, "
+                f"sizeof(float) * {n});"
+            )
+            self.emit(
+                f"    memcpy(vc + s->slots[t] * {n}, {v.at()} + t * {v.row_stride}, "
+                f"sizeof(float) * {n});"
+            )
+            self.emit("}")
+            for value in node.outputs:
+                self.refs[id(value)] = TRef("kc", "0", 0, (), ())  # the cache, in place
+        elif op is Op.ATTENTION:
+            if node.attrs["operands"] != "fp32":
+                raise CodegenError("attention operands other than fp32")
+            q = self.contiguous(self.refs[id(node.inputs[0])])
+            out = self.arena_ref(node.outputs[0])
+            self.emit(
+                f"decode_attention({q.at()}, kc, vc, 0, 0, s->block_tables, "
+                f"s->max_blocks, s->seq_lens, {out.ptr}, T, {self.heads}, "
+                f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, "
+                "threads);"
+            )
+            self.refs[id(node.outputs[0])] = out
+        else:
+            raise CodegenError(f"no layer-program code for {op.label}")
+
+    def render(self) -> LayerProgram:
+        self.bind_inputs()
+        for node in self.graph.nodes:
+            self.render_node(node)
+        delta_out, h_out = self.graph.outputs[0], self.graph.outputs[1]
+        tail = []
+        for target, value in (("h", h_out), ("delta", delta_out)):
+            ref = self.refs[id(value)]
+            n = ref.row_elements()
+            tail.append(
+                f"        for (long t = 0; t < T; ++t) memcpy({target} + t * {n}, "
+                f"{ref.at()} + t * {ref.row_stride}, sizeof(float) * {n});"
+            )
+        nw, ng = len(self.weight_inputs), len(self.linears)
+        source = "\n".join(
+            [
+                f"/* generated by infergen.compiler.codegen_layer: {self.name} */",
+                "#include <string.h>",
+                '#include "decode_layers_f32.c"',
+                *self.groups,
+                f"void {self.name}(const void *const *weights, const long *formats, "
+                "float *const *caches, long n_layers, const step_args *s, float *h, float *delta, "
+                "float *arena, int threads) {",
+                "    long T = s->tokens;",
+                "    for (long l = 0; l < n_layers; ++l) {",
+                f"        const void *const *W = weights + l * {max(nw, 1)};",
+                f"        const long *F = formats + l * {max(ng, 1)};",
+                "        float *kc = caches[2 * l], *vc = caches[2 * l + 1];",
+                "        (void)W; (void)F;",
+                *self.body,
+                *tail,
+                "    }",
+                "}",
+                "",
+            ]
+        )
+        return LayerProgram(source, self.name, self.weight_inputs, self.linears, self.arena)
+
+
+def render_layer_program(
+    graph: Graph, name: str, heads: int, kv_heads: int, dim: int, scale: float
+) -> LayerProgram:
+    """The C layer program of a "jit" layer graph (see the module docstring); CodegenError
+    when the graph holds something it has no code for."""
+    flat = flatten(graph)
+    return _Renderer(flat, name, heads, kv_heads, dim, scale).render()

@@ -1,0 +1,127 @@
+"""The generated layer program at run time (codegen_layer.py): built once per engine through
+the JIT cache, called for every decode step with the layers' weight pointers, formats and
+caches bound once, and the step's positions / slots / block tables per call."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+
+import torch
+
+from infergen.compiler.codegen_c import CodegenError
+from infergen.compiler.codegen_layer import render_layer_program
+from infergen.compiler.ir import Graph
+from infergen.compiler.jit_cache import JitCache
+from infergen.kernels.build import _source_bytes
+from infergen.layers.linear import Linear
+from infergen.models.fused_decode import StepArgs
+
+_ARGTYPES = [
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_long,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_int,
+]
+
+
+class ProgramUnavailable(Exception):
+    """The layers hold something the layer program has no code for (the walker runs them)."""
+
+
+class LayerProgramRunner:
+    def __init__(self, model, kv_cache, graph: Graph, statics: list[dict], cache: JitCache):
+        config = model.config
+        attn = model.layers[0].attn
+        try:
+            program = render_layer_program(
+                graph,
+                "layer_program",
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                config.head_dim,
+                attn.scale,
+            )
+        except CodegenError as error:
+            raise ProgramUnavailable(str(error)) from None
+        self.program = program
+        kernels = hashlib.sha256(_source_bytes("decode_layers_f32.c")).hexdigest()
+        key = cache.key(program.source, f"layer-program kernels={kernels}")
+        self.built = cache.get(
+            key,
+            f"layer_program_{key}",
+            lambda: program.source.replace("void layer_program(", f"void layer_program_{key}("),
+        )
+        self.fn = self.built.fn
+        self.fn.restype = None
+        self.fn.argtypes = _ARGTYPES
+        self.model, self.kv_cache = model, kv_cache
+        self._bind(statics)
+
+    def _bind(self, statics: list[dict]) -> None:
+        """Per-layer weight pointers and GEMM formats, and the cache pointers (fixed)."""
+        pointers, formats, caches = [], [], []
+        self._keep = []
+        for index, env in enumerate(statics):
+            for name in self.program.weight_inputs:
+                value = env[name]
+                if isinstance(value, Linear):
+                    value = value.weight
+                pointers.append(value.data_ptr() if value is not None else None)
+            for name in self.program.linears:
+                linear = env[name]
+                fmt = linear.backend.decode_format
+                if fmt is None or linear.weight.dim() != 3 or linear.act is not None:
+                    raise ProgramUnavailable(f"layer {index} {name}: no packed-panel GEMM")
+                formats.append(fmt)
+            kv = self.kv_cache.layer(index)
+            if kv.k.dtype != torch.float32:
+                raise ProgramUnavailable("the KV cache is not fp32")
+            caches += [kv.k.data_ptr(), kv.v.data_ptr()]
+        self.weights = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+        self.formats = (ctypes.c_long * max(1, len(formats)))(*formats)
+        self.caches = (ctypes.c_void_p * len(caches))(*caches)
+        self.n_layers = len(statics)
+
+    def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        config, plan = self.model.config, batch.attn_plan
+        tables = plan.decode_block_tables
+        tokens = h.shape[0]
+        args = StepArgs(
+            tokens,
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.intermediate_size,
+            self.kv_cache.layer(0).k.shape[1],
+            tables.shape[1],
+            plan.window,
+            config.rms_norm_eps,
+            0.0,
+            batch.rope.positions.data_ptr(),
+            batch.slot_mapping.data_ptr(),
+            tables.data_ptr(),
+            plan.decode_seq_lens.data_ptr(),
+            self.model.rope_cache.data_ptr(),
+        )
+        h = h.contiguous()
+        delta = torch.zeros_like(h)
+        arena = torch.empty(max(1, tokens * self.program.arena_floats_per_token))
+        self.fn(
+            self.weights,
+            self.formats,
+            self.caches,
+            self.n_layers,
+            ctypes.byref(args),
+            h.data_ptr(),
+            delta.data_ptr(),
+            arena.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return h, delta
