@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_linear.py
 	$(PY) benchmarks/bench_formats.py
 	$(PY) benchmarks/bench_quant.py
+	$(PY) benchmarks/bench_compiler.py
 	$(PY) benchmarks/profile_decode.py
 	$(PY) benchmarks/bench_serving.py
 	$(PY) benchmarks/crosscheck_guidellm.py

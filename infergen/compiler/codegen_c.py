@@ -24,6 +24,7 @@ from math import prod
 
 import torch
 
+from infergen.compiler.expressions import ELEMENTWISE, SCALAR_OPS, expression
 from infergen.compiler.ir import TOKENS, Graph, Op, Sym, Value
 
 # row elements below which a step runs on one thread (the fork costs ~µs)
@@ -73,15 +74,6 @@ def _row_shape(value: Value) -> tuple[tuple[int, ...], bool]:
     if any(isinstance(d, Sym) for d in rest):
         raise CodegenError(f"%{value.name}: dynamic dimension other than the leading T")
     return tuple(rest), rowed
-
-
-_UNARY = {
-    Op.NEG: "-({a})",
-    Op.SIGMOID: "1.0f / (1.0f + expf(-({a})))",
-    Op.RSQRT: "1.0f / sqrtf({a})",
-}
-_BINARY = {Op.ADD: "({a}) + ({b})", Op.SUB: "({a}) - ({b})", Op.MUL: "({a}) * ({b})"}
-_SCALAR = {Op.ADD_SCALAR: "({a}) + {c}", Op.MUL_SCALAR: "({a}) * {c}"}
 
 
 def _float(value: float) -> str:
@@ -140,20 +132,15 @@ class _Renderer:
     # ---- ops ---------------------------------------------------------------------------
     def render_node(self, node) -> None:
         op, out = node.op, node.outputs[0]
-        if op in _UNARY or op in _BINARY or op in _SCALAR:
+        if op in ELEMENTWISE:
             shape, _ = _row_shape(out)
             dst = self.destination(out, shape)
             srcs = [self.refs[id(v)] for v in node.inputs]
+            scalar = _float(node.attrs["value"]) if op in SCALAR_OPS else None
 
             def body(idx):
                 args = [self.element(r, shape, idx) for r in srcs]
-                if op in _UNARY:
-                    expr = _UNARY[op].format(a=args[0])
-                elif op in _BINARY:
-                    expr = _BINARY[op].format(a=args[0], b=args[1])
-                else:
-                    expr = _SCALAR[op].format(a=args[0], c=_float(node.attrs["value"]))
-                return [f"{self.element(dst, shape, idx)} = {expr};"]
+                return [f"{self.element(dst, shape, idx)} = {expression(op, 'c', args, scalar)};"]
 
             self.loops(shape, body)
             self.refs[id(out)] = dst

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from infergen.compiler.codegen_c import CodegenError, Ref, _contiguous, _row_shape
+from infergen.compiler.expressions import ELEMENTWISE, SCALAR_OPS, expression
 from infergen.compiler.ir import TOKENS, Graph, Op, Value
 from infergen.compiler.jit_cache import COMPILER_VERSION, JitCache
 
@@ -41,15 +42,6 @@ def _fold(shape: tuple[int, ...]) -> tuple[int, int]:
     if not shape:
         return 1, 1
     return prod(shape[:-1]), shape[-1]
-
-
-_UNARY = {
-    Op.NEG: "-({a})",
-    Op.SIGMOID: "1.0 / (1.0 + tl.exp(-({a})))",
-    Op.RSQRT: "1.0 / tl.sqrt({a})",
-}
-_BINARY = {Op.ADD: "({a}) + ({b})", Op.SUB: "({a}) - ({b})", Op.MUL: "({a}) * ({b})"}
-_SCALAR = {Op.ADD_SCALAR: "({a}) + {c}", Op.MUL_SCALAR: "({a}) * {c}"}
 
 
 class _Renderer:
@@ -101,18 +93,13 @@ class _Renderer:
 
     def render_node(self, node) -> None:
         op, out = node.op, node.outputs[0]
-        if op in _UNARY or op in _BINARY or op in _SCALAR:
+        if op in ELEMENTWISE:
             args = [self.reg(v) for v in node.inputs]
             rows, cols = _fold(_row_shape(out)[0])
-            names = [a[0] for a in args]
-            if op in _UNARY:
-                expr = _UNARY[op].format(a=names[0])
-            elif op in _BINARY:
-                expr = _BINARY[op].format(a=names[0], b=names[1])
-                if any((a[1] not in (1, rows)) or (a[2] not in (1, cols)) for a in args):
-                    raise CodegenError("broadcast the folded block cannot express")
-            else:
-                expr = _SCALAR[op].format(a=names[0], c=_float(node.attrs["value"]))
+            if any((a[1] not in (1, rows)) or (a[2] not in (1, cols)) for a in args):
+                raise CodegenError("broadcast the folded block cannot express")
+            scalar = _float(node.attrs["value"]) if op in SCALAR_OPS else None
+            expr = expression(op, "triton", [a[0] for a in args], scalar)
             name = self.fresh("v")
             self.emit(f"{name} = {expr}")
             self.regs[id(out)] = (name, rows, cols)
