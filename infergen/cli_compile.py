@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 
 def add_compile_parser(sub, add_model_args) -> None:
     p = sub.add_parser(
         "compile",
-        help="the compiler's view of a model: captured graphs, fusions, buffer plan",
+        help="pre-build a model's generated kernels; show its graphs, fusions, buffer plan",
         description="Capture one decoder layer and the head of the model as IR graphs (from the "
         "model code, with torch.fx), run a pass pipeline ('fuse': the specific fusions, coarse "
         "ops kept; 'jit': the specific fusions, lowering to primitives, generic pointwise / "
         "row-reduction fusion) and print what each graph became: kernels launched per step "
         "before and after, the fused groups, and the activation memory per token with and "
-        "without buffer reuse.",
+        "without buffer reuse. Then build the generated kernels and the decode layer "
+        "program into the JIT cache (what `--compile jit` loads at engine start) and tune "
+        "the chosen buckets, within --budget-seconds.",
     )
     add_model_args(p)
     p.add_argument(
@@ -30,7 +33,8 @@ def add_compile_parser(sub, add_model_args) -> None:
         "--dump-dir",
         default=None,
         metavar="DIR",
-        help="write <graph>.captured.txt and <graph>.<pipeline>.txt (IR text) into DIR",
+        help="write <graph>.captured.txt and <graph>.<pipeline>.txt (IR text), and the "
+        "generated sources (group<i>.c, group<i>.triton.py, layer_program.c) into DIR",
     )
     p.add_argument("--log", action="store_true", help="print each rule as it fires")
     p.add_argument(
@@ -38,11 +42,18 @@ def add_compile_parser(sub, add_model_args) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="pre-build the 'jit' kernels into the JIT cache within S seconds: compile the "
-        "groups with the most expected gain per second first, then tune buckets (which "
-        "kernel variant is fastest per token count) with what is left; prints what it built, "
-        "tuned and skipped, with the expected gain of each",
+        help="build within S seconds of startup (default: no limit): compile the groups with "
+        "the most expected gain per second first, then tune buckets (which kernel variant is "
+        "fastest per token count) with what is left; prints what it built, tuned and "
+        "skipped, with the expected gain of each",
     )
+    p.add_argument(
+        "--buckets",
+        default=None,
+        metavar="LIST",
+        help="the token-count buckets to tune, e.g. '1,2-8' (default: those in --traffic)",
+    )
+    p.add_argument("--no-build", action="store_true", help="only show (and dump) the graphs")
     p.add_argument(
         "--traffic",
         default="1=0.7,2-8=0.1,9-64=0.1,65-512=0.1",
@@ -57,6 +68,9 @@ def add_compile_parser(sub, add_model_args) -> None:
         help="the JIT cache directory (default ~/.cache/infergen/jit)",
     )
     p.set_defaults(func=cmd_compile)
+
+
+PROGRAM_SECONDS_PRIOR = 5.0  # compiling the layer program (it includes every GEMM kernel)
 
 
 def _launches(graph) -> int:
@@ -105,10 +119,40 @@ def cmd_compile(args: argparse.Namespace) -> int:
             text = compiled.dump() + "\n\nbuffers (floats per token): " + str(after.sizes)
             (dump / f"{graph.name}.{args.pipeline}.txt").write_text(text + "\n")
     if dump:
-        print(f"wrote the graphs to {dump}/", file=sys.stderr)
-    if args.budget_seconds is not None:
+        _dump_sources(dump, model, cache)
+        print(f"wrote the graphs and generated sources to {dump}/", file=sys.stderr)
+    if not args.no_build:
         _build_within_budget(args, model, cache)
     return 0
+
+
+def _dump_sources(dump: Path, model, cache) -> None:
+    from infergen.compiler.codegen_c import CodegenError, render_group
+    from infergen.compiler.codegen_layer import render_layer_program
+    from infergen.compiler.codegen_triton import render_group_triton
+    from infergen.compiler.runtime import jit_graph, pointwise_groups
+
+    graph = jit_graph(model, cache)
+    for i, node in enumerate(pointwise_groups(graph)):
+        sub = node.attrs["graph"]
+        for suffix, render in (("c", render_group), ("triton.py", render_group_triton)):
+            try:
+                (dump / f"group{i}.{suffix}").write_text(render(sub, f"group{i}"))
+            except CodegenError as error:
+                (dump / f"group{i}.{suffix}").write_text(f"not renderable: {error}\n")
+    config = model.config
+    try:
+        program = render_layer_program(
+            graph,
+            "layer_program",
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            model.layers[0].attn.scale,
+        )
+        (dump / "layer_program.c").write_text(program.source)
+    except CodegenError as error:
+        (dump / "layer_program.c").write_text(f"/* not renderable: {error} */\n")
 
 
 def _build_within_budget(args: argparse.Namespace, model, cache) -> None:
@@ -121,14 +165,23 @@ def _build_within_budget(args: argparse.Namespace, model, cache) -> None:
         traffic = parse_traffic(args.traffic)
     except ValueError as error:
         raise ConfigError(str(error), where="--traffic") from None
+    if args.buckets is not None:
+        chosen = [b.strip() for b in args.buckets.split(",") if b.strip()]
+        try:  # the chosen buckets, weighted as in the traffic (equally if it omits them)
+            traffic = parse_traffic(",".join(f"{b}={traffic.get(b, 1.0)}" for b in chosen))
+        except ValueError as error:
+            raise ConfigError(str(error), where="--buckets") from None
+    budget = float("inf") if args.budget_seconds is None else args.budget_seconds
     jit = JitCache(Path(args.jit_cache) if args.jit_cache else None)
+    started = time.perf_counter()
     groups = [
         (f"group {i} -> " + ", ".join(v.name for v in node.outputs), node.attrs["graph"])
         for i, node in enumerate(pointwise_groups(jit_graph(model, cache)))
     ]
     layers = model.config.num_hidden_layers
-    items = plan_and_build(groups, traffic, layers, args.budget_seconds, jit)
-    print(f"\nbudget {args.budget_seconds:g} s, traffic {args.traffic}, cache {jit.root}")
+    items = plan_and_build(groups, traffic, layers, budget, jit)
+    mix = ",".join(f"{b}={w:.2g}" for b, w in traffic.items())
+    print(f"budget {budget:g} s, traffic {mix}, cache {jit.root}")
     print(f"{'item':<48} {'status':<15} {'spent s':>8} {'gain ms/step':>13}")
     for item in items:
         gain = "unmeasured" if item.gain_ms is None else f"{item.gain_ms:.3f}"
@@ -137,3 +190,43 @@ def _build_within_budget(args: argparse.Namespace, model, cache) -> None:
     skipped = [i for i in items if i.status == "skipped"]
     lost = sum(i.gain_ms or 0.0 for i in skipped)
     print(f"skipped {len(skipped)} items; their expected gain: {lost:.3f} ms per step")
+    left = budget - (time.perf_counter() - started)
+    print(f"layer program (decode steps): {_build_program(model, cache, jit, left)}")
+
+
+def _build_program(model, cache, jit, seconds_left: float) -> str:
+    """Build the decode layer program if it is cached or fits in what is left of the budget."""
+    from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
+    from infergen.compiler.runtime import CompiledLayers, jit_graph
+
+    if seconds_left < PROGRAM_SECONDS_PRIOR and not _program_cached(model, cache, jit):
+        return f"skipped (compiling takes ~{PROGRAM_SECONDS_PRIOR:g} s, {seconds_left:.1f} s left)"
+    statics = CompiledLayers(model, cache, "eager").static  # weight bindings; nothing compiled
+    started = time.perf_counter()
+    try:
+        runner = LayerProgramRunner(model, cache, jit_graph(model, cache), statics, jit)
+    except ProgramUnavailable as why:
+        return f"unavailable ({why})"
+    state = "cached" if runner.built.cached else "built"
+    return f"{state} in {time.perf_counter() - started:.2f} s ({runner.built.path.name})"
+
+
+def _program_cached(model, cache, jit) -> bool:
+    from infergen.compiler.codegen_c import CodegenError
+    from infergen.compiler.codegen_layer import render_layer_program
+    from infergen.compiler.program import program_key
+    from infergen.compiler.runtime import jit_graph
+
+    config = model.config
+    try:
+        program = render_layer_program(
+            jit_graph(model, cache),
+            "layer_program",
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            model.layers[0].attn.scale,
+        )
+    except CodegenError:
+        return False
+    return any(r["key"] == program_key(program, jit) for r in jit.entries())

@@ -66,8 +66,11 @@ def _time_ops(graph: Graph, inputs: list[torch.Tensor]) -> float:
 
 
 def _time_one_pass(graph: Graph, inputs: list[torch.Tensor]) -> float:
+    """A copy of the token rows the group reads and writes (weights and gathered tables are
+    left out: a kernel reads a weight once and a table's rows by index)."""
     outputs = run(graph, {v.name: x for v, x in zip(graph.inputs, inputs, strict=True)})
-    tensors = [t for t in (*inputs, *outputs) if isinstance(t, torch.Tensor) and t.dim() > 0]
+    rowed = [x for v, x in zip(graph.inputs, inputs, strict=True) if v.role != "weight"]
+    tensors = [t for t in (*rowed, *outputs) if isinstance(t, torch.Tensor) and t.dim() > 1]
     return best_seconds(lambda: [t.clone() for t in tensors], 3)
 
 

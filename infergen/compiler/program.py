@@ -30,6 +30,12 @@ _ARGTYPES = [
 ]
 
 
+def program_key(program, cache: JitCache) -> str:
+    """The JIT cache key of a rendered layer program (its source and the kernels it includes)."""
+    kernels = hashlib.sha256(_source_bytes("decode_layers_f32.c")).hexdigest()
+    return cache.key(program.source, f"layer-program kernels={kernels}")
+
+
 class ProgramUnavailable(Exception):
     """The layers hold something the layer program has no code for (the walker runs them)."""
 
@@ -50,8 +56,7 @@ class LayerProgramRunner:
         except CodegenError as error:
             raise ProgramUnavailable(str(error)) from None
         self.program = program
-        kernels = hashlib.sha256(_source_bytes("decode_layers_f32.c")).hexdigest()
-        key = cache.key(program.source, f"layer-program kernels={kernels}")
+        key = program_key(program, cache)
         self.built = cache.get(
             key,
             f"layer_program_{key}",

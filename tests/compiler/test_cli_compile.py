@@ -1,5 +1,6 @@
-"""`infergen compile` on a tiny checkpoint: the report and the dumped graphs, and a clear
-error for an unknown pipeline."""
+"""`infergen compile` on a tiny checkpoint: the report, the dumped graphs and generated
+sources, the kernels pre-built into the JIT cache, and a clear error for an unknown
+pipeline."""
 
 from __future__ import annotations
 
@@ -20,10 +21,20 @@ def test_compile_reports_and_dumps(tmp_path, capsys):
             "--dump-dir",
             str(dump),
             "--log",
+            "--jit-cache",
+            str(tmp_path / "jit"),
+            "--buckets",
+            "1",
         ]
     )
     assert code == 0
     out = capsys.readouterr().out
+    assert "layer program (decode steps): built" in out  # pre-built into the JIT cache
+    assert "compile: group 0" in out and "tune 1: group 0" in out
+    assert "int main" not in (dump / "layer_program.c").read_text()
+    assert "gemm_any(" in (dump / "layer_program.c").read_text()
+    assert "#pragma omp parallel for" in (dump / "group0.c").read_text()
+    assert "@triton.jit" in (dump / "group0.triton.py").read_text()
     assert "decoder_layer (x3): 17 nodes, 10 kernels -> 8 kernels after 'jit'" in out
     assert "gemm_silu_mul" in out and "rope_kv_store" in out
     assert "fuse_pointwise/pointwise" in out  # --log
@@ -36,6 +47,6 @@ def test_compile_reports_and_dumps(tmp_path, capsys):
 
 def test_compile_unknown_pipeline(tmp_path, capsys):
     build_hf_model("llama_gqa", tmp_path)
-    assert main(["compile", "-m", str(tmp_path), "--pipeline", "fastest"]) == 2
+    assert main(["compile", "-m", str(tmp_path), "--pipeline", "fastest", "--no-build"]) == 2
     err = capsys.readouterr().err
     assert "unknown compiler pipeline 'fastest'" in err and "['fuse', 'jit']" in err
