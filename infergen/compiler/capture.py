@@ -350,8 +350,9 @@ class _Converter:
         k_cache, v_cache = call["k_cache"], call["v_cache"]
         new_k, new_v = self.emit(
             Op.KV_STORE,
-            (call["k"], call["v"], k_cache, v_cache, call["slot_mapping"]),
+            (call["k"], call["v"], k_cache, v_cache, call["slot_mapping"], *_kv_scales(kv)),
             (k_cache.name, v_cache.name),
+            format=k_cache.format or "f32",
         )
         new_k.role = new_v.role = "cache"
         new_k.format, new_v.format = k_cache.format, v_cache.format
@@ -374,11 +375,20 @@ class _Converter:
                 call["v_cache"],
                 call["attn_plan"],
                 call.get("new_slots"),
+                *_kv_scales(call.get("kv")),
             ),
             "attn",
             scale=float(call["scale"]),
+            kv_format=call["k_cache"].format or "f32",
             operands=_name_of(ATTENTION_OPERANDS.items(), core, "attention core"),
         )[0]
+
+
+def _kv_scales(kv: Any) -> tuple[Value, ...]:
+    """A scaled KV format's per-head scales and key shift (KV store and attention inputs)."""
+    if not isinstance(kv, Struct) or "k_scale" not in kv.fields:
+        return ()
+    return kv.fields["k_scale"], kv.fields["v_scale"], kv.fields["k_shift"]
 
 
 def capture(

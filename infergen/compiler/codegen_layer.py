@@ -217,15 +217,23 @@ class _Renderer:
             if not (k.contiguous_rows() and v.contiguous_rows()):
                 raise CodegenError("K / V rows must be dense to store")
             n = k.row_elements()
+            rows = (f"{k.at()} + t * {k.row_stride}", f"{v.at()} + t * {v.row_stride}")
             self.emit("for (long t = 0; t < T; ++t) {")
-            self.emit(
-                f"    memcpy(kc + s->slots[t] * {n}, {k.at()} + t * {k.row_stride}, "
-                f"sizeof(float) * {n});"
-            )
-            self.emit(
-                f"    memcpy(vc + s->slots[t] * {n}, {v.at()} + t * {v.row_stride}, "
-                f"sizeof(float) * {n});"
-            )
+            if node.attrs["format"] == "fp8_e4m3":  # codes of (x - shift) / scale per head
+                k_scale, v_scale, k_shift = (self.weight(x) for x in node.inputs[5:8])
+                stores = (("kc", rows[0], k_scale, k_shift), ("vc", rows[1], v_scale, "0"))
+                for cache, row, scale, shift in stores:
+                    self.emit(
+                        f"    store_e4m3({row}, (uint8_t *){cache} + s->slots[t] * {n}, "
+                        f"{scale}, {shift}, {self.kv_heads}, {self.dim});"
+                    )
+            elif node.attrs["format"] == "f32":
+                for cache, row in (("kc", rows[0]), ("vc", rows[1])):
+                    self.emit(
+                        f"    memcpy({cache} + s->slots[t] * {n}, {row}, sizeof(float) * {n});"
+                    )
+            else:
+                raise CodegenError(f"KV format {node.attrs['format']}")
             self.emit("}")
             for value in node.outputs:
                 self.refs[id(value)] = TRef("kc", "0", 0, (), ())  # the cache, in place
@@ -234,8 +242,11 @@ class _Renderer:
                 raise CodegenError("attention operands other than fp32")
             q = self.contiguous(self.refs[id(node.inputs[0])])
             out = self.arena_ref(node.outputs[0])
+            scales = "0, 0"  # FP8 codes: the per-head scales (the key shift cancels out)
+            if node.attrs["kv_format"] != "f32":
+                scales = ", ".join(self.weight(x) for x in node.inputs[7:9])
             self.emit(
-                f"decode_attention({q.at()}, kc, vc, 0, 0, s->block_tables, "
+                f"decode_attention({q.at()}, kc, vc, {scales}, s->block_tables, "
                 f"s->max_blocks, s->seq_lens, {out.ptr}, T, {self.heads}, "
                 f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, "
                 "threads);"

@@ -18,14 +18,26 @@ from infergen.kvcache.paged_cache import PagedKVCache
 def step_inputs(model, kv_cache: PagedKVCache) -> dict[str, Value | Struct]:
     """The decoder layer's arguments (h, delta, batch, kv) as graph inputs."""
     config, dtype = model.config, model.dtype
-    if kv_cache.blocked is not None or kv_cache.format is not None:
+    if kv_cache.blocked is not None:
         raise CaptureError(
             f"capture: KV format {kv_cache.kv_format!r} is not in the IR yet",
-            expected="the unquantized cache (kv_format None)",
+            expected="the unquantized cache or a scaled format (fp8_e4m3)",
         )
     layer = kv_cache.layer(0)
     cache_shape = (BLOCKS, *layer.k.shape[1:])
     hidden = (TOKENS, config.hidden_size)
+    fmt = kv_cache.kv_format
+    kv = dict(
+        k=Value("k_cache", cache_shape, layer.k.dtype, "cache", fmt),
+        v=Value("v_cache", cache_shape, layer.v.dtype, "cache", fmt),
+    )
+    if kv_cache.format is not None:  # codes of (x - shift) / scale per KV head
+        heads, dim = config.num_key_value_heads, config.head_dim
+        kv.update(
+            k_scale=Value("k_scale", (heads,), torch.float32, "weight"),
+            v_scale=Value("v_scale", (heads,), torch.float32, "weight"),
+            k_shift=Value("k_shift", (heads, dim), torch.float32, "weight"),
+        )
     return {
         "h": Value("h", hidden, dtype, "input"),
         "delta": Value("delta", hidden, dtype, "input"),
@@ -37,10 +49,7 @@ def step_inputs(model, kv_cache: PagedKVCache) -> dict[str, Value | Struct]:
                 cache=Value("rope_table", tuple(model.rope_cache.shape), torch.float32, "weight"),
             ),
         ),
-        "kv": Struct(
-            k=Value("k_cache", cache_shape, layer.k.dtype, "cache"),
-            v=Value("v_cache", cache_shape, layer.v.dtype, "cache"),
-        ),
+        "kv": Struct(**kv),
     }
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from infergen.compiler.ir import Graph, Op, Sym, bind_shape
+from infergen.kvcache.kv_format import KV_FORMATS, encode
+from infergen.kvcache.paged_cache import KVLayer
 from infergen.layers.linear import Linear
 from infergen.ops import kv_store, linear, rms_norm, rope, silu_mul
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
@@ -157,21 +159,32 @@ def _linear(args, attrs, sizes):
     return (linear.reference(x, dense(weight).to(x.dtype), bias),)
 
 
+def kv_layer(k_cache, v_cache, scales: list, kv_format: str) -> KVLayer | None:
+    """The KVLayer the engine's ops take for a scaled cache format (None: unquantized)."""
+    if not scales:
+        return None
+    k_scale, v_scale, k_shift = scales
+    return KVLayer(k_cache, v_cache, k_scale, v_scale, KV_FORMATS.get(kv_format), k_shift)
+
+
 @executor(Op.KV_STORE)
 def _kv_store(args, attrs, sizes):
-    k, v, k_cache, v_cache, slots = args
+    k, v, k_cache, v_cache, slots, *scales = args
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    if scales:  # the format's codes of (x - shift) / scale
+        fmt = KV_FORMATS.get(attrs["format"])
+        k, v = encode(k, scales[0], fmt, scales[2]), encode(v, scales[1], fmt)
     kv_store.reference(k, v, k_cache, v_cache, slots)
     return k_cache, v_cache
 
 
 @executor(Op.ATTENTION)
 def _attention(args, attrs, sizes):
-    q, k, v, k_cache, v_cache, plan, slots = args
+    q, k, v, k_cache, v_cache, plan, slots, *scales = args
     core = ATTENTION_OPERANDS.get(attrs["operands"])
-    return (
-        paged_attention(q, k, v, k_cache, v_cache, plan, attrs["scale"], None, None, core, slots),
-    )
+    kv = kv_layer(k_cache, v_cache, scales, attrs.get("kv_format", "f32"))
+    scale = attrs["scale"]
+    return (paged_attention(q, k, v, k_cache, v_cache, plan, scale, None, kv, core, slots),)
 
 
 @executor(Op.QUANTIZE_ACT)

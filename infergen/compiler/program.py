@@ -85,8 +85,8 @@ class LayerProgramRunner:
                     raise ProgramUnavailable(f"layer {index} {name}: no packed-panel GEMM")
                 formats.append(fmt)
             kv = self.kv_cache.layer(index)
-            if kv.k.dtype != torch.float32:
-                raise ProgramUnavailable("the KV cache is not fp32")
+            if kv.k.dtype not in (torch.float32, torch.float8_e4m3fn):
+                raise ProgramUnavailable(f"a {kv.k.dtype} KV cache")
             caches += [kv.k.data_ptr(), kv.v.data_ptr()]
         self.weights = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
         self.formats = (ctypes.c_long * max(1, len(formats)))(*formats)

@@ -28,7 +28,7 @@ from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
 from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.decoder import capture_layer
-from infergen.compiler.interpret import EXECUTORS, run
+from infergen.compiler.interpret import EXECUTORS, kv_layer, run
 from infergen.compiler.ir import Graph, Node, Op
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.kernel import GroupKernel, compile_group
@@ -102,11 +102,12 @@ class CompiledLayers:
                 self.report.groups_op_by_op.append(f"layer program: {why}")
 
     def _static_env(self, index: int) -> dict[str, Any]:
-        layer = self.model.layers[index]
+        """The inputs fixed for layer `index`: its weights, its KV cache (and scales)."""
+        layer, kv = self.model.layers[index], self.kv_cache.layer(index)
         env = {}
         for name, source in self.captured.sources.items():
-            if source.origin == "module":
-                env[name] = source.fetch(layer, {})
+            if source.origin in ("module", "kv"):
+                env[name] = source.fetch(layer, {"kv": kv})
         env["rope_table"] = self.model.rope_cache
         return env
 
@@ -144,15 +145,12 @@ class CompiledLayers:
     def run_layer(self, index: int, h: torch.Tensor, delta: torch.Tensor, batch):
         """Decoder layer `index`: returns (h + delta + its attention output, its MLP output)."""
         env = dict(self.static[index])
-        kv = self.kv_cache.layer(index)
         env.update(
             h=h,
             delta=delta,
             slots=batch.slot_mapping,
             plan=batch.attn_plan,
             positions=batch.rope.positions,
-            k_cache=kv.k,
-            v_cache=kv.v,
         )
         bucket = bucket_of(h.shape[0])
         delta, h, _, _ = run(self.graph, env, lambda n, a, s: self._timed(n, a, s, bucket))
@@ -230,20 +228,18 @@ def _linear(ops, args, attrs):
 
 @ENGINE_OPS.decorator("kv_store")
 def _kv_store(ops, args, attrs):
-    k, v, k_cache, v_cache, slots = args
-    kv_store(k, v, k_cache, v_cache, slots)
+    k, v, k_cache, v_cache, slots, *scales = args
+    kv_store(k, v, k_cache, v_cache, slots, kv_layer(k_cache, v_cache, scales, attrs["format"]))
     return k_cache, v_cache  # written in place: the old cache is never read again (verify)
 
 
 @ENGINE_OPS.decorator("attention")
 def _attention(ops, args, attrs):
-    q, k, v, k_cache, v_cache, plan, slots = args
+    q, k, v, k_cache, v_cache, plan, slots, *scales = args
     core = ATTENTION_OPERANDS.get(attrs["operands"])
-    return (
-        paged_attention(
-            q, k, v, k_cache, v_cache, plan, attrs["scale"], ops.decode, None, core, slots
-        ),
-    )
+    kv = kv_layer(k_cache, v_cache, scales, attrs["kv_format"])
+    scale = attrs["scale"]
+    return (paged_attention(q, k, v, k_cache, v_cache, plan, scale, ops.decode, kv, core, slots),)
 
 
 @ENGINE_OPS.decorator("rope")

@@ -130,7 +130,8 @@ def _linear(inputs, attrs) -> Result:
 
 @rule(Op.KV_STORE)
 def _kv_store(inputs, attrs) -> Result:
-    k, v, k_cache, v_cache, slots = inputs
+    k, v, k_cache, v_cache, slots, *scales = inputs
+    _scales(k_cache, scales)
     _need(k.shape == v.shape and k.rank == 3, f"k {k.shape}, v {v.shape}")
     _need(k_cache.shape[2:] == k.shape[1:], f"cache {k_cache.shape} for k {k.shape}")
     _need(slots.shape == k.shape[:1], f"slots {slots.shape} for {k.shape[0]} tokens")
@@ -139,10 +140,23 @@ def _kv_store(inputs, attrs) -> Result:
 
 @rule(Op.ATTENTION)
 def _attention(inputs, attrs) -> Result:
-    q, k, v, k_cache, v_cache, plan, slots = inputs
+    q, k, v, k_cache, v_cache, plan, slots, *scales = inputs
+    _scales(k_cache, scales)
     _need(q.rank == 3 and k.shape[1:] == k_cache.shape[2:], f"q {q.shape}, cache {k_cache.shape}")
     _need(q.shape[1] % k.shape[1] == 0, f"{q.shape[1]} heads over {k.shape[1]} KV heads")
     return [(q.shape, q.dtype)]
+
+
+def _scales(cache: Value, scales: list[Value]) -> None:
+    """A scaled KV format comes with its K / V scales [kv_heads] and key shift [kv_heads, d]."""
+    if cache.format is None:
+        _need(not scales, "scales for an unquantized cache")
+        return
+    _need(len(scales) == 3, f"a {cache.format} cache needs k_scale, v_scale, k_shift")
+    heads, dim = cache.shape[2], cache.shape[3]
+    k_scale, v_scale, k_shift = scales
+    _need(k_scale.shape == v_scale.shape == (heads,), f"scales {k_scale!r}, {v_scale!r}")
+    _need(k_shift.shape == (heads, dim), f"key shift {k_shift!r}")
 
 
 @rule(Op.VIEW)

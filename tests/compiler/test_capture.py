@@ -84,3 +84,27 @@ def test_unsupported_kv_format_is_refused_clearly(tmp_path):
     engine = LLM(str(tmp_path), kv_cache_memory="4MiB", kv_format="int4_kivi").engine
     with pytest.raises(CaptureError, match="KV format 'int4_kivi'"):
         capture_layer(engine.runner.model, engine.kv_cache)
+
+
+def test_fp8_kv_cache_is_captured_with_its_scales(tmp_path):
+    """An FP8 E4M3 cache: the KV store and attention take the per-head scales and key shift;
+    the interpreter (encode → codes → attention over codes · scales) reproduces the engine."""
+    build_hf_model("llama_gqa", tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory="4MiB", kv_format="fp8_e4m3")
+    model = llm.engine.runner.model
+    model.fused_decode = False
+    captured = capture_layer(model, llm.engine.kv_cache, index=1)
+    store = next(n for n in captured.graph.nodes if n.op is Op.KV_STORE)
+    assert store.attrs["format"] == "fp8_e4m3"
+    assert [v.name for v in store.inputs[5:]] == ["k_scale", "v_scale", "k_shift"]
+    assert "f8e4m3[B,16,2,16]:fp8_e4m3" in captured.graph.dump()
+    calls = record_layer_calls(llm, model.layers[1])
+    for call in calls:
+        env = captured.bind(
+            model.layers[1],
+            **{k: call[k] for k in ("h", "delta", "batch")},
+            kv=llm.engine.kv_cache.layer(1)._replace(k=call["kv"].k, v=call["kv"].v),
+        )
+        out, _, k_after, _ = run(captured.graph, env)
+        assert _close(out, call["out"])
+        assert torch.equal(k_after.view(torch.uint8), call["k_after"].view(torch.uint8))

@@ -85,3 +85,20 @@ def test_activation_quantized_layers_run_through_the_walker(tmp_path):
     expected = reference.engine.prompt_logits(tokens, chunk=4)
     got = compiled.engine.prompt_logits(tokens, chunk=4)
     assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_fp8_kv_cache(mode, tmp_path):
+    """The FP8 E4M3 cache (codes, per-head scales, key shift) through the compiled layers:
+    logits equal the per-op path's (which stores and reads the same codes)."""
+    build_hf_model("qwen2_qkv_bias", tmp_path / "model")
+    options = dict(kv_cache_memory="4MiB", kv_format="fp8_e4m3")
+    reference = LLM(str(tmp_path / "model"), **options)
+    compiled = LLM(str(tmp_path / "model"), compile=mode, **options)
+    layers = compiled.engine.runner.model.compiled
+    assert (layers.program is not None) == (mode == "jit"), layers.report.groups_op_by_op
+    tokens = list(range(5, 45))
+    for chunk in (40, 6, 1):
+        expected = reference.engine.prompt_logits(tokens, chunk=chunk)
+        got = compiled.engine.prompt_logits(tokens, chunk=chunk)
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), chunk
