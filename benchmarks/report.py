@@ -55,7 +55,9 @@ def _machine(line: dict) -> str:
 
 def _peer_version(line: dict) -> str:
     versions = line.get("peer_versions") or {}
-    key = {"llama.cpp": "llama-cpp-python"}.get(line.get("peer", ""), line.get("peer", ""))
+    key = {"llama.cpp": "llama-cpp-python", "eager torch": "torch", "torch.compile": "torch"}.get(
+        line.get("peer", ""), line.get("peer", "")
+    )
     value = versions.get(key)
     return f"{key} {value}" if value else "–"
 
@@ -209,6 +211,78 @@ def render_quant(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
+COMPILER_START, COMPILER_END = "<!-- compiler:start -->", "<!-- compiler:end -->"
+_ENGINES = (
+    ("eager", "eager torch"),
+    ("compile", "torch.compile"),
+    ("jit", "infergen jit"),
+    ("infergen", "infergen default (off)"),
+)
+
+
+def render_compiler(lines: list[dict]) -> str | None:
+    """The bench_compiler tables: step / layer times per engine and shape, the compile and
+    start-up costs, and where the jit step's time goes (None: no run)."""
+    ours = [ln for ln in lines if ln.get("bench") == "compiler"]
+    results = {
+        (ln["metric"], ln["engine"]): ln["value"] for ln in ours if ln.get("kind") == "result"
+    }
+    shapes = sorted({m.split("_ms_", 1)[1] for m, _ in results if "_ms_" in m})
+    if not shapes:
+        return None
+    rows = [
+        "| ms (best of 5) | "
+        + " | ".join(label for _, label in _ENGINES)
+        + " | jit vs eager | jit vs torch.compile |",
+        "|---" * (len(_ENGINES) + 3) + "|",
+    ]
+    for part in ("step", "layer"):
+        for shape in shapes:
+            values = {e: results.get((f"{part}_ms_{shape}", e)) for e, _ in _ENGINES}
+            cells = [_num(values[e]) for e, _ in _ENGINES]
+            jit = values["jit"]
+            ratios = [
+                f"{jit / values[p]:.2f}×" if jit and values[p] else "–"
+                for p in ("eager", "compile")
+            ]
+            rows.append(f"| {part} {shape} | " + " | ".join(cells + ratios) + " |")
+    costs = results.get(("compile_costs", "infergen"), {})
+    startup = results.get(("start_to_first_token_s", "infergen"), {})
+    first = {
+        k.removeprefix("torch_compile_first_call_s_"): v
+        for k, v in costs.items()
+        if k.startswith("torch_compile_first_call_s_")
+    }
+    rows += [
+        "",
+        f"Compiling: infergen jit {costs.get('jit_cold_compile_s', 0):.2f} s cold "
+        f"({costs.get('jit_kernels', '?')} kernels, the layer program among them), "
+        f"{costs.get('jit_warm_start_s', 0):.3f} s from a warm cache; torch.compile's first "
+        "call "
+        + ", ".join(f"{v:.0f} s ({k})" for k, v in first.items())
+        + ". "
+        + (
+            "Process start to first token: "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in startup.items())
+            + "."
+            if startup
+            else ""
+        ),
+    ]
+    profiles = [ln for ln in ours if ln.get("kind") == "profile"]
+    if profiles:
+        rows += ["", "Where the jit step's time goes (graph walker, share of the step):", ""]
+        for ln in profiles:
+            top = ", ".join(f"{k} {v:.0%}" for k, v in list(ln["shares"].items())[:6])
+            rows.append(f"- {ln['metric'].removeprefix('jit_step_')}: {top}")
+    stamp = max(ln["timestamp"] for ln in ours)
+    rows.append(
+        f"\n{_machine(ours[0])}; run {stamp}. Regenerate: "
+        "`python benchmarks/bench_compiler.py && python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 def _probe(accuracy: dict, name: str) -> str:
     """Mean load-time probe error over the projections, with the scheme's Gaussian level."""
     probe = accuracy.get("probe_error")
@@ -248,6 +322,9 @@ def main() -> None:
     quant = render_quant(lines)
     if quant is not None and QUANT_START in text and QUANT_END in text:
         text = _splice(text, QUANT_START, QUANT_END, quant)
+    compiler = render_compiler(lines)
+    if compiler is not None and COMPILER_START in text and COMPILER_END in text:
+        text = _splice(text, COMPILER_START, COMPILER_END, compiler)
     args.readme.write_text(text)
     print(f"wrote the results tables ({len(lines)} lines read) into {args.readme}")
 

@@ -30,7 +30,9 @@ from pathlib import Path
 from infergen.kernels.build import _HERE as KERNELS_DIR
 from infergen.kernels.build import KernelUnavailable, _compile_flags, cache_dir
 
-COMPILER_VERSION = "1"  # bump when generated code changes meaning for the same graph
+COMPILER_VERSION = "2"  # bump when generated code or its flags change for the same graph
+# on top of the shipped kernels' flags: sqrtf without errno, so 1/sqrtf loops vectorise
+JIT_FLAGS = ["-fno-math-errno"]
 
 
 def default_root() -> Path:
@@ -103,7 +105,7 @@ class JitCache:
     def _build(self, key: str, function: str, source: str) -> Built:
         library, source_path, meta = self._files(key)
         started = time.perf_counter()
-        flags = _compile_flags()
+        flags = _compile_flags() + JIT_FLAGS
         with tempfile.TemporaryDirectory(dir=self.root) as tmp:
             src, out = Path(tmp) / f"{key}.c", Path(tmp) / f"{key}.so"
             src.write_text(source)
