@@ -128,8 +128,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _dump_sources(dump: Path, model, cache) -> None:
     from infergen.compiler.codegen_c import CodegenError, render_group
-    from infergen.compiler.codegen_layer import render_layer_program
     from infergen.compiler.codegen_triton import render_group_triton
+    from infergen.compiler.program import model_program
     from infergen.compiler.runtime import jit_graph, pointwise_groups
 
     graph = jit_graph(model, cache)
@@ -140,16 +140,8 @@ def _dump_sources(dump: Path, model, cache) -> None:
                 (dump / f"group{i}.{suffix}").write_text(render(sub, f"group{i}"))
             except CodegenError as error:
                 (dump / f"group{i}.{suffix}").write_text(f"not renderable: {error}\n")
-    config = model.config
     try:
-        program = render_layer_program(
-            graph,
-            "layer_program",
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-            model.layers[0].attn.scale,
-        )
+        program = model_program(model, graph)
         (dump / "layer_program.c").write_text(program.source)
     except CodegenError as error:
         (dump / "layer_program.c").write_text(f"/* not renderable: {error} */\n")
@@ -213,20 +205,11 @@ def _build_program(model, cache, jit, seconds_left: float) -> str:
 
 def _program_cached(model, cache, jit) -> bool:
     from infergen.compiler.codegen_c import CodegenError
-    from infergen.compiler.codegen_layer import render_layer_program
-    from infergen.compiler.program import program_key
+    from infergen.compiler.program import model_program, program_key
     from infergen.compiler.runtime import jit_graph
 
-    config = model.config
     try:
-        program = render_layer_program(
-            jit_graph(model, cache),
-            "layer_program",
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-            model.layers[0].attn.scale,
-        )
+        program = model_program(model, jit_graph(model, cache))
     except CodegenError:
         return False
     return any(r["key"] == program_key(program, jit) for r in jit.entries())

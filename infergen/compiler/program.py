@@ -10,7 +10,7 @@ import hashlib
 import torch
 
 from infergen.compiler.codegen_c import CodegenError
-from infergen.compiler.codegen_layer import render_layer_program
+from infergen.compiler.codegen_layer import LayerProgram, render_layer_program
 from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import JitCache
 from infergen.kernels.build import _source_bytes
@@ -30,6 +30,19 @@ _ARGTYPES = [
 ]
 
 
+def model_program(model, graph: Graph) -> LayerProgram:
+    """The layer program of `model`'s "jit" layer graph (CodegenError when not renderable)."""
+    config = model.config
+    return render_layer_program(
+        graph,
+        "layer_program",
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        model.layers[0].attn.scale,
+    )
+
+
 def program_key(program, cache: JitCache) -> str:
     """The JIT cache key of a rendered layer program (its source and the kernels it includes)."""
     kernels = hashlib.sha256(_source_bytes("decode_layers_f32.c")).hexdigest()
@@ -42,17 +55,8 @@ class ProgramUnavailable(Exception):
 
 class LayerProgramRunner:
     def __init__(self, model, kv_cache, graph: Graph, statics: list[dict], cache: JitCache):
-        config = model.config
-        attn = model.layers[0].attn
         try:
-            program = render_layer_program(
-                graph,
-                "layer_program",
-                config.num_attention_heads,
-                config.num_key_value_heads,
-                config.head_dim,
-                attn.scale,
-            )
+            program = model_program(model, graph)
         except CodegenError as error:
             raise ProgramUnavailable(str(error)) from None
         self.program = program
