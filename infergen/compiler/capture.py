@@ -248,7 +248,7 @@ class _Converter:
             if not delta or delta[0] is None:
                 return self.emit(Op.RMS_NORM, (x, weight), name, eps=module.eps)[0]
             y, h = self.emit(Op.ADD_RMS_NORM, (x, delta[0], weight), (name, x.name), eps=module.eps)
-            self._rebind(node.args[0], x, h, env)
+            self._rebind(x, h, env)
             return y
         raise CaptureError(
             f"capture: module {name} ({type(module).__name__}) has no IR op",
@@ -256,7 +256,7 @@ class _Converter:
             expected="Linear or RMSNorm leaves",
         )
 
-    def _rebind(self, fx_arg: fx.Node, old: Value, new: Value, env) -> None:
+    def _rebind(self, old: Value, new: Value, env) -> None:
         """`old` was updated in place: later reads of that fx value see `new`."""
         for fx_node, value in list(env.items()):
             if value is old:

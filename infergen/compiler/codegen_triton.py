@@ -25,7 +25,7 @@ import torch
 
 from infergen.compiler.codegen_c import CodegenError, Ref, _contiguous, _row_shape
 from infergen.compiler.expressions import ELEMENTWISE, SCALAR_OPS, expression
-from infergen.compiler.ir import TOKENS, Graph, Op, Value
+from infergen.compiler.ir import TOKENS, Graph, Node, Op, Value
 from infergen.compiler.jit_cache import COMPILER_VERSION, JitCache
 
 
@@ -51,6 +51,7 @@ class _Renderer:
         self.refs: dict[int, Ref] = {}  # values still in memory (inputs and views of them)
         self.regs: dict[int, tuple[str, int, int]] = {}  # value → (register name, rows, cols)
         self.counter = 0
+        self.concats: dict[int, Node] = {}  # concat outputs, stored part by part at the end
 
     def fresh(self, stem: str) -> str:
         self.counter += 1
@@ -116,7 +117,6 @@ class _Renderer:
             if not any(o is out for o in self.graph.outputs):
                 raise CodegenError("a concat is stored only as a group output")
             self.regs[id(out)] = ("concat", 0, 0)
-            self.concats = getattr(self, "concats", {})
             self.concats[id(out)] = node
         else:
             raise CodegenError(f"no Triton code for {op.label}")
