@@ -31,7 +31,8 @@ def group_key(graph: Graph, cache: JitCache) -> str:
 
 
 def random_inputs(graph: Graph, tokens: int, seed: int = 0) -> list[torch.Tensor]:
-    """Inputs of the group's shapes at `tokens` rows (indices within the gathered table)."""
+    """Random inputs of the group's shapes at `tokens` rows, indices within the gathered table
+    (the tuner's, the budget's and the kernel tests' inputs)."""
     generator = torch.Generator().manual_seed(seed)
     table_rows = min(
         (v.shape[0] for v in graph.inputs if v.role == "weight" and v.rank == 2), default=1

@@ -20,30 +20,17 @@ from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.kernel import compile_group
 from infergen.compiler.passes import run_pipeline
 from infergen.compiler.shapes import infer
+from infergen.compiler.tune import random_inputs
 from tests.hf_models import VARIANTS, build_hf_model
 
 F32 = torch.float32
 TOKEN_COUNTS = (1, 2, 7, 64, 300)
 
 
-def random_inputs(graph: Graph, tokens: int, generator: torch.Generator) -> list[torch.Tensor]:
-    out = []
-    for v in graph.inputs:
-        shape = [tokens if d == TOKENS else d for d in v.shape]
-        if v.dtype == torch.int64:
-            out.append(torch.randint(0, 100, shape, generator=generator))
-        elif v.role == "weight" and len(shape) == 2:  # a table gathered by the index
-            out.append(torch.randn(shape, generator=generator))
-        else:
-            out.append(torch.randn(shape, generator=generator))
-    return out
-
-
 def assert_kernel_matches(graph: Graph, cache: JitCache, strided: bool = False) -> None:
     kernel = compile_group(graph, cache)
-    generator = torch.Generator().manual_seed(0)
     for tokens in TOKEN_COUNTS:
-        inputs = random_inputs(graph, tokens, generator)
+        inputs = random_inputs(graph, tokens, seed=tokens)
         if strided:  # rows with a gap after them: a slice of a wider tensor
             inputs = [
                 torch.cat([x, torch.randn(x.shape[0], 3)], dim=1)[:, : x.shape[1]]

@@ -14,7 +14,8 @@ import torch
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.interpret import run
 from infergen.compiler.jit_cache import JitCache
-from tests.compiler.test_codegen_c import PRIMITIVES, _graph, _jit_groups, random_inputs
+from infergen.compiler.tune import random_inputs
+from tests.compiler.test_codegen_c import PRIMITIVES, _graph, _jit_groups
 from tests.hf_models import VARIANTS
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -31,9 +32,8 @@ def assert_triton_matches(graph, cache) -> None:
     from infergen.compiler.codegen_triton import TritonGroupKernel
 
     kernel = TritonGroupKernel(graph, cache)
-    generator = torch.Generator().manual_seed(0)
     for tokens in TOKEN_COUNTS:
-        inputs = random_inputs(graph, tokens, generator)
+        inputs = random_inputs(graph, tokens, seed=tokens)
         expected = run(graph, {v.name: x for v, x in zip(graph.inputs, inputs, strict=True)})
         got = kernel(*[x.to(DEVICE) for x in inputs])
         for a, b in zip(got, expected, strict=True):
