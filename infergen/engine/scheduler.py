@@ -8,16 +8,23 @@ Every step (under `max_num_batched_tokens` and `max_num_seqs`):
 2. Waiting sequences in arrival order, if nothing was preempted this step: the longest cached
    prefix of full blocks is reused (refcounted), then the rest of the prompt is scheduled,
    chunked to the remaining budget.
+
+Blocks are kept per KV cache group (kvcache/groups.py). A sliding-window group returns a
+block to the pool as soon as no later query can read it, so its share of a sequence stays
+about window + chunk tokens however long the sequence grows; a prefix hit for such a group
+needs only the blocks inside the window of the prefix's end.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
 
 from infergen.config import SchedulerConfig
 from infergen.engine.request import Sequence, Status
 from infergen.kvcache.block_pool import BlockPool
+from infergen.kvcache.groups import NO_BLOCK, CacheGroup
 from infergen.kvcache.prefix import extend_hashes
 
 
@@ -31,10 +38,17 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: BlockPool, block_size: int):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        pool: BlockPool,
+        block_size: int,
+        groups: Sequence_[CacheGroup] = (CacheGroup(()),),
+    ):
         self.config = config
         self.pool = pool
         self.block_size = block_size
+        self.groups = tuple(groups)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
@@ -46,24 +60,39 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- block accounting -------------------------------------------------------------------
-    def _blocks_needed(self, seq: Sequence, num_new: int) -> int:
-        total = -(-(seq.num_computed_tokens + num_new) // self.block_size)
-        return max(0, total - len(seq.block_ids))
-
     def grow(self, seq: Sequence, num_new: int) -> bool:
-        needed = self._blocks_needed(seq, num_new)
+        """Give `seq` the blocks for its next `num_new` tokens in every group (after letting
+        go of those that left a window). False when the pool cannot supply them."""
+        if not seq.blocks:
+            seq.blocks = [[] for _ in self.groups]
+        self._drop_out_of_window(seq)
+        total = -(-(seq.num_computed_tokens + num_new) // self.block_size)
+        needed = sum(max(0, total - len(blocks)) for blocks in seq.blocks)
         if needed > self.pool.num_free:
             return False
-        seq.block_ids.extend(self.pool.allocate() for _ in range(needed))
+        for blocks in seq.blocks:
+            blocks.extend(self.pool.allocate() for _ in range(total - len(blocks)))
         return True
 
-    def _release(self, seq: Sequence) -> None:
-        self.pool.release(seq.block_ids)
-        seq.block_ids = []
+    def _drop_out_of_window(self, seq: Sequence) -> None:
+        """Release the blocks of windowed groups that no query from here on reads."""
+        for group, blocks in zip(self.groups, seq.blocks, strict=True):
+            first = group.first_needed_block(seq.num_computed_tokens, self.block_size)
+            gone = [j for j in range(min(first, len(blocks))) if blocks[j] != NO_BLOCK]
+            if gone:
+                self.pool.release([blocks[j] for j in gone])
+                for j in gone:
+                    blocks[j] = NO_BLOCK
+
+    def release_blocks(self, seq: Sequence) -> None:
+        """Drop the sequence's references to all its blocks."""
+        for blocks in seq.blocks:
+            self.pool.release([b for b in blocks if b != NO_BLOCK])
+        seq.blocks = []
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self._release(seq)
+        self.release_blocks(seq)
         seq.num_computed_tokens = 0
         seq.num_registered_blocks = 0
         seq.num_preemptions += 1
@@ -77,23 +106,39 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self._release(seq)
+        self.release_blocks(seq)
         seq.status = Status.FINISHED
 
     # ---- prefix cache -----------------------------------------------------------------------
+    def _key(self, group: int, block_hash: bytes) -> bytes:
+        """Prefix-cache key of a block of one group (groups hold different layers' KV)."""
+        return block_hash if group == 0 else block_hash + group.to_bytes(4, "little")
+
     def _reuse_prefix(self, seq: Sequence) -> None:
         """Attach cached blocks for the longest shared prefix (at least one token stays
-        uncomputed so the step produces logits)."""
+        uncomputed so the step produces logits): n blocks hit when every full-attention group
+        has blocks 0..n-1 cached and every windowed group those its window still reads."""
         limit = (seq.num_tokens - 1) // self.block_size
         extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, limit)
-        for j in range(limit):
-            block = self.pool.lookup(seq.block_hashes[j])
-            if block is None:
+        hits = [
+            [self.pool.lookup(self._key(g, h)) for h in seq.block_hashes[:limit]]
+            for g in range(len(self.groups))
+        ]
+        n = limit
+        while n > 0:
+            firsts = [grp.first_needed_block(n * self.block_size, self.block_size)
+                      for grp in self.groups]  # fmt: skip
+            if all(None not in hit[first:n] for hit, first in zip(hits, firsts, strict=True)):
                 break
-            self.pool.acquire(block)
-            seq.block_ids.append(block)
-        seq.num_computed_tokens = len(seq.block_ids) * self.block_size
-        seq.num_registered_blocks = len(seq.block_ids)
+            n -= 1
+        seq.blocks = []
+        for group, hit in enumerate(hits):
+            first = self.groups[group].first_needed_block(n * self.block_size, self.block_size)
+            for block in hit[first:n]:
+                self.pool.acquire(block)
+            seq.blocks.append([NO_BLOCK] * first + hit[first:n])
+        seq.num_computed_tokens = n * self.block_size
+        seq.num_registered_blocks = n
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """After a step: publish the sequence's newly completed blocks to the prefix cache."""
@@ -101,8 +146,10 @@ class Scheduler:
         if full <= seq.num_registered_blocks:
             return
         extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, full)
-        for j in range(seq.num_registered_blocks, full):
-            self.pool.register(seq.block_ids[j], seq.block_hashes[j])
+        for g, blocks in enumerate(seq.blocks):
+            for j in range(seq.num_registered_blocks, full):
+                if blocks[j] != NO_BLOCK:
+                    self.pool.register(blocks[j], self._key(g, seq.block_hashes[j]))
         seq.num_registered_blocks = full
 
     # ---- the step ---------------------------------------------------------------------------
@@ -136,11 +183,11 @@ class Scheduler:
             num_new = seq.num_uncomputed
             if num_new > budget:
                 if not self.config.enable_chunked_prefill and batch:
-                    self._release(seq)
+                    self.release_blocks(seq)
                     break
                 num_new = budget if self.config.enable_chunked_prefill else num_new
             if not self.grow(seq, num_new):
-                self._release(seq)
+                self.release_blocks(seq)
                 seq.num_computed_tokens = 0
                 break
             if first_admission:

@@ -10,6 +10,7 @@ architecture uses the half-split rotary layout (`ArchSpec.gguf_permute_qk`).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,9 @@ _LAYER_NAMES = {
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
+    "ffn_norm": "{mlp_norm}",  # the norm in front of the MLP (ArchSpec.mlp_norm_name)
+    "post_attention_norm": "post_attention_layernorm",  # sandwich norms (Gemma)
+    "post_ffw_norm": "post_feedforward_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -119,7 +122,34 @@ def gguf_hf_config(reader: Any, source: str) -> tuple[dict[str, Any], ArchSpec]:
         )
     if spec.qkv_bias is None:
         cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    extra = GGUF_ARCH_RULES.get(arch_name)
+    if extra is not None:
+        extra(key, cfg)
     return cfg, spec
+
+
+def _gemma3(key: Callable[..., Any], cfg: dict[str, Any]) -> None:
+    """What llama.cpp hard-codes for Gemma-3 (llama-model.cpp) as config.json keys: five local
+    layers per global one, the local layers' RoPE base 10000, the query scale (27B: hidden /
+    heads, else head_dim), GeGLU."""
+    layers = cfg["num_hidden_layers"]
+    cfg["sliding_window"] = key("attention.sliding_window")
+    cfg["layer_types"] = [
+        "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)
+    ]
+    cfg["rope_local_base_freq"] = 10000.0
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    big = layers == 62  # the 27B model
+    cfg["query_pre_attn_scalar"] = (
+        cfg["hidden_size"] // cfg["num_attention_heads"] if big else head_dim
+    )
+    cfg["hidden_activation"] = "gelu_pytorch_tanh"
+
+
+# general.architecture → the metadata llama.cpp does not store but derives from the name
+GGUF_ARCH_RULES: dict[str, Callable[[Callable[..., Any], dict[str, Any]], None]] = {
+    "gemma3": _gemma3,
+}
 
 
 def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -128,13 +158,14 @@ def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _canonical_name(name: str) -> str | None:
+def _canonical_name(name: str, spec: ArchSpec) -> str | None:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     match = _LAYER_RE.match(name)
     if match and match.group(2) in _LAYER_NAMES:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+        hf_name = _LAYER_NAMES[part].format(mlp_norm=spec.mlp_norm_name)
+        return f"model.layers.{layer}.{hf_name}.{kind}"
     return None
 
 
@@ -149,7 +180,7 @@ def load_gguf_tensors(
     for t in reader.tensors:
         if t.name in _IGNORED:
             continue
-        name = _canonical_name(t.name)
+        name = _canonical_name(t.name, spec)
         if name is None:
             raise CheckpointError(
                 "unexpected tensor in GGUF file",
@@ -194,6 +225,8 @@ def _canonical_rows(name: str, array: np.ndarray, config: Any, spec: ArchSpec) -
     if spec.gguf_permute_qk and (".attn_q." in name or ".attn_k." in name):
         heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
         array = _unpermute_rows(array, heads)
+    if spec.norm_offset and name.endswith("norm.weight"):  # llama.cpp stores offset + w
+        array = array - np.float32(spec.norm_offset)
     return array
 
 

@@ -9,9 +9,15 @@ Names and enums follow llama.cpp (`llama-vocab.cpp`, `gguf-py/gguf/constants.py`
   `Digits(individual_digits=True)` + `ByteLevel`).
 - `tokenizer.ggml.model = "llama"`: SentencePiece-style BPE with `scores`; merges are derived
   from the scores (a merge ranks by its merged piece's score), `<0xNN>` byte fallback, `▁` for
-  spaces, a prefix space unless `tokenizer.ggml.add_space_prefix` is false.
+  spaces, a prefix space unless `tokenizer.ggml.add_space_prefix` is false. Gemma files
+  (`GGUF_GEMMA_ARCHITECTURES`) differ in two ways, as in transformers' GGUF route: merges rank
+  by vocabulary position (the scores agree for normal pieces, but the user-defined ones carry a
+  placeholder -1000 while they merge first), and the whitespace-run pieces (ids 138-167) that
+  llama.cpp's converter spelled with spaces are spelled back with `▁` and built by BPE
+  (a run of 32+ spaces becomes 16-space pieces, not a 31-space piece and the rest).
 - `token_type` 3 (control) become special tokens (dropped by `decode(skip_special_tokens=True)`),
-  4 (user-defined) become added tokens that are matched whole but are not special.
+  4 (user-defined) become added tokens that are matched whole but are not special (unless
+  respelled above: those are built by BPE).
 
 An unknown `model` or `pre` is a `CheckpointError` naming the field (as in llama.cpp): guessing
 would silently change every token id.
@@ -152,6 +158,11 @@ def _build_gpt2(meta: dict[str, Any], source: str) -> BackendTokenizer:
     return backend
 
 
+# `general.architecture` values built like transformers' `gemma_tokenizer`: merges in vocabulary
+# order, user-defined spaces spelled `▁` (see the module docstring).
+GGUF_GEMMA_ARCHITECTURES = frozenset({"gemma", "gemma2", "gemma3"})
+
+
 def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
     """SentencePiece BPE merges: every split of a piece into two pieces, best score first."""
     vocab = {token: index for index, token in enumerate(tokens)}
@@ -178,6 +189,13 @@ def _build_llama(meta: dict[str, Any], source: str) -> BackendTokenizer:
             found=None if scores is None else len(scores),
             expected=len(tokens),
         )
+    if meta["architecture"] in GGUF_GEMMA_ARCHITECTURES:
+        # Undo llama.cpp's "pre-normalize user-defined spaces" (`▁` → " "): BPE builds them.
+        tokens = [
+            token.replace(" ", "▁") if kind == TOKEN_TYPE_USER_DEFINED else token
+            for token, kind in zip(tokens, meta["token_type"], strict=True)
+        ]
+        scores = [-float(token_id) for token_id in range(len(tokens))]
     vocab: dict[str, int] = {}
     for token_id, token in enumerate(tokens):
         vocab.setdefault(token, token_id)
@@ -255,6 +273,7 @@ def read_gguf_tokenizer(reader: gguf.GGUFReader, source: str) -> GGUFTokenizerPa
             reader, "tokenizer.ggml.add_space_prefix", source, required=False
         ),
         "unk_id": ids["unknown"],
+        "architecture": _field(reader, "general.architecture", source, required=False),
     }
     build = _lookup(GGUF_TOKENIZER_MODELS, str(model), source, "tokenizer.ggml.model")
     backend = build(meta, source)
@@ -263,11 +282,11 @@ def read_gguf_tokenizer(reader: gguf.GGUFReader, source: str) -> GGUFTokenizerPa
     backend.add_special_tokens(
         [AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special_ids)]
     )
-    backend.add_tokens(
+    backend.add_tokens(  # except those the builder respelled (not in its vocabulary)
         [
             AddedToken(tokens[i], special=False, normalized=False)
             for i, kind in enumerate(kinds)
-            if kind == TOKEN_TYPE_USER_DEFINED
+            if kind == TOKEN_TYPE_USER_DEFINED and backend.token_to_id(tokens[i]) == i
         ]
     )
     add_bos = _field(reader, "tokenizer.ggml.add_bos_token", source, required=False)

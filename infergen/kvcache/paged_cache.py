@@ -1,9 +1,11 @@
 """The KV cache tensors: per layer, K and V as [num_blocks, block_size, kv_heads, head_dim].
 
-One allocation holds every layer: [layers, 2, num_blocks, block_size, kv_heads, head_dim], in
-the engine dtype or in a KV format's codes (kv_format.py) with one fp32 scale per (layer,
-K/V, KV head) in `scales` [layers, 2, kv_heads] (NaN until calibrated) and the keys' stored
-shift `k_shift` [layers, kv_heads, head_dim] (kv_format.py).
+One allocation holds every layer: [group_size, 2, num_blocks, block_size, kv_heads, head_dim]
+(groups.py: a block is a page shared by the `group_size` layers of one cache group; a model
+whose layers attend alike has one group of all layers), in the engine dtype or in a KV
+format's codes (kv_format.py) with one fp32 scale per (layer, K/V, KV head) in `scales`
+[layers, 2, kv_heads] (NaN until calibrated) and the keys' stored shift `k_shift`
+[layers, kv_heads, head_dim] (kv_format.py).
 Which blocks belong to which sequence is the block pool's business (block_pool.py).
 """
 
@@ -14,6 +16,8 @@ from typing import NamedTuple
 import torch
 
 from infergen.config import ModelConfig
+from infergen.errors import ConfigError
+from infergen.kvcache.groups import cache_groups
 from infergen.kvcache.kv_blocked import BlockedKVFormat, BlockedLayer, BlockedStore
 from infergen.kvcache.kv_format import KV_FORMATS, KVFormat
 
@@ -48,8 +52,30 @@ class PagedKVCache:
         self.kv_format = kv_format
         self.format = KV_FORMATS.get(kv_format, where="kv_format") if kv_format else None
         layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+        self.groups = cache_groups(config)
+        # layer → its index inside its group (the page's layer slot)
+        slot = {layer: j for group in self.groups for j, layer in enumerate(group.layers)}
+        self.group_of = [
+            next(g for g, group in enumerate(self.groups) if layer in group.layers)
+            for layer in range(layers)
+        ]
+        planes, heads, dim = config.cache_shape  # MLA: one latent entry read as K and V
+        if self.format is not None and planes == 1:
+            raise ConfigError(
+                "KV formats do not support latent (MLA) caches yet",
+                where="kv_format",
+                found=kv_format,
+                expected=f"none for {config.architecture}",
+            )
         self.blocked: BlockedStore | None = None
         if isinstance(self.format, BlockedKVFormat):
+            if any(group.window for group in self.groups):
+                raise ConfigError(
+                    "block-quantized KV formats do not support sliding-window layers yet",
+                    where="kv_format",
+                    found=kv_format,
+                    expected="a per-head scaled format (e.g. fp8_e4m3) or none",
+                )
             self.blocked = BlockedStore(
                 self.format, layers, num_blocks, block_size, kv_heads, config.head_dim,
                 max(tail_slots, 1),
@@ -63,12 +89,12 @@ class PagedKVCache:
             ]  # fmt: skip
             return
         self.storage = torch.zeros(
-            layers,
-            2,
+            len(self.groups[0].layers),
+            planes,
             num_blocks,
             block_size,
-            kv_heads,
-            config.head_dim,
+            heads,
+            dim,
             dtype=self.format.storage if self.format else dtype,
         )
         self.scales = self.k_shift = None
@@ -77,11 +103,11 @@ class PagedKVCache:
             self.k_shift = torch.zeros(layers, kv_heads, config.head_dim)
         # per-layer views made once: slicing costs ~15 µs per layer per step otherwise
         self._layers = [
-            KVLayer(self.storage[i, 0], self.storage[i, 1])
+            KVLayer(self.storage[slot[i], 0], self.storage[slot[i], planes - 1])
             if self.format is None
             else KVLayer(
-                self.storage[i, 0], self.storage[i, 1], self.scales[i, 0], self.scales[i, 1],
-                self.format, self.k_shift[i],
+                self.storage[slot[i], 0], self.storage[slot[i], 1], self.scales[i, 0],
+                self.scales[i, 1], self.format, self.k_shift[i],
             )
             for i in range(layers)
         ]  # fmt: skip

@@ -1,5 +1,9 @@
 """Self-attention layer: fused QKV projection, optional QK-norm, RoPE, paged KV cache,
-causal attention (MHA / GQA / MQA by the head counts; optional sliding window), output proj."""
+causal attention (MHA / GQA / MQA by the head counts; optional sliding window), output proj.
+
+`batch` is the layer's view of the ForwardBatch (ForwardBatch.view): its cache group's slots
+and attention plan (kvcache/groups.py: windowed layers have their own block tables) and its
+RoPE table (Gemma-3's local layers have their own base)."""
 
 from __future__ import annotations
 
@@ -10,28 +14,37 @@ from torch import nn
 
 from infergen.config import ModelConfig
 from infergen.engine.forward_batch import ForwardBatch
+from infergen.errors import ConfigError
 from infergen.kvcache.paged_cache import KVLayer
 from infergen.layers.linear import Linear
 from infergen.layers.norm import RMSNorm
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
+from infergen.ops.attention_sinks import sink_attention
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import (
     DECODE_BACKENDS,
     decode_attention,
-    default_scale,
     paged_attention,
 )
 from infergen.ops.rope import ROPE_BACKENDS
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, backend: str = "torch"):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        backend: str = "torch",
+        group: int = 0,  # the layer's KV cache group (ForwardBatch.view)
+        rope_index: int = 0,  # the layer's RoPE table (ForwardBatch.view)
+    ):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.scale = default_scale(config.head_dim)
+        self.scale = config.attention_scale
+        self.group, self.rope_index = group, rope_index
         h = config.hidden_size
         self.qkv = Linear(h, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, backend)
         self.o = Linear(self.q_size, h, config.o_bias, dtype, backend)
@@ -41,10 +54,28 @@ class Attention(nn.Module):
         self.rope = ROPE_BACKENDS.get(backend, where="kernels")
         self.decode = DECODE_BACKENDS.get(backend, where="kernels")
         self.core = ATTENTION_OPERANDS.get("fp32")  # the attention core (prefill and decode)
+        self.sinks = None
+        if config.arch.attention_sinks:  # learned per-head sink logits (ops/attention_sinks.py)
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=dtype), False)
+            group = self.num_heads // self.num_kv_heads
+            self.core = functools.partial(
+                sink_attention, sinks=self.sinks.view(1, self.num_heads, 1, 1)
+            )
+            decode_core = functools.partial(
+                sink_attention, sinks=self.sinks.view(1, self.num_kv_heads, group, 1)
+            )  # the decode path folds each GQA group into the query axis
+            self.decode = functools.partial(decode_attention, core=decode_core)
 
     def set_operands(self, name: str) -> None:
         """Attention operands in another format (ops/attention_operands.py): both paths run
         that core (the native decode kernel computes fp32 operands only)."""
+        if self.sinks is not None:
+            raise ConfigError(
+                "low-precision attention operands do not support attention sinks yet",
+                where="attention",
+                found=name,
+                expected="None for a model with learned sink logits",
+            )
         self.core = ATTENTION_OPERANDS.get(name, where="attention")
         self.decode = functools.partial(decode_attention, core=self.core)
 
@@ -55,24 +86,24 @@ class Attention(nn.Module):
         kv: KVLayer,
     ) -> torch.Tensor:
         tokens, heads, dim = x.shape[0], self.num_heads, self.head_dim
+        rope, slots = batch.rope, batch.slot_mapping
         qkv = self.qkv(x)  # [tokens, q_size + 2·kv_size]
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, dim)
         if self.q_norm is None:  # q and k are adjacent: rotate them as one tensor
             qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, dim)
-            qk = self.rope(qk, batch.rope)
+            qk = self.rope(qk, rope)
             q, k = qk[:, :heads], qk[:, heads:]
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, -1, dim))
-            q, k = self.rope(q, batch.rope), self.rope(k, batch.rope)
-        kv_store(k, v, kv.k, kv.v, batch.slot_mapping, kv)
+            q, k = self.rope(q, rope), self.rope(k, rope)
+        kv_store(k, v, kv.k, kv.v, slots, kv)
         out = paged_attention(
-            q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv, self.core,
-            batch.slot_mapping,
+            q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv, self.core, slots,
         )  # fmt: skip
         return self.o(out.view(tokens, self.q_size))
 
-    def load(self, get: callable, prefix: str) -> None:
+    def load(self, get: callable, prefix: str, norm_offset: float = 0.0) -> None:
         names = ("q_proj", "k_proj", "v_proj")
         qkv_bias = self.qkv.has_bias
         self.qkv.load(
@@ -83,5 +114,7 @@ class Attention(nn.Module):
             get(prefix + "o_proj.weight"), get(prefix + "o_proj.bias") if self.o.has_bias else None
         )
         if self.q_norm is not None:
-            self.q_norm.weight.copy_(get(prefix + "q_norm.weight"))
-            self.k_norm.weight.copy_(get(prefix + "k_norm.weight"))
+            self.q_norm.weight.copy_(get(prefix + "q_norm.weight") + norm_offset)
+            self.k_norm.weight.copy_(get(prefix + "k_norm.weight") + norm_offset)
+        if self.sinks is not None:
+            self.sinks.copy_(get(prefix + "sinks"))

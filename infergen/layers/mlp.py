@@ -1,4 +1,8 @@
-"""Gated MLP (SwiGLU): down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
+"""Gated MLP: down(act(gate(x)) * up(x)), gate and up fused into one matmul.
+
+The activation is the config's `hidden_act`: SwiGLU ("silu", ops/silu_mul.py) or GeGLU
+("gelu_pytorch_tanh", ops/gelu_mul.py) — a row of GATED_ACTIVATIONS.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,26 @@ from torch import nn
 
 from infergen.config import ModelConfig
 from infergen.layers.linear import Linear
+from infergen.ops.gelu_mul import GELU_MUL_BACKENDS
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
+
+# hidden_act → the registry of its gated-activation backends
+GATED_ACTIVATIONS = {"silu": SILU_MUL_BACKENDS, "gelu_pytorch_tanh": GELU_MUL_BACKENDS}
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, backend: str = "torch"):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        backend: str = "torch",
+        intermediate_size: int | None = None,  # default: the config's (MoE shared experts)
+    ):
         super().__init__()
-        h, i = config.hidden_size, config.intermediate_size
+        h, i = config.hidden_size, intermediate_size or config.intermediate_size
         self.gate_up = Linear(h, 2 * i, config.mlp_bias, dtype, backend)  # rows: [gate; up]
         self.down = Linear(i, h, config.mlp_bias, dtype, backend)
-        self.act = SILU_MUL_BACKENDS.get(backend, where="kernels")
+        self.act = GATED_ACTIVATIONS[config.hidden_act].get(backend, where="kernels")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, hidden]
         return self.down(self.act(self.gate_up(x)))

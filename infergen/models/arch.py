@@ -24,6 +24,15 @@ class ArchSpec:
         None means `sliding_window` applies whenever set (Mistral).
     gguf_permute_qk: GGUF stores q/k rows permuted for llama.cpp's interleaved rotary layout;
         the loader undoes it so every architecture uses the half-split (NeoX) rotary layout.
+    norm_offset: RMSNorm multiplies by (offset + weight): Gemma stores weight − 1. The model
+        adds it once at load (layers run a plain RMSNorm).
+    sandwich_norms: the attention and MLP outputs are normalised before the residual add
+        (Gemma-2/3: post_attention_layernorm, pre_/post_feedforward_layernorm).
+    embed_scale: embeddings are multiplied by sqrt(hidden_size) (Gemma).
+    attention_sinks: each attention head has a learned sink logit (GPT-OSS: self_attn.sinks).
+    mlp: the feed-forward block: "dense" (the gated MLP) or a MOE_READERS row
+        ("gpt_oss_moe", "deepseek_moe": mixtures of experts, layers/moe.py).
+    mla: the attention is DeepSeek's multi-head latent attention (layers/mla.py).
     """
 
     name: str
@@ -34,9 +43,100 @@ class ArchSpec:
     qk_norm: bool = False
     sliding_window_flag: str | None = None
     gguf_permute_qk: bool = False
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False
+    embed_scale: bool = False
+    attention_sinks: bool = False
+    mlp: str = "dense"
+    mla: bool = False
+
+    def read_mla(self, cfg: dict[str, Any], source: str) -> Any:
+        """The MLAConfig of a Hugging Face config.json (None unless the layers use MLA)."""
+        if not self.mla:
+            return None
+        from infergen.config import MLAConfig
+
+        if cfg.get("attention_bias"):
+            raise ConfigError("MLA with attention biases is not supported",
+                              where=f"{source}: attention_bias", found=True,
+                              expected="false")  # fmt: skip
+
+        def need(key: str) -> int:
+            if not cfg.get(key):
+                raise ConfigError(f"MLA needs {key!r}", where=f"{source}: {key}",
+                                  expected="a positive integer")  # fmt: skip
+            return cfg[key]
+
+        return MLAConfig(
+            q_lora_rank=cfg.get("q_lora_rank"),
+            kv_lora_rank=need("kv_lora_rank"),
+            qk_nope_head_dim=need("qk_nope_head_dim"),
+            qk_rope_head_dim=need("qk_rope_head_dim"),
+            v_head_dim=need("v_head_dim"),
+            # V2 rotates interleaved pairs always; V3 unless rope_interleave is false
+            rope_interleave=bool(cfg.get("rope_interleave", True)),
+        )
+
+    def read_moe(self, cfg: dict[str, Any], source: str) -> Any:
+        """The MoEConfig of a Hugging Face config.json (None for a dense architecture)."""
+        return None if self.mlp == "dense" else MOE_READERS[self.mlp](cfg, source)
+
+    @property
+    def mlp_norm_name(self) -> str:
+        """Checkpoint name of the norm in front of the MLP."""
+        return "pre_feedforward_layernorm" if self.sandwich_norms else "post_attention_layernorm"
 
 
 ARCHITECTURES: Registry[ArchSpec] = Registry("architecture")
+
+
+def _gpt_oss_moe(cfg: dict[str, Any], source: str) -> Any:
+    from infergen.config import MoEConfig
+
+    return MoEConfig(
+        num_experts=cfg["num_local_experts"],
+        top_k=cfg["num_experts_per_tok"],
+        intermediate_size=cfg["intermediate_size"],
+        router="softmax_topk",
+        activation="clamped_swiglu",
+        expert_bias=True,
+        swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
+        source=source,
+    )
+
+
+def _deepseek_moe(cfg: dict[str, Any], source: str) -> Any:
+    from infergen.config import MoEConfig
+
+    v3 = cfg.get("model_type") == "deepseek_v3"
+    method = cfg.get("topk_method", "greedy")
+    routers = {"greedy": "softmax_greedy", "group_limited_greedy": "softmax_group_limited"}
+    if not v3 and method not in routers:
+        raise ConfigError(
+            "unsupported DeepSeek-V2 topk_method",
+            where=f"{source}: topk_method",
+            found=method,
+            expected=f"one of {sorted(routers)}",
+        )
+    return MoEConfig(
+        num_experts=cfg.get("n_routed_experts") or cfg["num_local_experts"],
+        top_k=cfg["num_experts_per_tok"],
+        intermediate_size=cfg["moe_intermediate_size"],
+        router="sigmoid_group_limited" if v3 else routers[method],
+        num_shared_experts=cfg.get("n_shared_experts") or 0,
+        routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
+        norm_topk=bool(cfg.get("norm_topk_prob", False)) and v3,
+        num_groups=cfg.get("n_group") or 1,
+        topk_groups=cfg.get("topk_group") or 1,
+        first_dense_layers=cfg.get("first_k_dense_replace") or 0,
+        layer_freq=cfg.get("moe_layer_freq") or 1,
+        source=source,
+    )
+
+
+# ArchSpec.mlp → reader of its MoEConfig from config.json
+MOE_READERS = {"gpt_oss_moe": _gpt_oss_moe, "deepseek_moe": _deepseek_moe}
 
 for _spec in (
     ArchSpec("llama", ("llama",), "llama", gguf_permute_qk=True),
@@ -56,6 +156,26 @@ for _spec in (
         o_bias=False,
         qk_norm=True,
         sliding_window_flag="use_sliding_window",
+    ),
+    ArchSpec(
+        "gpt_oss",
+        ("gpt_oss",),
+        None,
+        attention_sinks=True,
+        mlp="gpt_oss_moe",
+    ),
+    ArchSpec("deepseek_v2", ("deepseek_v2",), None, mlp="deepseek_moe", mla=True),
+    ArchSpec("deepseek_v3", ("deepseek_v3",), None, mlp="deepseek_moe", mla=True),
+    ArchSpec(
+        "gemma3",
+        ("gemma3_text",),
+        "gemma3",
+        qkv_bias=False,
+        o_bias=False,
+        qk_norm=True,
+        norm_offset=1.0,
+        sandwich_norms=True,
+        embed_scale=True,
     ),
 ):
     ARCHITECTURES.register(_spec.name, _spec)
@@ -92,33 +212,98 @@ def arch_for_gguf(gguf_arch: str, *, source: str) -> ArchSpec:
 def layer_tensor_names(config: Any, layer: int) -> dict[str, tuple[int, ...]]:
     """Expected tensor names and shapes of one decoder layer."""
     p = f"model.layers.{layer}."
-    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    h, d = config.hidden_size, config.head_dim
     q, kv = config.q_size, config.kv_size
+    spec = config.arch
     names: dict[str, tuple[int, ...]] = {
         p + "input_layernorm.weight": (h,),
-        p + "self_attn.q_proj.weight": (q, h),
-        p + "self_attn.k_proj.weight": (kv, h),
-        p + "self_attn.v_proj.weight": (kv, h),
-        p + "self_attn.o_proj.weight": (h, q),
         p + "post_attention_layernorm.weight": (h,),
-        p + "mlp.gate_proj.weight": (i, h),
-        p + "mlp.up_proj.weight": (i, h),
-        p + "mlp.down_proj.weight": (h, i),
+        p + spec.mlp_norm_name + ".weight": (h,),
     }
+    if config.mla is not None:
+        names.update(_mla_tensors(config, p + "self_attn."))
+    else:
+        names.update({
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+        })  # fmt: skip
     if config.qkv_bias:
         names[p + "self_attn.q_proj.bias"] = (q,)
         names[p + "self_attn.k_proj.bias"] = (kv,)
         names[p + "self_attn.v_proj.bias"] = (kv,)
     if config.o_bias:
         names[p + "self_attn.o_proj.bias"] = (h,)
-    if config.mlp_bias:
-        names[p + "mlp.gate_proj.bias"] = (i,)
-        names[p + "mlp.up_proj.bias"] = (i,)
-        names[p + "mlp.down_proj.bias"] = (h,)
+    if spec.sandwich_norms:
+        names[p + "post_feedforward_layernorm.weight"] = (h,)
     if config.qk_norm:
         names[p + "self_attn.q_norm.weight"] = (d,)
         names[p + "self_attn.k_norm.weight"] = (d,)
+    if spec.attention_sinks:
+        names[p + "self_attn.sinks"] = (config.num_attention_heads,)
+    moe = config.moe
+    if moe is not None and moe.is_moe_layer(layer):
+        names.update(MOE_TENSORS[spec.mlp](config, p + "mlp."))
+    else:
+        names.update(_dense_mlp(config, p + "mlp.", config.intermediate_size))
     return names
+
+
+def _mla_tensors(config: Any, p: str) -> dict[str, tuple[int, ...]]:
+    mla, h, heads = config.mla, config.hidden_size, config.num_attention_heads
+    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    names = {
+        p + "kv_a_proj_with_mqa.weight": (mla.kv_lora_rank + mla.qk_rope_head_dim, h),
+        p + "kv_a_layernorm.weight": (mla.kv_lora_rank,),
+        p + "kv_b_proj.weight": (heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank),
+        p + "o_proj.weight": (h, heads * mla.v_head_dim),
+    }
+    if mla.q_lora_rank:
+        names[p + "q_a_proj.weight"] = (mla.q_lora_rank, h)
+        names[p + "q_a_layernorm.weight"] = (mla.q_lora_rank,)
+        names[p + "q_b_proj.weight"] = (heads * qk, mla.q_lora_rank)
+    else:
+        names[p + "q_proj.weight"] = (heads * qk, h)
+    return names
+
+
+def _dense_mlp(config: Any, p: str, i: int) -> dict[str, tuple[int, ...]]:
+    h = config.hidden_size
+    names = {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h),
+             p + "down_proj.weight": (h, i)}  # fmt: skip
+    if config.mlp_bias:
+        names.update({p + "gate_proj.bias": (i,), p + "up_proj.bias": (i,),
+                      p + "down_proj.bias": (h,)})  # fmt: skip
+    return names
+
+
+def _gpt_oss_tensors(config: Any, p: str) -> dict[str, tuple[int, ...]]:
+    e, h, i = config.moe.num_experts, config.hidden_size, config.moe.intermediate_size
+    return {
+        p + "router.weight": (e, h),
+        p + "router.bias": (e,),
+        p + "experts.gate_up_proj": (e, h, 2 * i),
+        p + "experts.gate_up_proj_bias": (e, 2 * i),
+        p + "experts.down_proj": (e, i, h),
+        p + "experts.down_proj_bias": (e, h),
+    }
+
+
+def _deepseek_tensors(config: Any, p: str) -> dict[str, tuple[int, ...]]:
+    moe, h = config.moe, config.hidden_size
+    names = {p + "gate.weight": (moe.num_experts, h)}
+    if moe.router == "sigmoid_group_limited":
+        names[p + "gate.e_score_correction_bias"] = (moe.num_experts,)
+    for e in range(moe.num_experts):
+        names.update(_dense_mlp(config, f"{p}experts.{e}.", moe.intermediate_size))
+    if moe.num_shared_experts:
+        shared = moe.num_shared_experts * moe.intermediate_size
+        names.update(_dense_mlp(config, p + "shared_experts.", shared))
+    return names
+
+
+MOE_TENSORS = {"gpt_oss_moe": _gpt_oss_tensors, "deepseek_moe": _deepseek_tensors}
 
 
 def expected_tensors(config: Any) -> dict[str, tuple[int, ...]]:

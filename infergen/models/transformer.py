@@ -5,13 +5,15 @@
     logits = lm_head(norm(h))        (lm_head = embed when embeddings are tied)
 
 The residual add is fused into the next norm: each sublayer returns its output as a pending
-`delta` and the following RMSNorm does h += delta; y = norm(h) in one op.
+`delta` and the following RMSNorm does h += delta; y = norm(h) in one op. Architectures with
+sandwich norms (Gemma) normalise each sublayer's output before it becomes the delta.
 Only the rows in `ForwardBatch.logits_indices` go through the final norm and the LM head:
 a 512-token prefill computes one row of logits, not 512.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -20,23 +22,39 @@ from torch import nn
 from infergen.config import ModelConfig
 from infergen.engine.forward_batch import ForwardBatch
 from infergen.io.block_weight import dense
+from infergen.kvcache.groups import cache_groups
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.attention import Attention
 from infergen.layers.linear import Linear
+from infergen.layers.mla import MLAttention
 from infergen.layers.mlp import GatedMLP
+from infergen.layers.moe import MoE
 from infergen.layers.norm import RMSNorm
 from infergen.models.fused_decode import FusedDecode
 from infergen.ops.rope import RopeInputs, cos_sin_cache
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, kernels: str):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        kernels: str,
+        index: int = 0,
+        group: int = 0,
+        rope_index: int = 0,
+    ):
         super().__init__()
-        eps = config.rms_norm_eps
-        self.attn_norm = RMSNorm(config.hidden_size, eps, dtype, kernels)
-        self.attn = Attention(config, dtype, kernels)
-        self.mlp_norm = RMSNorm(config.hidden_size, eps, dtype, kernels)
-        self.mlp = GatedMLP(config, dtype, kernels)
+        eps, hidden = config.rms_norm_eps, config.hidden_size
+        self.attn_norm = RMSNorm(hidden, eps, dtype, kernels)
+        attention = MLAttention if config.mla is not None else Attention
+        self.attn = attention(config, dtype, kernels, group, rope_index)
+        self.mlp_norm = RMSNorm(hidden, eps, dtype, kernels)
+        moe = config.moe is not None and config.moe.is_moe_layer(index)
+        self.mlp = MoE(config, dtype, kernels) if moe else GatedMLP(config, dtype, kernels)
+        sandwich = config.arch.sandwich_norms
+        self.post_attn_norm = RMSNorm(hidden, eps, dtype, kernels) if sandwich else None
+        self.post_mlp_norm = RMSNorm(hidden, eps, dtype, kernels) if sandwich else None
 
     def forward(
         self,
@@ -46,7 +64,25 @@ class DecoderLayer(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         attn_out = self.attn(self.attn_norm(h, delta), batch, kv)
-        return self.mlp(self.mlp_norm(h, attn_out))  # the new pending delta
+        if self.post_attn_norm is not None:
+            attn_out = self.post_attn_norm(attn_out)
+        out = self.mlp(self.mlp_norm(h, attn_out))
+        if self.post_mlp_norm is not None:
+            out = self.post_mlp_norm(out)
+        return out  # the new pending delta
+
+    def load(self, get: callable, prefix: str, norm_offset: float, mlp_norm: str) -> None:
+        """Checkpoint tensors by Hugging Face name; norm weights plus `norm_offset`."""
+        norms = [(self.attn_norm, "input_layernorm"), (self.mlp_norm, mlp_norm)]
+        if self.post_attn_norm is not None:
+            norms += [
+                (self.post_attn_norm, "post_attention_layernorm"),
+                (self.post_mlp_norm, "post_feedforward_layernorm"),
+            ]
+        for norm, name in norms:
+            norm.weight.copy_(get(f"{prefix}{name}.weight") + norm_offset)
+        self.attn.load(get, prefix + "self_attn.", norm_offset)
+        self.mlp.load(get, prefix + "mlp.")
 
 
 class Transformer(nn.Module):
@@ -66,11 +102,24 @@ class Transformer(nn.Module):
                 torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False
             )
         )
+        # one RoPE table, and a second one when the sliding layers have their own base
+        self.register_buffer("rope_cache", cos_sin_cache(config), persistent=False)
+        self.rope_tables = [self.rope_cache]
+        local = [
+            config.rope_theta_of(i) != config.rope_theta for i in range(config.num_hidden_layers)
+        ]
+        if any(local):
+            self.register_buffer("rope_local_cache", cos_sin_cache(config, local=True), False)
+            self.rope_tables.append(self.rope_local_cache)
+        groups = cache_groups(config)
+        group_of = {layer: g for g, group in enumerate(groups) for layer in group.layers}
+        self.num_cache_groups = len(groups)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, kernels) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, dtype, kernels, i, group_of[i], int(local[i]))
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, kernels)
-        self.register_buffer("rope_cache", cos_sin_cache(config), persistent=False)
+        self.embed_scale = math.sqrt(config.hidden_size) if config.arch.embed_scale else None
         # decode steps run all layers in one native call where the layers allow it
         # (models/fused_decode.py); False forces the per-op path (tests compare the two)
         self.fused_decode = True
@@ -92,13 +141,23 @@ class Transformer(nn.Module):
         else:
             self.embed.copy_(dense(embed))  # GGUF blocks kept by the loader: dequantized
             self.lm_head.load(get("lm_head.weight"))
+        spec = self.config.arch
         for i, layer in enumerate(self.layers):
-            prefix = f"model.layers.{i}."
-            layer.attn_norm.weight.copy_(get(prefix + "input_layernorm.weight"))
-            layer.mlp_norm.weight.copy_(get(prefix + "post_attention_layernorm.weight"))
-            layer.attn.load(get, prefix + "self_attn.")
-            layer.mlp.load(get, prefix + "mlp.")
-        self.norm.weight.copy_(get("model.norm.weight"))
+            layer.load(get, f"model.layers.{i}.", spec.norm_offset, spec.mlp_norm_name)
+        self.norm.weight.copy_(get("model.norm.weight") + spec.norm_offset)
+
+    @property
+    def plain_layers(self) -> bool:
+        """Every layer is the Llama-shaped layer the fused decode and the compiler handle: one
+        cache group, one RoPE table, SwiGLU, no sandwich norms, sinks, latent attention or
+        experts."""
+        spec = self.config.arch
+        return (
+            self.num_cache_groups == 1
+            and len(self.rope_tables) == 1
+            and self.config.hidden_act == "silu"
+            and not (spec.sandwich_norms or spec.attention_sinks or spec.mla or self.config.moe)
+        )
 
     def _fused(self, kv_cache: PagedKVCache) -> FusedDecode:
         if self._fused_decode is None or self._fused_decode.kv_cache is not kv_cache:
@@ -108,19 +167,22 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
         """Returns logits [len(batch.logits_indices), vocab] in fp32."""
-        if batch.rope is None:
-            batch.rope = RopeInputs(batch.positions, self.rope_cache)
+        if batch.ropes is None:
+            batch.ropes = [RopeInputs(batch.positions, table) for table in self.rope_tables]
         ids = batch.input_ids
         h = self.lm_head.rows(ids) if self.embed is None else self.embed.index_select(0, ids)
         # h [tokens, hidden] is a fresh tensor: the layers update it in place
+        if self.embed_scale is not None:
+            h.mul_(self.embed_scale)
         delta = None
         if self.compiled is not None and self.compiled.kv_cache is kv_cache:
             h, delta = self.compiled.run(h, batch)
-        elif self.fused_decode:
+        elif self.fused_decode and self.plain_layers:
             delta = self._fused(kv_cache).run(h, batch)
         if delta is None:  # the per-op path: every step the fused decode does not cover
             for i, layer in enumerate(self.layers):
-                delta = layer(h, delta, batch, kv_cache.layer(i))
+                view = batch.view(layer.attn.group, layer.attn.rope_index)
+                delta = layer(h, delta, view, kv_cache.layer(i))
         rows = batch.logits_indices
         if rows.numel() == 0:  # only unfinished prefill chunks this step: nothing to sample
             return torch.empty(0, self.config.vocab_size)

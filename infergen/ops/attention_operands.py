@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from infergen.ops.attention_sinks import masked_scores
 from infergen.registry import Registry
 
 E4M3_MAX = 448.0
@@ -54,16 +55,9 @@ def fp8_attention(
     """[batch, heads, q_len, d] with Q and P in FP8 (see the module docstring)."""
     heads, kv_heads = query.shape[1], key.shape[1]
     if kv_heads != heads:
-        key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
     q = e4m3(query.float(), _row_scale(query.float()))
-    scores = q @ key.float().transpose(-1, -2) * (scale or query.shape[-1] ** -0.5)
-    q_len, k_len = scores.shape[-2], scores.shape[-1]
-    if is_causal:
-        q_pos = torch.arange(k_len - q_len, k_len)[:, None]
-        scores = scores.masked_fill(torch.arange(k_len)[None, :] > q_pos, float("-inf"))
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    scores = masked_scores(q, key.float(), attn_mask, is_causal, scale)
     p = torch.softmax(scores, dim=-1)
     p = e4m3(p, 1.0 / E4M3_MAX)
     return (p @ value.float()).to(query.dtype)

@@ -41,8 +41,10 @@ class PrefillItem:
     start: int
     end: int
     context_len: int
-    slots: torch.Tensor | None  # [context_len] cache slots, None when the context is all new
-    mask: torch.Tensor | None  # [query_len, context_len] bool, None for plain causal
+    # [keys] cache slots of the positions the queries may read (with a sliding window, from
+    # the first query's window start on), None when the context is all new
+    slots: torch.Tensor | None
+    mask: torch.Tensor | None  # [query_len, keys] bool, None for plain causal
 
 
 @dataclass
@@ -79,20 +81,23 @@ def plan(
         if query_len == 1:
             continue
         q_pos = torch.arange(ctx - query_len, ctx)
-        k_pos = torch.arange(ctx)
+        first = 0 if window is None else max(0, ctx - query_len - window + 1)
+        k_pos = torch.arange(first, ctx)  # keys before `first` are outside every window
         cold = ctx == query_len
-        slots = None if cold else _slots(block_tables[i : i + 1], ctx, block_size)[0]
+        slots = None if cold else _slots(block_tables[i : i + 1], k_pos, block_size)[0]
         mask = None if (cold and window is None) else _window_mask(q_pos, k_pos, window)
         prefills.append(PrefillItem(start, end, ctx, slots, mask))
     if not decode_ids:
         return AttentionPlan(None, None, None, prefills)
     ids = torch.tensor(decode_ids)
     lens = torch.tensor([seq_lens[i] for i in decode_ids])
-    max_ctx = int(lens.max())
-    slots = _slots(block_tables[ids], max_ctx, block_size)
-    k_pos = torch.arange(max_ctx).unsqueeze(0)
-    valid = _window_mask((lens - 1).unsqueeze(-1), k_pos, window).squeeze(-2)
-    valid &= k_pos < lens.unsqueeze(-1)
+    # each sequence reads [first, len): its window, or everything
+    first = (lens - window).clamp(min=0) if window else torch.zeros_like(lens)
+    span = int((lens - first).max())
+    k_pos = first.unsqueeze(-1) + torch.arange(span)  # [decodes, span]
+    valid = k_pos < lens.unsqueeze(-1)
+    k_pos = torch.where(valid, k_pos, torch.zeros_like(k_pos))
+    slots = _slots(block_tables[ids], k_pos, block_size)
     mask = None if bool(valid.all()) else valid[:, None, None, :]
     slots = torch.where(valid, slots, torch.zeros_like(slots))
     rows = torch.tensor([query_start_loc[i] for i in decode_ids])
@@ -108,11 +113,11 @@ def plan(
     )
 
 
-def _slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    """[batch, length] flat cache slot of each position."""
-    pos = torch.arange(length)
-    blocks = block_tables[:, pos // block_size]
-    return blocks * block_size + pos % block_size
+def _slots(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[batch, n] flat cache slot of each position (positions [n], or [batch, n] per row)."""
+    positions = positions.expand(block_tables.shape[0], -1)
+    blocks = block_tables.gather(1, positions // block_size)
+    return blocks * block_size + positions % block_size
 
 
 DecodeFn = Callable[..., torch.Tensor]  # (q, k_cache, v_cache, plan, scale, kv=None)

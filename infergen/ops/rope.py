@@ -36,16 +36,46 @@ def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.
         out = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
         middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(middle, blended, out)
+    if scaling.rope_type == "yarn":
+        return _yarn(head_dim, theta, scaling)
     return inv_freq
 
 
-def cos_sin_cache(config: ModelConfig, max_positions: int | None = None) -> torch.Tensor:
-    """[positions, head_dim] fp32: cos in the first half, sin in the second."""
+def _yarn(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN: dimensions that rotate more than beta_fast times over the original context keep
+    their frequency, those under beta_slow are divided by `factor`, a linear ramp between."""
+
+    def dim_at(rotations: float) -> float:  # the dimension that rotates `rotations` times
+        turns = scaling.original_max_position_embeddings / (rotations * 2 * math.pi)
+        return head_dim * math.log(turns) / (2 * math.log(theta))
+
+    low, high = dim_at(scaling.beta_fast), dim_at(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    # fp32 as Hugging Face computes it
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    freqs = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    keep = 1 - ramp  # 1: the original frequency (extrapolate), 0: divided by factor
+    return (1 / (scaling.factor * freqs)) * (1 - keep) + (1 / freqs) * keep
+
+
+def cos_sin_cache(
+    config: ModelConfig, max_positions: int | None = None, local: bool = False
+) -> torch.Tensor:
+    """[positions, head_dim] fp32: cos in the first half, sin in the second. `local`: the
+    sliding layers' table (their own base, no scaling: Gemma-3's rope_local_base_freq)."""
     positions = max_positions or config.max_position_embeddings
-    inv_freq = inv_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+    if local:
+        inv_freq = inv_frequencies(config.head_dim, config.rope_local_theta, RopeScaling())
+    else:
+        inv_freq = inv_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
     # Same rounding path as Hugging Face: fp32 inv_freq, fp32 outer product.
     angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq.float())
-    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+    table = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    factor = 1.0 if local else config.rope_scaling.attention_factor
+    return table if factor == 1.0 else table * factor
 
 
 def reference(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:

@@ -462,22 +462,38 @@ def _from_gguf(path: pathlib.Path) -> ModelDesc:
 
 def from_model_config(cfg) -> ModelDesc:
     """The engine's own ModelConfig (any checkpoint infergen loads) as a description."""
-    attn = Attention(
-        heads=cfg.num_attention_heads,
-        kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        window=cfg.sliding_window,
-        qkv_bias=cfg.qkv_bias,
-        o_bias=cfg.o_bias,
-        qk_norm=cfg.qk_norm,
-    )
-    layer = Layer(attn, Dense(cfg.intermediate_size, cfg.mlp_bias))
+
+    def layer(index: int) -> Layer:
+        if cfg.mla is not None:
+            m = cfg.mla
+            attn = MLA(cfg.num_attention_heads, m.q_lora_rank, m.kv_lora_rank,
+                       m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)  # fmt: skip
+        else:
+            attn = Attention(
+                heads=cfg.num_attention_heads,
+                kv_heads=cfg.num_key_value_heads,
+                head_dim=cfg.head_dim,
+                window=cfg.window(index),
+                qkv_bias=cfg.qkv_bias,
+                o_bias=cfg.o_bias,
+                qk_norm=cfg.qk_norm,
+                sinks=cfg.arch.attention_sinks,
+            )
+        moe = cfg.moe
+        if moe is not None and moe.is_moe_layer(index):
+            shared = moe.intermediate_size * moe.num_shared_experts
+            bias = moe.expert_bias
+            return Layer(
+                attn, MoE(moe.num_experts, moe.top_k, moe.intermediate_size, shared, bias, bias)
+            )
+        return Layer(attn, Dense(cfg.intermediate_size, cfg.mlp_bias))
+
     return ModelDesc(
         name=pathlib.Path(cfg.source).stem,
         architecture=cfg.architecture,
         hidden=cfg.hidden_size,
         vocab=cfg.vocab_size,
-        layers=(layer,) * cfg.num_hidden_layers,
+        layers=tuple(layer(i) for i in range(cfg.num_hidden_layers)),
         tied_embeddings=cfg.tie_word_embeddings,
         max_context=cfg.max_position_embeddings,
         source=cfg.source,

@@ -1,10 +1,15 @@
-"""Metamorphic engine tests on a tiny random Llama (GQA): scheduling must not change results.
+"""Metamorphic engine tests on tiny random models: scheduling must not change results.
 
 batched = one at a time; chunked prefill = unchunked; prefix-cache hit = cold run;
 forced preemption (tiny KV pool) = no preemption; seeded sampling independent of the batch.
+Run on a Llama (GQA, one cache group), Gemma-3 (sliding-window layers with window 8 in their
+own cache groups, which let blocks go while a sequence runs), GPT-OSS (alternating windows,
+sinks, MoE) and DeepSeek-V3 (latent attention cache, MoE).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,10 +21,14 @@ from tests.hf_models import build_hf_model
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny_llama")
-    build_hf_model("llama_gqa", directory)
+# the model → a KV pool (blocks of 4) that forces preemption but fits every request alone
+TIGHT_BLOCKS = {"llama_gqa": 26, "gemma3": 60, "gpt_oss": 50, "deepseek_v3": 26}
+
+
+@pytest.fixture(scope="module", params=sorted(TIGHT_BLOCKS))
+def model_dir(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param + "-")
+    build_hf_model(request.param, directory)
     return str(directory)
 
 
@@ -87,10 +96,11 @@ def test_generated_blocks_are_cached_too(model_dir):
 def test_forced_preemption_equals_no_preemption(model_dir):
     prompts = _prompts(6, seed=3)
     roomy = LLM(model_dir, block_size=4).generate(prompts, GREEDY)
-    tight = LLM(model_dir, block_size=4, num_kv_blocks=26, max_num_batched_tokens=32)
+    blocks = TIGHT_BLOCKS[Path(model_dir).name.rsplit("-", 1)[0]]
+    tight = LLM(model_dir, block_size=4, num_kv_blocks=blocks, max_num_batched_tokens=32)
     squeezed = tight.generate(prompts, GREEDY)
     assert tight.engine.scheduler.num_preemptions > 0
-    assert tight.engine.pool.num_free == 26  # everything released at the end
+    assert tight.engine.pool.num_free == blocks  # everything released at the end
     for a, b in zip(squeezed, roomy, strict=True):
         assert_greedy_equivalent(a, b)
 

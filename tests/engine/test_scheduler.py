@@ -72,6 +72,6 @@ def test_preempts_newest_and_requeues_it_first():
     assert pool.num_free == 0
     batch = sched.schedule()  # a needs a 3rd block → b (newest) is preempted
     assert [s.request_id for s in batch.seqs] == ["r0"]
-    assert b.status is Status.WAITING and b.num_computed_tokens == 0 and not b.block_ids
+    assert b.status is Status.WAITING and b.num_computed_tokens == 0 and not b.blocks
     assert sched.waiting[0] is b and sched.num_preemptions == 1
     assert b.num_tokens == 9  # its generated token is kept and recomputed later

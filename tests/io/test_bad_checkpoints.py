@@ -152,7 +152,7 @@ def test_unexpected_tensor(bad_dir):
         (dict(num_attention_heads=0), "num_attention_heads"),
         (dict(rms_norm_eps=-1.0), "rms_norm_eps"),
         (dict(vocab_size=None), "vocab_size"),
-        (dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4)), "rope_type"),
+        (dict(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4)), "rope_type"),
         (dict(hidden_act="relu"), "hidden_act"),
     ],
 )

@@ -128,3 +128,33 @@ def test_kv_store_matches_reference():
     kv_store(k, v, caches[0], caches[1], slots)
     kv_store_reference(k, v, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("case", CASES[1:])
+def test_windowed_attention_ignores_released_blocks(case, backend):
+    """Metamorphic: the blocks a sliding-window group let go (kvcache/groups.py) point to a
+    block of garbage; the result still equals attention over the window's slice of the KV,
+    and the plan gathers no more than the window per sequence."""
+    query_lens, seq_lens = case
+    window, block = 6, 4
+    q, k_new, v_new, kc, vc, qsl, tables, _ = _scatter_batch(
+        query_lens, seq_lens, 4, 2, 8, block, window
+    )
+    want = pa.reference(q, kc, vc, qsl, seq_lens, tables, pa.default_scale(8), window)
+    poison = kc.shape[0]  # an extra block of huge values where released blocks now point
+    kc = torch.cat([kc, torch.full_like(kc[:1], 1e4)])
+    vc = torch.cat([vc, torch.full_like(vc[:1], -1e4)])
+    dropped = tables.clone()
+    for i, (ql, ctx) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        first_read = max(0, ctx - ql - window + 1) // block  # as the scheduler releases
+        dropped[i, :first_read] = poison
+    plan = pa.plan(qsl, seq_lens, dropped, block, window)
+    for item in plan.prefills:
+        query_len = item.end - item.start
+        assert item.slots is None or item.slots.numel() <= window - 1 + query_len
+    if plan.decode_slots is not None:
+        assert plan.decode_slots.numel() <= window * plan.decode_rows.numel()
+    decode = pa.DECODE_BACKENDS.get(backend)
+    got = pa.paged_attention(q, k_new, v_new, kc, vc, plan, pa.default_scale(8), decode)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,53 @@
+"""KV cache groups: layers that share one block table per sequence.
+
+A model whose layers all attend the same way has one group. A model that mixes full and
+sliding-window layers (Gemma-3: five local layers per global one; GPT-OSS: alternating) keeps a
+separate block table per group, so a windowed group lets go of the blocks that fell out of its
+window while the full-attention group keeps them (as vLLM's hybrid allocator does).
+
+All groups draw pages from one block pool. A page holds one block of K/V for `group_size`
+layers, so every group has the same number of layers: the gcd of the per-kind layer counts
+(Gemma-3-270M: 15 sliding + 3 full layers → groups of 3: five sliding groups, one full).
+The cache stores [group_size, 2, pages, block_size, kv_heads, head_dim]: layer l of a group
+at index j reads storage[j] through its group's block table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+NO_BLOCK = -1  # a block-table entry whose block left the window (its tokens are never read)
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    layers: tuple[int, ...]  # model layer indices, in order
+    window: int | None = None  # sliding window of these layers (None: full attention)
+
+    def first_needed_block(self, position: int, block_size: int) -> int:
+        """The first block a query at `position` (or later) still reads."""
+        if self.window is None:
+            return 0
+        return max(0, position - self.window + 1) // block_size
+
+    def blocks_held(self, tokens: int, chunk: int, block_size: int) -> int:
+        """The most blocks this group holds for a sequence of `tokens` tokens computed in
+        steps of at most `chunk` tokens."""
+        total = -(-tokens // block_size)
+        if self.window is None:
+            return total
+        return min(total, -(-(self.window - 1 + chunk) // block_size) + 1)
+
+
+def cache_groups(config) -> tuple[CacheGroup, ...]:
+    """The model's cache groups (equal sizes; one group when every layer attends alike)."""
+    by_window: dict[int | None, list[int]] = {}
+    for layer in range(config.num_hidden_layers):
+        by_window.setdefault(config.window(layer), []).append(layer)
+    size = math.gcd(*(len(layers) for layers in by_window.values()))
+    return tuple(
+        CacheGroup(tuple(layers[i : i + size]), window)
+        for window, layers in by_window.items()
+        for i in range(0, len(layers), size)
+    )
