@@ -1,0 +1,261 @@
+"""Gated DeltaNet: the linear-attention token mixer of Qwen3-Next (its "linear_attention"
+layers), over a packed varlen batch with a conv state and a recurrent state per sequence.
+
+    [q | k | v | z | b | a] = x · W_inᵀ                     (one fused projection)
+    q, k, v = split(silu(causal_conv1d([q | k | v])))       (per-sequence conv state)
+    β = sigmoid(b);  g = −exp(A_log) · softplus(a + dt_bias)   (fp32; g ≤ 0 is the log decay)
+    o = gated_delta_rule(q, k, v, g, β)                      (per-sequence recurrent state)
+    y = W_out · (rms_norm(o) · w_norm · silu(z))             (per value head, norm before gate)
+
+Our layout differs from the checkpoint: Hugging Face's in_proj_qkvz / in_proj_ba interleave
+q, k, v, z (and b, a) per key-head group; `load` de-interleaves them into one projection whose
+rows are [q (Hk·Dk) | k (Hk·Dk) | v (Hv·Dv) | z (Hv·Dv) | b (Hv) | a (Hv)], so the conv input
+is a contiguous column range and v/z heads come out in value-head order. A_log is kept as
+decay_rate = exp(A_log) (fp32); conv1d.weight [C, 1, W] as [C, W]. The conv state holds the last
+W-1 inputs (HF's cache holds W columns; the oldest is never read).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infergen.errors import CheckpointError, ConfigError
+from infergen.layers.linear import Linear
+from infergen.ops.causal_conv1d import ACTIVATIONS, CAUSAL_CONV1D_BACKENDS
+from infergen.ops.gated_delta_rule import CHUNK_SIZE, GATED_DELTA_RULE_BACKENDS
+from infergen.ops.rms_norm import RMS_NORM_BACKENDS
+
+
+@dataclass(frozen=True)
+class DeltaNetSpec:
+    """Shapes of one gated DeltaNet mixer."""
+
+    hidden_size: int
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_width: int = 4
+    rms_norm_eps: float = 1e-6
+    activation: str = "silu"  # of the conv (Hugging Face reads config.hidden_act)
+    chunk_size: int = CHUNK_SIZE
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be ≥ 1", where="DeltaNetSpec", found=self)
+        if self.conv_width < 1 or self.chunk_size < 1:
+            raise ConfigError("conv_width and chunk_size must be ≥ 1", where="DeltaNetSpec")
+        if self.num_v_heads % self.num_k_heads:
+            raise ConfigError(
+                "linear_num_value_heads must be a multiple of linear_num_key_heads",
+                where="DeltaNetSpec",
+                found=(self.num_v_heads, self.num_k_heads),
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(
+                "unsupported conv activation (hidden_act)",
+                where="DeltaNetSpec",
+                found=self.activation,
+                expected=[a for a in ACTIVATIONS if a],
+            )
+
+    @property
+    def key_dim(self) -> int:  # Hk·Dk
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:  # Hv·Dv
+        return self.num_v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:  # channels of the conv: q, k, v
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def v_per_k(self) -> int:  # value heads sharing one query/key head
+        return self.num_v_heads // self.num_k_heads
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> DeltaNetSpec:
+        """From a Qwen3-Next config.json (a dict); a nested "text_config" is used if present."""
+        cfg = cfg.get("text_config", cfg)
+        keys = {
+            "hidden_size": "hidden_size",
+            "num_k_heads": "linear_num_key_heads",
+            "num_v_heads": "linear_num_value_heads",
+            "k_head_dim": "linear_key_head_dim",
+            "v_head_dim": "linear_value_head_dim",
+            "conv_width": "linear_conv_kernel_dim",
+        }
+        missing = [hf for hf in keys.values() if hf not in cfg]
+        if missing:
+            raise ConfigError(
+                "config.json lacks the gated DeltaNet (linear attention) fields",
+                where="config.json",
+                found=f"missing {missing}",
+                expected="a Qwen3-Next config",
+            )
+        return cls(
+            **{ours: int(cfg[hf]) for ours, hf in keys.items()},
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            activation=cfg.get("hidden_act", "silu"),
+        )
+
+
+class GatedDeltaNet(nn.Module):
+    """The Qwen3-Next linear-attention mixer: x [tokens, hidden] → [tokens, hidden]."""
+
+    def __init__(
+        self,
+        spec: DeltaNetSpec,
+        dtype: torch.dtype = torch.float32,
+        linear_backend: str = "torch",
+        conv_backend: str = "torch",
+        rule_backend: str = "torch",
+        norm_backend: str = "torch",
+    ) -> None:
+        super().__init__()
+        self.spec, self.dtype = spec, dtype
+        s = spec
+        in_features = s.conv_dim + s.value_dim + 2 * s.num_v_heads
+        self.in_proj = Linear(s.hidden_size, in_features, False, dtype, linear_backend)
+        self.out_proj = Linear(s.value_dim, s.hidden_size, False, dtype, linear_backend)
+        self.conv_weight = nn.Parameter(torch.zeros(s.conv_dim, s.conv_width, dtype=dtype), False)
+        # decay rate exp(A_log) and dt_bias per value head, in fp32 (as HF computes g)
+        self.decay_rate = nn.Parameter(torch.ones(s.num_v_heads), False)
+        self.dt_bias = nn.Parameter(torch.zeros(s.num_v_heads), False)
+        self.norm_weight = nn.Parameter(torch.ones(s.v_head_dim, dtype=dtype), False)
+        self.conv = CAUSAL_CONV1D_BACKENDS.get(conv_backend, where="kernels")
+        self.rule = GATED_DELTA_RULE_BACKENDS.get(rule_backend, where="kernels")
+        self.norm = RMS_NORM_BACKENDS.get(norm_backend, where="kernels")
+
+    # ---- state -----------------------------------------------------------------------------
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-sequence state shapes: the conv's last width-1 inputs, the delta-rule state."""
+        s = self.spec
+        return {
+            "conv": (s.conv_dim, s.conv_width - 1),
+            "recurrent": (s.num_v_heads, s.k_head_dim, s.v_head_dim),
+        }
+
+    def state_dtypes(self, dtype: torch.dtype | None = None) -> dict[str, torch.dtype]:
+        """Recommended state dtypes: the conv state in the activation dtype, the recurrent
+        state in fp32 (it accumulates over the whole sequence; HF keeps it in fp32 too)."""
+        return {"conv": dtype or self.dtype, "recurrent": torch.float32}
+
+    def state_bytes(self, dtype_bytes: int, recurrent_dtype_bytes: int | None = None) -> int:
+        """Bytes of one sequence's state (`recurrent_dtype_bytes` defaults to dtype_bytes)."""
+        shapes = self.state_shapes()
+        rec_bytes = dtype_bytes if recurrent_dtype_bytes is None else recurrent_dtype_bytes
+        return math.prod(shapes["conv"]) * dtype_bytes + math.prod(shapes["recurrent"]) * rec_bytes
+
+    def allocate_states(
+        self, num_slots: int, device: torch.device | str = "cpu"
+    ) -> dict[str, torch.Tensor]:
+        """Zeroed states {name: [num_slots, *shape]} in the recommended dtypes."""
+        dtypes = self.state_dtypes()
+        return {
+            name: torch.zeros(num_slots, *shape, dtype=dtypes[name], device=device)
+            for name, shape in self.state_shapes().items()
+        }
+
+    # ---- weights ---------------------------------------------------------------------------
+
+    def load(self, get: Callable[[str], torch.Tensor], prefix: str) -> None:
+        """Take the Hugging Face tensors `prefix + name` (e.g. prefix
+        "model.layers.0.linear_attn."): in_proj_qkvz, in_proj_ba, conv1d, A_log, dt_bias,
+        norm, out_proj."""
+        s = self.spec
+        r = s.v_per_k
+
+        def fetch(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            tensor = get(prefix + name)
+            if tuple(tensor.shape) != shape:
+                raise CheckpointError(
+                    "gated DeltaNet tensor has the wrong shape",
+                    where=prefix + name,
+                    found=tuple(tensor.shape),
+                    expected=shape,
+                )
+            return tensor
+
+        group = 2 * s.k_head_dim + 2 * r * s.v_head_dim
+        qkvz = fetch("in_proj_qkvz.weight", (s.num_k_heads * group, s.hidden_size))
+        ba = fetch("in_proj_ba.weight", (s.num_k_heads * 2 * r, s.hidden_size))
+        # per key-head group: [q Dk | k Dk | v r·Dv | z r·Dv] and [b r | a r]
+        q, k, v, z = qkvz.reshape(s.num_k_heads, group, s.hidden_size).split(
+            [s.k_head_dim, s.k_head_dim, r * s.v_head_dim, r * s.v_head_dim], dim=1
+        )
+        b, a = ba.reshape(s.num_k_heads, 2 * r, s.hidden_size).split([r, r], dim=1)
+        parts = [t.reshape(-1, s.hidden_size) for t in (q, k, v, z, b, a)]
+        self.in_proj.load(torch.cat(parts, dim=0))
+        self.out_proj.load(fetch("out_proj.weight", (s.hidden_size, s.value_dim)))
+        conv = fetch("conv1d.weight", (s.conv_dim, 1, s.conv_width))
+        with torch.no_grad():
+            self.conv_weight.copy_(conv[:, 0])
+            a_log = fetch("A_log", (s.num_v_heads,)).to(torch.float32)
+            self.decay_rate.copy_(a_log.exp())
+            self.dt_bias.copy_(fetch("dt_bias", (s.num_v_heads,)))
+            self.norm_weight.copy_(fetch("norm.weight", (s.v_head_dim,)))
+
+    # ---- forward ---------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [tokens, hidden]
+        states: dict[
+            str, torch.Tensor
+        ],  # "conv" [slots, conv_dim, W-1], "recurrent" [slots, Hv, Dk, Dv]
+        query_start_loc: list[int],
+        state_slots: torch.Tensor,  # [seqs] int64, distinct
+        fresh: torch.Tensor,  # [seqs] bool: the sequence starts here (its slot is ignored)
+    ) -> torch.Tensor:
+        """Sequences are rows query_start_loc[i]:query_start_loc[i+1] of x; the states of
+        their slots are read (unless fresh) and overwritten in place. Returns [tokens, hidden]."""
+        s = self.spec
+        tokens = x.shape[0]
+        proj = self.in_proj(x)  # [tokens, conv_dim + value_dim + 2·Hv]
+        qkv, z, b, a = proj.split([s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads], -1)
+        qkv = self.conv(
+            qkv,
+            self.conv_weight,
+            None,
+            states["conv"],
+            query_start_loc,
+            state_slots,
+            fresh,
+            s.activation,
+        )  # [tokens, conv_dim]
+        q, k, v = qkv.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
+        q = q.reshape(tokens, s.num_k_heads, s.k_head_dim)
+        k = k.reshape(tokens, s.num_k_heads, s.k_head_dim)
+        v = v.reshape(tokens, s.num_v_heads, s.v_head_dim)
+        beta = b.sigmoid()  # [tokens, Hv]
+        g = -self.decay_rate * F.softplus(a.float() + self.dt_bias)  # [tokens, Hv] fp32
+        o = self.rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            states["recurrent"],
+            query_start_loc,
+            state_slots,
+            fresh,
+            l2norm=True,
+            chunk_size=s.chunk_size,
+        )  # [tokens, Hv, Dv]
+        # gated RMSNorm per value head: normalise (fp32 statistics), scale, then · silu(z)
+        normed = self.norm(o.to(self.dtype), None, self.norm_weight, s.rms_norm_eps)
+        gate = F.silu(z.reshape(tokens, s.num_v_heads, s.v_head_dim).float())
+        mixed = (normed * gate).to(self.dtype)  # [tokens, Hv, Dv]
+        return self.out_proj(mixed.reshape(tokens, s.value_dim))
