@@ -95,6 +95,15 @@ def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
         "(the per-op path and the hand-written fused decode step)",
     )
     parser.add_argument(
+        "--sparse-decode-blocks",
+        type=int,
+        default=None,
+        metavar="K",
+        help="Quest-style sparse decode: each decode query reads K KV blocks per KV head (the "
+        "last, the first, the best by a key min/max bound of q·k) instead of the whole "
+        "context; prefill stays dense. Default: dense",
+    )
+    parser.add_argument(
         "--keep",
         action="append",
         default=[],
@@ -166,6 +175,7 @@ def _load(args: argparse.Namespace):
         keep=args.keep,
         attention=args.attention,
         compile=args.compile,
+        sparse_decode_blocks=args.sparse_decode_blocks,
         progress=sys.stderr.isatty(),
     )
     cache = llm.engine.kv_cache
@@ -332,6 +342,55 @@ def cmd_perf_step(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layer_map(c) -> str:
+    """Runs of equal layers: "sliding_attention (window 512) ×5, full_attention ×1, ..."."""
+    names = []
+    for i in range(c.num_hidden_layers):
+        kind = c.layer_type(i) if c.mla is None else "mla"
+        window = c.window(i) if c.has_kv(i) else None
+        names.append(f"{kind} (window {window})" if window else kind)
+    runs: list[list] = []
+    for name in names:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return ", ".join(f"{name} ×{count}" for name, count in runs)
+
+
+def _feed_forward(c) -> str:
+    if c.arch.mlp == "none":
+        return "none (mixer-only layers)"
+    if c.moe is None:
+        return f"gated MLP ({c.hidden_act}), intermediate {c.intermediate_size}"
+    m = c.moe
+    shared = f", shared {m.shared_intermediate_size}" if m.shared_intermediate_size else ""
+    dense = f"; dense layers {list(m.dense_layers)}" if m.dense_layers else ""
+    return (f"MoE: {m.num_experts} experts of {m.intermediate_size}, top {m.top_k}{shared}, "
+            f"router {m.router}{dense}")  # fmt: skip
+
+
+def _mha_equivalent(c) -> str:
+    """The per-token bytes the same attention would cache as plain multi-head K and V."""
+    if c.mla is None:
+        return ""
+    m = c.mla
+    kv_layers = sum(c.has_kv(i) for i in range(c.num_hidden_layers))
+    mha = kv_layers * c.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim
+                                                 + m.v_head_dim) * 4  # fmt: skip
+    return (
+        f" (latent + RoPE key; the equivalent MHA: {mha:,}, {mha / c.kv_bytes_per_token(4):.0f}x)"
+    )
+
+
+def _context_bytes(c) -> str:
+    desc = c.describe()
+    full = c.max_position_embeddings
+    return " / ".join(
+        f"{int(desc.kv_bytes_for_context(min(n, full), 4)) / 2**20:,.1f} MiB" for n in (8192, full)
+    ) + (" (sliding layers keep their window)" if c.sliding_window else "")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from infergen.io.checkpoint import load_checkpoint
 
@@ -339,6 +398,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         return _describe_config(args.model)
     ckpt = load_checkpoint(args.model, load_weights=False)
     c = ckpt.config
+    desc = c.describe()
     params = c.num_parameters
     size = (
         ckpt.path.stat().st_size
@@ -364,7 +424,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("parameters", f"{params:,} ({params / 1e6:.1f} M)"),
         ("weight bytes (file)", f"{size:,} ({size / 2**20:.1f} MiB)"),
         ("weight bytes (fp32)", f"{params * 4:,} ({params * 4 / 2**20:.1f} MiB)"),
-        ("KV bytes per token (fp32)", f"{c.kv_bytes_per_token(4):,}"),
+        ("layers by mixer", _layer_map(c)),
+        ("feed-forward", _feed_forward(c)),
+        ("KV bytes per token (fp32)", f"{c.kv_bytes_per_token(4):,}" + _mha_equivalent(c)),
+        ("KV bytes per sequence at 8k / full context (fp32)", _context_bytes(c)),
+        ("state bytes per sequence (fp32)", f"{int(desc.state_bytes_per_sequence(4)):,}"),
         ("chat template", "yes" if ckpt.tokenizer and ckpt.tokenizer.chat_template else "no"),
     ]
     width = max(len(k) for k, _ in rows)

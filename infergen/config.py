@@ -16,7 +16,17 @@ from typing import Any
 from infergen.errors import ConfigError
 
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")  # the gated MLP's activation (layers/mlp.py)
-LAYER_TYPES = ("full_attention", "sliding_attention")
+# per-layer mixer kinds: attention over the paged KV cache (full or windowed), a recurrent
+# mixer with a per-sequence state (kvcache/state_cache.py): Qwen3-Next's gated DeltaNet,
+# Mamba2's SSM, or both side by side (Falcon-H1: attention + SSM summed)
+LAYER_TYPES = (
+    "full_attention",
+    "sliding_attention",
+    "linear_attention",
+    "mamba",
+    "attention_mamba",
+)
+KV_LAYER_TYPES = ("full_attention", "sliding_attention", "attention_mamba")
 
 
 def _require(cond: bool, what: str, *, where: str, found: object, expected: object) -> None:
@@ -88,8 +98,9 @@ class RopeScaling:
 @dataclass(frozen=True)
 class MoEConfig:
     """A mixture-of-experts feed-forward (layers/moe.py). `router` names a ROUTERS row:
-    "softmax_topk" (GPT-OSS: top-k logits, softmax over them), "softmax_greedy" and
-    "softmax_group_limited" (DeepSeek-V2), "sigmoid_group_limited" (DeepSeek-V3: sigmoid
+    "softmax_topk" (GPT-OSS: top-k logits, softmax over them), "softmax_greedy" (DeepSeek-V2,
+    Qwen3-Next with norm_topk) and "softmax_group_limited" (DeepSeek-V2),
+    "sigmoid_group_limited" (DeepSeek-V3: sigmoid
     scores + a correction bias for the choice, the best `topk_groups` of `num_groups` groups).
     `activation`: "silu" (SwiGLU) or "clamped_swiglu" (GPT-OSS)."""
 
@@ -98,7 +109,7 @@ class MoEConfig:
     intermediate_size: int  # per expert
     router: str
     activation: str = "silu"
-    num_shared_experts: int = 0
+    shared_intermediate_size: int = 0  # all shared experts together (every token; 0: none)
     routed_scaling: float = 1.0
     norm_topk: bool = False
     num_groups: int = 1
@@ -106,8 +117,9 @@ class MoEConfig:
     expert_bias: bool = False  # experts and router carry biases (GPT-OSS)
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
-    first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: leading dense layers
-    layer_freq: int = 1  # every layer_freq-th layer (after those) is MoE
+    dense_layers: tuple[int, ...] = ()  # layers with a dense MLP instead (DeepSeek's first)
+    shared_gate: bool = False  # the shared experts' output × sigmoid(x·w) (Qwen3-Next)
+    shared_name: str = "shared_experts"  # their checkpoint name inside the MLP
     source: str = field(default="<memory>", compare=False)
 
     def __post_init__(self) -> None:
@@ -128,7 +140,7 @@ class MoEConfig:
         )
 
     def is_moe_layer(self, layer: int) -> bool:
-        return layer >= self.first_dense_layers and layer % self.layer_freq == 0
+        return layer not in self.dense_layers
 
 
 @dataclass(frozen=True)
@@ -180,10 +192,18 @@ class ModelConfig:
     # empty: every layer is full attention, or windowed when `sliding_window` is set (Mistral)
     layer_types: tuple[str, ...] = ()
     rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma-3)
+    partial_rotary_factor: float = 1.0  # RoPE on the first head_dim · this dims (Qwen3-Next)
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma)
     hidden_act: str = "silu"
     moe: MoEConfig | None = None  # mixture-of-experts feed-forward (None: dense)
     mla: MLAConfig | None = None  # latent attention (None: multi-head / grouped-query)
+    linear_attention: Any = None  # layers.linear_attention.DeltaNetSpec of linear layers
+    ssm: Any = None  # layers.ssm.SSMSpec of "mamba" layers
+    # µP-style constant multipliers (Falcon-H1): checkpoint tensors whose name matches a regex
+    # are multiplied by its factor at load; embeddings and logits by their own
+    weight_multipliers: tuple[tuple[str, float], ...] = ()
+    embedding_multiplier: float = 1.0
+    logits_multiplier: float = 1.0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     source: str = field(default="<memory>", compare=False)
@@ -243,6 +263,13 @@ class ModelConfig:
             found=self.hidden_act,
             expected=f"one of {HIDDEN_ACTS}",
         )
+        _require(
+            0 < self.partial_rotary_factor <= 1 and self.rotary_dim % 2 == 0,
+            "partial_rotary_factor must leave an even number of rotary dims",
+            where=f"{where}: partial_rotary_factor",
+            found=self.partial_rotary_factor,
+            expected=f"a factor in (0, 1] with head_dim {self.head_dim} · factor even",
+        )
         if self.layer_types:
             _require(
                 len(self.layer_types) == self.num_hidden_layers,
@@ -276,6 +303,13 @@ class ModelConfig:
             )
 
     # ---- derived values -------------------------------------------------------------------
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else "full_attention"
+
+    def has_kv(self, layer: int) -> bool:
+        """The layer attends over the paged KV cache (else it keeps a recurrent state)."""
+        return self.layer_type(layer) in KV_LAYER_TYPES
+
     def window(self, layer: int) -> int | None:
         """The sliding window of one layer (None: full attention)."""
         if not self.layer_types:
@@ -287,6 +321,11 @@ class ModelConfig:
         if self.rope_local_theta is not None and self.window(layer) is not None:
             return self.rope_local_theta
         return self.rope_theta
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dims of each head RoPE rotates (the first ones)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def arch(self):
@@ -347,6 +386,7 @@ class ModelConfig:
         from infergen.models.arch import arch_for_hf_config
 
         arch = arch_for_hf_config(cfg, source=source)
+        cfg = {**dict(arch.hf_defaults), **cfg}  # what the architecture leaves implicit
 
         def need(key: str) -> Any:
             if cfg.get(key) is None:
@@ -412,6 +452,11 @@ class ModelConfig:
         window = cfg.get("sliding_window")
         if arch.sliding_window_flag and not cfg.get(arch.sliding_window_flag, False):
             window = None
+        layer_types = tuple(cfg.get("layer_types") or ())
+        if arch.layer_type is not None:  # every layer the same mixer (Mamba2)
+            layer_types = (arch.layer_type,) * cfg.get("num_hidden_layers", 0)
+        if not window and set(layer_types) <= {"full_attention", "sliding_attention"}:
+            layer_types = ()  # windows off (Qwen2's use_sliding_window false): all full
         return cls(
             architecture=arch.name,
             vocab_size=need("vocab_size"),
@@ -421,7 +466,7 @@ class ModelConfig:
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rms_norm_eps=cfg.get("rms_norm_eps", cfg.get("layer_norm_epsilon", 1e-6)),
             rope_theta=float(rope_theta),
             rope_scaling=scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
@@ -433,12 +478,20 @@ class ModelConfig:
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=arch.qk_norm,
             sliding_window=window,
-            layer_types=tuple(cfg.get("layer_types") or ()) if window else (),
+            layer_types=layer_types,
             rope_local_theta=float(local_theta) if local_theta and window else None,
+            partial_rotary_factor=float(
+                rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+            ),
             query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
             hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act", "silu"),
             moe=arch.read_moe(cfg, source),
             mla=mla,
+            linear_attention=arch.read_mixer("linear_attention", layer_types, cfg, source),
+            ssm=arch.read_mixer("mamba", {t.split("_")[-1] for t in layer_types}, cfg, source),
+            weight_multipliers=arch.read_multipliers(cfg),
+            embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
+            logits_multiplier=float(cfg.get("lm_head_multiplier", 1.0)),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             source=source,
@@ -472,6 +525,11 @@ class CacheConfig:
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     kv_format: str | None = None  # a kvcache.KV_FORMATS row, e.g. "fp8_e4m3" (None: engine dtype)
+    # Quest-style sparse decode (ops/sparse_decode.py): each decode query reads only this many
+    # KV blocks per KV head — its sequence's last block, the first `sparse_keep_first` ones,
+    # the rest the best by a min/max block-summary bound of q·k. None: dense decode
+    sparse_decode_blocks: int | None = None
+    sparse_keep_first: int = 1
 
     def __post_init__(self) -> None:
         if self.kv_format is not None:
@@ -482,6 +540,14 @@ class CacheConfig:
                 raise ConfigError("block-quantized KV formats need blocks of several tokens",
                                   where="cache.block_size", found=self.block_size,
                                   expected=">= 2")  # fmt: skip
+        if self.sparse_decode_blocks is not None:
+            _require(
+                self.sparse_decode_blocks > self.sparse_keep_first >= 0,
+                "sparse decode must read more blocks than the kept first ones",
+                where="cache.sparse_decode_blocks",
+                found=f"{self.sparse_decode_blocks} blocks, {self.sparse_keep_first} kept first",
+                expected="sparse_decode_blocks > sparse_keep_first >= 0",
+            )
         _require(
             self.block_size > 0,
             "block_size must be positive",
@@ -534,21 +600,30 @@ class CacheConfig:
         per_block = fmt.bytes_per_block(self.block_size, model.num_key_value_heads, model.head_dim)
         return model.num_hidden_layers * per_block / self.block_size
 
-    def blocks_for(self, model: ModelConfig, dtype_bytes: int, tail_blocks: int = 0) -> int:
+    def blocks_for(
+        self, model: ModelConfig, dtype_bytes: int, tail_blocks: int = 0, reserved_bytes: int = 0
+    ) -> int:
         """Blocks in the pool: `num_blocks`, or as many as `memory_bytes` holds at this
         format's bytes per token (the per-head scales of a scaled format are not counted: a
-        few bytes a layer); a block-quantized format first sets aside `tail_blocks` fp32
-        blocks for the blocks being filled."""
-        if self.num_blocks is not None:
-            return self.num_blocks
-        budget = self.memory_bytes
-        if self.blocked:
-            budget -= tail_blocks * model.kv_bytes_per_token(4) * self.block_size
+        few bytes a layer) after `reserved_bytes` (recurrent layers' state slots); a
+        block-quantized format first sets aside `tail_blocks` fp32 blocks for the blocks
+        being filled. A model without attention layers gets one (unused) block."""
         from infergen.kvcache.groups import cache_groups
 
+        if self.num_blocks is not None:
+            return self.num_blocks
+        groups = cache_groups(model)
+        if not groups:
+            return 1
+        budget = self.memory_bytes - reserved_bytes
+        if self.blocked:
+            budget -= tail_blocks * model.kv_bytes_per_token(4) * self.block_size
         # a block is a page of one cache group's layers (kvcache/groups.py)
-        group_share = len(cache_groups(model)[0].layers) / model.num_hidden_layers
+        group_share = len(groups[0].layers) / sum(len(g.layers) for g in groups)
         per_block = self.bytes_per_token(model, dtype_bytes) * self.block_size * group_share
+        if self.sparse_decode_blocks is not None:  # + each block's key min / max per layer
+            kv_layers = len(groups[0].layers)
+            per_block += kv_layers * model.num_key_value_heads * 2 * model.head_dim * 4
         blocks = budget // per_block
         if blocks < 1:
             raise ConfigError(

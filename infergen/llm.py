@@ -62,6 +62,10 @@ class LLM:
             module-name globs, e.g. ("lm_head", "layers.0.*").
         attention: "fp8_e4m3" computes attention on FP8 Q, K, V and softmax P (with
             kv_format="fp8_e4m3"); None: the engine dtype.
+        sparse_decode_blocks: Quest-style sparse decode — each decode query reads this many
+            KV blocks per KV head (the last, the first `sparse_keep_first`, the best by a
+            block-summary bound of q·k); None: dense. `engine.sparse_read_fraction()` reports
+            the share of the KV the decode steps read.
         compile: "off" (default: the per-op path and the fused decode step), "eager" (the
             decoder layer's captured graph, op by op) or "jit" (its fused groups as
             generated C kernels, cached on disk); `infergen compile` shows the graphs.
@@ -95,6 +99,8 @@ class LLM:
         attention: str | None = None,
         max_model_len: int | None = None,
         compile: str = "off",
+        sparse_decode_blocks: int | None = None,
+        sparse_keep_first: int = 1,
         checkpoint: Any = None,
         progress: bool = False,
     ):
@@ -121,6 +127,8 @@ class LLM:
                 num_blocks=num_kv_blocks,
                 enable_prefix_caching=enable_prefix_caching,
                 kv_format=kv_format,
+                sparse_decode_blocks=sparse_decode_blocks,
+                sparse_keep_first=sparse_keep_first,
             ),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs,

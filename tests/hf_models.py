@@ -86,6 +86,62 @@ ARCH_VARIANTS: dict[str, tuple[str, dict]] = {
             },
         ),
     ),
+    # attention-free: 3 Mamba2 layers, 8 SSM heads of 16, state 16, 2 groups, chunk 16
+    "mamba2": (
+        "Mamba2Config",
+        dict(
+            num_heads=8,
+            head_dim=16,
+            state_size=16,
+            n_groups=2,
+            expand=2,
+            conv_kernel=4,
+            chunk_size=16,
+        ),
+    ),  # fmt: skip
+    # hybrid: 3 gated-DeltaNet layers + 1 gated full-attention layer (partial RoPE 1/4, QK
+    # norm), MoE with a gated shared expert (layer 1 dense)
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        dict(
+            num_hidden_layers=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=12,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            mlp_only_layers=[1],
+        ),
+    ),  # fmt: skip
+    # parallel hybrid: attention + Mamba2 SSM in every layer, µP multipliers away from 1
+    "falcon_h1": (
+        "FalconH1Config",
+        dict(
+            num_key_value_heads=2,
+            head_dim=16,
+            mamba_d_ssm=64,
+            mamba_n_heads=4,
+            mamba_d_head=16,
+            mamba_d_state=8,
+            mamba_n_groups=1,
+            mamba_chunk_size=16,
+            mamba_rms_norm=True,
+            attention_in_multiplier=0.8,
+            attention_out_multiplier=1.3,
+            key_multiplier=0.7,
+            ssm_out_multiplier=1.2,
+            ssm_in_multiplier=0.9,
+            ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.05],
+            mlp_multipliers=[0.9, 1.1],
+            embedding_multiplier=1.5,
+            lm_head_multiplier=0.8,
+        ),
+    ),  # fmt: skip
     # MLA (latent 16, RoPE 8 interleaved) + MoE: 8 experts top-2, one shared, first layer dense
     "deepseek_v2": (
         "DeepseekV2Config",

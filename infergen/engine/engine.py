@@ -31,7 +31,9 @@ from infergen.kernels.build import build_all
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.calibrate import calibrate_kv_scales
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.kvcache.state_cache import StateCache
 from infergen.models.transformer import Transformer
+from infergen.ops.sparse_decode import QuestDecode
 from infergen.process import configure_process
 from infergen.quant.activations import load_activation_scales
 from infergen.quant.apply import CalibrationResult, quantize_calibrated, rewrites_weights
@@ -143,20 +145,45 @@ class Engine:
         # last block, and the blocks a prefill chunk completes), + one for scoring
         sched = config.scheduler
         tails = sched.max_num_seqs + sched.max_num_batched_tokens // cache.block_size + 2
+        # recurrent layers: one state slot per running sequence (+ one for scoring), set
+        # aside from the same memory budget before the KV blocks
+        slots = sched.max_num_seqs + 1 if model.state_layers else 0
+        state_bytes = slots * StateCache.bytes_per_slot(model.state_layers)
         num_blocks = cache.blocks_for(
-            self.model_config, torch.finfo(dtype).bits // 8, tail_blocks=tails
+            self.model_config, torch.finfo(dtype).bits // 8, tails, reserved_bytes=state_bytes
         )
         self._attach_cache(
             model,
             PagedKVCache(
-                self.model_config, num_blocks, cache.block_size, dtype, cache.kv_format, tails
-            ),
+                self.model_config,
+                num_blocks,
+                cache.block_size,
+                dtype,
+                cache.kv_format,
+                tails,
+                model.state_layers,
+                slots,
+                cache.sparse_decode_blocks is not None,
+            ),  # fmt: skip
         )
+        if cache.sparse_decode_blocks is not None:
+            for i, layer in enumerate(model.layers):
+                summary = self.kv_cache.layer(i).summary
+                layer.attn.use_sparse_decode(
+                    summary, cache.sparse_decode_blocks, cache.sparse_keep_first
+                )
         if scales is not None:
             check_kv_scales(scales[0], where=f"kv_format {cache.kv_format!r} scales")
             self.kv_cache.scales.copy_(scales[0])
             self.kv_cache.k_shift.copy_(scales[1])
         self.compile_report = None
+        if config.compile != "off" and cache.sparse_decode_blocks is not None:
+            raise ConfigError(
+                "the compiled layers do not run sparse decode",
+                where="compile",
+                found=f"compile={config.compile!r} with sparse_decode_blocks",
+                expected="compile='off' with sparse decode",
+            )
         if config.compile != "off" and not model.plain_layers:
             raise ConfigError(
                 f"compile={config.compile!r} covers Llama-shaped layers only",
@@ -177,7 +204,9 @@ class Engine:
         """Run on a fresh engine-dtype cache that holds one prompt of `tokens` tokens (for
         calibration passes at start; the real cache is attached after). Returns it."""
         block = self.config.cache.block_size
-        scratch = PagedKVCache(self.model_config, tokens // block + 2, block, dtype)
+        scratch = PagedKVCache(
+            self.model_config, tokens // block + 2, block, dtype, None, 0, model.state_layers, 2
+        )
         self._attach_cache(model, scratch)
         return scratch
 
@@ -186,9 +215,12 @@ class Engine:
         self.kv_cache = kv_cache
         self.pool = BlockPool(kv_cache.num_blocks, self.config.cache.enable_prefix_caching)
         self.pool.on_free = kv_cache.block_freed
+        if kv_cache.summaries:
+            self.pool.on_allocate = kv_cache.block_allocated
         self.scheduler = Scheduler(
-            self.config.scheduler, self.pool, kv_cache.block_size, kv_cache.groups
-        )
+            self.config.scheduler, self.pool, kv_cache.block_size, kv_cache.groups,
+            kv_cache.states,
+        )  # fmt: skip
         self.runner = ModelRunner(model, kv_cache)
 
     @property
@@ -196,7 +228,15 @@ class Engine:
         """Tokens the KV pool holds (over all sequences) when every cache group keeps every
         token (windowed groups keep fewer: more fit)."""
         cache = self.kv_cache
-        return cache.num_blocks * cache.block_size // len(cache.groups)
+        return cache.num_blocks * cache.block_size // max(1, len(cache.groups))
+
+    def sparse_read_fraction(self) -> float | None:
+        """Share of the KV the sparse decode steps read, over every layer and decode so far
+        (None without sparse decode or before any decode)."""
+        decoders = [layer.attn.decode for layer in self.runner.model.layers]
+        read = sum(d.kv_read_total for d in decoders if isinstance(d, QuestDecode))
+        dense = sum(d.kv_dense_total for d in decoders if isinstance(d, QuestDecode))
+        return read / dense if dense else None
 
     # ---- requests ---------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:

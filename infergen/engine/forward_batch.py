@@ -28,6 +28,12 @@ class ForwardBatch:
     # positions + cos/sin cache per RoPE table of the model (set by the model); `rope` is the
     # first (every layer's, unless some layers have their own base)
     ropes: list[RopeInputs] | None = None
+    # recurrent layers (kvcache/state_cache.py): sequence i owns token rows
+    # query_start_loc[i]:query_start_loc[i+1], its state lives in slot state_slots[i], and
+    # fresh[i] says its state starts from zeros (the sequence's first computed token)
+    query_start_loc: list[int] | None = None
+    state_slots: torch.Tensor | None = None  # [seqs] int64
+    fresh: torch.Tensor | None = None  # [seqs] bool
 
     @property
     def num_tokens(self) -> int:

@@ -36,6 +36,7 @@ class Sequence:
     # per KV cache group (kvcache/groups.py): the block of each block-sized span of tokens;
     # NO_BLOCK (-1) where a windowed group let a block go. Empty until first scheduled.
     blocks: list[list[int]] = field(default_factory=list)
+    state_slot: int | None = None  # recurrent layers' state slot while scheduled (state_cache)
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     num_registered_blocks: int = 0
     num_cached_prompt_tokens: int | None = None  # set at first admission

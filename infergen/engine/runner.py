@@ -49,13 +49,22 @@ class ModelRunner:
             slots = _new_slots(tables, batch.num_tokens, position_tensor, self.block_size)
             slot_mappings.append(slots)
             plans.append(plan(query_start_loc, seq_lens, tables, self.block_size, group.window))
-        self.kv_cache.begin_step(slot_mappings[0])
+        if slot_mappings:
+            self.kv_cache.begin_step(slot_mappings[0])
+        states = {}
+        if self.kv_cache.states is not None:
+            states = dict(
+                query_start_loc=query_start_loc,
+                state_slots=torch.tensor([seq.state_slot for seq in batch.seqs]),
+                fresh=torch.tensor([seq.num_computed_tokens == 0 for seq in batch.seqs]),
+            )
         forward_batch = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=position_tensor,
             slot_mappings=slot_mappings,
             attn_plans=plans,
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64),
+            **states,
         )
         return forward_batch, sampling
 

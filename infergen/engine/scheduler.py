@@ -12,7 +12,9 @@ Every step (under `max_num_batched_tokens` and `max_num_seqs`):
 Blocks are kept per KV cache group (kvcache/groups.py). A sliding-window group returns a
 block to the pool as soon as no later query can read it, so its share of a sequence stays
 about window + chunk tokens however long the sequence grows; a prefix hit for such a group
-needs only the blocks inside the window of the prefix's end.
+needs only the blocks inside the window of the prefix's end. A model with recurrent layers
+also gives each scheduled sequence a state slot (kvcache/state_cache.py), freed with its blocks;
+its prompts are never served from the prefix cache (the state is not kept per block).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from infergen.engine.request import Sequence, Status
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.groups import NO_BLOCK, CacheGroup
 from infergen.kvcache.prefix import extend_hashes
+from infergen.kvcache.state_cache import StateCache
 
 
 @dataclass
@@ -44,11 +47,13 @@ class Scheduler:
         pool: BlockPool,
         block_size: int,
         groups: Sequence_[CacheGroup] = (CacheGroup(()),),
+        states: StateCache | None = None,
     ):
         self.config = config
         self.pool = pool
         self.block_size = block_size
         self.groups = tuple(groups)
+        self.states = states  # recurrent layers' state slots (one per running sequence)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
@@ -70,6 +75,10 @@ class Scheduler:
         needed = sum(max(0, total - len(blocks)) for blocks in seq.blocks)
         if needed > self.pool.num_free:
             return False
+        if self.states is not None and seq.state_slot is None:
+            seq.state_slot = self.states.allocate()
+            if seq.state_slot is None:
+                return False
         for blocks in seq.blocks:
             blocks.extend(self.pool.allocate() for _ in range(total - len(blocks)))
         return True
@@ -85,10 +94,13 @@ class Scheduler:
                     blocks[j] = NO_BLOCK
 
     def release_blocks(self, seq: Sequence) -> None:
-        """Drop the sequence's references to all its blocks."""
+        """Drop the sequence's references to all its blocks (and its state slot)."""
         for blocks in seq.blocks:
             self.pool.release([b for b in blocks if b != NO_BLOCK])
         seq.blocks = []
+        if seq.state_slot is not None:
+            self.states.release(seq.state_slot)
+            seq.state_slot = None
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -118,7 +130,8 @@ class Scheduler:
         """Attach cached blocks for the longest shared prefix (at least one token stays
         uncomputed so the step produces logits): n blocks hit when every full-attention group
         has blocks 0..n-1 cached and every windowed group those its window still reads."""
-        limit = (seq.num_tokens - 1) // self.block_size
+        # a recurrent layer's state is not kept per block: no prefix to reuse
+        limit = 0 if self.states is not None else (seq.num_tokens - 1) // self.block_size
         extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, limit)
         hits = [
             [self.pool.lookup(self._key(g, h)) for h in seq.block_hashes[:limit]]

@@ -134,6 +134,8 @@ def _load_hf(directory: Path, load_weights: bool) -> Checkpoint:
         if extra:
             config = config.replace(eos_token_ids=config.eos_token_ids + extra)
     tensors = load_safetensors(directory) if load_weights else {}
+    if config.arch.hf_renames:  # e.g. Mamba2's backbone.* names → canonical model.*
+        tensors = {config.arch.rename(name): t for name, t in tensors.items()}
     kv_scales, activations, input_scales = None, None, None
     qconfig = read_json(config_path).get("quantization_config")
     if load_weights and qconfig:

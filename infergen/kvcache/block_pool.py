@@ -26,6 +26,8 @@ class BlockPool:
         # called with a block whose last reference went and whose contents are dropped (not
         # kept for prefix reuse): a block-quantized KV cache frees its fp32 tail
         self.on_free: Callable[[int], None] | None = None
+        # called with each block handed out by allocate() (fresh contents: summaries reset)
+        self.on_allocate: Callable[[int], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -52,6 +54,8 @@ class BlockPool:
         else:
             raise RuntimeError("KV block pool exhausted (the scheduler checks num_free first)")
         self._ref[block] = 1
+        if self.on_allocate is not None:
+            self.on_allocate(block)
         return block
 
     def release(self, blocks: list[int]) -> None:

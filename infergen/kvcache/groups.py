@@ -41,10 +41,14 @@ class CacheGroup:
 
 
 def cache_groups(config) -> tuple[CacheGroup, ...]:
-    """The model's cache groups (equal sizes; one group when every layer attends alike)."""
+    """The model's cache groups (equal sizes; one group when every layer attends alike; none
+    for a model without attention layers)."""
     by_window: dict[int | None, list[int]] = {}
     for layer in range(config.num_hidden_layers):
-        by_window.setdefault(config.window(layer), []).append(layer)
+        if config.has_kv(layer):  # recurrent layers keep a state slot instead
+            by_window.setdefault(config.window(layer), []).append(layer)
+    if not by_window:
+        return ()
     size = math.gcd(*(len(layers) for layers in by_window.values()))
     return tuple(
         CacheGroup(tuple(layers[i : i + size]), window)

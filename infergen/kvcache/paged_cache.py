@@ -20,6 +20,8 @@ from infergen.errors import ConfigError
 from infergen.kvcache.groups import cache_groups
 from infergen.kvcache.kv_blocked import BlockedKVFormat, BlockedLayer, BlockedStore
 from infergen.kvcache.kv_format import KV_FORMATS, KVFormat
+from infergen.kvcache.state_cache import StateCache
+from infergen.ops.block_summary import BlockSummary
 
 
 class KVLayer(NamedTuple):
@@ -34,6 +36,7 @@ class KVLayer(NamedTuple):
     fmt: KVFormat | None = None
     k_shift: torch.Tensor | None = None  # [kv_heads, head_dim]: keys are stored minus this
     blocked: BlockedLayer | None = None
+    summary: BlockSummary | None = None  # per-block key min / max (sparse decode)
 
 
 class PagedKVCache:
@@ -45,6 +48,9 @@ class PagedKVCache:
         dtype: torch.dtype,
         kv_format: str | None = None,
         tail_slots: int = 0,  # block-quantized formats: blocks filled at once (running seqs)
+        state_layers: dict | None = None,  # recurrent layers: {layer: {name: (shape, dtype)}}
+        state_slots: int = 0,  # sequences whose recurrent state is held at once
+        summaries: bool = False,  # keep per-block key summaries (sparse decode)
     ):
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -55,11 +61,16 @@ class PagedKVCache:
         self.groups = cache_groups(config)
         # layer → its index inside its group (the page's layer slot)
         slot = {layer: j for group in self.groups for j, layer in enumerate(group.layers)}
-        self.group_of = [
-            next(g for g, group in enumerate(self.groups) if layer in group.layers)
-            for layer in range(layers)
-        ]
+        # the recurrent layers' per-sequence states (state_cache.py), None without any
+        self.states = StateCache(state_layers, state_slots) if state_layers else None
         planes, heads, dim = config.cache_shape  # MLA: one latent entry read as K and V
+        if self.format is not None and state_layers:
+            raise ConfigError(
+                "KV formats do not support models with recurrent layers yet",
+                where="kv_format",
+                found=kv_format,
+                expected=f"none for {config.architecture}",
+            )
         if self.format is not None and planes == 1:
             raise ConfigError(
                 "KV formats do not support latent (MLA) caches yet",
@@ -67,11 +78,13 @@ class PagedKVCache:
                 found=kv_format,
                 expected=f"none for {config.architecture}",
             )
+        self.summaries: list[BlockSummary] = []
         self.blocked: BlockedStore | None = None
         if isinstance(self.format, BlockedKVFormat):
-            if any(group.window for group in self.groups):
+            if any(group.window for group in self.groups) or state_layers:
                 raise ConfigError(
-                    "block-quantized KV formats do not support sliding-window layers yet",
+                    "block-quantized KV formats do not support sliding-window or recurrent "
+                    "layers yet",
                     where="kv_format",
                     found=kv_format,
                     expected="a per-head scaled format (e.g. fp8_e4m3) or none",
@@ -89,7 +102,7 @@ class PagedKVCache:
             ]  # fmt: skip
             return
         self.storage = torch.zeros(
-            len(self.groups[0].layers),
+            len(self.groups[0].layers) if self.groups else 0,
             planes,
             num_blocks,
             block_size,
@@ -103,7 +116,12 @@ class PagedKVCache:
             self.k_shift = torch.zeros(layers, kv_heads, config.head_dim)
         # per-layer views made once: slicing costs ~15 µs per layer per step otherwise
         self._layers = [
-            KVLayer(self.storage[slot[i], 0], self.storage[slot[i], planes - 1])
+            self.states.layer(i)
+            if i not in slot
+            else (KVLayer(self.storage[slot[i], 0], self.storage[slot[i], planes - 1]),
+                  self.states.layer(i))  # attention beside an SSM (Falcon-H1)
+            if self.states is not None and i in self.states.states
+            else KVLayer(self.storage[slot[i], 0], self.storage[slot[i], planes - 1])
             if self.format is None
             else KVLayer(
                 self.storage[slot[i], 0], self.storage[slot[i], 1], self.scales[i, 0],
@@ -111,9 +129,32 @@ class PagedKVCache:
             )
             for i in range(layers)
         ]  # fmt: skip
+        if summaries:
+            if planes == 1 or self.blocked is not None:
+                raise ConfigError(
+                    "sparse decode needs per-head K and V blocks",
+                    where="sparse_decode_blocks",
+                    found=config.architecture,
+                    expected="a model with multi-head / grouped-query attention",
+                )
+            self._add_summaries(config)
 
-    def layer(self, index: int) -> KVLayer:
-        """One layer's K / V cache (and scales)."""
+    def _add_summaries(self, config: ModelConfig) -> None:
+        """Per KV layer, each block's key min / max (ops/block_summary.py)."""
+        heads, dim = config.num_key_value_heads, config.head_dim
+        for i, layer in enumerate(self._layers):
+            if isinstance(layer, KVLayer):
+                summary = BlockSummary(self.num_blocks, heads, dim)
+                self._layers[i] = layer._replace(summary=summary)
+                self.summaries.append(summary)
+
+    def block_allocated(self, block: int) -> None:
+        """The pool handed `block` to a sequence: its key summaries start empty."""
+        for summary in self.summaries:
+            summary.reset([block])
+
+    def layer(self, index: int) -> KVLayer | dict[str, torch.Tensor]:
+        """One layer's K / V cache (and scales), or a recurrent layer's state tensors."""
         return self._layers[index]
 
     def begin_step(self, slot_mapping: torch.Tensor) -> None:
@@ -131,4 +172,6 @@ class PagedKVCache:
         if self.blocked is not None:
             return self.blocked.nbytes
         scales = self.scales.numel() * 4 + self.k_shift.numel() * 4 if self.format else 0
-        return self.storage.numel() * self.storage.element_size() + scales
+        states = self.states.nbytes if self.states is not None else 0
+        summaries = sum(s.data.numel() * s.data.element_size() for s in self.summaries)
+        return self.storage.numel() * self.storage.element_size() + scales + states + summaries

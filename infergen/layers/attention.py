@@ -27,9 +27,12 @@ from infergen.ops.paged_attention import (
     paged_attention,
 )
 from infergen.ops.rope import ROPE_BACKENDS
+from infergen.ops.sparse_decode import QuestDecode
 
 
 class Attention(nn.Module):
+    prefix = "self_attn."  # checkpoint name of the layer's attention tensors
+
     def __init__(
         self,
         config: ModelConfig,
@@ -46,7 +49,11 @@ class Attention(nn.Module):
         self.scale = config.attention_scale
         self.group, self.rope_index = group, rope_index
         h = config.hidden_size
-        self.qkv = Linear(h, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, backend)
+        # Qwen3-Next's output gate: q_proj's per-head gate rows, kept after v ([q; k; v; gate])
+        self.gated = config.arch.attention_output_gate
+        out = self.q_size * (2 if self.gated else 1) + 2 * self.kv_size
+        self.qkv = Linear(h, out, config.qkv_bias, dtype, backend)
+        self.rotary_dim = config.rotary_dim  # < head_dim: RoPE on the first dims only
         self.o = Linear(self.q_size, h, config.o_bias, dtype, backend)
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(self.head_dim, eps, dtype, backend) if config.qk_norm else None
@@ -54,6 +61,7 @@ class Attention(nn.Module):
         self.rope = ROPE_BACKENDS.get(backend, where="kernels")
         self.decode = DECODE_BACKENDS.get(backend, where="kernels")
         self.core = ATTENTION_OPERANDS.get("fp32")  # the attention core (prefill and decode)
+        self.summary = None  # per-block key bounds, kept for sparse decode (use_sparse_decode)
         self.sinks = None
         if config.arch.attention_sinks:  # learned per-head sink logits (ops/attention_sinks.py)
             self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=dtype), False)
@@ -65,6 +73,18 @@ class Attention(nn.Module):
                 sink_attention, sinks=self.sinks.view(1, self.num_kv_heads, group, 1)
             )  # the decode path folds each GQA group into the query axis
             self.decode = functools.partial(decode_attention, core=decode_core)
+
+    def use_sparse_decode(self, summary, top_k_blocks: int, keep_first: int) -> None:
+        """Decode through Quest-style block selection (ops/sparse_decode.py) on `summary`."""
+        if self.sinks is not None:
+            raise ConfigError(
+                "sparse decode does not support attention sinks yet",
+                where="sparse_decode_blocks",
+                found=top_k_blocks,
+                expected="None for a model with learned sink logits",
+            )
+        self.summary = summary
+        self.decode = QuestDecode(summary, top_k_blocks, keep_first)
 
     def set_operands(self, name: str) -> None:
         """Attention operands in another format (ops/attention_operands.py): both paths run
@@ -87,27 +107,44 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         tokens, heads, dim = x.shape[0], self.num_heads, self.head_dim
         rope, slots = batch.rope, batch.slot_mapping
-        qkv = self.qkv(x)  # [tokens, q_size + 2·kv_size]
-        v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, dim)
+        qkv = self.qkv(x)  # [tokens, q_size + 2·kv_size (+ q_size gate)]
+        kv_end = self.q_size + 2 * self.kv_size
+        v = qkv[:, self.q_size + self.kv_size : kv_end].view(tokens, self.num_kv_heads, dim)
         if self.q_norm is None:  # q and k are adjacent: rotate them as one tensor
             qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, dim)
-            qk = self.rope(qk, rope)
+            qk = self._rope(qk, rope)
             q, k = qk[:, :heads], qk[:, heads:]
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, -1, dim))
-            q, k = self.rope(q, rope), self.rope(k, rope)
+            q, k = self._rope(q, rope), self._rope(k, rope)
         kv_store(k, v, kv.k, kv.v, slots, kv)
+        if self.summary is not None:  # sparse decode's per-block key bounds
+            self.summary.update(k, slots, kv.k.shape[1])
         out = paged_attention(
             q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv, self.core, slots,
-        )  # fmt: skip
-        return self.o(out.view(tokens, self.q_size))
+        ).view(tokens, self.q_size)  # fmt: skip
+        if self.gated:
+            out = out * torch.sigmoid(qkv[:, kv_end:])
+        return self.o(out)
+
+    def _rope(self, x: torch.Tensor, rope) -> torch.Tensor:
+        """RoPE on x [tokens, heads, head_dim], on its first rotary_dim dims when partial."""
+        if self.rotary_dim == self.head_dim:
+            return self.rope(x, rope)
+        rotated = self.rope(x[..., : self.rotary_dim].contiguous(), rope)
+        return torch.cat([rotated, x[..., self.rotary_dim :]], dim=-1)
 
     def load(self, get: callable, prefix: str, norm_offset: float = 0.0) -> None:
         names = ("q_proj", "k_proj", "v_proj")
         qkv_bias = self.qkv.has_bias
+        weights = [get(f"{prefix}{n}.weight") for n in names]
+        if self.gated:  # q_proj rows per head are [query, gate]: split, the gates last
+            per_head = weights[0].reshape(self.num_heads, 2, self.head_dim, -1)
+            query, gate = per_head[:, 0].flatten(0, 1), per_head[:, 1].flatten(0, 1)
+            weights = [query, *weights[1:], gate]
         self.qkv.load(
-            Linear.fused([get(f"{prefix}{n}.weight") for n in names]),
+            Linear.fused(weights),
             Linear.fused([get(f"{prefix}{n}.bias") for n in names]) if qkv_bias else None,
         )
         self.o.load(

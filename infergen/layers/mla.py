@@ -40,6 +40,8 @@ def _deinterleave(rows: int) -> torch.Tensor:
 
 
 class MLAttention(nn.Module):
+    prefix = "self_attn."
+
     def __init__(
         self,
         config: ModelConfig,

@@ -55,6 +55,8 @@ def _group_mask(choice: torch.Tensor, moe: MoEConfig, group_score) -> torch.Tens
 @ROUTERS.decorator("softmax_greedy")
 def softmax_greedy(logits, moe, correction):
     weights, experts = torch.topk(torch.softmax(logits.float(), dim=-1), moe.top_k, dim=-1)
+    if moe.norm_topk:  # Qwen3-Next
+        weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights * moe.routed_scaling, experts
 
 
@@ -111,8 +113,11 @@ class MoE(nn.Module):
         self.down_bias = nn.Parameter(torch.zeros(e, h, dtype=dtype), False)
         self.route = ROUTERS.get(moe.router, where="moe.router")
         self.act = EXPERT_ACTIVATIONS[moe.activation]
-        shared = moe.num_shared_experts * i
+        shared = moe.shared_intermediate_size
         self.shared = GatedMLP(config, dtype, backend, shared) if shared else None
+        self.shared_gate = (  # Qwen3-Next: the shared expert's output × sigmoid(x·w)
+            nn.Parameter(torch.zeros(1, h, dtype=dtype), False) if moe.shared_gate else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, hidden]
         k = self.moe.top_k
@@ -137,7 +142,11 @@ class MoE(nn.Module):
             start += count
         out.mul_(weights.flatten()[order].to(out.dtype).unsqueeze(-1))
         y = torch.zeros_like(x).index_add_(0, token_of, out)
-        return y if self.shared is None else y + self.shared(x)
+        return y if self.shared is None else y + self._shared(x)
+
+    def _shared(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.shared(x)
+        return out if self.shared_gate is None else out * torch.sigmoid(x @ self.shared_gate.T)
 
     def load(self, get: callable, prefix: str) -> None:
         """Hugging Face names: GPT-OSS (router.*, experts.gate_up_proj [E, hidden, 2·inter]
@@ -164,7 +173,9 @@ class MoE(nn.Module):
                 )
                 self.down[e].copy_(get(p + "down_proj.weight"))
         if self.shared is not None:
-            self.shared.load(get, prefix + "shared_experts.")
+            self.shared.load(get, f"{prefix}{self.moe.shared_name}.")
+        if self.shared_gate is not None:
+            self.shared_gate.copy_(get(prefix + "shared_expert_gate.weight"))
 
 
 def reference(x: torch.Tensor, moe_layer: MoE) -> torch.Tensor:
@@ -180,4 +191,4 @@ def reference(x: torch.Tensor, moe_layer: MoE) -> torch.Tensor:
             h = x[t] @ moe_layer.gate_up[e].T + (moe_layer.gate_up_bias[e] if bias else 0)
             y = moe_layer.act(h, moe_layer.moe) @ moe_layer.down[e].T
             out[t] += weights[t, j] * (y + (moe_layer.down_bias[e] if bias else 0))
-    return out if moe_layer.shared is None else out + moe_layer.shared(x)
+    return out if moe_layer.shared is None else out + moe_layer._shared(x)

@@ -14,6 +14,7 @@ a 512-token prefill computes one row of logits, not 512.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 
 from infergen.config import ModelConfig
 from infergen.engine.forward_batch import ForwardBatch
+from infergen.errors import ConfigError
 from infergen.io.block_weight import dense
 from infergen.kvcache.groups import cache_groups
 from infergen.kvcache.paged_cache import PagedKVCache
@@ -30,6 +32,7 @@ from infergen.layers.mla import MLAttention
 from infergen.layers.mlp import GatedMLP
 from infergen.layers.moe import MoE
 from infergen.layers.norm import RMSNorm
+from infergen.layers.state_mixer import STATE_MIXERS, ParallelMixer, StateMixer
 from infergen.models.fused_decode import FusedDecode
 from infergen.ops.rope import RopeInputs, cos_sin_cache
 
@@ -47,11 +50,19 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps, hidden = config.rms_norm_eps, config.hidden_size
         self.attn_norm = RMSNorm(hidden, eps, dtype, kernels)
-        attention = MLAttention if config.mla is not None else Attention
-        self.attn = attention(config, dtype, kernels, group, rope_index)
-        self.mlp_norm = RMSNorm(hidden, eps, dtype, kernels)
-        moe = config.moe is not None and config.moe.is_moe_layer(index)
-        self.mlp = MoE(config, dtype, kernels) if moe else GatedMLP(config, dtype, kernels)
+        kind = config.layer_type(index)
+        if kind in STATE_MIXERS:  # a recurrent mixer with a per-sequence state
+            self.attn = StateMixer(kind, config, dtype, kernels)
+        else:
+            attention = MLAttention if config.mla is not None else Attention
+            self.attn = attention(config, dtype, kernels, group, rope_index)
+            if kind == "attention_mamba":  # Falcon-H1: an SSM beside the attention
+                self.attn = ParallelMixer(self.attn, config, dtype, kernels)
+        self.mlp_norm = self.mlp = None  # Mamba2's layers are the mixer alone
+        if config.arch.mlp != "none":
+            self.mlp_norm = RMSNorm(hidden, eps, dtype, kernels)
+            moe = config.moe is not None and config.moe.is_moe_layer(index)
+            self.mlp = MoE(config, dtype, kernels) if moe else GatedMLP(config, dtype, kernels)
         sandwich = config.arch.sandwich_norms
         self.post_attn_norm = RMSNorm(hidden, eps, dtype, kernels) if sandwich else None
         self.post_mlp_norm = RMSNorm(hidden, eps, dtype, kernels) if sandwich else None
@@ -66,6 +77,8 @@ class DecoderLayer(nn.Module):
         attn_out = self.attn(self.attn_norm(h, delta), batch, kv)
         if self.post_attn_norm is not None:
             attn_out = self.post_attn_norm(attn_out)
+        if self.mlp is None:
+            return attn_out
         out = self.mlp(self.mlp_norm(h, attn_out))
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(out)
@@ -73,7 +86,9 @@ class DecoderLayer(nn.Module):
 
     def load(self, get: callable, prefix: str, norm_offset: float, mlp_norm: str) -> None:
         """Checkpoint tensors by Hugging Face name; norm weights plus `norm_offset`."""
-        norms = [(self.attn_norm, "input_layernorm"), (self.mlp_norm, mlp_norm)]
+        norms = [(self.attn_norm, "input_layernorm")]
+        if self.mlp_norm is not None:
+            norms.append((self.mlp_norm, mlp_norm))
         if self.post_attn_norm is not None:
             norms += [
                 (self.post_attn_norm, "post_attention_layernorm"),
@@ -81,8 +96,9 @@ class DecoderLayer(nn.Module):
             ]
         for norm, name in norms:
             norm.weight.copy_(get(f"{prefix}{name}.weight") + norm_offset)
-        self.attn.load(get, prefix + "self_attn.", norm_offset)
-        self.mlp.load(get, prefix + "mlp.")
+        self.attn.load(get, prefix + self.attn.prefix, norm_offset)
+        if self.mlp is not None:
+            self.mlp.load(get, prefix + "mlp.")
 
 
 class Transformer(nn.Module):
@@ -115,11 +131,19 @@ class Transformer(nn.Module):
         group_of = {layer: g for g, group in enumerate(groups) for layer in group.layers}
         self.num_cache_groups = len(groups)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, kernels, i, group_of[i], int(local[i]))
+            DecoderLayer(config, dtype, kernels, i, group_of.get(i, 0), int(local[i]))
             for i in range(config.num_hidden_layers)
         )
+        # layer → {state name: (shape, dtype)} of the recurrent layers (kvcache/state_cache.py)
+        self.state_layers = {
+            i: layer.attn.state_layout()
+            for i, layer in enumerate(self.layers)
+            if isinstance(layer.attn, StateMixer | ParallelMixer)
+        }
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, kernels)
-        self.embed_scale = math.sqrt(config.hidden_size) if config.arch.embed_scale else None
+        scale = math.sqrt(config.hidden_size) if config.arch.embed_scale else 1.0
+        scale *= config.embedding_multiplier  # Falcon-H1
+        self.embed_scale = scale if scale != 1.0 else None
         # decode steps run all layers in one native call where the layers allow it
         # (models/fused_decode.py); False forces the per-op path (tests compare the two)
         self.fused_decode = True
@@ -132,10 +156,21 @@ class Transformer(nn.Module):
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy checkpoint tensors (Hugging Face names, validated shapes) into the layers."""
 
+        multipliers = [(re.compile(p), f) for p, f in self.config.weight_multipliers]
+
         def get(name: str) -> torch.Tensor:
-            return tensors[name]
+            """The tensor, times the config's constant multipliers that match its name."""
+            factor = math.prod(f for pattern, f in multipliers if pattern.search(name))
+            return tensors[name] if factor == 1 else dense(tensors[name]) * factor
 
         embed = get("model.embed_tokens.weight")
+        if self.config.embedding_multiplier != 1.0 and self.embed is None:
+            raise ConfigError(
+                "an embedding multiplier with tied embeddings is not supported",
+                where=f"{self.config.source}: embedding_multiplier",
+                found=self.config.embedding_multiplier,
+                expected="1.0, or untied embeddings",
+            )
         if self.embed is None:
             self.lm_head.load(embed)
         else:
@@ -154,8 +189,11 @@ class Transformer(nn.Module):
         spec = self.config.arch
         return (
             self.num_cache_groups == 1
+            and not self.state_layers
             and len(self.rope_tables) == 1
             and self.config.hidden_act == "silu"
+            and self.config.rotary_dim == self.config.head_dim
+            and not spec.attention_output_gate
             and not (spec.sandwich_norms or spec.attention_sinks or spec.mla or self.config.moe)
         )
 
@@ -190,4 +228,6 @@ class Transformer(nn.Module):
 
     def head(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] in fp32 of the rows h [rows, hidden] (+ their pending delta)."""
-        return self.lm_head(self.norm(h, delta)).float()
+        logits = self.lm_head(self.norm(h, delta)).float()
+        multiplier = self.config.logits_multiplier  # Falcon-H1
+        return logits if multiplier == 1.0 else logits.mul_(multiplier)

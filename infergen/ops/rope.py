@@ -64,13 +64,13 @@ def _yarn(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
 def cos_sin_cache(
     config: ModelConfig, max_positions: int | None = None, local: bool = False
 ) -> torch.Tensor:
-    """[positions, head_dim] fp32: cos in the first half, sin in the second. `local`: the
+    """[positions, rotary_dim] fp32: cos in the first half, sin in the second. `local`: the
     sliding layers' table (their own base, no scaling: Gemma-3's rope_local_base_freq)."""
     positions = max_positions or config.max_position_embeddings
     if local:
-        inv_freq = inv_frequencies(config.head_dim, config.rope_local_theta, RopeScaling())
+        inv_freq = inv_frequencies(config.rotary_dim, config.rope_local_theta, RopeScaling())
     else:
-        inv_freq = inv_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+        inv_freq = inv_frequencies(config.rotary_dim, config.rope_theta, config.rope_scaling)
     # Same rounding path as Hugging Face: fp32 inv_freq, fp32 outer product.
     angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq.float())
     table = torch.cat([angles.cos(), angles.sin()], dim=-1)

@@ -219,6 +219,8 @@ class QuestDecode:
     top_k_blocks: int
     keep_first: int = 1
     last_kv_read: torch.Tensor | None = None
+    kv_read_total: int = 0  # positions read over every call (per KV head)
+    kv_dense_total: int = 0  # positions dense decode would have read
 
     def __call__(
         self,
@@ -241,6 +243,10 @@ class QuestDecode:
             self.keep_first,
             attn_plan.window,
             kv,
+        )
+        self.kv_read_total += int(self.last_kv_read.sum())
+        self.kv_dense_total += int(
+            dense_positions(attn_plan.decode_seq_lens, attn_plan.window).sum()
         )
         return out
 

@@ -116,7 +116,35 @@ class SSM:
         return self.conv_dim * (self.conv_kernel - 1) + self.heads * self.head_dim * self.state_size
 
 
-Mixer = Attention | MLA | SSM
+@dataclass(frozen=True)
+class LinearAttention:
+    """A gated DeltaNet mixer (Qwen3-Next): constant state per sequence, no KV cache."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+    window: None = None
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    def params(self, hidden: int) -> int:
+        qkvz = hidden * (self.conv_dim + self.v_heads * self.v_dim)
+        ba = hidden * 2 * self.v_heads
+        out = self.v_heads * self.v_dim * hidden
+        return qkvz + ba + self.conv_dim * self.conv_kernel + 2 * self.v_heads + self.v_dim + out
+
+    def kv_elements_per_token(self) -> int:
+        return 0
+
+    def state_elements(self) -> int:
+        return self.conv_dim * (self.conv_kernel - 1) + self.v_heads * self.k_dim * self.v_dim
+
+
+Mixer = Attention | MLA | SSM | LinearAttention
 
 
 @dataclass(frozen=True)
@@ -232,11 +260,13 @@ class ModelDesc:
         return total * bytes_per_element
 
     def state_bytes_per_sequence(self, bytes_per_element: float) -> float:
-        """Constant-size recurrent state (SSM layers) of one sequence."""
+        """Constant-size recurrent state (SSM and linear-attention layers) of one sequence."""
+        recurrent = (SSM, LinearAttention)
         return (
-            sum(lyr.mixer.state_elements() for lyr in self.layers if isinstance(lyr.mixer, SSM))
+            sum(lyr.mixer.state_elements() for lyr in self.layers
+                if isinstance(lyr.mixer, recurrent))
             * bytes_per_element
-        )
+        )  # fmt: skip
 
     def summary(self) -> dict:
         kinds: dict[str, int] = {}
@@ -464,7 +494,16 @@ def from_model_config(cfg) -> ModelDesc:
     """The engine's own ModelConfig (any checkpoint infergen loads) as a description."""
 
     def layer(index: int) -> Layer:
-        if cfg.mla is not None:
+        kind = cfg.layer_type(index)
+        if kind == "mamba":
+            m = cfg.ssm
+            attn = SSM(m.num_heads, m.head_dim, m.state_size, m.n_groups, m.conv_kernel,
+                       m.in_proj_bias, m.conv_bias)  # fmt: skip
+        elif kind == "linear_attention":
+            m = cfg.linear_attention
+            attn = LinearAttention(m.num_k_heads, m.num_v_heads, m.k_head_dim, m.v_head_dim,
+                                   m.conv_width)  # fmt: skip
+        elif cfg.mla is not None:
             m = cfg.mla
             attn = MLA(cfg.num_attention_heads, m.q_lora_rank, m.kv_lora_rank,
                        m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)  # fmt: skip
@@ -480,8 +519,10 @@ def from_model_config(cfg) -> ModelDesc:
                 sinks=cfg.arch.attention_sinks,
             )
         moe = cfg.moe
+        if cfg.arch.mlp == "none":
+            return Layer(attn, None)
         if moe is not None and moe.is_moe_layer(index):
-            shared = moe.intermediate_size * moe.num_shared_experts
+            shared = moe.shared_intermediate_size
             bias = moe.expert_bias
             return Layer(
                 attn, MoE(moe.num_experts, moe.top_k, moe.intermediate_size, shared, bias, bias)

@@ -13,9 +13,16 @@ from infergen.layers.moe import ROUTERS, MoE, reference
 HIDDEN = 32
 
 
-def _hf_router(name: str):
+def _hf_router(name: str, model: str):
     """(transformers router module, our MoEConfig) with random weights."""
-    if name == "softmax_topk":
+    if model == "qwen3_next":
+        cfg = transformers.Qwen3NextConfig(
+            hidden_size=HIDDEN, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True
+        )
+        from transformers.models.qwen3_next.modeling_qwen3_next import (
+            Qwen3NextTopKRouter as Router,
+        )  # fmt: skip
+    elif name == "softmax_topk":
         cfg = transformers.GptOssConfig(hidden_size=HIDDEN, num_local_experts=8,
                                         num_experts_per_tok=3)  # fmt: skip
         from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter as Router
@@ -51,15 +58,23 @@ def _hf_router(name: str):
     with torch.no_grad():
         for tensor in router.state_dict().values():
             tensor.copy_(torch.randn_like(tensor))
-    moe = MoEConfig(8, 3, 16, name, num_groups=1 if name == "softmax_topk" else 4, topk_groups=
-                    1 if name == "softmax_topk" else 2, norm_topk=True,
+    grouped = name.endswith("group_limited")
+    moe = MoEConfig(8, 3, 16, name, num_groups=4 if grouped else 1,
+                    topk_groups=2 if grouped else 1,
+                    norm_topk=name == "sigmoid_group_limited" or model == "qwen3_next",
                     routed_scaling=getattr(cfg, "routed_scaling_factor", 1.0))  # fmt: skip
     return router, moe
 
 
-@pytest.mark.parametrize("name", sorted(n for n, _ in ROUTERS.items()))
-def test_router_matches_transformers(name):
-    router, moe = _hf_router(name)
+@pytest.mark.parametrize(
+    "name,model",
+    [*((n, "") for n, _ in ROUTERS.items()), ("softmax_greedy", "qwen3_next")],
+)
+def test_router_matches_transformers(name, model):
+    assert {n for n, _ in ROUTERS.items()} == {
+        "softmax_topk", "softmax_greedy", "softmax_group_limited", "sigmoid_group_limited"
+    }  # every router has a transformers oracle here  # fmt: skip
+    router, moe = _hf_router(name, model)
     x = torch.randn(50, HIDDEN, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         _, hf_weights, hf_experts = router(x)
@@ -73,7 +88,7 @@ def test_router_matches_transformers(name):
 
 
 def _config(router: str, activation: str, shared: int) -> ModelConfig:
-    moe = MoEConfig(6, 2, 12, router, activation, shared, 1.3, True, 3, 2,
+    moe = MoEConfig(6, 2, 12, router, activation, 12 * shared, 1.3, True, 3, 2,
                     expert_bias=activation == "clamped_swiglu", swiglu_limit=0.5)  # fmt: skip
     return ModelConfig("gpt_oss", 64, HIDDEN, 40, 2, 4, 4, 8, moe=moe)
 
