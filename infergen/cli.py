@@ -95,6 +95,17 @@ def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
         "(the per-op path and the hand-written fused decode step)",
     )
     parser.add_argument(
+        "--streaming-window",
+        type=int,
+        default=None,
+        metavar="W",
+        help="StreamingLLM: every attention layer reads only the last W positions and the "
+        "first --streaming-sinks (4); the KV cache per sequence stays flat. Default: off",
+    )
+    parser.add_argument(
+        "--streaming-sinks", type=int, default=4, metavar="S", help=argparse.SUPPRESS
+    )
+    parser.add_argument(
         "--sparse-decode-blocks",
         type=int,
         default=None,
@@ -176,6 +187,8 @@ def _load(args: argparse.Namespace):
         attention=args.attention,
         compile=args.compile,
         sparse_decode_blocks=args.sparse_decode_blocks,
+        streaming_window=args.streaming_window,
+        streaming_sinks=args.streaming_sinks,
         progress=sys.stderr.isatty(),
     )
     cache = llm.engine.kv_cache

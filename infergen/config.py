@@ -193,6 +193,7 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()
     rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma-3)
     partial_rotary_factor: float = 1.0  # RoPE on the first head_dim · this dims (Qwen3-Next)
+    sink_tokens: int = 0  # windowed layers also read the first positions (StreamingLLM)
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma)
     hidden_act: str = "silu"
     moe: MoEConfig | None = None  # mixture-of-experts feed-forward (None: dense)
@@ -696,6 +697,10 @@ class EngineConfig:
     # and the hand-written fused decode step), "eager" (the captured graph op by op),
     # "jit" (fused groups as generated C kernels)
     compile: str = "off"
+    # StreamingLLM (Xiao et al. 2023): every attention layer reads only the last
+    # `streaming_window` positions and the first `streaming_sinks` (engine.py:_streaming)
+    streaming_window: int | None = None
+    streaming_sinks: int = 4
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -762,6 +767,14 @@ class EngineConfig:
             found=self.dtype,
             expected=f"one of {self.DTYPES}",
         )
+        if self.streaming_window is not None:
+            _require(
+                self.streaming_window > 0 and self.streaming_sinks >= 0,
+                "streaming_window must be positive and streaming_sinks not negative",
+                where="streaming_window",
+                found=f"window {self.streaming_window}, sinks {self.streaming_sinks}",
+                expected="window > 0, sinks >= 0",
+            )
         _require(
             self.on_bad_layer in ("fallback", "refuse"),
             "unknown load-time check policy",

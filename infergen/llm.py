@@ -62,6 +62,9 @@ class LLM:
             module-name globs, e.g. ("lm_head", "layers.0.*").
         attention: "fp8_e4m3" computes attention on FP8 Q, K, V and softmax P (with
             kv_format="fp8_e4m3"); None: the engine dtype.
+        streaming_window / streaming_sinks: StreamingLLM — every attention layer reads only the
+            last `streaming_window` positions and the first `streaming_sinks` (attention
+            sinks); the blocks between go back to the pool, so memory per sequence is flat.
         sparse_decode_blocks: Quest-style sparse decode — each decode query reads this many
             KV blocks per KV head (the last, the first `sparse_keep_first`, the best by a
             block-summary bound of q·k); None: dense. `engine.sparse_read_fraction()` reports
@@ -101,6 +104,8 @@ class LLM:
         compile: str = "off",
         sparse_decode_blocks: int | None = None,
         sparse_keep_first: int = 1,
+        streaming_window: int | None = None,
+        streaming_sinks: int = 4,
         checkpoint: Any = None,
         progress: bool = False,
     ):
@@ -119,6 +124,8 @@ class LLM:
             attention=attention,
             max_model_len=max_model_len,
             compile=compile,
+            streaming_window=streaming_window,
+            streaming_sinks=streaming_sinks,
             num_threads=num_threads,
             seed=seed,
             cache=CacheConfig(

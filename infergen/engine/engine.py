@@ -66,6 +66,30 @@ def _check_fallbacks(model: Transformer, config: EngineConfig) -> dict[str, tupl
     return bad
 
 
+def _streaming(model: ModelConfig, config: EngineConfig) -> ModelConfig:
+    """With `streaming_window` (StreamingLLM): every attention layer reads the last
+    `streaming_window` positions and the first `streaming_sinks`; blocks in between go back
+    to the pool, so a sequence's cache stays bounded however long it runs. Positions are not
+    re-numbered (RoPE sees the true distance; the context stays capped at the model's)."""
+    if config.streaming_window is None:
+        return model
+    if model.sliding_window is not None:
+        raise ConfigError(
+            "streaming_window applies to models without their own sliding windows",
+            where="streaming_window",
+            found=f"{model.architecture} with sliding_window {model.sliding_window}",
+            expected="None for this model",
+        )
+    return model.replace(
+        sliding_window=config.streaming_window,
+        layer_types=tuple(
+            "sliding_attention" if model.has_kv(i) else model.layer_type(i)
+            for i in range(model.num_hidden_layers)
+        ),
+        sink_tokens=config.streaming_sinks,
+    )
+
+
 class Engine:
     def __init__(
         self,
@@ -89,7 +113,7 @@ class Engine:
                 "quantizes (e.g. 'q4_1', 'int4', 'int8')",
             )
         self.checkpoint_path = checkpoint.path
-        self.model_config: ModelConfig = checkpoint.config
+        self.model_config: ModelConfig = _streaming(checkpoint.config, config)
         self.tokenizer = checkpoint.tokenizer
         dtype = _DTYPES[config.dtype]
         model = Transformer(self.model_config, dtype, config.kernels)

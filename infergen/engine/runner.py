@@ -48,7 +48,9 @@ class ModelRunner:
             tables = self._block_tables(batch, g)
             slots = _new_slots(tables, batch.num_tokens, position_tensor, self.block_size)
             slot_mappings.append(slots)
-            plans.append(plan(query_start_loc, seq_lens, tables, self.block_size, group.window))
+            plans.append(
+                plan(query_start_loc, seq_lens, tables, self.block_size, group.window, group.sinks)
+            )
         if slot_mappings:
             self.kv_cache.begin_step(slot_mappings[0])
         states = {}

@@ -87,7 +87,8 @@ class Scheduler:
         """Release the blocks of windowed groups that no query from here on reads."""
         for group, blocks in zip(self.groups, seq.blocks, strict=True):
             first = group.first_needed_block(seq.num_computed_tokens, self.block_size)
-            gone = [j for j in range(min(first, len(blocks))) if blocks[j] != NO_BLOCK]
+            keep = group.sink_blocks(self.block_size)  # (0 without sink tokens)
+            gone = [j for j in range(keep, min(first, len(blocks))) if blocks[j] != NO_BLOCK]
             if gone:
                 self.pool.release([blocks[j] for j in gone])
                 for j in gone:
@@ -122,6 +123,13 @@ class Scheduler:
         seq.status = Status.FINISHED
 
     # ---- prefix cache -----------------------------------------------------------------------
+    def _needed(self, group: int, blocks: list, n: int) -> list:
+        """The entries of `blocks` (a group's first n) that a query at position n·block_size
+        still reads: all of them, or a windowed group's sink blocks and window."""
+        grp, size = self.groups[group], self.block_size
+        first = grp.first_needed_block(n * size, size)
+        return blocks[: min(grp.sink_blocks(size), first)] + blocks[first:n]
+
     def _key(self, group: int, block_hash: bytes) -> bytes:
         """Prefix-cache key of a block of one group (groups hold different layers' KV)."""
         return block_hash if group == 0 else block_hash + group.to_bytes(4, "little")
@@ -139,17 +147,15 @@ class Scheduler:
         ]
         n = limit
         while n > 0:
-            firsts = [grp.first_needed_block(n * self.block_size, self.block_size)
-                      for grp in self.groups]  # fmt: skip
-            if all(None not in hit[first:n] for hit, first in zip(hits, firsts, strict=True)):
+            if all(None not in self._needed(g, hit, n) for g, hit in enumerate(hits)):
                 break
             n -= 1
         seq.blocks = []
         for group, hit in enumerate(hits):
-            first = self.groups[group].first_needed_block(n * self.block_size, self.block_size)
-            for block in hit[first:n]:
-                self.pool.acquire(block)
-            seq.blocks.append([NO_BLOCK] * first + hit[first:n])
+            needed = set(self._needed(group, list(range(n)), n))
+            for j in needed:
+                self.pool.acquire(hit[j])
+            seq.blocks.append([hit[j] if j in needed else NO_BLOCK for j in range(n)])
         seq.num_computed_tokens = n * self.block_size
         seq.num_registered_blocks = n
 

@@ -24,12 +24,18 @@ NO_BLOCK = -1  # a block-table entry whose block left the window (its tokens are
 class CacheGroup:
     layers: tuple[int, ...]  # model layer indices, in order
     window: int | None = None  # sliding window of these layers (None: full attention)
+    sinks: int = 0  # first positions a windowed query reads too (StreamingLLM)
 
     def first_needed_block(self, position: int, block_size: int) -> int:
-        """The first block a query at `position` (or later) still reads."""
+        """The first block after the sink blocks a query at `position` (or later) still
+        reads."""
         if self.window is None:
             return 0
-        return max(0, position - self.window + 1) // block_size
+        return max(self.sink_blocks(block_size), max(0, position - self.window + 1) // block_size)
+
+    def sink_blocks(self, block_size: int) -> int:
+        """Blocks holding the sink positions: kept for the whole sequence."""
+        return -(-self.sinks // block_size)
 
     def blocks_held(self, tokens: int, chunk: int, block_size: int) -> int:
         """The most blocks this group holds for a sequence of `tokens` tokens computed in
@@ -37,7 +43,8 @@ class CacheGroup:
         total = -(-tokens // block_size)
         if self.window is None:
             return total
-        return min(total, -(-(self.window - 1 + chunk) // block_size) + 1)
+        window = -(-(self.window - 1 + chunk) // block_size) + 1
+        return min(total, window + self.sink_blocks(block_size))
 
 
 def cache_groups(config) -> tuple[CacheGroup, ...]:
@@ -51,7 +58,7 @@ def cache_groups(config) -> tuple[CacheGroup, ...]:
         return ()
     size = math.gcd(*(len(layers) for layers in by_window.values()))
     return tuple(
-        CacheGroup(tuple(layers[i : i + size]), window)
+        CacheGroup(tuple(layers[i : i + size]), window, config.sink_tokens if window else 0)
         for window, layers in by_window.items()
         for i in range(0, len(layers), size)
     )

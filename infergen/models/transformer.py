@@ -193,6 +193,7 @@ class Transformer(nn.Module):
             and len(self.rope_tables) == 1
             and self.config.hidden_act == "silu"
             and self.config.rotary_dim == self.config.head_dim
+            and not self.config.sink_tokens
             and not spec.attention_output_gate
             and not (spec.sandwich_norms or spec.attention_sinks or spec.mla or self.config.moe)
         )

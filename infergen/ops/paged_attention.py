@@ -1,9 +1,11 @@
-"""Causal attention over a paged KV cache (MHA / GQA / MQA, optional sliding window).
+"""Causal attention over a paged KV cache (MHA / GQA / MQA, optional sliding window with
+StreamingLLM-style sink tokens).
 
 Per sequence i of a batch: queries q[query_start_loc[i]:query_start_loc[i+1]] are the last
 query_len tokens of a context of seq_lens[i] tokens whose keys/values live in the cache blocks
 listed by block_tables[i]. Query at position p attends keys at positions k with
-p − window < k ≤ p (window = ∞ without a sliding window):
+p − window < k ≤ p (window = ∞ without a sliding window), or k < sinks ≤ p (the first `sinks`
+positions stay visible to every query: StreamingLLM's attention sinks):
     out = softmax(q·Kᵀ · scale + mask) · V
 Bytes moved per step: every sequence's K and V once (2·ctx·kv_heads·head_dim elements).
 
@@ -27,10 +29,13 @@ from infergen.kvcache.paged_cache import KVLayer
 from infergen.registry import Registry
 
 
-def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+def _window_mask(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None, sinks: int = 0
+) -> torch.Tensor:
     allowed = k_pos.unsqueeze(-2) <= q_pos.unsqueeze(-1)
     if window is not None:
-        allowed &= k_pos.unsqueeze(-2) > q_pos.unsqueeze(-1) - window
+        inside = k_pos.unsqueeze(-2) > q_pos.unsqueeze(-1) - window
+        allowed &= inside | (k_pos.unsqueeze(-2) < sinks)
     return allowed
 
 
@@ -57,6 +62,7 @@ class AttentionPlan:
     decode_block_tables: torch.Tensor | None = None  # [decodes, max_blocks] int64
     decode_seq_lens: torch.Tensor | None = None  # [decodes] int64
     window: int = 0  # sliding window (0 = none)
+    sinks: int = 0  # first positions every windowed query also reads (StreamingLLM)
 
     def decode_queries(self, q: torch.Tensor) -> torch.Tensor:
         """[decodes, heads, d]: the query rows of the one-token sequences."""
@@ -69,8 +75,10 @@ def plan(
     block_tables: torch.Tensor,
     block_size: int,
     window: int | None,
+    sinks: int = 0,
 ) -> AttentionPlan:
-    """Gather indices and masks for one step (shared by every layer)."""
+    """Gather indices and masks for one step (shared by every layer); with a window, the
+    first `sinks` positions stay visible too."""
     decode_ids = [
         i for i in range(len(seq_lens)) if query_start_loc[i + 1] - query_start_loc[i] == 1
     ]
@@ -83,9 +91,11 @@ def plan(
         q_pos = torch.arange(ctx - query_len, ctx)
         first = 0 if window is None else max(0, ctx - query_len - window + 1)
         k_pos = torch.arange(first, ctx)  # keys before `first` are outside every window
+        if sinks and first:  # ... but for the sink tokens
+            k_pos = torch.cat([torch.arange(min(sinks, first)), k_pos])
         cold = ctx == query_len
         slots = None if cold else _slots(block_tables[i : i + 1], k_pos, block_size)[0]
-        mask = None if (cold and window is None) else _window_mask(q_pos, k_pos, window)
+        mask = None if (cold and window is None) else _window_mask(q_pos, k_pos, window, sinks)
         prefills.append(PrefillItem(start, end, ctx, slots, mask))
     if not decode_ids:
         return AttentionPlan(None, None, None, prefills)
@@ -96,6 +106,10 @@ def plan(
     span = int((lens - first).max())
     k_pos = first.unsqueeze(-1) + torch.arange(span)  # [decodes, span]
     valid = k_pos < lens.unsqueeze(-1)
+    if sinks and window:  # the sink positions before each window, then the window
+        sink_pos = torch.arange(sinks).expand(len(decode_ids), -1)
+        valid = torch.cat([sink_pos < first.unsqueeze(-1), valid], dim=1)
+        k_pos = torch.cat([sink_pos, k_pos], dim=1)
     k_pos = torch.where(valid, k_pos, torch.zeros_like(k_pos))
     slots = _slots(block_tables[ids], k_pos, block_size)
     mask = None if bool(valid.all()) else valid[:, None, None, :]
@@ -110,6 +124,7 @@ def plan(
         decode_block_tables=block_tables[ids].contiguous(),
         decode_seq_lens=lens,
         window=window or 0,
+        sinks=sinks if window else 0,
     )
 
 
@@ -193,8 +208,8 @@ def decode_attention_native(
 ) -> torch.Tensor:
     """kernels/paged_decode_attention_f32.c: reads K/V through the block table, no gather
     (fp32 values, or FP8 E4M3 codes with per-head scales)."""
-    if kv is not None and kv.blocked is not None:  # block-quantized formats: torch path
-        return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv)
+    if (kv is not None and kv.blocked is not None) or attn_plan.sinks:  # torch path for
+        return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv)  # these
     fp8 = kv is not None and kv.fmt is not None and k_cache.dtype == torch.float8_e4m3fn
     if fp8:
         fn = kernel(
@@ -339,8 +354,10 @@ def reference(
     block_tables: torch.Tensor,
     scale: float,
     window: int | None = None,
+    sinks: int = 0,
 ) -> torch.Tensor:
-    """Oracle: one sequence, one head, one query at a time, explicit softmax."""
+    """Oracle: one sequence, one head, one query at a time, explicit softmax (with a window,
+    the first `sinks` positions are read too)."""
     block_size = k_cache.shape[1]
     heads, kv_heads = q.shape[1], k_cache.shape[2]
     group = heads // kv_heads
@@ -356,11 +373,12 @@ def reference(
         for t in range(start, end):
             pos = ctx - (end - t)
             lo = 0 if window is None else max(0, pos - window + 1)
+            seen = [p for p in range(pos + 1) if p >= lo or (window is not None and p < sinks)]
             for h in range(heads):
-                kh = keys[lo : pos + 1, h // group]
+                kh = keys[seen, h // group]
                 scores = kh @ q[t, h].double() * scale
                 weights = torch.softmax(scores, dim=0)
-                out[t, h] = weights @ values[lo : pos + 1, h // group]
+                out[t, h] = weights @ values[seen, h // group]
     return out.to(q.dtype)
 
 

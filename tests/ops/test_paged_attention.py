@@ -158,3 +158,16 @@ def test_windowed_attention_ignores_released_blocks(case, backend):
     decode = pa.DECODE_BACKENDS.get(backend)
     got = pa.paged_attention(q, k_new, v_new, kc, vc, plan, pa.default_scale(8), decode)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("case", CASES)
+def test_window_with_sink_tokens_matches_reference(case, backend):
+    """StreamingLLM: a window of 6 plus the first 3 positions (sinks) for every query."""
+    query_lens, seq_lens = case
+    q, k_new, v_new, kc, vc, qsl, tables, _ = _scatter_batch(query_lens, seq_lens, 4, 2, 8, 4, 6)
+    plan = pa.plan(qsl, seq_lens, tables, 4, 6, sinks=3)
+    decode = pa.DECODE_BACKENDS.get(backend)
+    got = pa.paged_attention(q, k_new, v_new, kc, vc, plan, pa.default_scale(8), decode)
+    want = pa.reference(q, kc, vc, qsl, seq_lens, tables, pa.default_scale(8), 6, sinks=3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
