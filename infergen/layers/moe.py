@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from infergen.config import ModelConfig, MoEConfig
+from infergen.io.block_weight import dense
+from infergen.layers.linear import Linear
 from infergen.layers.mlp import GatedMLP
 from infergen.registry import Registry
 
@@ -107,10 +109,12 @@ class MoE(nn.Module):
         self.correction = (  # DeepSeek-V3: added to the scores for the choice only
             nn.Parameter(torch.zeros(e), False) if moe.router == "sigmoid_group_limited" else None
         )
-        self.gate_up = nn.Parameter(torch.zeros(e, 2 * i, h, dtype=dtype), False)  # [gate; up]
-        self.down = nn.Parameter(torch.zeros(e, h, i, dtype=dtype), False)
-        self.gate_up_bias = nn.Parameter(torch.zeros(e, 2 * i, dtype=dtype), False)
-        self.down_bias = nn.Parameter(torch.zeros(e, h, dtype=dtype), False)
+        # each expert's projections are Linear layers: the engine's GEMM backends (native
+        # packed panels, weight schemes) run them like any other projection
+        bias = moe.expert_bias
+        self.gate_up = nn.ModuleList(Linear(h, 2 * i, bias, dtype, backend) for _ in range(e))
+        self.down = nn.ModuleList(Linear(i, h, bias, dtype, backend) for _ in range(e))
+        self.layout = config.arch.mlp  # the checkpoint's expert layout (load)
         self.route = ROUTERS.get(moe.router, where="moe.router")
         self.act = EXPERT_ACTIVATIONS[moe.activation]
         shared = moe.shared_intermediate_size
@@ -134,11 +138,8 @@ class MoE(nn.Module):
             if count == 0:
                 continue
             rows = slice(start, start + count)
-            bias = self.moe.expert_bias
-            hidden = F.linear(grouped[rows], self.gate_up[expert],
-                              self.gate_up_bias[expert] if bias else None)  # fmt: skip
-            out[rows] = F.linear(self.act(hidden, self.moe), self.down[expert],
-                                 self.down_bias[expert] if bias else None)  # fmt: skip
+            hidden = self.gate_up[expert](grouped[rows])
+            out[rows] = self.down[expert](self.act(hidden, self.moe))
             start += count
         out.mul_(weights.flatten()[order].to(out.dtype).unsqueeze(-1))
         y = torch.zeros_like(x).index_add_(0, token_of, out)
@@ -153,25 +154,28 @@ class MoE(nn.Module):
         with gate/up columns interleaved, experts.down_proj [E, inter, hidden], biases) or
         DeepSeek (gate.weight, gate.e_score_correction_bias, experts.{e}.gate_proj/up_proj/
         down_proj.weight, shared_experts.*)."""
-        if self.moe.activation == "clamped_swiglu":  # GPT-OSS layout
+        if self.layout == "gpt_oss_moe":
             self.router.copy_(get(prefix + "router.weight"))
             self.router_bias.copy_(get(prefix + "router.bias"))
-            gate_up = get(prefix + "experts.gate_up_proj").transpose(1, 2)  # [E, 2i, h]
-            self.gate_up.copy_(torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1))
+            gate_up = dense(get(prefix + "experts.gate_up_proj")).transpose(1, 2)  # [E, 2i, h]
+            gate_up = torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1)  # [gate; up]
             bias = get(prefix + "experts.gate_up_proj_bias")
-            self.gate_up_bias.copy_(torch.cat([bias[:, 0::2], bias[:, 1::2]], dim=1))
-            self.down.copy_(get(prefix + "experts.down_proj").transpose(1, 2))
-            self.down_bias.copy_(get(prefix + "experts.down_proj_bias"))
-        else:
+            bias = torch.cat([bias[:, 0::2], bias[:, 1::2]], dim=1)
+            down = dense(get(prefix + "experts.down_proj")).transpose(1, 2)
+            down_bias = get(prefix + "experts.down_proj_bias")
+            for e in range(self.moe.num_experts):
+                self.gate_up[e].load(gate_up[e].contiguous(), bias[e])
+                self.down[e].load(down[e].contiguous(), down_bias[e])
+        else:  # DeepSeek / Qwen3-Next: one module per expert
             self.router.copy_(get(prefix + "gate.weight"))
             if self.correction is not None:
                 self.correction.copy_(get(prefix + "gate.e_score_correction_bias"))
             for e in range(self.moe.num_experts):
                 p = f"{prefix}experts.{e}."
-                self.gate_up[e].copy_(
-                    torch.cat([get(p + "gate_proj.weight"), get(p + "up_proj.weight")])
+                self.gate_up[e].load(
+                    Linear.fused([get(p + "gate_proj.weight"), get(p + "up_proj.weight")])
                 )
-                self.down[e].copy_(get(p + "down_proj.weight"))
+                self.down[e].load(get(p + "down_proj.weight"))
         if self.shared is not None:
             self.shared.load(get, f"{prefix}{self.moe.shared_name}.")
         if self.shared_gate is not None:
@@ -184,11 +188,9 @@ def reference(x: torch.Tensor, moe_layer: MoE) -> torch.Tensor:
                       else None)  # fmt: skip
     weights, experts = moe_layer.route(logits, moe_layer.moe, moe_layer.correction)
     out = torch.zeros_like(x)
-    bias = moe_layer.moe.expert_bias
     for t in range(x.shape[0]):
         for j in range(moe_layer.moe.top_k):
             e = int(experts[t, j])
-            h = x[t] @ moe_layer.gate_up[e].T + (moe_layer.gate_up_bias[e] if bias else 0)
-            y = moe_layer.act(h, moe_layer.moe) @ moe_layer.down[e].T
-            out[t] += weights[t, j] * (y + (moe_layer.down_bias[e] if bias else 0))
+            h = moe_layer.gate_up[e](x[t : t + 1])
+            out[t] += weights[t, j] * moe_layer.down[e](moe_layer.act(h, moe_layer.moe))[0]
     return out if moe_layer.shared is None else out + moe_layer._shared(x)

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import torch
 
+from infergen.ops.state_slots import read_states, write_states
 from infergen.registry import Registry
 
 GatedDeltaRuleFn = Callable[..., torch.Tensor]
@@ -132,11 +133,12 @@ def recurrent_step(
     beta: torch.Tensor,  # [seqs, heads]
     s: torch.Tensor,  # [seqs, heads, k_dim, v_dim]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of each sequence: returns (o [seqs, heads, v_dim], the new state)."""
-    s = s * g.exp()[..., None, None]
+    """One token of each sequence: returns (o [seqs, heads, v_dim], the new state — `s`
+    itself, updated in place)."""
+    s.mul_(g.exp()[..., None, None])
     read = torch.einsum("nhk,nhkv->nhv", k, s)
     correction = beta[..., None] * (v - read)
-    s = s + k[..., :, None] * correction[..., None, :]
+    s.add_(k[..., :, None] * correction[..., None, :])
     return torch.einsum("nhk,nhkv->nhv", q, s), s
 
 
@@ -224,9 +226,10 @@ def gated_delta_rule(
     if decode:
         idx = torch.tensor(decode, dtype=torch.int64, device=device)
         rows = starts_all[idx]
-        o, s = recurrent_step(qn[rows], kn[rows], v32[rows], g32[rows], b32[rows], initial(idx))
+        s, in_place = read_states(state, slots_all[idx], ~keep_all[idx])  # maybe a view
+        o, s = recurrent_step(qn[rows], kn[rows], v32[rows], g32[rows], b32[rows], s)
         out[rows] = o
-        state.index_copy_(0, slots_all[idx], s.to(state.dtype))
+        write_states(state, slots_all[idx], s, in_place)
 
     if prefill:
         idx = torch.tensor(prefill, dtype=torch.int64, device=device)

@@ -41,6 +41,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from infergen.ops.state_slots import read_states, write_states
 from infergen.registry import Registry
 
 SSDScanFn = Callable[..., torch.Tensor]
@@ -133,15 +134,17 @@ def _step(
     n, heads, head_dim = x.shape
     groups, state = B.shape[1], B.shape[2]
     rep = heads // groups
-    h = _initial_state(ssm_state, slots, fresh).view(n, groups, rep, head_dim, state)
+    states, in_place = read_states(ssm_state, slots, fresh)  # [n, H, P, N], maybe a view
+    h = states.view(n, groups, rep, head_dim, state)
     xf = x.float().view(n, groups, rep, head_dim)
     d = delta.view(n, groups, rep)
     decay = torch.exp(d * A.float().view(groups, rep))  # [n, G, R]
-    h = h * decay[..., None, None] + (d[..., None] * xf)[..., None] * B.float()[:, :, None, None]
+    h.mul_(decay[..., None, None])  # in place: with a view, the slots are updated directly
+    h.add_((d[..., None] * xf)[..., None] * B.float()[:, :, None, None])
     y = torch.einsum("ngrpk,ngk->ngrp", h, C.float())  # [n, G, R, P]
     if D is not None:
         y = y + D.float().view(groups, rep, 1) * xf
-    ssm_state.index_copy_(0, slots, h.view(n, heads, head_dim, state).to(ssm_state.dtype))
+    write_states(ssm_state, slots, states, in_place)
     return y.reshape(n, heads, head_dim)
 
 

@@ -9,6 +9,7 @@ import transformers
 
 from infergen.config import ModelConfig, MoEConfig
 from infergen.layers.moe import ROUTERS, MoE, reference
+from infergen.models.arch import MOE_TENSORS
 
 HIDDEN = 32
 
@@ -90,7 +91,8 @@ def test_router_matches_transformers(name, model):
 def _config(router: str, activation: str, shared: int) -> ModelConfig:
     moe = MoEConfig(6, 2, 12, router, activation, 12 * shared, 1.3, True, 3, 2,
                     expert_bias=activation == "clamped_swiglu", swiglu_limit=0.5)  # fmt: skip
-    return ModelConfig("gpt_oss", 64, HIDDEN, 40, 2, 4, 4, 8, moe=moe)
+    arch = "gpt_oss" if activation == "clamped_swiglu" else "deepseek_v3"
+    return ModelConfig(arch, 64, HIDDEN, 40, 2, 4, 4, 8, moe=moe)
 
 
 @pytest.mark.parametrize("tokens", [1, 7, 33])
@@ -100,15 +102,11 @@ def _config(router: str, activation: str, shared: int) -> ModelConfig:
      ("softmax_group_limited", "silu", 2)],
 )  # fmt: skip
 def test_grouped_experts_equal_token_by_token(router, activation, shared, tokens):
-    layer = MoE(_config(router, activation, shared), torch.float32)
+    config = _config(router, activation, shared)
+    layer = MoE(config, torch.float32)
     gen = torch.Generator().manual_seed(tokens)
-    with torch.no_grad():
-        for param in layer.parameters():
-            param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
-    if layer.shared is not None:
-        inter = 12 * shared
-        shapes = {"gate_proj": (inter, HIDDEN), "up_proj": (inter, HIDDEN),
-                  "down_proj": (HIDDEN, inter)}  # fmt: skip
-        layer.shared.load(lambda name: torch.randn(shapes[name.split(".")[0]], generator=gen), "")
+    shapes = MOE_TENSORS[config.arch.mlp](config, "")  # the checkpoint's names and shapes
+    weights = {name: torch.randn(shape, generator=gen) * 0.3 for name, shape in shapes.items()}
+    layer.load(weights.__getitem__, "")
     x = torch.randn(tokens, HIDDEN, generator=gen)
     torch.testing.assert_close(layer(x), reference(x, layer), rtol=1e-5, atol=1e-5)
