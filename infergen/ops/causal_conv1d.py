@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from infergen.ops.state_slots import read_states, write_states
 from infergen.registry import Registry
 
 CausalConv1dFn = Callable[..., torch.Tensor]
@@ -102,6 +103,23 @@ def reference(
     return out.to(x.dtype)
 
 
+def _decode_step(x, weight, bias, conv_state, state_slots, fresh, activation) -> torch.Tensor:
+    """One token per sequence: the window is the state's width-1 inputs and the token; the new
+    state drops the oldest (in place when the slots are a contiguous range, as usual)."""
+    acc_dtype = torch.promote_types(x.dtype, torch.float32)
+    slots = state_slots.to(device=x.device, dtype=torch.int64)
+    prev, in_place = read_states(conv_state, slots, fresh)  # [seqs, channels, hist] fp32
+    window = torch.cat([prev.to(acc_dtype), x.to(acc_dtype)[:, :, None]], dim=-1)
+    y = (window * weight.to(acc_dtype)).sum(-1)
+    if bias is not None:
+        y += bias.to(acc_dtype)
+    if in_place:
+        prev.copy_(window[..., 1:])
+    else:
+        write_states(conv_state, slots, window[..., 1:], False)
+    return ACTIVATIONS[activation](y).to(x.dtype)
+
+
 @CAUSAL_CONV1D_BACKENDS.decorator("torch")
 def causal_conv1d(
     x: torch.Tensor,  # [tokens, channels]
@@ -122,6 +140,8 @@ def causal_conv1d(
     hist = width - 1
     num_seqs = len(query_start_loc) - 1
     tokens = x.shape[0]
+    if tokens == num_seqs and hist > 0:  # a decode step: one token per sequence
+        return _decode_step(x, weight, bias, conv_state, state_slots, fresh, activation)
     device = x.device
     acc_dtype = torch.promote_types(x.dtype, torch.float32)
 
