@@ -53,6 +53,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_formats.py
 	$(PY) benchmarks/bench_quant.py
 	$(PY) benchmarks/bench_compiler.py
+	$(PY) benchmarks/bench_architectures.py
+	$(PY) benchmarks/bench_sparse.py
+	$(PY) benchmarks/eval_gemma3.py
 	$(PY) benchmarks/profile_decode.py
 	$(PY) benchmarks/bench_serving.py
 	$(PY) benchmarks/crosscheck_guidellm.py

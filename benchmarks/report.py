@@ -283,6 +283,104 @@ def render_compiler(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
+ARCH_START, ARCH_END = "<!-- architectures:start -->", "<!-- architectures:end -->"
+
+
+def render_architectures(lines: list[dict]) -> str | None:
+    """The bench_architectures tables: decode tok/s against transformers per architecture and
+    batch, KV / state bytes, and the window memory curve's summary (None: no run)."""
+    ours = [ln for ln in lines if ln.get("bench") == "architectures"]
+    memory = {ln["arch"]: ln for ln in ours if ln.get("kind") == "memory"}
+    if not memory:
+        return None
+    size = ours[0].get("size", {})
+    batch = size.get("batch", 16)
+    ratios = {
+        (ln["arch"], ln["metric"].split(" ", 1)[0]): ln for ln in ours if ln.get("kind") == "ratio"
+    }
+
+    def speed(arch: str, batch_size: int) -> str:
+        ln = ratios.get((arch, f"decode_tok_s_bs{batch_size}"))
+        if ln is None:
+            return "–"
+        noisy = any(c is not None and c > CONTENDED for c in ln["other_cpu_cores"].values())
+        ratio = f"{ln['value']:.2f}×" if ln["value"] >= 2 else f"**{ln['value']:.2f}×**"
+        return (
+            f"{ln['infergen_value']:.1f} / {ln['peer_value']:.1f} ({ratio}{' ⚠' if noisy else ''})"
+        )
+
+    def groups(ln: dict) -> str:
+        kinds: dict[str, int] = {}
+        for g in ln.get("cache_groups", []):
+            key = f"window {g['window']}" if g["window"] else "full"
+            kinds[key] = kinds.get(key, 0) + len(g["layers"])
+        return ", ".join(f"{n} layers {k}" for k, n in kinds.items()) or "–"
+
+    rows = [
+        "| architecture | params total / active | decode bs1 tok/s: infergen / transformers "
+        f"| decode bs{batch} tok/s: infergen / transformers | KV bytes/token (all-MHA) "
+        "| KV cache | state bytes/seq | greedy tokens shared (of {}) |".format(
+            size.get("new_tokens", "?")
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arch, ln in memory.items():
+        active = ln.get("params_active")
+        params = f"{ln['params_total'] / 1e6:.1f}M / " + (f"{active / 1e6:.1f}M" if active else "?")
+        kv = f"{ln.get('kv_bytes_per_token', 0):,} ({ln.get('mha_bytes_per_token') or 0:,})"
+        state = ln.get("state_bytes_per_sequence")
+        rows.append(
+            f"| {arch} | {params} | {speed(arch, 1)} | {speed(arch, batch)} | {kv} "
+            f"| {groups(ln)} | {'–' if state is None else f'{state:,.0f}'} "
+            f"| {ln.get('greedy_agreement_bs1', '–')} |"
+        )
+    curves = [ln for ln in ours if ln.get("kind") == "curve"]
+    if curves:
+        rows += [
+            "",
+            "| one sequence, windowed model | KV held at 1 / 2 / 4 windows of context "
+            "| if every layer were full, at 4 windows | blocks per windowed group after 2 "
+            "windows: most held (planned bound) | flat after window + chunk |",
+            "|---|---|---|---|---|",
+        ]
+        for ln in curves:
+            points, window = ln["points"], ln["window"]
+
+            def at(context: int, key: str, pts=points) -> float:
+                return max((p for p in pts if p["context"] <= context), key=lambda p: p["context"])[
+                    key
+                ]
+
+            held = " / ".join(f"{at(k * window, 'kv_bytes') / 2**10:,.0f}" for k in (1, 2, 4))
+            full = at(4 * window, "all_full_bytes") / 2**10
+            flat = ln["flat"]
+            late = ", ".join(
+                f"{a} ({b})"
+                for a, b in zip(flat["late_max_blocks"], flat["bound_blocks"], strict=True)
+            )
+            met = "yes" if flat["met"] else f"**no** ({flat['ratio']:.2f}×)"
+            rows.append(
+                f"| {ln['arch']} (window {window}, blocks of {ln['block_size']}) "
+                f"| {held} KiB | {full:,.0f} KiB | {late} | {met} |"
+            )
+        if not ours[0].get("quick"):
+            rows.append("\n![window memory](docs/architectures-window-memory.png)")
+    for ln in ours:
+        if ln.get("kind") == "skip":
+            rows.append(f"\n{ln['engine']}: not measured: {ln['note']}")
+    stamp = max(ln["timestamp"] for ln in ours)
+    quick = " (quick run: tiny sizes)" if ours[0].get("quick") else ""
+    rows.append(
+        f"\nTok/s after the first token, best of {ours[0].get('rounds', '?')} interleaved "
+        f"rounds; bold: under the 2× target; ⚠: other processes used more than {CONTENDED} "
+        f"cores during one side's run. {_machine(ours[0])}; "
+        f"{_peer_version({**ours[0], 'peer': 'transformers'})}; "
+        f"run {stamp}{quick}. Regenerate: `python benchmarks/bench_architectures.py && "
+        "python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 def _probe(accuracy: dict, name: str) -> str:
     """Mean load-time probe error over the projections, with the scheme's Gaussian level."""
     probe = accuracy.get("probe_error")
@@ -325,6 +423,9 @@ def main() -> None:
     compiler = render_compiler(lines)
     if compiler is not None and COMPILER_START in text and COMPILER_END in text:
         text = _splice(text, COMPILER_START, COMPILER_END, compiler)
+    architectures = render_architectures(lines)
+    if architectures is not None and ARCH_START in text and ARCH_END in text:
+        text = _splice(text, ARCH_START, ARCH_END, architectures)
     args.readme.write_text(text)
     print(f"wrote the results tables ({len(lines)} lines read) into {args.readme}")
 

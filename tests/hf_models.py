@@ -260,3 +260,27 @@ def _proj_name(layer, module) -> str:
         if child is module:
             return name
     return ""
+
+
+def assert_prefill_matches(name: str, hf_model, llm, chunk: int = 16, length: int = 40) -> None:
+    """infergen's teacher-forced logits (chunks of `chunk`: later chunks read cached blocks)
+    within 1e-4 · max |logit| of transformers' on the same random tokens."""
+    torch.manual_seed(1)
+    tokens = torch.randint(0, hf_model.config.vocab_size, (length,)).tolist()
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([tokens])).logits[0]
+    got = llm.engine.prompt_logits(tokens, chunk=chunk)
+    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), name
+
+
+def hf_greedy(hf_model, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' greedy continuation of `prompt` (EOS ignored)."""
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
