@@ -37,6 +37,32 @@ from infergen.models.fused_decode import FusedDecode
 from infergen.ops.rope import RopeInputs, cos_sin_cache
 
 
+def _attention(config: ModelConfig, dtype, kernels: str, group: int, rope_index: int):
+    attention = MLAttention if config.mla is not None else Attention
+    return attention(config, dtype, kernels, group, rope_index)
+
+
+def _recurrent(kind: str):
+    def build(config: ModelConfig, dtype, kernels: str, group: int, rope_index: int):
+        return StateMixer(kind, config, dtype, kernels)  # a per-sequence state, no KV
+
+    return build
+
+
+def _attention_beside_ssm(config: ModelConfig, dtype, kernels: str, group, rope_index):
+    attention = _attention(config, dtype, kernels, group, rope_index)
+    return ParallelMixer(attention, config, dtype, kernels)  # Falcon-H1
+
+
+# layer type (ModelConfig.layer_types) → the module in the layer's mixer seat
+MIXERS = {
+    "full_attention": _attention,
+    "sliding_attention": _attention,
+    **{kind: _recurrent(kind) for kind in STATE_MIXERS},
+    "attention_mamba": _attention_beside_ssm,
+}
+
+
 class DecoderLayer(nn.Module):
     def __init__(
         self,
@@ -50,14 +76,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps, hidden = config.rms_norm_eps, config.hidden_size
         self.attn_norm = RMSNorm(hidden, eps, dtype, kernels)
-        kind = config.layer_type(index)
-        if kind in STATE_MIXERS:  # a recurrent mixer with a per-sequence state
-            self.attn = StateMixer(kind, config, dtype, kernels)
-        else:
-            attention = MLAttention if config.mla is not None else Attention
-            self.attn = attention(config, dtype, kernels, group, rope_index)
-            if kind == "attention_mamba":  # Falcon-H1: an SSM beside the attention
-                self.attn = ParallelMixer(self.attn, config, dtype, kernels)
+        mixer = MIXERS[config.layer_type(index)]
+        self.attn = mixer(config, dtype, kernels, group, rope_index)
         self.mlp_norm = self.mlp = None  # Mamba2's layers are the mixer alone
         if config.arch.mlp != "none":
             self.mlp_norm = RMSNorm(hidden, eps, dtype, kernels)
