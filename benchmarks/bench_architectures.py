@@ -47,7 +47,7 @@ for _p in (ROOT, ROOT / "benchmarks", ROOT / "benchmarks" / "peers", ROOT / "tes
 
 from arch_rows import ARCHS, QUICK, SIZE, Size, build  # noqa: E402
 from arch_window_curve import kv_page_bytes, other_pytest, plot_curves, window_curve  # noqa: E402
-from bench_generate import git_state, machine_info  # noqa: E402
+from bench_generate import decode_phase, git_state, machine_info  # noqa: E402
 from protocol import CONTENDED, measure  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
@@ -80,21 +80,9 @@ class Infergen:
 
     def decode(self, batch: list[list[int]], new: int) -> dict:
         """All prompts at once; decode phase: after every sequence has its first token."""
-        engine = self.llm.engine
-        ids = [engine.add_request(p, self.params(new)) for p in batch]
-        waiting, start, emitted = set(ids), None, 0
-        while engine.has_unfinished():
-            deltas = engine.step()
-            if start is not None:
-                emitted += sum(len(d.token_ids) for d in deltas)
-            waiting -= {d.request_id for d in deltas if d.token_ids}
-            if not waiting and start is None:
-                start = time.perf_counter()
-        seconds = time.perf_counter() - start
-        outputs = [list(engine.output(r).token_ids) for r in ids]
-        for r in ids:
-            engine.release(r)
-        return {"tok_s": emitted / seconds, "tokens": outputs}
+        run = decode_phase(self.llm.engine, batch, self.params(new))
+        return {"tok_s": run["decode_phase_tokens"] / run["decode_phase_s"],
+                "tokens": run["outputs"]}  # fmt: skip
 
     def memory(self) -> dict:
         engine = self.llm.engine

@@ -54,6 +54,33 @@ from protocol import run_tasks  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 
+def decode_phase(engine, prompts: list[list[int]], params) -> dict:
+    """Run all prompts at once through an infergen engine. Returns the wall time, the outputs,
+    and the decode phase: from the step in which the last request got its first token to the
+    end, and the tokens emitted in it."""
+    start = time.perf_counter()
+    ids = [engine.add_request(p, params) for p in prompts]
+    waiting, decode_start, decode_tokens = set(ids), None, 0
+    while engine.has_unfinished():
+        deltas = engine.step()
+        if decode_start is not None:
+            decode_tokens += sum(len(d.token_ids) for d in deltas)
+        waiting -= {d.request_id for d in deltas if d.token_ids}
+        if not waiting and decode_start is None:
+            decode_start = time.perf_counter()
+    end = time.perf_counter()
+    outputs = [list(engine.output(r).token_ids) for r in ids]
+    for r in ids:
+        engine.release(r)
+    return {
+        "seconds": end - start,
+        "output_tokens": sum(map(len, outputs)),
+        "outputs": outputs,
+        "decode_phase_s": end - decode_start,
+        "decode_phase_tokens": decode_tokens,
+    }
+
+
 @dataclass(frozen=True)
 class Sizes:
     decode_prompt: int = 128
@@ -148,30 +175,8 @@ class InfergenRunner:
         return {"seconds": time.perf_counter() - start, "tokens": len(prompt)}
 
     def run_concurrent(self, prompts: list[list[int]], max_tokens: int) -> dict:
-        """All prompts at once; also times the decode phase: from the step in which the last
-        request got its first token to the end, and the tokens emitted in it."""
-        engine = self.llm.engine
-        start = time.perf_counter()
-        ids = [engine.add_request(p, self._params(max_tokens)) for p in prompts]
-        waiting, decode_start, decode_tokens = set(ids), None, 0
-        while engine.has_unfinished():
-            deltas = engine.step()
-            if decode_start is not None:
-                decode_tokens += sum(len(d.token_ids) for d in deltas)
-            waiting -= {d.request_id for d in deltas if d.token_ids}
-            if not waiting and decode_start is None:
-                decode_start = time.perf_counter()
-        end = time.perf_counter()
-        outputs = [list(engine.output(r).token_ids) for r in ids]
-        for r in ids:
-            engine.release(r)
-        return {
-            "seconds": end - start,
-            "output_tokens": sum(map(len, outputs)),
-            "outputs": outputs,
-            "decode_phase_s": end - decode_start,
-            "decode_phase_tokens": decode_tokens,
-        }
+        """All prompts at once; also times the decode phase (see decode_phase)."""
+        return decode_phase(self.llm.engine, prompts, self._params(max_tokens))
 
 
 def run_infergen(threads: int, sizes: Sizes, retries: int) -> tuple[dict, list, list]:

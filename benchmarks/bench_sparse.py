@@ -17,7 +17,6 @@ import argparse
 import datetime
 import pathlib
 import sys
-import time
 
 import torch
 
@@ -25,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_generate import machine_info  # noqa: E402
+from bench_generate import decode_phase, machine_info  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 from infergen import LLM, SamplingParams  # noqa: E402
@@ -40,20 +39,9 @@ def _engine(blocks: int | None) -> LLM:
 
 def _decode_tok_s(llm: LLM, rounds: int) -> float:
     prompt = passkey_prompt(llm.tokenizer, LENGTH, 0.5, 12345)
-    best = 0.0
-    for _ in range(rounds):
-        engine = llm.engine
-        engine.add_request(prompt, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
-        first = None
-        tokens = 0
-        while engine.has_unfinished():
-            deltas = engine.step()
-            if deltas and deltas[0].token_ids:
-                tokens += len(deltas[0].token_ids)
-                if first is None:
-                    first = time.perf_counter()
-        best = max(best, (tokens - 1) / (time.perf_counter() - first))
-    return best
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    runs = [decode_phase(llm.engine, [prompt], params) for _ in range(rounds)]
+    return max(run["decode_phase_tokens"] / run["decode_phase_s"] for run in runs)
 
 
 def main() -> None:
