@@ -38,9 +38,11 @@ demo: $(STAMP)
 	$(VENV)/bin/infergen chat --max-tokens 64 --once "Write a haiku about the sea."
 
 test: $(TRITON)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 test-fast: $(TRITON)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)

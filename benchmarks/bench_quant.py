@@ -52,16 +52,17 @@ from gguf_f32 import cached_f32_gguf  # noqa: E402
 from protocol import run_tasks  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
-from infergen.io.default_model import default_model_path  # noqa: E402
-from infergen.kvcache.kv_format import KV_FORMATS  # noqa: E402
-from infergen.quant import WEIGHT_SCHEMES  # noqa: E402
-from infergen.quant.evaluate import (  # noqa: E402
+from infergen.eval.quality import (  # noqa: E402
     default_tokens,
     divergence,
     perplexity,
     probe_errors,
     weight_bytes,
 )
+from infergen.io.default_model import default_model_path  # noqa: E402
+from infergen.kvcache.kv_format import KV_FORMATS  # noqa: E402
+from infergen.kvcache.sizing import bytes_per_token  # noqa: E402
+from infergen.quant import WEIGHT_SCHEMES  # noqa: E402
 from infergen.quant.spec import MATRIX_SPECS, parse_spec  # noqa: E402
 
 SIZES = Sizes(concurrency=(16,))
@@ -146,7 +147,7 @@ def main() -> None:
                 accuracy[name]["probe_error"] = probe_errors(engine.runner.model)
                 cache = engine.config.cache  # KV bytes per token, tokens in the 1 GiB pool
                 accuracy[name]["kv_bytes_per_token"] = round(
-                    cache.bytes_per_token(engine.model_config, engine.kv_cache.dtype.itemsize), 1
+                    bytes_per_token(cache, engine.model_config, engine.kv_cache.dtype.itemsize), 1
                 )
                 accuracy[name]["kv_capacity_tokens"] = engine.kv_capacity_tokens
             print(f"round {round_}: {name} done in {time.perf_counter() - started:.0f} s")

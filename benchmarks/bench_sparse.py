@@ -28,7 +28,7 @@ from bench_generate import decode_phase, machine_info  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 from infergen import LLM, SamplingParams  # noqa: E402
-from infergen.quant.passkey import passkey_accuracy, passkey_prompt  # noqa: E402
+from infergen.eval.passkey import passkey_accuracy, passkey_prompt  # noqa: E402
 
 LENGTH = 7936  # prompt tokens: the answer fits in the model's 8192
 

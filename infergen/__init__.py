@@ -3,7 +3,8 @@
 Public API: `LLM`, `SamplingParams`, `EngineConfig`.
 """
 
-from infergen.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from infergen.config import CacheConfig, ModelConfig, SchedulerConfig
+from infergen.engine.config import EngineConfig
 from infergen.engine.sampling_params import SamplingParams
 from infergen.llm import LLM
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from infergen.config import CacheConfig, EngineConfig, SchedulerConfig, parse_bytes
+from infergen.config import CacheConfig, SchedulerConfig, parse_bytes
+from infergen.engine.config import EngineConfig
 from infergen.engine.engine import Engine
 from infergen.engine.request import RequestOutput, StreamDelta
 from infergen.engine.sampling_params import SamplingParams

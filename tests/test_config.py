@@ -6,6 +6,7 @@ import pytest
 
 from infergen.config import CacheConfig, parse_bytes
 from infergen.errors import ConfigError
+from infergen.kvcache.sizing import blocks_for
 
 
 @pytest.mark.parametrize(
@@ -27,4 +28,4 @@ def test_cache_budget_smaller_than_a_block():
 
     model = ModelConfig("llama", 10, 64, 128, 2, 4, 2, 16)
     with pytest.raises(ConfigError, match="smaller than one block"):
-        CacheConfig(memory_bytes=100).blocks_for(model, 4)
+        blocks_for(CacheConfig(memory_bytes=100), model, 4)

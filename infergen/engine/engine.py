@@ -16,7 +16,9 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from infergen.config import EngineConfig, ModelConfig
+from infergen.compiler.runtime import CompiledLayers
+from infergen.config import ModelConfig
+from infergen.engine.config import EngineConfig
 from infergen.engine.request import RequestOutput, Sequence, Status, StreamDelta
 from infergen.engine.runner import ModelRunner
 from infergen.engine.sampler import Sampler, SamplingState
@@ -25,26 +27,28 @@ from infergen.engine.scheduler import ScheduledBatch, Scheduler
 from infergen.engine.step_trace import StepRecord
 from infergen.engine.stopping import StopChecker
 from infergen.errors import ConfigError, RequestError
-from infergen.io.block_weight import BlockWeight
+from infergen.formats.block_weight import BlockWeight
 from infergen.io.checkpoint import Checkpoint, load_checkpoint
+from infergen.io.tokenizer import IncrementalDetokenizer
 from infergen.kernels.build import build_all
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.calibrate import calibrate_kv_scales
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.kvcache.sizing import blocks_for, is_blocked
 from infergen.kvcache.state_cache import StateCache
+from infergen.layers.probe import check_kv_scales
 from infergen.models.transformer import Transformer
 from infergen.ops.sparse_decode import QuestDecode
 from infergen.process import configure_process
 from infergen.quant.activations import load_activation_scales
 from infergen.quant.apply import CalibrationResult, quantize_calibrated, rewrites_weights
-from infergen.quant.probe import check_kv_scales
 from infergen.quant.schemes import WEIGHT_SCHEMES, apply_weight_scheme
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _check_fallbacks(model: Transformer, config: EngineConfig) -> dict[str, tuple[float, float]]:
-    """The load-time check's verdicts (quant/probe.py): {projection: (error, limit)} of those
+    """The load-time check's verdicts (layers/probe.py): {projection: (error, limit)} of those
     kept at full precision; with on_bad_layer="refuse", an error naming them instead."""
     bad = {name: m.fallback for name, m in model.named_modules() if getattr(m, "fallback", None)}
     if not bad:
@@ -96,7 +100,7 @@ class Engine:
         config: EngineConfig,
         checkpoint: Checkpoint | None = None,
         progress: bool = False,
-        keep_dense: bool = False,  # keep calibration's rewritten fp32 weights (quant/export.py)
+        keep_dense: bool = False,  # keep calibration's rewritten fp32 weights (engine/export.py)
     ):
         configure_process(config.num_threads)
         if config.kernels == "native":
@@ -163,7 +167,9 @@ class Engine:
             self.config = config = dataclasses.replace(config, cache=cache)
             layers, _, heads = checkpoint.kv_scales.shape
             scales = (checkpoint.kv_scales, torch.zeros(layers, heads, self.model_config.head_dim))
-        elif cache.kv_format is not None and not cache.blocked:  # per-head scales from the
+        elif cache.kv_format is not None and not is_blocked(
+            cache.kv_format
+        ):  # per-head scales from the
             scales = calibrate_kv_scales(self, model, dtype)  # model's own K / V
         # block-quantized KV: fp32 tails for every block a step writes (each running sequence's
         # last block, and the blocks a prefill chunk completes), + one for scoring
@@ -173,8 +179,12 @@ class Engine:
         # aside from the same memory budget before the KV blocks
         slots = sched.max_num_seqs + 1 if model.state_layers else 0
         state_bytes = slots * StateCache.bytes_per_slot(model.state_layers)
-        num_blocks = cache.blocks_for(
-            self.model_config, torch.finfo(dtype).bits // 8, tails, reserved_bytes=state_bytes
+        num_blocks = blocks_for(
+            cache,
+            self.model_config,
+            torch.finfo(dtype).bits // 8,
+            tails,
+            reserved_bytes=state_bytes,
         )
         self._attach_cache(
             model,
@@ -217,8 +227,6 @@ class Engine:
                 expected="compile='off' for this architecture",
             )
         if config.compile != "off":  # the decoder layers through the compiler
-            from infergen.compiler.runtime import CompiledLayers
-
             model.compiled = CompiledLayers(model, self.kv_cache, config.compile)
             self.compile_report = model.compiled.report
         self._requests: dict[str, Sequence] = {}
@@ -287,8 +295,6 @@ class Engine:
         self._validate(token_ids, params)
         detokenizer = None
         if self.tokenizer is not None:
-            from infergen.io.tokenizer import IncrementalDetokenizer
-
             detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
         seq = Sequence(
             request_id=request_id,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from infergen.config import ModelConfig
-from infergen.engine.forward_batch import ForwardBatch
 from infergen.engine.scheduler import ScheduledBatch
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.layers.forward_batch import ForwardBatch
 from infergen.models.transformer import Transformer
 from infergen.ops.paged_attention import plan
 

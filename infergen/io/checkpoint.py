@@ -15,7 +15,7 @@ import torch
 
 from infergen.config import ModelConfig
 from infergen.errors import CheckpointError, ConfigError
-from infergen.models.arch import expected_tensors
+from infergen.models.tensor_names import expected_tensors
 
 
 @dataclass

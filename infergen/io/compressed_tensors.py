@@ -1,6 +1,6 @@
 """compressed-tensors checkpoints (`"quant_method": "compressed-tensors"` in config.json, the
 layout vLLM loads): reading them into QuantWeights our backends run as stored, and the tensor
-layout `infergen quantize` writes (quant/export.py).
+layout `infergen quantize` writes (engine/export.py).
 
 Per quantized Linear `<p>` (weights [out, in]):
   pack-quantized (int4 / int8): `<p>.weight_packed` int32 [out, in·bits/32], value q + 2^(bits−1)
@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import torch
 
 from infergen.errors import CheckpointError
-from infergen.io.quant_weight import QuantWeight
+from infergen.formats.quant_weight import QuantWeight
 
 GROUP = 32  # our group kernels' group size: a checkpoint's groups must be multiples of it
 

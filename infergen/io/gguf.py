@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from infergen.config.architectures import ArchSpec, arch_for_gguf
 from infergen.errors import CheckpointError, ConfigError
-from infergen.io.block_weight import BLOCK_TYPES, BlockWeight
-from infergen.models.arch import ArchSpec, arch_for_gguf
+from infergen.formats.block_weight import BLOCK_TYPES, BlockWeight
 
 # GGUF tensor name → Hugging Face name ("{i}" is the layer index).
 _GLOBAL_NAMES = {

@@ -17,11 +17,11 @@ import torch
 
 from infergen.config import ModelConfig
 from infergen.errors import ConfigError
+from infergen.kvcache.block_summary import BlockSummary
 from infergen.kvcache.groups import cache_groups
 from infergen.kvcache.kv_blocked import BlockedKVFormat, BlockedLayer, BlockedStore
 from infergen.kvcache.kv_format import KV_FORMATS, KVFormat
 from infergen.kvcache.state_cache import StateCache
-from infergen.ops.block_summary import BlockSummary
 
 
 class KVLayer(NamedTuple):
@@ -140,7 +140,7 @@ class PagedKVCache:
             self._add_summaries(config)
 
     def _add_summaries(self, config: ModelConfig) -> None:
-        """Per KV layer, each block's key min / max (ops/block_summary.py)."""
+        """Per KV layer, each block's key min / max (kvcache/block_summary.py)."""
         heads, dim = config.num_key_value_heads, config.head_dim
         for i, layer in enumerate(self._layers):
             if isinstance(layer, KVLayer):

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from infergen.config import ModelConfig
-from infergen.engine.forward_batch import ForwardBatch
 from infergen.errors import ConfigError
 from infergen.kvcache.paged_cache import KVLayer
+from infergen.layers.forward_batch import ForwardBatch
 from infergen.layers.linear import Linear
 from infergen.layers.norm import RMSNorm
 from infergen.ops.attention_operands import ATTENTION_OPERANDS

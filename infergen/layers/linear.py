@@ -9,13 +9,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from infergen.io.block_weight import BlockWeight, fuse
-from infergen.io.quant_weight import QuantWeight
+from infergen.formats.block_weight import BlockWeight
+from infergen.formats.quant_weight import QuantWeight
 from infergen.ops import (
     linear_grouped,  # noqa: F401  (registers "q4_0" ... "int4_asym")
     linear_quantized,  # noqa: F401  (registers "int8", "fp8_e4m3")
 )
 from infergen.ops.linear import LINEAR_BACKENDS
+from infergen.ops.stored_weights import dense, fuse
 
 
 class Linear(nn.Module):
@@ -34,7 +35,7 @@ class Linear(nn.Module):
         self.register_buffer("bias", None)
         self.has_bias = bias
         self.keep_blocks = True  # False: a weight scheme keeps this layer at full precision
-        # the load-time check (quant/probe.py): the largest probe error a quantized weight may
+        # the load-time check (layers/probe.py): the largest probe error a quantized weight may
         # show (None: no check), and (error, limit) when this layer fell back to full precision
         self.max_error: float | None = None
         self.probe_error: float | None = None  # measured at load when checked
@@ -59,11 +60,11 @@ class Linear(nn.Module):
                 self.weight = self.backend.prepare(weight)
                 self.bias = bias.to(self.dtype).contiguous() if bias is not None else None
                 return
-            weight = weight.dequantize()
+            weight = dense(weight)
         weight = weight.to(self.dtype).contiguous()
         self.weight = self.backend.prepare(weight)
         if self.max_error is not None:
-            from infergen.quant.probe import probe_error  # (infergen.quant imports this module)
+            from infergen.layers.probe import probe_error  # (infergen.quant imports this module)
 
             error = self.probe_error = probe_error(self.backend, self.weight, weight)
             if error > self.max_error:  # far above the scheme's level: keep full precision

@@ -19,95 +19,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infergen.errors import CheckpointError, ConfigError
+from infergen.config.mixers import DeltaNetSpec
+from infergen.errors import CheckpointError
 from infergen.layers.linear import Linear
-from infergen.ops.causal_conv1d import ACTIVATIONS, CAUSAL_CONV1D_BACKENDS
-from infergen.ops.gated_delta_rule import CHUNK_SIZE, GATED_DELTA_RULE_BACKENDS
+from infergen.ops.causal_conv1d import CAUSAL_CONV1D_BACKENDS
+from infergen.ops.gated_delta_rule import GATED_DELTA_RULE_BACKENDS
 from infergen.ops.rms_norm import RMS_NORM_BACKENDS
-
-
-@dataclass(frozen=True)
-class DeltaNetSpec:
-    """Shapes of one gated DeltaNet mixer."""
-
-    hidden_size: int
-    num_k_heads: int
-    num_v_heads: int
-    k_head_dim: int
-    v_head_dim: int
-    conv_width: int = 4
-    rms_norm_eps: float = 1e-6
-    activation: str = "silu"  # of the conv (Hugging Face reads config.hidden_act)
-    chunk_size: int = CHUNK_SIZE
-
-    def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be ≥ 1", where="DeltaNetSpec", found=self)
-        if self.conv_width < 1 or self.chunk_size < 1:
-            raise ConfigError("conv_width and chunk_size must be ≥ 1", where="DeltaNetSpec")
-        if self.num_v_heads % self.num_k_heads:
-            raise ConfigError(
-                "linear_num_value_heads must be a multiple of linear_num_key_heads",
-                where="DeltaNetSpec",
-                found=(self.num_v_heads, self.num_k_heads),
-            )
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(
-                "unsupported conv activation (hidden_act)",
-                where="DeltaNetSpec",
-                found=self.activation,
-                expected=[a for a in ACTIVATIONS if a],
-            )
-
-    @property
-    def key_dim(self) -> int:  # Hk·Dk
-        return self.num_k_heads * self.k_head_dim
-
-    @property
-    def value_dim(self) -> int:  # Hv·Dv
-        return self.num_v_heads * self.v_head_dim
-
-    @property
-    def conv_dim(self) -> int:  # channels of the conv: q, k, v
-        return 2 * self.key_dim + self.value_dim
-
-    @property
-    def v_per_k(self) -> int:  # value heads sharing one query/key head
-        return self.num_v_heads // self.num_k_heads
-
-    @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> DeltaNetSpec:
-        """From a Qwen3-Next config.json (a dict); a nested "text_config" is used if present."""
-        cfg = cfg.get("text_config", cfg)
-        keys = {
-            "hidden_size": "hidden_size",
-            "num_k_heads": "linear_num_key_heads",
-            "num_v_heads": "linear_num_value_heads",
-            "k_head_dim": "linear_key_head_dim",
-            "v_head_dim": "linear_value_head_dim",
-            "conv_width": "linear_conv_kernel_dim",
-        }
-        missing = [hf for hf in keys.values() if hf not in cfg]
-        if missing:
-            raise ConfigError(
-                "config.json lacks the gated DeltaNet (linear attention) fields",
-                where="config.json",
-                found=f"missing {missing}",
-                expected="a Qwen3-Next config",
-            )
-        return cls(
-            **{ours: int(cfg[hf]) for ours, hf in keys.items()},
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            activation=cfg.get("hidden_act", "silu"),
-        )
 
 
 class GatedDeltaNet(nn.Module):

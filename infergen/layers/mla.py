@@ -25,13 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from infergen.config import ModelConfig
-from infergen.engine.forward_batch import ForwardBatch
 from infergen.errors import ConfigError
 from infergen.kvcache.paged_cache import KVLayer
+from infergen.layers.forward_batch import ForwardBatch
 from infergen.layers.linear import Linear
 from infergen.layers.norm import RMSNorm
 from infergen.ops.paged_attention import DECODE_BACKENDS, paged_attention
-from infergen.ops.rope import ROPE_BACKENDS
+from infergen.ops.rope import ROPE_BACKENDS, RopeInputs
 
 
 def _deinterleave(rows: int) -> torch.Tensor:
@@ -170,8 +170,6 @@ class MLAttention(nn.Module):
 def naive_reference(layer: MLAttention, x: torch.Tensor, positions: torch.Tensor, rope_table):
     """Oracle for one sequence (causal over x's tokens): every head's K and V decompressed
     from the latent, plain softmax attention in float64. Returns [tokens, hidden]."""
-    from infergen.ops.rope import RopeInputs
-
     tokens, heads = x.shape[0], layer.num_heads
     rope = RopeInputs(positions, rope_table)
     down = layer.down(x)

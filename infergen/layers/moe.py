@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from infergen.config import ModelConfig, MoEConfig
-from infergen.io.block_weight import dense
 from infergen.layers.linear import Linear
 from infergen.layers.mlp import GatedMLP
+from infergen.ops.stored_weights import dense
 from infergen.registry import Registry
 
 Router = Callable[[torch.Tensor, MoEConfig, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]

@@ -29,169 +29,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infergen.errors import CheckpointError, ConfigError
+from infergen.config.mixers import SSMSpec
+from infergen.errors import CheckpointError
 from infergen.layers.linear import Linear
 from infergen.ops.causal_conv1d import CAUSAL_CONV1D_BACKENDS
 from infergen.ops.ssd_scan import SSD_SCAN_BACKENDS
-from infergen.registry import Registry
-
-
-@dataclass(frozen=True)
-class SSMSpec:
-    """Shapes and options of one Mamba2 mixer (see the module docstring)."""
-
-    hidden_size: int
-    num_heads: int
-    head_dim: int
-    state_size: int
-    n_groups: int
-    conv_kernel: int
-    chunk_size: int
-    norm_eps: float
-    in_proj_bias: bool = False
-    out_proj_bias: bool = False
-    conv_bias: bool = True
-    rms_norm: bool = True  # the gated RMSNorm is present (else y · silu(z))
-    norm_before_gate: bool = False
-    time_step_limit: tuple[float, float] = (0.0, math.inf)
-    in_multiplier: float = 1.0  # Falcon-H1 ssm_in_multiplier
-    proj_multipliers: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)  # z, x, B, C, dt blocks
-    activation: str = "silu"
-
-    def __post_init__(self) -> None:
-        where = "SSMSpec"
-        for name in ("hidden_size", "num_heads", "head_dim", "state_size", "n_groups"):
-            if getattr(self, name) < 1:
-                raise ConfigError(
-                    f"{name} must be positive", where=where, found=getattr(self, name)
-                )
-        if self.num_heads % self.n_groups:
-            raise ConfigError(
-                "the SSM heads must split evenly into groups",
-                where=where,
-                found=f"num_heads={self.num_heads}, n_groups={self.n_groups}",
-            )
-        if self.conv_kernel < 1 or self.chunk_size < 1:
-            raise ConfigError(
-                "conv_kernel and chunk_size must be positive",
-                where=where,
-                found=(self.conv_kernel, self.chunk_size),
-            )
-        if len(self.proj_multipliers) != 5:
-            raise ConfigError(
-                "ssm_multipliers needs one value per in_proj block (z, x, B, C, dt)",
-                where=where,
-                found=self.proj_multipliers,
-            )
-        if self.activation != "silu":
-            raise ConfigError("unsupported SSM activation", where=where, found=self.activation,
-                              expected="silu")  # fmt: skip
-
-    @property
-    def intermediate_size(self) -> int:  # I: channels of x and z
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:  # channels through the conv: x, B, C
-        return self.intermediate_size + 2 * self.n_groups * self.state_size
-
-    @property
-    def projection_size(self) -> int:  # in_proj rows: z, xBC, dt
-        return self.intermediate_size + self.conv_dim + self.num_heads
-
-    @staticmethod
-    def from_hf_config(cfg: dict) -> SSMSpec:
-        """Read a Hugging Face config.json (mamba2, falcon_h1)."""
-        model_type = cfg.get("model_type", "mamba2")
-        return SSM_SPEC_READERS.get(model_type, where="config.json model_type")(cfg)
-
-
-SSM_SPEC_READERS: Registry[Callable[[dict], SSMSpec]] = Registry("SSM config reader")
-
-
-def _time_step_limit(cfg: dict) -> tuple[float, float]:
-    limit = cfg.get("time_step_limit") or (0.0, math.inf)
-    if len(limit) != 2:
-        raise ConfigError("time_step_limit must be [min, max]", where="config.json", found=limit)
-    return float(limit[0]), float(limit[1])
-
-
-@SSM_SPEC_READERS.decorator("mamba2")
-def _mamba2_spec(cfg: dict) -> SSMSpec:
-    """Defaults are transformers' Mamba2Config defaults. `rms_norm` / `norm_before_gate` are
-    honoured when present (mamba_ssm's Mamba2; transformers always norms after the gate)."""
-    if "hidden_size" not in cfg:
-        raise ConfigError("missing hidden_size", where="config.json (mamba2)")
-    spec = SSMSpec(
-        hidden_size=cfg["hidden_size"],
-        num_heads=cfg.get("num_heads", 128),
-        head_dim=cfg.get("head_dim", 64),
-        state_size=cfg.get("state_size", 128),
-        n_groups=cfg.get("n_groups", 8),
-        conv_kernel=cfg.get("conv_kernel", 4),
-        chunk_size=cfg.get("chunk_size", 256),
-        norm_eps=cfg.get("layer_norm_epsilon", cfg.get("rms_norm_eps", 1e-5)),
-        in_proj_bias=cfg.get("use_bias", False),
-        out_proj_bias=cfg.get("use_bias", False),
-        conv_bias=cfg.get("use_conv_bias", True),
-        rms_norm=cfg.get("rms_norm", True),
-        norm_before_gate=cfg.get("norm_before_gate", False),
-        time_step_limit=_time_step_limit(cfg),
-        activation=cfg.get("hidden_act", "silu"),
-    )
-    expand = cfg.get("expand", 2)
-    if spec.intermediate_size != expand * spec.hidden_size:
-        raise ConfigError(
-            "num_heads · head_dim must equal expand · hidden_size",
-            where="config.json (mamba2)",
-            found=f"{spec.num_heads}·{spec.head_dim} vs {expand}·{spec.hidden_size}",
-        )
-    return spec
-
-
-@SSM_SPEC_READERS.decorator("falcon_h1")
-def _falcon_h1_spec(cfg: dict) -> SSMSpec:
-    """Defaults are transformers' FalconH1Config defaults. in_proj's bias is mamba_proj_bias,
-    out_proj's is projectors_bias; the norm eps is rms_norm_eps."""
-    hidden = cfg["hidden_size"]
-    d_ssm = cfg.get("mamba_d_ssm", 1024)
-    if d_ssm is None:
-        d_ssm = cfg.get("mamba_expand", 2) * hidden
-    heads = cfg.get("mamba_n_heads", 128)
-    head_dim = cfg.get("mamba_d_head", "auto")
-    if head_dim in (None, "auto"):
-        head_dim = d_ssm // heads
-    if heads * head_dim != d_ssm:
-        raise ConfigError(
-            "mamba_n_heads · mamba_d_head must equal mamba_d_ssm",
-            where="config.json (falcon_h1)",
-            found=f"{heads}·{head_dim} vs {d_ssm}",
-        )
-    return SSMSpec(
-        hidden_size=hidden,
-        num_heads=heads,
-        head_dim=head_dim,
-        state_size=cfg.get("mamba_d_state", 256),
-        n_groups=cfg.get("mamba_n_groups", 1),
-        conv_kernel=cfg.get("mamba_d_conv", 4),
-        chunk_size=cfg.get("mamba_chunk_size", 256),
-        norm_eps=cfg.get("rms_norm_eps", 1e-5),
-        in_proj_bias=cfg.get("mamba_proj_bias", False),
-        out_proj_bias=cfg.get("projectors_bias", False),
-        conv_bias=cfg.get("mamba_conv_bias", True),
-        rms_norm=cfg.get("mamba_rms_norm", False),
-        norm_before_gate=cfg.get("mamba_norm_before_gate", True),
-        time_step_limit=_time_step_limit(cfg),
-        in_multiplier=float(cfg.get("ssm_in_multiplier", 1.0) or 1.0),
-        proj_multipliers=tuple(float(m) for m in (cfg.get("ssm_multipliers") or (1.0,) * 5)),
-        activation=cfg.get("hidden_act", "silu"),
-    )
+from infergen.ops.stored_weights import dense
 
 
 def gated_rms_norm(
@@ -287,7 +135,7 @@ class Mamba2Mixer(nn.Module):
         bias = get(prefix + "in_proj.bias") if s.in_proj_bias else None
         scale = self._scale_vector()
         if scale is not None or s.in_multiplier != 1.0:  # fold the µP multipliers
-            weight = weight if isinstance(weight, torch.Tensor) else weight.dequantize()
+            weight = dense(weight)
             rows = scale if scale is not None else torch.ones(s.projection_size)
             weight = weight.float() * (rows * s.in_multiplier)[:, None]
             bias = bias.float() * rows if bias is not None else None

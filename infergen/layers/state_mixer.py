@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from infergen.config import ModelConfig
-from infergen.engine.forward_batch import ForwardBatch
+from infergen.layers.forward_batch import ForwardBatch
 
 
 def _mamba(config: ModelConfig, dtype: torch.dtype, backend: str) -> nn.Module:

@@ -14,9 +14,9 @@ import ctypes
 
 import torch
 
-from infergen.engine.forward_batch import ForwardBatch
 from infergen.kernels.build import I, L, P, kernel
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.layers.forward_batch import ForwardBatch
 from infergen.ops.paged_attention import DECODE_BACKENDS
 from infergen.ops.rms_norm import RMS_NORM_BACKENDS
 from infergen.ops.rope import ROPE_BACKENDS

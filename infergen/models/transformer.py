@@ -21,12 +21,11 @@ import torch
 from torch import nn
 
 from infergen.config import ModelConfig
-from infergen.engine.forward_batch import ForwardBatch
 from infergen.errors import ConfigError
-from infergen.io.block_weight import dense
 from infergen.kvcache.groups import cache_groups
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.attention import Attention
+from infergen.layers.forward_batch import ForwardBatch
 from infergen.layers.linear import Linear
 from infergen.layers.mla import MLAttention
 from infergen.layers.mlp import GatedMLP
@@ -35,6 +34,7 @@ from infergen.layers.norm import RMSNorm
 from infergen.layers.state_mixer import STATE_MIXERS, ParallelMixer, StateMixer
 from infergen.models.fused_decode import FusedDecode
 from infergen.ops.rope import RopeInputs, cos_sin_cache
+from infergen.ops.stored_weights import dense
 
 
 def _attention(config: ModelConfig, dtype, kernels: str, group: int, rope_index: int):

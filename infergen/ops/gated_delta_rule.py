@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import torch
 
+from infergen.config.mixers import DELTANET_CHUNK_SIZE
 from infergen.ops.state_slots import read_states, write_states
 from infergen.registry import Registry
 
@@ -40,7 +41,7 @@ GatedDeltaRuleFn = Callable[..., torch.Tensor]
 GATED_DELTA_RULE_BACKENDS: Registry[GatedDeltaRuleFn] = Registry("gated_delta_rule backend")
 
 L2NORM_EPS = 1e-6  # as flash-linear-attention's l2norm (and transformers' Qwen3-Next)
-CHUNK_SIZE = 64
+CHUNK_SIZE = DELTANET_CHUNK_SIZE  # config/mixers.py: the DeltaNet spec's default
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

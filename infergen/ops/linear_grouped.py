@@ -26,8 +26,10 @@ from dataclasses import dataclass
 import torch
 
 from infergen.errors import ConfigError
-from infergen.io.block_weight import BLOCK, BLOCK_TYPES, BlockWeight
-from infergen.io.quant_weight import QuantWeight
+from infergen.formats import quantize
+from infergen.formats.block_weight import BLOCK, BLOCK_TYPES, BlockWeight
+from infergen.formats.pack import unpack_bits
+from infergen.formats.quant_weight import QuantWeight
 from infergen.kernels.build import I, L, P, kernel
 from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
 from infergen.ops.linear import reference as fp32_reference
@@ -78,8 +80,6 @@ def _fp4_value(g: Grouped) -> torch.Tensor:
 
 def _fp4_encode(fmt: str) -> Callable[[torch.Tensor], Grouped]:
     def encode(weight: torch.Tensor) -> Grouped:
-        from infergen.formats import quantize
-        from infergen.formats.pack import unpack_bits
 
         q = quantize(weight, fmt, axis=-1)
         codes = unpack_bits(q.codes, 4).reshape(weight.shape)
@@ -104,8 +104,6 @@ def _gguf_encode(ggml_type: str) -> Callable[[torch.Tensor], Grouped]:
 
 def _formats_encode(fmt: str) -> Callable[[torch.Tensor], Grouped]:
     def encode(weight: torch.Tensor) -> Grouped:
-        from infergen.formats import quantize
-        from infergen.formats.pack import unpack_bits
 
         q = quantize(weight, fmt, axis=-1, block_size=BLOCK)
         groups = (weight.shape[0], weight.shape[1] // BLOCK)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from infergen.formats import dequantize, quantize
-from infergen.io.quant_weight import QuantWeight
+from infergen.formats.quant_weight import QuantWeight
 from infergen.kernels.build import I, L, P, kernel
 from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
 from infergen.ops.linear import reference as fp32_reference

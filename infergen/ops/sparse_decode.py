@@ -4,7 +4,7 @@ Per decode sequence i (one query token, context of seq_lens[i] positions in the 
 listed by block_tables[i]) and per KV head h:
 1. Score every candidate block b (a block overlapping the span the query may read:
    [max(0, len − window), len), or [0, len) without a window) by an upper bound of q·k over
-   the block's keys, from the block's summary (ops/block_summary.py):
+   the block's keys, from the block's summary (kvcache/block_summary.py):
        bound_j(b) = Σ_d max(q_j,d · min_d(b), q_j,d · max_d(b))     for query head j of h
        score(b)   = max over the GQA group's query heads j of bound_j(b)
 2. Select S = min(top_k_blocks, candidates) blocks: always the last (partial) block and the
@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from infergen.errors import ConfigError
+from infergen.kvcache.block_summary import MAX, MIN, BlockSummary
 from infergen.kvcache.paged_cache import KVLayer
-from infergen.ops.block_summary import MAX, MIN, BlockSummary
 from infergen.ops.paged_attention import AttentionPlan
 from infergen.registry import Registry
 

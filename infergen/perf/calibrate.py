@@ -20,7 +20,10 @@ from dataclasses import replace
 import torch
 
 from infergen.kernels.build import cache_dir
+from infergen.ops import linear
+from infergen.ops.paged_attention import DECODE_BACKENDS, paged_attention, plan
 from infergen.perf.hardware import Hardware
+from infergen.process import configure_process
 from infergen.timing import best_seconds, best_seconds_each
 
 CPU_LOCAL = "cpu-local"
@@ -31,8 +34,6 @@ def default_path() -> pathlib.Path:
 
 
 def measure(threads: int | None = None, quick: bool = False) -> Hardware:
-    from infergen.ops import linear
-    from infergen.process import configure_process
 
     configure_process(threads)
     repeats = 3 if quick else 7
@@ -128,8 +129,6 @@ def _attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
     """Fraction of the read bandwidth the engine's decode attention reaches: 16 sequences of
     256 tokens (8 heads, 2 KV heads, head_dim 64) in scattered 16-token blocks, over `layers`
     separate caches (4 MiB each) so the KV comes from memory, as between a model's layers."""
-    from infergen.ops.paged_attention import DECODE_BACKENDS, plan
-
     batch, context, heads, kv_heads, dim, block = 16, 256, 8, 2, 64, 16
     blocks = batch * context // block
     tables = torch.randperm(blocks).view(batch, -1)
@@ -153,7 +152,6 @@ def _prefill_attention_efficiency(peak: float, repeats: int, tokens: int) -> flo
     """Fraction of the GEMM peak the engine's prefill attention reaches: one cold causal
     prompt of `tokens` tokens (8 heads, 2 KV heads, head_dim 64) through `paged_attention`,
     FLOPs counted as the cost model counts them (4 x heads x head_dim per attended key)."""
-    from infergen.ops.paged_attention import paged_attention, plan
     from infergen.perf.step_cost import Chunk, attended_keys
 
     heads, kv_heads, dim, block = 8, 2, 64, 16

@@ -15,6 +15,7 @@ import pathlib
 from dataclasses import dataclass, field
 
 from infergen.errors import ConfigError
+from infergen.formats import FORMATS
 from infergen.registry import Registry
 
 TABLE = pathlib.Path(__file__).with_name("hardware.json")
@@ -210,7 +211,6 @@ def bits_of(fmt: str) -> float:
     registry (scales included: mxfp4 4.25, nvfp4 4.5)."""
     if fmt in _PLAIN_BITS:
         return _PLAIN_BITS[fmt]
-    from infergen.formats import FORMATS
 
     return FORMATS.get(fmt, where="format").bits_per_value()
 
@@ -221,7 +221,6 @@ def compute_class(activation_format: str) -> str:
     -> "fp4", integers -> "int8" / "int4", 16-bit -> "bf16"."""
     if activation_format in _PLAIN_BITS:
         return "fp32" if activation_format == "fp32" else "bf16"
-    from infergen.formats import FORMATS
 
     spec = FORMATS.get(activation_format, where="activation format")
     bits = spec.element_bits

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from infergen.errors import CheckpointError
+from infergen.layers.linear import Linear
 from infergen.ops.quantize_activation import ActivationFormat, fake_quantize
 from infergen.registry import Registry
 
@@ -65,8 +67,6 @@ class ActivationQuant(nn.Module):
 def apply_activation_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ()) -> list[str]:
     """Give every projection (but ACTIVATIONS_KEEP and `keep` globs) an input quantizer.
     Returns the names of the projections that take one."""
-    from infergen.layers.linear import Linear
-
     scheme = ACTIVATION_SCHEMES.get(name, where="activations")
     kept = ACTIVATIONS_KEEP + tuple(keep)
     changed = []
@@ -96,8 +96,6 @@ def load_activation_scales(
 ) -> None:
     """Put scheme `name`'s input quantizers on the model with a checkpoint's static scales
     (by Hugging Face prefix; parts of a fused projection share its input: the largest wins)."""
-    from infergen.errors import CheckpointError
-
     apply_activation_scheme(model, name)
     if not ACTIVATION_SCHEMES.get(name).act.static:
         return

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from infergen.layers.linear import Linear
+from infergen.layers.norm import RMSNorm
 from infergen.quant.activations import ACTIVATION_SCHEMES, apply_activation_scheme
 from infergen.quant.calibrate import calibration_sequences, collect_statistics, save_statistics
 from infergen.quant.clipping import CLIP_METHODS, activation_scale, clip_weight
@@ -41,14 +43,10 @@ def rewrites_weights(config) -> bool:
 
 
 def _linears(model):
-    from infergen.layers.linear import Linear
-
     return [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]
 
 
 def _norms(model):
-    from infergen.layers.norm import RMSNorm
-
     return {n: m.weight for n, m in model.named_modules() if isinstance(m, RMSNorm)}
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from infergen.kvcache.calibrate import calibration_tokens
+from infergen.layers.linear import Linear
 
 CALIBRATION_SEQUENCES = 8
 SEQUENCE_TOKENS = 128
@@ -87,8 +88,6 @@ def collect_statistics(
     """Run `sequences` through `model` and return each projection's InputStats by module name.
     Leaves the engine on a scratch cache: the caller attaches the real one."""
     from tqdm import tqdm
-
-    from infergen.layers.linear import Linear
 
     total = sum(len(s) for s in sequences)
     stride = max(1, -(-total // SAMPLE_ROWS))

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from infergen.layers.linear import Linear
+from infergen.layers.probe import FALLBACK_FACTOR
+from infergen.ops import linear_grouped, linear_quantized
 from infergen.ops.linear import LINEAR_BACKENDS
-from infergen.quant.probe import FALLBACK_FACTOR
 from infergen.registry import Registry
 
 
@@ -27,7 +28,7 @@ class WeightScheme:
     # True: nothing is quantized here; a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks are kept as
     # loaded and each projection runs its blocks' backend (ops/linear_grouped.py)
     keep_blocks: bool = False
-    # the load-time check (quant/probe.py): probe_error on Gaussian weights; a projection
+    # the load-time check (layers/probe.py): probe_error on Gaussian weights; a projection
     # FALLBACK_FACTOR times above it falls back to full precision (None: not checked)
     expected_error: float | None = None
     # the weights sharing a scale, for clipping searches (quant/clipping.py): a group size
@@ -63,7 +64,7 @@ WEIGHT_SCHEMES.register(
 )
 
 
-# name → (description, probe error on Gaussian weights: quant/probe.py)
+# name → (description, probe error on Gaussian weights: layers/probe.py)
 _GROUPED = {
     "int4": ("formats 'int4': symmetric, one fp32 scale (amax / 7) per group of 32 inputs", 0.10),
     "int4_asym": (
@@ -137,8 +138,6 @@ def apply_weight_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ())
 def dequantized_weight(name: str, weight: torch.Tensor) -> torch.Tensor:
     """The fp32 weight [out, in] scheme `name` computes with for fp32 `weight` (the values its
     backend's product uses: quantize, then dequantize by the format's reference)."""
-    from infergen.ops import linear_grouped, linear_quantized
-
     backend = WEIGHT_SCHEMES.get(name, where="weights").linear_backend
     if backend in linear_quantized.CODE_FORMATS:
         return linear_quantized.dequantized(weight, backend)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from infergen.engine.export import EXPORTS, export
 from infergen.io.compressed_tensors import ACTIVATION_ARGS, read_weight
-from infergen.quant.export import EXPORTS, export
 from tests.hf_models import build_hf_model
 
 ct = pytest.importorskip("compressed_tensors")

@@ -9,7 +9,7 @@ import transformers
 
 from infergen.config import ModelConfig, MoEConfig
 from infergen.layers.moe import ROUTERS, MoE, reference
-from infergen.models.arch import MOE_TENSORS
+from infergen.models.tensor_names import MOE_TENSORS
 
 HIDDEN = 32
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from infergen.errors import ConfigError
+from infergen.kvcache.block_summary import BlockSummary, summarize
 from infergen.kvcache.kv_format import KV_FORMATS, encode
 from infergen.kvcache.paged_cache import KVLayer
 from infergen.ops import paged_attention as pa
 from infergen.ops import sparse_decode as sd
-from infergen.ops.block_summary import BlockSummary, summarize
 
 
 def _decode_batch(seq_lens, heads, kv_heads, dim, block_size, seed=0):

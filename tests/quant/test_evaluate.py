@@ -1,4 +1,4 @@
-"""quant/evaluate.py and `infergen eval` against transformers: perplexity from the logits of
+"""eval/quality.py and `infergen eval` against transformers: perplexity from the logits of
 the same model, KL / top-1 from transformers' logits of the unquantized and the
 fake-quantized model (every projection's weight replaced by its dequantized value)."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from infergen.cli import main
+from infergen.eval.quality import divergence, evaluate
 from infergen.formats import dequantize, quantize
-from infergen.quant.evaluate import divergence, evaluate
 from tests.hf_models import build_hf_model
 
 

@@ -1,4 +1,4 @@
-"""`infergen quantize` and compressed-tensors checkpoints (quant/export.py,
+"""`infergen quantize` and compressed-tensors checkpoints (engine/export.py,
 io/compressed_tensors.py).
 
 Oracles: the packing of the compressed-tensors library (its documented bit layout: int4 values
@@ -18,11 +18,11 @@ from safetensors.torch import load_file, save_file
 
 from infergen import LLM
 from infergen.cli import main
+from infergen.engine.export import EXPORTS, export
 from infergen.errors import InfergenError
 from infergen.formats import dequantize, quantize
 from infergen.io.compressed_tensors import pack_int32, unpack_int32
 from infergen.ops.linear import LINEAR_BACKENDS
-from infergen.quant.export import EXPORTS, export
 from tests.hf_models import build_hf_model, fake_quantize
 
 
@@ -39,7 +39,7 @@ def test_int32_packing_matches_compressed_tensors_vectors():
 
 def test_fp4_nibbles_match_compressed_tensors_vector():
     """The library packs FP4 [0.5, -1, 6, -0] as bytes 0xA1, 0x87 (even column low)."""
-    from infergen.quant.export import _stored
+    from infergen.engine.export import _stored
 
     row = torch.zeros(1, 32)
     row[0, :4] = torch.tensor([0.5, -1.0, 6.0, -0.0])  # amax 6: the E8M0 scale is 2^0
@@ -146,8 +146,8 @@ def test_quantize_cli_and_errors(tmp_path, capsys):
 def test_nonfinite_scales_are_found_without_decoding(scheme):
     """QuantWeight.nonfinite (the load check) flags exactly the weights whose decoded values
     (the backend's own dequantization) hold NaN / Inf."""
+    from infergen.engine.export import _stored
     from infergen.io.compressed_tensors import read_weight
-    from infergen.quant.export import _stored
 
     w = torch.randn(24, 64, generator=torch.Generator().manual_seed(2))
     fmt, args = EXPORTS[scheme]

@@ -18,7 +18,7 @@ import torch
 from infergen import LLM
 from infergen.errors import InfergenError
 from infergen.formats import dequantize, quantize
-from infergen.io.block_weight import BlockWeight
+from infergen.formats.block_weight import BlockWeight
 from infergen.io.checkpoint import load_checkpoint
 from infergen.ops import linear_grouped as lg
 from infergen.ops.linear import LINEAR_BACKENDS
@@ -115,7 +115,7 @@ def test_gguf_blocks_as_loaded_equal_dequantized_engine(tmp_path, qtype):
     bit for bit (prefill, decode steps and the fused decode path), holding ~1/6 of the bytes."""
     import gguf
 
-    from infergen.quant.evaluate import weight_bytes
+    from infergen.eval.quality import weight_bytes
     from tests.io.test_gguf import _write_gguf, tiny_llama
 
     path = tmp_path / f"tiny-{qtype}.gguf"

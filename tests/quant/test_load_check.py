@@ -1,4 +1,4 @@
-"""The load-time check (quant/probe.py, io/gguf.py): a projection quantized far worse than its
+"""The load-time check (layers/probe.py, io/gguf.py): a projection quantized far worse than its
 scheme's level falls back to full precision (or the engine refuses), a GGUF file with corrupt
 block scales is refused, KV scales must be finite, positive and calibrated.
 
@@ -15,8 +15,8 @@ from infergen import LLM
 from infergen.errors import InfergenError
 from infergen.formats import dequantize, quantize
 from infergen.io.checkpoint import load_checkpoint
+from infergen.layers.probe import check_kv_scales
 from infergen.ops.linear import LINEAR_BACKENDS
-from infergen.quant.probe import check_kv_scales
 from tests.hf_models import build_hf_model, fake_quantize
 
 

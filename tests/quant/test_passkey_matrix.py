@@ -1,13 +1,13 @@
-"""Passkey retrieval prompts and scoring (quant/passkey.py), the eval matrix's table and plot
-(quant/matrix.py) and `infergen eval --matrix`, on the default model."""
+"""Passkey retrieval prompts and scoring (eval/passkey.py), the eval matrix's table and plot
+(eval/matrix.py) and `infergen eval --matrix`, on the default model."""
 
 from __future__ import annotations
 
 import pytest
 
 from infergen.cli import main
+from infergen.eval.passkey import FILLER, NEEDLE, passkey_prompt
 from infergen.io.checkpoint import load_checkpoint
-from infergen.quant.passkey import FILLER, NEEDLE, passkey_prompt
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 from infergen.bench.workloads import add_workload_args
-from infergen.cli_compile import add_compile_parser
-from infergen.cli_predict import add_device_args, add_predict_parser
+from infergen.cli.compile import add_compile_parser
+from infergen.cli.predict import add_device_args, add_predict_parser
 from infergen.errors import ConfigError, InfergenError
 
 EXIT_USER_ERROR = 2
@@ -453,7 +453,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_formats(args: argparse.Namespace) -> int:
     import json
 
-    from infergen.formats import report
+    from infergen.eval import formats_report as report
 
     weights = None
     if not args.no_weights:
@@ -479,9 +479,9 @@ def cmd_formats(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
+    from infergen.eval.quality import evaluate
     from infergen.kvcache.kv_format import KV_FORMATS
     from infergen.quant import WEIGHT_SCHEMES
-    from infergen.quant.evaluate import evaluate
     from infergen.quant.spec import MATRIX_SPECS, parse_spec
 
     applicable = [  # every weight scheme that applies to this checkpoint
@@ -516,7 +516,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         progress=lambda name: print(f"[{next(done)}/{len(names)}] {name}", file=sys.stderr),
         num_threads=args.threads,
     )
-    from infergen.quant.matrix import markdown, plot
+    from infergen.eval.matrix import markdown, plot
 
     table = markdown(rows)
     print(table)
@@ -545,7 +545,7 @@ def _lengths(text: str) -> list[int]:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from infergen.quant.export import export
+    from infergen.engine.export import export
 
     if args.attention:
         raise ConfigError(

@@ -4,7 +4,7 @@ codes and scales in the layout of one of our quantized backends, handed to it as
 `fmt` names the LINEAR_BACKENDS row: "int8" / "fp8_e4m3" (codes [out, in], one fp32 scale per
 output channel in fields[0]) or a group format of ops/linear_grouped.py ("int4", "int4_asym",
 "mxfp4", "nvfp4": codes [out, in] unpacked, header fields [out, in / 32], NVFP4's global
-scale in `scalar`).
+scale in `scalar`). `ops.stored_weights.dense` decodes it with that backend.
 """
 
 from __future__ import annotations
@@ -21,14 +21,6 @@ class QuantWeight:
     fields: tuple[torch.Tensor, ...]  # per output row (int8 / FP8) or per row and group of 32
     scalar: float | None = None
     shape: tuple[int, int] = (0, 0)
-
-    def dequantize(self) -> torch.Tensor:
-        """The fp32 weight the backend computes with."""
-        from infergen.ops.linear import LINEAR_BACKENDS
-
-        backend = LINEAR_BACKENDS.get(self.fmt)
-        rows = torch.arange(self.shape[0])
-        return backend.rows(backend.prepare(self), rows)
 
     def nonfinite(self) -> int:
         """How many stored values decode to NaN / ±Inf: float scales (and NVFP4's global), FP8

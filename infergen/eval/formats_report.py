@@ -15,6 +15,7 @@ import torch
 
 from infergen.formats.codec import dequantize, quantize, sqnr_db
 from infergen.formats.spec import FORMATS, FormatSpec
+from infergen.io.checkpoint import load_checkpoint
 from infergen.timing import best_seconds
 
 # The projections whose weights the "real weights" SQNR uses (first, middle and last layer).
@@ -37,8 +38,6 @@ def real_weights(
     model: str | None = None, layers: Iterable[int] | None = None
 ) -> list[torch.Tensor]:
     """2-d projection weights of a checkpoint (default model), fp32, [out, in]."""
-    from infergen.io.checkpoint import load_checkpoint
-
     ckpt = load_checkpoint(model)
     n = ckpt.config.num_hidden_layers
     picked = sorted(set(layers if layers is not None else (0, n // 2, n - 1)))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from infergen.engine.sampling_params import SamplingParams
+
 INTRO = (
     "There is an important piece of information hidden inside a lot of irrelevant text. "
     "Find it and memorize it. I will quiz you about it.\n"
@@ -38,8 +40,6 @@ def passkey_accuracy(
     llm, lengths: Sequence[int] = LENGTHS, samples: int = 3, seed: int = 0
 ) -> dict[int, float]:
     """Fraction of samples whose key the model repeats, per prompt length."""
-    from infergen import SamplingParams
-
     if llm.tokenizer is None:
         raise ValueError("passkey retrieval needs a checkpoint with a tokenizer")
     rng = random.Random(seed)

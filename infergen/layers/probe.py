@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from infergen.errors import ConfigError
+
 PROBE_TOKENS = 16
 FALLBACK_FACTOR = 4.0
 
@@ -36,8 +38,6 @@ def probe_error(backend, prepared: torch.Tensor, weight: torch.Tensor) -> float:
 
 def check_kv_scales(scales: torch.Tensor, where: str) -> None:
     """KV cache scales must be finite, positive and not all 1.0 (an uncalibrated default)."""
-    from infergen.errors import ConfigError
-
     bad = ~torch.isfinite(scales) | (scales <= 0)
     if bool(bad.any()):
         raise ConfigError(

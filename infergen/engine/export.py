@@ -17,8 +17,16 @@ from pathlib import Path
 
 import torch
 
+from infergen.config import CacheConfig
+from infergen.engine.config import EngineConfig
+from infergen.engine.engine import Engine
 from infergen.errors import ConfigError
-from infergen.io.compressed_tensors import pack_int32
+from infergen.io.checkpoint import hf_config_dict, load_checkpoint
+from infergen.io.compressed_tensors import ACTIVATION_ARGS, pack_int32, unpack_int32
+from infergen.kvcache.calibrate import calibrate_kv_scales
+from infergen.ops import linear_grouped as lg
+from infergen.ops import linear_quantized as lq
+from infergen.quant.activations import HF_PROJECTIONS
 
 # our scheme → (compressed-tensors format, weights quantization args)
 EXPORTS = {
@@ -42,8 +50,6 @@ FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("o_proj",), 
 
 def _stored(weight: torch.Tensor, scheme: str) -> dict[str, torch.Tensor]:
     """One weight [out, in] → its compressed-tensors tensors (suffixes after `<p>.`)."""
-    from infergen.ops import linear_grouped as lg
-    from infergen.ops import linear_quantized as lq
 
     out, inp = weight.shape
     if scheme in ("int8", "fp8_e4m3"):
@@ -77,8 +83,6 @@ def _split(stored: dict[str, torch.Tensor], sizes: list[int]) -> list[dict[str, 
             for part, rows in zip(parts, sizes, strict=True):
                 part[key] = torch.tensor([rows, int(t[1])])
         elif key == "weight_zero_point":  # packed 8 rows a word: unpack, split, repack
-            from infergen.io.compressed_tensors import unpack_int32
-
             z = unpack_int32(t.t().contiguous(), 4, total).t()
             for part, chunk in zip(parts, z.split(sizes), strict=True):
                 part[key] = pack_int32(chunk.t(), 4).t().contiguous()
@@ -109,9 +113,6 @@ def export(
     clipped weights and norms are what is quantized and written, and static activation
     schemes store each projection's input scale."""
     from safetensors.torch import save_file
-
-    from infergen.io.checkpoint import hf_config_dict, load_checkpoint
-    from infergen.io.compressed_tensors import ACTIVATION_ARGS
 
     if scheme not in EXPORTS:
         raise ConfigError(
@@ -194,10 +195,7 @@ def export(
 
 def _kv_scales(model: str | None) -> torch.Tensor:
     """Per-head FP8 scales [layers, 2, kv_heads] of the unshifted keys and the values."""
-    from infergen import LLM
-    from infergen.kvcache.calibrate import calibrate_kv_scales
-
-    engine = LLM(model, kv_cache_memory="64MiB").engine
+    engine = Engine(EngineConfig(model=model, cache=CacheConfig(memory_bytes=64 << 20)))
     scales, _ = calibrate_kv_scales(
         engine, engine.runner.model, torch.float32, "fp8_e4m3", smooth_keys=False
     )
@@ -208,10 +206,6 @@ def _calibrate(model, scheme, tensors, config, options) -> dict[str, torch.Tenso
     """Calibrate `model` as the engine does for `scheme` and `options`; replace the decoder's
     weights, biases and norms in `tensors` by the rewritten ones (smoothing, clipping) and
     return each projection's static input scale by Hugging Face prefix."""
-    from infergen.config import CacheConfig, EngineConfig
-    from infergen.engine.engine import Engine
-    from infergen.quant.activations import HF_PROJECTIONS
-
     engine_config = EngineConfig(
         model=model,
         weights=scheme,

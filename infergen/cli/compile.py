@@ -82,7 +82,7 @@ def _launches(graph) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     import copy
 
-    from infergen.cli import _load
+    from infergen.cli.main import _load
     from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
     from infergen.compiler.buffers import plan_buffers
     from infergen.compiler.decoder import capture_head, capture_layer

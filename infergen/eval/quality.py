@@ -1,6 +1,6 @@
 """Accuracy of a weight scheme or KV cache format against the unquantized model: perplexity of
 held-out text, per-token KL divergence and top-1 agreement of the next-token distributions,
-and passkey retrieval (quant/passkey.py).
+and passkey retrieval (eval/passkey.py).
 
 Both models score the same token ids teacher-forced (Engine.prompt_logits: the paged cache,
 the engine's own kernels). KL(p_ref || p_scheme) = Σ p_ref (log p_ref − log p_scheme), in nats,
@@ -16,6 +16,10 @@ from collections.abc import Sequence
 import torch
 
 from infergen.errors import ConfigError
+from infergen.kvcache.sizing import bytes_per_token
+from infergen.layers.linear import Linear
+from infergen.llm import LLM
+from infergen.quant.spec import parse_spec
 
 DEFAULT_TEXT = "shakespeare.txt"  # data/ of the repository: its last part is held out
 
@@ -50,17 +54,13 @@ def divergence(reference: torch.Tensor, logits: torch.Tensor) -> dict[str, float
 
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes the model's projections hold in memory, in their prepared (quantized) form."""
-    from infergen.layers.linear import Linear
-
     return sum(
         m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, Linear)
     )
 
 
 def probe_errors(model: torch.nn.Module) -> dict[str, float] | None:
-    """Mean and largest load-time probe error (quant/probe.py) over the checked projections."""
-    from infergen.layers.linear import Linear
-
+    """Mean and largest load-time probe error (layers/probe.py) over the checked projections."""
     errors = [m.probe_error for m in model.modules() if isinstance(m, Linear)]
     errors = [e for e in errors if e is not None]
     if not errors:
@@ -70,8 +70,6 @@ def probe_errors(model: torch.nn.Module) -> dict[str, float] | None:
 
 def bits_per_weight(model: torch.nn.Module) -> float:
     """Bits the projections hold per weight (codes, scales and padding)."""
-    from infergen.layers.linear import Linear
-
     weights = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, Linear))
     return 8 * weight_bytes(model) / weights
 
@@ -97,9 +95,7 @@ def evaluate(
     perplexity, KL / top-1 against the reference ("ppl" / "kl"), passkey retrieval accuracy
     per prompt length ("passkey"), the projections' bytes and bits per weight and the KV
     cache's bytes per token. `progress(name)` is called as each configuration starts."""
-    from infergen import LLM
-    from infergen.quant.passkey import LENGTHS, passkey_accuracy
-    from infergen.quant.spec import parse_spec
+    from infergen.eval.passkey import LENGTHS, passkey_accuracy
 
     configs = [("none", parse_spec("none"), None)]
     configs += [(s, parse_spec(s), None) for s in schemes if s is not None]
@@ -121,8 +117,8 @@ def evaluate(
             rows.append({**described, "error": exc.what})
             continue
         engine = llm.engine
-        per_token = engine.config.cache.bytes_per_token(
-            engine.model_config, engine.kv_cache.dtype.itemsize
+        per_token = bytes_per_token(
+            engine.config.cache, engine.model_config, engine.kv_cache.dtype.itemsize
         )
         row = {
             **described,

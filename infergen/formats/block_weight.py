@@ -3,7 +3,8 @@
 `load_checkpoint(..., keep_blocks=True)` returns Q4_0 / Q4_1 / Q8_0 matrices as `BlockWeight`s
 (the "gguf" weight scheme): the projections then compute on the blocks directly
 (ops/linear_grouped.py) and the model holds 4.5-8.5 bits a weight instead of 32. Everything
-else that needs the values calls `dense(w)` (the fp32 values gguf.quants.dequantize gives).
+else that needs the values calls `ops.stored_weights.dense(w)` (the fp32 values
+gguf.quants.dequantize gives).
 """
 
 from __future__ import annotations
@@ -51,24 +52,3 @@ class BlockWeight:
         return BlockWeight(
             first.ggml_type, torch.cat([p.blocks for p in parts]), (rows, first.shape[1])
         )
-
-
-def dense(weight) -> torch.Tensor:
-    """The weight's values as a tensor (a stored-quantized weight dequantized to fp32)."""
-    return weight if isinstance(weight, torch.Tensor) else weight.dequantize()
-
-
-def fuse(parts: list):
-    """Concatenate projections sharing an input along `out`: GGUF blocks stay blocks when
-    every part has the same block type, compressed-tensors weights stay quantized when they
-    share a format (and NVFP4 global scale); else every part is dequantized."""
-    from infergen.io.quant_weight import QuantWeight
-
-    kinds = {p.ggml_type if isinstance(p, BlockWeight) else None for p in parts}
-    if len(kinds) == 1 and None not in kinds:
-        return BlockWeight.cat(parts)
-    if all(isinstance(p, QuantWeight) for p in parts):
-        fused = QuantWeight.cat(parts)
-        if fused is not None:
-            return fused
-    return torch.cat([dense(p) for p in parts], dim=0)

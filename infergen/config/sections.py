@@ -1,0 +1,105 @@
+"""Engine sections every layer of the stack reads: the paged KV cache's shape and budget
+(`CacheConfig`), the continuous-batching limits (`SchedulerConfig`) and byte-size parsing.
+
+Pure data with range checks; names of registry rows (KV formats) are checked where the
+registry lives (engine/config.py), and sizes that depend on a KV format are kvcache/sizing.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from infergen.config.specs import require
+from infergen.errors import ConfigError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str | int, *, where: str = "size") -> int:
+    """Parse '512MiB', '2GB', '1.5G' or a plain integer into bytes (KiB = 1024, KB = 1000)."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ConfigError(
+            "could not parse a byte size", where=where, found=text, expected="e.g. 512MiB, 2GB"
+        )
+    number, unit = float(match.group(1)), (match.group(2) or "B").upper()
+    base = 1024 if "I" in unit else 1000
+    return int(number * base ** "BKMGT".index(unit[0]))
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: `block_size` tokens per block; the pool holds `num_blocks` blocks,
+    or as many as fit in `memory_bytes` when `num_blocks` is None."""
+
+    block_size: int = 16
+    memory_bytes: int = 1 << 30
+    num_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    kv_format: str | None = None  # a KV_FORMATS row (kvcache/kv_format.py), e.g. "fp8_e4m3"
+    # Quest-style sparse decode (ops/sparse_decode.py): each decode query reads only this many
+    # KV blocks per KV head — its sequence's last block, the first `sparse_keep_first` ones,
+    # the rest the best by a min/max block-summary bound of q·k. None: dense decode
+    sparse_decode_blocks: int | None = None
+    sparse_keep_first: int = 1
+
+    def __post_init__(self) -> None:
+        if self.sparse_decode_blocks is not None:
+            require(
+                self.sparse_decode_blocks > self.sparse_keep_first >= 0,
+                "sparse decode must read more blocks than the kept first ones",
+                where="cache.sparse_decode_blocks",
+                found=f"{self.sparse_decode_blocks} blocks, {self.sparse_keep_first} kept first",
+                expected="sparse_decode_blocks > sparse_keep_first >= 0",
+            )
+        require(
+            self.block_size > 0,
+            "block_size must be positive",
+            where="cache.block_size",
+            found=self.block_size,
+            expected="> 0",
+        )
+        if self.num_blocks is not None:
+            require(
+                self.num_blocks >= 1,
+                "num_blocks must be at least 1",
+                where="cache.num_blocks",
+                found=self.num_blocks,
+                expected=">= 1",
+            )
+        require(
+            self.memory_bytes > 0,
+            "KV cache memory must be positive",
+            where="cache.memory_bytes",
+            found=self.memory_bytes,
+            expected="> 0",
+        )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits: at most `max_num_seqs` running sequences and
+    `max_num_batched_tokens` tokens (prefill chunks + decodes) per step."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        require(
+            self.max_num_seqs >= 1,
+            "max_num_seqs must be at least 1",
+            where="scheduler.max_num_seqs",
+            found=self.max_num_seqs,
+            expected=">= 1",
+        )
+        require(
+            self.max_num_batched_tokens >= 1,
+            "max_num_batched_tokens must be at least 1",
+            where="scheduler.max_num_batched_tokens",
+            found=self.max_num_batched_tokens,
+            expected=">= 1",
+        )
