@@ -19,12 +19,13 @@ from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infergen.errors import RequestError
 from infergen.llm import LLM
 from infergen.server.async_engine import AsyncEngine, EngineFailure, QueueFull, Update
+from infergen.server.metrics import CONTENT_TYPE_LATEST
 from infergen.server.protocol import ChatRequest, CompletionRequest
 
 
@@ -171,7 +172,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_pendin
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(engine.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models():

@@ -112,11 +112,7 @@ class AsyncEngine:
                 self._wake.clear()
 
     def _account(self, output: RequestOutput, outcome: str) -> None:
-        m = self.metrics
-        with m.lock:
-            m.requests[outcome] += 1
-            m.prompt_tokens += len(output.prompt_token_ids)
-            m.cached_prompt_tokens += output.num_cached_prompt_tokens
+        self.metrics.account(outcome, len(output.prompt_token_ids), output.num_cached_prompt_tokens)
 
     def _observe(self, updates: list[Update]) -> None:
         """Latency histograms, token counters and gauges after a step (engine thread)."""
@@ -125,20 +121,19 @@ class AsyncEngine:
         for update in updates:
             times = self._times.get(update.delta.request_id)
             if times is not None and update.delta.token_ids:
-                with m.lock:
-                    m.generation_tokens += len(update.delta.token_ids)
-                    (m.itl if times[1] else m.ttft).observe(now - (times[1] or times[0]))
+                m.tokens(
+                    len(update.delta.token_ids), now - (times[1] or times[0]), first=not times[1]
+                )
                 times[1] = now
             if update.output is not None:
                 self._times.pop(update.delta.request_id, None)
                 self._account(update.output, "finished")
-        with m.lock:
-            m.gauges.update(
-                waiting=len(scheduler.waiting),
-                running=len(scheduler.running),
-                blocks_free=pool.num_free,
-                blocks_used=pool.num_blocks - pool.num_free,
-            )
+        m.set_load(
+            waiting=len(scheduler.waiting),
+            running=len(scheduler.running),
+            blocks_used=pool.num_blocks - pool.num_free,
+            blocks_free=pool.num_free,
+        )
 
     def _step(self) -> list[Update]:
         updates = []

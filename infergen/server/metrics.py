@@ -1,133 +1,180 @@
-"""Server metrics in the Prometheus text format (GET /metrics).
+"""Server metrics for GET /metrics, through the prometheus_client library.
 
-Counters: requests by outcome, prompt / generated tokens, cached prompt tokens. Gauges, read
-from the engine thread after every step: requests waiting and running, KV blocks used / free,
-prefix-cache hit rate (cached / all prompt tokens). Histograms: time to first token and
-inter-token latency (REFERENCES §6), measured by the engine thread from the request's
-submission and between the steps that deliver its tokens.
+Counters: requests by outcome, prompt / generated tokens, cached prompt tokens. Gauges, set
+by the engine thread after every step: requests waiting and running, KV blocks used / free;
+and the prefix-cache hit rate (cached / all prompt tokens, since start), derived from the two
+counters at scrape time. Histograms: time to first token and inter-token latency
+(REFERENCES §6), measured by the engine thread from the request's submission and between the
+steps that deliver its tokens.
+
+Each ServerMetrics has its own CollectorRegistry, never the library's global default one:
+several servers (the tests start more than one) live in one process, and each /metrics shows
+its own engine's numbers only.
+
+The counts are kept by the library's Counter / Gauge / Histogram objects, created unregistered
+(registry=None). What the registry holds is one collector, _Exposition, that yields their
+families in a fixed order, and that for two reasons:
+
+- prometheus_client adds a `<name>_created` sample (a Unix timestamp, exposed as a gauge of
+  its own, e.g. `infergen_requests_created`) to every counter and histogram. That would add
+  four metric names that /metrics never had. The library's switch for it,
+  disable_created_metrics(), is process-global: it would change the /metrics of anyone else
+  using prometheus_client in the same process. The collector drops those samples from our
+  families only, so the exposed names are exactly the hand-written exporter's.
+- the hit rate is a ratio of two counters; the collector computes it from the values it is
+  about to expose, under the same lock that account() holds, so the ratio always matches the
+  counters printed beside it.
+
+The exposed names need no other care: a Counter named `infergen_requests_total` is exposed as
+`infergen_requests_total` (the library strips `_total` from the family name and adds it back
+to the sample), histograms as `<name>_bucket{le=...}`, `<name>_sum`, `<name>_count`, with
+`le` written as before ("0.01", "1.0", "+Inf"). Values are written as floats ("3.0" where the
+old exporter wrote "3"), which any Prometheus parser reads alike.
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE_LATEST", "ITL_BUCKETS", "OUTCOMES", "TTFT_BUCKETS", "ServerMetrics"]
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
-
-
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...]):
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # last: +Inf
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.count += 1
-
-    def lines(self, name: str) -> list[str]:
-        out, cumulative = [], 0
-        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
-            cumulative += n
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            out.append(f'{name}_bucket{{le="{le}"}} {cumulative}')
-        out += [f"{name}_sum {self.total}", f"{name}_count {self.count}"]
-        return out
+OUTCOMES = ("finished", "aborted", "failed", "rejected")
 
 
 class ServerMetrics:
     def __init__(self):
+        # account() / scrape consistency (hit rate vs. its counters); the library's objects
+        # are thread-safe on their own
         self.lock = threading.Lock()
-        self.requests = {"finished": 0, "aborted": 0, "failed": 0, "rejected": 0}
-        self.prompt_tokens = 0
-        self.cached_prompt_tokens = 0
-        self.generation_tokens = 0
-        self.gauges = {"waiting": 0, "running": 0, "blocks_used": 0, "blocks_free": 0}
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
+        self.requests = Counter(
+            "infergen_requests_total", "requests by outcome", ["outcome"], registry=None
+        )
+        for outcome in OUTCOMES:  # every outcome shows from the start, at 0
+            self.requests.labels(outcome)
+        self.prompt_tokens = Counter(
+            "infergen_prompt_tokens_total", "prompt tokens of admitted requests", registry=None
+        )
+        self.cached_prompt_tokens = Counter(
+            "infergen_cached_prompt_tokens_total",
+            "prompt tokens found in the prefix cache",
+            registry=None,
+        )
+        self.generation_tokens = Counter(
+            "infergen_generation_tokens_total", "generated tokens", registry=None
+        )
+        self.waiting = Gauge(
+            "infergen_requests_waiting", "requests queued, not yet running", registry=None
+        )
+        self.running = Gauge("infergen_requests_running", "requests being computed", registry=None)
+        self.blocks_used = Gauge(
+            "infergen_kv_blocks_used", "KV cache blocks held by requests", registry=None
+        )
+        self.blocks_free = Gauge(
+            "infergen_kv_blocks_free", "KV cache blocks free or idle-cached", registry=None
+        )
+        self.ttft = Histogram(
+            "infergen_time_to_first_token_seconds",
+            "submission to first generated token",
+            buckets=TTFT_BUCKETS,
+            registry=None,
+        )
+        self.itl = Histogram(
+            "infergen_inter_token_latency_seconds",
+            "time between consecutive generated tokens of a request",
+            buckets=ITL_BUCKETS,
+            registry=None,
+        )
+        self.registry = CollectorRegistry()
+        self.registry.register(_Exposition(self))
 
+    # ---- updates (engine thread, and the event loop for rejections) ---------------------------
     def count(self, outcome: str) -> None:
-        with self.lock:
-            self.requests[outcome] += 1
+        """A request that ended without output to account for (failed, rejected)."""
+        self.requests.labels(outcome).inc()
 
-    def render(self) -> str:
+    def account(self, outcome: str, prompt_tokens: int, cached_prompt_tokens: int) -> None:
+        """A request that ended (finished, aborted) with its prompt and prefix-cache hits."""
         with self.lock:
-            hit = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-            rows = [
-                (
-                    "infergen_requests_total",
-                    "counter",
-                    "requests by outcome",
-                    [
-                        f'infergen_requests_total{{outcome="{k}"}} {v}'
-                        for k, v in self.requests.items()
-                    ],
-                ),
-                (
-                    "infergen_prompt_tokens_total",
-                    "counter",
-                    "prompt tokens of admitted requests",
-                    [f"infergen_prompt_tokens_total {self.prompt_tokens}"],
-                ),
-                (
-                    "infergen_cached_prompt_tokens_total",
-                    "counter",
-                    "prompt tokens found in the prefix cache",
-                    [f"infergen_cached_prompt_tokens_total {self.cached_prompt_tokens}"],
-                ),
-                (
-                    "infergen_generation_tokens_total",
-                    "counter",
-                    "generated tokens",
-                    [f"infergen_generation_tokens_total {self.generation_tokens}"],
-                ),
-                (
-                    "infergen_requests_waiting",
-                    "gauge",
-                    "requests queued, not yet running",
-                    [f"infergen_requests_waiting {self.gauges['waiting']}"],
-                ),
-                (
-                    "infergen_requests_running",
-                    "gauge",
-                    "requests being computed",
-                    [f"infergen_requests_running {self.gauges['running']}"],
-                ),
-                (
-                    "infergen_kv_blocks_used",
-                    "gauge",
-                    "KV cache blocks held by requests",
-                    [f"infergen_kv_blocks_used {self.gauges['blocks_used']}"],
-                ),
-                (
-                    "infergen_kv_blocks_free",
-                    "gauge",
-                    "KV cache blocks free or idle-cached",
-                    [f"infergen_kv_blocks_free {self.gauges['blocks_free']}"],
-                ),
-                (
-                    "infergen_prefix_cache_hit_rate",
-                    "gauge",
-                    "cached prompt tokens / prompt tokens, since start",
-                    [f"infergen_prefix_cache_hit_rate {hit}"],
-                ),
-                (
-                    "infergen_time_to_first_token_seconds",
-                    "histogram",
-                    "submission to first generated token",
-                    self.ttft.lines("infergen_time_to_first_token_seconds"),
-                ),
-                (
-                    "infergen_inter_token_latency_seconds",
-                    "histogram",
-                    "time between consecutive generated tokens of a request",
-                    self.itl.lines("infergen_inter_token_latency_seconds"),
-                ),
-            ]
-        text = []
-        for name, kind, help_text, samples in rows:
-            text += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
-        return "\n".join(text) + "\n"
+            self.requests.labels(outcome).inc()
+            self.prompt_tokens.inc(prompt_tokens)
+            self.cached_prompt_tokens.inc(cached_prompt_tokens)
+
+    def tokens(self, n: int, seconds: float, first: bool) -> None:
+        """n tokens of one request delivered by a step, `seconds` after its submission (first)
+        or after its previous tokens."""
+        self.generation_tokens.inc(n)
+        (self.ttft if first else self.itl).observe(seconds)
+
+    def set_load(self, waiting: int, running: int, blocks_used: int, blocks_free: int) -> None:
+        self.waiting.set(waiting)
+        self.running.set(running)
+        self.blocks_used.set(blocks_used)
+        self.blocks_free.set(blocks_free)
+
+    # ---- exposition ------------------------------------------------------------------------------
+    def render(self) -> bytes:
+        """The Prometheus text exposition (serve it as CONTENT_TYPE_LATEST)."""
+        return generate_latest(self.registry)
+
+
+class _Exposition(Collector):
+    """ServerMetrics' families for its registry: the library's own, less their `_created`
+    samples, plus the prefix-cache hit rate (see the module docstring)."""
+
+    def __init__(self, metrics: ServerMetrics):
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.metrics
+        with m.lock:
+            families = {
+                name: _without_created(metric)
+                for name, metric in (
+                    ("requests", m.requests),
+                    ("prompt", m.prompt_tokens),
+                    ("cached", m.cached_prompt_tokens),
+                    ("generation", m.generation_tokens),
+                    ("waiting", m.waiting),
+                    ("running", m.running),
+                    ("used", m.blocks_used),
+                    ("free", m.blocks_free),
+                    ("ttft", m.ttft),
+                    ("itl", m.itl),
+                )
+            }
+        prompt = _value(families["prompt"])
+        hit_rate = _value(families["cached"]) / prompt if prompt else 0.0
+        yield from (families[k] for k in ("requests", "prompt", "cached", "generation"))
+        yield from (families[k] for k in ("waiting", "running", "used", "free"))
+        yield GaugeMetricFamily(
+            "infergen_prefix_cache_hit_rate",
+            "cached prompt tokens / prompt tokens, since start",
+            value=hit_rate,
+        )
+        yield families["ttft"]
+        yield families["itl"]
+
+
+def _without_created(metric: Counter | Gauge | Histogram) -> Metric:
+    (family,) = metric.collect()
+    family.samples = [s for s in family.samples if s.name != family.name + "_created"]
+    return family
+
+
+def _value(family: Metric) -> float:
+    (sample,) = family.samples
+    return sample.value
