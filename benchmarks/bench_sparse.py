@@ -1,7 +1,7 @@
 """Quest-style sparse decode on the default model at 8k context: the share of the KV the decode
 steps read, passkey retrieval against dense decode, and decode speed, in the same run.
 
-Passkey (infergen/quant/passkey.py): a five-digit key hidden at --samples depths in ~7.9k
+Passkey (infergen/eval/passkey.py): a five-digit key hidden at --samples depths in ~7.9k
 tokens of filler, then asked for; the prompt is prefilled densely (as in Quest) and the key's
 digits after the first are produced by sparse decode steps reading `k` blocks of 16 tokens
 per KV head (the last block, the first one, and the best by the block-summary bound).

@@ -55,7 +55,7 @@ from results_file import write_lines  # noqa: E402
 
 from infergen.config import SchedulerConfig  # noqa: E402
 from infergen.perf import roofline  # noqa: E402
-from infergen.perf.hardware import HARDWARE  # noqa: E402
+from infergen.perf.hardware import FITTED_ROWS, HARDWARE  # noqa: E402
 from infergen.perf.model_desc import from_model_config, from_path  # noqa: E402
 from infergen.perf.predict import Deployment, fixed_shapes, predict  # noqa: E402
 from infergen.perf.step_cost import Chunk, Formats, Parallel  # noqa: E402
@@ -410,11 +410,14 @@ def main() -> None:
                 "run_errors": errors,
                 "target": target,
                 "met": abs(error) <= target if judged else None,
+                # a published row a hardware number was fitted to: agreement by construction
+                "fitted": part == "published" and metric in FITTED_ROWS,
             }
         )
-    judged = [line for line in lines if line["met"] is not None]
+    judged = [line for line in lines if line["met"] is not None and not line["fitted"]]
     met = sum(line["met"] for line in judged)
-    print(f"{met}/{len(judged)} within their targets (median error over the passes)")
+    print(f"{met}/{len(judged)} within their targets (median error over the passes; fitted rows "
+          "left out)")
     write_lines(args.out, lines)
 
 

@@ -14,9 +14,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from infergen.config import CacheConfig, SchedulerConfig, parse_bytes
-from infergen.engine.config import EngineConfig
 from infergen.engine.engine import Engine
+from infergen.engine.options import describe_options, engine_config
 from infergen.engine.request import RequestOutput, StreamDelta
 from infergen.engine.sampling_params import SamplingParams
 from infergen.errors import RequestError
@@ -29,121 +28,23 @@ class LLM:
 
     Args:
         model: a .gguf file, a Hugging Face directory, or None for the default model.
-        kv_cache_memory: KV cache budget, e.g. "1GiB" (ignored when num_kv_blocks is set).
-        num_kv_blocks: exact number of KV blocks (tests use tiny pools to force preemption).
-        block_size: tokens per KV block.
-        max_num_seqs: most sequences running at once.
-        max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
-        enable_chunked_prefill / enable_prefix_caching: switches.
-        num_threads: torch CPU threads (None: torch's default).
-        seed: engine seed for requests without their own seed.
-        kernels: "native" (C kernels for linear, norms, RoPE, SwiGLU, decode attention)
-            or "torch" (torch ops only).
-        weights: a weight quantization scheme (infergen.quant.WEIGHT_SCHEMES), e.g. "int8",
-            "int4", "q4_1", or "gguf" (a GGUF file's own blocks); None keeps the checkpoint's
-            values.
-        kv_format: what the KV cache stores (infergen.kvcache.KV_FORMATS), e.g. "fp8_e4m3":
-            codes with per-head scales calibrated at start, 4x the tokens of fp32 in the same
-            memory; None stores the engine dtype.
-        on_bad_layer: a quantized projection whose load-time probe error is far above its
-            scheme's level: "fallback" keeps it at full precision (a warning names it),
-            "refuse" raises.
-        activations: projection inputs quantized too (infergen.quant.ACTIVATION_SCHEMES):
-            "fp8_e4m3" / "int8" (a dynamic scale per token), "fp8_e4m3_static" /
-            "int8_static" (calibrated), "mxfp4", "mxfp8", "nvfp4"; with `weights` they make
-            W8A8, W4A8, W4A4.
-        calibration: how calibrated scales clip (quant/clipping.py): "max", "percentile",
-            "mse" ("mse" also searches each quantized weight group's clipping).
-        smoothing: "smoothquant" or "awq" (quant/smoothing.py): per-channel scales moved
-            between activations and weights before quantizing.
-        calibration_stats: a .safetensors path to save calibration statistics and the
-            scales chosen.
-        calibration_text: a text file to calibrate on (default: the shipped corpus).
-        keep: projections the weight / activation schemes leave at full precision, as
-            module-name globs, e.g. ("lm_head", "layers.0.*").
-        attention: "fp8_e4m3" computes attention on FP8 Q, K, V and softmax P (with
-            kv_format="fp8_e4m3"); None: the engine dtype.
-        streaming_window / streaming_sinks: StreamingLLM — every attention layer reads only the
-            last `streaming_window` positions and the first `streaming_sinks` (attention
-            sinks); the blocks between go back to the pool, so memory per sequence is flat.
-        sparse_decode_blocks: Quest-style sparse decode — each decode query reads this many
-            KV blocks per KV head (the last, the first `sparse_keep_first`, the best by a
-            block-summary bound of q·k); None: dense. `engine.sparse_read_fraction()` reports
-            the share of the KV the decode steps read.
-        compile: "off" (default: the per-op path and the fused decode step), "eager" (the
-            decoder layer's captured graph, op by op) or "jit" (its fused groups as
-            generated C kernels, cached on disk); `infergen compile` shows the graphs.
+        checkpoint: an already loaded checkpoint (io/checkpoint.py) instead of `model`.
         progress: show progress bars while calibrating.
+        **options: engine options by name (engine/options.py declares each once; an unknown
+            name is an error naming the closest one):
+
+        {options}
     """
 
     def __init__(
         self,
         model: str | None = None,
         *,
-        kv_cache_memory: str | int = "1GiB",
-        num_kv_blocks: int | None = None,
-        block_size: int = 16,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 512,
-        enable_chunked_prefill: bool = True,
-        enable_prefix_caching: bool = True,
-        num_threads: int | None = None,
-        seed: int = 0,
-        dtype: str = "float32",
-        kernels: str = "native",
-        weights: str | None = None,
-        kv_format: str | None = None,
-        on_bad_layer: str = "fallback",
-        activations: str | None = None,
-        calibration: str = "max",
-        smoothing: str | None = None,
-        calibration_stats: str | None = None,
-        calibration_text: str | None = None,
-        keep: tuple[str, ...] | list[str] = (),
-        attention: str | None = None,
-        max_model_len: int | None = None,
-        compile: str = "off",
-        sparse_decode_blocks: int | None = None,
-        sparse_keep_first: int = 1,
-        streaming_window: int | None = None,
-        streaming_sinks: int = 4,
         checkpoint: Any = None,
         progress: bool = False,
+        **options: Any,
     ):
-        config = EngineConfig(
-            model=model,
-            dtype=dtype,
-            kernels=kernels,
-            weights=weights,
-            on_bad_layer=on_bad_layer,
-            activations=activations,
-            calibration=calibration,
-            smoothing=smoothing,
-            calibration_stats=calibration_stats,
-            calibration_text=calibration_text,
-            keep=tuple(keep),
-            attention=attention,
-            max_model_len=max_model_len,
-            compile=compile,
-            streaming_window=streaming_window,
-            streaming_sinks=streaming_sinks,
-            num_threads=num_threads,
-            seed=seed,
-            cache=CacheConfig(
-                block_size=block_size,
-                memory_bytes=parse_bytes(kv_cache_memory, where="kv_cache_memory"),
-                num_blocks=num_kv_blocks,
-                enable_prefix_caching=enable_prefix_caching,
-                kv_format=kv_format,
-                sparse_decode_blocks=sparse_decode_blocks,
-                sparse_keep_first=sparse_keep_first,
-            ),
-            scheduler=SchedulerConfig(
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                enable_chunked_prefill=enable_chunked_prefill,
-            ),
-        )
+        config = engine_config(model=model, **options)
         self.engine = Engine(config, checkpoint, progress=progress)
         self.config = self.engine.model_config
         self.tokenizer = self.engine.tokenizer
@@ -232,3 +133,6 @@ def _as_params_list(
             expected=f"{n}, or a single SamplingParams",
         )
     return list(params)
+
+
+LLM.__doc__ = LLM.__doc__.format(options=describe_options().lstrip())

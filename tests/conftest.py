@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 
 # Triton reads its interpreter switch once, when first imported (torchao imports it too):
 # set it before anything else so the GPU kernels run in the CPU interpreter. A GPU run sets
@@ -15,6 +16,9 @@ import torch  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_flush_denormal(True)
+# the tests name repository files (tests/perf/configs/*.json, data/) from the repository root,
+# as the README's commands do: run from any directory, they still find them
+os.chdir(pathlib.Path(__file__).resolve().parent.parent)
 
 
 @pytest.fixture(scope="session")

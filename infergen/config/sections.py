@@ -103,3 +103,79 @@ class SchedulerConfig:
             found=self.max_num_batched_tokens,
             expected=">= 1",
         )
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Which tensors get which low-precision format (quant/), and how calibrated scales are
+    chosen. Names are registry rows, checked by engine/config.py."""
+
+    weights: str | None = None  # a WEIGHT_SCHEMES row, e.g. "int8" (None: unquantized)
+    # an ACTIVATION_SCHEMES row: projection inputs quantized too, e.g. "fp8_e4m3"
+    activations: str | None = None
+    calibration: str = "max"  # a CLIP_METHODS row: how static scales clip
+    smoothing: str | None = None  # a SMOOTHINGS row: "smoothquant" | "awq"
+    calibration_stats: str | None = None  # a .safetensors path to save statistics to
+    calibration_text: str | None = None  # a text file to calibrate on (None: shipped corpus)
+    keep: tuple[str, ...] = ()  # projection-name globs kept at full precision
+    # a projection whose load-time probe error is far above its scheme's level
+    # (layers/probe.py): "fallback" keeps it at full precision, "refuse" stops the engine
+    on_bad_layer: str = "fallback"
+
+    def __post_init__(self) -> None:
+        require(
+            self.on_bad_layer in ("fallback", "refuse"),
+            "unknown load-time check policy",
+            where="on_bad_layer",
+            found=self.on_bad_layer,
+            expected="'fallback' or 'refuse'",
+        )
+
+    @property
+    def calibrated(self) -> bool:
+        """Some scale or weight is chosen by a calibration pass at engine start."""
+        return bool(self.activations or self.smoothing or self.calibration != "max")
+
+
+@dataclass(frozen=True)
+class AttentionPolicy:
+    """What attention computes on and which positions it reads."""
+
+    # attention operands (ops/attention_operands.py): "fp8_e4m3" computes Q·Kᵀ and P·V on FP8
+    # Q, K, V and P (needs the FP8 KV cache); None: the engine dtype
+    operands: str | None = None
+    # StreamingLLM (Xiao et al. 2023): every attention layer reads only the last
+    # `streaming_window` positions and the first `streaming_sinks`
+    streaming_window: int | None = None
+    streaming_sinks: int = 4
+
+    def __post_init__(self) -> None:
+        if self.streaming_window is not None:
+            require(
+                self.streaming_window > 0 and self.streaming_sinks >= 0,
+                "streaming_window must be positive and streaming_sinks not negative",
+                where="streaming_window",
+                found=f"window {self.streaming_window}, sinks {self.streaming_sinks}",
+                expected="window > 0, sinks >= 0",
+            )
+
+
+COMPILE_MODES = ("off", "eager", "jit")
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """The decoder layers through the compiler (compiler/runtime.py): "off" (the per-op path
+    and the hand-written fused decode step), "eager" (the captured graph op by op), "jit"
+    (fused groups as generated C kernels, cached on disk)."""
+
+    mode: str = "off"
+
+    def __post_init__(self) -> None:
+        require(
+            self.mode in COMPILE_MODES,
+            f"unknown compile mode {self.mode!r}",
+            where="compile",
+            found=self.mode,
+            expected="'off', 'eager' or 'jit'",
+        )

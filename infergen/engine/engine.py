@@ -7,94 +7,31 @@ engine.output(request_id) → RequestOutput
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
-import warnings
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import torch
 
-from infergen.compiler.runtime import CompiledLayers
 from infergen.config import ModelConfig
+from infergen.engine.build import build
 from infergen.engine.config import EngineConfig
 from infergen.engine.request import RequestOutput, Sequence, Status, StreamDelta
-from infergen.engine.runner import ModelRunner
 from infergen.engine.sampler import Sampler, SamplingState
 from infergen.engine.sampling_params import SamplingParams
-from infergen.engine.scheduler import ScheduledBatch, Scheduler
+from infergen.engine.scoring import serving_parts, teacher_forced_logits
 from infergen.engine.step_trace import StepRecord
 from infergen.engine.stopping import StopChecker
-from infergen.errors import ConfigError, RequestError
-from infergen.formats.block_weight import BlockWeight
-from infergen.io.checkpoint import Checkpoint, load_checkpoint
+from infergen.errors import RequestError
+from infergen.io.checkpoint import Checkpoint
 from infergen.io.tokenizer import IncrementalDetokenizer
-from infergen.kernels.build import build_all
-from infergen.kvcache.block_pool import BlockPool
-from infergen.kvcache.calibrate import calibrate_kv_scales
-from infergen.kvcache.paged_cache import PagedKVCache
-from infergen.kvcache.sizing import blocks_for, is_blocked
-from infergen.kvcache.state_cache import StateCache
-from infergen.layers.probe import check_kv_scales
-from infergen.models.transformer import Transformer
 from infergen.ops.sparse_decode import QuestDecode
-from infergen.process import configure_process
-from infergen.quant.activations import load_activation_scales
-from infergen.quant.apply import CalibrationResult, quantize_calibrated, rewrites_weights
-from infergen.quant.schemes import WEIGHT_SCHEMES, apply_weight_scheme
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _check_fallbacks(model: Transformer, config: EngineConfig) -> dict[str, tuple[float, float]]:
-    """The load-time check's verdicts (layers/probe.py): {projection: (error, limit)} of those
-    kept at full precision; with on_bad_layer="refuse", an error naming them instead."""
-    bad = {name: m.fallback for name, m in model.named_modules() if getattr(m, "fallback", None)}
-    if not bad:
-        return bad
-    listing = ", ".join(f"{name} ({err:.3g} > {limit:.3g})" for name, (err, limit) in bad.items())
-    if config.on_bad_layer == "refuse":
-        raise ConfigError(
-            f"weights {config.weights!r}: the load-time probe of some projections is far above "
-            "the scheme's error level",
-            found=listing,
-            expected="probe error (mean per-channel relative error) within the limit",
-            hint="on_bad_layer='fallback' keeps those projections at full precision",
-        )
-    warnings.warn(
-        f"weights {config.weights!r}: kept at full precision (load-time probe error above the "
-        f"scheme's limit): {listing}",
-        stacklevel=3,
-    )
-    return bad
-
-
-def _streaming(model: ModelConfig, config: EngineConfig) -> ModelConfig:
-    """With `streaming_window` (StreamingLLM): every attention layer reads the last
-    `streaming_window` positions and the first `streaming_sinks`; blocks in between go back
-    to the pool, so a sequence's cache stays bounded however long it runs. Positions are not
-    re-numbered (RoPE sees the true distance; the context stays capped at the model's)."""
-    if config.streaming_window is None:
-        return model
-    if model.sliding_window is not None:
-        raise ConfigError(
-            "streaming_window applies to models without their own sliding windows",
-            where="streaming_window",
-            found=f"{model.architecture} with sliding_window {model.sliding_window}",
-            expected="None for this model",
-        )
-    return model.replace(
-        sliding_window=config.streaming_window,
-        layer_types=tuple(
-            "sliding_attention" if model.has_kv(i) else model.layer_type(i)
-            for i in range(model.num_hidden_layers)
-        ),
-        sink_tokens=config.streaming_sinks,
-    )
 
 
 class Engine:
+    """Requests and the step loop over a built model and cache (engine/build.py)."""
+
     def __init__(
         self,
         config: EngineConfig,
@@ -102,158 +39,26 @@ class Engine:
         progress: bool = False,
         keep_dense: bool = False,  # keep calibration's rewritten fp32 weights (engine/export.py)
     ):
-        configure_process(config.num_threads)
-        if config.kernels == "native":
-            build_all()  # compile (or load cached) C kernels now, not during the first request
-        self.config = config
-        keep_blocks = config.weights is not None and WEIGHT_SCHEMES.get(config.weights).keep_blocks
-        checkpoint = checkpoint or load_checkpoint(config.model, keep_blocks=keep_blocks)
-        if keep_blocks and not any(isinstance(t, BlockWeight) for t in checkpoint.tensors.values()):
-            raise ConfigError(
-                f"weights {config.weights!r} runs a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks as "
-                "loaded, and this checkpoint has none",
-                where=str(checkpoint.path),
-                expected="a GGUF file with Q4_0 / Q4_1 / Q8_0 tensors, or a scheme that "
-                "quantizes (e.g. 'q4_1', 'int4', 'int8')",
-            )
-        self.checkpoint_path = checkpoint.path
-        self.model_config: ModelConfig = _streaming(checkpoint.config, config)
-        self.tokenizer = checkpoint.tokenizer
-        dtype = _DTYPES[config.dtype]
-        model = Transformer(self.model_config, dtype, config.kernels)
-        if config.attention is not None:
-            for layer in model.layers:
-                layer.attn.set_operands(config.attention)
-        if config.weights is not None and not rewrites_weights(config):
-            apply_weight_scheme(model, config.weights, keep=config.keep)  # quantized as loaded
-        model.load_weights(checkpoint.tensors)
-        checkpoint.tensors.clear()  # the model holds its own (fused) copies
+        built = build(config, checkpoint, progress, keep_dense)
+        self.config = built.config
+        self.model_config: ModelConfig = built.model_config
+        self.tokenizer = built.tokenizer
+        self.checkpoint_path = built.checkpoint_path
+        self.max_model_len = built.max_model_len
+        self.calibration = built.calibration
+        self.fallback_layers = built.fallback_layers
+        self.compile_report = built.compile_report
+        self.kv_cache = built.kv_cache
+        self.pool, self.scheduler, self.runner = serving_parts(
+            built.model,
+            built.kv_cache,
+            self.config.scheduler,
+            self.config.cache.enable_prefix_caching,
+        )
         self.sampler = Sampler()
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
-        # the context a sequence may grow to: the model's, or less when config caps it
-        self.max_model_len = min(
-            self.model_config.max_position_embeddings,
-            config.max_model_len or self.model_config.max_position_embeddings,
-        )
-        self.calibration: CalibrationResult | None = None
-        if checkpoint.activations is not None:  # the checkpoint's scheme and static scales
-            if config.activations not in (None, checkpoint.activations):
-                raise ConfigError(
-                    "the checkpoint's input activations are quantized by another scheme",
-                    where="activations",
-                    found=config.activations,
-                    expected=f"{checkpoint.activations!r} or None (the checkpoint's)",
-                )
-            self.config = config = dataclasses.replace(config, activations=checkpoint.activations)
-            load_activation_scales(
-                model, config.activations, checkpoint.input_scales, str(checkpoint.path)
-            )
-        elif config.activations is not None or rewrites_weights(config):
-            self.calibration = quantize_calibrated(
-                self, model, config, dtype, progress, keep_dense=keep_dense
-            )
-        self.fallback_layers = _check_fallbacks(model, config)
-        cache = config.cache
-        scales = None
-        if checkpoint.kv_scales is not None:  # the checkpoint's FP8 KV scales, keys unshifted
-            if cache.kv_format not in (None, "fp8_e4m3"):
-                raise ConfigError(
-                    "the checkpoint carries FP8 KV cache scales",
-                    where="kv_format",
-                    found=cache.kv_format,
-                    expected="fp8_e4m3 or None (the checkpoint's scheme)",
-                )
-            cache = dataclasses.replace(cache, kv_format="fp8_e4m3")
-            self.config = config = dataclasses.replace(config, cache=cache)
-            layers, _, heads = checkpoint.kv_scales.shape
-            scales = (checkpoint.kv_scales, torch.zeros(layers, heads, self.model_config.head_dim))
-        elif cache.kv_format is not None and not is_blocked(
-            cache.kv_format
-        ):  # per-head scales from the
-            scales = calibrate_kv_scales(self, model, dtype)  # model's own K / V
-        # block-quantized KV: fp32 tails for every block a step writes (each running sequence's
-        # last block, and the blocks a prefill chunk completes), + one for scoring
-        sched = config.scheduler
-        tails = sched.max_num_seqs + sched.max_num_batched_tokens // cache.block_size + 2
-        # recurrent layers: one state slot per running sequence (+ one for scoring), set
-        # aside from the same memory budget before the KV blocks
-        slots = sched.max_num_seqs + 1 if model.state_layers else 0
-        state_bytes = slots * StateCache.bytes_per_slot(model.state_layers)
-        num_blocks = blocks_for(
-            cache,
-            self.model_config,
-            torch.finfo(dtype).bits // 8,
-            tails,
-            reserved_bytes=state_bytes,
-        )
-        self._attach_cache(
-            model,
-            PagedKVCache(
-                self.model_config,
-                num_blocks,
-                cache.block_size,
-                dtype,
-                cache.kv_format,
-                tails,
-                model.state_layers,
-                slots,
-                cache.sparse_decode_blocks is not None,
-            ),  # fmt: skip
-        )
-        if cache.sparse_decode_blocks is not None:
-            for i, layer in enumerate(model.layers):
-                summary = self.kv_cache.layer(i).summary
-                layer.attn.use_sparse_decode(
-                    summary, cache.sparse_decode_blocks, cache.sparse_keep_first
-                )
-        if scales is not None:
-            check_kv_scales(scales[0], where=f"kv_format {cache.kv_format!r} scales")
-            self.kv_cache.scales.copy_(scales[0])
-            self.kv_cache.k_shift.copy_(scales[1])
-        self.compile_report = None
-        if config.compile != "off" and cache.sparse_decode_blocks is not None:
-            raise ConfigError(
-                "the compiled layers do not run sparse decode",
-                where="compile",
-                found=f"compile={config.compile!r} with sparse_decode_blocks",
-                expected="compile='off' with sparse decode",
-            )
-        if config.compile != "off" and not model.plain_layers:
-            raise ConfigError(
-                f"compile={config.compile!r} covers Llama-shaped layers only",
-                where="compile",
-                found=f"{self.model_config.architecture} (sliding-window cache groups, "
-                "per-layer RoPE, GeGLU or sandwich norms)",
-                expected="compile='off' for this architecture",
-            )
-        if config.compile != "off":  # the decoder layers through the compiler
-            model.compiled = CompiledLayers(model, self.kv_cache, config.compile)
-            self.compile_report = model.compiled.report
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
-
-    def attach_scratch_cache(self, model: Transformer, tokens: int, dtype: torch.dtype):
-        """Run on a fresh engine-dtype cache that holds one prompt of `tokens` tokens (for
-        calibration passes at start; the real cache is attached after). Returns it."""
-        block = self.config.cache.block_size
-        scratch = PagedKVCache(
-            self.model_config, tokens // block + 2, block, dtype, None, 0, model.state_layers, 2
-        )
-        self._attach_cache(model, scratch)
-        return scratch
-
-    def _attach_cache(self, model: Transformer, kv_cache: PagedKVCache) -> None:
-        """Run on `kv_cache`: its block pool, a scheduler over it, a runner writing to it."""
-        self.kv_cache = kv_cache
-        self.pool = BlockPool(kv_cache.num_blocks, self.config.cache.enable_prefix_caching)
-        self.pool.on_free = kv_cache.block_freed
-        if kv_cache.summaries:
-            self.pool.on_allocate = kv_cache.block_allocated
-        self.scheduler = Scheduler(
-            self.config.scheduler, self.pool, kv_cache.block_size, kv_cache.groups,
-            kv_cache.states,
-        )  # fmt: skip
-        self.runner = ModelRunner(model, kv_cache)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -420,23 +225,7 @@ class Engine:
         token_ids = list(token_ids)
         self._validate(token_ids, SamplingParams(max_tokens=1))
         chunk = chunk or self.config.scheduler.max_num_batched_tokens
-        seq = Sequence("score", None, token_ids, SamplingParams(), None, None, None, -1)
-        batch = ScheduledBatch([seq], [0])
-        rows = []
-        try:
-            while seq.num_computed_tokens < len(token_ids):
-                n = min(chunk, len(token_ids) - seq.num_computed_tokens)
-                if not self.scheduler.grow(seq, n):
-                    raise RequestError("KV cache is busy or too small to score this prompt")
-                batch.num_tokens[0] = n
-                forward_batch, _ = self.runner.prepare(batch)
-                start = seq.num_computed_tokens
-                forward_batch.logits_indices = torch.arange(n)
-                rows.append(self.runner.model(forward_batch, self.kv_cache))
-                seq.num_computed_tokens = start + n
-        finally:
-            self.scheduler.release_blocks(seq)
-        return torch.cat(rows)
+        return teacher_forced_logits(self.scheduler, self.runner, token_ids, chunk)
 
     # ---- results ----------------------------------------------------------------------------
     def output(self, request_id: str) -> RequestOutput:

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from infergen.config import CacheConfig
-from infergen.engine.config import EngineConfig
-from infergen.engine.engine import Engine
+from infergen.config import ModelConfig
+from infergen.engine.build import build
+from infergen.engine.options import engine_config
+from infergen.engine.scoring import scratch_runner
 from infergen.errors import ConfigError
 from infergen.io.checkpoint import hf_config_dict, load_checkpoint
 from infergen.io.compressed_tensors import ACTIVATION_ARGS, pack_int32, unpack_int32
@@ -128,6 +129,7 @@ def export(
         raise ConfigError("no compressed-tensors layout for this activation scheme",
                           where="--activations", found=activations,
                           expected=f"one of {sorted(ACTIVATION_ARGS)}")  # fmt: skip
+    _check_exportable(load_checkpoint(model, load_weights=False).config)
     ckpt = load_checkpoint(model)
     config, tensors = ckpt.config, ckpt.tensors
     input_scales: dict[str, torch.Tensor] = {}
@@ -193,11 +195,49 @@ def export(
     return out
 
 
+def _check_exportable(config: ModelConfig) -> None:
+    """The layout written here is q/k/v/o attention and a dense gate/up/down MLP in every
+    layer: refuse, before any work, what it cannot hold."""
+    arch = config.arch
+    unsupported = [
+        what
+        for what, present in (
+            ("mixture-of-experts feed-forward", config.moe is not None),
+            ("latent attention (MLA)", config.mla is not None),
+            (
+                "recurrent layers",
+                any(not config.has_kv(i) for i in range(config.num_hidden_layers)),
+            ),
+            ("attention beside an SSM", "attention_mamba" in config.layer_types),
+            ("a gated attention output", arch.attention_output_gate),
+            ("learned attention sinks", arch.attention_sinks),
+            ("no feed-forward", arch.mlp == "none"),
+        )
+        if present
+    ]
+    if unsupported:
+        raise ConfigError(
+            f"infergen quantize cannot write {config.architecture}: " + ", ".join(unsupported),
+            where=config.source,
+            expected="a model whose layers are attention (q/k/v/o) + a dense MLP "
+            "(llama, mistral, qwen2, qwen3, gemma3); run this one with --weights at load instead",
+        )
+
+
 def _kv_scales(model: str | None) -> torch.Tensor:
     """Per-head FP8 scales [layers, 2, kv_heads] of the unshifted keys and the values."""
-    engine = Engine(EngineConfig(model=model, cache=CacheConfig(memory_bytes=64 << 20)))
+    built = build(engine_config(model=model, kv_cache_memory=64 << 20))
+    config = built.config
+    run = scratch_runner(
+        built.model, built.model_config, config.cache.block_size, torch.float32, config.scheduler
+    )
     scales, _ = calibrate_kv_scales(
-        engine, engine.runner.model, torch.float32, "fp8_e4m3", smooth_keys=False
+        run,
+        built.tokenizer,
+        built.model_config.vocab_size,
+        built.max_model_len,
+        "fp8_e4m3",
+        smooth_keys=False,
     )
     return scales
 
@@ -206,15 +246,14 @@ def _calibrate(model, scheme, tensors, config, options) -> dict[str, torch.Tenso
     """Calibrate `model` as the engine does for `scheme` and `options`; replace the decoder's
     weights, biases and norms in `tensors` by the rewritten ones (smoothing, clipping) and
     return each projection's static input scale by Hugging Face prefix."""
-    engine_config = EngineConfig(
-        model=model,
-        weights=scheme,
-        keep=("lm_head",),
-        cache=CacheConfig(memory_bytes=64 << 20),
-        **options,
-    )  # fmt: skip  (the checkpoint keeps lm_head)
-    engine = Engine(engine_config, progress=True, keep_dense=True)
-    result = engine.calibration
+    built = build(
+        engine_config(
+            model=model, weights=scheme, keep=("lm_head",), kv_cache_memory=64 << 20, **options
+        ),  # the checkpoint keeps lm_head
+        progress=True,
+        keep_dense=True,
+    )
+    result = built.calibration
     dense = result.dense if result is not None else None
     q, kv, inter = config.q_size, config.kv_size, config.intermediate_size
     parts = {"attn.qkv": (("self_attn.q_proj", q), ("self_attn.k_proj", kv),

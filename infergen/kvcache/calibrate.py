@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import pathlib
 import random
+from collections.abc import Callable
 
 import torch
 
 from infergen.kvcache.kv_format import KV_FORMATS
+from infergen.kvcache.paged_cache import PagedKVCache
 
 CALIBRATION_TOKENS = 512
 CALIBRATION_TEXT = "shakespeare.txt"
@@ -42,19 +44,22 @@ def calibration_tokens(
 
 
 def calibrate_kv_scales(
-    engine, model, dtype: torch.dtype, kv_format: str | None = None, smooth_keys: bool = True
+    run: Callable[[list[int]], PagedKVCache],
+    tokenizer,
+    vocab_size: int,
+    max_model_len: int,
+    kv_format: str,
+    smooth_keys: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scales [layers, 2, kv_heads], key shift [layers, kv_heads, head_dim]) for
-        engine.config.cache.kv_format: the shift is each key channel's mean over the calibration
-        text, the scales the largest |K − shift| and |V| of each head over the format's largest
-        code (`smooth_keys=False`: no shift). `kv_format` overrides the engine's. Leaves the
-    engine on a scratch cache: the caller attaches the real one."""
-    config, cache = engine.model_config, engine.config.cache
-    fmt = KV_FORMATS.get(kv_format or cache.kv_format, where="kv_format")
-    count = min(CALIBRATION_TOKENS, engine.max_model_len - 1)
-    tokens = calibration_tokens(engine.tokenizer, config.vocab_size, count)
-    scratch = engine.attach_scratch_cache(model, count, dtype)
-    engine.prompt_logits(tokens)
+    """(scales [layers, 2, kv_heads], key shift [layers, kv_heads, head_dim]) for `kv_format`:
+    the shift is each key channel's mean over the calibration text, the scales the largest
+    |K − shift| and |V| of each head over the format's largest code (`smooth_keys=False`: no
+    shift). `run(tokens)` runs the model on the tokens and returns the engine-dtype cache
+    holding their K / V (engine/scoring.py: scratch_runner)."""
+    fmt = KV_FORMATS.get(kv_format, where="kv_format")
+    count = min(CALIBRATION_TOKENS, max_model_len - 1)
+    tokens = calibration_tokens(tokenizer, vocab_size, count)
+    scratch = run(tokens)
     slots = scratch.storage.float().flatten(2, 3)  # [layers, 2, slots, kv_heads, d]
     used = slots[:, :, slots.abs().amax(dim=(0, 1, 3, 4)) > 0]  # the calibration positions
     shift = used[:, 0].mean(dim=1)  # [layers, kv_heads, d]

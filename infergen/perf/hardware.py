@@ -198,9 +198,13 @@ def load_file(path: str | pathlib.Path) -> list[Hardware]:
 
 
 HARDWARE: Registry[Hardware] = Registry("hardware")
-for _name, _row in json.loads(TABLE.read_text()).items():
+_TABLE = json.loads(TABLE.read_text())
+for _name, _row in _TABLE.items():
     if not _name.startswith("_"):
         HARDWARE.register(_name, from_dict(_name, _row, str(TABLE)))
+# the published rows (benchmarks/validate_perf_model.py) a number of the table was fitted to:
+# they agree by construction, so they are not predictions
+FITTED_ROWS = frozenset(_TABLE["_fitted_rows"])
 
 
 _PLAIN_BITS = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0}

@@ -15,14 +15,16 @@ scales), saved with the statistics when `calibration_stats` names a file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from infergen.config.sections import QuantConfig
 from infergen.layers.linear import Linear
 from infergen.layers.norm import RMSNorm
 from infergen.quant.activations import ACTIVATION_SCHEMES, apply_activation_scheme
-from infergen.quant.calibrate import calibration_sequences, collect_statistics, save_statistics
+from infergen.quant.calibrate import collect_statistics, save_statistics
 from infergen.quant.clipping import CLIP_METHODS, activation_scale, clip_weight
 from infergen.quant.schemes import apply_weight_scheme
 from infergen.quant.smoothing import DenseModel, smooth
@@ -36,7 +38,7 @@ class CalibrationResult:
     dense: DenseModel | None = None  # the rewritten fp32 weights, when asked to keep them
 
 
-def rewrites_weights(config) -> bool:
+def rewrites_weights(config: QuantConfig) -> bool:
     """Whether `config` changes fp32 weights before quantizing them (so they load in fp32)."""
     clips = config.weights is not None and CLIP_METHODS.get(config.calibration).clips_weights
     return config.smoothing is not None or clips
@@ -51,22 +53,22 @@ def _norms(model):
 
 
 def quantize_calibrated(
-    engine, model, config, dtype, progress: bool = True, keep_dense: bool = False
+    run: Callable[[list[int]], object],
+    model,
+    config: QuantConfig,
+    sequences: list[list[int]],
+    progress: bool = True,
+    keep_dense: bool = False,
 ) -> CalibrationResult:
-    """Steps 1–3 of the module docstring on `model` (loaded: in fp32 when `rewrites_weights`).
-    Leaves the engine on a scratch cache: the caller attaches the real one."""
+    """Steps 1–3 of the module docstring on `model` (loaded: in fp32 when `rewrites_weights`),
+    calibrated on `sequences` (quant/calibrate.py: calibration_sequences); `run(tokens)` runs
+    one teacher-forced pass of the model (engine/scoring.py: scratch_runner)."""
     result = CalibrationResult()
     act = ACTIVATION_SCHEMES.get(config.activations).act if config.activations else None
-    sequences = calibration_sequences(
-        engine.tokenizer,
-        engine.model_config.vocab_size,
-        engine.max_model_len,
-        text=config.calibration_text,
-    )
     result.tokens = sum(len(s) for s in sequences)
     stats = None
     if rewrites_weights(config):
-        stats = collect_statistics(engine, model, dtype, sequences, progress)
+        stats = collect_statistics(run, model, sequences, progress)
         result.passes += 1
         dense = _rewrite(model, config, act, stats, result.chosen, progress)
         result.dense = dense if keep_dense else None
@@ -76,7 +78,7 @@ def quantize_calibrated(
             quantizers = {n: m.act for n, m in _linears(model) if m.act is not None}
             for _, m in _linears(model):
                 m.act = None  # inputs as the quantized model makes them, not yet quantized
-            stats = collect_statistics(engine, model, dtype, sequences, progress)
+            stats = collect_statistics(run, model, sequences, progress)
             result.passes += 1
             for n, m in _linears(model):
                 if n in quantizers:

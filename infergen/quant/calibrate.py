@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,10 +84,14 @@ def calibration_sequences(
 
 
 def collect_statistics(
-    engine, model: nn.Module, dtype: torch.dtype, sequences: list[list[int]], progress: bool = True
+    run: Callable[[list[int]], object],
+    model: nn.Module,
+    sequences: list[list[int]],
+    progress: bool = True,
 ) -> dict[str, InputStats]:
-    """Run `sequences` through `model` and return each projection's InputStats by module name.
-    Leaves the engine on a scratch cache: the caller attaches the real one."""
+    """Run `sequences` through `model` (`run(tokens)`: one teacher-forced pass, e.g.
+    engine/scoring.py's scratch_runner) and return each projection's InputStats by module
+    name."""
     from tqdm import tqdm
 
     total = sum(len(s) for s in sequences)
@@ -97,11 +102,10 @@ def collect_statistics(
         if isinstance(module, Linear):
             stats[name] = InputStats.empty(module.in_features, stride)
             hooks.append(module.register_forward_pre_hook(_recorder(stats[name])))
-    engine.attach_scratch_cache(model, max(len(s) for s in sequences), dtype)
     try:
         bar = tqdm(sequences, desc="calibrating", unit="seq", file=sys.stderr, disable=not progress)
         for seq in bar:
-            engine.prompt_logits(seq)
+            run(seq)
     finally:
         for hook in hooks:
             hook.remove()

@@ -142,6 +142,21 @@ def test_quantize_cli_and_errors(tmp_path, capsys):
     assert "no compressed-tensors layout" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "arch, what", [("gpt_oss", "mixture-of-experts"), ("mamba2", "recurrent layers")]
+)
+def test_quantize_refuses_an_architecture_it_cannot_write(arch, what, tmp_path, capsys):
+    """Exit 2 naming what the layout cannot hold, before anything is written."""
+    src = tmp_path / "src"
+    build_hf_model(arch, src)
+    out = tmp_path / "q"
+    argv = ["quantize", "--model", str(src), "--weights", "int8", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {arch}" in err and what in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("scheme", sorted(EXPORTS))
 def test_nonfinite_scales_are_found_without_decoding(scheme):
     """QuantWeight.nonfinite (the load check) flags exactly the weights whose decoded values
@@ -191,7 +206,7 @@ def test_exported_calibrated_checkpoint_equals_the_engine(scheme, options, tmp_p
 
     source = LLM(str(src), kv_cache_memory="8MiB", weights=scheme, keep=["lm_head"], **options)
     loaded = LLM(str(out), kv_cache_memory="8MiB")
-    assert loaded.engine.config.activations == activations
+    assert loaded.engine.config.quant.activations == activations
     assert loaded.engine.calibration is None  # nothing recalibrated: the scales are stored
     tokens = torch.randint(0, 211, (20,), generator=torch.Generator().manual_seed(2)).tolist()
     expected = source.engine.prompt_logits(tokens)

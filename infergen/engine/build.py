@@ -1,0 +1,274 @@
+"""The build step: checkpoint → model with its options applied → KV cache. Run once, before
+any request; the engine (engine.py) then keeps requests and the step loop, and nothing
+changes the model option by option afterwards.
+
+In order: the checkpoint (GGUF blocks kept for the "gguf" scheme), the model (StreamingLLM's
+windows, attention operands, weight schemes applied as the weights load), calibrated
+quantization (activation scales, smoothing, clipping: quant/apply.py, given a scratch
+runner), the load-time check's verdicts, the KV format's scales (the checkpoint's, or
+calibrated), the cache sized from the memory budget, sparse decode, and the compiled layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from infergen.compiler.runtime import CompiledLayers
+from infergen.config import ModelConfig
+from infergen.engine.config import EngineConfig
+from infergen.engine.scoring import scratch_runner
+from infergen.errors import ConfigError
+from infergen.formats.block_weight import BlockWeight
+from infergen.io.checkpoint import Checkpoint, load_checkpoint
+from infergen.kernels.build import build_all
+from infergen.kvcache.calibrate import calibrate_kv_scales
+from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.kvcache.sizing import blocks_for, is_blocked
+from infergen.kvcache.state_cache import StateCache
+from infergen.layers.probe import check_kv_scales
+from infergen.models.transformer import Transformer
+from infergen.process import configure_process
+from infergen.quant.activations import load_activation_scales
+from infergen.quant.apply import CalibrationResult, quantize_calibrated, rewrites_weights
+from infergen.quant.calibrate import calibration_sequences
+from infergen.quant.schemes import WEIGHT_SCHEMES, apply_weight_scheme
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Built:
+    """What the engine runs: `config` as applied (a checkpoint's own activation scheme or KV
+    format filled in), the model on its cache, and what the build measured on the way."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    model: Transformer
+    kv_cache: PagedKVCache
+    tokenizer: object
+    checkpoint_path: object
+    max_model_len: int
+    calibration: CalibrationResult | None = None
+    fallback_layers: dict[str, tuple[float, float]] = field(default_factory=dict)
+    compile_report: object = None
+
+
+def build(
+    config: EngineConfig,
+    checkpoint: Checkpoint | None = None,
+    progress: bool = False,
+    keep_dense: bool = False,  # keep calibration's rewritten fp32 weights (engine/export.py)
+) -> Built:
+    configure_process(config.num_threads)
+    if config.kernels == "native":
+        build_all()  # compile (or load cached) C kernels now, not during the first request
+    checkpoint = _checkpoint(config, checkpoint)
+    model_config = _streaming(checkpoint.config, config)
+    dtype = DTYPES[config.dtype]
+    model = Transformer(model_config, dtype, config.kernels)
+    if config.attention.operands is not None:
+        for layer in model.layers:
+            layer.attn.set_operands(config.attention.operands)
+    quant = config.quant
+    if quant.weights is not None and not rewrites_weights(quant):
+        apply_weight_scheme(model, quant.weights, keep=quant.keep)  # quantized as loaded
+    model.load_weights(checkpoint.tensors)
+    checkpoint.tensors.clear()  # the model holds its own (fused) copies
+    max_model_len = min(  # the model's context, or less when the config caps it
+        model_config.max_position_embeddings,
+        config.max_model_len or model_config.max_position_embeddings,
+    )
+    run = scratch_runner(model, model_config, config.cache.block_size, dtype, config.scheduler)
+    built = Built(
+        config, model_config, model, None, checkpoint.tokenizer, checkpoint.path, max_model_len
+    )
+    _quantize(built, checkpoint, run, progress, keep_dense)
+    built.fallback_layers = _check_fallbacks(model, built.config)
+    scales = _kv_scales(built, checkpoint, run)
+    built.kv_cache = _cache(built, dtype, scales)
+    _compile(built)
+    return built
+
+
+def _checkpoint(config: EngineConfig, checkpoint: Checkpoint | None) -> Checkpoint:
+    weights = config.quant.weights
+    keep_blocks = weights is not None and WEIGHT_SCHEMES.get(weights).keep_blocks
+    checkpoint = checkpoint or load_checkpoint(config.model, keep_blocks=keep_blocks)
+    if keep_blocks and not any(isinstance(t, BlockWeight) for t in checkpoint.tensors.values()):
+        raise ConfigError(
+            f"weights {weights!r} runs a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks as "
+            "loaded, and this checkpoint has none",
+            where=str(checkpoint.path),
+            expected="a GGUF file with Q4_0 / Q4_1 / Q8_0 tensors, or a scheme that "
+            "quantizes (e.g. 'q4_1', 'int4', 'int8')",
+        )
+    return checkpoint
+
+
+def _streaming(model: ModelConfig, config: EngineConfig) -> ModelConfig:
+    """With `streaming_window` (StreamingLLM): every attention layer reads the last
+    `streaming_window` positions and the first `streaming_sinks`; blocks in between go back
+    to the pool, so a sequence's cache stays bounded however long it runs. Positions are not
+    re-numbered (RoPE sees the true distance; the context stays capped at the model's)."""
+    policy = config.attention
+    if policy.streaming_window is None:
+        return model
+    if model.sliding_window is not None:
+        raise ConfigError(
+            "streaming_window applies to models without their own sliding windows",
+            where="streaming_window",
+            found=f"{model.architecture} with sliding_window {model.sliding_window}",
+            expected="None for this model",
+        )
+    return model.replace(
+        sliding_window=policy.streaming_window,
+        layer_types=tuple(
+            "sliding_attention" if model.has_kv(i) else model.layer_type(i)
+            for i in range(model.num_hidden_layers)
+        ),
+        sink_tokens=policy.streaming_sinks,
+    )
+
+
+def _quantize(built: Built, checkpoint: Checkpoint, run, progress: bool, keep_dense: bool):
+    """The checkpoint's own activation scheme and static scales, or calibrated quantization."""
+    quant, model = built.config.quant, built.model
+    if checkpoint.activations is not None:
+        if quant.activations not in (None, checkpoint.activations):
+            raise ConfigError(
+                "the checkpoint's input activations are quantized by another scheme",
+                where="activations",
+                found=quant.activations,
+                expected=f"{checkpoint.activations!r} or None (the checkpoint's)",
+            )
+        quant = dataclasses.replace(quant, activations=checkpoint.activations)
+        built.config = dataclasses.replace(built.config, quant=quant)
+        load_activation_scales(
+            model, quant.activations, checkpoint.input_scales, str(checkpoint.path)
+        )
+    elif quant.activations is not None or rewrites_weights(quant):
+        sequences = calibration_sequences(
+            built.tokenizer,
+            built.model_config.vocab_size,
+            built.max_model_len,
+            text=quant.calibration_text,
+        )
+        built.calibration = quantize_calibrated(
+            run, model, quant, sequences, progress, keep_dense=keep_dense
+        )
+
+
+def _check_fallbacks(model: Transformer, config: EngineConfig) -> dict[str, tuple[float, float]]:
+    """The load-time check's verdicts (layers/probe.py): {projection: (error, limit)} of those
+    kept at full precision; with on_bad_layer="refuse", an error naming them instead."""
+    bad = {name: m.fallback for name, m in model.named_modules() if getattr(m, "fallback", None)}
+    if not bad:
+        return bad
+    weights = config.quant.weights
+    listing = ", ".join(f"{name} ({err:.3g} > {limit:.3g})" for name, (err, limit) in bad.items())
+    if config.quant.on_bad_layer == "refuse":
+        raise ConfigError(
+            f"weights {weights!r}: the load-time probe of some projections is far above "
+            "the scheme's error level",
+            found=listing,
+            expected="probe error (mean per-channel relative error) within the limit",
+            hint="on_bad_layer='fallback' keeps those projections at full precision",
+        )
+    warnings.warn(
+        f"weights {weights!r}: kept at full precision (load-time probe error above the "
+        f"scheme's limit): {listing}",
+        stacklevel=4,
+    )
+    return bad
+
+
+def _kv_scales(built: Built, checkpoint: Checkpoint, run) -> tuple | None:
+    """(scales, key shift) of a scaled KV format: the checkpoint's (keys unshifted) or
+    calibrated on the model's own K / V; None for other formats."""
+    cache = built.config.cache
+    if checkpoint.kv_scales is not None:
+        if cache.kv_format not in (None, "fp8_e4m3"):
+            raise ConfigError(
+                "the checkpoint carries FP8 KV cache scales",
+                where="kv_format",
+                found=cache.kv_format,
+                expected="fp8_e4m3 or None (the checkpoint's scheme)",
+            )
+        cache = dataclasses.replace(cache, kv_format="fp8_e4m3")
+        built.config = dataclasses.replace(built.config, cache=cache)
+        layers, _, heads = checkpoint.kv_scales.shape
+        return checkpoint.kv_scales, torch.zeros(layers, heads, built.model_config.head_dim)
+    if cache.kv_format is not None and not is_blocked(cache.kv_format):
+        return calibrate_kv_scales(
+            run,
+            built.tokenizer,
+            built.model_config.vocab_size,
+            built.max_model_len,
+            cache.kv_format,
+        )
+    return None
+
+
+def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCache:
+    """The KV pool, as many blocks as the budget holds after the recurrent layers' state slots
+    (one per running sequence, + one for scoring) and, for a block-quantized format, fp32
+    tails for every block a step writes (each running sequence's last block, the blocks a
+    prefill chunk completes, + one for scoring); sparse decode's summaries wired in."""
+    config, model = built.config, built.model
+    cache, sched = config.cache, config.scheduler
+    tails = sched.max_num_seqs + sched.max_num_batched_tokens // cache.block_size + 2
+    slots = sched.max_num_seqs + 1 if model.state_layers else 0
+    state_bytes = slots * StateCache.bytes_per_slot(model.state_layers)
+    num_blocks = blocks_for(
+        cache, built.model_config, torch.finfo(dtype).bits // 8, tails, reserved_bytes=state_bytes
+    )
+    kv_cache = PagedKVCache(
+        built.model_config,
+        num_blocks,
+        cache.block_size,
+        dtype,
+        cache.kv_format,
+        tails,
+        model.state_layers,
+        slots,
+        cache.sparse_decode_blocks is not None,
+    )  # fmt: skip
+    if cache.sparse_decode_blocks is not None:
+        for i, layer in enumerate(model.layers):
+            summary = kv_cache.layer(i).summary
+            layer.attn.use_sparse_decode(
+                summary, cache.sparse_decode_blocks, cache.sparse_keep_first
+            )
+    if scales is not None:
+        check_kv_scales(scales[0], where=f"kv_format {cache.kv_format!r} scales")
+        kv_cache.scales.copy_(scales[0])
+        kv_cache.k_shift.copy_(scales[1])
+    return kv_cache
+
+
+def _compile(built: Built) -> None:
+    """The decoder layers through the compiler (compile != "off"), on the real cache."""
+    mode, model = built.config.compile.mode, built.model
+    if mode == "off":
+        return
+    if built.config.cache.sparse_decode_blocks is not None:
+        raise ConfigError(
+            "the compiled layers do not run sparse decode",
+            where="compile",
+            found=f"compile={mode!r} with sparse_decode_blocks",
+            expected="compile='off' with sparse decode",
+        )
+    if not model.plain_layers:
+        raise ConfigError(
+            f"compile={mode!r} covers Llama-shaped layers only",
+            where="compile",
+            found=f"{built.model_config.architecture} (sliding-window cache groups, "
+            "per-layer RoPE, GeGLU or sandwich norms)",
+            expected="compile='off' for this architecture",
+        )
+    model.compiled = CompiledLayers(model, built.kv_cache, mode)
+    built.compile_report = model.compiled.report

