@@ -416,8 +416,10 @@ def main() -> None:
         )
     judged = [line for line in lines if line["met"] is not None and not line["fitted"]]
     met = sum(line["met"] for line in judged)
-    print(f"{met}/{len(judged)} within their targets (median error over the passes; fitted rows "
-          "left out)")
+    print(
+        f"{met}/{len(judged)} within their targets (median error over the passes; fitted rows "
+        "left out)"
+    )
     write_lines(args.out, lines)
 
 
