@@ -35,6 +35,7 @@ from infergen.compiler.kernel import GroupKernel, compile_group
 from infergen.compiler.passes import PASSES, run_pipeline
 from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
 from infergen.compiler.tune import TuningRecord, group_key
+from infergen.models.fast_paths import FAST_PATHS, FastPath
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import paged_attention
@@ -271,3 +272,15 @@ def _view(ops, args, attrs):
     x = args[0]
     shape = [x.shape[0] if not isinstance(d, int) else d for d in attrs["shape"]]
     return (x.reshape(shape),)
+
+
+def _compiled(mode: str) -> FastPath:
+    return FastPath(
+        supports=lambda model: model.plain_layers,
+        build=lambda model, kv_cache: CompiledLayers(model, kv_cache, mode),
+        description=f"the captured decoder layer, compile={mode!r}",
+    )
+
+
+for _mode in ("eager", "jit"):
+    FAST_PATHS.register(_mode, _compiled(_mode))

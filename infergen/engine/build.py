@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from infergen.compiler.runtime import CompiledLayers
+from infergen.compiler import runtime  # noqa: F401  (registers the compiled fast paths)
 from infergen.config import ModelConfig
 from infergen.engine.config import EngineConfig
 from infergen.engine.scoring import scratch_runner
@@ -30,6 +30,7 @@ from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.sizing import blocks_for, is_blocked
 from infergen.kvcache.state_cache import StateCache
 from infergen.layers.probe import check_kv_scales
+from infergen.models.fast_paths import FAST_PATHS
 from infergen.models.transformer import Transformer
 from infergen.process import configure_process
 from infergen.quant.activations import load_activation_scales
@@ -251,7 +252,8 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
 
 
 def _compile(built: Built) -> None:
-    """The decoder layers through the compiler (compile != "off"), on the real cache."""
+    """The decoder layers through the compiler (compile != "off": the FAST_PATHS row of that
+    name, built now on the real cache; calibration ran on the default fast path)."""
     mode, model = built.config.compile.mode, built.model
     if mode == "off":
         return
@@ -262,7 +264,7 @@ def _compile(built: Built) -> None:
             found=f"compile={mode!r} with sparse_decode_blocks",
             expected="compile='off' with sparse decode",
         )
-    if not model.plain_layers:
+    if not FAST_PATHS.get(mode).supports(model):
         raise ConfigError(
             f"compile={mode!r} covers Llama-shaped layers only",
             where="compile",
@@ -270,5 +272,5 @@ def _compile(built: Built) -> None:
             "per-layer RoPE, GeGLU or sandwich norms)",
             expected="compile='off' for this architecture",
         )
-    model.compiled = CompiledLayers(model, built.kv_cache, mode)
-    built.compile_report = model.compiled.report
+    model.fast_path = mode
+    built.compile_report = model.fast_path_for(built.kv_cache).report

@@ -17,6 +17,7 @@ import torch
 from infergen.kernels.build import I, L, P, kernel
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.forward_batch import ForwardBatch
+from infergen.models.fast_paths import FAST_PATHS, FastPath
 from infergen.ops.paged_attention import DECODE_BACKENDS
 from infergen.ops.rms_norm import RMS_NORM_BACKENDS
 from infergen.ops.rope import ROPE_BACKENDS
@@ -122,7 +123,9 @@ class FusedDecode:
     def available(self) -> bool:
         return self.layers is not None
 
-    def run(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
+    def run(self, h: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(h, the last layer's pending delta) of a decode-only step (h updated in place);
+        None for other steps, or when a layer is outside what the driver does."""
         plan = batch.attn_plan
         if self.layers is None or not plan.decode_only:
             return None
@@ -159,7 +162,17 @@ class FusedDecode:
             scratch.data_ptr(),
             torch.get_num_threads(),
         )
-        return delta
+        return h, delta
+
+
+FAST_PATHS.register(
+    "fused",
+    FastPath(
+        supports=lambda model: model.plain_layers,
+        build=FusedDecode,
+        description="the hand-written native decode step (kernels/decode_layers_f32.c)",
+    ),
+)
 
 
 PHASES = (

@@ -32,7 +32,8 @@ from infergen.layers.mlp import GatedMLP
 from infergen.layers.moe import MoE
 from infergen.layers.norm import RMSNorm
 from infergen.layers.state_mixer import STATE_MIXERS, ParallelMixer, StateMixer
-from infergen.models.fused_decode import FusedDecode
+from infergen.models import fused_decode  # noqa: F401  (registers the "fused" fast path)
+from infergen.models.fast_paths import FAST_PATHS, FastPathRunner
 from infergen.ops.rope import RopeInputs, cos_sin_cache
 from infergen.ops.stored_weights import dense
 
@@ -164,13 +165,11 @@ class Transformer(nn.Module):
         scale = math.sqrt(config.hidden_size) if config.arch.embed_scale else 1.0
         scale *= config.embedding_multiplier  # Falcon-H1
         self.embed_scale = scale if scale != 1.0 else None
-        # decode steps run all layers in one native call where the layers allow it
-        # (models/fused_decode.py); False forces the per-op path (tests compare the two)
-        self.fused_decode = True
-        self._fused_decode: FusedDecode | None = None
-        # the decoder layers through the compiler (compiler/runtime.py), when the engine
-        # option `compile` asks for it; used only on the cache it was built for
-        self.compiled = None
+        # the FAST_PATHS row (models/fast_paths.py) that runs all layers of a step at once
+        # where it can: the native fused decode step by default, the compiled layers with
+        # the engine option `compile`; None: every step op by op (tests compare the two)
+        self.fast_path: str | None = "fused"
+        self._runner: FastPathRunner | None = None  # the path built for one KV cache
 
     @torch.no_grad()
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -218,10 +217,17 @@ class Transformer(nn.Module):
             and not (spec.sandwich_norms or spec.attention_sinks or spec.mla or self.config.moe)
         )
 
-    def _fused(self, kv_cache: PagedKVCache) -> FusedDecode:
-        if self._fused_decode is None or self._fused_decode.kv_cache is not kv_cache:
-            self._fused_decode = FusedDecode(self, kv_cache)
-        return self._fused_decode
+    def fast_path_for(self, kv_cache: PagedKVCache) -> FastPathRunner | None:
+        """This model's fast path built for `kv_cache` (once per cache), or None when it has
+        none or its layers are not ones the path runs."""
+        if self.fast_path is None:
+            return None
+        path = FAST_PATHS.get(self.fast_path, where="fast_path")
+        if not path.supports(self):
+            return None
+        if self._runner is None or self._runner.kv_cache is not kv_cache:
+            self._runner = path.build(self, kv_cache)
+        return self._runner
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
@@ -233,12 +239,12 @@ class Transformer(nn.Module):
         # h [tokens, hidden] is a fresh tensor: the layers update it in place
         if self.embed_scale is not None:
             h.mul_(self.embed_scale)
-        delta = None
-        if self.compiled is not None and self.compiled.kv_cache is kv_cache:
-            h, delta = self.compiled.run(h, batch)
-        elif self.fused_decode and self.plain_layers:
-            delta = self._fused(kv_cache).run(h, batch)
-        if delta is None:  # the per-op path: every step the fused decode does not cover
+        runner = self.fast_path_for(kv_cache)
+        done = runner.run(h, batch) if runner is not None else None
+        if done is not None:
+            h, delta = done
+        else:  # the per-op path: every step the fast path does not cover
+            delta = None
             for i, layer in enumerate(self.layers):
                 view = batch.view(layer.attn.group, layer.attn.rope_index)
                 delta = layer(h, delta, view, kv_cache.layer(i))

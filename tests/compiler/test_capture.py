@@ -29,7 +29,7 @@ def test_captured_layer_reproduces_the_engine(name, tmp_path):
     llm = LLM(str(tmp_path), kv_cache_memory="4MiB")
     engine = llm.engine
     model = engine.runner.model
-    model.fused_decode = False  # decode steps through the layers' forward (the per-op path)
+    model.fast_path = None  # decode steps through the layers' forward (the per-op path)
     captured = capture_layer(model, engine.kv_cache, index=1)
     verify(captured.graph)
     calls = record_layer_calls(llm, model.layers[1])
@@ -92,7 +92,7 @@ def test_fp8_kv_cache_is_captured_with_its_scales(tmp_path):
     build_hf_model("llama_gqa", tmp_path)
     llm = LLM(str(tmp_path), kv_cache_memory="4MiB", kv_format="fp8_e4m3")
     model = llm.engine.runner.model
-    model.fused_decode = False
+    model.fast_path = None
     captured = capture_layer(model, llm.engine.kv_cache, index=1)
     store = next(n for n in captured.graph.nodes if n.op is Op.KV_STORE)
     assert store.attrs["format"] == "fp8_e4m3"

@@ -38,7 +38,7 @@ def _engine_case(name, tmp_path, **options):
     build_hf_model(name, tmp_path)
     llm = LLM(str(tmp_path), kv_cache_memory="4MiB", **options)
     model = llm.engine.runner.model
-    model.fused_decode = False
+    model.fast_path = None
     captured = capture_layer(model, llm.engine.kv_cache, index=1)
     calls = record_layer_calls(llm, model.layers[1])
     return model, captured, calls

@@ -29,7 +29,7 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
     hf_model = build_hf_model(name, tmp_path / "model")
     reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
     compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile=mode)
-    layers = compiled.engine.runner.model.compiled
+    layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
     assert layers is not None
     program_steps = {"n": 0}
     if mode == "jit":  # decode steps run the generated layer program (every architecture)
@@ -78,7 +78,7 @@ def test_activation_quantized_layers_run_through_the_walker(tmp_path):
     options = dict(kv_cache_memory="4MiB", weights="int8", activations="int8")
     reference = LLM(str(tmp_path / "model"), **options)
     compiled = LLM(str(tmp_path / "model"), compile="jit", **options)
-    layers = compiled.engine.runner.model.compiled
+    layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
     assert layers.program is None
     assert any("quantize_act" in why for why in layers.report.groups_op_by_op)
     tokens = list(range(5, 40))
@@ -95,7 +95,7 @@ def test_fp8_kv_cache(mode, tmp_path):
     options = dict(kv_cache_memory="4MiB", kv_format="fp8_e4m3")
     reference = LLM(str(tmp_path / "model"), **options)
     compiled = LLM(str(tmp_path / "model"), compile=mode, **options)
-    layers = compiled.engine.runner.model.compiled
+    layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
     assert (layers.program is not None) == (mode == "jit"), layers.report.groups_op_by_op
     tokens = list(range(5, 45))
     for chunk in (40, 6, 1):

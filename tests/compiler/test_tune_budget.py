@@ -66,7 +66,7 @@ def test_runtime_runs_the_recorded_winner(tmp_path, monkeypatch):
     compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
     report = compiled.engine.compile_report
     assert report.tuned_buckets == len(groups)
-    layers = compiled.engine.runner.model.compiled
+    layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
     for variants in layers.kernels.values():
         assert variants["1"] is not variants["default"]
     reference = llm.engine.prompt_logits(list(range(3, 30)), chunk=1)

@@ -135,8 +135,8 @@ def test_fused_decode_with_fp8_cache_equals_per_op_path(tiny):
     engine = llm.engine
     tokens = torch.randint(0, 211, (30,), generator=torch.Generator().manual_seed(4)).tolist()
     fused = engine.prompt_logits(tokens, chunk=1)
-    assert engine.runner.model._fused(engine.kv_cache).available
-    engine.runner.model.fused_decode = False
+    assert engine.runner.model.fast_path_for(engine.kv_cache).available
+    engine.runner.model.fast_path = None
     assert torch.equal(fused, engine.prompt_logits(tokens, chunk=1))
 
 

@@ -41,7 +41,7 @@ def test_fused_decode_equals_per_op_path(name, tmp_path, fused_steps):
     tokens = torch.randint(0, hf_model.config.vocab_size, (30,)).tolist()  # > sliding window
     fused = engine.prompt_logits(tokens, chunk=1)
     assert fused_steps["steps"] == (len(tokens) if name in COVERED else 0)
-    model.fused_decode = False
+    model.fast_path = None
     per_op = engine.prompt_logits(tokens, chunk=1)
     assert torch.equal(fused, per_op), name
     with torch.no_grad():
@@ -56,7 +56,7 @@ def test_fused_decode_batches_equal_per_op_path(tmp_path, fused_steps):
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
     fused = llm.generate(prompts, params)
     assert fused_steps["steps"] > 0
-    llm.engine.runner.model.fused_decode = False
+    llm.engine.runner.model.fast_path = None
     per_op = llm.generate(prompts, params)
     for a, b in zip(fused, per_op, strict=True):
         assert a.token_ids == b.token_ids

@@ -138,7 +138,7 @@ def test_gguf_blocks_as_loaded_equal_dequantized_engine(tmp_path, qtype):
     for chunk in (None, 1):  # prefill; then one token a step (the fused decode path)
         got = quantized.engine.prompt_logits(tokens, chunk=chunk)
         assert torch.equal(got, reference.engine.prompt_logits(tokens, chunk=chunk))
-    model.fused_decode = False
+    model.fast_path = None
     assert torch.equal(
         quantized.engine.prompt_logits(tokens, chunk=1),
         reference.engine.prompt_logits(tokens, chunk=1),
@@ -167,7 +167,7 @@ def test_engine_equals_fake_quantized_transformers(fmt, name, tmp_path):
         expected = hf_model(torch.tensor([tokens])).logits[0]
     engine = llm.engine
     decode_steps = engine.prompt_logits(tokens, chunk=1)
-    engine.runner.model.fused_decode = False
+    engine.runner.model.fast_path = None
     assert torch.equal(decode_steps, engine.prompt_logits(tokens, chunk=1))
     for got in (decode_steps, engine.prompt_logits(tokens)):
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (fmt, name)

@@ -67,7 +67,7 @@ def test_engine_equals_fake_quantized_transformers(fmt, name, tmp_path):
     engine = llm.engine
     decode_steps = engine.prompt_logits(tokens, chunk=1)  # the fused decode path where covered
     prefill = engine.prompt_logits(tokens)
-    engine.runner.model.fused_decode = False
+    engine.runner.model.fast_path = None
     per_op = engine.prompt_logits(tokens, chunk=1)
     assert torch.equal(decode_steps, per_op), name  # fused decode = per-op path
     with torch.no_grad():
