@@ -42,6 +42,23 @@ class FormatSpec:
     description: str = ""
 
     @property
+    def global_scale(self) -> bool:
+        """An fp32 scale per tensor above the block scales (NVFP4: global = amax / (448·6))."""
+        return self.scaling == "nvfp4"
+
+    @property
+    def integer(self) -> bool:
+        """Integer codes (round to nearest, clamp), not minifloat elements."""
+        return self.scaling == "int"
+
+    @property
+    def scaled_max(self) -> float:
+        """The largest magnitude a per-tensor scale maps onto: the element's largest, times
+        the largest block scale when the blocks have their own (NVFP4's E4M3 scales)."""
+        block_scale = ELEMENT_TYPES.get("e4m3").max if self.global_scale else 1.0
+        return self.max * block_scale
+
+    @property
     def element_type(self) -> Minifloat | None:
         return ELEMENT_TYPES.get(self.element) if self.element else None
 

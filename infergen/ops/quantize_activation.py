@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from infergen.formats import ELEMENT_TYPES, dequantize, quantize
+from infergen.formats.spec import FORMATS, FormatSpec
 
 
 @dataclass(frozen=True)
@@ -33,17 +34,20 @@ class ActivationFormat:
     bits: float  # bits per activation value, scales included (for reports)
 
     @property
+    def spec(self) -> FormatSpec:
+        return FORMATS.get(self.fmt, where="activation format")
+
+    @property
     def static(self) -> bool:
         """Takes a scale from calibration (per-tensor scale, or NVFP4's global scale)."""
-        return self.granularity == "tensor" or self.fmt == "nvfp4"
+        return self.granularity == "tensor" or self.spec.global_scale
 
     @property
     def max_code(self) -> float:
         """The largest value a static scale maps the clipping range onto."""
-        return _MAX_CODE[self.fmt]
+        return self.spec.scaled_max
 
 
-_MAX_CODE = {"int8": 127.0, "fp8_e4m3": 448.0, "nvfp4": 448.0 * 6.0}
 _TORCH_FP8 = {"fp8_e4m3": torch.float8_e4m3fn}
 
 
@@ -67,11 +71,11 @@ def reference(
     """x̂ through the formats' reference codecs (the oracle)."""
     _check(x, act, scale)
     if act.granularity == "block":
-        extra = {"global_scale": scale} if act.fmt == "nvfp4" else {}
+        extra = {"global_scale": scale} if act.spec.global_scale else {}
         q = quantize(x, act.fmt, axis=-1, native=False, **extra)
         return dequantize(q, native=False)
     s = _row_scales(x, act.max_code) if act.granularity == "token" else scale.reshape(1, 1)
-    if act.fmt == "int8":
+    if act.spec.integer:
         return torch.round(x / s).clamp(-127, 127) * s
     et = ELEMENT_TYPES.get(act.fmt.removeprefix("fp8_"))
     return et.decode(et.encode(x / s)) * s  # encode saturates at the format's max
@@ -83,11 +87,11 @@ def fake_quantize(
     """x̂, as `reference` computes it, by the fast paths."""
     _check(x, act, scale)
     if act.granularity == "block":
-        extra = {"global_scale": scale} if act.fmt == "nvfp4" else {}
+        extra = {"global_scale": scale} if act.spec.global_scale else {}
         return dequantize(quantize(x, act.fmt, axis=-1, **extra))
     s = _row_scales(x, act.max_code) if act.granularity == "token" else scale.reshape(1, 1)
     y = x / s
-    if act.fmt == "int8":
+    if act.spec.integer:
         return y.round_().clamp_(-127, 127).mul_(s)
     m = act.max_code
     return y.clamp_(-m, m).to(_TORCH_FP8[act.fmt]).float().mul_(s)
