@@ -1,5 +1,6 @@
-"""The `infergen` command line: one module per command family (main: generate, chat, serve,
-info, eval, quantize, formats, bench, perf; compile; predict)."""
+"""The `infergen` command line: main.py builds the parser from one module per command (generate,
+chat, info, formats, eval, quantize, serve, perf, predict, compile, bench); common.py holds
+what they share."""
 
 from infergen.cli.main import build_parser, main
 

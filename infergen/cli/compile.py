@@ -9,10 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+from infergen.cli.common import load_llm
 from infergen.engine.options import add_engine_args
 
 
-def add_compile_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser(
         "compile",
         help="pre-build a model's generated kernels; show its graphs, fusions, buffer plan",
@@ -84,7 +85,6 @@ def _launches(graph) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     import copy
 
-    from infergen.cli.main import _load
     from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
     from infergen.compiler.buffers import plan_buffers
     from infergen.compiler.decoder import capture_head, capture_layer
@@ -92,7 +92,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from infergen.compiler.passes import PIPELINES, run_pipeline
 
     PIPELINES.get(args.pipeline, where="--pipeline")
-    llm = _load(args)
+    llm = load_llm(args)
     model, cache = llm.engine.runner.model, llm.engine.kv_cache
     dump = Path(args.dump_dir) if args.dump_dir else None
     if dump:

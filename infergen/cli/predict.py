@@ -40,7 +40,7 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="bf16", help="weight format: fp32, bf16 or a format")
 
 
-def add_predict_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser(
         "predict",
         help="predict TTFT, ITL, throughput, memory and cost of serving a model on a GPU",

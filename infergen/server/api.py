@@ -4,18 +4,17 @@
 Errors have the OpenAI body {"error": {"message", "type", "param", "code"}}: 400 for a bad
 request (validation, a prompt longer than the context, an unknown model), 401 for a missing
 or wrong API key, 503 when the server holds its limit of requests in flight.
+The response bodies and streams are responses.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,7 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infergen.errors import RequestError
 from infergen.llm import LLM
-from infergen.server.async_engine import AsyncEngine, EngineFailure, QueueFull, Update
+from infergen.server import responses
+from infergen.server.async_engine import AsyncEngine, EngineFailure, QueueFull
 from infergen.server.metrics import CONTENT_TYPE_LATEST
 from infergen.server.protocol import ChatRequest, CompletionRequest
 
@@ -34,100 +34,102 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return JSONResponse(body, status_code=status)
-
-
-def _sse(payload: dict | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
-
-
-async def _merge(streams: list[AsyncIterator[Update]]) -> AsyncIterator[tuple[int, Update]]:
-    """Updates of several requests as they come: (index of the stream, update)."""
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(index: int, stream: AsyncIterator[Update]) -> None:
-        try:
-            async for update in stream:
-                await queue.put((index, update))
-        except Exception as exc:  # noqa: BLE001 - re-raised by the consumer below
-            await queue.put((index, exc))
-        finally:
-            await queue.put((index, done))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            index, item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        # a stream may be closed only once its pump has stopped iterating it
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for stream in streams:
-            await stream.aclose()
-
-
 def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_pending: int = 256):
     engine = AsyncEngine(llm.engine, max_pending=max_pending)
-    tokenizer = llm.tokenizer
-    max_len = llm.engine.max_model_len
+    app = FastAPI(title="infergen", version="0.1.0", lifespan=_lifespan(engine))
+    app.state.engine = engine
+    _add_error_handlers(app)
+    handlers = _Handlers(llm, engine, model_name)
+    authorized = [Depends(_authorizer(api_key))]
 
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=authorized)
+    async def models():
+        return handlers.models()
+
+    @app.post("/v1/completions", dependencies=authorized)
+    async def completions(body: CompletionRequest):
+        return await handlers.completions(body)
+
+    @app.post("/v1/chat/completions", dependencies=authorized)
+    async def chat(body: ChatRequest):
+        return await handlers.chat(body)
+
+    return app
+
+
+def _lifespan(engine: AsyncEngine):
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         yield
         engine.shutdown()  # the engine thread ends with the server (in-flight streams ended)
         print("infergen: server stopped", file=sys.stderr, flush=True)
 
-    app = FastAPI(title="infergen", version="0.1.0", lifespan=lifespan)
-    app.state.engine = engine
+    return lifespan
 
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError):
-        return _error(exc.status, exc.message, exc.kind, exc.param)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message = "request body is not valid JSON"
-        return _error(
-            400,
-            f"{'.'.join(loc) or 'body'}: {message}",
-            "invalid_request_error",
-            ".".join(loc) or None,
-        )
+# ---- errors: the OpenAI body for ours and the framework's ---------------------------------------
+def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
-        # the framework's own errors (unparseable body, unknown route, wrong method) get the
-        # same OpenAI body as ours instead of {"detail": ...}
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return _error(exc.status_code, str(exc.detail), kind)
 
-    @app.exception_handler(RequestError)
-    async def _bad_request(_: Request, exc: RequestError):
-        param = exc.where.removeprefix("sampling_params.") if exc.where else None
-        return _error(400, str(exc), "invalid_request_error", param)
+def _add_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(RequestError, _bad_request)
+    app.add_exception_handler(EngineFailure, _failed)
+    app.add_exception_handler(QueueFull, _full)
 
-    @app.exception_handler(EngineFailure)
-    async def _failed(_: Request, exc: EngineFailure):
-        return _error(500, str(exc), "server_error")
 
-    @app.exception_handler(QueueFull)
-    async def _full(_: Request, exc: QueueFull):
-        return _error(503, f"server busy: {exc}; retry later", "server_busy")
+async def _api_error(_: Request, exc: ApiError):
+    return _error(exc.status, exc.message, exc.kind, exc.param)
+
+
+async def _invalid(_: Request, exc: RequestValidationError):
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        message = "request body is not valid JSON"
+    return _error(
+        400,
+        f"{'.'.join(loc) or 'body'}: {message}",
+        "invalid_request_error",
+        ".".join(loc) or None,
+    )
+
+
+async def _http(_: Request, exc: StarletteHTTPException):
+    # the framework's own errors (unparseable body, unknown route, wrong method) get the
+    # same OpenAI body as ours instead of {"detail": ...}
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return _error(exc.status_code, str(exc.detail), kind)
+
+
+async def _bad_request(_: Request, exc: RequestError):
+    param = exc.where.removeprefix("sampling_params.") if exc.where else None
+    return _error(400, str(exc), "invalid_request_error", param)
+
+
+async def _failed(_: Request, exc: EngineFailure):
+    return _error(500, str(exc), "server_error")
+
+
+async def _full(_: Request, exc: QueueFull):
+    return _error(503, f"server busy: {exc}; retry later", "server_busy")
+
+
+def _authorizer(api_key: str | None):
+    """The dependency of the /v1 routes: `Authorization: Bearer KEY` when a key is set."""
 
     async def authorize(request: Request) -> None:
         if api_key is None:
@@ -140,300 +142,102 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_pendin
                 "authentication_error",
             )
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name != model_name:
+    return authorize
+
+
+# ---- the /v1 handlers ---------------------------------------------------------------------------
+def _include_usage(body: CompletionRequest | ChatRequest) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def _event_stream(events) -> StreamingResponse:
+    return StreamingResponse(responses.guarded(events), media_type="text/event-stream")
+
+
+class _Handlers:
+    """The /v1 routes over one engine serving one model."""
+
+    def __init__(self, llm: LLM, engine: AsyncEngine, model_name: str):
+        self.llm, self.engine, self.model_name = llm, engine, model_name
+        self.tokenizer = llm.tokenizer
+        self.max_len = llm.engine.max_model_len
+
+    def models(self) -> dict:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "infergen",
+            "max_model_len": self.max_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    async def completions(self, body: CompletionRequest):
+        self.check_model(body.model)
+        prompts = [p for p in body.prompts() for _ in range(body.n)]
+        submitted = await self.submit_all(
+            prompts, lambda k, _: body.sampling_params(body.max_tokens, body.logprobs, k % body.n)
+        )
+        envelope = responses.Envelope(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name)
+        streams = [self.engine.stream(r, q) for r, q, _ in submitted]
+        prefix = [self.prompt_text(p) if body.echo else "" for p in prompts]
+        if body.stream:
+            return _event_stream(
+                responses.completion_events(envelope, streams, prefix, _include_usage(body))
+            )
+        token_text = self.token_text if body.logprobs is not None else None
+        return await responses.completion_body(envelope, streams, prefix, token_text)
+
+    async def chat(self, body: ChatRequest):
+        self.check_model(body.model)
+        prompt = self.llm.chat_prompt(body.conversation())
+        limit = body.max_completion_tokens or body.max_tokens
+
+        def params_for(k: int, prompt_len: int):
+            max_tokens = limit if limit is not None else max(1, self.max_len - prompt_len - 1)
+            return body.sampling_params(max_tokens, body.logprobs_k(), k)
+
+        submitted = await self.submit_all([prompt] * body.n, params_for)
+        envelope = responses.Envelope(
+            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name
+        )
+        streams = [self.engine.stream(r, q) for r, q, _ in submitted]
+        if body.stream:
+            return _event_stream(
+                responses.chat_events(envelope, streams, body.n, _include_usage(body))
+            )
+        token_text = self.token_text if body.logprobs else None
+        return await responses.chat_body(envelope, streams, token_text)
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
             raise ApiError(
                 400,
-                f"model {name!r} does not exist; this server serves {model_name!r}",
+                f"model {name!r} does not exist; this server serves {self.model_name!r}",
                 "invalid_request_error",
                 "model",
             )
 
-    def token_text(token_id: int) -> str:
-        return tokenizer.decode([token_id], skip_special_tokens=False) if tokenizer else ""
-
-    async def submit_all(prompts, params_for) -> list[tuple[str, asyncio.Queue, list[int]]]:
+    async def submit_all(self, prompts, params_for) -> list[tuple[str, asyncio.Queue, list[int]]]:
+        """Submit every prompt, or none: the ones already in are aborted if one fails."""
         submitted = []
         try:
             for k, prompt in enumerate(prompts):
-                ids = llm.engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
+                ids = self.llm.engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
                 params = params_for(k, len(ids))
-                rid, queue = await engine.submit(ids, params)
+                rid, queue = await self.engine.submit(ids, params)
                 submitted.append((rid, queue, ids))
         except BaseException:
             for rid, _, _ in submitted:
-                engine.abort(rid)
+                self.engine.abort(rid)
             raise
         return submitted
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
+    def token_text(self, token_id: int) -> str:
+        tokenizer = self.tokenizer
+        return tokenizer.decode([token_id], skip_special_tokens=False) if tokenizer else ""
 
-    @app.get("/metrics")
-    async def metrics():
-        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models", dependencies=[Depends(authorize)])
-    async def models():
-        created = int(time.time())
-        card = {
-            "id": model_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "infergen",
-            "max_model_len": max_len,
-        }
-        return {"object": "list", "data": [card]}
-
-    # ---- completions ------------------------------------------------------------------------
-    @app.post("/v1/completions", dependencies=[Depends(authorize)])
-    async def completions(body: CompletionRequest):
-        check_model(body.model)
-        prompts = [p for p in body.prompts() for _ in range(body.n)]
-        submitted = await submit_all(
-            prompts, lambda k, _: body.sampling_params(body.max_tokens, body.logprobs, k % body.n)
-        )
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        streams = [engine.stream(r, q) for r, q, _ in submitted]
-        prefix = [_prompt_text(p) if body.echo else "" for p in prompts]
-
-        def choice(index: int, text: str, reason: str | None, logprobs=None) -> dict:
-            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
-
-        if body.stream:
-
-            async def events():
-                sent_prefix = set()
-                usage = _Usage()
-                async for index, update in _merge(streams):
-                    d = update.delta
-                    text = d.text
-                    if index not in sent_prefix:
-                        sent_prefix.add(index)
-                        text = prefix[index] + text
-                    chunk = {
-                        "id": rid,
-                        "object": "text_completion",
-                        "created": created,
-                        "model": model_name,
-                        "choices": [choice(index, text, d.finish_reason if d.finished else None)],
-                    }
-                    yield _sse(chunk)
-                    if update.output is not None:
-                        usage.add(update.output)
-                if body.stream_options and body.stream_options.include_usage:
-                    yield _sse(
-                        {
-                            "id": rid,
-                            "object": "text_completion",
-                            "created": created,
-                            "model": model_name,
-                            "choices": [],
-                            "usage": usage.body(),
-                        }
-                    )
-                yield _sse("[DONE]")
-
-            return StreamingResponse(_guarded(events()), media_type="text/event-stream")
-
-        outputs = await _collect(streams)
-        usage = _Usage()
-        choices = []
-        for index, out in enumerate(outputs):
-            usage.add(out)
-            logprobs = (
-                _completion_logprobs(out, token_text, prefix[index])
-                if (body.logprobs is not None)
-                else None
-            )
-            choices.append(choice(index, prefix[index] + out.text, out.finish_reason, logprobs))
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": model_name,
-            "choices": choices,
-            "usage": usage.body(),
-        }
-
-    def _prompt_text(prompt) -> str:
-        return (
-            prompt
-            if isinstance(prompt, str)
-            else (tokenizer.decode(list(prompt)) if tokenizer else "")
-        )
-
-    # ---- chat -------------------------------------------------------------------------------
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
-    async def chat(body: ChatRequest):
-        check_model(body.model)
-        prompt = llm.chat_prompt(body.conversation())
-        limit = body.max_completion_tokens or body.max_tokens
-
-        def params_for(k: int, prompt_len: int):
-            max_tokens = limit if limit is not None else max(1, max_len - prompt_len - 1)
-            return body.sampling_params(max_tokens, body.logprobs_k(), k)
-
-        submitted = await submit_all([prompt] * body.n, params_for)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        streams = [engine.stream(r, q) for r, q, _ in submitted]
-
-        def chunk(choices: list[dict], **extra) -> dict:
-            return {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model_name,
-                "choices": choices,
-                **extra,
-            }
-
-        if body.stream:
-
-            async def events():
-                for index in range(body.n):
-                    yield _sse(
-                        chunk(
-                            [
-                                {
-                                    "index": index,
-                                    "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None,
-                                    "finish_reason": None,
-                                }
-                            ]
-                        )
-                    )
-                usage = _Usage()
-                async for index, update in _merge(streams):
-                    d = update.delta
-                    if d.text:
-                        yield _sse(
-                            chunk(
-                                [
-                                    {
-                                        "index": index,
-                                        "delta": {"content": d.text},
-                                        "logprobs": None,
-                                        "finish_reason": None,
-                                    }
-                                ]
-                            )
-                        )
-                    if d.finished:
-                        yield _sse(
-                            chunk(
-                                [
-                                    {
-                                        "index": index,
-                                        "delta": {},
-                                        "logprobs": None,
-                                        "finish_reason": d.finish_reason,
-                                    }
-                                ]
-                            )
-                        )
-                        usage.add(update.output)
-                if body.stream_options and body.stream_options.include_usage:
-                    yield _sse(chunk([], usage=usage.body()))
-                yield _sse("[DONE]")
-
-            return StreamingResponse(_guarded(events()), media_type="text/event-stream")
-
-        outputs = await _collect(streams)
-        usage = _Usage()
-        choices = []
-        for index, out in enumerate(outputs):
-            usage.add(out)
-            logprobs = _chat_logprobs(out, token_text) if body.logprobs else None
-            choices.append(
-                {
-                    "index": index,
-                    "message": {"role": "assistant", "content": out.text},
-                    "logprobs": logprobs,
-                    "finish_reason": out.finish_reason,
-                }
-            )
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model_name,
-            "choices": choices,
-            "usage": usage.body(),
-        }
-
-    return app
-
-
-async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """An engine failure after the stream began becomes an error event, then [DONE]."""
-    try:
-        async for event in events:
-            yield event
-    except EngineFailure as exc:
-        yield _sse(
-            {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
-        )
-        yield _sse("[DONE]")
-
-
-async def _collect(streams: list[AsyncIterator[Update]]):
-    outputs: list = [None] * len(streams)
-    async for index, update in _merge(streams):
-        if update.output is not None:
-            outputs[index] = update.output
-    return outputs
-
-
-class _Usage:
-    def __init__(self):
-        self.prompt = self.completion = self.cached = 0
-
-    def add(self, out) -> None:
-        self.prompt += len(out.prompt_token_ids)
-        self.completion += len(out.token_ids)
-        self.cached += out.num_cached_prompt_tokens
-
-    def body(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt,
-            "completion_tokens": self.completion,
-            "total_tokens": self.prompt + self.completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached},
-        }
-
-
-def _completion_logprobs(out, token_text, prefix: str) -> dict:
-    """The legacy completions format: tokens, token_logprobs, top_logprobs, text_offset."""
-    tokens, token_logprobs, top, offsets = [], [], [], []
-    offset = len(prefix)
-    for lp in out.logprobs or []:
-        text = token_text(lp.token_id)
-        tokens.append(text)
-        token_logprobs.append(lp.logprob)
-        top.append({token_text(t): v for t, v in lp.top})
-        offsets.append(offset)
-        offset += len(text)
-    return {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": top,
-        "text_offset": offsets,
-    }
-
-
-def _chat_logprobs(out, token_text) -> dict:
-    def entry(token_id: int, logprob: float) -> dict:
-        text = token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-    content = []
-    for lp in out.logprobs or []:
-        item = entry(lp.token_id, lp.logprob)
-        item["top_logprobs"] = [entry(t, v) for t, v in lp.top]
-        content.append(item)
-    return {"content": content}
+    def prompt_text(self, prompt) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        return self.tokenizer.decode(list(prompt)) if self.tokenizer else ""

@@ -1,0 +1,80 @@
+"""`infergen perf calibrate | step`: measure this machine's peaks as a hardware row; the
+predicted time of one engine step, op by op (the performance model, perf/)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from infergen.cli.predict import add_device_args
+
+
+def add_parser(sub) -> None:
+    perf = sub.add_parser("perf", help="performance model: `infergen perf calibrate|step`")
+    perf_sub = perf.add_subparsers(dest="perf_command", required=True, metavar="COMMAND")
+    cal = perf_sub.add_parser(
+        "calibrate",
+        help="measure this machine's peaks (GEMM FLOP/s by row count, read bandwidth, launch "
+        "cost, decode and prefill attention efficiency) as the `cpu-local` hardware row",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    cal.add_argument("--threads", type=int, default=None, help="threads (default: torch's)")
+    cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
+    cal.add_argument("--out", default=None, help="JSON file (default: the cache directory)")
+    cal.set_defaults(func=cmd_perf_calibrate)
+    step = perf_sub.add_parser(
+        "step",
+        help="predicted time of one engine step, op by op, and what bounds each op",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_device_args(step)
+    step.add_argument("--batch", type=int, default=1, help="sequences in the step")
+    step.add_argument("--context", type=int, default=1024, help="tokens per sequence")
+    step.add_argument("--new", type=int, default=1, help="new tokens per sequence (1 = decode)")
+    step.add_argument("--kv", default="bf16", help="KV cache format")
+    step.add_argument("--compute", default=None, help="compute format (default: from weights)")
+    step.set_defaults(func=cmd_perf_step)
+
+
+def cmd_perf_calibrate(args: argparse.Namespace) -> int:
+    import pathlib
+
+    from infergen.perf.calibrate import default_path, measure, save
+
+    print(
+        "measuring GEMM FLOP/s, read bandwidth, launch cost, attention ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    hw = measure(args.threads, quick=args.quick)
+    path = save(hw, pathlib.Path(args.out) if args.out else default_path())
+    print(f"GEMM fp32      {hw.flops['fp32'] / 1e9:8.1f} GFLOP/s")
+    print(f"read bandwidth {hw.bandwidth / 1e9:8.1f} GB/s")
+    print(f"launch cost    {hw.launch_overhead_s * 1e6:8.1f} us")
+    for kind, share in hw.memory_efficiency_by_kind.items():
+        print(f"{kind:<14} {100 * share:8.1f} % of the bandwidth (decode)")
+    for kind, share in hw.compute_efficiency_by_kind.items():
+        print(f"{kind:<14} {100 * share:8.1f} % of the GEMM peak (prefill)")
+    print(f"wrote {path} (hardware row {hw.name!r})")
+    return 0
+
+
+def cmd_perf_step(args: argparse.Namespace) -> int:
+    from infergen.perf import roofline
+    from infergen.perf.hardware import bits_of, resolve
+    from infergen.perf.model_desc import from_path
+    from infergen.perf.step_cost import Chunk, Formats
+
+    hw = resolve(args.gpu, args.hardware_file)
+    if args.model is None:
+        from infergen.io.default_model import default_model_path
+
+        args.model = str(default_model_path())
+    desc = from_path(args.model)
+    fmt = Formats(weight_bits=bits_of(args.weights), kv_bits=bits_of(args.kv), act_bytes=2)
+    compute = args.compute or ("fp32" if args.weights == "fp32" else "bf16")
+    chunks = [Chunk(args.new, args.context)] * args.batch
+    times = roofline.predict_step(desc, hw, chunks, fmt, compute)
+    print(f"{desc.name} on {hw.description}: batch {args.batch}, {args.new} new of {args.context}")
+    print(roofline.explain(times))
+    return 0

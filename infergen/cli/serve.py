@@ -1,0 +1,69 @@
+"""`infergen serve`: the OpenAI-compatible HTTP server (server/api.py) under uvicorn, over one
+engine loaded off the main thread."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from infergen.cli.common import load_llm
+from infergen.engine.options import add_engine_args
+
+
+def add_parser(sub) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models)",
+        description="Serve the model over the OpenAI API with FastAPI + uvicorn. All concurrent "
+        "requests share one engine loop (continuous batching); streaming uses server-sent "
+        "events as the OpenAI API does.",
+    )
+    add_engine_args(serve, "serve")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
+    serve.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes"
+    )
+    serve.add_argument(
+        "--served-model-name", default=None, help="the model id clients send (default: file name)"
+    )
+    serve.add_argument(
+        "--max-pending", type=int, default=256, help="requests in flight before 503 (256)"
+    )
+    serve.add_argument(
+        "--step-trace",
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per engine step to FILE: start, scheduling / forward / "
+        "sampling seconds, and the batch as (new tokens, context) per sequence",
+    )
+    serve.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from infergen.process import in_transient_thread
+    from infergen.server.api import create_app
+
+    # load off the main thread: the engine thread must be the only one with an OpenMP pool
+    llm = in_transient_thread(load_llm, args)
+    if args.step_trace:
+        from infergen.engine.step_trace import StepTraceWriter
+
+        llm.engine.on_step = StepTraceWriter(args.step_trace)
+    name = args.served_model_name or served_model_name(args.model)
+    app = create_app(llm, name, api_key=args.api_key, max_pending=args.max_pending)
+    print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def served_model_name(model: str | None) -> str:
+    """The id clients use: the checkpoint's file or directory name (without .gguf)."""
+    from pathlib import Path
+
+    from infergen.io.default_model import default_model_path
+
+    path = Path(model) if model else Path(default_model_path())
+    return path.name.removesuffix(".gguf")
