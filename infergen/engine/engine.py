@@ -33,8 +33,9 @@ from infergen.io.tokenizer import IncrementalDetokenizer
 from infergen.kernels.build import build_all
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.calibrate import calibrate_kv_scales
+from infergen.kvcache.kv_format import kv_format_of
 from infergen.kvcache.paged_cache import PagedKVCache
-from infergen.kvcache.sizing import blocks_for, is_blocked
+from infergen.kvcache.sizing import blocks_for
 from infergen.kvcache.state_cache import StateCache
 from infergen.layers.probe import check_kv_scales
 from infergen.models.transformer import Transformer
@@ -167,10 +168,8 @@ class Engine:
             self.config = config = dataclasses.replace(config, cache=cache)
             layers, _, heads = checkpoint.kv_scales.shape
             scales = (checkpoint.kv_scales, torch.zeros(layers, heads, self.model_config.head_dim))
-        elif cache.kv_format is not None and not is_blocked(
-            cache.kv_format
-        ):  # per-head scales from the
-            scales = calibrate_kv_scales(self, model, dtype)  # model's own K / V
+        elif kv_format_of(cache.kv_format).calibrate:  # per-head scales from the model's
+            scales = calibrate_kv_scales(self, model, dtype)  # own K / V
         # block-quantized KV: fp32 tails for every block a step writes (each running sequence's
         # last block, and the blocks a prefill chunk completes), + one for scoring
         sched = config.scheduler

@@ -15,7 +15,7 @@ import random
 
 import torch
 
-from infergen.kvcache.kv_format import KV_FORMATS
+from infergen.kvcache.kv_format import kv_format_of
 
 CALIBRATION_TOKENS = 512
 CALIBRATION_TEXT = "shakespeare.txt"
@@ -50,7 +50,7 @@ def calibrate_kv_scales(
         code (`smooth_keys=False`: no shift). `kv_format` overrides the engine's. Leaves the
     engine on a scratch cache: the caller attaches the real one."""
     config, cache = engine.model_config, engine.config.cache
-    fmt = KV_FORMATS.get(kv_format or cache.kv_format, where="kv_format")
+    fmt = kv_format_of(kv_format or cache.kv_format)
     count = min(CALIBRATION_TOKENS, engine.max_model_len - 1)
     tokens = calibration_tokens(engine.tokenizer, config.vocab_size, count)
     scratch = engine.attach_scratch_cache(model, count, dtype)
@@ -62,6 +62,4 @@ def calibrate_kv_scales(
         shift = torch.zeros_like(shift)
     keys = (used[:, 0] - shift[:, None]).abs().amax(dim=(1, 3))
     amax = torch.stack([keys, used[:, 1].abs().amax(dim=(1, 3))], dim=1)
-    scales = amax / fmt.max_code
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # all-zero head: any
-    return scales, shift
+    return fmt.scales_for(amax), shift  # amax / the largest code (all-zero head: 1)
