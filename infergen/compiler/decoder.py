@@ -18,7 +18,7 @@ from infergen.kvcache.paged_cache import PagedKVCache
 def step_inputs(model, kv_cache: PagedKVCache) -> dict[str, Value | Struct]:
     """The decoder layer's arguments (h, delta, batch, kv) as graph inputs."""
     config, dtype = model.config, model.dtype
-    if kv_cache.blocked is not None:
+    if not kv_cache.format.supports_fast_decode:
         raise CaptureError(
             f"capture: KV format {kv_cache.kv_format!r} is not in the IR yet",
             expected="the unquantized cache or a scaled format (fp8_e4m3)",
@@ -31,7 +31,7 @@ def step_inputs(model, kv_cache: PagedKVCache) -> dict[str, Value | Struct]:
         k=Value("k_cache", cache_shape, layer.k.dtype, "cache", fmt),
         v=Value("v_cache", cache_shape, layer.v.dtype, "cache", fmt),
     )
-    if kv_cache.format is not None:  # codes of (x - shift) / scale per KV head
+    if layer.k_scale is not None:  # codes of (x - shift) / scale per KV head
         heads, dim = config.num_key_value_heads, config.head_dim
         kv.update(
             k_scale=Value("k_scale", (heads,), torch.float32, "weight"),

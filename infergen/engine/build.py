@@ -26,8 +26,9 @@ from infergen.formats.block_weight import BlockWeight
 from infergen.io.checkpoint import Checkpoint, load_checkpoint
 from infergen.kernels.build import build_all
 from infergen.kvcache.calibrate import calibrate_kv_scales
+from infergen.kvcache.kv_format import kv_format_of
 from infergen.kvcache.paged_cache import PagedKVCache
-from infergen.kvcache.sizing import blocks_for, is_blocked
+from infergen.kvcache.sizing import blocks_for
 from infergen.kvcache.state_cache import StateCache
 from infergen.layers.probe import check_kv_scales
 from infergen.models.fast_paths import FAST_PATHS
@@ -203,7 +204,7 @@ def _kv_scales(built: Built, checkpoint: Checkpoint, run) -> tuple | None:
         built.config = dataclasses.replace(built.config, cache=cache)
         layers, _, heads = checkpoint.kv_scales.shape
         return checkpoint.kv_scales, torch.zeros(layers, heads, built.model_config.head_dim)
-    if cache.kv_format is not None and not is_blocked(cache.kv_format):
+    if kv_format_of(cache.kv_format).calibrate:  # per-head scales from the model's own K / V
         return calibrate_kv_scales(
             run,
             built.tokenizer,

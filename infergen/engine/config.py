@@ -19,7 +19,6 @@ from infergen.config.sections import (
 )
 from infergen.config.specs import require
 from infergen.kvcache.kv_format import KV_FORMATS
-from infergen.kvcache.sizing import is_blocked
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.quant.activations import ACTIVATION_SCHEMES
 from infergen.quant.clipping import CLIP_METHODS
@@ -74,16 +73,17 @@ class EngineConfig:
         self._check_attention()
 
     def _check_cache(self) -> None:
-        """The KV format is a KV_FORMATS row; a block-quantized one needs multi-token blocks."""
+        """The KV format is a KV_FORMATS row; its blocks are at least its min_block_size (a
+        block-quantized one needs multi-token blocks)."""
         if self.cache.kv_format is None:
             return
-        KV_FORMATS.get(self.cache.kv_format, where="kv_format")  # unknown → clear error now
+        fmt = KV_FORMATS.get(self.cache.kv_format, where="kv_format")  # unknown → error now
         require(
-            not is_blocked(self.cache.kv_format) or self.cache.block_size >= 2,
-            "block-quantized KV formats need blocks of several tokens",
+            self.cache.block_size >= fmt.min_block_size,
+            f"KV format {self.cache.kv_format!r} needs blocks of several tokens",
             where="cache.block_size",
             found=self.cache.block_size,
-            expected=">= 2",
+            expected=f">= {fmt.min_block_size}",
         )
 
     def _check_weights(self) -> None:

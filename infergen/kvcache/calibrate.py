@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from infergen.kvcache.kv_format import KV_FORMATS
+from infergen.kvcache.kv_format import kv_format_of
 from infergen.kvcache.paged_cache import PagedKVCache
 
 CALIBRATION_TOKENS = 512
@@ -56,7 +56,7 @@ def calibrate_kv_scales(
     |K − shift| and |V| of each head over the format's largest code (`smooth_keys=False`: no
     shift). `run(tokens)` runs the model on the tokens and returns the engine-dtype cache
     holding their K / V (engine/scoring.py: scratch_runner)."""
-    fmt = KV_FORMATS.get(kv_format, where="kv_format")
+    fmt = kv_format_of(kv_format)
     count = min(CALIBRATION_TOKENS, max_model_len - 1)
     tokens = calibration_tokens(tokenizer, vocab_size, count)
     scratch = run(tokens)
@@ -67,6 +67,4 @@ def calibrate_kv_scales(
         shift = torch.zeros_like(shift)
     keys = (used[:, 0] - shift[:, None]).abs().amax(dim=(1, 3))
     amax = torch.stack([keys, used[:, 1].abs().amax(dim=(1, 3))], dim=1)
-    scales = amax / fmt.max_code
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # all-zero head: any
-    return scales, shift
+    return fmt.scales_for(amax), shift  # amax / the largest code (all-zero head: 1)

@@ -28,8 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
+from infergen.config import ModelConfig
+from infergen.errors import ConfigError
 from infergen.formats import ELEMENT_TYPES
 from infergen.formats.pack import pack_bits, unpack_bits
+from infergen.kvcache.kv_protocol import CacheLayout, KVLayer, KVPool, NativeCache, check_per_head
 
 E2M1 = ELEMENT_TYPES.get("e2m1")
 E4M3 = ELEMENT_TYPES.get("e4m3")
@@ -76,12 +79,19 @@ def _nvfp4_decode(p: dict[str, torch.Tensor]) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class BlockedKVFormat:
-    """A KV_FORMATS row whose blocks are quantized as a whole (see the module docstring)."""
+    """A KV_FORMATS row whose blocks are quantized as a whole (see the module docstring); a
+    kv_protocol.KVCacheFormat."""
 
+    name: str
     kind: str  # "kivi" | "nvfp4"
     bits: int  # code bits
     description: str
+    min_block_size = 2  # a block of one token would be its own tail
+    calibrate = False
+    supports_fast_decode = False  # the per-op path reads the codes and the tails
+    supports_sparse_decode = False
 
+    # ---- the codec ------------------------------------------------------------------------
     def encode(self, x: torch.Tensor, keys: bool) -> dict[str, torch.Tensor]:
         """A batch of complete blocks x [n, B, kv_heads, d] fp32 → their stored tensors."""
         if self.kind == "nvfp4":
@@ -111,11 +121,94 @@ class BlockedKVFormat:
                 total += torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         return total
 
-    def check(self, block: int, dim: int) -> str | None:
-        """Why this format cannot store blocks of `block` tokens × `dim` (None: it can)."""
-        if dim % (NVFP4_GROUP if self.kind == "nvfp4" else 8 // self.bits):
-            return f"head_dim {dim} is not a whole number of groups"
+    # ---- the KV format protocol (kvcache/kv_protocol.py) -----------------------------------
+    def check(self, model: ModelConfig, windowed: bool, recurrent: bool) -> None:
+        check_per_head(self.name, model, recurrent)
+        group = NVFP4_GROUP if self.kind == "nvfp4" else 8 // self.bits  # values per code group
+        if model.head_dim % group:
+            raise ConfigError(
+                f"head_dim {model.head_dim} is not a whole number of the format's groups",
+                where="kv_format",
+                found=self.name,
+                expected=f"a model whose head_dim is a multiple of {group}",
+            )
+        if windowed:
+            raise ConfigError(
+                "block-quantized KV formats do not support sliding-window or recurrent layers yet",
+                where="kv_format",
+                found=self.name,
+                expected="a per-head scaled format (e.g. fp8_e4m3) or none",
+            )
+
+    def scales_for(self, amax: torch.Tensor) -> torch.Tensor:
+        raise ValueError(f"KV format {self.name!r} takes no calibrated scales")
+
+    def bytes_per_token(self, model: ModelConfig, dtype_bytes: int, block_size: int) -> float:
+        per_block = self.bytes_per_block(block_size, model.num_key_value_heads, model.head_dim)
+        return model.num_hidden_layers * per_block / block_size
+
+    def tail_bytes(self, model: ModelConfig, block_size: int, tail_blocks: int) -> int:
+        return tail_blocks * model.kv_bytes_per_token(4) * block_size  # fp32 K and V
+
+    def allocate(self, layout: CacheLayout) -> KVPool:
+        return BlockedStore(
+            self, layout.layers, layout.num_blocks, layout.block_size, layout.heads, layout.dim,
+            max(layout.tail_slots, 1),
+        )  # fmt: skip
+
+    def store(self, kv: KVLayer, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        kv.own_store.store(k, v)  # at the slots BlockedStore.begin_step planned
+
+    def read(self, kv: KVLayer, slots: torch.Tensor, dtype: torch.dtype):
+        keys, values = kv.own_store.gather(slots)
+        return keys.to(dtype), values.to(dtype)
+
+    def read_decode(self, kv, slots, block_tables, seq_lens, dtype):
+        """A query reads its own block from the fp32 tail, earlier blocks from their codes."""
+        block = kv.own_store.s.block
+        own = block_tables.gather(1, ((seq_lens - 1) // block)[:, None])  # [decodes, 1]
+        from_tail = (slots.view(seq_lens.shape[0], -1) // block == own).flatten()
+        keys, values = kv.own_store.gather(slots, from_tail)
+        return keys.to(dtype), values.to(dtype)
+
+    def read_prefill(self, kv, slots, new_slots, k_new, v_new, mask, window, dtype):
+        """A query reads its own block from the fp32 tail and earlier blocks from their codes:
+        the keys are the context from codes followed by the positions of the queries' blocks
+        from the tails, and the mask gives each query one copy of each key."""
+        slots = slots if slots is not None else new_slots  # [ctx] cache slots of the context
+        block = kv.own_store.s.block
+        ctx, q_len = slots.shape[0], k_new.shape[0]
+        first = (ctx - q_len) // block * block  # the first position of the first query's block
+        codes_k, codes_v = kv.own_store.gather(slots)
+        tail = torch.ones(ctx - first, dtype=torch.bool)
+        tail_k, tail_v = kv.own_store.gather(slots[first:], tail)
+        keys, values = torch.cat([codes_k, tail_k]), torch.cat([codes_v, tail_v])
+        q_pos = torch.arange(ctx - q_len, ctx)[:, None]
+        k_pos = torch.cat([torch.arange(ctx), torch.arange(first, ctx)])[None, :]
+        own = q_pos // block * block  # each query's block start
+        from_tail = torch.arange(keys.shape[0])[None, :] >= ctx
+        mask = torch.where(from_tail, (k_pos >= own) & (k_pos <= q_pos), k_pos < own)
+        if window:
+            mask &= k_pos > q_pos - window
+        return keys.to(dtype), values.to(dtype), mask
+
+    def read_blocks(self, kv: KVLayer, ids: torch.Tensor, dtype: torch.dtype):
+        raise ConfigError(
+            "sparse decode attention does not support block-quantized KV formats yet",
+            where="kv_format",
+            expected="a per-head scaled format (e.g. fp8_e4m3) or none",
+        )
+
+    def native_cache(self, kv: KVLayer) -> NativeCache | None:
         return None
+
+    def reference(self, kv: KVLayer, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype):
+        block = kv.own_store.s.block
+        out = []
+        for keys, x in ((True, k), (False, v)):
+            blocks = x.float().reshape(-1, block, *x.shape[1:])  # [n, B, kv_heads, d]
+            out.append(self.decode(self.encode(blocks, keys), keys).reshape(x.shape).to(dtype))
+        return out[0], out[1]
 
 
 class BlockedStore:
@@ -126,6 +219,8 @@ class BlockedStore:
     layer's store quantizes them from their tail after writing (`BlockedLayer.store`), and
     their tails are freed at the next step (this step's queries in them still read them).
     """
+
+    storage = scales = k_shift = None  # (KVPool: no paged tensor, no per-head scales)
 
     def __init__(self, fmt: BlockedKVFormat, layers: int, num_blocks: int, block: int,
                  heads: int, dim: int, tail_slots: int):  # fmt: skip
@@ -142,6 +237,14 @@ class BlockedStore:
         self._done: list[int] = []  # blocks completed last step: tails to free
         self.tail_index = torch.empty(0, dtype=torch.int64)  # this step's token → tail row
         self.completing = torch.empty(0, dtype=torch.int64)
+        # the ops' KVLayer: the pages are the tails' (for their shape), reads go to the store
+        self._layers = [
+            KVLayer(self.tail[i, 0], self.tail[i, 1], fmt=fmt, own_store=BlockedLayer(self, i))
+            for i in range(layers)
+        ]
+
+    def layer(self, index: int) -> KVLayer:
+        return self._layers[index]
 
     @property
     def nbytes(self) -> int:

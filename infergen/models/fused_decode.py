@@ -74,7 +74,7 @@ class FusedDecode:
         model, cache = self.model, self.kv_cache
         if model.dtype != torch.float32 or model.rope_cache.dtype != torch.float32:
             return None
-        if cache.blocked is not None:  # block-quantized KV: the per-op path reads it
+        if not cache.format.supports_fast_decode:  # the per-op path reads this KV format
             return None
         if not cache.storage.is_contiguous() or cache.storage.dtype not in _CACHE_DTYPES:
             return None

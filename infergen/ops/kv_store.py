@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from infergen.kvcache.kv_format import encode
-from infergen.kvcache.paged_cache import KVLayer
+from infergen.kvcache.kv_protocol import KVLayer, layer_of
 
 
 def reference(
@@ -34,16 +33,8 @@ def kv_store(
     slot_mapping: torch.Tensor,
     kv: KVLayer | None = None,
 ) -> None:
-    """`kv` (the layer's KVLayer) with a KV format: K / V are stored as its codes (a
-    block-quantized format: through its own store, at the slots of the step it planned)."""
-    if kv is not None and kv.blocked is not None:
-        kv.blocked.store(k, v)
-        return
-    flat_shape = (-1, *k_cache.shape[2:])
-    if kv is not None and kv.fmt is not None:
-        k, v = encode(k, kv.k_scale, kv.fmt, kv.k_shift), encode(v, kv.v_scale, kv.fmt)
-    if k_cache.element_size() == 1:  # one-byte codes are copied as bytes (no fp8 index_copy)
-        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-        k_cache, v_cache, k, v = (t.view(torch.uint8) for t in (k_cache, v_cache, k, v))
-    k_cache.view(flat_shape).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(flat_shape).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    """`kv` (the layer's KVLayer; None: k_cache / v_cache hold values as they are): its KV
+    format stores K / V (kvcache/kv_protocol.py: codes, or a block-quantized format's own
+    store at the slots of the step it planned)."""
+    kv = layer_of(kv, k_cache, v_cache)
+    kv.fmt.store(kv, k, v, slot_mapping)

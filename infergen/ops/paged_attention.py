@@ -24,8 +24,7 @@ import torch.nn.functional as F
 
 from infergen.kernels.build import F as CF
 from infergen.kernels.build import I, L, P, kernel
-from infergen.kvcache.kv_format import decode, encode
-from infergen.kvcache.paged_cache import KVLayer
+from infergen.kvcache.kv_protocol import KVLayer, layer_of
 from infergen.registry import Registry
 
 
@@ -139,22 +138,6 @@ DecodeFn = Callable[..., torch.Tensor]  # (q, k_cache, v_cache, plan, scale, kv=
 DECODE_BACKENDS: Registry[DecodeFn] = Registry("decode attention backend")
 
 
-def _gather(flat: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """flat[slots] (one-byte codes are gathered as bytes: no fp8 index_select on the CPU)."""
-    if flat.element_size() == 1 and flat.dtype != torch.uint8:
-        return flat.view(torch.uint8).index_select(0, slots).view(flat.dtype)
-    return flat.index_select(0, slots)
-
-
-def _keys_values(
-    keys: torch.Tensor, values: torch.Tensor, kv: KVLayer | None, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cached K / V as the attention computes with them: a KV format's codes · scale."""
-    if kv is None or kv.fmt is None:
-        return keys.to(dtype), values.to(dtype)
-    return decode(keys, kv.k_scale, dtype), decode(values, kv.v_scale, dtype)
-
-
 @DECODE_BACKENDS.decorator("torch")
 def decode_attention(
     q: torch.Tensor,
@@ -169,22 +152,14 @@ def decode_attention(
     ops/attention_operands.py row). The GQA group is folded into the query axis:
     q [decodes, heads, d] → [decodes, kv_heads, group, d], so K/V are never repeated.
     Returns [decodes, heads, d]."""
+    kv = layer_of(kv, k_cache, v_cache)
     rows = attn_plan.decode_rows
     batch = rows.shape[0]
     kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
-    flat_k = k_cache.view(-1, kv_heads, dim)
-    flat_v = v_cache.view(-1, kv_heads, dim)
-    if kv is not None and kv.blocked is not None:  # block-quantized: own block from the tail
-        block = k_cache.shape[1]
-        tables, lens = attn_plan.decode_block_tables, attn_plan.decode_seq_lens
-        own = tables.gather(1, ((lens - 1) // block)[:, None])  # [decodes, 1]
-        slots = attn_plan.decode_slots
-        from_tail = (slots.view(batch, -1) // block == own).flatten()
-        keys, values = kv.blocked.gather(slots, from_tail)
-    else:
-        keys = _gather(flat_k, attn_plan.decode_slots)
-        values = _gather(flat_v, attn_plan.decode_slots)
-    keys, values = _keys_values(keys, values, kv, q.dtype)
+    keys, values = kv.fmt.read_decode(
+        kv, attn_plan.decode_slots, attn_plan.decode_block_tables, attn_plan.decode_seq_lens,
+        q.dtype,
+    )  # fmt: skip
     keys, values = keys.view(batch, -1, kv_heads, dim), values.view(batch, -1, kv_heads, dim)
     query = attn_plan.decode_queries(q).reshape(batch, kv_heads, -1, dim)
     o = core(
@@ -207,20 +182,16 @@ def decode_attention_native(
     kv: KVLayer | None = None,
 ) -> torch.Tensor:
     """kernels/paged_decode_attention_f32.c: reads K/V through the block table, no gather
-    (fp32 values, or FP8 E4M3 codes with per-head scales)."""
-    if (kv is not None and kv.blocked is not None) or attn_plan.sinks:  # torch path for
-        return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv)  # these
-    fp8 = kv is not None and kv.fmt is not None and k_cache.dtype == torch.float8_e4m3fn
-    if fp8:
-        fn = kernel(
-            "paged_decode_attention_e4m3", *[P] * 6, L, P, P, L, L, L, L, L, CF, L, I,
-            source="paged_decode_attention_f32",
-        )  # fmt: skip
-        scales = (kv.k_scale.data_ptr(), kv.v_scale.data_ptr())
-    else:
-        fn = kernel("paged_decode_attention_f32", P, P, P, P, L, P, P, L, L, L, L, L, CF, L, I)
-        scales = ()
-    if fn is None or q.dtype != torch.float32 or (k_cache.dtype != torch.float32 and not fp8):
+    (fp32 values, or FP8 E4M3 codes with per-head scales: the format's `native_cache`)."""
+    kv = layer_of(kv, k_cache, v_cache)
+    native = kv.fmt.native_cache(kv)
+    if native is None or attn_plan.sinks:  # the kernel cannot read it: the torch path
+        return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv)
+    fn = kernel(
+        f"paged_decode_attention_{native.code}", P, P, P, *[P] * len(native.scales), P, L, P,
+        P, L, L, L, L, L, CF, L, I, source="paged_decode_attention_f32",
+    )  # fmt: skip
+    if fn is None or q.dtype != torch.float32:
         return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv)
     query = attn_plan.decode_queries(q).contiguous()
     batch, heads, dim = query.shape
@@ -230,7 +201,7 @@ def decode_attention_native(
         query.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
-        *scales,
+        *native.scales,
         tables.data_ptr(),
         tables.shape[1],
         attn_plan.decode_seq_lens.data_ptr(),
@@ -263,86 +234,40 @@ def paged_attention(
     """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache,
     at `new_slots` [tokens]: a block-quantized cache reads them back from there);
     `decode_fn` (a DECODE_BACKENDS row, torch by default) handles one-token sequences; `kv`
-    (the layer's KVLayer) says how cached values are encoded (None: as they are); `core`
-    computes prefill attention (ops/attention_operands.py: FP8 operands).
+    (the layer's KVLayer) says how cached values are encoded — its format reads them
+    (kvcache/kv_protocol.py; None: as they are); `core` computes prefill attention
+    (ops/attention_operands.py: FP8 operands).
 
     Returns [tokens, heads, d].
     """
     decode_fn = decode_fn or decode_attention
     if attn_plan.decode_only:
         return decode_fn(q, k_cache, v_cache, attn_plan, scale, kv)
-    flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [slots, kv_heads, d]
-    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    kv_layer = layer_of(kv, k_cache, v_cache)
     out = torch.empty_like(q)
     if attn_plan.decode_rows is not None:
         decoded = decode_fn(q, k_cache, v_cache, attn_plan, scale, kv)
         out.index_copy_(0, attn_plan.decode_rows, decoded)
     for item in attn_plan.prefills:
-        query = q[item.start : item.end].transpose(0, 1)  # [heads, query_len, d]
-        if kv is not None and kv.blocked is not None:
-            slots = item.slots if item.slots is not None else new_slots[item.start : item.end]
-            out[item.start : item.end] = _blocked_prefill(
-                query, kv, slots, k_cache.shape[1], attn_plan.window, scale, core
-            )
-            continue
-        if item.slots is None:  # all new: the values the cache now holds for them
-            keys, values = k_new[item.start : item.end], v_new[item.start : item.end]
-            if kv is not None and kv.fmt is not None:
-                keys = encode(keys, kv.k_scale, kv.fmt, kv.k_shift)
-                values = encode(values, kv.v_scale, kv.fmt)
-        else:
-            keys, values = _gather(flat_k, item.slots), _gather(flat_v, item.slots)
-        keys, values = _keys_values(keys, values, kv, q.dtype)
+        rows = slice(item.start, item.end)
+        query = q[rows].transpose(0, 1)  # [heads, query_len, d]
+        keys, values, mask = kv_layer.fmt.read_prefill(
+            kv_layer, item.slots, None if new_slots is None else new_slots[rows], k_new[rows],
+            v_new[rows], item.mask, attn_plan.window, q.dtype,
+        )  # fmt: skip
         # 4-D with a batch of one: torch's CPU flash kernel then takes GQA and masks itself
         # (3-D inputs fall back to the math path: 1.5-3x slower, most of it mask building)
         o = core(
             query.unsqueeze(0),
             keys.transpose(0, 1).unsqueeze(0),
             values.transpose(0, 1).unsqueeze(0),
-            attn_mask=item.mask,
-            is_causal=item.mask is None,
+            attn_mask=mask,
+            is_causal=mask is None,
             scale=scale,
             enable_gqa=True,
         )
-        out[item.start : item.end] = o[0].transpose(0, 1)
+        out[rows] = o[0].transpose(0, 1)
     return out
-
-
-def _blocked_prefill(
-    query: torch.Tensor,  # [heads, q_len, d]: the last q_len of the context's positions
-    kv: KVLayer,
-    slots: torch.Tensor,  # [ctx] cache slots of the context
-    block: int,
-    window: int,
-    scale: float,
-    core: Callable[..., torch.Tensor],
-) -> torch.Tensor:
-    """Prefill attention over a block-quantized cache (kvcache/kv_blocked.py): a query reads
-    its own block from the fp32 tail and earlier blocks from their codes. The keys are the
-    context from codes followed by the positions of the queries' blocks from the tails, and
-    a mask gives each query one copy of each key. Returns [q_len, heads, d]."""
-    ctx, q_len = slots.shape[0], query.shape[1]
-    first = (ctx - q_len) // block * block  # the first position of the first query's block
-    codes_k, codes_v = kv.blocked.gather(slots)
-    tail = torch.ones(ctx - first, dtype=torch.bool)
-    tail_k, tail_v = kv.blocked.gather(slots[first:], tail)
-    keys, values = torch.cat([codes_k, tail_k]), torch.cat([codes_v, tail_v])
-    q_pos = torch.arange(ctx - q_len, ctx)[:, None]
-    k_pos = torch.cat([torch.arange(ctx), torch.arange(first, ctx)])[None, :]
-    own = q_pos // block * block  # each query's block start
-    from_tail = torch.arange(keys.shape[0])[None, :] >= ctx
-    mask = torch.where(from_tail, (k_pos >= own) & (k_pos <= q_pos), k_pos < own)
-    if window:
-        mask &= k_pos > q_pos - window
-    o = core(
-        query.unsqueeze(0),
-        keys.transpose(0, 1).unsqueeze(0).to(query.dtype),
-        values.transpose(0, 1).unsqueeze(0).to(query.dtype),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=True,
-    )
-    return o[0].transpose(0, 1)
 
 
 def reference(

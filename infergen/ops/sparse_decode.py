@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from infergen.errors import ConfigError
 from infergen.kvcache.block_summary import MAX, MIN, BlockSummary
-from infergen.kvcache.paged_cache import KVLayer
+from infergen.kvcache.kv_protocol import KVLayer, layer_of
 from infergen.ops.paged_attention import AttentionPlan
 from infergen.registry import Registry
 
@@ -128,22 +128,6 @@ def select_blocks(
     return BlockSelection(top, valid, first_pos)
 
 
-def _gather(cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """cache [num_blocks, block_size, kv_heads, d], ids [decodes, kv_heads, width] block ids
-    → [decodes, kv_heads, width, block_size, d] (each KV head's own blocks)."""
-    head = torch.arange(cache.shape[2], device=ids.device)[None, :, None]
-    if cache.element_size() == 1 and cache.dtype != torch.uint8:  # one-byte codes as bytes
-        return cache.view(torch.uint8)[ids, :, head].view(cache.dtype)
-    return cache[ids, :, head]
-
-
-def _decoded(codes: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """Gathered [decodes, kv_heads, ...] codes as the attention computes with them."""
-    if scale is None:
-        return codes.to(dtype)
-    return (codes.float() * scale.view(1, -1, *[1] * (codes.dim() - 2))).to(dtype)
-
-
 @SPARSE_DECODE_BACKENDS.decorator("torch")
 def sparse_decode_attention(
     q: torch.Tensor,
@@ -161,18 +145,14 @@ def sparse_decode_attention(
     """q [decodes, heads, d]; k_cache / v_cache [num_blocks, block_size, kv_heads, d];
     summary [num_blocks, kv_heads, 2, d]; block_tables [decodes, max_blocks] int64;
     seq_lens [decodes] int64 (context length including the query's own token, already
-    stored); `kv`: the layer's KVLayer when the cache holds a per-head scaled format's codes.
+    stored); `kv`: the layer's KVLayer, whose format reads the blocks (None: the caches hold
+    values as they are).
 
     Returns (out [decodes, heads, d], kv_read [decodes] int64): kv_read is the number of KV
     positions the sequence attended, per KV head (mean over its KV heads, floored: heads
     differ only when a window cuts the first candidate block).
     """
-    if kv is not None and kv.blocked is not None:
-        raise ConfigError(
-            "sparse decode attention does not support block-quantized KV formats yet",
-            where="kv_format",
-            expected="a per-head scaled format (e.g. fp8_e4m3) or none",
-        )
+    kv = layer_of(kv, k_cache, v_cache)
     if isinstance(summary, BlockSummary):
         summary = summary.data
     batch, heads, dim = q.shape
@@ -183,11 +163,7 @@ def sparse_decode_attention(
     width = sel.blocks.shape[-1]
     ids = block_tables.gather(1, sel.blocks.view(batch, -1)).view(batch, kv_heads, width)
     ids = torch.where(sel.valid, ids, torch.zeros_like(ids))
-    k_scale = v_scale = None
-    if kv is not None and kv.fmt is not None:
-        k_scale, v_scale = kv.k_scale, kv.v_scale
-    keys = _decoded(_gather(k_cache, ids), k_scale, q.dtype)  # [b, kvh, width, bs, d]
-    values = _decoded(_gather(v_cache, ids), v_scale, q.dtype)
+    keys, values = kv.fmt.read_blocks(kv, ids, q.dtype)  # [b, kvh, width, bs, d]
     pos = sel.blocks[..., None] * block_size + torch.arange(block_size, device=q.device)
     lens = seq_lens.to(torch.int64)[:, None, None, None]
     mask = sel.valid[..., None] & (pos < lens) & (pos >= sel.first_pos[:, None, None, None])

@@ -17,6 +17,7 @@ from infergen.config import ModelConfig
 from infergen.errors import InfergenError
 from infergen.kvcache.kv_format import KV_FORMATS
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import decode_attention, paged_attention, plan
 from tests.hf_models import BASE
 
@@ -95,7 +96,7 @@ def test_paged_attention_follows_the_window_rule(name, chunks):
     for n in chunks:
         slots = slots_all[start : start + n]
         cache.begin_step(slots)
-        layer.blocked.store(k[start : start + n], v[start : start + n])
+        kv_store(k[start : start + n], v[start : start + n], layer.k, layer.v, slots, layer)
         p = plan([0, n], [start + n], table, block, None)
         fn = decode_attention if n == 1 else None
         outs.append(paged_attention(q[start : start + n], k[start : start + n],
@@ -137,7 +138,7 @@ def test_tails_grow_when_more_blocks_open_than_set_aside():
     cache.begin_step(slots)
     layer = cache.layer(0)
     k = torch.randn(40, 2, 32)
-    layer.blocked.store(k, k)
-    keys, _ = layer.blocked.gather(slots, torch.ones(40, dtype=torch.bool))
+    kv_store(k, k, layer.k, layer.v, slots, layer)
+    keys, _ = layer.own_store.gather(slots, torch.ones(40, dtype=torch.bool))
     assert torch.equal(keys, k)  # every open block's fp32 values kept
-    assert cache.blocked.tail.shape[2] >= 5
+    assert cache.pool.tail.shape[2] >= 5
