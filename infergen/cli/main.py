@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from infergen.bench.workloads import add_workload_args
 from infergen.cli.compile import add_compile_parser
-from infergen.cli.predict import add_device_args, add_predict_parser
+from infergen.cli.predict import add_device_args, add_predict_parser, add_weight_args
 from infergen.errors import ConfigError, InfergenError
 
 EXIT_USER_ERROR = 2
@@ -269,13 +269,34 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe_config(path: str) -> int:
-    """`infergen info --model config.json`: any architecture the performance model reads
-    (MLA, MoE, sliding windows, SSM), weights not needed."""
-    from infergen.formats import FORMATS
-    from infergen.perf.model_desc import from_path
+def _weight_rows(args: argparse.Namespace, d) -> list[tuple[str, str]]:
+    """The checkpoint's stored weight formats and the weight bytes in the formats of
+    --weights / --expert-weights (default: the stored ones)."""
+    from infergen.cli.predict import weight_formats
 
-    d = from_path(path)
+    stored = d.stored_weights
+    weights, bits, experts, expert_bits = weight_formats(args, d)
+    label = weights if experts is None else f"{experts} experts, {weights} elsewhere"
+    size = d.weight_bytes(bits, expert_bits)
+    if stored is None:
+        kept = "not quantized"
+    else:
+        experts_bits = f", routed experts {stored.expert_bits:.3g}" if stored.experts else ""
+        kept = f"{stored.label} ({stored.method}: {stored.weight_bits:.3g} bits per weight"
+        kept += experts_bits + ")"
+    return [
+        ("stored weights", kept),
+        (f"weight bytes ({label})", f"{size:,.0f} ({size / 2**30:,.2f} GiB)"),
+    ]
+
+
+def _describe_config(args: argparse.Namespace) -> int:
+    """`infergen info --model config.json`: any architecture the engine runs (MLA, MoE,
+    sliding windows, SSM, linear attention, hybrids), weights not needed."""
+    from infergen.cli.predict import describe_model
+    from infergen.formats import FORMATS
+
+    d = describe_model(args.model)
     total, active = d.params_total(), d.params_active()
     rows = [
         ("config", d.source),
@@ -291,6 +312,7 @@ def _describe_config(path: str) -> int:
         ("tied embeddings", d.tied_embeddings),
         ("parameters", f"{total:,} ({total / 1e9:.2f} B)"),
         ("active per token", f"{active:,} ({active / 1e9:.2f} B)"),
+        *_weight_rows(args, d),
     ]
     for fmt, bits in [
         ("bf16", 16.0),
@@ -335,9 +357,9 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_perf_step(args: argparse.Namespace) -> int:
+    from infergen.cli.predict import describe_model, weight_formats
     from infergen.perf import roofline
     from infergen.perf.hardware import bits_of, resolve
-    from infergen.perf.model_desc import from_path
     from infergen.perf.step_cost import Chunk, Formats
 
     hw = resolve(args.gpu, args.hardware_file)
@@ -345,9 +367,11 @@ def cmd_perf_step(args: argparse.Namespace) -> int:
         from infergen.io.default_model import default_model_path
 
         args.model = str(default_model_path())
-    desc = from_path(args.model)
-    fmt = Formats(weight_bits=bits_of(args.weights), kv_bits=bits_of(args.kv), act_bytes=2)
-    compute = args.compute or ("fp32" if args.weights == "fp32" else "bf16")
+    desc = describe_model(args.model)
+    weights, bits, _, expert_bits = weight_formats(args, desc)
+    fmt = Formats(weight_bits=bits, kv_bits=bits_of(args.kv), act_bytes=2,
+                  expert_weight_bits=expert_bits)  # fmt: skip
+    compute = args.compute or ("fp32" if weights == "fp32" else "bf16")
     chunks = [Chunk(args.new, args.context)] * args.batch
     times = roofline.predict_step(desc, hw, chunks, fmt, compute)
     print(f"{desc.name} on {hw.description}: batch {args.batch}, {args.new} new of {args.context}")
@@ -408,7 +432,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from infergen.io.checkpoint import load_checkpoint
 
     if args.model and args.model.endswith(".json"):
-        return _describe_config(args.model)
+        return _describe_config(args)
     ckpt = load_checkpoint(args.model, load_weights=False)
     c = ckpt.config
     desc = c.describe()
@@ -437,6 +461,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("parameters", f"{params:,} ({params / 1e6:.1f} M)"),
         ("weight bytes (file)", f"{size:,} ({size / 2**20:.1f} MiB)"),
         ("weight bytes (fp32)", f"{params * 4:,} ({params * 4 / 2**20:.1f} MiB)"),
+        *_weight_rows(args, desc),
         ("layers by mixer", _layer_map(c)),
         ("feed-forward", _feed_forward(c)),
         ("KV bytes per token (fp32)", f"{c.kv_bytes_per_token(4):,}" + _mha_equivalent(c)),
@@ -638,8 +663,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-m",
         default=None,
         help="checkpoint (default: the default model), or any Hugging Face config.json "
-        "(MLA, MoE, sliding windows, Mamba-2: described without weights)",
+        "(every architecture the engine runs: described without weights)",
     )
+    add_weight_args(info)
     info.set_defaults(func=cmd_info)
 
     fmts = sub.add_parser(
