@@ -215,17 +215,12 @@ def build(arch: Arch, size: Size, directory: pathlib.Path) -> dict:
     del model
     gc.collect()
     active = None
-    try:  # as the engine reads the checkpoint, else as the performance model reads config.json
-        from infergen.io.checkpoint import load_checkpoint
+    try:  # as the engine reads the checkpoint's config
+        from infergen.io.model_config import read_model_config
 
-        active = load_checkpoint(directory, load_weights=False).config.describe().params_active()
-    except Exception:  # noqa: BLE001 - an architecture the engine does not load (yet)
-        try:
-            from infergen.perf.model_desc import from_path
-
-            active = from_path(directory).params_active()
-        except Exception:  # noqa: BLE001
-            pass
+        active = read_model_config(directory).describe().params_active()
+    except Exception:  # noqa: BLE001 - an architecture the engine does not read (yet)
+        pass
     config = json.loads((directory / "config.json").read_text())
     return {
         "params_total": total,

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from infergen.perf.model_desc import from_model_config
 from infergen.perf.step_cost import Chunk, step_ops
 from infergen.timing import best_seconds
 
 
 def workload_flops(config, requests: int, prompt: int, new: int) -> dict[str, float]:
     """FLOPs of the prefill and of the decode steps of the workload."""
-    desc = from_model_config(config)
+    desc = config.describe()
 
     def flops(chunks: list[Chunk]) -> float:
         return sum(op.flops for op in step_ops(desc, chunks))

@@ -54,9 +54,9 @@ from profile_decode import profile  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 from infergen.config import SchedulerConfig  # noqa: E402
+from infergen.io.model_config import read_model_config  # noqa: E402
 from infergen.perf import roofline  # noqa: E402
 from infergen.perf.hardware import FITTED_ROWS, HARDWARE  # noqa: E402
-from infergen.perf.model_desc import from_model_config, from_path  # noqa: E402
 from infergen.perf.predict import Deployment, fixed_shapes, predict  # noqa: E402
 from infergen.perf.step_cost import Chunk, Formats, Parallel  # noqa: E402
 
@@ -276,7 +276,7 @@ def published_part() -> list[tuple]:
     rows = []
     for name, isl, osl, value, requests in TRTLLM:
         dep = Deployment(
-            from_path(CONFIGS / f"{name}.json"),
+            read_model_config(CONFIGS / f"{name}.json").describe(),
             h200,
             FP8,
             "fp8",
@@ -287,7 +287,7 @@ def published_part() -> list[tuple]:
         rows.append((f"trtllm_h200_{name}_{isl}_{osl}_output_tok_s", r["output_tok_s"], value, 0.2))
         print(f"{rows[-1][0]}: predicted {r['output_tok_s']:.0f}, published {value}", flush=True)
     dep = Deployment(
-        from_path(CONFIGS / "llama-3.1-70b.json"),
+        read_model_config(CONFIGS / "llama-3.1-70b.json").describe(),
         h100,
         FP8,
         "fp8",
@@ -317,7 +317,7 @@ def local_run(parts: list[str], threads: int) -> tuple[list[tuple], dict]:
     # two calibrations (another tenant's load only ever slows this machine down)
     hw = measure(threads)
     llm = LLM(num_threads=threads, enable_prefix_caching=False)
-    desc = from_model_config(llm.config)
+    desc = llm.config.describe()
     profile(llm, 2, 32, 8, seed=99)  # warm-up
     steps = measure_steps(llm) if "steps" in parts else None
     two_token_s = two_token_forward_s(llm)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from infergen.cli.predict import add_weight_args, describe_model, weight_formats
+
 
 def add_parser(sub) -> None:
     info = sub.add_parser("info", help="architecture, parameter count, weight and KV bytes")
@@ -13,8 +15,9 @@ def add_parser(sub) -> None:
         "-m",
         default=None,
         help="checkpoint (default: the default model), or any Hugging Face config.json "
-        "(MLA, MoE, sliding windows, Mamba-2: described without weights)",
+        "(every architecture the engine runs: described without weights)",
     )
+    add_weight_args(info)
     info.set_defaults(func=cmd_info)
 
 
@@ -22,7 +25,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from infergen.io.checkpoint import load_checkpoint
 
     if args.model and args.model.endswith(".json"):
-        return _describe_config(args.model)
+        return _describe_config(args)
     ckpt = load_checkpoint(args.model, load_weights=False)
     c = ckpt.config
     desc = c.describe()
@@ -51,6 +54,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("parameters", f"{params:,} ({params / 1e6:.1f} M)"),
         ("weight bytes (file)", f"{size:,} ({size / 2**20:.1f} MiB)"),
         ("weight bytes (fp32)", f"{params * 4:,} ({params * 4 / 2**20:.1f} MiB)"),
+        *_weight_rows(args, desc),
         ("layers by mixer", _layer_map(c)),
         ("feed-forward", _feed_forward(c)),
         ("KV bytes per token (fp32)", f"{c.kv_bytes_per_token(4):,}" + _mha_equivalent(c)),
@@ -64,13 +68,31 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe_config(path: str) -> int:
-    """`infergen info --model config.json`: any architecture the performance model reads
-    (MLA, MoE, sliding windows, SSM), weights not needed."""
-    from infergen.formats import FORMATS
-    from infergen.perf.model_desc import from_path
+def _weight_rows(args: argparse.Namespace, d) -> list[tuple[str, str]]:
+    """The checkpoint's stored weight formats and the weight bytes in the formats of
+    --weights / --expert-weights (default: the stored ones)."""
+    stored = d.stored_weights
+    weights, bits, experts, expert_bits = weight_formats(args, d)
+    label = weights if experts is None else f"{experts} experts, {weights} elsewhere"
+    size = d.weight_bytes(bits, expert_bits)
+    if stored is None:
+        kept = "not quantized"
+    else:
+        experts_bits = f", routed experts {stored.expert_bits:.3g}" if stored.experts else ""
+        kept = f"{stored.label} ({stored.method}: {stored.weight_bits:.3g} bits per weight"
+        kept += experts_bits + ")"
+    return [
+        ("stored weights", kept),
+        (f"weight bytes ({label})", f"{size:,.0f} ({size / 2**30:,.2f} GiB)"),
+    ]
 
-    d = from_path(path)
+
+def _describe_config(args: argparse.Namespace) -> int:
+    """`infergen info --model config.json`: any architecture the engine runs (MLA, MoE,
+    sliding windows, SSM, linear attention, hybrids), weights not needed."""
+    from infergen.formats import FORMATS
+
+    d = describe_model(args.model)
     total, active = d.params_total(), d.params_active()
     rows = [
         ("config", d.source),
@@ -86,6 +108,7 @@ def _describe_config(path: str) -> int:
         ("tied embeddings", d.tied_embeddings),
         ("parameters", f"{total:,} ({total / 1e9:.2f} B)"),
         ("active per token", f"{active:,} ({active / 1e9:.2f} B)"),
+        *_weight_rows(args, d),
     ]
     for fmt, bits in [
         ("bf16", 16.0),

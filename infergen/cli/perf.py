@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from infergen.cli.predict import add_device_args
+from infergen.cli.predict import add_device_args, describe_model, weight_formats
 
 
 def add_parser(sub) -> None:
@@ -62,7 +62,6 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
 def cmd_perf_step(args: argparse.Namespace) -> int:
     from infergen.perf import roofline
     from infergen.perf.hardware import bits_of, resolve
-    from infergen.perf.model_desc import from_path
     from infergen.perf.step_cost import Chunk, Formats
 
     hw = resolve(args.gpu, args.hardware_file)
@@ -70,9 +69,11 @@ def cmd_perf_step(args: argparse.Namespace) -> int:
         from infergen.io.default_model import default_model_path
 
         args.model = str(default_model_path())
-    desc = from_path(args.model)
-    fmt = Formats(weight_bits=bits_of(args.weights), kv_bits=bits_of(args.kv), act_bytes=2)
-    compute = args.compute or ("fp32" if args.weights == "fp32" else "bf16")
+    desc = describe_model(args.model)
+    weights, bits, _, expert_bits = weight_formats(args, desc)
+    fmt = Formats(weight_bits=bits, kv_bits=bits_of(args.kv), act_bytes=2,
+                  expert_weight_bits=expert_bits)  # fmt: skip
+    compute = args.compute or ("fp32" if weights == "fp32" else "bf16")
     chunks = [Chunk(args.new, args.context)] * args.batch
     times = roofline.predict_step(desc, hw, chunks, fmt, compute)
     print(f"{desc.name} on {hw.description}: batch {args.batch}, {args.new} new of {args.context}")

@@ -32,12 +32,56 @@ SWEEPABLE = {
 }
 
 
+def add_weight_args(p: argparse.ArgumentParser) -> None:
+    """--weights and --expert-weights: default, the checkpoint's stored formats."""
+    p.add_argument(
+        "--weights",
+        default=None,
+        help="weight format: fp32, bf16 or a format (default: the checkpoint's, from its "
+        "quantization_config or GGUF tensor types; bf16 when it has none)",
+    )
+    p.add_argument(
+        "--expert-weights",
+        default=None,
+        help="routed experts' format (MoE; default: the checkpoint's, e.g. gpt-oss's mxfp4, "
+        "else as --weights)",
+    )
+
+
+def weight_formats(args: argparse.Namespace, desc) -> tuple[str, float, str | None, float | None]:
+    """(weights, bits, experts, bits or None): the flags where given, else the checkpoint's
+    stored formats (`ModelDesc.stored_weights`), else bf16. Experts follow --weights unless
+    the flag or the checkpoint names their own format."""
+    from infergen.perf.hardware import bits_of
+
+    stored = desc.stored_weights
+    if args.weights is not None:
+        weights, bits = args.weights, bits_of(args.weights)
+    elif stored is not None:
+        weights, bits = stored.weights, stored.weight_bits
+    else:
+        weights, bits = "bf16", bits_of("bf16")
+    expert_flag = args.expert_weights
+    if expert_flag is not None:
+        return weights, bits, expert_flag, bits_of(expert_flag)
+    if stored is not None and stored.experts is not None:
+        return weights, bits, stored.experts, stored.expert_bits
+    return weights, bits, None, None
+
+
+def describe_model(path: str):
+    """The ModelDesc of a config.json, a directory or a GGUF (no weights read)."""
+    from infergen.io.model_config import read_model_config
+
+    return read_model_config(path).describe()
+
+
 def add_device_args(p: argparse.ArgumentParser) -> None:
-    """Model, device and weight format: what `predict` and `perf step` share."""
+    """Model, device and weight formats: what `predict` and `perf step` share."""
     p.add_argument("--model", "-m", default=None, help="config.json, directory or GGUF")
     p.add_argument("--gpu", default="h200", help="hardware row; cpu-local = calibrated here")
     p.add_argument("--hardware-file", default=None, help="extra hardware rows (JSON/YAML)")
-    p.add_argument("--weights", default="bf16", help="weight format: fp32, bf16 or a format")
+    add_weight_args(p)
 
 
 def add_parser(sub) -> None:
@@ -54,7 +98,6 @@ def add_parser(sub) -> None:
     add_device_args(p)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel devices (MoE)")
-    p.add_argument("--expert-weights", default=None, help="routed experts' format (MoE)")
     p.add_argument("--activations", default="bf16", help="activation format")
     p.add_argument("--kv", default="bf16", help="KV cache format")
     p.add_argument("--compute", default=None, help="GEMM peak class (default: from --activations)")
@@ -94,7 +137,6 @@ def add_parser(sub) -> None:
 
 def deployment(args: argparse.Namespace):
     from infergen.perf.hardware import bits_of, compute_class, resolve
-    from infergen.perf.model_desc import from_path
     from infergen.perf.predict import Deployment
     from infergen.perf.step_cost import Formats, Parallel
 
@@ -108,14 +150,16 @@ def deployment(args: argparse.Namespace):
         par = Parallel(args.tp, args.ep)
     except ValueError as exc:
         raise ConfigError(str(exc), where="--tp/--ep") from None
+    desc = describe_model(args.model)
+    _, weight_bits, _, expert_bits = weight_formats(args, desc)
     fmt = Formats(
-        weight_bits=bits_of(args.weights),
+        weight_bits=weight_bits,
         kv_bits=bits_of(args.kv),
         act_bytes=bits_of(args.activations) / 8,
-        expert_weight_bits=bits_of(args.expert_weights) if args.expert_weights else None,
+        expert_weight_bits=expert_bits,
     )
     return Deployment(
-        desc=from_path(args.model),
+        desc=desc,
         hw=resolve(args.gpu, args.hardware_file),
         fmt=fmt,
         compute_format=args.compute or compute_class(args.activations),
@@ -131,7 +175,7 @@ def deployment(args: argparse.Namespace):
         kv_capacity=parse_bytes(args.kv_memory, where="--kv-memory") if args.kv_memory else None,
         spec_tokens=args.spec_tokens,
         spec_acceptance=args.spec_acceptance,
-        draft=from_path(args.draft_model) if args.draft_model else None,
+        draft=describe_model(args.draft_model) if args.draft_model else None,
     )
 
 
@@ -177,10 +221,12 @@ def format_prediction(r: dict) -> str:
 
     mem = r["memory_per_device"]
     gb = 1e9
+    experts = r["expert_weights_bits"]
     lines = [
         f"{r['model']} on {r['gpus']} x {r['gpu']} (tp {r['tp']}, ep {r['ep']}), "
-        f"weights {r['weights_bits']:g} bits, KV {r['kv_bits']:g} bits, "
-        f"compute {r['compute_format']}",
+        f"weights {r['weights_bits']:g} bits"
+        + (f" (routed experts {experts:g})" if experts is not None else "")
+        + f", KV {r['kv_bits']:g} bits, compute {r['compute_format']}",
         f"params {r['params_total'] / 1e9:.2f} B total, {r['params_active'] / 1e9:.2f} B active; "
         f"weights {r['weight_bytes'] / gb:.2f} GB; KV {r['kv_bytes_per_token'] / 1024:.1f} "
         "KiB/token",

@@ -19,6 +19,35 @@ from infergen.registry import Registry
 
 
 @dataclass(frozen=True)
+class LayerPattern:
+    """The layer types transformers derives from a config.json without `layer_types`.
+
+    rule "period": every `period`-th layer (1-based) is full attention, the others `other`
+        (Gemma-3's sliding_window_pattern, gpt-oss's alternation, Qwen3-Next's
+        full_attention_interval); rule "from": the layers from index `period` on are `other`
+        (Qwen2/3's max_window_layers). `key` names the config value of `period` (None: always
+        `default`).
+    """
+
+    rule: str
+    other: str
+    key: str | None
+    default: int
+
+    def layer_types(self, cfg: dict[str, Any], layers: int, source: str) -> tuple[str, ...]:
+        period = cfg.get(self.key) if self.key else None
+        period = self.default if period is None else period
+        if not isinstance(period, int) or period < (1 if self.rule == "period" else 0):
+            raise ConfigError("bad layer pattern", where=f"{source}: {self.key}", found=period,
+                              expected="a positive integer")  # fmt: skip
+        if self.rule == "period":
+            return tuple(
+                "full_attention" if (i + 1) % period == 0 else self.other for i in range(layers)
+            )
+        return tuple(self.other if i >= period else "full_attention" for i in range(layers))
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     """One decoder architecture.
 
@@ -45,6 +74,13 @@ class ArchSpec:
         heads: placeholders the attention-free layers never use).
     hf_renames: (regex, replacement) pairs mapping the checkpoint's tensor names onto the
         canonical ones (Mamba2: backbone.* → model.*, mixer → mamba).
+    hf_aliases: (alias, key) pairs: config.json's `alias` stands for `key` when `key` is absent
+        (gpt-oss's experts_per_token).
+    layer_pattern: the layer types transformers derives when config.json lists no
+        `layer_types` (LayerPattern); None: every layer full attention (or windowed, Mistral).
+    mtp_layers_key: config key counting the multi-token-prediction layers the checkpoint
+        carries beside the decoder (DeepSeek, Qwen3-Next); transformers does not build them
+        and neither do we.
     """
 
     name: str
@@ -65,6 +101,9 @@ class ArchSpec:
     attention_output_gate: bool = False
     hf_defaults: tuple[tuple[str, Any], ...] = ()
     hf_renames: tuple[tuple[str, str], ...] = ()
+    hf_aliases: tuple[tuple[str, str], ...] = ()
+    layer_pattern: LayerPattern | None = None
+    mtp_layers_key: str | None = None
 
     def read_multipliers(self, cfg: dict[str, Any]) -> tuple[tuple[str, float], ...]:
         """(tensor-name regex, factor) pairs folding the config's constant multipliers into
@@ -163,11 +202,19 @@ MULTIPLIER_RULES = {"falcon_h1": _falcon_h1_multipliers}
 MIXER_SPECS = {"linear_attention": _deltanet_spec, "mamba": _ssm_spec}
 
 
+def _need(cfg: dict[str, Any], key: str, source: str) -> Any:
+    """A config value the mixture of experts cannot do without (a clear error when absent)."""
+    if cfg.get(key) is None:
+        raise ConfigError(f"required field {key!r} is missing", where=f"{source}: {key}",
+                          expected="a positive integer")  # fmt: skip
+    return cfg[key]
+
+
 def _gpt_oss_moe(cfg: dict[str, Any], source: str) -> Any:
     return MoEConfig(
-        num_experts=cfg["num_local_experts"],
-        top_k=cfg["num_experts_per_tok"],
-        intermediate_size=cfg["intermediate_size"],
+        num_experts=_need(cfg, "num_local_experts", source),
+        top_k=_need(cfg, "num_experts_per_tok", source),
+        intermediate_size=_need(cfg, "intermediate_size", source),
         router="softmax_topk",
         activation="clamped_swiglu",
         expert_bias=True,
@@ -188,12 +235,14 @@ def _deepseek_moe(cfg: dict[str, Any], source: str) -> Any:
             found=method,
             expected=f"one of {sorted(routers)}",
         )
+    experts = cfg.get("n_routed_experts") or _need(cfg, "num_local_experts", source)
+    intermediate = _need(cfg, "moe_intermediate_size", source)
     return MoEConfig(
-        num_experts=cfg.get("n_routed_experts") or cfg["num_local_experts"],
-        top_k=cfg["num_experts_per_tok"],
-        intermediate_size=cfg["moe_intermediate_size"],
+        num_experts=experts,
+        top_k=_need(cfg, "num_experts_per_tok", source),
+        intermediate_size=intermediate,
         router="sigmoid_group_limited" if v3 else routers[method],
-        shared_intermediate_size=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
+        shared_intermediate_size=(cfg.get("n_shared_experts") or 0) * intermediate,
         routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
         norm_topk=bool(cfg.get("norm_topk_prob", False)) and v3,
         num_groups=cfg.get("n_group") or 1,
@@ -210,9 +259,9 @@ def _deepseek_moe(cfg: dict[str, Any], source: str) -> Any:
 def _qwen3_next_moe(cfg: dict[str, Any], source: str) -> Any:
     step, only = cfg.get("decoder_sparse_step") or 1, set(cfg.get("mlp_only_layers") or ())
     return MoEConfig(
-        num_experts=cfg["num_experts"],
-        top_k=cfg["num_experts_per_tok"],
-        intermediate_size=cfg["moe_intermediate_size"],
+        num_experts=_need(cfg, "num_experts", source),
+        top_k=_need(cfg, "num_experts_per_tok", source),
+        intermediate_size=_need(cfg, "moe_intermediate_size", source),
         router="softmax_greedy",
         shared_intermediate_size=cfg.get("shared_expert_intermediate_size") or 0,
         norm_topk=bool(cfg.get("norm_topk_prob", True)),
@@ -232,6 +281,28 @@ MOE_READERS = {
     "qwen3_next_moe": _qwen3_next_moe,
 }
 
+# Qwen2/3 with use_sliding_window: the layers from max_window_layers on are windowed
+_QWEN_WINDOWS = LayerPattern("from", "sliding_attention", "max_window_layers", 28)
+# Gemma3TextConfig's defaults: a multimodal Gemma-3 config.json's text_config lists only the
+# values that differ from them
+_GEMMA3_TEXT_DEFAULTS = (
+    ("vocab_size", 262_208),
+    ("hidden_size", 2304),
+    ("intermediate_size", 9216),
+    ("num_hidden_layers", 26),
+    ("num_attention_heads", 8),
+    ("num_key_value_heads", 4),
+    ("head_dim", 256),
+    ("hidden_activation", "gelu_pytorch_tanh"),
+    ("max_position_embeddings", 131_072),
+    ("rms_norm_eps", 1e-6),
+    ("tie_word_embeddings", True),
+    ("query_pre_attn_scalar", 256),
+    ("sliding_window", 4096),
+    ("rope_theta", 1_000_000.0),
+    ("rope_local_base_freq", 10_000.0),
+)
+
 for _spec in (
     ArchSpec("llama", ("llama",), "llama", gguf_permute_qk=True),
     ArchSpec("mistral", ("mistral",), None, qkv_bias=False, o_bias=False),
@@ -242,6 +313,7 @@ for _spec in (
         qkv_bias=True,
         o_bias=False,
         sliding_window_flag="use_sliding_window",
+        layer_pattern=_QWEN_WINDOWS,
     ),
     ArchSpec(
         "qwen3",
@@ -250,6 +322,7 @@ for _spec in (
         o_bias=False,
         qk_norm=True,
         sliding_window_flag="use_sliding_window",
+        layer_pattern=_QWEN_WINDOWS,
     ),
     ArchSpec(
         "gpt_oss",
@@ -257,6 +330,9 @@ for _spec in (
         None,
         attention_sinks=True,
         mlp="gpt_oss_moe",
+        hf_defaults=(("attention_bias", True),),  # GptOssConfig's default
+        hf_aliases=(("experts_per_token", "num_experts_per_tok"),),
+        layer_pattern=LayerPattern("period", "sliding_attention", None, 2),  # alternating
     ),
     ArchSpec(
         "mamba2",
@@ -293,9 +369,25 @@ for _spec in (
         norm_offset=1.0,
         mlp="qwen3_next_moe",
         attention_output_gate=True,
+        layer_pattern=LayerPattern("period", "linear_attention", "full_attention_interval", 4),
+        mtp_layers_key="mtp_num_hidden_layers",
     ),
-    ArchSpec("deepseek_v2", ("deepseek_v2",), None, mlp="deepseek_moe", mla=True),
-    ArchSpec("deepseek_v3", ("deepseek_v3",), None, mlp="deepseek_moe", mla=True),
+    ArchSpec(
+        "deepseek_v2",
+        ("deepseek_v2",),
+        None,
+        mlp="deepseek_moe",
+        mla=True,
+        mtp_layers_key="num_nextn_predict_layers",
+    ),
+    ArchSpec(
+        "deepseek_v3",
+        ("deepseek_v3",),
+        None,
+        mlp="deepseek_moe",
+        mla=True,
+        mtp_layers_key="num_nextn_predict_layers",
+    ),
     ArchSpec(
         "gemma3",
         ("gemma3_text",),
@@ -306,6 +398,8 @@ for _spec in (
         norm_offset=1.0,
         sandwich_norms=True,
         embed_scale=True,
+        hf_defaults=_GEMMA3_TEXT_DEFAULTS,
+        layer_pattern=LayerPattern("period", "sliding_attention", "sliding_window_pattern", 6),
     ),
 ):
     ARCHITECTURES.register(_spec.name, _spec)

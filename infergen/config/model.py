@@ -19,6 +19,7 @@ from infergen.config.architectures import ARCHITECTURES, ArchSpec, arch_for_hf_c
 from infergen.config.description import ModelDesc, describe
 from infergen.config.mixers import DeltaNetSpec, SSMSpec
 from infergen.config.specs import MLAConfig, MoEConfig, RopeScaling, require, yarn_mscale
+from infergen.config.stored import StoredQuant
 from infergen.errors import ConfigError
 
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")  # the gated MLP's activation (layers/mlp.py)
@@ -33,6 +34,8 @@ LAYER_TYPES = (
     "attention_mamba",
 )
 KV_LAYER_TYPES = ("full_attention", "sliding_attention", "attention_mamba")
+# top-level keys of a multimodal config.json that hold for its text model (text_config)
+TEXT_CONFIG_INHERITS = ("quantization_config", "bos_token_id", "eos_token_id")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,11 @@ class ModelConfig:
     logits_multiplier: float = 1.0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # how the checkpoint stores its weights (quantization_config; a GGUF's tensor types);
+    # None: unquantized
+    stored_weights: StoredQuant | None = None
+    # multi-token-prediction layers the checkpoint carries beside the decoder (not built)
+    mtp_layers: int = 0
     source: str = field(default="<memory>", compare=False)
 
     def __post_init__(self) -> None:
@@ -250,9 +258,16 @@ class ModelConfig:
     # ---- construction from a Hugging Face config.json dict --------------------------------
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], *, source: str) -> ModelConfig:
-        """Build from a Hugging Face `config.json` dict (GGUF metadata is mapped onto it)."""
+        """Build from a Hugging Face `config.json` dict (GGUF metadata is mapped onto it). A
+        multimodal config.json describes its text model in `text_config`: that is read."""
+        text = cfg.get("text_config")
+        if isinstance(text, dict):
+            cfg = {**{k: cfg[k] for k in TEXT_CONFIG_INHERITS if k in cfg}, **text}
         arch = arch_for_hf_config(cfg, source=source)
         cfg = {**dict(arch.hf_defaults), **cfg}  # what the architecture leaves implicit
+        for alias, key in arch.hf_aliases:
+            if cfg.get(key) is None and cfg.get(alias) is not None:
+                cfg[key] = cfg[alias]
 
         def need(key: str) -> Any:
             if cfg.get(key) is None:
@@ -313,12 +328,16 @@ class ModelConfig:
         mla = arch.read_mla(cfg, source)
         if mla is not None:  # RoPE acts on the decoupled key: its dims are the rotary dims
             head_dim = mla.qk_rope_head_dim
+        qconfig = cfg.get("quantization_config")
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         window = cfg.get("sliding_window")
         if arch.sliding_window_flag and not cfg.get(arch.sliding_window_flag, False):
             window = None
         layer_types = tuple(cfg.get("layer_types") or ())
+        layers = cfg.get("num_hidden_layers")
+        if not layer_types and arch.layer_pattern is not None and isinstance(layers, int):
+            layer_types = arch.layer_pattern.layer_types(cfg, layers, source)  # as transformers
         if arch.layer_type is not None:  # every layer the same mixer (Mamba2)
             layer_types = (arch.layer_type,) * cfg.get("num_hidden_layers", 0)
         if not window and set(layer_types) <= {"full_attention", "sliding_attention"}:
@@ -360,5 +379,7 @@ class ModelConfig:
             logits_multiplier=float(cfg.get("lm_head_multiplier", 1.0)),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            stored_weights=StoredQuant.from_hf_config(qconfig, source) if qconfig else None,
+            mtp_layers=int(cfg.get(arch.mtp_layers_key) or 0) if arch.mtp_layers_key else 0,
             source=source,
         )

@@ -15,6 +15,7 @@ import torch
 
 from infergen.config import ModelConfig
 from infergen.errors import CheckpointError, ConfigError
+from infergen.io.model_config import config_from_gguf, config_from_json, gguf_in_directory
 from infergen.models.tensor_names import expected_tensors
 
 
@@ -48,18 +49,6 @@ def resolve_path(path: str | Path | None) -> Path:
     return resolved
 
 
-def _gguf_in_directory(directory: Path) -> Path | None:
-    files = sorted(directory.glob("*.gguf"))
-    if len(files) > 1:
-        raise CheckpointError(
-            "directory holds several GGUF files",
-            where=str(directory),
-            found=", ".join(f.name for f in files),
-            expected="name the file itself",
-        )
-    return files[0] if files else None
-
-
 def load_checkpoint(
     path: str | Path | None = None, *, load_weights: bool = True, keep_blocks: bool = False
 ) -> Checkpoint:
@@ -68,7 +57,7 @@ def load_checkpoint(
     (io.block_weight.BlockWeight) for the backends that compute on them."""
     resolved = resolve_path(path)
     if resolved.is_dir() and not (resolved / "config.json").is_file():
-        gguf_file = _gguf_in_directory(resolved)
+        gguf_file = gguf_in_directory(resolved)
         if gguf_file is None:
             raise CheckpointError(
                 "directory is not a checkpoint",
@@ -92,7 +81,7 @@ def hf_config_dict(path: str | Path | None = None) -> dict:
     else:
         from infergen.io.gguf import gguf_hf_config, open_gguf
 
-        gguf_file = resolved if resolved.is_file() else _gguf_in_directory(resolved)
+        gguf_file = resolved if resolved.is_file() else gguf_in_directory(resolved)
         config, spec = gguf_hf_config(open_gguf(gguf_file), str(gguf_file))
         config["architectures"] = [f"{spec.name.capitalize()}ForCausalLM"]  # e.g. Qwen2...
         config = {k: v for k, v in config.items() if v is not None}
@@ -102,13 +91,12 @@ def hf_config_dict(path: str | Path | None = None) -> dict:
 
 
 def _load_gguf(path: Path, load_weights: bool, keep_blocks: bool = False) -> Checkpoint:
-    from infergen.io.gguf import gguf_hf_config, load_gguf_tensors, open_gguf
+    from infergen.io.gguf import load_gguf_tensors, open_gguf
     from infergen.io.tokenizer import Tokenizer
 
     source = str(path)
     reader = open_gguf(path)
-    hf_config, spec = gguf_hf_config(reader, source)
-    config = ModelConfig.from_hf_dict(hf_config, source=source)
+    config, spec = config_from_gguf(reader, source)
     tokenizer = (
         Tokenizer.from_gguf(reader, source) if "tokenizer.ggml.model" in reader.fields else None
     )
@@ -124,7 +112,7 @@ def _load_hf(directory: Path, load_weights: bool) -> Checkpoint:
     from infergen.io.safetensors import load_safetensors, read_json
 
     config_path = directory / "config.json"
-    config = ModelConfig.from_hf_dict(read_json(config_path), source=str(config_path))
+    config = config_from_json(config_path)
     tokenizer = None
     if (directory / "tokenizer.json").is_file():
         from infergen.io.tokenizer import Tokenizer

@@ -10,6 +10,7 @@ architecture uses the half-split rotary layout (`ArchSpec.gguf_permute_qk`).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,10 +123,33 @@ def gguf_hf_config(reader: Any, source: str) -> tuple[dict[str, Any], ArchSpec]:
         )
     if spec.qkv_bias is None:
         cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    if reader.tensors:
+        cfg["quantization_config"] = _stored_types(reader)
     extra = GGUF_ARCH_RULES.get(arch_name)
     if extra is not None:
         extra(key, cfg)
     return cfg, spec
+
+
+# ggml float types → our names for them (config/stored.py PLAIN_BITS)
+_PLAIN_TYPES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
+
+
+def _stored_types(reader: Any) -> dict[str, Any]:
+    """The file's tensor types as a "gguf" quantization_config (config/stored.py): the type
+    holding the most weights, and the bits per weight of all tensors together (the file's
+    weight bytes · 8 / its weights: Q4_K_M's Q6_K tensors included)."""
+    elements: Counter[str] = Counter()
+    stored_bytes = 0
+    for t in reader.tensors:
+        elements[t.tensor_type.name] += int(t.n_elements)
+        stored_bytes += int(t.n_bytes)
+    dominant = max(elements, key=elements.__getitem__)
+    return {
+        "quant_method": "gguf",
+        "weights": _PLAIN_TYPES.get(dominant, dominant.lower()),
+        "bits_per_weight": 8 * stored_bytes / max(1, sum(elements.values())),
+    }
 
 
 def _gemma3(key: Callable[..., Any], cfg: dict[str, Any]) -> None:

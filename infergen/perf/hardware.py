@@ -14,6 +14,7 @@ import math
 import pathlib
 from dataclasses import dataclass, field
 
+from infergen.config.stored import PLAIN_BITS, format_bits
 from infergen.errors import ConfigError
 from infergen.formats import FORMATS
 from infergen.registry import Registry
@@ -207,23 +208,17 @@ for _name, _row in _TABLE.items():
 FITTED_ROWS = frozenset(_TABLE["_fitted_rows"])
 
 
-_PLAIN_BITS = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0}
-
-
 def bits_of(fmt: str) -> float:
     """Stored bits per value of a weight / KV format: plain floats, or any row of the formats
     registry (scales included: mxfp4 4.25, nvfp4 4.5)."""
-    if fmt in _PLAIN_BITS:
-        return _PLAIN_BITS[fmt]
-
-    return FORMATS.get(fmt, where="format").bits_per_value()
+    return format_bits(fmt)
 
 
 def compute_class(activation_format: str) -> str:
     """The peak a GEMM runs at, from its activation (input) format: weight-only formats
     (W4A16) still multiply in the activation width. fp8/fp6 minifloats -> "fp8", 4-bit
     -> "fp4", integers -> "int8" / "int4", 16-bit -> "bf16"."""
-    if activation_format in _PLAIN_BITS:
+    if activation_format in PLAIN_BITS:
         return "fp32" if activation_format == "fp32" else "bf16"
 
     spec = FORMATS.get(activation_format, where="activation format")

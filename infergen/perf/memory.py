@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infergen.config.description import MLA, Attention, Dense, ModelDesc, MoE, mixer_parts
 from infergen.errors import ConfigError
 from infergen.perf.hardware import Hardware
-from infergen.perf.model_desc import MLA, Attention, Dense, ModelDesc, MoE
 from infergen.perf.step_cost import Formats, Parallel
 
 
@@ -47,11 +47,12 @@ def weight_bytes_per_device(desc: ModelDesc, fmt: Formats, par: Parallel) -> flo
 def activation_bytes(desc: ModelDesc, fmt: Formats, par: Parallel, tokens: int, seqs: int):
     widest = desc.hidden
     for layer in desc.layers:
-        m, f = layer.mixer, layer.ffn
-        if isinstance(m, Attention):
-            widest = max(widest, (m.heads + 2 * m.kv_heads) * m.head_dim // par.tp)
-        elif isinstance(m, MLA):
-            widest = max(widest, m.heads * (m.qk_nope_head_dim + m.v_head_dim) // par.tp)
+        f = layer.ffn
+        for m in mixer_parts(layer.mixer):
+            if isinstance(m, Attention):
+                widest = max(widest, (m.q_proj_size + 2 * m.kv_heads * m.head_dim) // par.tp)
+            elif isinstance(m, MLA):
+                widest = max(widest, m.heads * (m.qk_nope_head_dim + m.v_head_dim) // par.tp)
         if isinstance(f, Dense):
             widest = max(widest, 2 * f.intermediate // par.tp)
         elif isinstance(f, MoE):
@@ -63,13 +64,13 @@ def kv_share(desc: ModelDesc, par: Parallel) -> float:
     """Fraction of a token's KV bytes that one device of the tp group holds."""
     total = per_device = 0.0
     for layer in desc.layers:
-        m = layer.mixer
-        elements = m.kv_elements_per_token()
-        total += elements
-        if isinstance(m, Attention):
-            per_device += elements * max(1, -(-m.kv_heads // par.tp)) / m.kv_heads
-        else:
-            per_device += elements
+        for m in mixer_parts(layer.mixer):
+            elements = m.kv_elements_per_token()
+            total += elements
+            if isinstance(m, Attention):
+                per_device += elements * max(1, -(-m.kv_heads // par.tp)) / m.kv_heads
+            else:
+                per_device += elements
     return per_device / total if total else 1.0
 
 

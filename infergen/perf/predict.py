@@ -16,9 +16,9 @@ from functools import cached_property
 from infergen.bench.report import summarize
 from infergen.bench.workloads import Shape
 from infergen.config import SchedulerConfig
+from infergen.config.description import ModelDesc
 from infergen.perf import memory, roofline
 from infergen.perf.hardware import Hardware
-from infergen.perf.model_desc import ModelDesc
 from infergen.perf.simulate import Simulator, SpecDecode
 from infergen.perf.step_cost import Chunk, Formats, Parallel
 
@@ -123,6 +123,7 @@ def predict(
         "tp": dep.par.tp,
         "ep": dep.par.ep,
         "weights_bits": dep.fmt.weight_bits,
+        "expert_weights_bits": dep.fmt.expert_weight_bits,
         "kv_bits": dep.fmt.kv_bits,
         "activation_bytes": dep.fmt.act_bytes,
         "compute_format": dep.compute_format,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from infergen.config.description import ModelDesc
 from infergen.errors import ConfigError
 from infergen.perf.hardware import Hardware
-from infergen.perf.model_desc import ModelDesc
 from infergen.perf.step_cost import Chunk, Formats, OpCost, Parallel, step_ops
 
 

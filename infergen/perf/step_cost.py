@@ -10,6 +10,9 @@ a prefill chunk may continue a sequence whose first tokens are already cached). 
               projection as GEMMs, scores and values over the kv_lora_rank + rope latent
   ssm         Mamba-2: in/out projections, the scan (state update and readout per token),
               the state read and written once per sequence
+  linear      gated DeltaNet (Qwen3-Next): in/out projections, the delta rule per token
+              (decay, k·S, rank-one update, q·S), the state read and written once per sequence
+  attn+ssm    Falcon-H1: the attention and the SSM of the same layer, both
   dense       gate/up and down projections
   moe         router, the experts the tokens are routed to (FLOPs: top-k per token; weight
               bytes: the expected number of distinct experts a batch touches, for uniform
@@ -31,7 +34,17 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from infergen.perf.model_desc import MLA, SSM, Attention, Dense, Layer, ModelDesc, MoE
+from infergen.config.description import (
+    MLA,
+    SSM,
+    Attention,
+    Dense,
+    Layer,
+    LinearAttention,
+    ModelDesc,
+    MoE,
+    mixer_parts,
+)
 
 
 @dataclass(frozen=True)
@@ -128,10 +141,10 @@ def step_ops(
     )
     for layer, count in Counter(desc.layers).items():
         step.times = count
-        step.op("norm", "norm").add(
-            0.0, 2 * step.tokens * h * fmt.act_bytes * (2 if layer.ffn else 1), times=count
-        )
-        _mixer(layer, step)
+        step.op("norm", "norm").add(0.0, 2 * step.tokens * h * fmt.act_bytes * layer.norms,
+                                    times=count)  # fmt: skip
+        for mixer in mixer_parts(layer.mixer):
+            _mixer(mixer, step)
         _ffn(layer, step)
         if par.tp > 1:  # after the mixer's and the feed-forward's row-parallel GEMM
             step.all_reduce(2 if layer.ffn else 1)
@@ -205,13 +218,14 @@ def _heads(heads: int, tp: int) -> int:
     return max(1, -(-heads // tp))
 
 
-def _mixer(layer: Layer, step: _Step) -> None:
-    m, h, tp, act = layer.mixer, step.hidden, step.par.tp, step.fmt.act_bytes
+def _mixer(m: Attention | MLA | SSM | LinearAttention, step: _Step) -> None:
+    h, tp, act = step.hidden, step.par.tp, step.fmt.act_bytes
     kv_bytes, times = step.kv_bytes, step.times
     if isinstance(m, Attention):
         heads, kv_heads = _heads(m.heads, tp), _heads(m.kv_heads, tp)
         q, kv = heads * m.head_dim, kv_heads * m.head_dim
-        step.gemm("qkv_proj", h, q + 2 * kv, split=1)  # already per device
+        gated = q if m.output_gate else 0  # the gate's outputs of q_proj
+        step.gemm("qkv_proj", h, q + gated + 2 * kv, split=1)  # already per device
         step.gemm("o_proj", q, h, split=1)
         step.op("rope", "elementwise").add(0.0, 2 * step.tokens * (q + kv) * act, times=times)
         attn = step.op("attention", "attention")
@@ -257,6 +271,19 @@ def _mixer(layer: Layer, step: _Step) -> None:
             2 * state * len(step.chunks) + step.tokens * m.conv_dim * act / tp,
             times=times,
         )
+    elif isinstance(m, LinearAttention):
+        value = m.v_heads * m.v_dim
+        step.gemm("in_proj", h, m.conv_dim + value + 2 * m.v_heads)  # q, k, v, z; b, a
+        step.gemm("out_proj", value, h)
+        # per token: conv over the kernel; per value head, on its k_dim x v_dim state: decay,
+        # k·S, the rank-one update and q·S (7 FLOPs per state element)
+        per_token = 2.0 * m.conv_dim * m.conv_kernel + 7.0 * m.v_heads * m.k_dim * m.v_dim
+        state = m.state_elements() * 4.0 / tp  # fp32 state, read and written once per sequence
+        step.op("scan", "scan").add(
+            per_token * step.tokens / tp,
+            2 * state * len(step.chunks) + step.tokens * m.conv_dim * act / tp,
+            times=times,
+        )
 
 
 def _ffn(layer: Layer, step: _Step) -> None:
@@ -269,7 +296,7 @@ def _ffn(layer: Layer, step: _Step) -> None:
     elif isinstance(f, MoE):
         step.gemm("router", h, f.experts, split=1)
         if f.shared_intermediate:
-            step.gemm("shared_up", h, 2 * f.shared_intermediate)
+            step.gemm("shared_up", h, 2 * f.shared_intermediate + f.shared_gate)
             step.activation(tokens, f.shared_intermediate / step.par.tp)
             step.gemm("shared_down", f.shared_intermediate, h)
         # routed experts: split ep ways when expert-parallel, else tp ways like any GEMM

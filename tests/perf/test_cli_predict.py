@@ -8,9 +8,11 @@ import json
 import pytest
 
 from infergen.cli import main
+from infergen.io.model_config import read_model_config
 
 LLAMA_70B = "tests/perf/configs/llama-3.1-70b.json"
 GPT_OSS = "tests/perf/configs/gpt-oss-20b.json"
+GPT_OSS_120B = "tests/perf/configs/gpt-oss-120b.json"
 
 
 def run_json(capsys, *argv) -> dict:
@@ -36,11 +38,60 @@ def test_json_has_the_fields_and_tp_halves_the_weights_per_device(capsys):
 
 def test_moe_with_mxfp4_experts_and_expert_parallelism(capsys):
     base = ["-m", GPT_OSS, "--isl", "256", "--osl", "32", "--num-requests", "16"]
-    bf16 = run_json(capsys, *base)
+    bf16 = run_json(capsys, *base, "--expert-weights", "bf16")
     mx = run_json(capsys, *base, "--expert-weights", "mxfp4")
     assert mx["weight_bytes"] < 0.4 * bf16["weight_bytes"]
+    assert run_json(capsys, *base) == mx  # the checkpoint's stored format is the default
     ep = run_json(capsys, *base, "--expert-weights", "mxfp4", "--ep", "2")
     assert ep["memory_per_device"]["weights"] < mx["memory_per_device"]["weights"]
+
+
+def test_the_checkpoints_stored_formats_are_the_default_and_flags_override_them(capsys):
+    """gpt-oss-120b ships MXFP4 experts (quantization_config): it fits on one H200 as
+    shipped, not with bf16 experts; --weights alone leaves the experts as stored."""
+    base = ["-m", GPT_OSS_120B, "--gpu", "h200", "--isl", "256", "--osl", "32"]
+    base += ["--num-requests", "8"]
+    shipped = run_json(capsys, *base)
+    assert (shipped["weights_bits"], shipped["expert_weights_bits"]) == (16, 4.25)
+    assert shipped["memory_per_device"]["weights"] < 70e9
+    assert main(["predict", *base, "--expert-weights", "bf16"]) != 0
+    assert "does not fit on h200" in capsys.readouterr().err
+    fp8 = run_json(capsys, *base, "--weights", "fp8_e4m3")
+    assert (fp8["weights_bits"], fp8["expert_weights_bits"]) == (8, 4.25)
+    assert main(["predict", *base]) == 0  # the report names both widths
+    assert "weights 16 bits (routed experts 4.25)" in capsys.readouterr().out
+    llama = run_json(capsys, *base[:1], LLAMA_70B, *base[2:], "--tp", "2")
+    assert (llama["weights_bits"], llama["expert_weights_bits"]) == (16, None)  # unquantized
+
+
+def test_info_and_perf_step_take_the_stored_formats_too(capsys):
+    assert main(["info", "-m", GPT_OSS_120B]) == 0
+    out = capsys.readouterr().out
+    assert "mxfp4 experts, bf16 elsewhere (mxfp4" in out
+    assert main(["info", "-m", GPT_OSS_120B, "--expert-weights", "bf16", "--weights", "bf16"]) == 0
+    desc = read_model_config(GPT_OSS_120B).describe()
+    assert f"{desc.params_total() * 2:,}" in capsys.readouterr().out  # bf16 bytes
+    assert main(["perf", "step", "-m", GPT_OSS_120B, "--batch", "4"]) == 0
+    stored = capsys.readouterr().out
+    assert (
+        main(["perf", "step", "-m", GPT_OSS_120B, "--batch", "4", "--expert-weights", "bf16"]) == 0
+    )
+    assert stored != capsys.readouterr().out  # narrower experts: less to stream
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    ["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "deepseek_v3",
+     "qwen3_next", "mamba2", "falcon_h1"],
+)  # fmt: skip
+def test_predict_runs_every_family(model_type, tmp_path, capsys):
+    """transformers' default config of each family (full size: the KV cache size is given,
+    so no fit check); deepseek_v2's default has no routing (tests/config)."""
+    transformers = pytest.importorskip("transformers")
+    transformers.AutoConfig.for_model(model_type).save_pretrained(tmp_path)
+    argv = ["-m", str(tmp_path), "--kv-memory", "4GiB", "--isl", "128", "--osl", "8"]
+    r = run_json(capsys, *argv, "--num-requests", "4", "--concurrency", "2")
+    assert r["requests"] == 4 and r["failed"] == 0 and r["output_tok_s"] > 0
 
 
 def test_explain_names_the_bound_of_each_op(capsys):

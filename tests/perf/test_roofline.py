@@ -57,11 +57,12 @@ def test_calibration_round_trips_as_a_hardware_row(tmp_path, capsys):
 
 
 def test_a_kinds_compute_efficiency_divides_its_peak_only():
-    from infergen.perf.model_desc import from_config
+    from infergen.config import ModelConfig
     from infergen.perf.roofline import predict_step
     from infergen.perf.step_cost import Chunk, Formats
 
-    desc, fmt = from_config(TINY), Formats(weight_bits=16, kv_bits=16, act_bytes=2)
+    desc = ModelConfig.from_hf_dict(TINY, source="tiny").describe()
+    fmt = Formats(weight_bits=16, kv_bits=16, act_bytes=2)
     prefill = [Chunk(512, 512)]
     plain = {t.name: t for t in predict_step(desc, HW, prefill, fmt, "bf16")}
     slow = dataclasses.replace(HW, compute_efficiency_by_kind={"attention": 0.25})
@@ -92,11 +93,11 @@ def test_gemm_efficiency_curve_by_rows():
 
 
 def test_calibration_fields_scale_the_roofline_and_host_time_is_per_step_and_sequence():
-    from infergen.perf.model_desc import from_path
+    from infergen.io.model_config import read_model_config
     from infergen.perf.roofline import predict_step
     from infergen.perf.step_cost import Chunk, Formats
 
-    desc = from_path("tests/perf/configs/llama-3.1-8b.json")
+    desc = read_model_config("tests/perf/configs/llama-3.1-8b.json").describe()
     raw = Hardware("raw", "r", 1e11, 1e14, {"bf16": 1e15, "fp8": 2e15})
     tuned = dataclasses.replace(
         raw,
@@ -150,11 +151,11 @@ def test_hardware_rows_reject_bad_efficiencies(tmp_path):
 
 
 def test_steps_with_a_multi_token_chunk_pay_the_eager_launch_cost():
-    from infergen.perf.model_desc import from_config
+    from infergen.config import ModelConfig
     from infergen.perf.roofline import launches, predict_step
     from infergen.perf.step_cost import Chunk, Formats
 
-    desc = from_config(TINY)
+    desc = ModelConfig.from_hf_dict(TINY, source="tiny").describe()
     hw = dataclasses.replace(HW, launch_overhead_s=2e-6, eager_launch_overhead_s=5e-5)
 
     def launch_line(chunks):  # the step's launch overhead line on `hw`

@@ -11,8 +11,8 @@ import pytest
 from infergen.bench.report import summarize
 from infergen.bench.workloads import SHAPES, Shape, WorkloadOptions
 from infergen.config import SchedulerConfig
+from infergen.io.model_config import read_model_config
 from infergen.perf.hardware import HARDWARE
-from infergen.perf.model_desc import from_path
 from infergen.perf.predict import Deployment, fixed_shapes, predict
 from infergen.perf.simulate import Simulator, SpecDecode
 from infergen.perf.step_cost import Formats
@@ -91,7 +91,7 @@ def test_closed_loop_keeps_concurrency_requests_in_the_system():
 
 @pytest.mark.parametrize("workload", ["random", "long-context", "agentic"])
 def test_throughput_never_exceeds_the_roofline_bound(workload):
-    desc, hw = from_path(LLAMA_8B), HARDWARE.get("h200")
+    desc, hw = read_model_config(LLAMA_8B).describe(), HARDWARE.get("h200")
     dep = Deployment(desc, hw, Formats(), "bf16")
     opts = WorkloadOptions(num_requests=64, input_len=512, output_len=128)
     shapes = SHAPES.get(workload)(opts, random.Random(0))
@@ -175,7 +175,7 @@ def test_speculative_decoding_emits_the_expected_tokens_per_step(acceptance):
 
 
 def test_predict_reports_the_issue_fields():
-    dep = Deployment(from_path(LLAMA_8B), HARDWARE.get("h200"))
+    dep = Deployment(read_model_config(LLAMA_8B).describe(), HARDWARE.get("h200"))
     r = predict(dep, fixed_shapes(256, 64, 64), concurrency=16)
     for key in ("params_total", "params_active", "weight_bytes", "kv_bytes_per_token"):
         assert r[key] > 0

@@ -9,8 +9,16 @@ import random
 import pytest
 import torch
 
-from infergen.perf.model_desc import from_config, from_path
+from infergen.config import ModelConfig
+from infergen.io.model_config import read_model_config
 from infergen.perf.step_cost import Chunk, Formats, attended_keys, expected_experts, step_ops
+
+LLAMA_8B = "tests/perf/configs/llama-3.1-8b.json"
+
+
+def describe_dict(config: dict):
+    return ModelConfig.from_hf_dict(config, source="config.json").describe()
+
 
 TINY = {
     "model_type": "llama",
@@ -24,21 +32,35 @@ TINY = {
 }
 
 
-def test_projection_flops_equal_torch_flop_counter():
+@pytest.mark.parametrize(
+    "name", ["llama", "gemma3", "gpt_oss", "mamba2", "qwen3_next", "falcon_h1"]
+)
+def test_projection_flops_equal_torch_flop_counter(name):
+    """Every projection of the layer kinds (output-gated attention, SSM and DeltaNet in/out
+    projections, attention beside an SSM, shared experts): the routed experts aside, which
+    transformers runs as grouped ops (their FLOPs: test_moe_step_counts_only_routed_flops)."""
     transformers = pytest.importorskip("transformers")
     from torch.utils.flop_counter import FlopCounterMode
 
+    from tests.hf_models import ARCH_VARIANTS, BASE
+
     tokens = 37
-    cfg = transformers.AutoConfig.for_model(**TINY)
+    if name == "llama":
+        cfg = transformers.AutoConfig.for_model(**TINY)
+    else:
+        cls_name, extra = ARCH_VARIANTS[name]
+        cfg = getattr(transformers, cls_name)(**{**BASE, **extra})
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
-        model(torch.randint(0, TINY["vocab_size"], (1, tokens)))
+        model(torch.randint(0, cfg.vocab_size, (1, tokens)))
     counts = counter.get_flop_counts()["Global"]
     measured = sum(v for k, v in counts.items() if str(k).split(".")[1] in ("mm", "addmm"))
-    ops = step_ops(from_config(TINY), [Chunk(tokens, tokens)])
-    ours = sum(o.flops for o in ops if o.kind == "gemm" and o.name != "lm_head")
-    ours += 2 * tokens * TINY["hidden_size"] * TINY["vocab_size"]  # transformers: every row
+    desc = describe_dict(cfg.to_dict())
+    ops = step_ops(desc, [Chunk(tokens, tokens)])
+    grouped = ("lm_head", "experts_up", "experts_down")
+    ours = sum(o.flops for o in ops if o.kind == "gemm" and o.name not in grouped)
+    ours += 2 * tokens * desc.hidden * desc.vocab  # transformers: every row
     assert ours == measured
 
 
@@ -65,7 +87,7 @@ def test_elementwise_bytes_equal_the_tensors_transformers_moves():
         layer.mlp.down_proj.register_forward_hook(count("activation", 1, of_input=True))
     with torch.no_grad():
         model(torch.randint(0, TINY["vocab_size"], (1, tokens)))
-    ops = {o.name: o for o in step_ops(from_config(TINY), [Chunk(tokens, tokens)])}
+    ops = {o.name: o for o in step_ops(describe_dict(TINY), [Chunk(tokens, tokens)])}
     assert ops["rope"].kind == ops["activation"].kind == "elementwise"
     assert ops["rope"].bytes == 2 * numel["rope"]  # bf16 activations by default
     assert ops["activation"].bytes == 2 * numel["activation"]
@@ -83,7 +105,7 @@ def test_attended_keys_equal_a_loop_over_positions(seed):
 
 
 def test_a_decode_step_reads_every_weight_and_the_kv_once(default_model_path):
-    desc = from_path(default_model_path)
+    desc = read_model_config(default_model_path).describe()
     fmt = Formats(weight_bits=32, kv_bits=32, act_bytes=4)
     ops = step_ops(desc, [Chunk(1, 200)], fmt)
     by_name = {o.name: o for o in ops}
@@ -101,7 +123,7 @@ def test_a_decode_step_reads_every_weight_and_the_kv_once(default_model_path):
 
 def test_sliding_window_caps_the_keys_read():
     windowed = {**TINY, "model_type": "mistral", "sliding_window": 16}
-    desc = from_config(windowed)
+    desc = describe_dict(windowed)
     (attn,) = [
         o for o in step_ops(desc, [Chunk(1, 1000)], Formats(kv_bits=8)) if o.name == "attention"
     ]
@@ -134,7 +156,7 @@ def test_moe_step_counts_only_routed_flops():
         "sliding_window": 8,
         "layer_types": ["sliding_attention", "full_attention"],
     }
-    desc = from_config(cfg)
+    desc = describe_dict(cfg)
     ops = {o.name: o for o in step_ops(desc, [Chunk(1, 10)])}
     assert ops["experts_up"].flops == 2 * 2 * 64 * 64 * 2  # 2 experts x (64 -> 2x32) x 2 layers
     assert ops["experts_up"].weight_bytes == pytest.approx(2 * 64 * 64 * 2 * 2)  # 2 touched
@@ -148,7 +170,7 @@ def _by_name(ops):
 def test_tensor_parallel_splits_the_work_and_adds_two_all_reduces_per_layer(tp):
     from infergen.perf.step_cost import Parallel
 
-    desc = from_path("tests/perf/configs/llama-3.1-8b.json")  # 32 heads, 8 KV heads
+    desc = read_model_config(LLAMA_8B).describe()  # 32 heads, 8 KV heads
     chunks = [Chunk(1, 300), Chunk(64, 64)]
     one = _by_name(step_ops(desc, chunks))
     split = _by_name(step_ops(desc, chunks, par=Parallel(tp=tp)))
@@ -166,7 +188,7 @@ def test_kv_heads_fewer_than_devices_are_replicated():
     from infergen.perf.memory import kv_share
     from infergen.perf.step_cost import Parallel
 
-    desc = from_path("tests/perf/configs/llama-3.1-8b.json")
+    desc = read_model_config(LLAMA_8B).describe()
     par = Parallel(tp=16)
     ops = _by_name(step_ops(desc, [Chunk(1, 10)], par=par))
     assert ops["kv_write"].bytes == 32 * 2 * 1 * 128 * 2  # one KV head per device
@@ -176,7 +198,7 @@ def test_kv_heads_fewer_than_devices_are_replicated():
 def test_expert_parallel_all_to_all_and_activation_quantize():
     from infergen.perf.step_cost import Parallel
 
-    desc = from_path("tests/perf/configs/gpt-oss-20b.json")
+    desc = read_model_config("tests/perf/configs/gpt-oss-20b.json").describe()
     moe = desc.layers[0].ffn
     tokens = 40
     ops = _by_name(step_ops(desc, [Chunk(tokens, tokens)], par=Parallel(ep=4)))
@@ -185,7 +207,7 @@ def test_expert_parallel_all_to_all_and_activation_quantize():
     whole = _by_name(step_ops(desc, [Chunk(tokens, tokens)]))
     assert ops["experts_up"].flops * 4 == pytest.approx(whole["experts_up"].flops)
     assert "quantize" not in whole
-    llama = from_path("tests/perf/configs/llama-3.1-8b.json")
+    llama = read_model_config(LLAMA_8B).describe()
     fp8 = _by_name(step_ops(llama, [Chunk(tokens, tokens)], Formats(8, 8, 1)))
     # every GEMM input is read in bf16 and written in fp8 once: per layer the qkv, o, up
     # and down inputs (hidden, heads x head_dim, hidden, intermediate), then the LM head's row

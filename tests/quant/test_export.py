@@ -22,6 +22,7 @@ from infergen.engine.export import EXPORTS, export
 from infergen.errors import InfergenError
 from infergen.formats import dequantize, quantize
 from infergen.io.compressed_tensors import pack_int32, unpack_int32
+from infergen.io.model_config import read_model_config
 from infergen.ops.linear import LINEAR_BACKENDS
 from infergen.ops.stored_weights import dense
 from tests.hf_models import build_hf_model, fake_quantize
@@ -63,6 +64,7 @@ def test_exported_checkpoint_equals_fake_quantized_transformers(scheme, tmp_path
     assert (
         qconfig["quant_method"] == "compressed-tensors" and qconfig["format"] == EXPORTS[scheme][0]
     )
+    assert read_model_config(out).stored_weights.weights == scheme  # the format it runs in
     stored = load_file(str(out / "model.safetensors"))
     key = "model.layers.0.self_attn.q_proj.weight"
     assert (key if scheme == "fp8_e4m3" else key + "_packed") in stored
