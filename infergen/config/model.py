@@ -90,6 +90,11 @@ class ModelConfig:
     source: str = field(default="<memory>", compare=False)
 
     def __post_init__(self) -> None:
+        self._check_shapes()
+        self._check_numerics()
+        self._check_layers()
+
+    def _check_shapes(self) -> None:
         where = self.source
         for name in (
             "vocab_size",
@@ -123,6 +128,9 @@ class ModelConfig:
             found=self.head_dim,
             expected="an even integer",
         )
+
+    def _check_numerics(self) -> None:
+        where = self.source
         require(
             self.rms_norm_eps > 0 and math.isfinite(self.rms_norm_eps),
             "rms_norm_eps must be positive and finite",
@@ -151,6 +159,9 @@ class ModelConfig:
             found=self.partial_rotary_factor,
             expected=f"a factor in (0, 1] with head_dim {self.head_dim} · factor even",
         )
+
+    def _check_layers(self) -> None:
+        where = self.source
         if self.layer_types:
             require(
                 len(self.layer_types) == self.num_hidden_layers,
@@ -278,53 +289,8 @@ class ModelConfig:
 
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
-        if not (isinstance(heads, int) and heads > 0):  # before dividing by it below
-            raise ConfigError(
-                "num_attention_heads must be a positive integer",
-                where=f"{source}: num_attention_heads",
-                found=heads,
-                expected="an integer > 0",
-            )
-        kv_heads = cfg.get("num_key_value_heads") or heads
-        head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) else None)
-        if cfg.get("head_dim") is None and isinstance(hidden, int) and hidden % heads != 0:
-            raise ConfigError(
-                "hidden_size is not divisible by num_attention_heads and head_dim is not given",
-                where=f"{source}: hidden_size",
-                found=f"{hidden} / {heads}",
-                expected="hidden_size % num_attention_heads == 0, or an explicit head_dim",
-            )
-        rope = dict(cfg.get("rope_parameters") or {})
-        # per-layer-type RoPE (Gemma-3): the global layers' parameters, the local layers' base
-        local_rope = rope.get("sliding_attention")
-        rope = dict(rope.get("full_attention") or rope)
-        legacy = cfg.get("rope_scaling") or {}
-        rope = {**legacy, **rope}
-        local_theta = local_rope.get("rope_theta") if local_rope else None
-        local_theta = local_theta or cfg.get("rope_local_base_freq")
-        rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        renamed = {"attention_factor": "yarn_attention_factor"}
-        scaling = RopeScaling(
-            rope_type=rope_type,
-            source=f"{source}: rope_parameters",
-            **{
-                renamed.get(k, k): rope[k]
-                for k in (
-                    "factor",
-                    "low_freq_factor",
-                    "high_freq_factor",
-                    "original_max_position_embeddings",
-                    "beta_fast",
-                    "beta_slow",
-                    "mscale",
-                    "mscale_all_dim",
-                    "attention_factor",
-                    "truncate",
-                )
-                if rope.get(k) is not None
-            },
-        )
+        heads, kv_heads, head_dim = _head_shapes(cfg, hidden, heads, source)
+        rope, rope_theta, local_theta, scaling = _rope(cfg, source)
         mla = arch.read_mla(cfg, source)
         if mla is not None:  # RoPE acts on the decoupled key: its dims are the rotary dims
             head_dim = mla.qk_rope_head_dim
@@ -334,14 +300,7 @@ class ModelConfig:
         window = cfg.get("sliding_window")
         if arch.sliding_window_flag and not cfg.get(arch.sliding_window_flag, False):
             window = None
-        layer_types = tuple(cfg.get("layer_types") or ())
-        layers = cfg.get("num_hidden_layers")
-        if not layer_types and arch.layer_pattern is not None and isinstance(layers, int):
-            layer_types = arch.layer_pattern.layer_types(cfg, layers, source)  # as transformers
-        if arch.layer_type is not None:  # every layer the same mixer (Mamba2)
-            layer_types = (arch.layer_type,) * cfg.get("num_hidden_layers", 0)
-        if not window and set(layer_types) <= {"full_attention", "sliding_attention"}:
-            layer_types = ()  # windows off (Qwen2's use_sliding_window false): all full
+        layer_types = _layer_types(cfg, arch, window, source)
         return cls(
             architecture=arch.name,
             vocab_size=need("vocab_size"),
@@ -383,3 +342,71 @@ class ModelConfig:
             mtp_layers=int(cfg.get(arch.mtp_layers_key) or 0) if arch.mtp_layers_key else 0,
             source=source,
         )
+
+
+def _head_shapes(cfg: dict[str, Any], hidden: Any, heads: Any, source: str):
+    """(query heads, KV heads, head_dim) of a config.json: head_dim defaults to hidden / heads."""
+    if not (isinstance(heads, int) and heads > 0):  # before dividing by it below
+        raise ConfigError(
+            "num_attention_heads must be a positive integer",
+            where=f"{source}: num_attention_heads",
+            found=heads,
+            expected="an integer > 0",
+        )
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) else None)
+    if cfg.get("head_dim") is None and isinstance(hidden, int) and hidden % heads != 0:
+        raise ConfigError(
+            "hidden_size is not divisible by num_attention_heads and head_dim is not given",
+            where=f"{source}: hidden_size",
+            found=f"{hidden} / {heads}",
+            expected="hidden_size % num_attention_heads == 0, or an explicit head_dim",
+        )
+    return heads, kv_heads, head_dim
+
+
+# RopeScaling fields read from rope_parameters / rope_scaling (config name → ours)
+_ROPE_KEYS = {
+    "factor": "factor",
+    "low_freq_factor": "low_freq_factor",
+    "high_freq_factor": "high_freq_factor",
+    "original_max_position_embeddings": "original_max_position_embeddings",
+    "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow",
+    "mscale": "mscale",
+    "mscale_all_dim": "mscale_all_dim",
+    "attention_factor": "yarn_attention_factor",
+    "truncate": "truncate",
+}
+
+
+def _rope(cfg: dict[str, Any], source: str):
+    """(merged RoPE parameters, base, the local layers' base or None, RopeScaling) of a
+    config.json: `rope_parameters` (per layer type for Gemma-3: the global layers' parameters,
+    the local layers' base) over the legacy `rope_scaling`."""
+    rope = dict(cfg.get("rope_parameters") or {})
+    local_rope = rope.get("sliding_attention")
+    rope = {**(cfg.get("rope_scaling") or {}), **dict(rope.get("full_attention") or rope)}
+    local_theta = local_rope.get("rope_theta") if local_rope else None
+    local_theta = local_theta or cfg.get("rope_local_base_freq")
+    rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    scaling = RopeScaling(
+        rope_type=rope.get("rope_type", rope.get("type", "default")),
+        source=f"{source}: rope_parameters",
+        **{ours: rope[key] for key, ours in _ROPE_KEYS.items() if rope.get(key) is not None},
+    )
+    return rope, rope_theta, local_theta, scaling
+
+
+def _layer_types(cfg: dict[str, Any], arch: ArchSpec, window: Any, source: str) -> tuple:
+    """Every layer's mixer kind: the config's `layer_types`, the architecture's pattern (as
+    transformers derives it) or its one mixer (Mamba2); () when no layer has a window."""
+    layer_types = tuple(cfg.get("layer_types") or ())
+    layers = cfg.get("num_hidden_layers")
+    if not layer_types and arch.layer_pattern is not None and isinstance(layers, int):
+        layer_types = arch.layer_pattern.layer_types(cfg, layers, source)
+    if arch.layer_type is not None:  # every layer the same mixer (Mamba2)
+        layer_types = (arch.layer_type,) * cfg.get("num_hidden_layers", 0)
+    if not window and set(layer_types) <= {"full_attention", "sliding_attention"}:
+        layer_types = ()  # windows off (Qwen2's use_sliding_window false): all full
+    return layer_types
