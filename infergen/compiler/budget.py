@@ -96,20 +96,27 @@ def plan_and_build(
     cached = {record["key"] for record in cache.entries()}
     items: list[Item] = []
     compiles: list[tuple[Item, Graph]] = []
+    keys: list[str] = []
+    gains: dict[str, float] = {}  # kernel key → its gain, measured once (identical groups)
     for name, graph in groups:
         key = cache.key(graph.canonical(), "variant=default")
-        hit = key in cached
-        item = Item(
-            name,
-            "compile",
-            group_gain_ms(graph, traffic, layers),
-            0.0 if hit else COMPILE_SECONDS_PRIOR,
-        )
+        if key not in gains:
+            gains[key] = group_gain_ms(graph, traffic, layers)
+        item = Item(name, "compile", gains[key], 0.0 if key in cached else COMPILE_SECONDS_PRIOR)
         items.append(item)
         compiles.append((item, graph))
+        keys.append(key)
+    # identical groups share one kernel: it gains what all of them gain, and the first of
+    # them in graph order builds it (a fixed order, whatever the timings' noise)
+    shared = {key: keys.count(key) * gain for key, gain in gains.items()}
+    first = {key: keys.index(key) for key in gains}
+    order = sorted(
+        range(len(compiles)),
+        key=lambda i: (-shared[keys[i]] / max(compiles[i][0].cost_s, 1e-3), first[keys[i]], i),
+    )
+    compiles = [compiles[i] for i in order]
     compile_times: list[float] = []
     built_now: dict[str, str] = {}  # kernel key → the group that built it in this plan
-    compiles.sort(key=lambda ig: -(ig[0].gain_ms or 0) / max(ig[0].cost_s, 1e-3))
     for item, graph in compiles:
         estimate = (sum(compile_times) / len(compile_times)) if compile_times else item.cost_s
         if item.cost_s and time.perf_counter() - started + estimate > budget_s:
