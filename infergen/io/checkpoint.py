@@ -54,7 +54,7 @@ def load_checkpoint(
 ) -> Checkpoint:
     """Read config, tensors (fp32, Hugging Face names, validated) and tokenizer. With
     `keep_blocks`, a GGUF file's Q4_0 / Q4_1 / Q8_0 matrices stay in their blocks
-    (io.block_weight.BlockWeight) for the backends that compute on them."""
+    (formats.block_weight.BlockWeight) for the backends that compute on them."""
     resolved = resolve_path(path)
     if resolved.is_dir() and not (resolved / "config.json").is_file():
         gguf_file = gguf_in_directory(resolved)
