@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import shlex
 import subprocess
@@ -59,8 +60,6 @@ def run_bench(tree: pathlib.Path, command: str, out: pathlib.Path) -> list[dict]
 
 
 def _env(tree: pathlib.Path) -> dict:
-    import os
-
     return {**os.environ, "PYTHONPATH": str(tree)}
 
 

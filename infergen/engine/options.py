@@ -19,7 +19,6 @@ Validation lives with the values: range checks in the sections' `__post_init__`
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import textwrap
 from collections.abc import Callable
@@ -71,7 +70,6 @@ class Option:
     metavar: str | None = None
     repeat: bool = False
     choices: tuple[str, ...] | None = None
-    hidden: bool = False
 
     @property
     def flag(self) -> str:
@@ -229,7 +227,7 @@ def add_engine_args(parser: argparse.ArgumentParser, command: str) -> None:
         kwargs: dict[str, Any] = {
             "dest": option.name,
             "default": [] if option.repeat else option.default,
-            "help": argparse.SUPPRESS if option.hidden else _help(option),
+            "help": _help(option),
         }
         if option.repeat:
             kwargs["action"] = "append"
@@ -269,17 +267,3 @@ def describe_options(indent: int = 8, width: int = 96) -> str:
             )
         )
     return "\n".join(lines)
-
-
-def replace(config: EngineConfig, **options: Any) -> EngineConfig:
-    """`config` with some options changed (flat names, as engine_config takes them)."""
-    check_names(options, where="replace()")
-    for name, given in options.items():
-        section, _, field = BY_NAME[name].path.rpartition(".")
-        value = BY_NAME[name].value(given)
-        if section:
-            part = dataclasses.replace(getattr(config, section), **{field: value})
-            config = dataclasses.replace(config, **{section: part})
-        else:
-            config = dataclasses.replace(config, **{field: value})
-    return config

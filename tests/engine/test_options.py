@@ -3,14 +3,12 @@ builds EngineConfig, LLM's keywords and each command's flags."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from infergen import LLM
 from infergen.cli import build_parser
 from infergen.engine.config import EngineConfig
-from infergen.engine.options import OPTIONS, engine_config, options_from_args, replace
+from infergen.engine.options import OPTIONS, engine_config, options_from_args
 from infergen.errors import ConfigError
 
 COMMANDS = ("generate", "chat", "serve", "compile", "quantize", "eval")
@@ -62,13 +60,6 @@ def test_each_option_lands_in_its_section(name, given, expected):
         assert _field(config, other) == _field(EngineConfig(), other), other
 
 
-def test_replace_changes_one_option():
-    config = engine_config(weights="int8")
-    changed = replace(config, kv_format="fp8_e4m3")
-    assert changed.cache.kv_format == "fp8_e4m3" and changed.quant.weights == "int8"
-    assert dataclasses.replace(changed, cache=config.cache) == config
-
-
 def test_unknown_keyword_names_the_closest_option():
     with pytest.raises(ConfigError) as err:
         engine_config(kv_cache_memroy="1GiB")
@@ -114,9 +105,3 @@ def test_each_command_takes_exactly_its_options(command):
         else:  # a flag the command does not use is refused, not ignored
             with pytest.raises(SystemExit):
                 parser.parse_args([*base, *_argv(option)])
-
-
-def test_llm_docstring_lists_every_option():
-    for option in OPTIONS:
-        if option.name != "model":
-            assert f"{option.name}:" in LLM.__doc__
