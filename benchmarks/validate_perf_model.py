@@ -280,8 +280,9 @@ def published_part() -> list[tuple]:
             h200,
             FP8,
             "fp8",
-            scheduler=SchedulerConfig(max_num_seqs=2048, max_num_batched_tokens=8192),
-            reserve_kv=True,
+            scheduler=SchedulerConfig(
+                max_num_seqs=2048, max_num_batched_tokens=8192, admission="reserve"
+            ),
         )
         r = predict(dep, fixed_shapes(isl, osl, requests), concurrency=requests)
         rows.append((f"trtllm_h200_{name}_{isl}_{osl}_output_tok_s", r["output_tok_s"], value, 0.2))
@@ -292,8 +293,9 @@ def published_part() -> list[tuple]:
         FP8,
         "fp8",
         par=Parallel(tp=2),
-        scheduler=SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192),
-        reserve_kv=True,
+        scheduler=SchedulerConfig(
+            max_num_seqs=256, max_num_batched_tokens=8192, admission="reserve"
+        ),
     )
     for c, published in NIM:
         # 8 waves of the closed loop; the first (all arriving at once) is the warm-up

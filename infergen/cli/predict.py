@@ -14,6 +14,7 @@ import sys
 
 from infergen.bench.workloads import add_workload_args
 from infergen.config import parse_bytes
+from infergen.engine.admission import ADMISSION
 from infergen.errors import ConfigError
 
 # flags a sweep may vary: name -> the type of its values
@@ -113,10 +114,11 @@ def add_parser(sub) -> None:
     p.add_argument("--no-prefix-caching", action="store_true", help="no KV reuse across turns")
     p.add_argument(
         "--admission",
-        choices=("optimistic", "reserve"),
+        choices=tuple(ADMISSION),
         default="optimistic",
-        help="optimistic: KV as computed, preempt when full (infergen, vLLM); reserve: KV for "
-        "prompt + max_tokens at admission (TensorRT-LLM)",
+        help="the engine's admission policy, simulated: optimistic: KV as computed, preempt "
+        "when full (infergen, vLLM); reserve: KV for prompt + max_tokens at admission "
+        "(TensorRT-LLM)",
     )
     p.add_argument("--memory-util", type=float, default=0.9, help="fraction of device memory")
     p.add_argument("--kv-memory", default=None, help="KV cache size per device (e.g. 40GiB)")
@@ -167,10 +169,10 @@ def deployment(args: argparse.Namespace):
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            admission=args.admission,
         ),
         block_size=args.block_size,
         prefix_caching=not args.no_prefix_caching,
-        reserve_kv=args.admission == "reserve",
         memory_utilization=args.memory_util,
         kv_capacity=parse_bytes(args.kv_memory, where="--kv-memory") if args.kv_memory else None,
         spec_tokens=args.spec_tokens,

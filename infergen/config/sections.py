@@ -87,6 +87,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     enable_chunked_prefill: bool = True
+    admission: str = "optimistic"  # an engine/admission.py ADMISSION row
 
     def __post_init__(self) -> None:
         require(

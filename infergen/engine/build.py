@@ -29,7 +29,7 @@ from infergen.kvcache.calibrate import calibrate_kv_scales
 from infergen.kvcache.kv_format import kv_format_of
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.sizing import blocks_for
-from infergen.kvcache.state_cache import StateCache
+from infergen.kvcache.state_cache import StateCache, slots_for
 from infergen.layers.probe import check_kv_scales
 from infergen.models.fast_paths import FAST_PATHS
 from infergen.models.transformer import Transformer
@@ -223,7 +223,7 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
     config, model = built.config, built.model
     cache, sched = config.cache, config.scheduler
     tails = sched.max_num_seqs + sched.max_num_batched_tokens // cache.block_size + 2
-    slots = sched.max_num_seqs + 1 if model.state_layers else 0
+    slots = slots_for(sched.max_num_seqs) if model.state_layers else 0
     state_bytes = slots * StateCache.bytes_per_slot(model.state_layers)
     num_blocks = blocks_for(
         cache, built.model_config, torch.finfo(dtype).bits // 8, tails, reserved_bytes=state_bytes

@@ -18,6 +18,7 @@ from infergen.config.sections import (
     SchedulerConfig,
 )
 from infergen.config.specs import require
+from infergen.engine.admission import ADMISSION
 from infergen.kvcache.kv_format import KV_FORMATS
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.quant.activations import ACTIVATION_SCHEMES
@@ -68,6 +69,7 @@ class EngineConfig:
             expected="an integer >= 2 (or None for the model's own context length)",
         )
         self._check_cache()
+        ADMISSION.get(self.scheduler.admission, where="admission")  # unknown → error now
         self._check_weights()
         self._check_calibration()
         self._check_attention()

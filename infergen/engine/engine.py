@@ -54,6 +54,7 @@ class Engine:
             built.kv_cache,
             self.config.scheduler,
             self.config.cache.enable_prefix_caching,
+            self.max_model_len,
         )
         self.sampler = Sampler()
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
@@ -138,8 +139,7 @@ class Engine:
             raise RequestError("stop strings need a tokenizer", where="stop", found=params.stop)
         longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
         block_size = self.kv_cache.block_size
-        chunk = self.config.scheduler.max_num_batched_tokens
-        needed = sum(g.blocks_held(longest, chunk, block_size) for g in self.kv_cache.groups)
+        needed = self.scheduler.blocks_for_tokens(longest)
         if needed > self.pool.num_blocks:
             raise RequestError(
                 "request can never fit in the KV cache",
@@ -168,8 +168,7 @@ class Engine:
         logits, sampling = self.runner.run(batch)
         forward_end = time.perf_counter()
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            seq.num_computed_tokens += n
-            self.scheduler.register_full_blocks(seq)
+            self.scheduler.commit(seq, n)
         sampled = [batch.seqs[i] for i in sampling]
         result = self.sampler(logits, [seq.sampling for seq in sampled])
         for k, seq in enumerate(sampled):

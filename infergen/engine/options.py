@@ -34,6 +34,7 @@ from infergen.config.sections import (
     SchedulerConfig,
     parse_bytes,
 )
+from infergen.engine.admission import ADMISSION
 from infergen.engine.config import EngineConfig
 from infergen.errors import ConfigError
 
@@ -138,6 +139,12 @@ OPTIONS: tuple[Option, ...] = (
            commands=(), help="token budget of one step (prefill chunks + decodes)"),
     Option("enable_chunked_prefill", "scheduler.enable_chunked_prefill", True,
            parse=_switch, commands=(), help="split long prompts over several steps"),
+    Option("admission", "scheduler.admission", "optimistic", commands=RUN,
+           choices=tuple(ADMISSION),
+           help="'optimistic': KV blocks taken as tokens are computed, the newest sequence "
+           "preempted (and recomputed later) when the cache is full (vLLM's rule); 'reserve': "
+           "a request's prompt + max_tokens reserved when it is admitted, never preempted, "
+           "fewer at once (TensorRT-LLM's GUARANTEED_NO_EVICT)"),
     # ---- quantization --------------------------------------------------------------------
     Option("weights", "quant.weights", None,
            help="weight-only quantization as the weights load: 'int8' (a scale per output "

@@ -40,6 +40,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     num_registered_blocks: int = 0
     num_cached_prompt_tokens: int | None = None  # set at first admission
+    reserved_blocks: int = 0  # blocks the admission policy reserved for it while running
     num_preemptions: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None

@@ -7,7 +7,15 @@ Every step (under `max_num_batched_tokens` and `max_num_seqs`):
    the head of the queue) — possibly the sequence itself. Never a crash, never a drop.
 2. Waiting sequences in arrival order, if nothing was preempted this step: the longest cached
    prefix of full blocks is reused (refcounted), then the rest of the prompt is scheduled,
-   chunked to the remaining budget.
+   chunked to the remaining budget. The admission policy (engine/admission.py) may reserve
+   blocks for the sequence's whole life first: admitted only while the reservations fit.
+
+With `lookahead` k (speculative decoding), a decoding sequence is scheduled 1 + k tokens: its
+last token and k drafts to verify (fewer near max_tokens); the caller commits the tokens that
+were accepted (`commit`).
+
+The performance model's simulator (perf/simulate.py) runs this class on predicted step times:
+one set of scheduling rules for the engine and its prediction.
 
 Blocks are kept per KV cache group (kvcache/groups.py). A sliding-window group returns a
 block to the pool as soon as no later query can read it, so its share of a sequence stays
@@ -24,11 +32,12 @@ from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
 
 from infergen.config import SchedulerConfig
+from infergen.engine.admission import ADMISSION
 from infergen.engine.request import Sequence, Status
 from infergen.kvcache.block_pool import BlockPool
-from infergen.kvcache.groups import NO_BLOCK, CacheGroup
+from infergen.kvcache.groups import NO_BLOCK, CacheGroup, sequence_blocks
 from infergen.kvcache.prefix import extend_hashes
-from infergen.kvcache.state_cache import StateCache
+from infergen.kvcache.state_cache import SlotPool
 
 
 @dataclass
@@ -47,13 +56,20 @@ class Scheduler:
         pool: BlockPool,
         block_size: int,
         groups: Sequence_[CacheGroup] = (CacheGroup(()),),
-        states: StateCache | None = None,
+        states: SlotPool | None = None,
+        max_model_len: int | None = None,
+        lookahead: int = 0,
     ):
         self.config = config
         self.pool = pool
         self.block_size = block_size
         self.groups = tuple(groups)
+        self._windowed = any(group.window is not None for group in self.groups)
         self.states = states  # recurrent layers' state slots (one per running sequence)
+        self.max_model_len = max_model_len
+        self.lookahead = lookahead  # drafted tokens a decode step verifies
+        self.admission = ADMISSION.get(config.admission, where="scheduler.admission")
+        self.reserved_blocks = 0  # the running sequences' reservations (admission policy)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
@@ -64,41 +80,72 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def longest(self, seq: Sequence) -> int:
+        """The most tokens `seq` can reach: prompt + max_tokens, capped by the context."""
+        tokens = len(seq.prompt_token_ids) + seq.params.max_tokens
+        return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
+
+    def blocks_for_tokens(self, tokens: int) -> int:
+        """The most blocks one sequence of `tokens` tokens holds over all groups (a windowed
+        group only its window and the chunk being computed)."""
+        chunk = self.config.max_num_batched_tokens
+        return sequence_blocks(self.groups, tokens, chunk, self.block_size)
+
+    def commit(self, seq: Sequence, num_computed: int) -> None:
+        """After a step: `num_computed` more tokens of `seq` have their KV in the cache (all
+        that were scheduled, or a verify step's accepted ones); publish the full blocks."""
+        seq.num_computed_tokens += num_computed
+        self.register_full_blocks(seq)
+
     # ---- block accounting -------------------------------------------------------------------
     def grow(self, seq: Sequence, num_new: int) -> bool:
         """Give `seq` the blocks for its next `num_new` tokens in every group (after letting
         go of those that left a window). False when the pool cannot supply them."""
         if not seq.blocks:
             seq.blocks = [[] for _ in self.groups]
-        self._drop_out_of_window(seq)
+        if self._windowed:
+            self._drop_out_of_window(seq)
         total = -(-(seq.num_computed_tokens + num_new) // self.block_size)
-        needed = sum(max(0, total - len(blocks)) for blocks in seq.blocks)
+        needed = 0
+        for blocks in seq.blocks:
+            if total > len(blocks):
+                needed += total - len(blocks)
         if needed > self.pool.num_free:
             return False
         if self.states is not None and seq.state_slot is None:
             seq.state_slot = self.states.allocate()
             if seq.state_slot is None:
                 return False
-        for blocks in seq.blocks:
-            blocks.extend(self.pool.allocate() for _ in range(total - len(blocks)))
+        if needed:
+            for blocks in seq.blocks:
+                blocks.extend(self.pool.allocate() for _ in range(total - len(blocks)))
         return True
 
     def _drop_out_of_window(self, seq: Sequence) -> None:
-        """Release the blocks of windowed groups that no query from here on reads."""
+        """Release the blocks of windowed groups that no query from here on reads. Those let
+        go earlier form one run after the sink blocks, so the scan walks back from the first
+        block still read until it meets one."""
+        size = self.block_size
         for group, blocks in zip(self.groups, seq.blocks, strict=True):
-            first = group.first_needed_block(seq.num_computed_tokens, self.block_size)
-            keep = group.sink_blocks(self.block_size)  # (0 without sink tokens)
-            gone = [j for j in range(keep, min(first, len(blocks))) if blocks[j] != NO_BLOCK]
+            if group.window is None:
+                continue
+            keep = group.sink_blocks(size)  # (0 without sink tokens)
+            j = min(group.first_needed_block(seq.num_computed_tokens, size), len(blocks)) - 1
+            gone = []
+            while j >= keep and blocks[j] != NO_BLOCK:
+                gone.append(blocks[j])
+                blocks[j] = NO_BLOCK
+                j -= 1
             if gone:
-                self.pool.release([blocks[j] for j in gone])
-                for j in gone:
-                    blocks[j] = NO_BLOCK
+                self.pool.release(gone[::-1])
 
     def release_blocks(self, seq: Sequence) -> None:
         """Drop the sequence's references to all its blocks (and its state slot)."""
         for blocks in seq.blocks:
             self.pool.release([b for b in blocks if b != NO_BLOCK])
         seq.blocks = []
+        self.reserved_blocks -= seq.reserved_blocks
+        seq.reserved_blocks = 0
         if seq.state_slot is not None:
             self.states.release(seq.state_slot)
             seq.state_slot = None
@@ -172,6 +219,19 @@ class Scheduler:
         seq.num_registered_blocks = full
 
     # ---- the step ---------------------------------------------------------------------------
+    def _wanted(self, seq: Sequence) -> int:
+        """Tokens a running sequence computes next: what is uncomputed, or when it decodes
+        with a lookahead, its last token + the drafts it may still use."""
+        if not self.lookahead:
+            return seq.num_uncomputed
+        generated = seq.num_tokens - len(seq.prompt_token_ids)
+        if seq.num_uncomputed != 1 or not generated:
+            return seq.num_uncomputed
+        left = seq.params.max_tokens - generated
+        if self.max_model_len is not None:
+            left = min(left, self.max_model_len - seq.num_tokens)
+        return 1 + max(0, min(self.lookahead, left - 1))
+
     def schedule(self) -> ScheduledBatch:
         budget = self.config.max_num_batched_tokens
         batch = ScheduledBatch([], [])
@@ -181,7 +241,7 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(seq.num_uncomputed, budget)
+            num_new = min(self._wanted(seq), budget)
             while not self.grow(seq, num_new):
                 victim = self.running[-1]
                 self.preempt(victim)
@@ -205,10 +265,13 @@ class Scheduler:
                     self.release_blocks(seq)
                     break
                 num_new = budget if self.config.enable_chunked_prefill else num_new
-            if not self.grow(seq, num_new):
+            reserve = self.admission(self, seq)
+            fits = self.reserved_blocks + reserve <= self.pool.num_blocks
+            if not fits or not self.grow(seq, num_new):
                 self.release_blocks(seq)
                 seq.num_computed_tokens = 0
                 break
+            seq.reserved_blocks, self.reserved_blocks = reserve, self.reserved_blocks + reserve
             if first_admission:
                 seq.num_cached_prompt_tokens = seq.num_computed_tokens
             self.waiting.popleft()

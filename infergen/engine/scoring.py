@@ -48,14 +48,20 @@ def teacher_forced_logits(
 
 
 def serving_parts(
-    model: Transformer, kv_cache: PagedKVCache, scheduler: SchedulerConfig, prefix_caching: bool
+    model: Transformer,
+    kv_cache: PagedKVCache,
+    scheduler: SchedulerConfig,
+    prefix_caching: bool,
+    max_model_len: int | None = None,
 ) -> tuple[BlockPool, Scheduler, ModelRunner]:
     """A block pool over `kv_cache`, a scheduler over the pool, a runner writing to it."""
     pool = BlockPool(kv_cache.num_blocks, prefix_caching)
     pool.on_free = kv_cache.block_freed
     if kv_cache.summaries:
         pool.on_allocate = kv_cache.block_allocated
-    sched = Scheduler(scheduler, pool, kv_cache.block_size, kv_cache.groups, kv_cache.states)
+    sched = Scheduler(
+        scheduler, pool, kv_cache.block_size, kv_cache.groups, kv_cache.states, max_model_len
+    )
     return pool, sched, ModelRunner(model, kv_cache)
 
 

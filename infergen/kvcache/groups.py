@@ -50,15 +50,40 @@ class CacheGroup:
 def cache_groups(config) -> tuple[CacheGroup, ...]:
     """The model's cache groups (equal sizes; one group when every layer attends alike; none
     for a model without attention layers)."""
+    windows = {
+        layer: config.window(layer)
+        for layer in range(config.num_hidden_layers)
+        if config.has_kv(layer)  # recurrent layers keep a state slot instead
+    }
+    return group_layers(windows, config.sink_tokens)
+
+
+def group_layers(windows: dict[int, int | None], sinks: int = 0) -> tuple[CacheGroup, ...]:
+    """Cache groups of the layers with a KV cache ({layer: its window, None for full
+    attention}): the layers of each window in groups of the gcd of the per-window counts."""
     by_window: dict[int | None, list[int]] = {}
-    for layer in range(config.num_hidden_layers):
-        if config.has_kv(layer):  # recurrent layers keep a state slot instead
-            by_window.setdefault(config.window(layer), []).append(layer)
+    for layer, window in sorted(windows.items()):
+        by_window.setdefault(window, []).append(layer)
     if not by_window:
         return ()
     size = math.gcd(*(len(layers) for layers in by_window.values()))
     return tuple(
-        CacheGroup(tuple(layers[i : i + size]), window, config.sink_tokens if window else 0)
+        CacheGroup(tuple(layers[i : i + size]), window, sinks if window else 0)
         for window, layers in by_window.items()
         for i in range(0, len(layers), size)
     )
+
+
+def sequence_blocks(
+    groups: tuple[CacheGroup, ...], tokens: int, chunk: int, block_size: int
+) -> int:
+    """The most blocks one sequence of `tokens` tokens computed in steps of at most `chunk`
+    tokens holds over all groups."""
+    return sum(group.blocks_held(tokens, chunk, block_size) for group in groups)
+
+
+def page_bytes(groups: tuple[CacheGroup, ...], bytes_per_token: float, block_size: int) -> float:
+    """Bytes of one pool page: one block of one group's layers (all groups are the same size),
+    given the KV bytes of one token over all layers."""
+    share = len(groups[0].layers) / sum(len(g.layers) for g in groups)
+    return bytes_per_token * block_size * share

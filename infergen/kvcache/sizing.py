@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from infergen.config import CacheConfig, ModelConfig
 from infergen.errors import ConfigError
-from infergen.kvcache.groups import cache_groups
+from infergen.kvcache.groups import cache_groups, page_bytes
 from infergen.kvcache.kv_format import kv_format_of
 
 
@@ -34,9 +34,7 @@ def blocks_for(
         return 1
     tails = kv_format_of(cache.kv_format).tail_bytes(model, cache.block_size, tail_blocks)
     budget = cache.memory_bytes - reserved_bytes - tails
-    # a block is a page of one cache group's layers (kvcache/groups.py)
-    group_share = len(groups[0].layers) / sum(len(g.layers) for g in groups)
-    per_block = bytes_per_token(cache, model, dtype_bytes) * cache.block_size * group_share
+    per_block = page_bytes(groups, bytes_per_token(cache, model, dtype_bytes), cache.block_size)
     if cache.sparse_decode_blocks is not None:  # + each block's key min / max per layer
         kv_layers = len(groups[0].layers)
         per_block += kv_layers * model.num_key_value_heads * 2 * model.head_dim * 4

@@ -16,31 +16,19 @@ from collections import deque
 import torch
 
 
-class StateCache:
-    def __init__(
-        self,
-        layer_states: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]],
-        num_slots: int,
-    ):
-        """layer_states: model layer → {state name: (shape, dtype)}."""
-        self.num_slots = num_slots
-        self.states = {
-            layer: {
-                name: torch.zeros(num_slots, *shape, dtype=dtype)
-                for name, (shape, dtype) in shapes.items()
-            }
-            for layer, shapes in layer_states.items()
-        }
-        self._free: deque[int] = deque(range(num_slots))
+def slots_for(max_num_seqs: int) -> int:
+    """State slots a cache sets aside: one per sequence the batch may hold, + one for a
+    teacher-forced scoring pass (engine/scoring.py)."""
+    return max_num_seqs + 1
 
-    @staticmethod
-    def bytes_per_slot(layer_states: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]):
-        """Bytes one sequence's state takes over all layers."""
-        return sum(
-            math.prod(shape) * torch.finfo(dtype).bits // 8
-            for shapes in layer_states.values()
-            for shape, dtype in shapes.values()
-        )
+
+class SlotPool:
+    """Slot indices, one per running sequence: what the scheduler allocates and releases (the
+    state tensors aside, so that the performance model's simulator can run the same rules)."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self._free: deque[int] = deque(range(num_slots))
 
     @property
     def num_free(self) -> int:
@@ -53,6 +41,32 @@ class StateCache:
     def release(self, slot: int) -> None:
         assert slot not in self._free, f"state slot {slot} released twice"
         self._free.append(slot)
+
+
+class StateCache(SlotPool):
+    def __init__(
+        self,
+        layer_states: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]],
+        num_slots: int,
+    ):
+        """layer_states: model layer → {state name: (shape, dtype)}."""
+        super().__init__(num_slots)
+        self.states = {
+            layer: {
+                name: torch.zeros(num_slots, *shape, dtype=dtype)
+                for name, (shape, dtype) in shapes.items()
+            }
+            for layer, shapes in layer_states.items()
+        }
+
+    @staticmethod
+    def bytes_per_slot(layer_states: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]):
+        """Bytes one sequence's state takes over all layers."""
+        return sum(
+            math.prod(shape) * torch.finfo(dtype).bits // 8
+            for shapes in layer_states.values()
+            for shape, dtype in shapes.values()
+        )
 
     def layer(self, index: int) -> dict[str, torch.Tensor]:
         return self.states[index]

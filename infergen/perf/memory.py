@@ -6,7 +6,8 @@ experts ep ways (tp ways without expert parallelism); KV heads split tp ways (fe
 than devices are replicated; MLA's latent is replicated on every device). The activation
 workspace is an estimate: the widest intermediate of a full token budget (two live buffers)
 plus fp32 logits for every sequence of a step. The KV cache gets what remains of
-`utilization` x memory, as vLLM's gpu_memory_utilization.
+`utilization` x memory, as vLLM's gpu_memory_utilization, and is cut into the engine's pool
+of blocks (`kv_pool`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 
 from infergen.config.description import MLA, Attention, Dense, ModelDesc, MoE, mixer_parts
 from infergen.errors import ConfigError
+from infergen.kvcache.groups import CacheGroup, group_layers, page_bytes
+from infergen.kvcache.state_cache import slots_for
 from infergen.perf.hardware import Hardware
 from infergen.perf.step_cost import Formats, Parallel
 
@@ -74,18 +77,61 @@ def kv_share(desc: ModelDesc, par: Parallel) -> float:
     return per_device / total if total else 1.0
 
 
-def sequence_bytes(desc: ModelDesc, fmt: Formats, par: Parallel):
-    """tokens -> KV (+ recurrent state) bytes one sequence holds on one device."""
-    share = kv_share(desc, par)
+@dataclass(frozen=True)
+class PoolShape:
+    """The engine's KV pool on one device (engine/build.py's rule): a recurrent-state slot
+    per sequence the batch can hold is set aside first, the rest is pages of `block_size`
+    tokens of one cache group's layers (kvcache/groups.py)."""
+
+    num_blocks: int
+    groups: tuple[CacheGroup, ...]
+    block_size: int = 16
+    state_slots: int | None = None  # None: no recurrent layers
+
+
+def kv_pool(
+    desc: ModelDesc,
+    fmt: Formats,
+    par: Parallel,
+    capacity: float,
+    block_size: int,
+    max_num_seqs: int,
+) -> PoolShape:
+    """The pool `capacity` KV bytes per device buy."""
+    windows = {
+        i: layer.mixer.window
+        for i, layer in enumerate(desc.layers)
+        if layer.mixer.kv_elements_per_token()
+    }
+    groups = group_layers(windows)
     state = desc.state_bytes_per_sequence(4.0) / par.tp
-    kv_bytes = fmt.kv_bits / 8
+    slots = slots_for(max_num_seqs) if state else None
+    budget = capacity - (slots or 0) * state
+    per_token = desc.kv_bytes_per_token(fmt.kv_bits / 8) * kv_share(desc, par)
+    per_page = page_bytes(groups, per_token, block_size) if groups else 0.0
+    num_blocks = int(budget // per_page) if per_page else 1  # no attention: one unused block
+    if budget <= 0 or num_blocks < 1:
+        raise _no_block(capacity, per_page, state, slots)
+    return PoolShape(num_blocks, groups, block_size, slots)
 
-    def of(tokens: int) -> float:
-        if tokens <= 0:
-            return 0.0
-        return desc.kv_bytes_for_context(tokens, kv_bytes) * share + state
 
-    return of
+def _no_block(capacity: float, per_page: float, state: float, slots: int | None) -> ConfigError:
+    """A KV budget without room for one block after the recurrent-state slots."""
+    if not slots:
+        return ConfigError(
+            "the KV cache cannot hold one block",
+            where="--kv-memory / --memory-util",
+            found=f"{capacity / 2**20:.1f} MiB",
+            expected=f">= {per_page / 2**20:.2f} MiB",
+        )
+    most = int((capacity - per_page) // state) - slots_for(0)  # slots_for(n) = n + slots_for(0)
+    return ConfigError(
+        "the KV cache cannot hold one block after the recurrent-state slots (one per sequence "
+        "the batch may hold, set aside first as the engine does)",
+        where="--max-num-seqs / --kv-memory",
+        found=f"{capacity / 2**20:.1f} MiB of KV cache, {slots} slots of {state / 2**20:.1f} MiB",
+        expected=f"--max-num-seqs <= {max(0, most)} or a larger KV cache",
+    )
 
 
 def plan(

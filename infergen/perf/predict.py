@@ -17,6 +17,7 @@ from infergen.bench.report import summarize
 from infergen.bench.workloads import Shape
 from infergen.config import SchedulerConfig
 from infergen.config.description import ModelDesc
+from infergen.kvcache.groups import sequence_blocks
 from infergen.perf import memory, roofline
 from infergen.perf.hardware import Hardware
 from infergen.perf.simulate import Simulator, SpecDecode
@@ -32,8 +33,7 @@ class Deployment:
     par: Parallel = Parallel()
     scheduler: SchedulerConfig = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192)
     block_size: int = 16
-    prefix_caching: bool = True
-    reserve_kv: bool = False  # admission reserves prompt + max_tokens (TensorRT-LLM's default)
+    prefix_caching: bool = True  # admission: scheduler.admission (engine/admission.py)
     memory_utilization: float = 0.9
     kv_capacity: float | None = None  # bytes per device; None: what the memory plan leaves
     spec_tokens: int = 0
@@ -57,6 +57,17 @@ class Deployment:
             self.kv_capacity,
         )
 
+    @cached_property
+    def kv_pool(self) -> memory.PoolShape:
+        return memory.kv_pool(
+            self.desc,
+            self.fmt,
+            self.par,
+            self.memory.kv_capacity_bytes,
+            self.block_size,
+            self.scheduler.max_num_seqs,
+        )
+
     def step_times(self, chunks: list[Chunk]) -> list[roofline.OpTime]:
         return roofline.predict_step(
             self.desc, self.hw, chunks, self.fmt, self.compute_format, self.par
@@ -74,23 +85,18 @@ class Deployment:
                 draft_time = draft.step_seconds
             spec = SpecDecode(self.spec_tokens, self.spec_acceptance, draft_time)
         return Simulator(
-            self.step_seconds,
-            self.memory.kv_capacity_bytes,
-            memory.sequence_bytes(self.desc, self.fmt, self.par),
-            self.scheduler,
-            self.block_size,
-            self.prefix_caching,
-            spec,
-            seed,
-            self.reserve_kv,
+            self.step_seconds, self.kv_pool, self.scheduler, self.prefix_caching, spec, seed
         )
 
     def max_concurrency(self, tokens: int) -> int:
-        """Sequences of `tokens` tokens whose KV fits at once (the batch limit aside)."""
-        per_seq = memory.sequence_bytes(self.desc, self.fmt, self.par)(
-            -(-tokens // self.block_size) * self.block_size
-        )
-        return int(self.memory.kv_capacity_bytes // per_seq) if per_seq else 10**9
+        """Sequences of `tokens` tokens whose KV fits at once (the batch limit aside; a model
+        without attention layers: its state slots)."""
+        pool = self.kv_pool
+        chunk = self.scheduler.max_num_batched_tokens
+        per_seq = sequence_blocks(pool.groups, tokens, chunk, pool.block_size)
+        if not per_seq:
+            return pool.state_slots or 10**9
+        return pool.num_blocks // per_seq
 
 
 def _ms(stats: dict) -> dict:

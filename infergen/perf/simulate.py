@@ -1,18 +1,20 @@
-"""Discrete-event simulation of serving: the engine's continuous-batching scheduler replayed
-on predicted step times, over a workload's request shapes.
-
-It follows the engine's rules (engine/scheduler.py) step by step:
+"""Discrete-event simulation of serving: the engine's own continuous-batching scheduler
+(engine/scheduler.py `Scheduler` over a kvcache `BlockPool`) run on predicted step times, over
+a workload's request shapes. One set of scheduling rules serves the engine and its
+prediction:
 - running sequences first, oldest admission first: a decode needs one token (1 + k with
-  speculative decoding), an unfinished prefill takes what is left of the token budget;
-  when the KV cache cannot grow, the most recently admitted sequence is preempted (its KV
-  freed, recomputed later, back at the head of the queue);
+  speculative decoding: the scheduler's lookahead), an unfinished prefill takes what is left
+  of the token budget; when the pool cannot grow, the most recently admitted sequence is
+  preempted (its KV freed, recomputed later, back at the head of the queue);
 - then, if nothing was preempted, waiting sequences in arrival order while the batch has
-  room (`max_num_seqs`), budget (`max_num_batched_tokens`) and KV capacity; a prompt longer
-  than the remaining budget is chunked (chunked prefill); optionally (`reserve`) admission
-  reserves the KV of the whole answer up front, as TensorRT-LLM's default scheduler does;
-- prefix cache: when a turn of a multi-turn session finishes, its full KV blocks stay cached
-  (evictable, least recently used first); the session's next turn reuses them if they are
-  still there;
+  room (`max_num_seqs`), budget (`max_num_batched_tokens`) and KV blocks; a prompt longer
+  than the remaining budget is chunked; the admission policy (engine/admission.py) may
+  reserve the whole answer's KV up front ("reserve", TensorRT-LLM's default scheduler);
+- the pool has the deployment's shape (perf/memory.py `kv_pool`): cache groups for sliding
+  windows, a state slot per running sequence for recurrent layers;
+- prefix cache: finished sequences' full blocks stay cached (evictable, least recently used
+  first) under the chained hashes of their (synthetic) tokens; a session's next turn reuses
+  what is still there;
 - speculative decoding: each decode verifies k drafted tokens in one step of k + 1 tokens
   and emits 1 + (accepted) tokens, acceptance drawn per token with the given probability;
   the draft model (if any) adds k decode steps of its own per step.
@@ -28,13 +30,18 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infergen.bench.client import RequestResult
 from infergen.bench.workloads import Shape
 from infergen.config import SchedulerConfig
+from infergen.engine.request import Sequence
+from infergen.engine.sampling_params import SamplingParams
+from infergen.engine.scheduler import ScheduledBatch, Scheduler
+from infergen.kvcache.block_pool import BlockPool
+from infergen.kvcache.state_cache import SlotPool
+from infergen.perf.memory import PoolShape
 from infergen.perf.step_cost import Chunk
 
 
@@ -60,26 +67,17 @@ class SpecDecode:
         return sum(self.acceptance**i for i in range(self.tokens + 1))
 
 
-@dataclass(eq=False)  # identity: two requests of equal shape are different requests
-class _Seq:
+@dataclass
+class _Request:
+    """What the simulator knows of one request beside the engine's Sequence."""
+
     job: int
     turn: int
     arrival: float
-    prompt: int
     output: int
-    computed: int = 0  # tokens whose KV is cached
     generated: int = 0
-    reserved: int = 0  # tokens of KV reserved (whole blocks)
-    reserved_bytes: float = 0.0
-    running: bool = False
     last: float | None = None
     result: RequestResult = field(default_factory=lambda: RequestResult(ok=True))
-
-    @property
-    def uncomputed(self) -> int:
-        """Tokens still to run before the next token can be sampled (the last sampled token
-        is not yet in the cache)."""
-        return self.prompt + self.generated - self.computed
 
 
 @dataclass
@@ -87,7 +85,7 @@ class SimStats:
     steps: int = 0
     sequences: int = 0  # summed over steps: the mean batch is sequences / steps
     preemptions: int = 0
-    prefix_hit_tokens: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens cached at first admission (as the engine counts)
     prompt_tokens: int = 0
     peak_running: int = 0
     busy_s: float = 0.0
@@ -108,30 +106,26 @@ class SimStats:
 
 
 class Simulator:
-    """Replays the scheduler on `step_time(chunks)` (seconds of one engine step) with a KV
-    capacity in bytes; `kv_bytes(tokens)` is what one sequence holding `tokens` tokens uses.
-
-    Admission is optimistic by default (infergen's and vLLM's rule: KV for what is computed,
-    preemption when it runs out); `reserve=True` reserves a request's prompt + max_tokens when
-    it is admitted (TensorRT-LLM's GUARANTEED_NO_EVICT), so nothing is ever preempted."""
+    """Runs the engine's `Scheduler` over a `BlockPool` of the deployment's shape (and a slot
+    per running sequence for recurrent layers) on `step_time(chunks)`, the seconds of one
+    engine step. The scheduler's config carries the admission policy (engine/admission.py):
+    optimistic by default, "reserve" as TensorRT-LLM. Requests carry synthetic token ids, the
+    same stream for every turn of a session, so the prefix cache finds a session's earlier
+    turns exactly as the engine does."""
 
     def __init__(
         self,
         step_time: Callable[[list[Chunk]], float],
-        kv_capacity: float,
-        kv_bytes: Callable[[int], float],
+        pool: PoolShape,
         scheduler: SchedulerConfig | None = None,
-        block_size: int = 16,
         prefix_caching: bool = True,
         spec: SpecDecode | None = None,
         seed: int = 0,
-        reserve: bool = False,
     ):
-        self.step_time, self.kv_capacity, self.kv_bytes = step_time, kv_capacity, kv_bytes
-        self.limits, self.block_size = scheduler or SchedulerConfig(), block_size
+        self.step_time, self.pool_shape = step_time, pool
+        self.limits = scheduler or SchedulerConfig()
         self.prefix_caching, self.spec = prefix_caching, spec
         self.rng = random.Random(seed)
-        self.reserve = reserve  # admission reserves prompt + max_tokens: no preemption
 
     # ---- the run ---------------------------------------------------------------------------
     def run(
@@ -144,13 +138,17 @@ class Simulator:
         """Simulate the workload; returns (per-request results, wall seconds, stats)."""
         if (concurrency is None) == (rate is None):
             raise ValueError("give exactly one of concurrency and rate")
+        shape = self.pool_shape
+        self.pool = BlockPool(shape.num_blocks, self.prefix_caching)
+        states = SlotPool(shape.state_slots) if shape.state_slots is not None else None
+        lookahead = self.spec.tokens if self.spec else 0
+        self.sched = Scheduler(
+            self.limits, self.pool, shape.block_size, shape.groups, states, lookahead=lookahead
+        )
+        self.requests: dict[Sequence, _Request] = {}
         self.stats = SimStats()
         self.clock, self.results = 0.0, []
         self.log: list[tuple[RequestResult, int, float]] = []  # result, job, arrival
-        self.waiting: deque[_Seq] = deque()
-        self.running: list[_Seq] = []
-        self.used = 0.0  # KV bytes of running sequences and cached prefixes
-        self.cache: OrderedDict[int, tuple[int, float]] = OrderedDict()  # job -> tokens, bytes
         self.arrivals: list[tuple[float, int, int, int, int]] = []  # time, order, job, turn, ctx
         self.shapes, self.order = shapes, 0
         self.closed_loop = concurrency is not None
@@ -164,17 +162,17 @@ class Simulator:
                 self._arrive(at, job, 0, 0)
                 at += arrival_rng.expovariate(rate)
             self.next_job = len(shapes)
-        while self.arrivals or self.waiting or self.running:
+        while self.arrivals or self.sched.has_unfinished():
             self._admit_arrivals()
-            if not self.waiting and not self.running:
+            if not self.sched.has_unfinished():
                 self.clock = self.arrivals[0][0]
                 continue
-            batch = self._schedule()
+            batch = self.sched.schedule()
             if not batch:
                 raise RuntimeError("simulator scheduled nothing with requests waiting (a bug)")
             self._step(batch)
-        wall = self.clock
-        return self.results, wall, self.stats
+        self.stats.preemptions = self.sched.num_preemptions
+        return self.results, self.clock, self.stats
 
     def steady_state(self, warmup: int) -> tuple[list[RequestResult], float]:
         """After `run`: the results of jobs from the `warmup`-th on (the first jobs arrive
@@ -196,187 +194,92 @@ class Simulator:
             self.stats.in_system_s += self.clock - at  # arrived during the last step
             shape = self.shapes[job]
             new = shape.prompt_tokens if turn == 0 else shape.follow_up_tokens[turn - 1]
-            seq = _Seq(job, turn, at, context + new, shape.max_tokens)
-            seq.result.session, seq.result.turn = shape.session, turn
-            seq.result.input_tokens = seq.prompt
-            need = self.kv_bytes(self._round(seq.prompt + seq.output))
-            if need > self.kv_capacity:
-                seq.result.ok = False
-                seq.result.error = (
-                    f"needs {need / 2**20:.1f} MiB of KV for {seq.prompt + seq.output} tokens, "
-                    f"the cache holds {self.kv_capacity / 2**20:.1f} MiB"
+            prompt = context + new
+            # a session's tokens: position p holds p, position 0 names the session
+            tokens = [-1 - job, *range(1, prompt)]
+            params = SamplingParams(max_tokens=shape.max_tokens, ignore_eos=True)
+            seq = Sequence(f"{job}.{turn}", None, tokens, params, None, None, None, self.order)
+            req = _Request(job, turn, at, shape.max_tokens)
+            req.result.session, req.result.turn = shape.session, turn
+            req.result.input_tokens = prompt
+            needed = self.sched.blocks_for_tokens(prompt + shape.max_tokens)
+            if needed > self.pool.num_blocks:
+                req.result.ok = False
+                req.result.error = (
+                    f"needs {needed} KV blocks for {prompt + shape.max_tokens} tokens, the "
+                    f"cache holds {self.pool.num_blocks}"
                 )
-                self._record(seq)
-                self._job_done(seq, at)
+                self._record(req)
+                self._job_done(req, prompt, at)
                 continue
-            self.stats.prompt_tokens += seq.prompt
-            self.waiting.append(seq)
+            self.stats.prompt_tokens += prompt
+            self.requests[seq] = req
+            self.sched.add(seq)
 
-    def _job_done(self, seq: _Seq, at: float) -> None:
+    def _job_done(self, req: _Request, context: int, at: float) -> None:
         """The request is over: the session's next turn, or (closed loop) the next job."""
-        shape = self.shapes[seq.job]
-        if seq.result.ok and seq.turn < len(shape.follow_up_tokens):
-            self._arrive(at, seq.job, seq.turn + 1, seq.prompt + seq.output)
+        shape = self.shapes[req.job]
+        if req.result.ok and req.turn < len(shape.follow_up_tokens):
+            self._arrive(at, req.job, req.turn + 1, context)
         elif self.closed_loop and self.next_job < len(self.shapes):
             self._arrive(at, self.next_job, 0, 0)
             self.next_job += 1
 
-    # ---- KV accounting ---------------------------------------------------------------------
-    def _round(self, tokens: int) -> int:
-        return -(-tokens // self.block_size) * self.block_size
-
-    def _grow(self, seq: _Seq, new: int) -> bool:
-        tokens = self._round(seq.computed + new)
-        if tokens <= seq.reserved:
-            return True
-        extra = self.kv_bytes(tokens) - seq.reserved_bytes
-        while self.used + extra > self.kv_capacity and self.cache:
-            _, (_, freed) = self.cache.popitem(last=False)  # least recently used prefix
-            self.used -= freed
-        if self.used + extra > self.kv_capacity:
-            return False
-        self.used += extra
-        seq.reserved, seq.reserved_bytes = tokens, seq.reserved_bytes + extra
-        return True
-
-    def _release(self, seq: _Seq) -> None:
-        self.used -= seq.reserved_bytes
-        seq.reserved, seq.reserved_bytes = 0, 0.0
-
-    def _reuse_prefix(self, seq: _Seq) -> None:
-        """Take over the session's cached full blocks (at least one prompt token stays to be
-        computed, so the step yields logits)."""
-        if seq.job not in self.cache or seq.computed:
-            return
-        tokens, nbytes = self.cache.pop(seq.job)
-        hit = min(tokens, (seq.prompt - 1) // self.block_size * self.block_size)
-        keep = self.kv_bytes(hit) if hit else 0.0
-        self.used -= nbytes - keep
-        seq.computed, seq.reserved, seq.reserved_bytes = hit, hit, keep
-        self.stats.prefix_hit_tokens += hit
-
-    def _return_prefix(self, seq: _Seq) -> None:
-        """Admission failed: the reused blocks go back to the cache (as the engine releases
-        them, still hashed)."""
-        if seq.reserved:
-            self.cache[seq.job] = (seq.reserved, seq.reserved_bytes)
-            self.stats.prefix_hit_tokens -= seq.computed
-        seq.computed, seq.reserved, seq.reserved_bytes = 0, 0, 0.0
-
     # ---- one step --------------------------------------------------------------------------
-    def _schedule(self) -> list[tuple[_Seq, int]]:
-        budget = self.limits.max_num_batched_tokens
-        batch: list[tuple[_Seq, int]] = []
-        preempted = False
-        for seq in list(self.running):
-            if not seq.running or budget <= 0:  # preempted meanwhile
-                continue
-            n = self._tokens_wanted(seq, budget)
-            while not self._grow(seq, n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                budget += sum(k for s, k in batch if s is victim)
-                batch = [(s, k) for s, k in batch if s is not victim]
-                preempted = True
-                if victim is seq:
-                    break
-            else:
-                batch.append((seq, n))
-                budget -= n
-        while (
-            not preempted
-            and self.waiting
-            and budget > 0
-            and len(self.running) < self.limits.max_num_seqs
-        ):
-            seq = self.waiting[0]
-            if self.prefix_caching:
-                self._reuse_prefix(seq)
-            n = self._tokens_wanted(seq, budget)
-            if not self.limits.enable_chunked_prefill and n < seq.uncomputed and batch:
-                break
-            if not self._grow(seq, seq.prompt + seq.output - seq.computed if self.reserve else n):
-                self._return_prefix(seq)
-                break
-            self.waiting.popleft()
-            self.running.append(seq)
-            seq.running = True
-            batch.append((seq, n))
-            budget -= n
-        self.stats.peak_running = max(self.stats.peak_running, len(self.running))
-        return batch
-
-    def _tokens_wanted(self, seq: _Seq, budget: int) -> int:
-        if seq.uncomputed == 1 and seq.generated and self.spec:
-            drafts = min(self.spec.tokens, seq.output - seq.generated - 1)
-            return 1 + max(0, drafts)
-        if not self.limits.enable_chunked_prefill:
-            return seq.uncomputed
-        return min(seq.uncomputed, budget)
-
-    def _preempt(self, seq: _Seq) -> None:
-        self.running.remove(seq)
-        seq.running = False
-        self._release(seq)
-        seq.computed = 0
-        self.waiting.appendleft(seq)
-        self.stats.preemptions += 1
-
-    def _step(self, batch: list[tuple[_Seq, int]]) -> None:
-        chunks = [Chunk(n, seq.computed + n) for seq, n in batch]
+    def _step(self, batch: ScheduledBatch) -> None:
+        pairs = list(zip(batch.seqs, batch.num_tokens, strict=True))
+        chunks = [Chunk(n, seq.num_computed_tokens + n) for seq, n in pairs]
         seconds = self.step_time(chunks)
-        verifying = [seq for seq, n in batch if n > 1 and seq.uncomputed == 1]
+        verifying = [seq for seq, n in pairs if n > 1 and seq.num_uncomputed == 1]
         if self.spec and self.spec.draft_step_time and verifying:
-            drafts = [Chunk(1, seq.computed + 1) for seq in verifying]
+            drafts = [Chunk(1, seq.num_computed_tokens + 1) for seq in verifying]
             seconds += self.spec.tokens * self.spec.draft_step_time(drafts)
-        in_system = len(self.waiting) + len(self.running)
+        in_system = len(self.sched.waiting) + len(self.sched.running)
         self.stats.in_system_s += in_system * seconds
         self.stats.busy_s += seconds
         self.stats.steps += 1
-        self.stats.sequences += len(batch)
+        self.stats.sequences += len(pairs)
+        self.stats.peak_running = max(self.stats.peak_running, len(self.sched.running))
         self.clock += seconds
-        for seq, n in batch:
-            if seq.uncomputed == 1 and n > 1:  # a verify step: 1 + accepted drafts
+        for seq, n in pairs:
+            req = self.requests[seq]
+            if n > 1 and seq.num_uncomputed == 1:  # a verify step: 1 + accepted drafts
                 accepted = 0
                 while accepted < n - 1 and self.rng.random() < self.spec.acceptance:
                     accepted += 1
-                seq.computed += 1 + accepted
-                self._emit(seq, 1 + accepted)
+                self.sched.commit(seq, self._emit(seq, req, 1 + accepted))
             else:
-                seq.computed += n
-                if seq.uncomputed == 0:
-                    self._emit(seq, 1)
-            if seq.generated >= seq.output:
-                self._finish(seq)
+                self.sched.commit(seq, n)
+                if seq.num_uncomputed == 0:
+                    self._emit(seq, req, 1)
+            if req.generated >= req.output:
+                self._finish(seq, req)
 
-    def _record(self, seq: _Seq) -> None:
-        self.results.append(seq.result)
-        self.log.append((seq.result, seq.job, seq.arrival))
+    def _record(self, req: _Request) -> None:
+        self.results.append(req.result)
+        self.log.append((req.result, req.job, req.arrival))
 
-    def _emit(self, seq: _Seq, tokens: int) -> None:
-        tokens = min(tokens, seq.output - seq.generated)
-        result = seq.result
+    def _emit(self, seq: Sequence, req: _Request, tokens: int) -> int:
+        """`tokens` new tokens of `seq` leave now (appended to it); returns how many."""
+        tokens = min(tokens, req.output - req.generated)
+        result = req.result
         if result.ttft is None:
-            result.ttft = self.clock - seq.arrival
+            result.ttft = self.clock - req.arrival
         else:
-            result.itl.append(self.clock - seq.last)
-        result.itl.extend([0.0] * (tokens - 1))  # emitted in the same step
-        seq.generated += tokens
-        seq.last = self.clock
+            result.itl.append(self.clock - req.last)
+        if tokens > 1:
+            result.itl.extend([0.0] * (tokens - 1))  # emitted in the same step
+        end = len(seq.token_ids)
+        seq.token_ids.extend(range(end, end + tokens))
+        req.generated += tokens
+        req.last = self.clock
+        return tokens
 
-    def _finish(self, seq: _Seq) -> None:
-        self.running.remove(seq)
-        seq.running = False
-        seq.result.output_tokens = seq.generated
-        seq.result.e2e = self.clock - seq.arrival
-        self._record(seq)
-        shape = self.shapes[seq.job]
-        if self.prefix_caching and seq.turn < len(shape.follow_up_tokens):
-            full = seq.computed // self.block_size * self.block_size
-            keep = self.kv_bytes(full) if full else 0.0
-            self.used -= seq.reserved_bytes - keep
-            seq.reserved, seq.reserved_bytes = 0, 0.0
-            self.cache[seq.job] = (full, keep)
-        else:
-            self._release(seq)
-        self._job_done(seq, self.clock)
+    def _finish(self, seq: Sequence, req: _Request) -> None:
+        self.sched.finish(seq)
+        del self.requests[seq]
+        self.stats.prefix_hit_tokens += seq.num_cached_prompt_tokens or 0
+        req.result.output_tokens = req.generated
+        req.result.e2e = self.clock - req.arrival
+        self._record(req)
+        self._job_done(req, seq.num_tokens, self.clock)

@@ -1,7 +1,8 @@
 """Metamorphic engine tests on tiny random models: scheduling must not change results.
 
 batched = one at a time; chunked prefill = unchunked; prefix-cache hit = cold run;
-forced preemption (tiny KV pool) = no preemption; seeded sampling independent of the batch.
+forced preemption (tiny KV pool) = no preemption = reserving admission; seeded sampling
+independent of the batch.
 Run on a Llama (GQA, one cache group), Gemma-3 (sliding-window layers with window 8 in their
 own cache groups, which let blocks go while a sequence runs), GPT-OSS (alternating windows,
 sinks, MoE), DeepSeek-V3 (latent attention cache, MoE), and the models with recurrent state
@@ -115,6 +116,21 @@ def test_forced_preemption_equals_no_preemption(model_dir):
     if engine.kv_cache.states is not None:  # every state slot back too
         assert engine.kv_cache.states.num_free == engine.kv_cache.states.num_slots
     for a, b in zip(squeezed, roomy, strict=True):
+        assert_greedy_equivalent(a, b)
+
+
+def test_reserving_admission_equals_optimistic(model_dir):
+    """Admission reserving each request's whole KV (the same tight pool): never preempts,
+    releases every reservation, and generates what optimistic admission generates."""
+    prompts = _prompts(6, seed=3)
+    blocks = TIGHT_BLOCKS[Path(model_dir).name.rsplit("-", 1)[0]]
+    tight = dict(num_kv_blocks=blocks, max_num_batched_tokens=32) if blocks else {}
+    optimistic = LLM(model_dir, block_size=4, **tight).generate(prompts, GREEDY)
+    llm = LLM(model_dir, block_size=4, admission="reserve", **tight)
+    reserved = llm.generate(prompts, GREEDY)
+    scheduler = llm.engine.scheduler
+    assert scheduler.num_preemptions == 0 and scheduler.reserved_blocks == 0
+    for a, b in zip(reserved, optimistic, strict=True):
         assert_greedy_equivalent(a, b)
 
 

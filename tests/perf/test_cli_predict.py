@@ -86,12 +86,27 @@ def test_info_and_perf_step_take_the_stored_formats_too(capsys):
 )  # fmt: skip
 def test_predict_runs_every_family(model_type, tmp_path, capsys):
     """transformers' default config of each family (full size: the KV cache size is given,
-    so no fit check); deepseek_v2's default has no routing (tests/config)."""
+    so no fit check; 8 sequences at most, so that the 263 MiB state slots of mamba2 fit);
+    deepseek_v2's default has no routing (tests/config)."""
     transformers = pytest.importorskip("transformers")
     transformers.AutoConfig.for_model(model_type).save_pretrained(tmp_path)
     argv = ["-m", str(tmp_path), "--kv-memory", "4GiB", "--isl", "128", "--osl", "8"]
+    argv += ["--max-num-seqs", "8"]
     r = run_json(capsys, *argv, "--num-requests", "4", "--concurrency", "2")
     assert r["requests"] == 4 and r["failed"] == 0 and r["output_tok_s"] > 0
+
+
+def test_state_slots_that_take_the_kv_cache_are_a_clear_error(tmp_path, capsys):
+    """The engine sets a recurrent-state slot aside per sequence the batch may hold before
+    it cuts the rest into blocks; predict does the same and says which limit to lower."""
+    transformers = pytest.importorskip("transformers")
+    transformers.AutoConfig.for_model("qwen3_next").save_pretrained(tmp_path)
+    argv = ["predict", "-m", str(tmp_path), "--kv-memory", "4GiB", "--isl", "128"]
+    assert main([*argv, "--osl", "8", "--max-num-seqs", "256", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "recurrent-state slots" in err and "--max-num-seqs <= " in err
+    fits = int(err.split("--max-num-seqs <= ")[1].split()[0])
+    assert main([*argv, "--osl", "8", "--max-num-seqs", str(fits), "--json"]) == 0
 
 
 def test_explain_names_the_bound_of_each_op(capsys):

@@ -1,6 +1,7 @@
-"""The serving simulator (infergen/perf/simulate.py). Oracles: the engine's own scheduler on a
-real (tiny) model for the step-by-step schedule, Little's law, the hardware roofline as an
-upper bound, and closed forms for speculative decoding and prefix reuse."""
+"""The serving simulator (infergen/perf/simulate.py), which runs the engine's Scheduler on
+predicted step times. Oracles: the engine serving a real (tiny) model for the step-by-step
+schedule, Little's law, the hardware roofline as an upper bound, and closed forms for
+speculative decoding, prefix reuse and the pool's shape."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from infergen.bench.report import summarize
 from infergen.bench.workloads import SHAPES, Shape, WorkloadOptions
 from infergen.config import SchedulerConfig
 from infergen.io.model_config import read_model_config
+from infergen.kvcache.groups import CacheGroup
 from infergen.perf.hardware import HARDWARE
+from infergen.perf.memory import PoolShape, kv_pool
 from infergen.perf.predict import Deployment, fixed_shapes, predict
 from infergen.perf.simulate import Simulator, SpecDecode
-from infergen.perf.step_cost import Formats
+from infergen.perf.step_cost import Formats, Parallel
 
 LLAMA_8B = "tests/perf/configs/llama-3.1-8b.json"
 
@@ -25,9 +28,9 @@ def linear_step(chunks) -> float:
     return 5e-3 + 1e-4 * sum(c.new for c in chunks)
 
 
-def blocks(tokens: int) -> float:
-    """KV 'bytes' = blocks of 16 tokens, so capacities read as block counts."""
-    return float(-(-tokens // 16))
+def pool(num_blocks: int = 10**6) -> PoolShape:
+    """A pool of `num_blocks` blocks of 16 tokens, one full-attention group."""
+    return PoolShape(num_blocks, (CacheGroup((0,)),))
 
 
 def random_shapes(n: int, seed: int = 0, output: int = 32) -> list[Shape]:
@@ -35,18 +38,24 @@ def random_shapes(n: int, seed: int = 0, output: int = 32) -> list[Shape]:
     return SHAPES.get("random")(opts, random.Random(seed))
 
 
-def test_schedule_equals_the_engine_scheduler_step_by_step(tmp_path):
+@pytest.mark.parametrize(
+    "name, admission, num_blocks",
+    [("llama_gqa", "optimistic", 12), ("llama_gqa", "reserve", 12), ("gemma3", "optimistic", 20)],
+)
+def test_schedule_equals_the_engine_scheduler_step_by_step(name, admission, num_blocks, tmp_path):
     """The same prompts on the real engine (tiny model, chunked prefill, a KV pool small
-    enough to preempt) and in the simulator: identical token counts in every step."""
+    enough to preempt; Gemma-3's sliding-window groups) and in the simulator: identical token
+    counts in every step; reserving admission never preempts."""
     from infergen import LLM, SamplingParams
     from infergen.engine.scheduler import Scheduler
     from tests.hf_models import build_hf_model
 
-    build_hf_model("llama_gqa", tmp_path)
+    build_hf_model(name, tmp_path)
     rng = random.Random(3)
     shapes = [Shape(rng.randint(1, 70), rng.randint(1, 30)) for _ in range(9)]
-    limits = dict(max_num_seqs=5, max_num_batched_tokens=32)
-    llm = LLM(str(tmp_path), block_size=16, num_kv_blocks=12, enable_prefix_caching=False, **limits)
+    limits = dict(max_num_seqs=5, max_num_batched_tokens=32, admission=admission)
+    llm = LLM(str(tmp_path), block_size=16, num_kv_blocks=num_blocks,
+              enable_prefix_caching=False, **limits)  # fmt: skip
     engine_steps, original = [], Scheduler.schedule
 
     def recording(self):
@@ -67,14 +76,34 @@ def test_schedule_equals_the_engine_scheduler_step_by_step(tmp_path):
         sim_steps.append([c.new for c in chunks])
         return 1e-3
 
-    sim = Simulator(step_time, 12, blocks, SchedulerConfig(**limits), prefix_caching=False)
+    shape = PoolShape(num_blocks, llm.engine.kv_cache.groups)
+    sim = Simulator(step_time, shape, SchedulerConfig(**limits), prefix_caching=False)
     _, _, stats = sim.run(shapes, concurrency=len(shapes))
-    assert stats.preemptions > 0  # the pool is small enough to exercise preemption
+    # the pool is small enough to exercise preemption, unless admission reserves
+    assert (stats.preemptions > 0) is (admission == "optimistic")
+    assert stats.preemptions == llm.engine.scheduler.num_preemptions
     assert sim_steps == [s for s in engine_steps if s]
 
 
+@pytest.mark.parametrize("name", ["llama_gqa", "gemma3", "gpt_oss", "qwen3_next", "falcon_h1"])
+def test_pool_shape_is_the_engines(name, tmp_path):
+    """The simulated pool is the one the engine builds from the same KV budget: the same
+    cache groups (sliding windows), blocks and recurrent-state slots."""
+    from infergen import LLM
+    from tests.hf_models import build_hf_model
+
+    build_hf_model(name, tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory="1MiB", max_num_seqs=4, block_size=8)
+    cache = llm.engine.kv_cache
+    fp32 = Formats(weight_bits=32, kv_bits=32, act_bytes=4)
+    pool = kv_pool(llm.config.describe(), fp32, Parallel(), 2**20, 8, 4)
+    assert pool.groups == cache.groups
+    assert pool.num_blocks == cache.num_blocks
+    assert pool.state_slots == (cache.states.num_slots if cache.states is not None else None)
+
+
 def test_littles_law_open_loop():
-    sim = Simulator(linear_step, 1e9, blocks)
+    sim = Simulator(linear_step, pool())
     results, wall, stats = sim.run(random_shapes(200), rate=6.0, seed=1)
     arrivals_per_s = len(results) / wall
     mean_e2e = sum(r.e2e for r in results) / len(results)
@@ -83,7 +112,7 @@ def test_littles_law_open_loop():
 
 
 def test_closed_loop_keeps_concurrency_requests_in_the_system():
-    sim = Simulator(linear_step, 1e9, blocks)
+    sim = Simulator(linear_step, pool())
     results, wall, stats = sim.run(random_shapes(400), concurrency=8)
     assert len(results) == 400 and all(r.ok for r in results)
     assert stats.as_dict(wall)["mean_in_system"] == pytest.approx(8, rel=0.03)
@@ -111,7 +140,7 @@ def test_throughput_never_exceeds_the_roofline_bound(workload):
 def test_ttft_grows_with_queueing_past_capacity():
     sim_ttft, tput = [], []
     for concurrency in (2, 8, 32, 128):
-        sim = Simulator(linear_step, 1e9, blocks, SchedulerConfig(max_num_seqs=8))
+        sim = Simulator(linear_step, pool(), SchedulerConfig(max_num_seqs=8))
         results, wall, _ = sim.run(random_shapes(256), concurrency=concurrency)
         summary = summarize(results, wall)
         sim_ttft.append(summary["ttft_s"]["p50"])
@@ -123,8 +152,8 @@ def test_ttft_grows_with_queueing_past_capacity():
 
 def test_kv_capacity_admits_preempts_and_never_loses_a_request():
     shapes = random_shapes(48, output=64) + [Shape(5000, 8)]  # the last one can never fit
-    for reserve in (False, True):
-        sim = Simulator(linear_step, 40, blocks, reserve=reserve)
+    for admission in ("optimistic", "reserve"):
+        sim = Simulator(linear_step, pool(40), SchedulerConfig(admission=admission))
         results, _, stats = sim.run(shapes, concurrency=16)
         assert len(results) == len(shapes)
         failed = [r for r in results if not r.ok]
@@ -132,13 +161,13 @@ def test_kv_capacity_admits_preempts_and_never_loses_a_request():
         ok = [r for r in results if r.ok]
         assert sorted(r.output_tokens for r in ok) == sorted(s.max_tokens for s in shapes[:-1])
         # optimistic admission runs out and preempts; reserving the answer never does
-        assert (stats.preemptions > 0) is (not reserve)
+        assert (stats.preemptions > 0) is (admission == "optimistic")
 
 
 def test_prefix_cache_reuses_each_sessions_previous_turn():
     opts = WorkloadOptions(num_requests=32, input_len=100, output_len=20, turns=4)
     shapes = SHAPES.get("agentic")(opts, random.Random(0))
-    warm = Simulator(linear_step, 1e9, blocks)
+    warm = Simulator(linear_step, pool())
     results, _, stats = warm.run(shapes, concurrency=4)
     # turn t > 0 reuses the full blocks of turn t - 1's prompt + answer (minus the last token)
     expected = 0
@@ -149,7 +178,7 @@ def test_prefix_cache_reuses_each_sessions_previous_turn():
             context += shape.max_tokens + follow_up
             expected += min(cached, (context - 1) // 16 * 16)
     assert stats.prefix_hit_tokens == expected
-    cold_results, _, cold = Simulator(linear_step, 1e9, blocks, prefix_caching=False).run(
+    cold_results, _, cold = Simulator(linear_step, pool(), prefix_caching=False).run(
         shapes, concurrency=4
     )
     assert cold.prefix_hit_tokens == 0
@@ -164,7 +193,7 @@ def test_prefix_cache_reuses_each_sessions_previous_turn():
 def test_speculative_decoding_emits_the_expected_tokens_per_step(acceptance):
     k, output = 4, 2000
     spec = SpecDecode(k, acceptance)
-    sim = Simulator(lambda chunks: 1e-3, 1e9, blocks, spec=spec, seed=7)
+    sim = Simulator(lambda chunks: 1e-3, pool(), spec=spec, seed=7)
     results, _, stats = sim.run([Shape(10, output)], concurrency=1)
     assert results[0].output_tokens == output
     decode_steps = stats.steps - 1  # the prefill step emits the first token
