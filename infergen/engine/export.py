@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
@@ -23,56 +24,97 @@ from infergen.engine.options import engine_config
 from infergen.engine.scoring import scratch_runner
 from infergen.errors import ConfigError
 from infergen.io.checkpoint import hf_config_dict, load_checkpoint
-from infergen.io.compressed_tensors import ACTIVATION_ARGS, pack_int32, unpack_int32
+from infergen.io.compressed_tensors import (
+    ACTIVATION_ARGS,
+    INPUT_SCALES,
+    pack_int32,
+    unpack_int32,
+)
 from infergen.kvcache.calibrate import calibrate_kv_scales
 from infergen.ops import linear_grouped as lg
 from infergen.ops import linear_quantized as lq
 from infergen.quant.activations import HF_PROJECTIONS
 
-# our scheme → (compressed-tensors format, weights quantization args)
+
+def _int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per output channel, codes stored unsigned (+128) 4 a word."""
+    out, inp = weight.shape
+    codes, scales = lq.quantize_weight(weight, "int8")
+    q = codes.view(torch.int8).to(torch.int16) + 128
+    return {"weight_packed": pack_int32(q, 8), "weight_scale": scales.reshape(out, 1),
+            "weight_shape": torch.tensor([out, inp])}  # fmt: skip
+
+
+def _fp8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """E4M3 values with one scale for the tensor."""
+    codes, scales = lq.quantize_weight(weight, "fp8_e4m3")
+    return {"weight": codes.view(torch.float8_e4m3fn), "weight_scale": scales[:1].clone()}
+
+
+def _int4_groups(weight: torch.Tensor, scheme: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Groups of 32 along the input, codes 8 a word: (the encoded groups, the tensors)."""
+    out, inp = weight.shape
+    g = lg.GROUP_FORMATS[scheme].encode(weight)
+    return g, {"weight_packed": pack_int32(g.codes, 4), "weight_scale": g.fields[0],
+               "weight_shape": torch.tensor([out, inp])}  # fmt: skip
+
+
+def _int4(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    return _int4_groups(weight, "int4")[1]
+
+
+def _int4_asym(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """As int4, plus zero points (stored + 8 like the codes), packed over rows."""
+    g, tensors = _int4_groups(weight, "int4_asym")
+    tensors["weight_zero_point"] = pack_int32(g.fields[1].t(), 4).t().contiguous()
+    return tensors
+
+
+def _nibbles(codes: torch.Tensor) -> torch.Tensor:
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def _mxfp4(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """E2M1 codes two a byte, an E8M0 scale per 32."""
+    g = lg.GROUP_FORMATS["mxfp4"].encode(weight)
+    return {"weight_packed": _nibbles(g.codes), "weight_scale": g.fields[0]}
+
+
+def _nvfp4(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """E2M1 codes two a byte, an E4M3 scale per 16, the global scale stored as a divisor."""
+    g = lg.GROUP_FORMATS["nvfp4"].encode(weight)
+    e4m3 = torch.stack(g.fields, dim=-1).reshape(weight.shape[0], -1).view(torch.float8_e4m3fn)
+    divisor = torch.tensor([1.0 / g.scalar], dtype=torch.float32)
+    return {"weight_packed": _nibbles(g.codes), "weight_scale": e4m3,
+            "weight_global_scale": divisor}  # fmt: skip
+
+
+class Layout(NamedTuple):
+    """A weight scheme's compressed-tensors layout: the format, the weights' quantization
+    args, and the writer of one weight [out, in] → its tensors (suffixes after `<p>.`)."""
+
+    format: str
+    args: dict
+    write: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+
+# our weight scheme → its layout
 EXPORTS = {
-    "int8": ("pack-quantized", {"num_bits": 8, "type": "int", "symmetric": True,
-                                "strategy": "channel", "group_size": None}),
-    "int4": ("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": True,
-                                "strategy": "group", "group_size": 32}),
-    "int4_asym": ("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": False,
-                                     "strategy": "group", "group_size": 32}),
-    "fp8_e4m3": ("naive-quantized", {"num_bits": 8, "type": "float", "symmetric": True,
-                                     "strategy": "tensor", "group_size": None}),
-    "nvfp4": ("nvfp4-pack-quantized", {"num_bits": 4, "type": "float", "symmetric": True,
-                                       "strategy": "tensor_group", "group_size": 16,
-                                       "scale_dtype": "torch.float8_e4m3fn"}),
-    "mxfp4": ("mxfp4-pack-quantized", {"num_bits": 4, "type": "float", "symmetric": True,
-                                       "strategy": "group", "group_size": 32,
-                                       "scale_dtype": "torch.uint8"}),
+    "int8": Layout("pack-quantized", {"num_bits": 8, "type": "int", "symmetric": True,
+                   "strategy": "channel", "group_size": None}, _int8),
+    "int4": Layout("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": True,
+                   "strategy": "group", "group_size": 32}, _int4),
+    "int4_asym": Layout("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": False,
+                        "strategy": "group", "group_size": 32}, _int4_asym),
+    "fp8_e4m3": Layout("naive-quantized", {"num_bits": 8, "type": "float", "symmetric": True,
+                       "strategy": "tensor", "group_size": None}, _fp8),
+    "nvfp4": Layout("nvfp4-pack-quantized", {"num_bits": 4, "type": "float", "symmetric": True,
+                    "strategy": "tensor_group", "group_size": 16,
+                    "scale_dtype": "torch.float8_e4m3fn"}, _nvfp4),
+    "mxfp4": Layout("mxfp4-pack-quantized", {"num_bits": 4, "type": "float", "symmetric": True,
+                    "strategy": "group", "group_size": 32, "scale_dtype": "torch.uint8"}, _mxfp4),
 }  # fmt: skip
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("o_proj",), ("down_proj",))
-
-
-def _stored(weight: torch.Tensor, scheme: str) -> dict[str, torch.Tensor]:
-    """One weight [out, in] → its compressed-tensors tensors (suffixes after `<p>.`)."""
-
-    out, inp = weight.shape
-    if scheme in ("int8", "fp8_e4m3"):
-        codes, scales = lq.quantize_weight(weight, scheme)
-        if scheme == "fp8_e4m3":
-            return {"weight": codes.view(torch.float8_e4m3fn), "weight_scale": scales[:1].clone()}
-        q = codes.view(torch.int8).to(torch.int16) + 128  # stored unsigned
-        return {"weight_packed": pack_int32(q, 8), "weight_scale": scales.reshape(out, 1),
-                "weight_shape": torch.tensor([out, inp])}  # fmt: skip
-    g = lg.GROUP_FORMATS[scheme].encode(weight)
-    if scheme in ("int4", "int4_asym"):
-        tensors = {"weight_packed": pack_int32(g.codes, 4), "weight_scale": g.fields[0],
-                   "weight_shape": torch.tensor([out, inp])}  # fmt: skip
-        if scheme == "int4_asym":  # zero points (stored + 8 like the codes), packed over rows
-            tensors["weight_zero_point"] = pack_int32(g.fields[1].t(), 4).t().contiguous()
-        return tensors
-    packed = g.codes[:, 0::2] | (g.codes[:, 1::2] << 4)
-    if scheme == "mxfp4":
-        return {"weight_packed": packed, "weight_scale": g.fields[0]}
-    e4m3 = torch.stack(g.fields, dim=-1).reshape(out, -1).view(torch.float8_e4m3fn)
-    divisor = torch.tensor([1.0 / g.scalar], dtype=torch.float32)
-    return {"weight_packed": packed, "weight_scale": e4m3, "weight_global_scale": divisor}
 
 
 def _split(stored: dict[str, torch.Tensor], sizes: list[int]) -> list[dict[str, torch.Tensor]]:
@@ -137,7 +179,8 @@ def export(
         input_scales = _calibrate(model, scheme, tensors, config, dict(
             activations=activations, calibration=calibration, smoothing=smoothing,
             calibration_stats=calibration_stats, calibration_text=calibration_text))  # fmt: skip
-    fmt, args = EXPORTS[scheme]
+    layout = EXPORTS[scheme]
+    fmt, args = layout.format, layout.args
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, torch.Tensor] = {}
@@ -148,17 +191,15 @@ def export(
             prefix = f"model.layers.{layer}.{module}."
             names = [prefix + name for name in group]
             weights = [tensors.pop(n + ".weight") for n in names]
-            fused = _stored(torch.cat(weights), scheme)
+            fused = layout.write(torch.cat(weights))
             for name, part in zip(names, _split(fused, [w.shape[0] for w in weights]), strict=True):
                 result.update({f"{name}.{key}": t for key, t in part.items()})
         if progress is not None:
             progress(layer + 1, layers)
     result.update({name: t.contiguous() for name, t in tensors.items()})  # norms, embeddings
     for prefix, scale in input_scales.items():  # static activation scales
-        if activations == "nvfp4":  # stored as a divisor, like the weights' global scale
-            result[f"{prefix}.input_global_scale"] = (1.0 / scale).reshape(1).float().clone()
-        else:
-            result[f"{prefix}.input_scale"] = scale.reshape(1).float().clone()
+        layout = INPUT_SCALES[activations]
+        result[prefix + layout.suffix] = layout.stored(scale)
     quant = {
         "quant_method": "compressed-tensors",
         "format": fmt,

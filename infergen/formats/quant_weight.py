@@ -14,6 +14,24 @@ from dataclasses import dataclass
 import torch
 
 
+def _e4m3_nan(t: torch.Tensor) -> int:
+    """E4M3FN bytes: S.1111.111 is NaN (there is no infinity)."""
+    return int(((t & 0x7F) == 0x7F).sum())
+
+
+def _e8m0_nan(t: torch.Tensor) -> int:
+    """E8M0 bytes: 0xFF is NaN."""
+    return int((t == 0xFF).sum())
+
+
+# format → NaN counters of its byte scale fields and of its codes (None: cannot hold NaN)
+NAN_BYTES = {
+    "nvfp4": (_e4m3_nan, None),
+    "mxfp4": (_e8m0_nan, None),
+    "fp8_e4m3": (None, _e4m3_nan),
+}
+
+
 @dataclass(frozen=True)
 class QuantWeight:
     fmt: str
@@ -27,15 +45,14 @@ class QuantWeight:
         scale bytes, E8M0 NaN exponents, FP8 NaN codes (the load-time check; no decoding of
         the whole weight)."""
         bad = 0 if self.scalar is None or torch.isfinite(torch.tensor(self.scalar)) else 1
+        scale_nan, code_nan = NAN_BYTES.get(self.fmt, (None, None))
         for field in self.fields:
             if field.is_floating_point():
                 bad += int((~torch.isfinite(field)).sum())
-            elif self.fmt == "nvfp4":  # E4M3 scale bytes
-                bad += int((~torch.isfinite(field.view(torch.float8_e4m3fn).float())).sum())
-            elif self.fmt == "mxfp4":  # E8M0: 0xFF is NaN
-                bad += int((field == 0xFF).sum())
-        if self.fmt == "fp8_e4m3":  # E4M3FN codes: S.1111.111 is NaN
-            bad += int(((self.codes & 0x7F) == 0x7F).sum())
+            elif scale_nan is not None:
+                bad += scale_nan(field)
+        if code_nan is not None:
+            bad += code_nan(self.codes)
         return bad
 
     @staticmethod

@@ -53,6 +53,30 @@ ACTIVATION_ARGS: dict[str, dict[str, Any]] = {
 _ACTIVATION_KEY = ("num_bits", "type", "strategy", "dynamic", "group_size")
 
 
+class InputScale(NamedTuple):
+    """How a static activation scheme stores a projection's input scale: `<p>` + suffix, the
+    scale itself or (NVFP4's global scale) its divisor."""
+
+    suffix: str
+    divisor: bool
+
+    def stored(self, scale: torch.Tensor) -> torch.Tensor:
+        """Our scale → the tensor the checkpoint holds ([1] fp32)."""
+        return (1.0 / scale if self.divisor else scale).reshape(1).float().clone()
+
+    def scale(self, stored: torch.Tensor) -> torch.Tensor:
+        """The checkpoint's tensor → our scale."""
+        return 1.0 / stored if self.divisor else stored
+
+
+# the static activation schemes' input scales (dynamic schemes store none)
+INPUT_SCALES = {
+    "fp8_e4m3_static": InputScale(".input_scale", divisor=False),
+    "int8_static": InputScale(".input_scale", divisor=False),
+    "nvfp4": InputScale(".input_global_scale", divisor=True),
+}
+
+
 class CompressedExtras(NamedTuple):
     """What a compressed-tensors checkpoint carries besides its weights."""
 
@@ -195,10 +219,10 @@ def read_checkpoint(tensors: dict[str, torch.Tensor], qconfig: dict[str, Any], s
 
 def _input_scales(tensors: dict[str, torch.Tensor], scheme: str, source: str) -> dict:
     """`<p>` → static input scale [1], popped from `tensors` (none for dynamic schemes)."""
-    suffix = {"fp8_e4m3_static": ".input_scale", "int8_static": ".input_scale",
-              "nvfp4": ".input_global_scale"}.get(scheme)  # fmt: skip
-    if suffix is None:
+    layout = INPUT_SCALES.get(scheme)
+    if layout is None:
         return {}
+    suffix = layout.suffix
     scales = {}
     for name in [n for n in tensors if n.endswith(suffix)]:
         value = tensors.pop(name).float().reshape(-1)
@@ -209,7 +233,7 @@ def _input_scales(tensors: dict[str, torch.Tensor], scheme: str, source: str) ->
                 found=f"{value.numel()} values, {value[:4].tolist()}",
                 expected="one finite positive fp32 scale",
             )
-        scales[name.removesuffix(suffix)] = 1.0 / value if scheme == "nvfp4" else value
+        scales[name.removesuffix(suffix)] = layout.scale(value)
     if not scales:
         raise CheckpointError(
             f"static {scheme} input activations without their scales",

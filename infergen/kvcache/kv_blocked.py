@@ -78,13 +78,56 @@ def _nvfp4_decode(p: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class MinMaxCodec:
+    """KIVI: asymmetric min-max `bits`-bit codes, keys per channel over the block's tokens,
+    values per token over head_dim, each with an fp16 scale and minimum."""
+
+    bits: int
+
+    @property
+    def group(self) -> int:
+        """Values per code byte (head_dim must hold whole ones)."""
+        return 8 // self.bits
+
+    def encode(self, x: torch.Tensor, keys: bool) -> dict[str, torch.Tensor]:
+        return _minmax_encode(x, 1 if keys else 3, self.bits)  # keys: over the block's tokens
+
+    def decode(self, p: dict[str, torch.Tensor], keys: bool) -> torch.Tensor:
+        return _minmax_decode(p, self.bits)
+
+    def shapes(self, block: int, heads: int, dim: int, keys: bool) -> dict[str, tuple]:
+        codes = ((block, heads, dim * self.bits // 8), torch.uint8)
+        params = (1, heads, dim) if keys else (block, heads, 1)
+        return {"codes": codes, "scale": (params, torch.float16), "min": (params, torch.float16)}
+
+
+@dataclass(frozen=True)
+class NVFP4Codec:
+    """NVFP4 per token: E2M1 codes, an E4M3 scale per 16 values, an fp32 global scale per
+    (block, KV head); keys and values alike."""
+
+    bits = 4
+    group = NVFP4_GROUP
+
+    def encode(self, x: torch.Tensor, keys: bool) -> dict[str, torch.Tensor]:
+        return _nvfp4_encode(x)
+
+    def decode(self, p: dict[str, torch.Tensor], keys: bool) -> torch.Tensor:
+        return _nvfp4_decode(p)
+
+    def shapes(self, block: int, heads: int, dim: int, keys: bool) -> dict[str, tuple]:
+        return {"codes": ((block, heads, dim // 2), torch.uint8),
+                "scale": ((block, heads, dim // NVFP4_GROUP), torch.uint8),
+                "global": ((1, heads, 1), torch.float32)}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class BlockedKVFormat:
-    """A KV_FORMATS row whose blocks are quantized as a whole (see the module docstring); a
-    kv_protocol.KVCacheFormat."""
+    """A KV_FORMATS row whose blocks are quantized as a whole by its codec (see the module
+    docstring); a kv_protocol.KVCacheFormat."""
 
     name: str
-    kind: str  # "kivi" | "nvfp4"
-    bits: int  # code bits
+    codec: MinMaxCodec | NVFP4Codec
     description: str
     min_block_size = 2  # a block of one token would be its own tail
     calibrate = False
@@ -94,24 +137,15 @@ class BlockedKVFormat:
     # ---- the codec ------------------------------------------------------------------------
     def encode(self, x: torch.Tensor, keys: bool) -> dict[str, torch.Tensor]:
         """A batch of complete blocks x [n, B, kv_heads, d] fp32 → their stored tensors."""
-        if self.kind == "nvfp4":
-            return _nvfp4_encode(x)
-        return _minmax_encode(x, 1 if keys else 3, self.bits)  # keys: over the block's tokens
+        return self.codec.encode(x, keys)
 
     def decode(self, p: dict[str, torch.Tensor], keys: bool) -> torch.Tensor:
         """Stored tensors of n blocks → fp32 [n, B, kv_heads, d]."""
-        if self.kind == "nvfp4":
-            return _nvfp4_decode(p)
-        return _minmax_decode(p, self.bits)
+        return self.codec.decode(p, keys)
 
     def shapes(self, block: int, heads: int, dim: int, keys: bool) -> dict[str, tuple]:
         """Per block: stored tensor name → (shape, dtype)."""
-        codes = ((block, heads, dim * self.bits // 8), torch.uint8)
-        if self.kind == "nvfp4":
-            return {"codes": codes, "scale": ((block, heads, dim // NVFP4_GROUP), torch.uint8),
-                    "global": ((1, heads, 1), torch.float32)}  # fmt: skip
-        params = (1, heads, dim) if keys else (block, heads, 1)
-        return {"codes": codes, "scale": (params, torch.float16), "min": (params, torch.float16)}
+        return self.codec.shapes(block, heads, dim, keys)
 
     def bytes_per_block(self, block: int, heads: int, dim: int) -> int:
         """K and V bytes of one block of one layer."""
@@ -124,7 +158,7 @@ class BlockedKVFormat:
     # ---- the KV format protocol (kvcache/kv_protocol.py) -----------------------------------
     def check(self, model: ModelConfig, windowed: bool, recurrent: bool) -> None:
         check_per_head(self.name, model, recurrent)
-        group = NVFP4_GROUP if self.kind == "nvfp4" else 8 // self.bits  # values per code group
+        group = self.codec.group  # values per code group
         if model.head_dim % group:
             raise ConfigError(
                 f"head_dim {model.head_dim} is not a whole number of the format's groups",

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from infergen.config import ModelConfig
+from infergen.kvcache.kv_blocked import BlockedKVFormat, MinMaxCodec, NVFP4Codec
 from infergen.kvcache.kv_protocol import (
     ENGINE_DTYPE,
     CacheLayout,
@@ -135,17 +136,11 @@ def decode(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
     return (codes.float() * scale[:, None]).to(dtype)
 
 
-def _register_blocked() -> None:
-    from infergen.kvcache.kv_blocked import BlockedKVFormat
-
-    for name, kind, bits, what in (
-        ("int4_kivi", "kivi", 4, "KIVI int4: keys per channel over each block, values per token, "
-         "min-max with fp16 scale and minimum; the block being filled kept in fp32"),
-        ("int2_kivi", "kivi", 2, "KIVI int2: as int4_kivi with 2-bit codes"),
-        ("nvfp4", "nvfp4", 4, "NVFP4 per token (E2M1, an E4M3 scale per 16 values, an fp32 scale "
-         "per block and head); the block being filled kept in fp32"),
-    ):  # fmt: skip
-        KV_FORMATS.register(name, BlockedKVFormat(name, kind, bits, what))
-
-
-_register_blocked()
+for _name, _codec, _what in (
+    ("int4_kivi", MinMaxCodec(4), "KIVI int4: keys per channel over each block, values per "
+     "token, min-max with fp16 scale and minimum; the block being filled kept in fp32"),
+    ("int2_kivi", MinMaxCodec(2), "KIVI int2: as int4_kivi with 2-bit codes"),
+    ("nvfp4", NVFP4Codec(), "NVFP4 per token (E2M1, an E4M3 scale per 16 values, an fp32 scale "
+     "per block and head); the block being filled kept in fp32"),
+):  # fmt: skip
+    KV_FORMATS.register(_name, BlockedKVFormat(_name, _codec, _what))

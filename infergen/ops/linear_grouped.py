@@ -29,6 +29,7 @@ from infergen.errors import ConfigError
 from infergen.formats import quantize
 from infergen.formats.block_weight import BLOCK, BLOCK_TYPES, BlockWeight
 from infergen.formats.pack import unpack_bits
+from infergen.formats.qtensor import QuantizedTensor
 from infergen.formats.quant_weight import QuantWeight
 from infergen.kernels.build import I, L, P, kernel
 from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
@@ -54,6 +55,8 @@ class GroupFormat:
     value: Callable[[Grouped], torch.Tensor]  # the reference dequantization, fp32 [out, in]
     encode: Callable[[torch.Tensor], Grouped]  # fp32 weight → codes and fields
     scalar: bool = False  # the header ends with Grouped.scalar (fp32)
+    scale_group: int = BLOCK  # inputs sharing one scale
+    asymmetric: bool = False  # a minimum / zero point beside each scale
 
 
 def _per_weight(field: torch.Tensor) -> torch.Tensor:
@@ -78,18 +81,28 @@ def _fp4_value(g: Grouped) -> torch.Tensor:
     return values * per_16 * g.scalar
 
 
-def _fp4_encode(fmt: str) -> Callable[[torch.Tensor], Grouped]:
-    def encode(weight: torch.Tensor) -> Grouped:
+def _fp4_codes(
+    weight: torch.Tensor, fmt: str
+) -> tuple[torch.Tensor, torch.Tensor, QuantizedTensor]:
+    """E2M1 codes [out, in] (unpacked), a scale byte per block [out, blocks], the quantized
+    tensor (its global scale)."""
+    q = quantize(weight, fmt, axis=-1)
+    codes = unpack_bits(q.codes, 4).reshape(weight.shape)
+    return codes, q.scales.reshape(weight.shape[0], -1), q
 
-        q = quantize(weight, fmt, axis=-1)
-        codes = unpack_bits(q.codes, 4).reshape(weight.shape)
-        scales = q.scales.reshape(weight.shape[0], -1)  # a byte per block
-        if fmt == "mxfp4":
-            return Grouped(codes, [scales.contiguous()])
-        halves = [scales[:, 0::2].contiguous(), scales[:, 1::2].contiguous()]
-        return Grouped(codes, halves, float(q.global_scale))
 
-    return encode
+def _mxfp4_encode(weight: torch.Tensor) -> Grouped:
+    """An E8M0 scale per 32 inputs: one header field."""
+    codes, scales, _ = _fp4_codes(weight, "mxfp4")
+    return Grouped(codes, [scales.contiguous()])
+
+
+def _nvfp4_encode(weight: torch.Tensor) -> Grouped:
+    """An E4M3 scale per 16 inputs: two header fields per 32 (even and odd 16s), and the
+    global scale."""
+    codes, scales, q = _fp4_codes(weight, "nvfp4")
+    halves = [scales[:, 0::2].contiguous(), scales[:, 1::2].contiguous()]
+    return Grouped(codes, halves, float(q.global_scale))
 
 
 def _gguf_encode(ggml_type: str) -> Callable[[torch.Tensor], Grouped]:
@@ -125,7 +138,7 @@ GROUP_FORMATS = {
     "q4_1": GroupFormat(
         4, (torch.float16, torch.float16), 4,
         lambda g: _per_weight(g.fields[0]) * g.codes.float() + _per_weight(g.fields[1]),
-        _gguf_encode("Q4_1"),
+        _gguf_encode("Q4_1"), asymmetric=True,
     ),
     "q8_0": GroupFormat(
         8, (torch.float16,), 5,
@@ -140,11 +153,12 @@ GROUP_FORMATS = {
     "int4_asym": GroupFormat(
         4, (torch.float32, torch.uint8), 7,
         lambda g: (g.codes.float() - _per_weight(g.fields[1])) * _per_weight(g.fields[0]),
-        _formats_encode("int4_asym"),
+        _formats_encode("int4_asym"), asymmetric=True,
     ),
-    "mxfp4": GroupFormat(4, (torch.uint8,), 8, _fp4_value, _fp4_encode("mxfp4")),
+    "mxfp4": GroupFormat(4, (torch.uint8,), 8, _fp4_value, _mxfp4_encode),
     "nvfp4": GroupFormat(
-        4, (torch.uint8, torch.uint8), 9, _fp4_value, _fp4_encode("nvfp4"), scalar=True
+        4, (torch.uint8, torch.uint8), 9, _fp4_value, _nvfp4_encode, scalar=True,
+        scale_group=16,
     ),
 }  # fmt: skip
 

@@ -98,8 +98,8 @@ for _name, (_what, _error) in _GROUPED.items():
             f"weight-only {_what}; every projection, the LM head (and a tied embedding) "
             "included (input features must be a multiple of 32)",
             expected_error=_error,
-            scale_group=16 if _name == "nvfp4" else 32,
-            asymmetric=_name in ("int4_asym", "q4_1"),
+            scale_group=linear_grouped.GROUP_FORMATS[_name].scale_group,
+            asymmetric=linear_grouped.GROUP_FORMATS[_name].asymmetric,
         ),
     )
 

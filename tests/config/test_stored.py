@@ -59,7 +59,7 @@ def test_an_unquantized_config_has_no_stored_format():
 
 @pytest.mark.parametrize("scheme", sorted(EXPORTS))
 def test_compressed_tensors_groups_read_back_as_the_scheme_written(scheme):
-    fmt, args = EXPORTS[scheme]
+    fmt, args = EXPORTS[scheme].format, EXPORTS[scheme].args
     group = {"targets": ["Linear"], "weights": {**args, "dynamic": False}, "format": fmt}
     s = stored({"quant_method": "compressed-tensors", "format": fmt,
                 "config_groups": {"group_0": group}})  # fmt: skip

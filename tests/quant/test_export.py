@@ -41,11 +41,9 @@ def test_int32_packing_matches_compressed_tensors_vectors():
 
 def test_fp4_nibbles_match_compressed_tensors_vector():
     """The library packs FP4 [0.5, -1, 6, -0] as bytes 0xA1, 0x87 (even column low)."""
-    from infergen.engine.export import _stored
-
     row = torch.zeros(1, 32)
     row[0, :4] = torch.tensor([0.5, -1.0, 6.0, -0.0])  # amax 6: the E8M0 scale is 2^0
-    stored = _stored(row, "mxfp4")
+    stored = EXPORTS["mxfp4"].write(row)
     assert stored["weight_packed"][0, :2].tolist() == [0xA1, 0x87]
     assert stored["weight_scale"][0, 0].item() == 127
 
@@ -164,13 +162,12 @@ def test_quantize_refuses_an_architecture_it_cannot_write(arch, what, tmp_path, 
 def test_nonfinite_scales_are_found_without_decoding(scheme):
     """QuantWeight.nonfinite (the load check) flags exactly the weights whose decoded values
     (the backend's own dequantization) hold NaN / Inf."""
-    from infergen.engine.export import _stored
     from infergen.io.compressed_tensors import read_weight
 
     w = torch.randn(24, 64, generator=torch.Generator().manual_seed(2))
-    fmt, args = EXPORTS[scheme]
+    fmt, args = EXPORTS[scheme].format, EXPORTS[scheme].args
     for corrupt in (False, True):
-        stored = {f"p.{k}": v.clone() for k, v in _stored(w, scheme).items()}
+        stored = {f"p.{k}": v.clone() for k, v in EXPORTS[scheme].write(w).items()}
         if corrupt:
             if scheme == "fp8_e4m3":
                 stored["p.weight"].view(torch.uint8)[3, 5] = 0x7F  # a NaN code
