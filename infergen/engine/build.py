@@ -26,6 +26,7 @@ from infergen.formats.block_weight import BlockWeight
 from infergen.io.checkpoint import Checkpoint, load_checkpoint
 from infergen.kernels.build import build_all
 from infergen.kvcache.calibrate import calibrate_kv_scales
+from infergen.kvcache.groups import cache_groups
 from infergen.kvcache.kv_format import kv_format_of
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.sizing import blocks_for
@@ -204,7 +205,11 @@ def _kv_scales(built: Built, checkpoint: Checkpoint, run) -> tuple | None:
         built.config = dataclasses.replace(built.config, cache=cache)
         layers, _, heads = checkpoint.kv_scales.shape
         return checkpoint.kv_scales, torch.zeros(layers, heads, built.model_config.head_dim)
-    if kv_format_of(cache.kv_format).calibrate:  # per-head scales from the model's own K / V
+    fmt = kv_format_of(cache.kv_format)
+    if fmt.calibrate:  # per-head scales from the model's own K / V: a model the format takes
+        model_config = built.model_config
+        windowed = any(group.window for group in cache_groups(model_config))
+        fmt.check(model_config, windowed, bool(built.model.state_layers))
         return calibrate_kv_scales(
             run,
             built.tokenizer,

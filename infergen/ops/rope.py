@@ -113,8 +113,11 @@ ROPE_BACKENDS: Registry[RopeFn] = Registry("rope backend")
 @ROPE_BACKENDS.decorator("torch")
 def apply_rope(x: torch.Tensor, rope: RopeInputs) -> torch.Tensor:
     """Rotate x [tokens, heads, d] (q and k may be rotated as one tensor); returns a new
-    tensor (the native backend rotates in place and returns x)."""
+    tensor (the native backend rotates in place and returns x). The tables are cast to x's
+    dtype first, as transformers does: a bf16 / fp16 engine rotates in its own dtype."""
     cos2, sin2 = rope.tables
+    if cos2.dtype != x.dtype:
+        cos2, sin2 = cos2.to(x.dtype), sin2.to(x.dtype)
     half = x.shape[-1] // 2
     swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
     return torch.addcmul(x * cos2, swapped, sin2)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from infergen import LLM, SamplingParams
-from infergen.errors import InfergenError
+from infergen.errors import ConfigError, InfergenError
 from infergen.kvcache.kv_format import KV_FORMATS, decode, encode
 from infergen.kvcache.paged_cache import KVLayer
 from infergen.ops import paged_attention as pa
@@ -143,3 +143,12 @@ def test_fused_decode_with_fp8_cache_equals_per_op_path(tiny):
 def test_unknown_kv_format():
     with pytest.raises(InfergenError, match="unknown KV cache format 'fp7'"):
         LLM(kv_format="fp7")
+
+
+@pytest.mark.parametrize("kv_format", ["fp8_e4m3", "int4_kivi"])
+def test_a_latent_cache_is_refused_before_calibration(kv_format, tmp_path):
+    """DeepSeek's MLA cache holds one latent entry per token, not K and V per head: a clear
+    error, before the FP8 scales' calibration (which indexed a V plane it does not have)."""
+    build_hf_model("deepseek_v2", tmp_path)
+    with pytest.raises(ConfigError, match="latent"):
+        LLM(str(tmp_path), kv_format=kv_format)
