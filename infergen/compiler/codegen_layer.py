@@ -169,91 +169,100 @@ class _Renderer:
         return ref.at(), ref.row_stride
 
     def render_node(self, node: Node) -> None:
-        op = node.op
-        if op is Op.FUSED:
-            name = f"{self.name}_g{len(self.groups)}"
-            self.groups.append(render_group(node.attrs["graph"], name))
-            ins = [self.input_pointer(v) for v in node.inputs]
-            outs = [self.arena_ref(v) for v in node.outputs]
-            k = len(self.groups)
-            self.emit(f"{{ const void *in{k}[] = {{{', '.join(p for p, _ in ins)}}};")
-            self.emit(f"  long rs{k}[] = {{{', '.join(r for _, r in ins)}}};")
-            self.emit(f"  void *out{k}[] = {{{', '.join(o.ptr for o in outs)}}};")
-            self.emit(f"  {name}(in{k}, rs{k}, out{k}, T, threads); }}")
-            for value, ref in zip(node.outputs, outs, strict=True):
-                self.refs[id(value)] = ref
-        elif op is Op.LINEAR:
-            x, weight, bias = node.inputs
-            out = node.outputs[0]
-            src = self.contiguous(self.refs[id(x)])
-            dst = self.arena_ref(out)
-            n_out, n_in = weight.shape
-            g = len(self.linears)
-            self.linears.append(weight.name)
+        render = _RENDER.get(node.op)
+        if render is None:
+            raise CodegenError(f"no layer-program code for {node.op.label}")
+        render(self, node)
+
+    def _fused(self, node: Node) -> None:
+        name = f"{self.name}_g{len(self.groups)}"
+        self.groups.append(render_group(node.attrs["graph"], name))
+        ins = [self.input_pointer(v) for v in node.inputs]
+        outs = [self.arena_ref(v) for v in node.outputs]
+        k = len(self.groups)
+        self.emit(f"{{ const void *in{k}[] = {{{', '.join(p for p, _ in ins)}}};")
+        self.emit(f"  long rs{k}[] = {{{', '.join(r for _, r in ins)}}};")
+        self.emit(f"  void *out{k}[] = {{{', '.join(o.ptr for o in outs)}}};")
+        self.emit(f"  {name}(in{k}, rs{k}, out{k}, T, threads); }}")
+        for value, ref in zip(node.outputs, outs, strict=True):
+            self.refs[id(value)] = ref
+
+    def _linear(self, node: Node) -> None:
+        x, weight, bias = node.inputs
+        out = node.outputs[0]
+        src = self.contiguous(self.refs[id(x)])
+        dst = self.arena_ref(out)
+        n_out, n_in = weight.shape
+        g = len(self.linears)
+        self.linears.append(weight.name)
+        self.emit(
+            f"gemm_any(F[{g}], {self.weight(weight)}, {src.at()}, {self.weight(bias)}, "
+            f"{dst.ptr}, T, {n_out}, {n_in}, threads);"
+        )
+        self.refs[id(out)] = dst
+
+    def _slice(self, node: Node) -> None:
+        src = self.refs[id(node.inputs[0])]
+        dim = node.attrs["dim"] - 1
+        shape = list(src.shape)
+        shape[dim] = node.attrs["stop"] - node.attrs["start"]
+        offset = src.offset + node.attrs["start"] * src.strides[dim]
+        self.refs[id(node.outputs[0])] = TRef(
+            src.ptr, src.row_stride, offset, tuple(shape), src.strides
+        )
+
+    def _view(self, node: Node) -> None:
+        src = self.refs[id(node.inputs[0])]
+        if not src.contiguous_rows():
+            src = self.contiguous(src)
+        shape = _row(node.outputs[0])
+        self.refs[id(node.outputs[0])] = TRef(
+            src.ptr, src.row_stride, src.offset, shape, _strides(shape)
+        )
+
+    def _kv_store(self, node: Node) -> None:
+        k, v = (self.refs[id(x)] for x in node.inputs[:2])
+        if not (k.contiguous_rows() and v.contiguous_rows()):
+            raise CodegenError("K / V rows must be dense to store")
+        store = _KV_STORES.get(node.attrs["format"])
+        if store is None:
+            raise CodegenError(f"KV format {node.attrs['format']}")
+        rows = (f"{k.at()} + t * {k.row_stride}", f"{v.at()} + t * {v.row_stride}")
+        self.emit("for (long t = 0; t < T; ++t) {")
+        store(self, node, rows, k.row_elements())
+        self.emit("}")
+        for value in node.outputs:
+            self.refs[id(value)] = TRef("kc", "0", 0, (), ())  # the cache, in place
+
+    def _store_e4m3(self, node: Node, rows: tuple[str, str], n: int) -> None:
+        """FP8 codes of (x - shift) / scale per head."""
+        k_scale, v_scale, k_shift = (self.weight(x) for x in node.inputs[5:8])
+        stores = (("kc", rows[0], k_scale, k_shift), ("vc", rows[1], v_scale, "0"))
+        for cache, row, scale, shift in stores:
             self.emit(
-                f"gemm_any(F[{g}], {self.weight(weight)}, {src.at()}, {self.weight(bias)}, "
-                f"{dst.ptr}, T, {n_out}, {n_in}, threads);"
+                f"    store_e4m3({row}, (uint8_t *){cache} + s->slots[t] * {n}, "
+                f"{scale}, {shift}, {self.kv_heads}, {self.dim});"
             )
-            self.refs[id(out)] = dst
-        elif op is Op.SLICE:
-            src = self.refs[id(node.inputs[0])]
-            dim = node.attrs["dim"] - 1
-            shape = list(src.shape)
-            shape[dim] = node.attrs["stop"] - node.attrs["start"]
-            offset = src.offset + node.attrs["start"] * src.strides[dim]
-            self.refs[id(node.outputs[0])] = TRef(
-                src.ptr, src.row_stride, offset, tuple(shape), src.strides
-            )
-        elif op is Op.VIEW:
-            src = self.refs[id(node.inputs[0])]
-            if not src.contiguous_rows():
-                src = self.contiguous(src)
-            shape = _row(node.outputs[0])
-            self.refs[id(node.outputs[0])] = TRef(
-                src.ptr, src.row_stride, src.offset, shape, _strides(shape)
-            )
-        elif op is Op.KV_STORE:
-            k, v = (self.refs[id(x)] for x in node.inputs[:2])
-            if not (k.contiguous_rows() and v.contiguous_rows()):
-                raise CodegenError("K / V rows must be dense to store")
-            n = k.row_elements()
-            rows = (f"{k.at()} + t * {k.row_stride}", f"{v.at()} + t * {v.row_stride}")
-            self.emit("for (long t = 0; t < T; ++t) {")
-            if node.attrs["format"] == "fp8_e4m3":  # codes of (x - shift) / scale per head
-                k_scale, v_scale, k_shift = (self.weight(x) for x in node.inputs[5:8])
-                stores = (("kc", rows[0], k_scale, k_shift), ("vc", rows[1], v_scale, "0"))
-                for cache, row, scale, shift in stores:
-                    self.emit(
-                        f"    store_e4m3({row}, (uint8_t *){cache} + s->slots[t] * {n}, "
-                        f"{scale}, {shift}, {self.kv_heads}, {self.dim});"
-                    )
-            elif node.attrs["format"] == "f32":
-                for cache, row in (("kc", rows[0]), ("vc", rows[1])):
-                    self.emit(
-                        f"    memcpy({cache} + s->slots[t] * {n}, {row}, sizeof(float) * {n});"
-                    )
-            else:
-                raise CodegenError(f"KV format {node.attrs['format']}")
-            self.emit("}")
-            for value in node.outputs:
-                self.refs[id(value)] = TRef("kc", "0", 0, (), ())  # the cache, in place
-        elif op is Op.ATTENTION:
-            if node.attrs["operands"] != "fp32":
-                raise CodegenError("attention operands other than fp32")
-            q = self.contiguous(self.refs[id(node.inputs[0])])
-            out = self.arena_ref(node.outputs[0])
-            scales = "0, 0"  # FP8 codes: the per-head scales (the key shift cancels out)
-            if node.attrs["kv_format"] != "f32":
-                scales = ", ".join(self.weight(x) for x in node.inputs[7:9])
-            self.emit(
-                f"decode_attention({q.at()}, kc, vc, {scales}, s->block_tables, "
-                f"s->max_blocks, s->seq_lens, {out.ptr}, T, {self.heads}, "
-                f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, "
-                "threads);"
-            )
-            self.refs[id(node.outputs[0])] = out
-        else:
-            raise CodegenError(f"no layer-program code for {op.label}")
+
+    def _store_f32(self, node: Node, rows: tuple[str, str], n: int) -> None:
+        for cache, row in (("kc", rows[0]), ("vc", rows[1])):
+            self.emit(f"    memcpy({cache} + s->slots[t] * {n}, {row}, sizeof(float) * {n});")
+
+    def _attention(self, node: Node) -> None:
+        if node.attrs["operands"] != "fp32":
+            raise CodegenError("attention operands other than fp32")
+        q = self.contiguous(self.refs[id(node.inputs[0])])
+        out = self.arena_ref(node.outputs[0])
+        scales = "0, 0"  # FP8 codes: the per-head scales (the key shift cancels out)
+        if node.attrs["kv_format"] != "f32":
+            scales = ", ".join(self.weight(x) for x in node.inputs[7:9])
+        self.emit(
+            f"decode_attention({q.at()}, kc, vc, {scales}, s->block_tables, "
+            f"s->max_blocks, s->seq_lens, {out.ptr}, T, {self.heads}, "
+            f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, "
+            "threads);"
+        )
+        self.refs[id(node.outputs[0])] = out
 
     def render(self) -> LayerProgram:
         self.bind_inputs()
@@ -301,3 +310,15 @@ def render_layer_program(
     when the graph holds something it has no code for."""
     flat = flatten(graph)
     return _Renderer(flat, name, heads, kv_heads, dim, scale).render()
+
+
+# the op → its renderer; a KV store's format → the C that stores one token's K and V
+_RENDER = {
+    Op.FUSED: _Renderer._fused,
+    Op.LINEAR: _Renderer._linear,
+    Op.SLICE: _Renderer._slice,
+    Op.VIEW: _Renderer._view,
+    Op.KV_STORE: _Renderer._kv_store,
+    Op.ATTENTION: _Renderer._attention,
+}
+_KV_STORES = {"fp8_e4m3": _Renderer._store_e4m3, "f32": _Renderer._store_f32}

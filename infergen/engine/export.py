@@ -157,6 +157,42 @@ def export(
     schemes store each projection's input scale."""
     from safetensors.torch import save_file
 
+    _check_schemes(scheme, kv_format, activations)
+    _check_exportable(load_checkpoint(model, load_weights=False).config)
+    ckpt = load_checkpoint(model)
+    config, tensors = ckpt.config, ckpt.tensors
+    input_scales: dict[str, torch.Tensor] = {}
+    if activations is not None or smoothing is not None or calibration != "max":
+        input_scales = _calibrate(model, scheme, tensors, config, dict(
+            activations=activations, calibration=calibration, smoothing=smoothing,
+            calibration_stats=calibration_stats, calibration_text=calibration_text))  # fmt: skip
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = _projections(tensors, config.num_hidden_layers, EXPORTS[scheme], progress)
+    result.update({name: t.contiguous() for name, t in tensors.items()})  # norms, embeddings
+    for prefix, scale in input_scales.items():  # static activation scales
+        stored = INPUT_SCALES[activations]
+        result[prefix + stored.suffix] = stored.stored(scale)
+    quant = _quantization_config(EXPORTS[scheme], activations)
+    if kv_format is not None:
+        scales = _kv_scales(model)
+        for layer in range(config.num_hidden_layers):
+            for j, kind in enumerate(("k_scale", "v_scale")):
+                name = f"model.layers.{layer}.self_attn.{kind}"
+                result[name] = scales[layer, j].reshape(-1, 1, 1)
+        quant["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "symmetric": True,
+                                    "strategy": "attn_head", "dynamic": False}  # fmt: skip
+    save_file(result, str(out / "model.safetensors"))
+    hf = hf_config_dict(model)
+    hf["quantization_config"] = quant
+    (out / "config.json").write_text(json.dumps(hf, indent=1))
+    if ckpt.tokenizer is not None:
+        ckpt.tokenizer.save(out)
+    return out
+
+
+def _check_schemes(scheme: str, kv_format: str | None, activations: str | None) -> None:
+    """Schemes a compressed-tensors checkpoint has a layout for."""
     if scheme not in EXPORTS:
         raise ConfigError(
             "no compressed-tensors layout for this weight scheme",
@@ -171,20 +207,17 @@ def export(
         raise ConfigError("no compressed-tensors layout for this activation scheme",
                           where="--activations", found=activations,
                           expected=f"one of {sorted(ACTIVATION_ARGS)}")  # fmt: skip
-    _check_exportable(load_checkpoint(model, load_weights=False).config)
-    ckpt = load_checkpoint(model)
-    config, tensors = ckpt.config, ckpt.tensors
-    input_scales: dict[str, torch.Tensor] = {}
-    if activations is not None or smoothing is not None or calibration != "max":
-        input_scales = _calibrate(model, scheme, tensors, config, dict(
-            activations=activations, calibration=calibration, smoothing=smoothing,
-            calibration_stats=calibration_stats, calibration_text=calibration_text))  # fmt: skip
-    layout = EXPORTS[scheme]
-    fmt, args = layout.format, layout.args
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+
+
+def _projections(
+    tensors: dict[str, torch.Tensor],
+    layers: int,
+    layout: Layout,
+    progress: Callable[[int, int], None] | None,
+) -> dict[str, torch.Tensor]:
+    """Every decoder projection's stored tensors (popped from `tensors`): quantized fused as
+    the engine holds them, then split per projection."""
     result: dict[str, torch.Tensor] = {}
-    layers = config.num_hidden_layers
     for layer in range(layers):
         for group in FUSED:
             module = "mlp" if group[0] in ("gate_proj", "down_proj") else "self_attn"
@@ -196,44 +229,29 @@ def export(
                 result.update({f"{name}.{key}": t for key, t in part.items()})
         if progress is not None:
             progress(layer + 1, layers)
-    result.update({name: t.contiguous() for name, t in tensors.items()})  # norms, embeddings
-    for prefix, scale in input_scales.items():  # static activation scales
-        layout = INPUT_SCALES[activations]
-        result[prefix + layout.suffix] = layout.stored(scale)
-    quant = {
+    return result
+
+
+def _quantization_config(layout: Layout, activations: str | None) -> dict:
+    """The config.json's `quantization_config` (kv_cache_scheme set by the caller)."""
+    return {
         "quant_method": "compressed-tensors",
-        "format": fmt,
+        "format": layout.format,
         "quantization_status": "compressed",
         "global_compression_ratio": None,
         "ignore": ["lm_head"],
         "config_groups": {
             "group_0": {
                 "targets": ["Linear"],
-                "weights": {**args, "dynamic": False},
+                "weights": {**layout.args, "dynamic": False},
                 "input_activations": ACTIVATION_ARGS[activations] if activations else None,
                 "output_activations": None,
-                "format": fmt,
+                "format": layout.format,
             }
         },
         "kv_cache_scheme": None,
         "producer": "infergen quantize",
     }
-    if kv_format is not None:
-        scales = _kv_scales(model)
-        for layer in range(layers):
-            for j, kind in enumerate(("k_scale", "v_scale")):
-                result[f"model.layers.{layer}.self_attn.{kind}"] = scales[layer, j].reshape(
-                    -1, 1, 1
-                )
-        quant["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "symmetric": True,
-                                    "strategy": "attn_head", "dynamic": False}  # fmt: skip
-    save_file(result, str(out / "model.safetensors"))
-    hf = hf_config_dict(model)
-    hf["quantization_config"] = quant
-    (out / "config.json").write_text(json.dumps(hf, indent=1))
-    if ckpt.tokenizer is not None:
-        ckpt.tokenizer.save(out)
-    return out
 
 
 def _check_exportable(config: ModelConfig) -> None:
