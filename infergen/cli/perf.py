@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
 def cmd_perf_calibrate(args: argparse.Namespace) -> int:
     import pathlib
 
-    from infergen.perf.calibrate import default_path, measure, save
+    from infergen.perf.calibrate import measure, save
+    from infergen.perf.hardware import default_path
 
     print(
         "measuring GEMM FLOP/s, read bandwidth, launch cost, attention ...",

@@ -19,18 +19,11 @@ from dataclasses import replace
 
 import torch
 
-from infergen.kernels.build import cache_dir
 from infergen.ops import linear
 from infergen.ops.paged_attention import DECODE_BACKENDS, paged_attention, plan
-from infergen.perf.hardware import Hardware
+from infergen.perf.hardware import CPU_LOCAL, Hardware
 from infergen.process import configure_process
 from infergen.timing import best_seconds, best_seconds_each
-
-CPU_LOCAL = "cpu-local"
-
-
-def default_path() -> pathlib.Path:
-    return cache_dir() / "perf" / f"{CPU_LOCAL}.json"
 
 
 def measure(threads: int | None = None, quick: bool = False) -> Hardware:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from infergen.config.stored import PLAIN_BITS, format_bits
 from infergen.errors import ConfigError
 from infergen.formats import FORMATS
+from infergen.kernels.build import cache_dir
 from infergen.registry import Registry
 
 TABLE = pathlib.Path(__file__).with_name("hardware.json")
@@ -228,14 +229,20 @@ def compute_class(activation_format: str) -> str:
     return "fp8" if bits > 4 else "fp4"
 
 
+CPU_LOCAL = "cpu-local"  # this machine's row, written by `infergen perf calibrate`
+
+
+def default_path() -> pathlib.Path:
+    """Where `infergen perf calibrate` keeps the cpu-local row."""
+    return cache_dir() / "perf" / f"{CPU_LOCAL}.json"
+
+
 def resolve(name: str, hardware_file: str | None = None) -> Hardware:
     """`--gpu NAME [--hardware-file F]`: a table row, a row of F, or `cpu-local` from the
     last `infergen perf calibrate`."""
     if hardware_file:
         load_file(hardware_file)
-    if name == "cpu-local" and name not in HARDWARE:
-        from infergen.perf.calibrate import default_path
-
+    if name == CPU_LOCAL and name not in HARDWARE:
         if not default_path().exists():
             raise ConfigError(
                 "cpu-local is not calibrated",
