@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from infergen.errors import ConfigError
+from infergen.eval.passkey import LENGTHS, passkey_accuracy
 from infergen.kvcache.sizing import bytes_per_token
 from infergen.layers.linear import Linear
 from infergen.llm import LLM
@@ -95,8 +96,6 @@ def evaluate(
     perplexity, KL / top-1 against the reference ("ppl" / "kl"), passkey retrieval accuracy
     per prompt length ("passkey"), the projections' bytes and bits per weight and the KV
     cache's bytes per token. `progress(name)` is called as each configuration starts."""
-    from infergen.eval.passkey import LENGTHS, passkey_accuracy
-
     configs = [("none", parse_spec("none"), None)]
     configs += [(s, parse_spec(s), None) for s in schemes if s is not None]
     configs += [(f"kv {kv}", parse_spec("none"), kv) for kv in kv_formats]

@@ -11,6 +11,7 @@ from torch import nn
 
 from infergen.formats.block_weight import BlockWeight
 from infergen.formats.quant_weight import QuantWeight
+from infergen.layers.probe import probe_error
 from infergen.ops import (
     linear_grouped,  # noqa: F401  (registers "q4_0" ... "int4_asym")
     linear_quantized,  # noqa: F401  (registers "int8", "fp8_e4m3")
@@ -64,8 +65,6 @@ class Linear(nn.Module):
         weight = weight.to(self.dtype).contiguous()
         self.weight = self.backend.prepare(weight)
         if self.max_error is not None:
-            from infergen.layers.probe import probe_error  # (infergen.quant imports this module)
-
             error = self.probe_error = probe_error(self.backend, self.weight, weight)
             if error > self.max_error:  # far above the scheme's level: keep full precision
                 self.fallback = (error, self.max_error)

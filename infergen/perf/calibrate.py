@@ -22,6 +22,7 @@ import torch
 from infergen.ops import linear
 from infergen.ops.paged_attention import DECODE_BACKENDS, paged_attention, plan
 from infergen.perf.hardware import CPU_LOCAL, Hardware
+from infergen.perf.step_cost import Chunk, attended_keys
 from infergen.process import configure_process
 from infergen.timing import best_seconds, best_seconds_each
 
@@ -145,8 +146,6 @@ def _prefill_attention_efficiency(peak: float, repeats: int, tokens: int) -> flo
     """Fraction of the GEMM peak the engine's prefill attention reaches: one cold causal
     prompt of `tokens` tokens (8 heads, 2 KV heads, head_dim 64) through `paged_attention`,
     FLOPs counted as the cost model counts them (4 x heads x head_dim per attended key)."""
-    from infergen.perf.step_cost import Chunk, attended_keys
-
     heads, kv_heads, dim, block = 8, 2, 64, 16
     tables = torch.arange(tokens // block).view(1, -1)
     attn_plan = plan([0, tokens], [tokens], tables, block, None)

@@ -24,6 +24,7 @@ import torch
 
 from infergen.ops.quantize_activation import ActivationFormat, fake_quantize
 from infergen.quant.calibrate import InputStats
+from infergen.quant.schemes import WEIGHT_SCHEMES, dequantized_weight
 from infergen.registry import Registry
 
 PERCENTILE = 99.99
@@ -97,8 +98,6 @@ def clip_weight(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the weight [out, in] with each scale group clipped at its best ratio, the ratios) for
     weight scheme `scheme`; channel_energy [in] = E[x²] of each input channel."""
-    from infergen.quant.schemes import WEIGHT_SCHEMES, dequantized_weight
-
     s = WEIGHT_SCHEMES.get(scheme, where="weights")
     w = _groups(weight, s.scale_group)
     energy = _groups(channel_energy.expand_as(weight), s.scale_group)

@@ -34,6 +34,7 @@ import torch
 
 from infergen.ops.quantize_activation import ActivationFormat, fake_quantize
 from infergen.quant.calibrate import InputStats
+from infergen.quant.schemes import dequantized_weight
 from infergen.registry import Registry
 
 SMOOTHQUANT_ALPHA = 0.5
@@ -127,8 +128,6 @@ def _smoothquant(weight, group: SmoothGroup, scheme, act) -> tuple[torch.Tensor,
 
 
 def _awq(weight, group: SmoothGroup, scheme, act) -> tuple[torch.Tensor, float]:
-    from infergen.quant.schemes import dequantized_weight
-
     x = group.stats.rows
     reference = x @ weight.t()
     mean = group.stats.mean_abs

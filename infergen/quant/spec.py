@@ -13,6 +13,10 @@ scales), "int8/int8_static+smoothquant", "nvfp4/nvfp4" (W4A4), "int4/int8" (W4A8
 from __future__ import annotations
 
 from infergen.errors import ConfigError
+from infergen.quant.activations import ACTIVATION_SCHEMES
+from infergen.quant.clipping import CLIP_METHODS
+from infergen.quant.schemes import WEIGHT_SCHEMES
+from infergen.quant.smoothing import SMOOTHINGS
 
 SPEC_SYNTAX = "WEIGHTS[/ACTIVATIONS][+OPTION...], e.g. 'int4+awq', 'fp8_e4m3/fp8_e4m3'"
 
@@ -29,11 +33,6 @@ MATRIX_SPECS = (
 def parse_spec(spec: str) -> dict[str, str | None]:
     """spec → the LLM arguments weights, activations, calibration, smoothing, attention and
     kv_format (None: the caller's)."""
-    from infergen.quant.activations import ACTIVATION_SCHEMES
-    from infergen.quant.clipping import CLIP_METHODS
-    from infergen.quant.schemes import WEIGHT_SCHEMES
-    from infergen.quant.smoothing import SMOOTHINGS
-
     head, *options = spec.split("+")
     weights, _, activations = head.partition("/")
     args: dict[str, str | None] = {
