@@ -55,12 +55,12 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_pendin
         return handlers.models()
 
     @app.post("/v1/completions", dependencies=authorized)
-    async def completions(body: CompletionRequest):
-        return await handlers.completions(body)
+    async def completions(body: CompletionRequest, request: Request):
+        return await handlers.completions(body, request)
 
     @app.post("/v1/chat/completions", dependencies=authorized)
-    async def chat(body: ChatRequest):
-        return await handlers.chat(body)
+    async def chat(body: ChatRequest, request: Request):
+        return await handlers.chat(body, request)
 
     return app
 
@@ -145,6 +145,13 @@ def _authorizer(api_key: str | None):
     return authorize
 
 
+async def _disconnect(request: Request) -> None:
+    """Returns when the client closes its connection (the body has been read: what the
+    server receives next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 # ---- the /v1 handlers ---------------------------------------------------------------------------
 def _include_usage(body: CompletionRequest | ChatRequest) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
@@ -172,7 +179,7 @@ class _Handlers:
         }
         return {"object": "list", "data": [card]}
 
-    async def completions(self, body: CompletionRequest):
+    async def completions(self, body: CompletionRequest, request: Request):
         self.check_model(body.model)
         prompts = [p for p in body.prompts() for _ in range(body.n)]
         submitted = await self.submit_all(
@@ -186,9 +193,10 @@ class _Handlers:
                 responses.completion_events(envelope, streams, prefix, _include_usage(body))
             )
         token_text = self.token_text if body.logprobs is not None else None
-        return await responses.completion_body(envelope, streams, prefix, token_text)
+        whole = responses.completion_body(envelope, streams, prefix, token_text)
+        return await self.unless_disconnected(request, whole, submitted)
 
-    async def chat(self, body: ChatRequest):
+    async def chat(self, body: ChatRequest, request: Request):
         self.check_model(body.model)
         prompt = self.llm.chat_prompt(body.conversation())
         limit = body.max_completion_tokens or body.max_tokens
@@ -207,7 +215,25 @@ class _Handlers:
                 responses.chat_events(envelope, streams, body.n, _include_usage(body))
             )
         token_text = self.token_text if body.logprobs else None
-        return await responses.chat_body(envelope, streams, token_text)
+        whole = responses.chat_body(envelope, streams, token_text)
+        return await self.unless_disconnected(request, whole, submitted)
+
+    async def unless_disconnected(self, request: Request, whole, submitted) -> dict | Response:
+        """A whole (non-streaming) response, unless the client hangs up first: then every
+        request behind it is aborted now (its KV blocks back to the pool) instead of running
+        to max_tokens for nobody. (A stream is aborted when its consumer stops.)"""
+        work = asyncio.ensure_future(whole)
+        gone = asyncio.ensure_future(_disconnect(request))
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            gone.cancel()
+            return work.result()
+        work.cancel()
+        for request_id, _, _ in submitted:
+            self.engine.abort(request_id, reason="disconnect")
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return Response(status_code=499)  # nobody is there to read it
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

@@ -5,8 +5,9 @@ the thread feeds with the request's updates.
 Only the engine thread touches the engine. Requests and aborts reach it through an inbox that
 it drains before every step; `submit` awaits the thread's verdict, so a bad request raises its
 RequestError in the caller. A request whose consumer goes away (client disconnect, cancelled
-task) is aborted and its KV blocks are freed. The number of requests in flight is bounded:
-beyond `max_pending`, `submit` raises `QueueFull` (HTTP 503) instead of queueing without limit.
+task) is aborted and its KV blocks are freed; /metrics counts aborts by reason
+(metrics.ABORT_REASONS). The number of requests in flight is bounded: beyond `max_pending`,
+`submit` raises `QueueFull` (HTTP 503) instead of queueing without limit.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from infergen.engine.engine import Engine
 from infergen.engine.request import RequestOutput, StreamDelta
 from infergen.engine.sampling_params import SamplingParams
-from infergen.server.metrics import ServerMetrics
+from infergen.server.metrics import ABORT_REASONS, ServerMetrics
 
 log = logging.getLogger("infergen.server")
 
@@ -44,6 +45,12 @@ class Update:
 
 
 @dataclass
+class _Abort:
+    request_id: str
+    reason: str
+
+
+@dataclass
 class _Submission:
     request_id: str
     prompt: list[int]
@@ -58,7 +65,7 @@ class AsyncEngine:
     def __init__(self, engine: Engine, max_pending: int = 256):
         self.engine = engine
         self.max_pending = max_pending
-        self._inbox: list[_Submission | str] = []  # submissions, and ids to abort
+        self._inbox: list[_Submission | _Abort] = []
         self._inbox_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -74,13 +81,15 @@ class AsyncEngine:
         with self._inbox_lock:
             items, self._inbox = self._inbox, []
         for item in items:
-            if isinstance(item, str):  # an abort
-                seq = self.engine._requests.get(item)
+            if isinstance(item, _Abort):
+                rid = item.request_id
+                seq = self.engine._requests.get(rid)
                 if seq is not None and not seq.finished:
-                    self.engine.abort(item)
-                    self._account(self.engine.output(item), "aborted")
-                self.engine.release(item)
-                self._times.pop(item, None)
+                    self.engine.abort(rid)
+                    self._account(self.engine.output(rid), "aborted")
+                    self.metrics.aborted(item.reason)
+                self.engine.release(rid)
+                self._times.pop(rid, None)
                 continue
             try:
                 self.engine.add_request(item.prompt, item.params, request_id=item.request_id)
@@ -186,15 +195,17 @@ class AsyncEngine:
         try:
             await accepted
         except asyncio.CancelledError:
-            self.abort(request_id)
+            self.abort(request_id, reason="cancelled")
             raise
         return request_id, queue
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request (if still running) and forget it; its KV blocks go back to the pool."""
+    def abort(self, request_id: str, reason: str = "cancelled") -> None:
+        """Stop a request (if still running) and forget it; its KV blocks go back to the pool.
+        `reason`: one of ABORT_REASONS (counted when the request was still running)."""
+        assert reason in ABORT_REASONS, reason
         self._queues.pop(request_id, None)
         with self._inbox_lock:
-            self._inbox.append(request_id)
+            self._inbox.append(_Abort(request_id, reason))
         self._wake.set()
 
     async def stream(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[Update]:
@@ -211,8 +222,8 @@ class AsyncEngine:
         finally:
             if finished:
                 self._queues.pop(request_id, None)
-            else:
-                self.abort(request_id)
+            else:  # the consumer stopped early: the client went away
+                self.abort(request_id, reason="disconnect")
 
 
 def _settle(future: asyncio.Future, error: Exception | None) -> None:

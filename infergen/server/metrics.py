@@ -48,11 +48,17 @@ from prometheus_client import (
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE_LATEST", "ITL_BUCKETS", "OUTCOMES", "TTFT_BUCKETS", "ServerMetrics"]
+__all__ = [
+    "ABORT_REASONS", "CONTENT_TYPE_LATEST", "ITL_BUCKETS", "OUTCOMES", "TTFT_BUCKETS",
+    "ServerMetrics",
+]  # fmt: skip
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 OUTCOMES = ("finished", "aborted", "failed", "rejected")
+# why a running request was aborted: its client went away, or its submission was cancelled
+# (the caller's task, or one prompt of an all-or-none group failing)
+ABORT_REASONS = ("disconnect", "cancelled")
 
 
 class ServerMetrics:
@@ -65,6 +71,12 @@ class ServerMetrics:
         )
         for outcome in OUTCOMES:  # every outcome shows from the start, at 0
             self.requests.labels(outcome)
+        self.aborts = Counter(
+            "infergen_request_aborts_total", "running requests aborted, by reason", ["reason"],
+            registry=None,
+        )  # fmt: skip
+        for reason in ABORT_REASONS:
+            self.aborts.labels(reason)
         self.prompt_tokens = Counter(
             "infergen_prompt_tokens_total", "prompt tokens of admitted requests", registry=None
         )
@@ -106,6 +118,10 @@ class ServerMetrics:
         """A request that ended without output to account for (failed, rejected)."""
         self.requests.labels(outcome).inc()
 
+    def aborted(self, reason: str) -> None:
+        """A running request was aborted (also counted as outcome "aborted" by `account`)."""
+        self.aborts.labels(reason).inc()
+
     def account(self, outcome: str, prompt_tokens: int, cached_prompt_tokens: int) -> None:
         """A request that ended (finished, aborted) with its prompt and prefix-cache hits."""
         with self.lock:
@@ -145,6 +161,7 @@ class _Exposition(Collector):
                 name: _without_created(metric)
                 for name, metric in (
                     ("requests", m.requests),
+                    ("aborts", m.aborts),
                     ("prompt", m.prompt_tokens),
                     ("cached", m.cached_prompt_tokens),
                     ("generation", m.generation_tokens),
@@ -158,7 +175,7 @@ class _Exposition(Collector):
             }
         prompt = _value(families["prompt"])
         hit_rate = _value(families["cached"]) / prompt if prompt else 0.0
-        yield from (families[k] for k in ("requests", "prompt", "cached", "generation"))
+        yield from (families[k] for k in ("requests", "aborts", "prompt", "cached", "generation"))
         yield from (families[k] for k in ("waiting", "running", "used", "free"))
         yield GaugeMetricFamily(
             "infergen_prefix_cache_hit_rate",

@@ -18,9 +18,11 @@ from .conftest import API_KEY
 TTFT = "infergen_time_to_first_token_seconds"
 ITL = "infergen_inter_token_latency_seconds"
 
-# what the hand-written exporter exposed: (family, type) and the sample names of each
+# what the hand-written exporter exposed (and the aborts by reason, added since): (family,
+# type) and the sample names of each
 EXPOSED = {
     ("infergen_requests", "counter"): {"infergen_requests_total"},
+    ("infergen_request_aborts", "counter"): {"infergen_request_aborts_total"},
     ("infergen_prompt_tokens", "counter"): {"infergen_prompt_tokens_total"},
     ("infergen_cached_prompt_tokens", "counter"): {"infergen_cached_prompt_tokens_total"},
     ("infergen_generation_tokens", "counter"): {"infergen_generation_tokens_total"},
@@ -77,6 +79,8 @@ def test_exposed_names_are_the_hand_written_exporters():
     outcomes = {dict(labels)["outcome"] for _, labels in families["infergen_requests"]["samples"]}
     assert outcomes == {"finished", "aborted", "failed", "rejected"}
     assert value(families, "infergen_requests_total", outcome="rejected") == 1
+    reasons = {dict(ls)["reason"] for _, ls in families["infergen_request_aborts"]["samples"]}
+    assert reasons == {"disconnect", "cancelled"}  # every reason shows from the start, at 0
     assert value(families, "infergen_prefix_cache_hit_rate") == 0.4
     assert value(families, "infergen_kv_blocks_free") == 4
     assert [b for b, _ in buckets(families, TTFT)] == [*TTFT_BUCKETS, math.inf]

@@ -1,4 +1,5 @@
-"""A client that disconnects mid-stream has its request aborted and its KV blocks freed; a
+"""A client that disconnects (mid-stream, or before a whole response) has its requests aborted
+and its KV blocks freed; a
 full server answers 503 instead of queueing without limit; an engine step that raises ends
 only the requests in that step (HTTP 500) and the server goes on serving."""
 
@@ -12,7 +13,7 @@ import pytest
 
 from infergen import LLM
 
-from .conftest import API_KEY, LiveServer
+from .conftest import API_KEY, LiveServer, scrape_metrics
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -28,6 +29,8 @@ def _wait_for(condition, timeout: float = 30.0) -> bool:
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(live, served_llm):
     engine = served_llm.engine
+    key = 'infergen_request_aborts_total{reason="disconnect"}'
+    before = scrape_metrics(live.url)[key]
     body = {
         "prompt": "Tell me a long story",
         "max_tokens": 400,
@@ -43,6 +46,34 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(live, served_llm):
     assert _wait_for(lambda: not engine.has_unfinished())
     assert engine.pool.num_free == engine.pool.num_blocks  # every block back (free or cached)
     assert not engine._requests  # nothing left behind
+    assert scrape_metrics(live.url)[key] == before + 1
+
+
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("completions", {"prompt": "Tell me a long story", "n": 1}),
+        ("completions", {"prompt": ["Once upon a time", "Far away"], "n": 2}),
+        ("chat/completions", {"messages": [{"role": "user", "content": "A story?"}], "n": 2}),
+    ],
+)
+def test_disconnect_before_a_whole_response_aborts_every_request(live, served_llm, route, body):
+    """A non-streaming client that hangs up (here: its read timeout) has every request behind
+    its response aborted within moments — not generated to max_tokens for nobody — with
+    every KV block back and the aborts counted by reason."""
+    engine = served_llm.engine
+    before = scrape_metrics(live.url)
+    key = 'infergen_request_aborts_total{reason="disconnect"}'
+    body = {**body, "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{live.url}/v1/{route}", json=body, headers=HEADERS, timeout=1.5)
+    # a step takes tens of ms; 1000 tokens per request take over ten seconds here
+    assert _wait_for(lambda: not engine.has_unfinished(), timeout=3.0)
+    assert engine.pool.num_free == engine.pool.num_blocks
+    assert not engine._requests
+    prompts = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
+    aborted = scrape_metrics(live.url)[key] - before[key]
+    assert aborted == prompts * body["n"]
 
 
 @pytest.fixture
