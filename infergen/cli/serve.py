@@ -31,6 +31,15 @@ def add_parser(sub) -> None:
         "--max-pending", type=int, default=256, help="requests in flight before 503 (256)"
     )
     serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM / SIGINT: stop admitting requests, let those in flight finish for at "
+        "most this long, then abort the rest (503, or an error event in a stream) and exit; a "
+        "second signal exits at once (30)",
+    )
+    serve.add_argument(
         "--step-trace",
         default=None,
         metavar="FILE",
@@ -45,6 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from infergen.process import in_transient_thread
     from infergen.server.api import create_app
+    from infergen.server.lifecycle import DrainingServer
 
     # load off the main thread: the engine thread must be the only one with an OpenMP pool
     llm = in_transient_thread(load_llm, args)
@@ -55,7 +65,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or served_model_name(args.model)
     app = create_app(llm, name, api_key=args.api_key, max_pending=args.max_pending)
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    DrainingServer(config, app.state.engine, args.shutdown_timeout).run()
     return 0
 
 

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from infergen.errors import RequestError
 from infergen.llm import LLM
 from infergen.server import responses
-from infergen.server.async_engine import AsyncEngine, EngineFailure, QueueFull
+from infergen.server.async_engine import AsyncEngine, EngineFailure, QueueFull, ShuttingDown
 from infergen.server.metrics import CONTENT_TYPE_LATEST
 from infergen.server.protocol import ChatRequest, CompletionRequest
 
@@ -88,6 +88,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestError, _bad_request)
     app.add_exception_handler(EngineFailure, _failed)
     app.add_exception_handler(QueueFull, _full)
+    app.add_exception_handler(ShuttingDown, _stopping)
 
 
 async def _api_error(_: Request, exc: ApiError):
@@ -126,6 +127,10 @@ async def _failed(_: Request, exc: EngineFailure):
 
 async def _full(_: Request, exc: QueueFull):
     return _error(503, f"server busy: {exc}; retry later", "server_busy")
+
+
+async def _stopping(_: Request, exc: ShuttingDown):
+    return _error(503, str(exc), "server_shutting_down")
 
 
 def _authorizer(api_key: str | None):

@@ -36,6 +36,16 @@ class EngineFailure(Exception):
     """The engine step running this request raised (a bug, reported as HTTP 500)."""
 
 
+class ShuttingDown(EngineFailure):
+    """The server is stopping: no new requests (HTTP 503), and the ones still running when
+    the shutdown timeout ends are aborted (503, or an error event in a stream)."""
+
+
+@dataclass
+class _AbortAll:
+    """Abort every request in flight (the shutdown timeout ended)."""
+
+
 @dataclass
 class Update:
     """One step's news for a request: the delta, and the final output once it finished."""
@@ -65,7 +75,8 @@ class AsyncEngine:
     def __init__(self, engine: Engine, max_pending: int = 256):
         self.engine = engine
         self.max_pending = max_pending
-        self._inbox: list[_Submission | _Abort] = []
+        self._inbox: list[_Submission | _Abort | _AbortAll] = []
+        self.draining = False  # shutting down: no new requests
         self._inbox_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -81,6 +92,10 @@ class AsyncEngine:
         with self._inbox_lock:
             items, self._inbox = self._inbox, []
         for item in items:
+            if isinstance(item, _AbortAll):
+                self._end_all(ShuttingDown("the server shut down before this request finished"),
+                              "aborted", "shutdown")  # fmt: skip
+                continue
             if isinstance(item, _Abort):
                 rid = item.request_id
                 seq = self.engine._requests.get(rid)
@@ -158,14 +173,36 @@ class AsyncEngine:
         """An engine step raised: every request in flight ends with EngineFailure (HTTP 500),
         its blocks are freed, and the loop goes on with the requests that come next."""
         log.error("engine step failed; ending %d requests", len(self._queues), exc_info=exc)
-        failure = EngineFailure(f"internal error in the engine step: {exc!r}")
+        self._end_all(EngineFailure(f"internal error in the engine step: {exc!r}"), "failed")
+
+    def _end_all(self, failure: EngineFailure, outcome: str, reason: str | None = None) -> None:
+        """Every request in flight ends with `failure` (engine thread); blocks freed."""
         for request_id, (loop, queue) in list(self._queues.items()):
             self.engine.abort(request_id)
             self.engine.release(request_id)
             self._times.pop(request_id, None)
-            self.metrics.count("failed")
+            self.metrics.count(outcome)
+            if reason is not None:
+                self.metrics.aborted(reason)
             loop.call_soon_threadsafe(queue.put_nowait, failure)
         self._queues.clear()
+
+    def drain(self, timeout: float) -> None:
+        """Begin a bounded shutdown (any thread): refuse new requests now, and abort the ones
+        still in flight after `timeout` seconds."""
+        if self.draining:
+            return
+        self.draining = True
+        log.warning("shutting down: %d requests in flight, %.0f s to finish", len(self._queues),
+                    timeout)  # fmt: skip
+        timer = threading.Timer(timeout, self._abort_all)
+        timer.daemon = True
+        timer.start()
+
+    def _abort_all(self) -> None:
+        with self._inbox_lock:
+            self._inbox.append(_AbortAll())
+        self._wake.set()
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -176,7 +213,11 @@ class AsyncEngine:
     async def submit(
         self, prompt: Sequence[int], params: SamplingParams
     ) -> tuple[str, asyncio.Queue]:
-        """Add a request (raises RequestError for a bad one, QueueFull when full)."""
+        """Add a request (raises RequestError for a bad one, QueueFull when full,
+        ShuttingDown once the server stops)."""
+        if self.draining:
+            self.metrics.count("rejected")
+            raise ShuttingDown("the server is shutting down; retry on another replica or later")
         if len(self._queues) >= self.max_pending:
             self.metrics.count("rejected")
             raise QueueFull(f"{len(self._queues)} requests in flight (limit {self.max_pending})")

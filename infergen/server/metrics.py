@@ -56,9 +56,10 @@ __all__ = [
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 OUTCOMES = ("finished", "aborted", "failed", "rejected")
-# why a running request was aborted: its client went away, or its submission was cancelled
-# (the caller's task, or one prompt of an all-or-none group failing)
-ABORT_REASONS = ("disconnect", "cancelled")
+# why a running request was aborted: its client went away, its submission was cancelled (the
+# caller's task, or one prompt of an all-or-none group failing), or the server shut down
+# before it finished (the shutdown timeout)
+ABORT_REASONS = ("disconnect", "cancelled", "shutdown")
 
 
 class ServerMetrics:

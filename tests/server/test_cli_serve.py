@@ -84,3 +84,89 @@ def test_infergen_serve_answers_the_openai_client_and_stops_on_sigterm(default_m
     stderr = proc.stderr.read()
     assert code in (0, -signal.SIGTERM), stderr
     assert "server stopped" in stderr and "Traceback" not in stderr
+
+
+def _serve(model, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`infergen serve` in a process of its own, up and healthy: (process, base URL)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "infergen.cli", "serve", "--model", str(model), "--port",
+           str(port), "--kv-cache-memory", "64MiB", *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.time() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline, "server did not come up"
+        time.sleep(0.2)
+
+
+LONG = {"prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+
+
+def _long_stream(url: str, lines: list[str], started: threading.Event) -> None:
+    with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True},
+                      timeout=120) as resp:  # fmt: skip
+        for line in resp.iter_lines():
+            lines.append(line)
+            started.set()
+
+
+def test_sigterm_aborts_what_outlives_the_shutdown_timeout(default_model_path):
+    """SIGTERM with a stream and a whole response that would take ~20 s more: the server
+    refuses nothing in flight for --shutdown-timeout (2 s), then ends the stream with an
+    error event and [DONE] and answers the whole response 503, and exits."""
+    proc, url = _serve(default_model_path, "--shutdown-timeout", "2")
+    lines, started, statuses = [], threading.Event(), []
+    try:
+        stream = threading.Thread(target=_long_stream, args=(url, lines, started))
+        stream.start()
+        whole = threading.Thread(
+            target=lambda: statuses.append(
+                httpx.post(f"{url}/v1/completions", json=LONG, timeout=120).status_code
+            )
+        )
+        whole.start()
+        assert started.wait(timeout=60), "no streamed chunk"
+        time.sleep(0.5)
+    finally:
+        signalled = time.time()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    took = time.time() - signalled
+    stream.join(timeout=10)
+    whole.join(timeout=10)
+    assert 2.0 <= took < 2.0 + 5.0 + 3.0  # the timeout, the margin, process exit
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and "shut down" in data[-2] and '"error"' in data[-2]
+    assert len(data) > 3  # tokens flowed before the shutdown
+    assert statuses == [503]
+    assert code in (0, -signal.SIGTERM), proc.stderr.read()
+
+
+def test_a_second_signal_exits_at_once(default_model_path):
+    proc, url = _serve(default_model_path, "--shutdown-timeout", "60")
+    lines, started = [], threading.Event()
+    threading.Thread(target=_long_stream, args=(url, lines, started), daemon=True).start()
+    try:
+        assert started.wait(timeout=60), "no streamed chunk"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        signalled = time.time()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert time.time() - signalled < 10  # not the 60 s the first signal granted

@@ -80,7 +80,7 @@ def test_exposed_names_are_the_hand_written_exporters():
     assert outcomes == {"finished", "aborted", "failed", "rejected"}
     assert value(families, "infergen_requests_total", outcome="rejected") == 1
     reasons = {dict(ls)["reason"] for _, ls in families["infergen_request_aborts"]["samples"]}
-    assert reasons == {"disconnect", "cancelled"}  # every reason shows from the start, at 0
+    assert reasons == {"disconnect", "cancelled", "shutdown"}  # every reason, from the start
     assert value(families, "infergen_prefix_cache_hit_rate") == 0.4
     assert value(families, "infergen_kv_blocks_free") == 4
     assert [b for b, _ in buckets(families, TTFT)] == [*TTFT_BUCKETS, math.inf]
