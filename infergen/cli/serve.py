@@ -7,7 +7,9 @@ import argparse
 import sys
 
 from infergen.cli.common import load_llm
+from infergen.config import parse_bytes
 from infergen.engine.options import add_engine_args
+from infergen.server.limits import DEFAULT_MAX_TOKENS_LIMIT
 
 
 def add_parser(sub) -> None:
@@ -29,6 +31,20 @@ def add_parser(sub) -> None:
     )
     serve.add_argument(
         "--max-pending", type=int, default=256, help="requests in flight before 503 (256)"
+    )
+    serve.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=DEFAULT_MAX_TOKENS_LIMIT,
+        metavar="N",
+        help="most tokens one choice may generate: a request asking more is a 400, one that "
+        "leaves max_tokens unset gets this (or what the context leaves) (%(default)s)",
+    )
+    serve.add_argument(
+        "--max-body-size",
+        default="4MiB",
+        metavar="BYTES",
+        help="largest request body; a larger one is a 413 (4MiB)",
     )
     serve.add_argument(
         "--shutdown-timeout",
@@ -63,7 +79,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         llm.engine.on_step = StepTraceWriter(args.step_trace)
     name = args.served_model_name or served_model_name(args.model)
-    app = create_app(llm, name, api_key=args.api_key, max_pending=args.max_pending)
+    app = create_app(
+        llm,
+        name,
+        api_key=args.api_key,
+        max_pending=args.max_pending,
+        max_tokens_limit=args.max_tokens_limit,
+        max_body_bytes=parse_bytes(args.max_body_size, where="--max-body-size"),
+    )
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     DrainingServer(config, app.state.engine, args.shutdown_timeout).run()

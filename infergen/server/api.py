@@ -25,6 +25,12 @@ from infergen.errors import RequestError
 from infergen.llm import LLM
 from infergen.server import responses
 from infergen.server.async_engine import AsyncEngine, EngineFailure, QueueFull, ShuttingDown
+from infergen.server.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_TOKENS_LIMIT,
+    BodyLimit,
+    output_budget,
+)
 from infergen.server.metrics import CONTENT_TYPE_LATEST
 from infergen.server.protocol import ChatRequest, CompletionRequest
 
@@ -34,12 +40,20 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
-def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_pending: int = 256):
+def create_app(
+    llm: LLM,
+    model_name: str,
+    api_key: str | None = None,
+    max_pending: int = 256,
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+):
     engine = AsyncEngine(llm.engine, max_pending=max_pending)
     app = FastAPI(title="infergen", version="0.1.0", lifespan=_lifespan(engine))
     app.state.engine = engine
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     _add_error_handlers(app)
-    handlers = _Handlers(llm, engine, model_name)
+    handlers = _Handlers(llm, engine, model_name, max_tokens_limit)
     authorized = [Depends(_authorizer(api_key))]
 
     @app.get("/health")
@@ -169,10 +183,11 @@ def _event_stream(events) -> StreamingResponse:
 class _Handlers:
     """The /v1 routes over one engine serving one model."""
 
-    def __init__(self, llm: LLM, engine: AsyncEngine, model_name: str):
+    def __init__(self, llm: LLM, engine: AsyncEngine, model_name: str, max_tokens_limit: int):
         self.llm, self.engine, self.model_name = llm, engine, model_name
         self.tokenizer = llm.tokenizer
         self.max_len = llm.engine.max_model_len
+        self.max_tokens_limit = max_tokens_limit
 
     def models(self) -> dict:
         card = {
@@ -188,7 +203,10 @@ class _Handlers:
         self.check_model(body.model)
         prompts = [p for p in body.prompts() for _ in range(body.n)]
         submitted = await self.submit_all(
-            prompts, lambda k, _: body.sampling_params(body.max_tokens, body.logprobs, k % body.n)
+            prompts,
+            lambda k, prompt_len: body.sampling_params(
+                self.budget(body.max_tokens, prompt_len), body.logprobs, k % body.n
+            ),
         )
         envelope = responses.Envelope(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name)
         streams = [self.engine.stream(r, q) for r, q, _ in submitted]
@@ -207,8 +225,7 @@ class _Handlers:
         limit = body.max_completion_tokens or body.max_tokens
 
         def params_for(k: int, prompt_len: int):
-            max_tokens = limit if limit is not None else max(1, self.max_len - prompt_len - 1)
-            return body.sampling_params(max_tokens, body.logprobs_k(), k)
+            return body.sampling_params(self.budget(limit, prompt_len), body.logprobs_k(), k)
 
         submitted = await self.submit_all([prompt] * body.n, params_for)
         envelope = responses.Envelope(
@@ -239,6 +256,12 @@ class _Handlers:
         with contextlib.suppress(asyncio.CancelledError):
             await work
         return Response(status_code=499)  # nobody is there to read it
+
+    def budget(self, max_tokens: int | None, prompt_len: int) -> int:
+        try:
+            return output_budget(max_tokens, prompt_len, self.max_len, self.max_tokens_limit)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "invalid_request_error", "max_tokens") from None
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

@@ -6,11 +6,17 @@ with a wrong type or value is a 400 with an OpenAI-style error body naming it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infergen.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+
+MAX_STOP = 16  # stop strings per request, each of at most MAX_STOP_CHARS characters
+MAX_STOP_CHARS = 256
+MAX_PROMPTS = 64  # prompts in one completions request (each then n times)
+
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 
 class StreamOptions(BaseModel):
@@ -27,7 +33,7 @@ class _Common(BaseModel):
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
     seed: int | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -58,7 +64,12 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (
+        str
+        | Annotated[list[str], Field(max_length=MAX_PROMPTS)]
+        | list[int]
+        | Annotated[list[list[int]], Field(max_length=MAX_PROMPTS)]
+    )
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)

@@ -130,3 +130,54 @@ def test_engine_failure_is_a_500_and_the_server_keeps_serving(small_server, monk
     ok = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=60)
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"]
     assert _wait_for(lambda: engine.pool.num_free == engine.pool.num_blocks)
+
+
+@pytest.fixture(scope="module")
+def limited_server(default_model_path):
+    llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=4)
+    server = LiveServer(llm, max_tokens_limit=8, max_body_bytes=4096)
+    yield server
+    server.stop()
+
+
+def test_a_body_over_the_limit_is_413(limited_server):
+    url = f"{limited_server.url}/v1/completions"
+    big = {"prompt": "x" * 5000, "max_tokens": 1}
+    resp = httpx.post(url, json=big, headers=HEADERS)  # Content-Length over the limit
+    assert resp.status_code == 413 and "4096 bytes" in resp.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: counted as it arrives
+        yield b'{"prompt": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'", "max_tokens": 1}'
+
+    resp = httpx.post(
+        url, content=chunks(), headers={**HEADERS, "content-type": "application/json"}
+    )
+    assert resp.status_code == 413
+    ok = httpx.post(url, json={"prompt": "Hi", "max_tokens": 1}, headers=HEADERS)
+    assert ok.status_code == 200  # the server goes on
+
+
+def test_max_tokens_limit_caps_unset_and_refuses_more(limited_server):
+    url = limited_server.url
+    chat = {"messages": [{"role": "user", "content": "Tell me everything"}], "ignore_eos": True}
+    resp = httpx.post(f"{url}/v1/chat/completions", json=chat, headers=HEADERS, timeout=60)
+    assert resp.status_code == 200
+    assert resp.json()["usage"]["completion_tokens"] == 8  # unset: the server's limit, not 8k
+    assert resp.json()["choices"][0]["finish_reason"] == "length"
+    resp = httpx.post(
+        f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 9}, headers=HEADERS
+    )
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("stop", ["s"] * 17), ("stop", "s" * 257), ("prompt", ["a"] * 65)],
+)
+def test_request_size_limits_are_400(limited_server, field, value):
+    body = {"prompt": "Hi", "max_tokens": 1, field: value}
+    resp = httpx.post(f"{limited_server.url}/v1/completions", json=body, headers=HEADERS)
+    assert resp.status_code == 400 and resp.json()["error"]["param"].startswith(field)
