@@ -15,36 +15,9 @@ import openai
 
 
 def test_infergen_serve_answers_the_openai_client_and_stops_on_sigterm(default_model_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "infergen.cli",
-        "serve",
-        "--model",
-        str(default_model_path),
-        "--port",
-        str(port),
-        "--kv-cache-memory",
-        "64MiB",
-        "--served-model-name",
-        "smol",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, url = _serve(default_model_path, "--served-model-name", "smol")
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.time() < deadline, "server did not come up"
-            time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["smol"]
         reply = client.chat.completions.create(
             model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
@@ -70,12 +43,7 @@ def test_infergen_serve_answers_the_openai_client_and_stops_on_sigterm(default_m
         reader.start()
         assert first_chunk.wait(timeout=60), "no streamed chunk"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        code = _stop(proc, signal.SIGTERM, timeout=60)
     reader.join(timeout=10)
     # graceful: the in-flight stream ran to its end (every token, a finish reason), no error
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -104,6 +72,17 @@ def _serve(model, *extra: str) -> tuple[subprocess.Popen, str]:
         assert proc.poll() is None, proc.stderr.read()
         assert time.time() < deadline, "server did not come up"
         time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen, sig: int, timeout: float) -> int:
+    """Send `sig`; the exit status (the process is killed, and the test fails, after
+    `timeout` seconds)."""
+    proc.send_signal(sig)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
 
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
@@ -141,12 +120,7 @@ def test_sigterm_aborts_what_outlives_the_shutdown_timeout(default_model_path):
         time.sleep(0.5)
     finally:
         signalled = time.time()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        code = _stop(proc, signal.SIGTERM, timeout=30)
     took = time.time() - signalled
     stream.join(timeout=10)
     whole.join(timeout=10)
@@ -168,10 +142,5 @@ def test_a_second_signal_exits_at_once(default_model_path):
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         signalled = time.time()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        _stop(proc, signal.SIGTERM, timeout=30)
     assert time.time() - signalled < 10  # not the 60 s the first signal granted
