@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from infergen.cli.common import load_llm
 from infergen.config import parse_bytes
 from infergen.engine.options import add_engine_args
+from infergen.errors import ConfigError
 from infergen.server.limits import DEFAULT_MAX_TOKENS_LIMIT
 
 
@@ -24,7 +26,22 @@ def add_parser(sub) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
     serve.add_argument(
-        "--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes"
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="require `Authorization: Bearer KEY` on the /v1 routes; repeat for several keys",
+    )
+    serve.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="FILE",
+        help="API keys, one per line (blank lines and # comments skipped), besides --api-key",
+    )
+    serve.add_argument(
+        "--protect-monitoring",
+        action="store_true",
+        help="/metrics and /health need an API key too (default: open, for probes)",
     )
     serve.add_argument(
         "--served-model-name", default=None, help="the model id clients send (default: file name)"
@@ -82,10 +99,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(
         llm,
         name,
-        api_key=args.api_key,
+        api_key=api_keys(args.api_key, args.api_key_file),
         max_pending=args.max_pending,
         max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=parse_bytes(args.max_body_size, where="--max-body-size"),
+        protect_monitoring=args.protect_monitoring,
     )
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
@@ -93,10 +111,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def api_keys(given: list[str] | None, key_file: str | None) -> list[str]:
+    """--api-key values and the lines of --api-key-file (the keys are never printed)."""
+    keys = list(given or ())
+    if key_file is not None:
+        try:
+            lines = Path(key_file).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read the API key file: {exc.strerror}", where="--api-key-file"
+            ) from None
+        keys += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        if not keys:
+            raise ConfigError("the API key file holds no key", where="--api-key-file",
+                              expected="one key per line")  # fmt: skip
+    return keys
+
+
 def served_model_name(model: str | None) -> str:
     """The id clients use: the checkpoint's file or directory name (without .gguf)."""
-    from pathlib import Path
-
     from infergen.io.default_model import default_model_path
 
     path = Path(model) if model else Path(default_model_path())

@@ -15,6 +15,7 @@ import secrets
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,10 +44,11 @@ class ApiError(Exception):
 def create_app(
     llm: LLM,
     model_name: str,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     max_pending: int = 256,
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    protect_monitoring: bool = False,
 ):
     engine = AsyncEngine(llm.engine, max_pending=max_pending)
     app = FastAPI(title="infergen", version="0.1.0", lifespan=_lifespan(engine))
@@ -54,13 +56,15 @@ def create_app(
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     _add_error_handlers(app)
     handlers = _Handlers(llm, engine, model_name, max_tokens_limit)
-    authorized = [Depends(_authorizer(api_key))]
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+    authorized = [Depends(_authorizer(keys))]
+    monitored = authorized if protect_monitoring else []
 
-    @app.get("/health")
+    @app.get("/health", dependencies=monitored)
     async def health():
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=monitored)
     async def metrics():
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -147,14 +151,16 @@ async def _stopping(_: Request, exc: ShuttingDown):
     return _error(503, str(exc), "server_shutting_down")
 
 
-def _authorizer(api_key: str | None):
-    """The dependency of the /v1 routes: `Authorization: Bearer KEY` when a key is set."""
+def _authorizer(keys: list[str]):
+    """The dependency of the protected routes: `Authorization: Bearer KEY` with one of `keys`
+    when any are set. Every key is compared, in constant time, whichever matches."""
+    expected = [f"Bearer {key}".encode() for key in keys]
 
     async def authorize(request: Request) -> None:
-        if api_key is None:
+        if not expected:
             return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        given = request.headers.get("authorization", "").encode()
+        if not sum(secrets.compare_digest(given, key) for key in expected):
             raise ApiError(
                 401,
                 "missing or invalid API key (Authorization: Bearer KEY)",

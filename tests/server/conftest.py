@@ -22,7 +22,7 @@ class LiveServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.app = create_app(llm, MODEL, api_key=API_KEY, **kwargs)
+        self.app = create_app(llm, MODEL, **{"api_key": API_KEY, **kwargs})
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

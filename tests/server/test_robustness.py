@@ -181,3 +181,31 @@ def test_request_size_limits_are_400(limited_server, field, value):
     body = {"prompt": "Hi", "max_tokens": 1, field: value}
     resp = httpx.post(f"{limited_server.url}/v1/completions", json=body, headers=HEADERS)
     assert resp.status_code == 400 and resp.json()["error"]["param"].startswith(field)
+
+
+def test_several_keys_and_protected_monitoring(default_model_path, tmp_path):
+    """Keys from --api-key and a key file (comments and blank lines skipped); any of them
+    opens the /v1 routes and, with protect_monitoring, /metrics and /health; others are 401."""
+    from infergen.cli.serve import api_keys
+    from infergen.errors import ConfigError
+
+    key_file = tmp_path / "keys"
+    key_file.write_text("# ops\nkey-b\n\n  key-c  \n")
+    keys = api_keys(["key-a"], str(key_file))
+    assert keys == ["key-a", "key-b", "key-c"]
+    (tmp_path / "empty").write_text("# none yet\n")
+    for bad in (tmp_path / "empty", tmp_path / "missing"):
+        with pytest.raises(ConfigError):
+            api_keys(None, str(bad))
+    llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=4)
+    server = LiveServer(llm, api_key=keys, protect_monitoring=True)
+    try:
+        for path in ("/v1/models", "/metrics", "/health"):
+            assert httpx.get(server.url + path).status_code == 401
+            wrong = {"Authorization": "Bearer key-d"}
+            assert httpx.get(server.url + path, headers=wrong).status_code == 401
+            for key in keys:
+                auth = {"Authorization": f"Bearer {key}"}
+                assert httpx.get(server.url + path, headers=auth).status_code == 200
+    finally:
+        server.stop()
