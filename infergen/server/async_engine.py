@@ -92,19 +92,15 @@ class AsyncEngine:
         with self._inbox_lock:
             items, self._inbox = self._inbox, []
         for item in items:
-            if isinstance(item, _AbortAll):
-                self._end_all(ShuttingDown("the server shut down before this request finished"),
-                              "aborted", "shutdown")  # fmt: skip
+            if isinstance(item, _AbortAll):  # the shutdown timeout ended
+                failure = ShuttingDown("the server shut down before this request finished")
+                for rid, (loop, queue) in list(self._queues.items()):
+                    self._abort(rid, "shutdown")
+                    loop.call_soon_threadsafe(queue.put_nowait, failure)
+                self._queues.clear()
                 continue
             if isinstance(item, _Abort):
-                rid = item.request_id
-                seq = self.engine._requests.get(rid)
-                if seq is not None and not seq.finished:
-                    self.engine.abort(rid)
-                    self._account(self.engine.output(rid), "aborted")
-                    self.metrics.aborted(item.reason)
-                self.engine.release(rid)
-                self._times.pop(rid, None)
+                self._abort(item.request_id, item.reason)
                 continue
             try:
                 self.engine.add_request(item.prompt, item.params, request_id=item.request_id)
@@ -173,19 +169,25 @@ class AsyncEngine:
         """An engine step raised: every request in flight ends with EngineFailure (HTTP 500),
         its blocks are freed, and the loop goes on with the requests that come next."""
         log.error("engine step failed; ending %d requests", len(self._queues), exc_info=exc)
-        self._end_all(EngineFailure(f"internal error in the engine step: {exc!r}"), "failed")
-
-    def _end_all(self, failure: EngineFailure, outcome: str, reason: str | None = None) -> None:
-        """Every request in flight ends with `failure` (engine thread); blocks freed."""
+        failure = EngineFailure(f"internal error in the engine step: {exc!r}")
         for request_id, (loop, queue) in list(self._queues.items()):
             self.engine.abort(request_id)
             self.engine.release(request_id)
             self._times.pop(request_id, None)
-            self.metrics.count(outcome)
-            if reason is not None:
-                self.metrics.aborted(reason)
+            self.metrics.count("failed")
             loop.call_soon_threadsafe(queue.put_nowait, failure)
         self._queues.clear()
+
+    def _abort(self, request_id: str, reason: str) -> None:
+        """Abort one request if it still runs (counted by reason, its prompt accounted) and
+        forget it (engine thread)."""
+        seq = self.engine._requests.get(request_id)
+        if seq is not None and not seq.finished:
+            self.engine.abort(request_id)
+            self._account(self.engine.output(request_id), "aborted")
+            self.metrics.aborted(reason)
+        self.engine.release(request_id)
+        self._times.pop(request_id, None)
 
     def drain(self, timeout: float) -> None:
         """Begin a bounded shutdown (any thread): refuse new requests now, and abort the ones
