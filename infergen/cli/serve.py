@@ -11,7 +11,11 @@ from infergen.cli.common import load_llm
 from infergen.config import parse_bytes
 from infergen.engine.options import add_engine_args
 from infergen.errors import ConfigError
-from infergen.server.limits import DEFAULT_MAX_TOKENS_LIMIT
+from infergen.server.limits import (
+    DEFAULT_MAX_QUEUE_TIME_S,
+    DEFAULT_MAX_TOKENS_LIMIT,
+    Limits,
+)
 
 
 def add_parser(sub) -> None:
@@ -64,6 +68,24 @@ def add_parser(sub) -> None:
         help="largest request body; a larger one is a 413 (4MiB)",
     )
     serve.add_argument(
+        "--max-queue-time",
+        type=float,
+        default=DEFAULT_MAX_QUEUE_TIME_S,
+        metavar="SECONDS",
+        help="admission by cost: a request that could wait longer than this before it starts "
+        "(if every request ahead of it generated all of its max_tokens, at the measured step "
+        "time) gets a 503 with Retry-After instead of queueing; 0 turns shedding off "
+        "(%(default)s)",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="abort a request still unfinished this long after it arrived (504, or an error "
+        "event in a stream); a request's own `timeout` field may ask for less (default: none)",
+    )
+    serve.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -89,6 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from infergen.server.api import create_app
     from infergen.server.lifecycle import DrainingServer
 
+    checked = limits(args)  # before the (long) load
     # load off the main thread: the engine thread must be the only one with an OpenMP pool
     llm = in_transient_thread(load_llm, args)
     if args.step_trace:
@@ -100,15 +123,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
         llm,
         name,
         api_key=api_keys(args.api_key, args.api_key_file),
-        max_pending=args.max_pending,
-        max_tokens_limit=args.max_tokens_limit,
-        max_body_bytes=parse_bytes(args.max_body_size, where="--max-body-size"),
+        limits=checked,
         protect_monitoring=args.protect_monitoring,
     )
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     DrainingServer(config, app.state.engine, args.shutdown_timeout).run()
     return 0
+
+
+def limits(args: argparse.Namespace) -> Limits:
+    """The server's limits from the flags (checked: a bad value is a ConfigError naming it)."""
+    for flag, value in (("--max-pending", args.max_pending),
+                        ("--max-tokens-limit", args.max_tokens_limit)):  # fmt: skip
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1", where=flag, found=value)
+    for flag, value in (("--max-queue-time", args.max_queue_time),
+                        ("--request-timeout", args.request_timeout)):  # fmt: skip
+        if value is not None and value < 0:
+            raise ConfigError(f"{flag} must not be negative", where=flag, found=value)
+    return Limits(
+        max_pending=args.max_pending,
+        max_tokens=args.max_tokens_limit,
+        max_body_bytes=parse_bytes(args.max_body_size, where="--max-body-size"),
+        max_queue_time=args.max_queue_time or None,
+        request_timeout=args.request_timeout or None,
+    )
 
 
 def api_keys(given: list[str] | None, key_file: str | None) -> list[str]:

@@ -15,6 +15,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from infergen.config import ModelConfig
+from infergen.engine.backlog import OutputLengths, steps_until_admitted
 from infergen.engine.build import build
 from infergen.engine.config import EngineConfig
 from infergen.engine.request import RequestOutput, Sequence, Status, StreamDelta
@@ -60,6 +61,7 @@ class Engine:
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
+        self.output_lengths = OutputLengths()  # of the requests that finished lately
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -158,6 +160,12 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def steps_until_admitted(self, request_id: str) -> int:
+        """Engine steps a waiting request may wait before it runs, every request ahead of it
+        generating its expected output (engine/backlog.py)."""
+        seq = self._requests[request_id]
+        return steps_until_admitted(self.scheduler, seq, self.output_lengths.typical())
+
     # ---- one step ---------------------------------------------------------------------------
     def step(self) -> list[StreamDelta]:
         start = time.perf_counter()
@@ -206,6 +214,8 @@ class Engine:
                 seq.text += seq.detokenizer.flush()  # bytes of an unfinished character
             seq.finish_reason = reason
             self.scheduler.finish(seq)
+            if not seq.params.ignore_eos:  # (an ignore_eos length says nothing of the rest)
+                self.output_lengths.add(len(seq.token_ids) - len(seq.prompt_token_ids))
 
     def _delta(self, seq: Sequence) -> StreamDelta:
         hold = 0 if seq.finished else seq.stop_checker.max_stop_len

@@ -133,10 +133,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("sparse_keep_first", "cache.sparse_keep_first", 1, parse=int, commands=(),
            help="sparse decode: the first blocks always read"),
     # ---- scheduler -----------------------------------------------------------------------
-    Option("max_num_seqs", "scheduler.max_num_seqs", 64, parse=int, commands=(),
-           help="most sequences running at once"),
+    Option("max_num_seqs", "scheduler.max_num_seqs", 64, parse=int, commands=RUN,
+           help="most sequences running at once (a running decode gets a token every step)"),
     Option("max_num_batched_tokens", "scheduler.max_num_batched_tokens", 512, parse=int,
-           commands=(), help="token budget of one step (prefill chunks + decodes)"),
+           commands=RUN,
+           help="token budget of one step: the running decodes first, a token each, then "
+           "prompt chunks (a long prompt is prefilled over several steps)"),
     Option("enable_chunked_prefill", "scheduler.enable_chunked_prefill", True,
            parse=_switch, commands=(), help="split long prompts over several steps"),
     Option("admission", "scheduler.admission", "optimistic", commands=RUN,

@@ -3,7 +3,9 @@
 
 Errors have the OpenAI body {"error": {"message", "type", "param", "code"}}: 400 for a bad
 request (validation, a prompt longer than the context, an unknown model), 401 for a missing
-or wrong API key, 503 when the server holds its limit of requests in flight.
+or wrong API key, 413 for a body over the size limit, 503 + Retry-After when the server holds
+its limit of requests in flight or the request would wait past the queue-time budget, 503
+while shutting down, 504 when a request passes its time limit (server/limits.py).
 The response bodies and streams are responses.py's.
 """
 
@@ -25,13 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from infergen.errors import RequestError
 from infergen.llm import LLM
 from infergen.server import responses
-from infergen.server.async_engine import AsyncEngine, EngineFailure, QueueFull, ShuttingDown
-from infergen.server.limits import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_TOKENS_LIMIT,
-    BodyLimit,
-    output_budget,
-)
+from infergen.server.async_engine import AsyncEngine, EngineFailure, QueueFull
+from infergen.server.limits import BodyLimit, Limits, output_budget, timeout_of
 from infergen.server.metrics import CONTENT_TYPE_LATEST
 from infergen.server.protocol import ChatRequest, CompletionRequest
 
@@ -45,17 +42,16 @@ def create_app(
     llm: LLM,
     model_name: str,
     api_key: str | Sequence[str] | None = None,
-    max_pending: int = 256,
-    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    limits: Limits | None = None,
     protect_monitoring: bool = False,
 ):
-    engine = AsyncEngine(llm.engine, max_pending=max_pending)
+    limits = limits or Limits()
+    engine = AsyncEngine(llm.engine, limits)
     app = FastAPI(title="infergen", version="0.1.0", lifespan=_lifespan(engine))
     app.state.engine = engine
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     _add_error_handlers(app)
-    handlers = _Handlers(llm, engine, model_name, max_tokens_limit)
+    handlers = _Handlers(llm, engine, model_name, limits)
     keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
     authorized = [Depends(_authorizer(keys))]
     monitored = authorized if protect_monitoring else []
@@ -104,9 +100,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(RequestError, _bad_request)
-    app.add_exception_handler(EngineFailure, _failed)
+    app.add_exception_handler(EngineFailure, _failed)  # and its subclasses
     app.add_exception_handler(QueueFull, _full)
-    app.add_exception_handler(ShuttingDown, _stopping)
 
 
 async def _api_error(_: Request, exc: ApiError):
@@ -140,15 +135,13 @@ async def _bad_request(_: Request, exc: RequestError):
 
 
 async def _failed(_: Request, exc: EngineFailure):
-    return _error(500, str(exc), "server_error")
+    return _error(exc.status, str(exc), exc.kind)
 
 
 async def _full(_: Request, exc: QueueFull):
-    return _error(503, f"server busy: {exc}; retry later", "server_busy")
-
-
-async def _stopping(_: Request, exc: ShuttingDown):
-    return _error(503, str(exc), "server_shutting_down")
+    response = _error(503, f"server busy: {exc}; retry later", "server_busy")
+    response.headers["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 def _authorizer(keys: list[str]):
@@ -189,11 +182,11 @@ def _event_stream(events) -> StreamingResponse:
 class _Handlers:
     """The /v1 routes over one engine serving one model."""
 
-    def __init__(self, llm: LLM, engine: AsyncEngine, model_name: str, max_tokens_limit: int):
+    def __init__(self, llm: LLM, engine: AsyncEngine, model_name: str, limits: Limits):
         self.llm, self.engine, self.model_name = llm, engine, model_name
         self.tokenizer = llm.tokenizer
         self.max_len = llm.engine.max_model_len
-        self.max_tokens_limit = max_tokens_limit
+        self.limits = limits
 
     def models(self) -> dict:
         card = {
@@ -213,6 +206,7 @@ class _Handlers:
             lambda k, prompt_len: body.sampling_params(
                 self.budget(body.max_tokens, prompt_len), body.logprobs, k % body.n
             ),
+            body.timeout,
         )
         envelope = responses.Envelope(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name)
         streams = [self.engine.stream(r, q) for r, q, _ in submitted]
@@ -233,7 +227,7 @@ class _Handlers:
         def params_for(k: int, prompt_len: int):
             return body.sampling_params(self.budget(limit, prompt_len), body.logprobs_k(), k)
 
-        submitted = await self.submit_all([prompt] * body.n, params_for)
+        submitted = await self.submit_all([prompt] * body.n, params_for, body.timeout)
         envelope = responses.Envelope(
             f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name
         )
@@ -265,7 +259,7 @@ class _Handlers:
 
     def budget(self, max_tokens: int | None, prompt_len: int) -> int:
         try:
-            return output_budget(max_tokens, prompt_len, self.max_len, self.max_tokens_limit)
+            return output_budget(max_tokens, prompt_len, self.max_len, self.limits.max_tokens)
         except ValueError as exc:
             raise ApiError(400, str(exc), "invalid_request_error", "max_tokens") from None
 
@@ -278,14 +272,17 @@ class _Handlers:
                 "model",
             )
 
-    async def submit_all(self, prompts, params_for) -> list[tuple[str, asyncio.Queue, list[int]]]:
+    async def submit_all(
+        self, prompts, params_for, timeout: float | None
+    ) -> list[tuple[str, asyncio.Queue, list[int]]]:
         """Submit every prompt, or none: the ones already in are aborted if one fails."""
+        timeout = timeout_of(timeout, self.limits.request_timeout)
         submitted = []
         try:
             for k, prompt in enumerate(prompts):
                 ids = self.llm.engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
                 params = params_for(k, len(ids))
-                rid, queue = await self.engine.submit(ids, params)
+                rid, queue = await self.engine.submit(ids, params, timeout)
                 submitted.append((rid, queue, ids))
         except BaseException:
             for rid, _, _ in submitted:

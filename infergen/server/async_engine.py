@@ -6,8 +6,16 @@ Only the engine thread touches the engine. Requests and aborts reach it through 
 it drains before every step; `submit` awaits the thread's verdict, so a bad request raises its
 RequestError in the caller. A request whose consumer goes away (client disconnect, cancelled
 task) is aborted and its KV blocks are freed; /metrics counts aborts by reason
-(metrics.ABORT_REASONS). The number of requests in flight is bounded: beyond `max_pending`,
-`submit` raises `QueueFull` (HTTP 503) instead of queueing without limit.
+(metrics.ABORT_REASONS).
+
+What is admitted is bounded (server/limits.py's `Limits`):
+- by count: beyond `max_pending` requests in flight, `submit` raises `QueueFull` (HTTP 503);
+- by cost: a request whose worst-case wait before it starts — the engine steps until the
+  scheduler admits it if every request ahead runs to its max_tokens (engine/backlog.py), times
+  the measured step time — exceeds `max_queue_time` raises `Overloaded` (HTTP 503 with a
+  Retry-After of the excess), before the queue grows to a latency nobody waits for;
+- by time: a request still unfinished at its deadline (its own `timeout`, or the server's
+  `request_timeout`) is aborted within a step and ends with `RequestTimeout` (HTTP 504).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -23,22 +32,48 @@ from dataclasses import dataclass
 from infergen.engine.engine import Engine
 from infergen.engine.request import RequestOutput, StreamDelta
 from infergen.engine.sampling_params import SamplingParams
+from infergen.server.limits import Limits
 from infergen.server.metrics import ABORT_REASONS, ServerMetrics
 
 log = logging.getLogger("infergen.server")
 
 
 class QueueFull(Exception):
-    """More requests are in flight than the server accepts."""
+    """More requests are in flight than the server accepts (retry after `retry_after` s)."""
+
+    retry_after = 1
+
+
+class Overloaded(QueueFull):
+    """The request would wait longer than the queue-time budget before it starts."""
+
+    def __init__(self, wait: float, budget: float):
+        super().__init__(
+            f"this request could wait {wait:.0f} s before it starts (the server's queue-time "
+            f"budget is {budget:g} s)"
+        )
+        self.retry_after = max(1, math.ceil(wait - budget))
 
 
 class EngineFailure(Exception):
-    """The engine step running this request raised (a bug, reported as HTTP 500)."""
+    """The engine step running this request raised (a bug, reported as HTTP 500). A request
+    that ends early for another reason raises a subclass: its HTTP status and error type are
+    what the response (or a stream's error event) shows."""
+
+    status, kind = 500, "server_error"
+
+
+class RequestTimeout(EngineFailure):
+    """The request did not finish before its deadline (HTTP 504, or an error event)."""
+
+    status, kind = 504, "timeout"
 
 
 class ShuttingDown(EngineFailure):
     """The server is stopping: no new requests (HTTP 503), and the ones still running when
     the shutdown timeout ends are aborted (503, or an error event in a stream)."""
+
+    status, kind = 503, "server_shutting_down"
 
 
 @dataclass
@@ -69,12 +104,18 @@ class _Submission:
     queue: asyncio.Queue
     accepted: asyncio.Future
     submitted: float  # time.perf_counter() at submission
+    timeout: float | None  # seconds from submission to the last token
+
+
+STEP_TIME_WEIGHT = 0.1  # of the newest step in the moving average of step times
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, max_pending: int = 256):
+    def __init__(self, engine: Engine, limits: Limits | None = None):
         self.engine = engine
-        self.max_pending = max_pending
+        self.limits = limits or Limits()
+        self.step_time: float | None = None  # moving average of a step's seconds
+        self._deadlines: dict[str, float] = {}  # request id → perf_counter() deadline
         self._inbox: list[_Submission | _Abort | _AbortAll] = []
         self.draining = False  # shutting down: no new requests
         self._inbox_lock = threading.Lock()
@@ -104,23 +145,54 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(item.prompt, item.params, request_id=item.request_id)
+                self._admit(item.request_id)
             except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
                 self._queues.pop(item.request_id, None)
-                self.metrics.count("rejected")
+                self.metrics.rejected("overloaded" if isinstance(exc, Overloaded) else "invalid")
                 item.loop.call_soon_threadsafe(_settle, item.accepted, exc)
             else:
                 self._times[item.request_id] = [item.submitted, 0.0]
+                if item.timeout is not None:
+                    self._deadlines[item.request_id] = item.submitted + item.timeout
                 item.loop.call_soon_threadsafe(_settle, item.accepted, None)
+
+    def _admit(self, request_id: str) -> None:
+        """Admission by cost: withdraw the request just added (raising Overloaded) when its
+        worst-case wait passes the queue-time budget."""
+        budget = self.limits.max_queue_time
+        if budget is None or self.step_time is None:
+            return
+        wait = self.engine.steps_until_admitted(request_id) * self.step_time
+        if wait > budget:
+            self.engine.abort(request_id)
+            self.engine.release(request_id)
+            raise Overloaded(wait, budget)
+
+    def _expire(self) -> None:
+        """Abort the requests whose deadline has passed (engine thread)."""
+        now = time.perf_counter()
+        for rid in [rid for rid, deadline in self._deadlines.items() if deadline <= now]:
+            self._abort(rid, "timeout")
+            target = self._queues.pop(rid, None)
+            if target is not None:
+                loop, queue = target
+                failure = RequestTimeout("the request did not finish within its time limit")
+                loop.call_soon_threadsafe(queue.put_nowait, failure)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain_inbox()
+            if self._deadlines:
+                self._expire()
             updates: list[Update] = []
             if self.engine.has_unfinished():
+                start = time.perf_counter()
                 try:
                     updates = self._step()
                 except Exception as exc:  # noqa: BLE001 - a bug: fail the batch, keep serving
                     self._fail_all(exc)
+                if updates:
+                    self._time_step(time.perf_counter() - start)
             self._observe(updates)
             for update in updates:
                 target = self._queues.get(update.delta.request_id)
@@ -130,6 +202,10 @@ class AsyncEngine:
             if not updates and not self.engine.has_unfinished():
                 self._wake.wait(0.05)
                 self._wake.clear()
+
+    def _time_step(self, seconds: float) -> None:
+        old = self.step_time
+        self.step_time = seconds if old is None else old + STEP_TIME_WEIGHT * (seconds - old)
 
     def _account(self, output: RequestOutput, outcome: str) -> None:
         self.metrics.account(outcome, len(output.prompt_token_ids), output.num_cached_prompt_tokens)
@@ -147,6 +223,7 @@ class AsyncEngine:
                 times[1] = now
             if update.output is not None:
                 self._times.pop(update.delta.request_id, None)
+                self._deadlines.pop(update.delta.request_id, None)
                 self._account(update.output, "finished")
         m.set_load(
             waiting=len(scheduler.waiting),
@@ -174,6 +251,7 @@ class AsyncEngine:
             self.engine.abort(request_id)
             self.engine.release(request_id)
             self._times.pop(request_id, None)
+            self._deadlines.pop(request_id, None)
             self.metrics.count("failed")
             loop.call_soon_threadsafe(queue.put_nowait, failure)
         self._queues.clear()
@@ -188,6 +266,7 @@ class AsyncEngine:
             self.metrics.aborted(reason)
         self.engine.release(request_id)
         self._times.pop(request_id, None)
+        self._deadlines.pop(request_id, None)
 
     def drain(self, timeout: float) -> None:
         """Begin a bounded shutdown (any thread): refuse new requests now, and abort the ones
@@ -213,16 +292,18 @@ class AsyncEngine:
 
     # ---- requests ---------------------------------------------------------------------------
     async def submit(
-        self, prompt: Sequence[int], params: SamplingParams
+        self, prompt: Sequence[int], params: SamplingParams, timeout: float | None = None
     ) -> tuple[str, asyncio.Queue]:
-        """Add a request (raises RequestError for a bad one, QueueFull when full,
-        ShuttingDown once the server stops)."""
+        """Add a request (raises RequestError for a bad one, QueueFull when full, Overloaded
+        when it would wait too long, ShuttingDown once the server stops). `timeout`: seconds
+        it may take to finish, then it is aborted (RequestTimeout)."""
         if self.draining:
-            self.metrics.count("rejected")
+            self.metrics.rejected("shutting_down")
             raise ShuttingDown("the server is shutting down; retry on another replica or later")
-        if len(self._queues) >= self.max_pending:
-            self.metrics.count("rejected")
-            raise QueueFull(f"{len(self._queues)} requests in flight (limit {self.max_pending})")
+        if len(self._queues) >= self.limits.max_pending:
+            self.metrics.rejected("queue_full")
+            limit = self.limits.max_pending
+            raise QueueFull(f"{len(self._queues)} requests in flight (limit {limit})")
         loop = asyncio.get_running_loop()
         request_id = f"srv-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
@@ -231,7 +312,14 @@ class AsyncEngine:
         with self._inbox_lock:
             self._inbox.append(
                 _Submission(
-                    request_id, list(prompt), params, loop, queue, accepted, time.perf_counter()
+                    request_id,
+                    list(prompt),
+                    params,
+                    loop,
+                    queue,
+                    accepted,
+                    time.perf_counter(),
+                    timeout,
                 )
             )
         self._wake.set()

@@ -1,13 +1,29 @@
-"""Request size limits: `BodyLimit`, an ASGI middleware that answers 413 to a body over the
-server's limit (by its Content-Length up front, or a chunked body as its bytes arrive), with
-the OpenAI error body; and `output_budget`, the most tokens a request may generate."""
+"""What one server accepts: `Limits` (the `infergen serve` flags of the same names);
+`BodyLimit`, an ASGI middleware that answers 413 to a body over the server's limit (by its
+Content-Length up front, or a chunked body as its bytes arrive), with the OpenAI error body;
+`output_budget`, the most tokens a request may generate; `timeout_of`, how long it may take."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_MAX_TOKENS_LIMIT = 4096
+DEFAULT_MAX_QUEUE_TIME_S = 30.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_pending: int = 256  # requests in flight; one more is a 503
+    max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT  # per choice (--max-tokens-limit)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies are a 413
+    # admission by cost: a request whose worst-case wait before it starts (engine/backlog.py,
+    # times the measured step time) is longer is shed with 503 + Retry-After; None: never
+    max_queue_time: float | None = DEFAULT_MAX_QUEUE_TIME_S
+    # seconds a request may take from submission to its last token, when it sets no shorter
+    # `timeout` of its own; then it is aborted (504, or an error event); None: no limit
+    request_timeout: float | None = None
 
 
 class BodyLimit:
@@ -64,3 +80,9 @@ def output_budget(given: int | None, prompt_len: int, max_len: int, limit: int) 
             raise ValueError(f"max_tokens {given} is above this server's limit of {limit}")
         return given
     return max(1, min(limit, max_len - prompt_len - 1))
+
+
+def timeout_of(given: float | None, server: float | None) -> float | None:
+    """A request's time limit: the shorter of its own `timeout` field and the server's."""
+    limits = [t for t in (given, server) if t is not None]
+    return min(limits) if limits else None

@@ -1,6 +1,7 @@
 """Server metrics for GET /metrics, through the prometheus_client library.
 
-Counters: requests by outcome, prompt / generated tokens, cached prompt tokens. Gauges, set
+Counters: requests by outcome, aborts and rejections by reason, prompt / generated tokens,
+cached prompt tokens. Gauges, set
 by the engine thread after every step: requests waiting and running, KV blocks used / free;
 and the prefix-cache hit rate (cached / all prompt tokens, since start), derived from the two
 counters at scrape time. Histograms: time to first token and inter-token latency
@@ -49,17 +50,20 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 __all__ = [
-    "ABORT_REASONS", "CONTENT_TYPE_LATEST", "ITL_BUCKETS", "OUTCOMES", "TTFT_BUCKETS",
-    "ServerMetrics",
+    "ABORT_REASONS", "CONTENT_TYPE_LATEST", "ITL_BUCKETS", "OUTCOMES", "REJECT_REASONS",
+    "TTFT_BUCKETS", "ServerMetrics",
 ]  # fmt: skip
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 OUTCOMES = ("finished", "aborted", "failed", "rejected")
 # why a running request was aborted: its client went away, its submission was cancelled (the
-# caller's task, or one prompt of an all-or-none group failing), or the server shut down
-# before it finished (the shutdown timeout)
-ABORT_REASONS = ("disconnect", "cancelled", "shutdown")
+# caller's task, or one prompt of an all-or-none group failing), it passed its time limit, or
+# the server shut down before it finished (the shutdown timeout)
+ABORT_REASONS = ("disconnect", "cancelled", "timeout", "shutdown")
+# why a request was not admitted: the engine refused it (400), too many were in flight or it
+# would wait past the queue-time budget (503), or the server is stopping (503)
+REJECT_REASONS = ("invalid", "queue_full", "overloaded", "shutting_down")
 
 
 class ServerMetrics:
@@ -78,6 +82,12 @@ class ServerMetrics:
         )  # fmt: skip
         for reason in ABORT_REASONS:
             self.aborts.labels(reason)
+        self.rejections = Counter(
+            "infergen_request_rejections_total", "requests not admitted, by reason", ["reason"],
+            registry=None,
+        )  # fmt: skip
+        for reason in REJECT_REASONS:
+            self.rejections.labels(reason)
         self.prompt_tokens = Counter(
             "infergen_prompt_tokens_total", "prompt tokens of admitted requests", registry=None
         )
@@ -118,6 +128,11 @@ class ServerMetrics:
     def count(self, outcome: str) -> None:
         """A request that ended without output to account for (failed, rejected)."""
         self.requests.labels(outcome).inc()
+
+    def rejected(self, reason: str) -> None:
+        """A request was not admitted (also counted as outcome "rejected")."""
+        self.requests.labels("rejected").inc()
+        self.rejections.labels(reason).inc()
 
     def aborted(self, reason: str) -> None:
         """A running request was aborted (also counted as outcome "aborted" by `account`)."""
@@ -163,6 +178,7 @@ class _Exposition(Collector):
                 for name, metric in (
                     ("requests", m.requests),
                     ("aborts", m.aborts),
+                    ("rejections", m.rejections),
                     ("prompt", m.prompt_tokens),
                     ("cached", m.cached_prompt_tokens),
                     ("generation", m.generation_tokens),
@@ -176,7 +192,10 @@ class _Exposition(Collector):
             }
         prompt = _value(families["prompt"])
         hit_rate = _value(families["cached"]) / prompt if prompt else 0.0
-        yield from (families[k] for k in ("requests", "aborts", "prompt", "cached", "generation"))
+        yield from (
+            families[k]
+            for k in ("requests", "aborts", "rejections", "prompt", "cached", "generation")
+        )
         yield from (families[k] for k in ("waiting", "running", "used", "free"))
         yield GaugeMetricFamily(
             "infergen_prefix_cache_hit_rate",

@@ -42,6 +42,8 @@ class _Common(BaseModel):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
+    # seconds from submission to the last token; the server's --request-timeout caps it
+    timeout: float | None = Field(default=None, gt=0.0)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, index: int) -> SamplingParams:
         """Parameters of choice `index` (choices of one request draw different samples: the

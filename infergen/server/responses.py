@@ -62,9 +62,7 @@ async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
         async for event in events:
             yield event
     except EngineFailure as exc:
-        yield sse(
-            {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
-        )
+        yield sse({"error": {"message": str(exc), "type": exc.kind, "param": None, "code": None}})
         yield sse("[DONE]")
 
 

@@ -86,6 +86,9 @@ def _stop(proc: subprocess.Popen, sig: int, timeout: float) -> int:
 
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+# two LONG requests do not fit in the KV cache at once: the server would shed the second by its
+# queue-time estimate; these tests are about what runs at a shutdown, so nothing is shed
+ADMIT_ALL = ("--max-queue-time", "0")
 
 
 def _long_stream(url: str, lines: list[str], started: threading.Event) -> None:
@@ -105,7 +108,7 @@ def test_sigterm_aborts_what_outlives_the_shutdown_timeout(default_model_path):
     """SIGTERM with a stream and a whole response that would take ~20 s more: the server
     refuses nothing in flight for --shutdown-timeout (2 s), then ends the stream with an
     error event and [DONE] and answers the whole response 503, and exits."""
-    proc, url = _serve(default_model_path, "--shutdown-timeout", "2")
+    proc, url = _serve(default_model_path, "--shutdown-timeout", "2", *ADMIT_ALL)
     lines, started, statuses = [], threading.Event(), []
     try:
         stream = threading.Thread(target=_long_stream, args=(url, lines, started))
@@ -133,7 +136,7 @@ def test_sigterm_aborts_what_outlives_the_shutdown_timeout(default_model_path):
 
 
 def test_a_second_signal_exits_at_once(default_model_path):
-    proc, url = _serve(default_model_path, "--shutdown-timeout", "60")
+    proc, url = _serve(default_model_path, "--shutdown-timeout", "60", *ADMIT_ALL)
     lines, started = [], threading.Event()
     threading.Thread(target=_long_stream, args=(url, lines, started), daemon=True).start()
     try:

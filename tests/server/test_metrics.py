@@ -23,6 +23,7 @@ ITL = "infergen_inter_token_latency_seconds"
 EXPOSED = {
     ("infergen_requests", "counter"): {"infergen_requests_total"},
     ("infergen_request_aborts", "counter"): {"infergen_request_aborts_total"},
+    ("infergen_request_rejections", "counter"): {"infergen_request_rejections_total"},
     ("infergen_prompt_tokens", "counter"): {"infergen_prompt_tokens_total"},
     ("infergen_cached_prompt_tokens", "counter"): {"infergen_cached_prompt_tokens_total"},
     ("infergen_generation_tokens", "counter"): {"infergen_generation_tokens_total"},
@@ -67,7 +68,7 @@ def buckets(families: dict, name: str) -> list[tuple[float, float]]:
 def test_exposed_names_are_the_hand_written_exporters():
     m = ServerMetrics()
     m.account("finished", 10, 4)
-    m.count("rejected")
+    m.rejected("overloaded")
     m.tokens(1, 0.03, first=True)
     m.tokens(1, 0.007, first=False)
     m.set_load(waiting=1, running=2, blocks_used=3, blocks_free=4)
@@ -80,7 +81,12 @@ def test_exposed_names_are_the_hand_written_exporters():
     assert outcomes == {"finished", "aborted", "failed", "rejected"}
     assert value(families, "infergen_requests_total", outcome="rejected") == 1
     reasons = {dict(ls)["reason"] for _, ls in families["infergen_request_aborts"]["samples"]}
-    assert reasons == {"disconnect", "cancelled", "shutdown"}  # every reason, from the start
+    assert reasons == {"disconnect", "cancelled", "timeout", "shutdown"}  # all, from the start
+    samples = families["infergen_request_rejections"]["samples"]
+    assert {dict(ls)["reason"] for _, ls in samples} == {
+        "invalid", "queue_full", "overloaded", "shutting_down"
+    }  # fmt: skip
+    assert value(families, "infergen_request_rejections_total", reason="overloaded") == 1
     assert value(families, "infergen_prefix_cache_hit_rate") == 0.4
     assert value(families, "infergen_kv_blocks_free") == 4
     assert [b for b, _ in buckets(families, TTFT)] == [*TTFT_BUCKETS, math.inf]

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from infergen import LLM
+from infergen.server.limits import Limits
 
 from .conftest import API_KEY, LiveServer, scrape_metrics
 
@@ -64,10 +65,11 @@ def test_disconnect_before_a_whole_response_aborts_every_request(live, served_ll
     engine = served_llm.engine
     before = scrape_metrics(live.url)
     key = 'infergen_request_aborts_total{reason="disconnect"}'
-    body = {**body, "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+    # (up to 4 requests of 250 tokens fit in the KV cache together: none is shed)
+    body = {**body, "max_tokens": 250, "temperature": 0, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{live.url}/v1/{route}", json=body, headers=HEADERS, timeout=1.5)
-    # a step takes tens of ms; 1000 tokens per request take over ten seconds here
+    # a step takes tens of ms; 250 tokens per request take over 5 s here
     assert _wait_for(lambda: not engine.has_unfinished(), timeout=3.0)
     assert engine.pool.num_free == engine.pool.num_blocks
     assert not engine._requests
@@ -79,7 +81,7 @@ def test_disconnect_before_a_whole_response_aborts_every_request(live, served_ll
 @pytest.fixture
 def small_server(default_model_path):
     llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=4)
-    server = LiveServer(llm, max_pending=2)
+    server = LiveServer(llm, limits=Limits(max_pending=2))
     yield server, llm
     server.stop()
 
@@ -135,7 +137,7 @@ def test_engine_failure_is_a_500_and_the_server_keeps_serving(small_server, monk
 @pytest.fixture(scope="module")
 def limited_server(default_model_path):
     llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=4)
-    server = LiveServer(llm, max_tokens_limit=8, max_body_bytes=4096)
+    server = LiveServer(llm, limits=Limits(max_tokens=8, max_body_bytes=4096))
     yield server
     server.stop()
 
