@@ -82,8 +82,9 @@ def add_parser(sub) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="abort a request still unfinished this long after it arrived (504, or an error "
-        "event in a stream); a request's own `timeout` field may ask for less (default: none)",
+        help="stop a request still unfinished this long after it arrived: it answers what it "
+        'generated, finish_reason "timeout"; a request\'s own `timeout` field may ask for '
+        "less (default: none)",
     )
     serve.add_argument(
         "--shutdown-timeout",

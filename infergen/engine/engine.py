@@ -151,11 +151,16 @@ class Engine:
                 "(raise the KV cache memory budget or lower max_tokens)",
             )
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, reason: str = "abort") -> StreamDelta | None:
+        """Stop a request now (its blocks go back to the pool) with finish_reason `reason`;
+        the last delta it yields (text held back for a stop string included), or None when it
+        had finished already."""
         seq = self._requests.get(request_id)
-        if seq is not None and not seq.finished:
-            seq.finish_reason = "abort"
-            self.scheduler.finish(seq)
+        if seq is None or seq.finished:
+            return None
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        return self._delta(seq)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -5,7 +5,7 @@ Errors have the OpenAI body {"error": {"message", "type", "param", "code"}}: 400
 request (validation, a prompt longer than the context, an unknown model), 401 for a missing
 or wrong API key, 413 for a body over the size limit, 503 + Retry-After when the server holds
 its limit of requests in flight or the request would wait past the queue-time budget, 503
-while shutting down, 504 when a request passes its time limit (server/limits.py).
+while shutting down (server/limits.py).
 The response bodies and streams are responses.py's.
 """
 

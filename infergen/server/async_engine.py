@@ -15,7 +15,9 @@ What is admitted is bounded (server/limits.py's `Limits`):
   the measured step time — exceeds `max_queue_time` raises `Overloaded` (HTTP 503 with a
   Retry-After of the excess), before the queue grows to a latency nobody waits for;
 - by time: a request still unfinished at its deadline (its own `timeout`, or the server's
-  `request_timeout`) is aborted within a step and ends with `RequestTimeout` (HTTP 504).
+  `request_timeout`) is stopped within a step and ends as if it had reached a limit, with
+  what it generated and finish_reason "timeout" (not an error: a client's own deadline is
+  no server failure, and an error status would make clients retry it).
 """
 
 from __future__ import annotations
@@ -61,12 +63,6 @@ class EngineFailure(Exception):
     what the response (or a stream's error event) shows."""
 
     status, kind = 500, "server_error"
-
-
-class RequestTimeout(EngineFailure):
-    """The request did not finish before its deadline (HTTP 504, or an error event)."""
-
-    status, kind = 504, "timeout"
 
 
 class ShuttingDown(EngineFailure):
@@ -168,31 +164,34 @@ class AsyncEngine:
             self.engine.release(request_id)
             raise Overloaded(wait, budget)
 
-    def _expire(self) -> None:
-        """Abort the requests whose deadline has passed (engine thread)."""
+    def _expire(self) -> list[Update]:
+        """Stop the requests whose deadline has passed (engine thread): their last update,
+        finish_reason "timeout"."""
         now = time.perf_counter()
+        updates = []
         for rid in [rid for rid, deadline in self._deadlines.items() if deadline <= now]:
-            self._abort(rid, "timeout")
-            target = self._queues.pop(rid, None)
-            if target is not None:
-                loop, queue = target
-                failure = RequestTimeout("the request did not finish within its time limit")
-                loop.call_soon_threadsafe(queue.put_nowait, failure)
+            del self._deadlines[rid]
+            delta = self.engine.abort(rid, reason="timeout")
+            if delta is not None:
+                updates.append(Update(delta, self.engine.output(rid)))
+                self.engine.release(rid)
+                self.metrics.aborted("timeout")
+        return updates
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain_inbox()
-            if self._deadlines:
-                self._expire()
-            updates: list[Update] = []
+            updates: list[Update] = self._expire() if self._deadlines else []
             if self.engine.has_unfinished():
                 start = time.perf_counter()
                 try:
-                    updates = self._step()
+                    stepped = self._step()
                 except Exception as exc:  # noqa: BLE001 - a bug: fail the batch, keep serving
                     self._fail_all(exc)
-                if updates:
+                    stepped = []
+                if stepped:
                     self._time_step(time.perf_counter() - start)
+                updates += stepped
             self._observe(updates)
             for update in updates:
                 target = self._queues.get(update.delta.request_id)
@@ -224,7 +223,8 @@ class AsyncEngine:
             if update.output is not None:
                 self._times.pop(update.delta.request_id, None)
                 self._deadlines.pop(update.delta.request_id, None)
-                self._account(update.output, "finished")
+                timed_out = update.output.finish_reason == "timeout"
+                self._account(update.output, "aborted" if timed_out else "finished")
         m.set_load(
             waiting=len(scheduler.waiting),
             running=len(scheduler.running),
@@ -296,7 +296,7 @@ class AsyncEngine:
     ) -> tuple[str, asyncio.Queue]:
         """Add a request (raises RequestError for a bad one, QueueFull when full, Overloaded
         when it would wait too long, ShuttingDown once the server stops). `timeout`: seconds
-        it may take to finish, then it is aborted (RequestTimeout)."""
+        it may take to finish, then it stops with finish_reason "timeout"."""
         if self.draining:
             self.metrics.rejected("shutting_down")
             raise ShuttingDown("the server is shutting down; retry on another replica or later")

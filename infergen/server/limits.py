@@ -22,7 +22,7 @@ class Limits:
     # times the measured step time) is longer is shed with 503 + Retry-After; None: never
     max_queue_time: float | None = DEFAULT_MAX_QUEUE_TIME_S
     # seconds a request may take from submission to its last token, when it sets no shorter
-    # `timeout` of its own; then it is aborted (504, or an error event); None: no limit
+    # `timeout` of its own; then it stops with finish_reason "timeout"; None: no limit
     request_timeout: float | None = None
 
 

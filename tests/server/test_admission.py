@@ -1,8 +1,9 @@
 """Admission by cost and time limits: under a burst the server sheds with 503 + Retry-After the
 requests that would wait past its queue-time budget, so the ones it accepts start within it
 (the same burst without shedding waits well past it); a request past its time limit (its own
-`timeout` field, capped by the server's) is aborted: 504, or an error event in a stream, its
-blocks back, the abort counted; the official client sees both as errors with the status."""
+`timeout` field, capped by the server's) is stopped within a step and answers what it
+generated with finish_reason "timeout", its blocks back, the abort counted; the official
+client sees the shed request as a 503 and reads the timed-out answer."""
 
 from __future__ import annotations
 
@@ -125,49 +126,64 @@ def timed(default_model_path):
 
 
 @pytest.mark.parametrize("asked, limit", [(0.5, 0.5), (60.0, REQUEST_TIMEOUT_S)])
-def test_a_request_past_its_time_limit_is_a_504(timed, asked, limit):
-    """Its own `timeout`, or the server's when that is shorter; aborted within a step."""
+def test_a_request_past_its_time_limit_stops_with_what_it_generated(timed, asked, limit):
+    """Its own `timeout`, or the server's when that is shorter: stopped within a step, its
+    answer the tokens so far with finish_reason "timeout", its blocks back, counted."""
     server, llm = timed
     key = 'infergen_request_aborts_total{reason="timeout"}'
     before = scrape_metrics(server.url)[key]
     body = {"prompt": "Tell me a long story", "max_tokens": 600, "ignore_eos": True,
-            "timeout": asked}  # fmt: skip
+            "temperature": 0, "timeout": asked}  # fmt: skip
     start = time.perf_counter()
     resp = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=60)
     elapsed = time.perf_counter() - start
-    assert resp.status_code == 504 and resp.json()["error"]["type"] == "timeout"
-    assert limit <= elapsed < limit + 2.0
+    assert resp.status_code == 200
+    answer = resp.json()
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "timeout"
+    assert 0 < answer["usage"]["completion_tokens"] < 600
+    assert limit <= elapsed < limit + 5.0  # stopped within a step (slow when contended)
     assert scrape_metrics(server.url)[key] == before + 1
     engine = llm.engine
     assert _wait_for(lambda: engine.pool.num_free == engine.pool.num_blocks, timeout=2)
     assert not engine._requests
+    # what it generated is the start of the same request's untimed answer
+    generated = answer["usage"]["completion_tokens"]
+    reference = llm_answer(server, {**body, "timeout": None, "max_tokens": generated})
+    assert choice["text"] == reference
 
 
-def test_a_stream_past_its_time_limit_ends_with_an_error_event(timed):
+def llm_answer(server, body: dict) -> str:
+    resp = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=60)
+    assert resp.status_code == 200
+    return resp.json()["choices"][0]["text"]
+
+
+def test_a_stream_past_its_time_limit_ends_with_finish_reason_timeout(timed):
     server, _ = timed
     body = {"messages": [{"role": "user", "content": "Talk"}], "max_tokens": 600,
             "ignore_eos": True, "stream": True, "timeout": 0.5}  # fmt: skip
-    events = []
     with httpx.stream(
         "POST", f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60
     ) as resp:
         assert resp.status_code == 200
         events = [line.removeprefix("data: ") for line in resp.iter_lines() if line]
     assert events[-1] == "[DONE]"
-    error = json.loads(events[-2])["error"]
-    assert error["type"] == "timeout" and "time limit" in error["message"]
-    assert any("choices" in json.loads(e) for e in events[:-2])  # tokens came before it
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not any("error" in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "timeout"
+    assert sum(bool(c["choices"][0]["delta"].get("content")) for c in chunks) > 1
 
 
-def test_the_openai_client_sees_a_timeout_as_a_504(timed):
+def test_the_openai_client_reads_a_timed_out_answer(timed):
     server, _ = timed
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
-    with pytest.raises(openai.InternalServerError) as raised:
-        client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Talk"}], max_tokens=600,
-            extra_body={"ignore_eos": True, "timeout": 0.3},
-        )  # fmt: skip
-    assert raised.value.status_code == 504 and raised.value.body["type"] == "timeout"
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Talk"}], max_tokens=600,
+        extra_body={"ignore_eos": True, "timeout": 0.3},
+    )  # fmt: skip
+    assert reply.choices[0].finish_reason == "timeout"
+    assert 0 < reply.usage.completion_tokens < 600
 
 
 @pytest.mark.parametrize("value", [0, -1, "soon"])
