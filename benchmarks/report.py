@@ -398,10 +398,62 @@ def _probe(accuracy: dict, name: str) -> str:
     return f"{probe['mean']:.3g}{level}"
 
 
+SOAK_START, SOAK_END = "<!-- soak:start -->", "<!-- soak:end -->"
+
+
+def render_soak(lines: list[dict]) -> str | None:
+    """The soak_server table: one row per phase, then the verdict (None: no run)."""
+    soak = [ln for ln in lines if ln.get("kind") == "soak"]
+    phases = [ln for ln in soak if ln["phase"] in ("clean", "mixed")]
+    if not phases:
+        return None
+    rows = [
+        "| phase | clients (good / leaving / malformed) | answers | 5xx | 503 sheds "
+        "| lost | KV blocks held after | TTFT p50 / p99 | e2e p50 / p99 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for ln in phases:
+        answers = ", ".join(f"{n}× {s}" for s, n in sorted(ln["statuses"].items()))
+        rows.append(
+            f"| {ln['phase']} | {ln['clients']} ({ln['good']} / {ln['disconnecting']} / "
+            f"{ln['malformed']}) | {answers} | {ln['server_errors']} | {ln['sheds']} "
+            f"| {ln['lost']} | {ln['kv_blocks_used_after']:.0f} "
+            f"| {_num(ln['ttft_p50_s'], 's')} / {_num(ln['ttft_p99_s'], 's')} "
+            f"| {_num(ln['e2e_p50_s'], 's')} / {_num(ln['e2e_p99_s'], 's')} |"
+        )
+    for ln in soak:
+        if ln["phase"] == "fuzz":
+            answers = ", ".join(f"{n}× {s}" for s, n in sorted(ln["statuses"].items()))
+            rows.append(
+                f"| fuzz (schemathesis CLI) | {ln['requests']} requests | {answers} "
+                f"| {ln['server_errors']} | – | – | {ln['kv_blocks_used_after']:.0f} | – | – |"
+            )
+    verdict = next((ln for ln in soak if ln["phase"] == "verdict"), None)
+    if verdict is not None:
+        ratio = verdict["ttft_p99_ratio_mixed_over_clean"]
+        quick = " (quick)" if verdict.get("quick") else ""
+        rows.append(
+            f"\np99 TTFT of the well-behaved streams, mixed / clean: {_num(ratio)}× (target ≤ "
+            f"2×); passed: {'yes' if verdict['passed'] else '**no**'}. {_machine(verdict)}, "
+            f"run {verdict['timestamp']}{quick}. Regenerate: `python benchmarks/soak_server.py "
+            "&& python benchmarks/report.py`."
+        )
+    return "\n".join(rows)
+
+
 def _splice(text: str, start: str, end: str, body: str) -> str:
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+# the README's other tables: (start marker, end marker, renderer; None when nothing was run)
+SECTIONS = (
+    (QUANT_START, QUANT_END, render_quant),
+    (COMPILER_START, COMPILER_END, render_compiler),
+    (ARCH_START, ARCH_END, render_architectures),
+    (SOAK_START, SOAK_END, render_soak),
+)
 
 
 def main() -> None:
@@ -422,15 +474,10 @@ def main() -> None:
             print(f"\n{args.readme} {why}: table printed, not written.", file=sys.stderr)
         return
     text = _splice(text, START, END, table)
-    quant = render_quant(lines)
-    if quant is not None and QUANT_START in text and QUANT_END in text:
-        text = _splice(text, QUANT_START, QUANT_END, quant)
-    compiler = render_compiler(lines)
-    if compiler is not None and COMPILER_START in text and COMPILER_END in text:
-        text = _splice(text, COMPILER_START, COMPILER_END, compiler)
-    architectures = render_architectures(lines)
-    if architectures is not None and ARCH_START in text and ARCH_END in text:
-        text = _splice(text, ARCH_START, ARCH_END, architectures)
+    for start, end, render_section in SECTIONS:
+        section = render_section(lines)
+        if section is not None and start in text and end in text:
+            text = _splice(text, start, end, section)
     args.readme.write_text(text)
     print(f"wrote the results tables ({len(lines)} lines read) into {args.readme}")
 
