@@ -299,9 +299,10 @@ def fuzz(url: str, requests: int, workers: int, seed: int, report: pathlib.Path)
            "--max-examples", str(per_operation), "--workers", str(workers), "--mode", "all",
            "--seed", str(seed), "--suppress-health-check", "all", "--request-timeout", "300",
            "--header", f"Authorization: Bearer {KEY}", "--no-color",
+           "--generation-database", "none",
            "--report", "ndjson", "--report-ndjson-path", str(report)]  # fmt: skip
     began = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=report.parent)
     seconds = time.perf_counter() - began
     statuses: dict[str, int] = {}
     for line in report.read_text().splitlines():
