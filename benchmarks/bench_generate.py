@@ -43,7 +43,9 @@ import time
 from dataclasses import asdict, dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PEERS_DIR = pathlib.Path(os.path.expanduser("~/.cache/infergen/peers"))
+PEERS_DIR = pathlib.Path(
+    os.environ.get("INFERGEN_PEERS_DIR") or os.path.expanduser("~/.cache/infergen/peers")
+)
 LLAMA_PYTHON = PEERS_DIR / "llama-cpp" / "bin" / "python"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))

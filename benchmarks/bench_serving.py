@@ -1,16 +1,25 @@
-"""Serving benchmark: infergen's OpenAI server against llama.cpp's (`python -m llama_cpp.server`
-from benchmarks/setup_peers.sh's virtualenv), driven by the same client (infergen/bench) in the
-same run, one server at a time (this machine has 2 cores).
+"""Serving benchmark: infergen's OpenAI server against llama.cpp's own C++ `llama-server`
+(continuous batching over `--parallel` slots; built by benchmarks/setup_peers.sh into
+~/.cache/infergen/peers/llama.cpp/bin), driven by the same client (infergen/bench) in the same
+run, one server at a time (this machine has 2 cores).
 
-Default model, fp32 on both (llama.cpp gets the F32 GGUF written by bench_generate.py from the
-same file), 2 threads each; llama.cpp's server runs one request at a time
-(`--interrupt_requests False`: its default ends a running stream when another arrives).
-Workloads `agentic` (multi-turn sessions resending the growing conversation) and
-`random`, at concurrency 1, 8 and 32 (closed loop); every answer is exactly
---output-len tokens (ignore_eos for infergen, an EOS logit bias for llama.cpp). Reports TTFT,
-ITL, TPOT, e2e (mean, p50, p90, p99), output tok/s; ratio lines infergen/llama.cpp; the
-issue's target lines (at concurrency 8 and 32: higher output throughput than llama.cpp's
-server with p50 TTFT no worse). JSON lines to --out; then `python benchmarks/report.py`.
+Default model, fp32 on both (llama-server gets the F32 GGUF that bench_generate.py writes from
+the same file, written here too if missing, and an F32 KV cache), 2 threads each (`-t 2 -tb 2`).
+Every measurement (one workload at one concurrency) gets a fresh server of each engine, warmed
+up with two short requests: llama-server with `--parallel` = that concurrency (one slot per
+client), `--cont-batching`, and `--ctx-size` = slots x a per-slot context that holds the
+workload's longest request (its last turn's prompt plus its answer, with a margin for
+re-tokenizing; at most the model's context length); its prompt cache as by default
+(`cache_prompt`, the RAM cache). Restarting per measurement keeps either engine from reusing
+the prompts of an earlier measurement (the same workload at two concurrencies shares its first
+requests), and sets llama-server's slots to the concurrency.
+Workloads `agentic` (multi-turn sessions resending the growing conversation) and `random`, at
+concurrency 1, 8 and 32 (closed loop); every answer is exactly its request's max_tokens
+(`ignore_eos`, which both servers honour; output_len is the mean for `random`), checked
+against the servers' usage counts. Reports TTFT, ITL, TPOT, e2e (mean, p50, p90, p99), output
+tok/s; ratio lines infergen/llama-server; the issue's target lines (at concurrency 8 and 32:
+higher output throughput than llama-server with p50 TTFT no worse). JSON lines to --out; then
+`python benchmarks/report.py`.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import datetime
 import os
 import pathlib
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -32,14 +42,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import httpx  # noqa: E402
-from bench_generate import LLAMA_PYTHON, PEERS_DIR, git_state, machine_info  # noqa: E402
+from bench_generate import PEERS_DIR, git_state, machine_info  # noqa: E402
+from gguf_f32 import cached_f32_gguf  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 from infergen.bench.client import ClientOptions, run_load  # noqa: E402
 from infergen.bench.report import DEFINITIONS, format_report, summarize  # noqa: E402
-from infergen.bench.workloads import WORKLOADS, WorkloadOptions  # noqa: E402
+from infergen.bench.workloads import WORKLOADS, WorkloadOptions, shape_of  # noqa: E402
 from infergen.io.checkpoint import load_checkpoint  # noqa: E402
 from infergen.io.default_model import default_model_path  # noqa: E402
+
+LLAMA_CPP_DIR = PEERS_DIR / "llama.cpp"
+LLAMA_SERVER = LLAMA_CPP_DIR / "bin" / "llama-server"
+PEER = "llama-server"
 
 
 def free_port() -> int:
@@ -73,6 +88,29 @@ def server(cmd: list[str], port: int, name: str, log: pathlib.Path):
                 proc.kill()
 
 
+def slot_context(requests, count_tokens, max_context: int) -> int:
+    """Per-slot context for llama-server: the longest request of the workload (an agentic
+    session's last turn: its prompt, the earlier answers and user turns, and its own answer),
+    plus a margin for the peer re-tokenizing the text and its BOS token, rounded up to 256."""
+    longest = 0
+    for request in requests:
+        shape = shape_of(request, count_tokens)
+        turns = 1 + len(shape.follow_up_tokens)
+        longest = max(
+            longest, shape.prompt_tokens + sum(shape.follow_up_tokens) + turns * shape.max_tokens
+        )
+    need = -(-(longest + longest // 8 + 32) // 256) * 256
+    if longest > max_context:
+        raise SystemExit(f"the longest request ({longest} tokens) exceeds the model's context")
+    return min(need, max_context)
+
+
+def exact_lengths(requests, results) -> bool:
+    """Whether every answer had exactly its request's max_tokens (the servers' usage counts)."""
+    expected = sorted(r.max_tokens for r in requests for _ in range(1 + len(r.follow_up)))
+    return all(r.ok for r in results) and sorted(r.output_tokens for r in results) == expected
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -86,18 +124,22 @@ def main() -> None:
         "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/serving.jsonl"
     )
     args = parser.parse_args()
-    gguf = default_model_path()
-    llama_gguf = PEERS_DIR / (pathlib.Path(gguf).stem + ".F32.gguf")
-    if not LLAMA_PYTHON.exists() or not llama_gguf.exists():
+    if not LLAMA_SERVER.exists():
         raise SystemExit(
-            "llama.cpp peer missing: run `bash benchmarks/setup_peers.sh` and "
-            "`python benchmarks/bench_generate.py` (writes the F32 GGUF) first"
+            f"llama.cpp peer missing ({LLAMA_SERVER}): run "
+            "`bash benchmarks/setup_peers.sh llama-server` first"
         )
+    gguf = pathlib.Path(default_model_path())
+    llama_gguf = cached_f32_gguf(gguf, PEERS_DIR)  # the one bench_generate.py gives llama.cpp
     checkpoint = load_checkpoint(gguf, load_weights=False)
-    tokenizer, eos = checkpoint.tokenizer, tuple(checkpoint.config.eos_token_ids)
+    tokenizer, max_context = checkpoint.tokenizer, checkpoint.config.max_position_embeddings
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text))
+
     logs = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
     engines = {
-        "infergen": lambda port: [
+        "infergen": lambda port, slots, ctx: [
             sys.executable,
             "-m",
             "infergen.cli",
@@ -109,22 +151,28 @@ def main() -> None:
             "--kv-cache-memory",
             "1GiB",
         ],
-        "llama.cpp": lambda port: [
-            str(LLAMA_PYTHON),
-            "-m",
-            "llama_cpp.server",
+        PEER: lambda port, slots, ctx: [
+            str(LLAMA_SERVER),
             "--model",
             str(llama_gguf),
-            "--n_threads",
+            "--threads",
             str(args.threads),
-            "--n_threads_batch",
+            "--threads-batch",
             str(args.threads),
-            "--n_ctx",
-            "8192",
-            # serve requests one after another; its default (True) cuts a running stream short
-            # whenever another request arrives, which would make its answers shorter
-            "--interrupt_requests",
-            "False",
+            # one slot per concurrent client, batched continuously; --ctx-size is split
+            # evenly between the slots (no unified KV cache when --parallel is given)
+            "--parallel",
+            str(slots),
+            "--cont-batching",
+            "--ctx-size",
+            str(slots * ctx),
+            # the KV cache at infergen's precision (llama.cpp's default is F16)
+            "--cache-type-k",
+            "f32",
+            "--cache-type-v",
+            "f32",
+            "--host",
+            "127.0.0.1",
             "--port",
             str(port),
         ],
@@ -132,34 +180,40 @@ def main() -> None:
     jobs = []  # (workload, concurrency, requests): the same requests for both servers
     for w, workload in enumerate(args.workloads):
         for c in args.concurrency:
-            n = max(16, 2 * c)
+            # agentic counts turns: at least one session per client, so all c are busy
+            n = WorkloadOptions().turns * max(4, c) if workload == "agentic" else max(16, 2 * c)
             opts = WorkloadOptions(
                 num_requests=n, input_len=args.input_len, output_len=args.output_len, spread=0.5
             )
             jobs.append((workload, c, WORKLOADS.get(workload)(tokenizer, opts, random.Random(w))))
     print(DEFINITIONS)
     summaries: dict[tuple[str, str, int], dict] = {}
-    for name, cmd in engines.items():
-        port = free_port()
-        with server(cmd(port), port, name, logs / f"bench_serving_{name}.log") as url:
-            client = ClientOptions(
-                url, eos_token_ids=eos, count_tokens=lambda t: len(tokenizer.encode(t))
-            )
-            warm = WORKLOADS.get("random")(
-                tokenizer, WorkloadOptions(num_requests=2, output_len=4), random.Random(99)
-            )
-            asyncio.run(run_load(warm, client, concurrency=2))
-            for workload, c, requests in jobs:
+    exact: dict[tuple[str, str, int], bool] = {}
+    slot_ctx: dict[tuple[str, int], int] = {}
+    for workload, c, requests in jobs:
+        ctx = slot_ctx[(workload, c)] = slot_context(requests, count_tokens, max_context)
+        for name, cmd in engines.items():  # a fresh server of each engine per measurement
+            port = free_port()
+            log = logs / f"bench_serving_{name}_{workload}_c{c}.log"
+            with server(cmd(port, c, ctx), port, name, log) as url:
+                client = ClientOptions(url, count_tokens=count_tokens)
+                warm = WORKLOADS.get("random")(
+                    tokenizer, WorkloadOptions(num_requests=2, output_len=4), random.Random(99)
+                )
+                asyncio.run(run_load(warm, client, concurrency=2))
                 results, wall = asyncio.run(run_load(requests, client, concurrency=c))
-                summary = summarize(results, wall)
-                summaries[(name, workload, c)] = summary
-                print(format_report(f"{name} {workload} c={c}", summary), flush=True)
+            summary = summarize(results, wall)
+            summaries[(name, workload, c)] = summary
+            exact[(name, workload, c)] = exact_lengths(requests, results)
+            print(format_report(f"{name} {workload} c={c}", summary), flush=True)
+            if not exact[(name, workload, c)]:
+                print(f"WARNING: {name} {workload} c={c}: answers not all of max_tokens tokens")
     base = {
         "bench": "serving",
         "quick": False,
         "git": git_state(),
         "machine": machine_info(args.threads),
-        "peer_versions": {"llama-cpp-python": _llama_version()},
+        "peer_versions": {PEER: _llama_server_version()},
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     lines = []
@@ -169,7 +223,10 @@ def main() -> None:
             "concurrency": c,
             "input_len": args.input_len,
             "output_len": args.output_len,
+            "exact_output_len": exact[(name, workload, c)],
         }
+        if name == PEER:
+            params["slots"], params["slot_ctx"] = c, slot_ctx[(workload, c)]
         for metric, value, unit in (
             ("output_tok_s", s["output_tok_s"], "tok/s"),
             ("ttft_p50_s", s["ttft_s"]["p50"], "s"),
@@ -193,7 +250,7 @@ def main() -> None:
         for c in args.concurrency:
             ours, theirs = (
                 summaries[("infergen", workload, c)],
-                summaries[("llama.cpp", workload, c)],
+                summaries[(PEER, workload, c)],
             )
             tput = ours["output_tok_s"] / theirs["output_tok_s"]
             ttft = (theirs["ttft_s"]["p50"] or 0) / (ours["ttft_s"]["p50"] or float("inf"))
@@ -217,7 +274,7 @@ def main() -> None:
                         "kind": "ratio",
                         "metric": metric,
                         "engine": "infergen",
-                        "peer": "llama.cpp",
+                        "peer": PEER,
                         "infergen_value": a,
                         "peer_value": b,
                         "value": ratio,
@@ -231,10 +288,10 @@ def main() -> None:
                     {
                         **base,
                         "kind": "target",
-                        "metric": f"{workload} c{c}: output tok/s > llama.cpp server, p50 "
+                        "metric": f"{workload} c{c}: output tok/s > llama-server, p50 "
                         f"TTFT no worse (TTFT ratio {ttft:.2f}x)",
-                        "target": f"serving {workload} c{c}: output tok/s > llama.cpp "
-                        "server and p50 TTFT no worse",
+                        "target": f"serving {workload} c{c}: output tok/s > llama-server "
+                        "and p50 TTFT no worse",
                         "value": tput,
                         "unit": "x",
                         "met": met,
@@ -243,18 +300,19 @@ def main() -> None:
                 )
                 print(
                     f"target {workload} c={c}: throughput {tput:.2f}x, p50 TTFT "
-                    f"{ttft:.2f}x (llama/ours) -> {'met' if met else 'NOT met'}"
+                    f"{ttft:.2f}x (llama-server/ours) -> {'met' if met else 'NOT met'}"
                 )
     write_lines(args.out, lines)
 
 
-def _llama_version() -> str:
-    out = subprocess.run(
-        [str(LLAMA_PYTHON), "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-        capture_output=True,
-        text=True,
-    )
-    return out.stdout.strip() or "?"
+def _llama_server_version() -> str:
+    """E.g. "b11312 (llama.cpp 0c1e57098, llama-cpp-python 0.3.36 sources)": llama-server's
+    build number and commit (`--version`), and the sdist setup_peers.sh built it from."""
+    out = subprocess.run([str(LLAMA_SERVER), "--version"], capture_output=True, text=True)
+    match = re.search(r"\(build (\d+), commit (\w+)\)", out.stdout + out.stderr)
+    build = f"b{match[1]} (llama.cpp {match[2]}" if match else "? (llama.cpp ?"
+    source = LLAMA_CPP_DIR / "SOURCE"
+    return f"{build}, {source.read_text().strip() if source.exists() else '? sources'})"
 
 
 if __name__ == "__main__":
