@@ -72,10 +72,10 @@ def add_parser(sub) -> None:
         type=float,
         default=DEFAULT_MAX_QUEUE_TIME_S,
         metavar="SECONDS",
-        help="admission by cost: a request that could wait longer than this before it starts "
-        "(if every request ahead of it generated all of its max_tokens, at the measured step "
-        "time) gets a 503 with Retry-After instead of queueing; 0 turns shedding off "
-        "(%(default)s)",
+        help="admission by cost: a request that would wait longer than this before it starts "
+        "(every request ahead of it generating its max_tokens, or the recent requests' typical "
+        "length where it may stop sooner, at the measured step time) gets a 503 with "
+        "Retry-After instead of queueing; 0 turns shedding off (%(default)s)",
     )
     serve.add_argument(
         "--request-timeout",

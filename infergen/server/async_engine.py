@@ -10,9 +10,9 @@ task) is aborted and its KV blocks are freed; /metrics counts aborts by reason
 
 What is admitted is bounded (server/limits.py's `Limits`):
 - by count: beyond `max_pending` requests in flight, `submit` raises `QueueFull` (HTTP 503);
-- by cost: a request whose worst-case wait before it starts — the engine steps until the
-  scheduler admits it if every request ahead runs to its max_tokens (engine/backlog.py), times
-  the measured step time — exceeds `max_queue_time` raises `Overloaded` (HTTP 503 with a
+- by cost: a request whose estimated wait before it starts — the engine steps until the
+  scheduler admits it if every request ahead generates its expected output (engine/backlog.py),
+  times the measured step time — exceeds `max_queue_time` raises `Overloaded` (HTTP 503 with a
   Retry-After of the excess), before the queue grows to a latency nobody waits for;
 - by time: a request still unfinished at its deadline (its own `timeout`, or the server's
   `request_timeout`) is stopped within a step and ends as if it had reached a limit, with
@@ -154,7 +154,8 @@ class AsyncEngine:
 
     def _admit(self, request_id: str) -> None:
         """Admission by cost: withdraw the request just added (raising Overloaded) when its
-        worst-case wait passes the queue-time budget."""
+        estimated wait (engine/backlog.py, at the moving average of the steps that sampled)
+        passes the queue-time budget. Before the first step there is no estimate."""
         budget = self.limits.max_queue_time
         if budget is None or self.step_time is None:
             return

@@ -18,7 +18,7 @@ class Limits:
     max_pending: int = 256  # requests in flight; one more is a 503
     max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT  # per choice (--max-tokens-limit)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies are a 413
-    # admission by cost: a request whose worst-case wait before it starts (engine/backlog.py,
+    # admission by cost: a request whose estimated wait before it starts (engine/backlog.py,
     # times the measured step time) is longer is shed with 503 + Retry-After; None: never
     max_queue_time: float | None = DEFAULT_MAX_QUEUE_TIME_S
     # seconds a request may take from submission to its last token, when it sets no shorter
