@@ -462,7 +462,9 @@ def main() -> None:
     parser.add_argument("--readme", type=pathlib.Path, default=ROOT / "README.md")
     parser.add_argument("--print", action="store_true", help="print only, never write")
     args = parser.parse_args()
-    lines = load_lines(args.results)
+    # commit-against-commit comparisons (ab_commits.py) carry the bench names of the runs they
+    # compare but are no README table
+    lines = [ln for ln in load_lines(args.results) if ln.get("kind") != "ab"]
     if not lines:
         sys.exit(f"no results in {args.results}/*.jsonl; run a benchmark first")
     table = render(lines)

@@ -28,18 +28,23 @@ def _wait_for(condition, timeout: float = 30.0) -> bool:
     return False
 
 
-def test_disconnect_mid_stream_aborts_and_frees_blocks(live, served_llm):
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("completions", {"prompt": "Tell me a long story", "n": 1}),
+        ("completions", {"prompt": ["Once upon a time", "Far away"], "n": 2}),
+        ("chat/completions", {"messages": [{"role": "user", "content": "A story?"}], "n": 1}),
+        ("chat/completions", {"messages": [{"role": "user", "content": "A story?"}], "n": 3}),
+    ],
+)
+def test_disconnect_mid_stream_aborts_and_frees_blocks(live, served_llm, route, body):
+    """A streaming client that hangs up after a few chunks: every request behind its stream
+    (each prompt, n times) is aborted, every KV block is back, the aborts are counted."""
     engine = served_llm.engine
     key = 'infergen_request_aborts_total{reason="disconnect"}'
     before = scrape_metrics(live.url)[key]
-    body = {
-        "prompt": "Tell me a long story",
-        "max_tokens": 400,
-        "stream": True,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-    with httpx.stream("POST", f"{live.url}/v1/completions", json=body, headers=HEADERS) as resp:
+    body = {**body, "max_tokens": 250, "stream": True, "temperature": 0, "ignore_eos": True}
+    with httpx.stream("POST", f"{live.url}/v1/{route}", json=body, headers=HEADERS) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
         received = [next(lines) for _ in range(6)]  # a few chunks, then hang up
@@ -47,7 +52,17 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(live, served_llm):
     assert _wait_for(lambda: not engine.has_unfinished())
     assert engine.pool.num_free == engine.pool.num_blocks  # every block back (free or cached)
     assert not engine._requests  # nothing left behind
-    assert scrape_metrics(live.url)[key] == before + 1
+    prompts = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
+    assert scrape_metrics(live.url)[key] == before + prompts * body["n"]
+
+
+def test_no_cors_headers_by_default(live):
+    """A browser page of another origin gets no permission to call the API."""
+    origin = {"Origin": "https://elsewhere.example", "Access-Control-Request-Method": "POST"}
+    preflight = httpx.options(f"{live.url}/v1/completions", headers=origin)
+    assert "access-control-allow-origin" not in preflight.headers
+    resp = httpx.get(f"{live.url}/v1/models", headers={**HEADERS, "Origin": origin["Origin"]})
+    assert resp.status_code == 200 and "access-control-allow-origin" not in resp.headers
 
 
 @pytest.mark.parametrize(
