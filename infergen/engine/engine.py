@@ -15,7 +15,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from infergen.config import ModelConfig
-from infergen.engine.backlog import OutputLengths, steps_until_admitted
+from infergen.engine.backlog import OutputLengths, StepCost, seconds_until_admitted
 from infergen.engine.build import build
 from infergen.engine.config import EngineConfig
 from infergen.engine.request import RequestOutput, Sequence, Status, StreamDelta
@@ -62,6 +62,8 @@ class Engine:
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
         self.output_lengths = OutputLengths()  # of the requests that finished lately
+        self.step_cost = StepCost()  # measured by step()
+        self._busy_since: float | None = None  # the last step's end, while work remained
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -165,11 +167,12 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def steps_until_admitted(self, request_id: str) -> int:
-        """Engine steps a waiting request may wait before it runs, every request ahead of it
-        generating its expected output (engine/backlog.py)."""
-        seq = self._requests[request_id]
-        return steps_until_admitted(self.scheduler, seq, self.output_lengths.typical())
+    def seconds_until_admitted(self, request_id: str, cost: StepCost | None = None) -> float:
+        """Seconds a waiting request may wait before it runs, every request ahead of it
+        generating its expected output, at the measured step costs (or `cost`; StepCost(1, 0)
+        counts steps): engine/backlog.py."""
+        seq, typical = self._requests[request_id], self.output_lengths.typical()
+        return seconds_until_admitted(self.scheduler, seq, typical, cost or self.step_cost)
 
     # ---- one step ---------------------------------------------------------------------------
     def step(self) -> list[StreamDelta]:
@@ -187,6 +190,7 @@ class Engine:
         for k, seq in enumerate(sampled):
             self._append_token(seq, result.token_ids[k], result.logprobs[k])
         deltas = [self._delta(seq) for seq in sampled]
+        self._measure(start, batch.num_tokens)
         if self.on_step is not None:
             pairs = zip(batch.seqs, batch.num_tokens, strict=True)
             chunks = [(n, seq.num_computed_tokens) for seq, n in pairs]
@@ -200,6 +204,15 @@ class Engine:
                 )
             )
         return deltas
+
+    def _measure(self, start: float, num_tokens: list[int]) -> None:
+        """Feed the step's cost to `step_cost`: while work remains, the wall time since the
+        previous step ended (what the caller does between steps, e.g. a server admitting and
+        delivering, is part of what a queued request waits for); else since this one began."""
+        end = time.perf_counter()
+        began = start if self._busy_since is None else self._busy_since
+        self.step_cost.observe(end - began, sum(n for n in num_tokens if n > 1))
+        self._busy_since = end if self.scheduler.has_unfinished() else None
 
     def _append_token(self, seq: Sequence, token: int, logprobs: object) -> None:
         seq.token_ids.append(token)

@@ -10,10 +10,10 @@ task) is aborted and its KV blocks are freed; /metrics counts aborts by reason
 
 What is admitted is bounded (server/limits.py's `Limits`):
 - by count: beyond `max_pending` requests in flight, `submit` raises `QueueFull` (HTTP 503);
-- by cost: a request whose estimated wait before it starts — the engine steps until the
-  scheduler admits it if every request ahead generates its expected output (engine/backlog.py),
-  times the measured step time — exceeds `max_queue_time` raises `Overloaded` (HTTP 503 with a
-  Retry-After of the excess), before the queue grows to a latency nobody waits for;
+- by cost: a request whose estimated wait before it starts — replaying the scheduler's
+  admission with every request ahead generating its expected output, at the engine's measured
+  step costs (engine/backlog.py) — exceeds `max_queue_time` raises `Overloaded` (HTTP 503 with
+  a Retry-After of the excess), before the queue grows to a latency nobody waits for;
 - by time: a request still unfinished at its deadline (its own `timeout`, or the server's
   `request_timeout`) is stopped within a step and ends as if it had reached a limit, with
   what it generated and finish_reason "timeout" (not an error: a client's own deadline is
@@ -103,14 +103,10 @@ class _Submission:
     timeout: float | None  # seconds from submission to the last token
 
 
-STEP_TIME_WEIGHT = 0.1  # of the newest step in the moving average of step times
-
-
 class AsyncEngine:
     def __init__(self, engine: Engine, limits: Limits | None = None):
         self.engine = engine
         self.limits = limits or Limits()
-        self.step_time: float | None = None  # moving average of a step's seconds
         self._deadlines: dict[str, float] = {}  # request id → perf_counter() deadline
         self._inbox: list[_Submission | _Abort | _AbortAll] = []
         self.draining = False  # shutting down: no new requests
@@ -154,12 +150,12 @@ class AsyncEngine:
 
     def _admit(self, request_id: str) -> None:
         """Admission by cost: withdraw the request just added (raising Overloaded) when its
-        estimated wait (engine/backlog.py, at the moving average of the steps that sampled)
-        passes the queue-time budget. Before the first step there is no estimate."""
+        estimated wait (engine/backlog.py, at the engine's measured step costs) passes the
+        queue-time budget. Before the first step there is no estimate."""
         budget = self.limits.max_queue_time
-        if budget is None or self.step_time is None:
+        if budget is None or not self.engine.step_cost.known:
             return
-        wait = self.engine.steps_until_admitted(request_id) * self.step_time
+        wait = self.engine.seconds_until_admitted(request_id)
         if wait > budget:
             self.engine.abort(request_id)
             self.engine.release(request_id)
@@ -184,14 +180,11 @@ class AsyncEngine:
             self._drain_inbox()
             updates: list[Update] = self._expire() if self._deadlines else []
             if self.engine.has_unfinished():
-                start = time.perf_counter()
                 try:
                     stepped = self._step()
                 except Exception as exc:  # noqa: BLE001 - a bug: fail the batch, keep serving
                     self._fail_all(exc)
                     stepped = []
-                if stepped:
-                    self._time_step(time.perf_counter() - start)
                 updates += stepped
             self._observe(updates)
             for update in updates:
@@ -202,10 +195,6 @@ class AsyncEngine:
             if not updates and not self.engine.has_unfinished():
                 self._wake.wait(0.05)
                 self._wake.clear()
-
-    def _time_step(self, seconds: float) -> None:
-        old = self.step_time
-        self.step_time = seconds if old is None else old + STEP_TIME_WEIGHT * (seconds - old)
 
     def _account(self, output: RequestOutput, outcome: str) -> None:
         self.metrics.account(outcome, len(output.prompt_token_ids), output.num_cached_prompt_tokens)

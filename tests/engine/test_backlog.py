@@ -1,8 +1,11 @@
 """The wait estimate behind the server's admission by cost (engine/backlog.py), against the
-engine itself: requests that cannot stop early (ignore_eos), admitted by the reserving policy,
-are admitted after exactly the estimated number of steps, whether seats (max_num_seqs) or KV
-blocks are what they wait for; a request that may stop early is estimated as if it generated
-the recent requests' typical length, i.e. as the engine runs a request of that length."""
+engine itself: counted in steps (StepCost(1, 0)), requests that cannot stop early
+(ignore_eos), admitted by the reserving policy, are admitted after exactly the estimated number
+of steps, whether seats (max_num_seqs) or KV blocks are what they wait for; a request that may
+stop early is estimated as if it generated the recent requests' typical length, i.e. as the
+engine runs a request of that length. Prompt tokens share one budget: at a cost per prompt
+token only, a request waits for every prompt token ahead of it. The step costs are fitted
+from measured steps."""
 
 from __future__ import annotations
 
@@ -12,9 +15,11 @@ import numpy as np
 import pytest
 
 from infergen import LLM, SamplingParams
-from infergen.engine.backlog import OutputLengths
+from infergen.engine.backlog import OutputLengths, StepCost
 from infergen.engine.request import Status
 from tests.hf_models import build_hf_model
+
+STEPS = StepCost(decode_step=1.0, prefill_token=0.0)  # the estimate in engine steps
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +58,7 @@ def test_estimate_is_the_engines_admission_step(model_dir, limits):
         prompt = [rng.randrange(3, 200) for _ in range(rng.randrange(3, 30))]
         params = SamplingParams(max_tokens=rng.randrange(1, 40), temperature=0, ignore_eos=True)
         ids.append(engine.add_request(prompt, params))
-    estimated = {rid: engine.steps_until_admitted(rid) for rid in ids}
+    estimated = {rid: engine.seconds_until_admitted(rid, STEPS) for rid in ids}
     assert max(estimated.values()) > 0  # the case waits
     assert _admission_steps(engine, ids) == estimated
 
@@ -66,7 +71,7 @@ def test_estimate_mid_run_counts_what_running_requests_have_left(model_dir):
     for _ in range(4):  # the first two run, partway
         engine.step()
     late = engine.add_request([9, 10], SamplingParams(max_tokens=3, ignore_eos=True))
-    estimate = {rid: engine.steps_until_admitted(rid) for rid in (ids[2], late)}
+    estimate = {rid: engine.seconds_until_admitted(rid, STEPS) for rid in (ids[2], late)}
     assert _admission_steps(engine, [ids[2], late]) == estimate
 
 
@@ -85,7 +90,7 @@ def test_requests_that_may_stop_early_are_estimated_at_the_typical_length(model_
         a.append(may_stop.engine.add_request(prompt, SamplingParams(max_tokens=max_tokens)))
         capped = SamplingParams(max_tokens=min(max_tokens, typical), ignore_eos=True)
         b.append(exact.engine.add_request(prompt, capped))
-    estimated = [may_stop.engine.steps_until_admitted(rid) for rid in a]
+    estimated = [may_stop.engine.seconds_until_admitted(rid, STEPS) for rid in a]
     measured = _admission_steps(exact.engine, b)
     assert estimated == [measured[rid] for rid in b]
 
@@ -105,4 +110,29 @@ def test_estimate_refuses_a_request_that_is_not_waiting(model_dir):
     rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()
     with pytest.raises(ValueError, match="not waiting"):
-        engine.steps_until_admitted(rid)
+        engine.seconds_until_admitted(rid, STEPS)
+
+
+def test_prompts_ahead_are_waited_for_token_by_token(model_dir):
+    """At a cost per prompt token only (decode steps free), with seats and KV to spare, a
+    request can begin once every prompt token ahead of it (running or waiting) is computed."""
+    engine = LLM(model_dir, block_size=4, max_num_seqs=16, max_num_batched_tokens=8).engine
+    lengths = [20, 5, 13, 30, 9]
+    ids = [engine.add_request(list(range(3, 3 + n)), SamplingParams(max_tokens=4)) for n in lengths]
+    engine.step()  # the first prompt is partly computed (8 of its 20 tokens)
+    cost = StepCost(decode_step=0.0, prefill_token=1.0)
+    left = [20 - 8, *lengths[1:]]
+    for k, rid in enumerate(ids[1:], 1):
+        assert engine.seconds_until_admitted(rid, cost) == sum(left[:k])
+
+
+def test_step_costs_are_fitted_from_measured_steps():
+    """Steps that take a + b * (prompt tokens) seconds: the fit finds a and b."""
+    a, b, cost = 0.03, 0.002, StepCost()
+    assert not cost.known
+    for k in range(200):
+        tokens = 0 if k % 3 else 100 + k
+        cost.observe(a + b * tokens, tokens)
+    assert cost.known
+    assert cost.decode_step == pytest.approx(a)
+    assert cost.prefill_token == pytest.approx(b, rel=1e-3)  # (a moving average converging)

@@ -69,7 +69,7 @@ def test_a_burst_is_shed_before_the_queue_passes_the_budget(two_seats):
     engine = server.app.state.engine
     warm = {"prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
     assert httpx.post(f"{server.url}/v1/completions", json=warm, headers=HEADERS).status_code == 200
-    assert engine.step_time is not None  # measured: what the estimate runs on
+    assert llm.engine.step_cost.known  # measured: what the estimate runs on
     before = scrape_metrics(server.url)['infergen_request_rejections_total{reason="overloaded"}']
 
     results = asyncio.run(_burst(server.url, 16, 30))
