@@ -3,6 +3,7 @@ default model, and a second engine on the same weights as the oracle."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -37,6 +38,28 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def own_server(model_path, max_num_seqs: int = 4, **kwargs):
+    """A server of its own (create_app's `kwargs`) over a fresh engine with a 32 MiB KV cache
+    and `max_num_seqs` seats: (server, llm)."""
+    llm = LLM(model_path, kv_cache_memory="32MiB", max_num_seqs=max_num_seqs)
+    server = LiveServer(llm, **kwargs)
+    try:
+        yield server, llm
+    finally:
+        server.stop()
+
+
+def wait_for(condition, timeout: float = 30.0) -> bool:
+    """Poll `condition` every 50 ms until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 @pytest.fixture(scope="session")

@@ -15,32 +15,21 @@ import httpx
 import openai
 import pytest
 
-from infergen import LLM
+from infergen import SamplingParams
 from infergen.server.limits import Limits
 
-from .conftest import API_KEY, MODEL, LiveServer, scrape_metrics
+from .conftest import API_KEY, MODEL, own_server, scrape_metrics, wait_for
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 BUDGET_S = 1.5  # the queue-time budget of the shedding test
 REQUEST_TIMEOUT_S = 3.0  # the server's default time limit in the timeout tests
 
 
-def _wait_for(condition, timeout: float = 30.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.fixture(scope="module")
 def two_seats(default_model_path):
     """Two requests run at once: a burst queues."""
-    llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=2)
-    server = LiveServer(llm, limits=Limits(max_queue_time=BUDGET_S))
-    yield server, llm
-    server.stop()
+    with own_server(default_model_path, 2, limits=Limits(max_queue_time=BUDGET_S)) as pair:
+        yield pair
 
 
 async def _burst(url: str, n: int, max_tokens: int) -> list[tuple[int, float | None, dict]]:
@@ -80,7 +69,7 @@ def test_a_burst_is_shed_before_the_queue_passes_the_budget(two_seats):
     assert max(waits) <= 2 * BUDGET_S, sorted(waits)
     after = scrape_metrics(server.url)['infergen_request_rejections_total{reason="overloaded"}']
     assert after - before == len(shed)
-    assert _wait_for(lambda: llm.engine.pool.num_free == llm.engine.pool.num_blocks)
+    assert wait_for(lambda: llm.engine.pool.num_free == llm.engine.pool.num_blocks)
 
     # the same burst with shedding off: every request is accepted, and the last wait long
     engine.limits = Limits(max_queue_time=None)
@@ -119,14 +108,14 @@ def test_the_openai_client_sees_a_shed_request_as_a_503(two_seats):
 
 @pytest.fixture(scope="module")
 def timed(default_model_path):
-    llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=4)
-    server = LiveServer(llm, limits=Limits(request_timeout=REQUEST_TIMEOUT_S))
-    yield server, llm
-    server.stop()
+    with own_server(default_model_path, limits=Limits(request_timeout=REQUEST_TIMEOUT_S)) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("asked, limit", [(0.5, 0.5), (60.0, REQUEST_TIMEOUT_S)])
-def test_a_request_past_its_time_limit_stops_with_what_it_generated(timed, asked, limit):
+def test_a_request_past_its_time_limit_stops_with_what_it_generated(
+    timed, reference_llm, asked, limit
+):
     """Its own `timeout`, or the server's when that is shorter: stopped within a step, its
     answer the tokens so far with finish_reason "timeout", its blocks back, counted."""
     server, llm = timed
@@ -145,18 +134,14 @@ def test_a_request_past_its_time_limit_stops_with_what_it_generated(timed, asked
     assert limit <= elapsed < limit + 5.0  # stopped within a step (slow when contended)
     assert scrape_metrics(server.url)[key] == before + 1
     engine = llm.engine
-    assert _wait_for(lambda: engine.pool.num_free == engine.pool.num_blocks, timeout=2)
+    assert wait_for(lambda: engine.pool.num_free == engine.pool.num_blocks, timeout=2)
     assert not engine._requests
-    # what it generated is the start of the same request's untimed answer
-    generated = answer["usage"]["completion_tokens"]
-    reference = llm_answer(server, {**body, "timeout": None, "max_tokens": generated})
-    assert choice["text"] == reference
-
-
-def llm_answer(server, body: dict) -> str:
-    resp = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=60)
-    assert resp.status_code == 200
-    return resp.json()["choices"][0]["text"]
+    # what it generated is the start of the same request's answer without a time limit
+    # (from a second engine: this server would stop that one at its own limit too)
+    greedy = SamplingParams(max_tokens=answer["usage"]["completion_tokens"], temperature=0,
+                            ignore_eos=True)  # fmt: skip
+    reference = reference_llm.generate(body["prompt"], greedy)[0]
+    assert reference.finish_reason == "length" and choice["text"] == reference.text
 
 
 def test_a_stream_past_its_time_limit_ends_with_finish_reason_timeout(timed):

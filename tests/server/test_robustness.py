@@ -6,26 +6,15 @@ only the requests in that step (HTTP 500) and the server goes on serving."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
 
-from infergen import LLM
 from infergen.server.limits import Limits
 
-from .conftest import API_KEY, LiveServer, scrape_metrics
+from .conftest import API_KEY, own_server, scrape_metrics, wait_for
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
-
-
-def _wait_for(condition, timeout: float = 30.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.parametrize(
@@ -49,7 +38,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(live, served_llm, route, 
         lines = resp.iter_lines()
         received = [next(lines) for _ in range(6)]  # a few chunks, then hang up
     assert any(line.startswith("data: {") for line in received)
-    assert _wait_for(lambda: not engine.has_unfinished())
+    assert wait_for(lambda: not engine.has_unfinished())
     assert engine.pool.num_free == engine.pool.num_blocks  # every block back (free or cached)
     assert not engine._requests  # nothing left behind
     prompts = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
@@ -85,7 +74,7 @@ def test_disconnect_before_a_whole_response_aborts_every_request(live, served_ll
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{live.url}/v1/{route}", json=body, headers=HEADERS, timeout=1.5)
     # a step takes tens of ms; 250 tokens per request take over 5 s here
-    assert _wait_for(lambda: not engine.has_unfinished(), timeout=3.0)
+    assert wait_for(lambda: not engine.has_unfinished(), timeout=3.0)
     assert engine.pool.num_free == engine.pool.num_blocks
     assert not engine._requests
     prompts = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
@@ -95,10 +84,8 @@ def test_disconnect_before_a_whole_response_aborts_every_request(live, served_ll
 
 @pytest.fixture
 def small_server(default_model_path):
-    llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=4)
-    server = LiveServer(llm, limits=Limits(max_pending=2))
-    yield server, llm
-    server.stop()
+    with own_server(default_model_path, limits=Limits(max_pending=2)) as pair:
+        yield pair
 
 
 def test_full_server_answers_503_then_recovers(small_server):
@@ -146,15 +133,13 @@ def test_engine_failure_is_a_500_and_the_server_keeps_serving(small_server, monk
     body["stream"] = False
     ok = httpx.post(f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=60)
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"]
-    assert _wait_for(lambda: engine.pool.num_free == engine.pool.num_blocks)
+    assert wait_for(lambda: engine.pool.num_free == engine.pool.num_blocks)
 
 
 @pytest.fixture(scope="module")
 def limited_server(default_model_path):
-    llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=4)
-    server = LiveServer(llm, limits=Limits(max_tokens=8, max_body_bytes=4096))
-    yield server
-    server.stop()
+    with own_server(default_model_path, limits=Limits(max_tokens=8, max_body_bytes=4096)) as pair:
+        yield pair[0]
 
 
 def test_a_body_over_the_limit_is_413(limited_server):
@@ -214,9 +199,7 @@ def test_several_keys_and_protected_monitoring(default_model_path, tmp_path):
     for bad in (tmp_path / "empty", tmp_path / "missing"):
         with pytest.raises(ConfigError):
             api_keys(None, str(bad))
-    llm = LLM(default_model_path, kv_cache_memory="32MiB", max_num_seqs=4)
-    server = LiveServer(llm, api_key=keys, protect_monitoring=True)
-    try:
+    with own_server(default_model_path, api_key=keys, protect_monitoring=True) as (server, _):
         for path in ("/v1/models", "/metrics", "/health"):
             assert httpx.get(server.url + path).status_code == 401
             wrong = {"Authorization": "Bearer key-d"}
@@ -224,5 +207,3 @@ def test_several_keys_and_protected_monitoring(default_model_path, tmp_path):
             for key in keys:
                 auth = {"Authorization": f"Bearer {key}"}
                 assert httpx.get(server.url + path, headers=auth).status_code == 200
-    finally:
-        server.stop()
