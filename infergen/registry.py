@@ -34,7 +34,11 @@ class Registry(Generic[T]):
 
         return wrap
 
-    def get(self, name: str, *, where: str | None = None) -> T:
+    def get(self, name: str, *, where: str | None = None, fallback: str | None = None) -> T:
+        """The row `name`; without one, the row `fallback` when given (an op with no kernel
+        of a kernel set runs its torch row), else a ConfigError naming the rows."""
+        if fallback is not None and name not in self._rows:
+            name = fallback
         try:
             return self._rows[name]
         except KeyError:

@@ -12,6 +12,8 @@ calibrated), the cache sized from the memory budget, sparse decode, and the comp
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -60,6 +62,23 @@ class Built:
     compile_report: object = None
 
 
+def _triton_rows() -> None:
+    """kernels="triton": register the Triton rows of the op registries, importing Triton only
+    then (it takes about a second). The engine's tensors are on the CPU until it runs on CUDA
+    (issue 22), so the kernels run in Triton's interpreter, which reads TRITON_INTERPRET=1 as
+    the kernels are defined: it must be set before the process imports infergen."""
+    if importlib.util.find_spec("triton") is None:
+        raise ConfigError("kernels='triton' needs Triton: pip install 'infergen[triton]'",
+                          where="kernels")  # fmt: skip
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError(
+            "kernels='triton' runs on the CPU only in Triton's interpreter: set "
+            "TRITON_INTERPRET=1 in the environment (slow: for testing)",
+            where="kernels",
+        )
+    import infergen.ops.paged_decode_triton  # noqa: F401, PLC0415 (registers the triton rows)
+
+
 def build(
     config: EngineConfig,
     checkpoint: Checkpoint | None = None,
@@ -69,6 +88,8 @@ def build(
     configure_process(config.num_threads)
     if config.kernels == "native":
         build_all()  # compile (or load cached) C kernels now, not during the first request
+    if config.kernels == "triton":
+        _triton_rows()
     checkpoint = _checkpoint(config, checkpoint)
     model_config = _streaming(checkpoint.config, config)
     dtype = DTYPES[config.dtype]

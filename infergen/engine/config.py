@@ -27,7 +27,9 @@ from infergen.quant.schemes import WEIGHT_SCHEMES
 from infergen.quant.smoothing import SMOOTHINGS
 
 DTYPES = ("float32", "bfloat16", "float16")
-KERNELS = ("native", "torch")
+# op backends: "native" (C kernels), "torch", "triton" (Triton kernels: on the CPU only in
+# Triton's interpreter for now); an op without a kernel of the set runs its torch row
+KERNELS = ("native", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class EngineConfig:
     dtype: str = "float32"
     num_threads: int | None = None
     seed: int = 0
-    kernels: str = "native"  # op backends: "native" (C kernels, torch fallback) | "torch"
+    kernels: str = "native"  # op backends: one of KERNELS
     max_model_len: int | None = None  # context cap in tokens (None: the model's own)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -58,8 +58,8 @@ class Attention(nn.Module):
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(self.head_dim, eps, dtype, backend) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps, dtype, backend) if config.qk_norm else None
-        self.rope = ROPE_BACKENDS.get(backend, where="kernels")
-        self.decode = DECODE_BACKENDS.get(backend, where="kernels")
+        self.rope = ROPE_BACKENDS.get(backend, where="kernels", fallback="torch")
+        self.decode = DECODE_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.core = ATTENTION_OPERANDS.get("fp32")  # the attention core (prefill and decode)
         self.summary = None  # per-block key bounds, kept for sparse decode (use_sparse_decode)
         self.sinks = None

@@ -31,7 +31,7 @@ class Linear(nn.Module):
     ):
         super().__init__()
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
-        self.backend = LINEAR_BACKENDS.get(backend, where="kernels")
+        self.backend = LINEAR_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.register_buffer("weight", None)
         self.register_buffer("bias", None)
         self.has_bias = bias

@@ -55,9 +55,9 @@ class GatedDeltaNet(nn.Module):
         self.decay_rate = nn.Parameter(torch.ones(s.num_v_heads), False)
         self.dt_bias = nn.Parameter(torch.zeros(s.num_v_heads), False)
         self.norm_weight = nn.Parameter(torch.ones(s.v_head_dim, dtype=dtype), False)
-        self.conv = CAUSAL_CONV1D_BACKENDS.get(conv_backend, where="kernels")
-        self.rule = GATED_DELTA_RULE_BACKENDS.get(rule_backend, where="kernels")
-        self.norm = RMS_NORM_BACKENDS.get(norm_backend, where="kernels")
+        self.conv = CAUSAL_CONV1D_BACKENDS.get(conv_backend, where="kernels", fallback="torch")
+        self.rule = GATED_DELTA_RULE_BACKENDS.get(rule_backend, where="kernels", fallback="torch")
+        self.norm = RMS_NORM_BACKENDS.get(norm_backend, where="kernels", fallback="torch")
 
     # ---- state -----------------------------------------------------------------------------
 

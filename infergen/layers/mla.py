@@ -73,8 +73,8 @@ class MLAttention(nn.Module):
         self.w_uk = nn.Parameter(torch.zeros(heads, self.nope, self.latent, dtype=dtype), False)
         self.w_uv = nn.Parameter(torch.zeros(heads, self.v_dim, self.latent, dtype=dtype), False)
         self.o = Linear(heads * self.v_dim, h, False, dtype, backend)
-        self.rope = ROPE_BACKENDS.get(backend, where="kernels")
-        self.decode = DECODE_BACKENDS.get(backend, where="kernels")
+        self.rope = ROPE_BACKENDS.get(backend, where="kernels", fallback="torch")
+        self.decode = DECODE_BACKENDS.get(backend, where="kernels", fallback="torch")
 
     def set_operands(self, name: str) -> None:
         raise ConfigError(

@@ -30,7 +30,9 @@ class GatedMLP(nn.Module):
         h, i = config.hidden_size, intermediate_size or config.intermediate_size
         self.gate_up = Linear(h, 2 * i, config.mlp_bias, dtype, backend)  # rows: [gate; up]
         self.down = Linear(i, h, config.mlp_bias, dtype, backend)
-        self.act = GATED_ACTIVATIONS[config.hidden_act].get(backend, where="kernels")
+        self.act = GATED_ACTIVATIONS[config.hidden_act].get(
+            backend, where="kernels", fallback="torch"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, hidden]
         return self.down(self.act(self.gate_up(x)))

@@ -14,7 +14,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype), False)
         self.eps = eps
-        self.fn = RMS_NORM_BACKENDS.get(backend, where="kernels")
+        self.fn = RMS_NORM_BACKENDS.get(backend, where="kernels", fallback="torch")
 
     def forward(self, x: torch.Tensor, residual_delta: torch.Tensor | None = None) -> torch.Tensor:
         """With `residual_delta`, x is the residual stream and is updated in place first."""
