@@ -6,7 +6,6 @@ TRITON_INTERPRET=0 (benchmarks/device_check.sh)."""
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
@@ -17,14 +16,9 @@ from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.tune import random_inputs
 from tests.compiler.test_codegen_c import PRIMITIVES, _graph, _jit_groups
 from tests.hf_models import VARIANTS
+from tests.triton_env import DEVICE, runnable
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cpu" if INTERPRETED else "cuda"
-pytestmark = pytest.mark.skipif(
-    not HAS_TRITON or (not INTERPRETED and not torch.cuda.is_available()),
-    reason="needs Triton, and a GPU or the interpreter",
-)
+pytestmark = runnable
 TOKEN_COUNTS = (1, 3, 7)
 
 

@@ -13,7 +13,6 @@ formats when the gguf package is not (the GPU machine's image has none).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import subprocess
 import sys
@@ -26,16 +25,10 @@ from infergen.ops import linear_triton as lt
 from infergen.ops.linear_grouped import dequantized as grouped_dequantized
 from infergen.ops.linear_quantized import CODE_FORMATS
 from infergen.ops.linear_quantized import dequantized as code_dequantized
+from tests.triton_env import DEVICE, INTERPRETED, runnable
 
 FORMATS = list(lt.TRITON_FORMATS)
 GGUF_FORMATS = ("q4_0", "q4_1", "q8_0")  # quantized by the gguf package
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cpu" if INTERPRETED else "cuda"
-runnable = pytest.mark.skipif(
-    not HAS_TRITON or (not INTERPRETED and not torch.cuda.is_available()),
-    reason="needs Triton, and a GPU or the interpreter",
-)
 TILE = (16, 16, 32)  # small tiles: several programs along M and N, masked edges, K steps
 SHAPES = [(1, 40, 32), (3, 50, 64), (17, 40, 96)]  # (tokens M, out N, in K)
 

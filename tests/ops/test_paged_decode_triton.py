@@ -8,22 +8,14 @@ on a GPU with TRITON_INTERPRET=0 (benchmarks/device_check.sh)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
 from infergen.ops import paged_attention as pa
 from infergen.ops.paged_decode_triton import num_splits, paged_decode_triton
+from tests.triton_env import DEVICE, runnable
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cpu" if INTERPRETED else "cuda"
-pytestmark = pytest.mark.skipif(
-    not HAS_TRITON or (not INTERPRETED and not torch.cuda.is_available()),
-    reason="needs Triton, and a GPU or the interpreter",
-)
+pytestmark = runnable
 
 
 def _case(seq_lens, kv_heads, group, dim, block_size, dtype=torch.float32, seed=0):
