@@ -77,6 +77,7 @@ def _triton_rows() -> None:
             where="kernels",
         )
     import infergen.ops.paged_decode_triton  # noqa: F401, PLC0415 (registers the triton rows)
+    import infergen.ops.pointwise_triton  # noqa: F401, PLC0415
 
 
 def build(

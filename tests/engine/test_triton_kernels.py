@@ -3,7 +3,8 @@ interpreter (TRITON_INTERPRET=1, tests/conftest.py). On tiny random transformers
 llama (GQA), qwen2, qwen3, mistral and gemma3 (sliding windows), the greedy tokens and the
 chosen tokens' logprobs equal the native CPU path's, with continuous batching, chunked
 prefill, prefix-cache hits and preemption (a pool that forces it). The ops without a Triton
-kernel yet run their torch row; decode attention runs the Triton one (checked)."""
+kernel yet run their torch row; decode attention, add + RMSNorm and SiLU-mul run the Triton
+ones (checked where the layer has them)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ def test_greedy_and_logprobs_equal_the_native_path(model):
                   max_num_seqs=4)  # fmt: skip
     native = LLM(model_dir, kernels="native", **limits)
     triton = LLM(model_dir, kernels="triton", **limits)
-    decode = triton.engine.runner.model.layers[0].attn.decode
-    assert decode.__name__ == "decode_attention_triton"
+    layer = triton.engine.runner.model.layers[0]
+    assert layer.attn.decode.__name__ == "decode_attention_triton"
+    assert layer.attn_norm.fn.__name__ == "add_rms_norm_triton"
     want = native.generate(_prompts(), GREEDY)
     got = triton.generate(_prompts(), GREEDY)
     for a, b in zip(got, want, strict=True):
