@@ -4,7 +4,11 @@
   add_ is), then y = (h / sqrt(mean(h²) + eps), in fp32, cast to h's dtype) · weight — one
   program per row, one read of h and delta, one write of h and of y (ops/rms_norm.py's rule);
 - SiLU-mul (SILU_MUL_BACKENDS): y = silu(gate) · up from the fused [tokens, 2n] projection,
-  in fp32, cast to the input dtype — one program per row and BLOCK columns.
+  in fp32, cast to the input dtype — one program per row and BLOCK columns;
+- RoPE (ROPE_BACKENDS): x [tokens, heads, d] rotated by its token's row of the cos/sin table
+  (ops/rope.py: cos in the first half of a row, sin in the second), halves (x1, x2) →
+  (x1·cos − x2·sin, x2·cos + x1·sin) in fp32, cast to x's dtype — one program per token, all
+  its heads at once (the table row read once); x may be a strided view of the fused QKV.
 
 Rows are padded to a power of two and masked. Triton is optional: without it this module
 imports and the kernels raise when called.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from infergen.ops.rms_norm import RMS_NORM_BACKENDS, add_rms_norm_torch
+from infergen.ops.rope import ROPE_BACKENDS, RopeInputs, apply_rope
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
 
 try:
@@ -56,6 +61,27 @@ def _silu_mul_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * n + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@jit
+def _rope_kernel(x_ptr, out_ptr, pos_ptr, cache_ptr, heads, token_stride, head_stride,
+                 HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < HALF
+    cos = tl.load(cache_ptr + pos * 2 * HALF + cols, mask=col_ok, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * 2 * HALF + HALF + cols, mask=col_ok, other=0.0)
+    sin = sin.to(tl.float32)
+    hs = tl.arange(0, BLOCK_H)
+    mask = (hs < heads)[:, None] & col_ok[None, :]
+    src = x_ptr + token * token_stride + hs[:, None] * head_stride + cols[None, :]
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    dst = out_ptr + (token * heads + hs[:, None]) * 2 * HALF + cols[None, :]
+    kind = out_ptr.dtype.element_ty
+    tl.store(dst, (x1 * cos[None, :] - x2 * sin[None, :]).to(kind), mask=mask)
+    tl.store(dst + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(kind), mask=mask)
+
+
 def _need_triton(name: str) -> None:
     if triton is None:
         raise RuntimeError(f"{name} needs Triton: pip install 'infergen[triton]'")
@@ -92,4 +118,23 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     if rows:
         block = min(SILU_BLOCK, triton.next_power_of_2(n))
         _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block)
+    return out
+
+
+@ROPE_BACKENDS.decorator("triton")
+def apply_rope_triton(x: torch.Tensor, rope: RopeInputs) -> torch.Tensor:
+    """x [tokens, heads, d] (rows of d contiguous; tokens and heads at any stride) → a rotated
+    copy [tokens, heads, d]. A table narrower than d (partial rotary) takes the torch row."""
+    _need_triton("apply_rope_triton")
+    tokens, heads, dim = x.shape
+    if rope.cache.shape[-1] != dim or x.stride(2) != 1 or dim % 2:
+        return apply_rope(x, rope)
+    out = torch.empty(tokens, heads, dim, dtype=x.dtype, device=x.device)
+    if tokens:
+        half = dim // 2
+        _rope_kernel[(tokens,)](
+            x, out, rope.positions.contiguous(), rope.cache.contiguous(), heads, x.stride(0),
+            x.stride(1), HALF=half, BLOCK_H=triton.next_power_of_2(heads),
+            BLOCK_D=triton.next_power_of_2(half),
+        )  # fmt: skip
     return out

@@ -1,6 +1,7 @@
 """Row-wise Triton kernels (ops/pointwise_triton.py) against the plain-torch references:
 add + RMSNorm (ops/rms_norm.reference on the updated residual; the residual updated in place
-as torch's add_ does) and SiLU-mul (ops/silu_mul.reference), on rows of powers of two and
+as torch's add_ does), SiLU-mul (ops/silu_mul.reference) and RoPE (ops/rope.reference, on a
+strided view of a fused QKV too), on rows of powers of two and
 not, one row and several, with and without the residual add, fp32 and fp16 (bf16 on a GPU:
 the interpreter's bf16 casts truncate)."""
 
@@ -9,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infergen.ops import rms_norm, silu_mul
-from infergen.ops.pointwise_triton import add_rms_norm_triton, silu_mul_triton
+from infergen.ops import rms_norm, rope, silu_mul
+from infergen.ops.pointwise_triton import add_rms_norm_triton, apply_rope_triton, silu_mul_triton
 from tests.triton_env import DEVICE, INTERPRETED, runnable
 
 pytestmark = runnable
@@ -43,4 +44,20 @@ def test_silu_mul(dtype, shape):
     want = silu_mul.reference(x.float()).to(dtype)
     got = silu_mul_triton(x.to(DEVICE)).cpu()
     assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, heads, dim", [(1, 1, 64), (5, 3, 80), (9, 6, 128)])
+def test_rope(dtype, tokens, heads, dim):
+    gen = torch.Generator().manual_seed(dim)
+    angles = torch.outer(torch.arange(64.0), torch.rand(dim // 2, generator=gen))
+    cache = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    positions = torch.randint(0, 64, (tokens,), generator=gen)
+    qkv = torch.randn(tokens, heads + 2, dim, generator=gen).to(dtype)  # a fused projection
+    x = qkv[:, 1 : 1 + heads]  # a strided view of it, as the attention layer passes
+    want = rope.reference(x.float(), positions, cache).to(dtype)
+    inputs = rope.RopeInputs(positions.to(DEVICE), cache.to(DEVICE))
+    got = apply_rope_triton(qkv.to(DEVICE)[:, 1 : 1 + heads], inputs).cpu()
+    assert got.shape == x.shape and got.dtype == dtype
     torch.testing.assert_close(got, want, rtol=TOL[dtype], atol=TOL[dtype])
