@@ -48,8 +48,6 @@ from bench_generate import git_state, machine_info  # noqa: E402
 from bench_serving import free_port, server  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
-KEY = "soak-key"  # clients send one; the server checks none (keys are not what is soaked)
-AUTH = {"Authorization": f"Bearer {KEY}"}
 CORPUS = ROOT / "data" / "shakespeare.txt"
 SCHEMATHESIS = pathlib.Path(sys.executable).parent / "schemathesis"
 
@@ -150,7 +148,7 @@ async def run_client(http: httpx.AsyncClient, c: Client, t0: float, retries: int
     await asyncio.sleep(max(0.0, t0 + c.start - time.perf_counter()))
     out = Outcome(c.kind, c.stream)
     content = c.body if isinstance(c.body, str) else json.dumps(c.body)
-    headers = {**AUTH, "content-type": "application/json"}
+    headers = {"content-type": "application/json"}
     for _ in range(retries + 1):
         began = time.perf_counter()
         try:
@@ -310,7 +308,7 @@ def fuzz(url: str, requests: int, workers: int, seed: int, report: pathlib.Path)
         cmd = [str(SCHEMATHESIS), "run", f"{url}/openapi.json", "--checks", "not_a_server_error",
                "--max-examples", "400", "--workers", str(workers), "--mode", "all",
                "--seed", str(seed + runs), "--suppress-health-check", "all",
-               "--request-timeout", "300", "--header", f"Authorization: Bearer {KEY}",
+               "--request-timeout", "300",
                "--no-color", "--generation-database", "none",
                "--report", "ndjson", "--report-ndjson-path", str(report)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=report.parent)
@@ -384,7 +382,7 @@ def main() -> None:
     with server(cmd, port, "infergen", log) as url:
         for _ in range(3):  # warm up; the step time the admission estimate needs
             body = {"prompt": "Hello", "max_tokens": args.max_tokens, "ignore_eos": True}
-            httpx.post(f"{url}/v1/completions", json=body, headers=AUTH, timeout=120)
+            httpx.post(f"{url}/v1/completions", json=body, timeout=120)
         phases = {"clean": clients["good"], "mixed": [c for cs in clients.values() for c in cs]}
         for phase, members in phases.items():
             print(f"soak: {phase} phase, {len(members)} clients", flush=True)
@@ -400,7 +398,7 @@ def main() -> None:
         m = settle(url)
         summary |= {"kv_blocks_used_after": m["infergen_kv_blocks_used"],
                     "running_after": m["infergen_requests_running"]}  # fmt: skip
-        final = httpx.post(f"{url}/v1/completions", headers=AUTH, timeout=120,
+        final = httpx.post(f"{url}/v1/completions", timeout=120,
                            json={"prompt": "Hi", "max_tokens": 3, "ignore_eos": True})  # fmt: skip
         summary["serves_after"] = final.status_code == 200
         print(json.dumps({k: v for k, v in summary.items() if k != "summary"}), flush=True)

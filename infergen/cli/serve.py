@@ -11,11 +11,7 @@ from infergen.cli.common import load_llm
 from infergen.config import parse_bytes
 from infergen.engine.options import add_engine_args
 from infergen.errors import ConfigError
-from infergen.server.limits import (
-    DEFAULT_MAX_QUEUE_TIME_S,
-    DEFAULT_MAX_TOKENS_LIMIT,
-    Limits,
-)
+from infergen.server.limits import Limits
 
 
 def add_parser(sub) -> None:
@@ -51,12 +47,15 @@ def add_parser(sub) -> None:
         "--served-model-name", default=None, help="the model id clients send (default: file name)"
     )
     serve.add_argument(
-        "--max-pending", type=int, default=256, help="requests in flight before 503 (256)"
+        "--max-pending",
+        type=int,
+        default=Limits.max_pending,
+        help="requests in flight before 503 (%(default)s)",
     )
     serve.add_argument(
         "--max-tokens-limit",
         type=int,
-        default=DEFAULT_MAX_TOKENS_LIMIT,
+        default=Limits.max_tokens,
         metavar="N",
         help="most tokens one choice may generate: a request asking more is a 400, one that "
         "leaves max_tokens unset gets this (or what the context leaves) (%(default)s)",
@@ -70,7 +69,7 @@ def add_parser(sub) -> None:
     serve.add_argument(
         "--max-queue-time",
         type=float,
-        default=DEFAULT_MAX_QUEUE_TIME_S,
+        default=Limits.max_queue_time,
         metavar="SECONDS",
         help="admission by cost: a request that would wait longer than this before it starts "
         "(every request ahead of it generating its max_tokens, or the recent requests' typical "

@@ -249,9 +249,7 @@ class AsyncEngine:
     def _abort(self, request_id: str, reason: str) -> None:
         """Abort one request if it still runs (counted by reason, its prompt accounted) and
         forget it (engine thread)."""
-        seq = self.engine._requests.get(request_id)
-        if seq is not None and not seq.finished:
-            self.engine.abort(request_id)
+        if self.engine.abort(request_id) is not None:  # it was still running
             self._account(self.engine.output(request_id), "aborted")
             self.metrics.aborted(reason)
         self.engine.release(request_id)

@@ -8,19 +8,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-DEFAULT_MAX_BODY_BYTES = 4 << 20
-DEFAULT_MAX_TOKENS_LIMIT = 4096
-DEFAULT_MAX_QUEUE_TIME_S = 30.0
-
 
 @dataclass(frozen=True)
 class Limits:
+    """The defaults here are the serve flags' defaults (cli/serve.py reads them)."""
+
     max_pending: int = 256  # requests in flight; one more is a 503
-    max_tokens: int = DEFAULT_MAX_TOKENS_LIMIT  # per choice (--max-tokens-limit)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies are a 413
+    max_tokens: int = 4096  # per choice (--max-tokens-limit)
+    max_body_bytes: int = 4 << 20  # larger bodies are a 413
     # admission by cost: a request whose estimated wait before it starts (engine/backlog.py,
     # times the measured step time) is longer is shed with 503 + Retry-After; None: never
-    max_queue_time: float | None = DEFAULT_MAX_QUEUE_TIME_S
+    max_queue_time: float | None = 30.0
     # seconds a request may take from submission to its last token, when it sets no shorter
     # `timeout` of its own; then it stops with finish_reason "timeout"; None: no limit
     request_timeout: float | None = None
