@@ -12,6 +12,7 @@ calibrated), the cache sized from the memory budget, sparse decode, and the comp
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import os
 import warnings
@@ -36,6 +37,7 @@ from infergen.kvcache.state_cache import StateCache, slots_for
 from infergen.layers.probe import check_kv_scales
 from infergen.models.fast_paths import FAST_PATHS
 from infergen.models.transformer import Transformer
+from infergen.ops.triton_modules import TRITON_MODULES
 from infergen.process import configure_process
 from infergen.quant.activations import load_activation_scales
 from infergen.quant.apply import CalibrationResult, quantize_calibrated, rewrites_weights
@@ -76,8 +78,8 @@ def _triton_rows() -> None:
             "TRITON_INTERPRET=1 in the environment (slow: for testing)",
             where="kernels",
         )
-    import infergen.ops.paged_decode_triton  # noqa: F401, PLC0415 (registers the triton rows)
-    import infergen.ops.pointwise_triton  # noqa: F401, PLC0415
+    for module in TRITON_MODULES:  # each registers its rows as it is imported
+        importlib.import_module(module)
 
 
 def build(
