@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from infergen.config.specs import require
 from infergen.errors import ConfigError
 
+# the KV budget when neither `kv_cache_memory` nor a GPU's free memory sizes it (the CPU)
+DEFAULT_KV_MEMORY = 1 << 30
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
 
@@ -33,10 +35,13 @@ def parse_bytes(text: str | int, *, where: str = "size") -> int:
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache: `block_size` tokens per block; the pool holds `num_blocks` blocks,
-    or as many as fit in `memory_bytes` when `num_blocks` is None."""
+    or as many as fit in `memory_bytes` when `num_blocks` is None. `memory_bytes` None: on
+    a GPU, what `gpu_memory_utilization` of its memory leaves after the weights and the
+    activations (engine/device.py); on the CPU, DEFAULT_KV_MEMORY."""
 
     block_size: int = 16
-    memory_bytes: int = 1 << 30
+    memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9  # share of the GPU's memory the engine may hold
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     kv_format: str | None = None  # a KV_FORMATS row (kvcache/kv_format.py), e.g. "fp8_e4m3"
@@ -71,11 +76,18 @@ class CacheConfig:
                 expected=">= 1",
             )
         require(
-            self.memory_bytes > 0,
+            self.memory_bytes is None or self.memory_bytes > 0,
             "KV cache memory must be positive",
             where="cache.memory_bytes",
             found=self.memory_bytes,
             expected="> 0",
+        )
+        require(
+            0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization is a share of the GPU's memory",
+            where="gpu_memory_utilization",
+            found=self.gpu_memory_utilization,
+            expected="a number in (0, 1], e.g. 0.9",
         )
 
 
@@ -171,6 +183,9 @@ class CompileConfig:
     (fused groups as generated C kernels, cached on disk)."""
 
     mode: str = "off"
+    # on a GPU, decode steps replay CUDA graphs captured per batch-size bucket
+    # (models/cuda_graphs.py); True runs every step eagerly
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         require(

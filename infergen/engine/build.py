@@ -15,14 +15,17 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from infergen.compiler import runtime  # noqa: F401  (registers the compiled fast paths)
 from infergen.config import ModelConfig
 from infergen.engine.config import EngineConfig
+from infergen.engine.device import gpu_kv_budget, resolve
 from infergen.engine.scoring import scratch_runner
 from infergen.errors import ConfigError
 from infergen.formats.block_weight import BlockWeight
@@ -35,6 +38,7 @@ from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.sizing import blocks_for
 from infergen.kvcache.state_cache import StateCache, slots_for
 from infergen.layers.probe import check_kv_scales
+from infergen.models.cuda_graphs import buckets
 from infergen.models.fast_paths import FAST_PATHS
 from infergen.models.transformer import Transformer
 from infergen.ops.triton_modules import TRITON_MODULES
@@ -62,17 +66,23 @@ class Built:
     calibration: CalibrationResult | None = None
     fallback_layers: dict[str, tuple[float, float]] = field(default_factory=dict)
     compile_report: object = None
+    graph_capture: GraphCapture | None = None  # on a GPU: the decode graphs recorded at start
 
 
-def _triton_rows() -> None:
+class GraphCapture(NamedTuple):
+    sizes: tuple[int, ...]  # the batch-size buckets
+    seconds: float  # time to record them
+
+
+def _triton_rows(device: str) -> None:
     """kernels="triton": register the Triton rows of the op registries, importing Triton only
-    then (it takes about a second). The engine's tensors are on the CPU until it runs on CUDA
-    (issue 22), so the kernels run in Triton's interpreter, which reads TRITON_INTERPRET=1 as
-    the kernels are defined: it must be set before the process imports infergen."""
+    then (it takes about a second). On a GPU they compile for it; on the CPU they run in
+    Triton's interpreter, which reads TRITON_INTERPRET=1 as the kernels are defined: it must
+    be set before the process imports infergen."""
     if importlib.util.find_spec("triton") is None:
         raise ConfigError("kernels='triton' needs Triton: pip install 'infergen[triton]'",
                           where="kernels")  # fmt: skip
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ConfigError(
             "kernels='triton' runs on the CPU only in Triton's interpreter: set "
             "TRITON_INTERPRET=1 in the environment (slow: for testing)",
@@ -88,11 +98,14 @@ def build(
     progress: bool = False,
     keep_dense: bool = False,  # keep calibration's rewritten fp32 weights (engine/export.py)
 ) -> Built:
+    config = resolve(config)  # "auto" device, kernels and dtype made concrete (device.py)
     configure_process(config.num_threads)
+    if config.device != "cpu":
+        torch.cuda.set_device(torch.device(config.device))
     if config.kernels == "native":
         build_all()  # compile (or load cached) C kernels now, not during the first request
     if config.kernels == "triton":
-        _triton_rows()
+        _triton_rows(config.device)
     checkpoint = _checkpoint(config, checkpoint)
     model_config = _streaming(checkpoint.config, config)
     dtype = DTYPES[config.dtype]
@@ -116,9 +129,47 @@ def build(
     _quantize(built, checkpoint, run, progress, keep_dense)
     built.fallback_layers = _check_fallbacks(model, built.config)
     scales = _kv_scales(built, checkpoint, run)
+    _to_device(built)
     built.kv_cache = _cache(built, dtype, scales)
     _compile(built)
+    _capture(built)
     return built
+
+
+def _capture(built: Built) -> None:
+    """On a GPU: decode steps recorded as CUDA graphs per batch-size bucket (models/
+    cuda_graphs.py); the time it took is reported now, and kept in `graph_capture`."""
+    model = built.model
+    if model.fast_path != "cuda_graphs":
+        return
+    runner = model.fast_path_for(built.kv_cache)
+    if runner is None:  # layers the graphs cannot run (experts, recurrent states, ...)
+        model.fast_path = None
+        return
+    sizes = buckets(built.config.scheduler.max_num_seqs)
+    seconds = runner.capture(sizes, built.max_model_len)
+    built.graph_capture = GraphCapture(tuple(sizes), seconds)
+    print(
+        f"infergen: captured CUDA graphs for decode batches {sizes[0]}..{sizes[-1]} "
+        f"({len(sizes)} sizes) in {seconds:.1f} s",
+        file=sys.stderr,
+    )
+
+
+def _to_device(built: Built) -> None:
+    """On a GPU: the model, built and quantized on the host, moves there (the host copies
+    go), its KV budget is what gpu_memory_utilization leaves (unless kv_cache_memory is
+    given), and decode steps take the CUDA-graph path unless enforce_eager."""
+    config = built.config
+    if config.device == "cpu":
+        return
+    built.model.to(torch.device(config.device))
+    built.model.fast_path = None if config.compile.enforce_eager else "cuda_graphs"
+    if config.cache.memory_bytes is None and config.cache.num_blocks is None:
+        dtype_bytes = torch.finfo(DTYPES[config.dtype]).bits // 8
+        budget = gpu_kv_budget(config, built.model_config, dtype_bytes)
+        cache = dataclasses.replace(config.cache, memory_bytes=budget)
+        built.config = dataclasses.replace(config, cache=cache)
 
 
 def _checkpoint(config: EngineConfig, checkpoint: Checkpoint | None) -> Checkpoint:
@@ -267,6 +318,7 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
         model.state_layers,
         slots,
         cache.sparse_decode_blocks is not None,
+        config.device,
     )  # fmt: skip
     if cache.sparse_decode_blocks is not None:
         for i, layer in enumerate(model.layers):

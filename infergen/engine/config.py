@@ -8,6 +8,7 @@ command-line flags)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from infergen.config.sections import (
@@ -26,10 +27,12 @@ from infergen.quant.clipping import CLIP_METHODS
 from infergen.quant.schemes import WEIGHT_SCHEMES
 from infergen.quant.smoothing import SMOOTHINGS
 
-DTYPES = ("float32", "bfloat16", "float16")
-# op backends: "native" (C kernels), "torch", "triton" (Triton kernels: on the CPU only in
-# Triton's interpreter for now); an op without a kernel of the set runs its torch row
-KERNELS = ("native", "torch", "triton")
+# "auto" values are resolved where the engine is built, for its device (engine/device.py)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# op backends: "native" (C kernels, CPU), "torch", "triton" (Triton kernels: compiled on a GPU,
+# in Triton's interpreter on the CPU); an op without a kernel of the set runs its torch row
+KERNELS = ("auto", "native", "torch", "triton")
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 @dataclass(frozen=True)
@@ -37,10 +40,11 @@ class EngineConfig:
     """Everything the engine needs besides the checkpoint itself."""
 
     model: str | None = None
-    dtype: str = "float32"
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    dtype: str = "auto"
     num_threads: int | None = None
     seed: int = 0
-    kernels: str = "native"  # op backends: one of KERNELS
+    kernels: str = "auto"  # op backends: one of KERNELS
     max_model_len: int | None = None  # context cap in tokens (None: the model's own)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -55,6 +59,13 @@ class EngineConfig:
             where="dtype",
             found=self.dtype,
             expected=f"one of {DTYPES}",
+        )
+        require(
+            bool(DEVICE.match(self.device)),
+            "unknown device",
+            where="device",
+            found=self.device,
+            expected="'auto', 'cpu', 'cuda' or 'cuda:N'",
         )
         require(
             self.kernels in KERNELS,
@@ -95,7 +106,7 @@ class EngineConfig:
         if quant.weights is not None:
             scheme = WEIGHT_SCHEMES.get(quant.weights, where="weights")
             require(
-                self.dtype in scheme.dtypes,
+                self.dtype in (*scheme.dtypes, "auto"),
                 f"weights {quant.weights!r} are quantized from another engine dtype",
                 where="dtype",
                 found=self.dtype,
@@ -120,7 +131,7 @@ class EngineConfig:
                 expected="a readable text file",
             )
         require(
-            not quant.calibrated or self.dtype == "float32",
+            not quant.calibrated or self.dtype in ("float32", "auto"),
             "quantized activations and calibration run on a float32 engine",
             where="dtype",
             found=self.dtype,

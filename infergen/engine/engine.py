@@ -49,6 +49,7 @@ class Engine:
         self.calibration = built.calibration
         self.fallback_layers = built.fallback_layers
         self.compile_report = built.compile_report
+        self.graph_capture = built.graph_capture  # CUDA graphs recorded at start (GPU)
         self.kv_cache = built.kv_cache
         self.pool, self.scheduler, self.runner = serving_parts(
             built.model,
@@ -111,7 +112,7 @@ class Engine:
             prompt=text,
             prompt_token_ids=token_ids,
             params=params,
-            sampling=SamplingState(params, token_ids, self.config.seed, index),
+            sampling=SamplingState(params, token_ids, self.config.seed, index, self.runner.device),
             stop_checker=StopChecker(params, self.model_config.eos_token_ids),
             detokenizer=detokenizer,
             arrival=index,

@@ -35,7 +35,7 @@ from infergen.config.sections import (
     parse_bytes,
 )
 from infergen.engine.admission import ADMISSION
-from infergen.engine.config import EngineConfig
+from infergen.engine.config import DTYPES, KERNELS, EngineConfig
 from infergen.errors import ConfigError
 
 # the commands that build an engine from a checkpoint, by what they do with it
@@ -102,10 +102,16 @@ OPTIONS: tuple[Option, ...] = (
            help="torch CPU threads (default: torch's)", commands=RUN + BUILD + QUANTIZE + EVAL),
     Option("seed", "seed", 0, parse=int, commands=(),
            help="engine seed for requests without their own seed"),
-    Option("dtype", "dtype", "float32", commands=(),
-           help="engine dtype: float32, bfloat16 or float16"),
-    Option("kernels", "kernels", "native", commands=(),
-           help="op backends: 'native' (C kernels for linear, norms, RoPE, SwiGLU, decode "
+    Option("device", "device", "auto", commands=RUN + BUILD + EVAL,
+           help="where the engine runs: 'auto' (a CUDA GPU when torch sees one, else the "
+           "CPU), 'cpu', 'cuda' or 'cuda:N'. On a GPU the weights and the paged KV cache live "
+           "there, the kernels default to Triton and decode steps replay CUDA graphs"),
+    Option("dtype", "dtype", "auto", choices=DTYPES, commands=RUN + BUILD,
+           help="engine dtype: 'float32', 'bfloat16' or 'float16'; 'auto': float32 on the "
+           "CPU, bfloat16 on a GPU (float32 where calibration runs)"),
+    Option("kernels", "kernels", "auto", choices=KERNELS, commands=RUN,
+           help="op backends: 'auto' (native on the CPU, triton on a GPU); "
+           "'native' (C kernels for linear, norms, RoPE, SwiGLU, decode "
            "attention; torch where none applies), 'torch' (torch ops only) or 'triton' (Triton "
            "kernels where written — decode attention, add + RMSNorm, RoPE, SiLU-mul — torch "
            "elsewhere; on the CPU only in Triton's interpreter, TRITON_INTERPRET=1: slow, for "
@@ -113,8 +119,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_model_len", "max_model_len", None, parse=int,
            help="cap the context (prompt + generated tokens) below the model's own length"),
     # ---- KV cache ------------------------------------------------------------------------
-    Option("kv_cache_memory", "cache.memory_bytes", "1GiB", convert=_bytes,
-           help="KV cache budget, e.g. 512MiB (ignored when num_kv_blocks is set)"),
+    Option("kv_cache_memory", "cache.memory_bytes", None, convert=_bytes,
+           help="KV cache budget, e.g. 512MiB (ignored when num_kv_blocks is set). Default: "
+           "1GiB on the CPU; on a GPU what gpu_memory_utilization leaves after the weights "
+           "and the activations"),
+    Option("gpu_memory_utilization", "cache.gpu_memory_utilization", 0.9, parse=float,
+           commands=RUN,
+           help="share of the GPU's memory the engine may hold (weights + activations + KV "
+           "cache); sizes the KV cache when kv_cache_memory is not given"),
     Option("num_kv_blocks", "cache.num_blocks", None, parse=int, commands=(),
            help="exact number of KV blocks (tests use tiny pools to force preemption)"),
     Option("block_size", "cache.block_size", 16, parse=int, commands=(),
@@ -198,6 +210,10 @@ OPTIONS: tuple[Option, ...] = (
            "by op), 'jit' (fused groups as generated C kernels, cached on disk; `infergen "
            "compile` pre-builds them). Default: off (the per-op path and the hand-written "
            "fused decode step)"),
+    Option("enforce_eager", "compile.enforce_eager", False, parse=_switch, commands=RUN,
+           metavar="on|off",
+           help="on a GPU, run decode steps eagerly instead of replaying the CUDA graphs "
+           "captured per batch-size bucket at start"),
 )  # fmt: skip
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -245,6 +261,8 @@ def add_engine_args(parser: argparse.ArgumentParser, command: str) -> None:
             kwargs["action"] = "append"
         if option.parse is not None and option.parse is not str:
             kwargs["type"] = option.parse
+        if option.parse is _switch:  # `--flag` alone turns it on; `--flag off` too
+            kwargs.update(nargs="?", const=True)
         for key in ("metavar", "choices"):
             if getattr(option, key) is not None:
                 kwargs[key] = getattr(option, key)

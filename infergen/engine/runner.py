@@ -1,7 +1,8 @@
 """Model runner: turns a scheduled batch into a `ForwardBatch` and runs the model.
 
 Owns the model weights and the KV cache tensors. Returns logits only for the sequences that
-sample this step (their last prompt chunk or a decode).
+sample this step (their last prompt chunk or a decode). The step's inputs are built on the
+host from the scheduler's lists and moved to the cache's device once per step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.forward_batch import ForwardBatch
 from infergen.models.transformer import Transformer
 from infergen.ops.paged_attention import plan
+from infergen.ops.to_device import to_device
 
 
 class ModelRunner:
@@ -22,6 +24,7 @@ class ModelRunner:
         self.config: ModelConfig = model.config
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
+        self.device = kv_cache.device  # the step's inputs are built on the host, moved here
 
     def prepare(self, batch: ScheduledBatch) -> tuple[ForwardBatch, list[int]]:
         """Pack the batch. Returns the ForwardBatch and the indices (into batch.seqs) of the
@@ -68,6 +71,8 @@ class ModelRunner:
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64),
             **states,
         )
+        if self.device.type != "cpu":
+            forward_batch = to_device(forward_batch, self.device)
         return forward_batch, sampling
 
     @staticmethod

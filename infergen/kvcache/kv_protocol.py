@@ -39,6 +39,7 @@ class CacheLayout:
     dim: int  # elements per head of one entry
     dtype: torch.dtype  # the engine dtype (what readers compute in)
     tail_slots: int  # blocks filled at once (formats keeping open blocks in full precision)
+    device: torch.device = torch.device("cpu")  # where the pages live
 
 
 class NativeCache(NamedTuple):
@@ -270,12 +271,15 @@ class PagedPool:
         planes, slot = layout.planes, layout.page_slot
         self.storage = torch.zeros(
             layout.group_size, planes, layout.num_blocks, layout.block_size, layout.heads,
-            layout.dim, dtype=storage,
+            layout.dim, dtype=storage, device=layout.device,
         )  # fmt: skip
         self.scales = self.k_shift = None
         if scaled:
-            self.scales = torch.full((layout.layers, 2, layout.heads), float("nan"))
-            self.k_shift = torch.zeros(layout.layers, layout.heads, layout.dim)
+            self.scales = torch.full(
+                (layout.layers, 2, layout.heads), float("nan"), device=layout.device
+            )
+            self.k_shift = torch.zeros(layout.layers, layout.heads, layout.dim,
+                                       device=layout.device)  # fmt: skip
         # per-layer views made once: slicing costs ~15 µs per layer per step otherwise
         self._layers = {
             i: KVLayer(self.storage[j, 0], self.storage[j, planes - 1], fmt=fmt)

@@ -39,8 +39,13 @@ class PagedKVCache:
         state_layers: dict | None = None,  # recurrent layers: {layer: {name: (shape, dtype)}}
         state_slots: int = 0,  # sequences whose recurrent state is held at once
         summaries: bool = False,  # keep per-block key summaries (sparse decode)
+        device: torch.device | str = "cpu",  # where every tensor of the cache lives
     ):
-        self.num_blocks = num_blocks
+        self.device = torch.device(device)
+        self.num_blocks = num_blocks  # blocks the pool hands out: 0 .. num_blocks - 1
+        # one more block that no sequence gets: padded rows of a captured decode step
+        # (models/cuda_graphs.py) write there
+        self.spare_block = num_blocks
         self.block_size = block_size
         self.dtype = dtype  # what readers compute in
         self.kv_format = kv_format
@@ -50,14 +55,14 @@ class PagedKVCache:
         # layer → its index inside its group (the page's layer slot)
         slot = {layer: j for group in self.groups for j, layer in enumerate(group.layers)}
         # the recurrent layers' per-sequence states (state_cache.py), None without any
-        self.states = StateCache(state_layers, state_slots) if state_layers else None
+        self.states = StateCache(state_layers, state_slots, self.device) if state_layers else None
         planes, heads, dim = config.cache_shape  # MLA: one latent entry read as K and V
         self.format.check(config, any(group.window for group in self.groups), bool(state_layers))
         self.summaries: list[BlockSummary] = []
         self.pool = self.format.allocate(
             CacheLayout(
                 layers, slot, len(self.groups[0].layers) if self.groups else 0, planes,
-                num_blocks, block_size, heads, dim, dtype, tail_slots,
+                num_blocks + 1, block_size, heads, dim, dtype, tail_slots, self.device,
             )
         )  # fmt: skip
         # the paged tensor and the per-head scales (None where the format has none)
@@ -87,7 +92,7 @@ class PagedKVCache:
         heads, dim = config.num_key_value_heads, config.head_dim
         for i, layer in enumerate(self._layers):
             if isinstance(layer, KVLayer):
-                summary = BlockSummary(self.num_blocks, heads, dim)
+                summary = BlockSummary(self.num_blocks, heads, dim, device=self.device)
                 self._layers[i] = layer._replace(summary=summary)
                 self.summaries.append(summary)
 

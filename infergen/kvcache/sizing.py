@@ -4,6 +4,7 @@ the number of blocks a memory budget buys (`blocks_for`)."""
 from __future__ import annotations
 
 from infergen.config import CacheConfig, ModelConfig
+from infergen.config.sections import DEFAULT_KV_MEMORY
 from infergen.errors import ConfigError
 from infergen.kvcache.groups import cache_groups, page_bytes
 from infergen.kvcache.kv_format import kv_format_of
@@ -33,7 +34,8 @@ def blocks_for(
     if not groups:
         return 1
     tails = kv_format_of(cache.kv_format).tail_bytes(model, cache.block_size, tail_blocks)
-    budget = cache.memory_bytes - reserved_bytes - tails
+    memory = DEFAULT_KV_MEMORY if cache.memory_bytes is None else cache.memory_bytes
+    budget = memory - reserved_bytes - tails
     per_block = page_bytes(groups, bytes_per_token(cache, model, dtype_bytes), cache.block_size)
     if cache.sparse_decode_blocks is not None:  # + each block's key min / max per layer
         kv_layers = len(groups[0].layers)
@@ -43,7 +45,7 @@ def blocks_for(
         raise ConfigError(
             "KV cache memory budget is smaller than one block",
             where="cache.memory_bytes",
-            found=cache.memory_bytes,
+            found=memory,
             expected=f">= {per_block:.0f} bytes (one block of {cache.block_size} tokens"
             + (", after the fp32 blocks being filled)" if tails else ")"),
         )

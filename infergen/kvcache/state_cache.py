@@ -48,12 +48,13 @@ class StateCache(SlotPool):
         self,
         layer_states: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]],
         num_slots: int,
+        device: torch.device | str = "cpu",
     ):
-        """layer_states: model layer → {state name: (shape, dtype)}."""
+        """layer_states: model layer → {state name: (shape, dtype)}; on `device`."""
         super().__init__(num_slots)
         self.states = {
             layer: {
-                name: torch.zeros(num_slots, *shape, dtype=dtype)
+                name: torch.zeros(num_slots, *shape, dtype=dtype, device=device)
                 for name, (shape, dtype) in shapes.items()
             }
             for layer, shapes in layer_states.items()

@@ -244,14 +244,22 @@ class Transformer(nn.Module):
         if done is not None:
             h, delta = done
         else:  # the per-op path: every step the fast path does not cover
-            delta = None
-            for i, layer in enumerate(self.layers):
-                view = batch.view(layer.attn.group, layer.attn.rope_index)
-                delta = layer(h, delta, view, kv_cache.layer(i))
+            h, delta = self.run_layers(h, batch, kv_cache)
         rows = batch.logits_indices
         if rows.numel() == 0:  # only unfinished prefill chunks this step: nothing to sample
-            return torch.empty(0, self.config.vocab_size)
+            return torch.empty(0, self.config.vocab_size, device=h.device)
         return self.head(h.index_select(0, rows), delta.index_select(0, rows))
+
+    def run_layers(
+        self, h: torch.Tensor, batch: ForwardBatch, kv_cache: PagedKVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every decoder layer op by op on h [tokens, hidden] (updated in place): the residual
+        stream and the last layer's pending delta (what the head adds before its norm)."""
+        delta = None
+        for i, layer in enumerate(self.layers):
+            view = batch.view(layer.attn.group, layer.attn.rope_index)
+            delta = layer(h, delta, view, kv_cache.layer(i))
+        return h, delta
 
     def head(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] in fp32 of the rows h [rows, hidden] (+ their pending delta)."""

@@ -62,6 +62,9 @@ class AttentionPlan:
     decode_seq_lens: torch.Tensor | None = None  # [decodes] int64
     window: int = 0  # sliding window (0 = none)
     sinks: int = 0  # first positions every windowed query also reads (StreamingLLM)
+    # the longest decode context, known on the host (kernels size their work by it without
+    # reading decode_seq_lens back from a GPU); 0: not given
+    decode_max_context: int = 0
 
     def decode_queries(self, q: torch.Tensor) -> torch.Tensor:
         """[decodes, heads, d]: the query rows of the one-token sequences."""
@@ -124,6 +127,7 @@ def plan(
         decode_seq_lens=lens,
         window=window or 0,
         sinks=sinks if window else 0,
+        decode_max_context=max(seq_lens[i] for i in decode_ids),
     )
 
 

@@ -42,7 +42,7 @@ VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, lse_ptr,
-    max_blocks, scale_log2, window, sinks, split_len,
+    max_blocks, scale_log2, window, sinks,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -52,6 +52,8 @@ def _decode_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + seq)
     q_pos = seq_len - 1
+    # each sequence splits its own context evenly (whole tiles): no host-side maximum
+    split_len = tl.cdiv(tl.cdiv(seq_len, SPLITS), BLOCK_N) * BLOCK_N
     lo = split * split_len
     hi = tl.minimum(lo + split_len, seq_len)
     rows = tl.arange(0, BLOCK_G)  # the query heads of this KV head's group
@@ -125,10 +127,13 @@ def paged_decode_triton(
     sinks: int = 0,
     splits: int | None = None,
     block_n: int = 32,
+    max_context: int | None = None,
 ) -> torch.Tensor:
     """q [batch, heads, d] (fp32 / fp16 / bf16); k_cache, v_cache [blocks, block_size,
     kv_heads, d]; block_tables [batch, max_blocks] int; seq_lens [batch] int (the query is
-    the last position); window 0 = none. Returns [batch, heads, d] in q's dtype."""
+    the last position); window 0 = none; `max_context`: the longest seq_len, known on the
+    host (the plan's), which picks the number of splits — None reads it from seq_lens (a
+    device sync: tests only). Returns [batch, heads, d] in q's dtype."""
     if triton is None:
         raise RuntimeError("paged_decode_triton needs Triton: pip install 'infergen[triton]'")
     batch, heads, dim = q.shape
@@ -138,17 +143,16 @@ def paged_decode_triton(
     if q.dtype not in VALUE_DTYPES or k_cache.dtype not in VALUE_DTYPES:
         raise TypeError(f"expects {VALUE_DTYPES}, got q {q.dtype}, cache {k_cache.dtype}")
     group = heads // kv_heads
-    max_context = int(seq_lens.max()) if batch else 0
+    if max_context is None:
+        max_context = int(seq_lens.max()) if batch else 0
     splits = splits or num_splits(max_context, batch * kv_heads)
-    split_len = -(-max(max_context, 1) // splits)
-    split_len = -(-split_len // block_n) * block_n
     partial = torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
     if batch:
         _decode_kernel[(batch, kv_heads, splits)](
             q.contiguous(), k_cache, v_cache, block_tables.to(torch.int32).contiguous(),
             seq_lens.to(torch.int32).contiguous(), partial, lse,
-            block_tables.shape[1], scale * LOG2E, window, sinks, split_len,
+            block_tables.shape[1], scale * LOG2E, window, sinks,
             HEADS=heads, KV_HEADS=kv_heads, GROUP=group, DIM=dim, BLOCK_SIZE=block_size,
             SPLITS=splits, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
             BLOCK_D=max(16, triton.next_power_of_2(dim)),
@@ -173,4 +177,5 @@ def decode_attention_triton(
     return paged_decode_triton(
         attn_plan.decode_queries(q), k_cache, v_cache, attn_plan.decode_block_tables,
         attn_plan.decode_seq_lens, scale, attn_plan.window, attn_plan.sinks,
+        max_context=attn_plan.decode_max_context or None,
     )  # fmt: skip

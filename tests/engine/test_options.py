@@ -82,6 +82,12 @@ def _argv(option) -> list[str]:
         text = option.choices[-1]
     elif option.parse is int:
         text = "3"
+    elif option.parse is float:
+        text = "0.5"
+    elif option.name == "device":
+        text = "cpu"
+    elif option.name == "enforce_eager":
+        text = "on"
     else:
         text = "x"
     return [option.flag, text]
