@@ -11,6 +11,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 status=0
 
+# 0. The engine on the GPU (issue 22): the default model in bf16 (Triton kernels, CUDA graphs)
+#    vs the CPU fp32 path (top-1 >= 99 %), the tiny-model grid in fp32 vs the native CPU path
+#    (graphs on and off); then the engine against plain torch (eager and torch.compile) on a
+#    model with Llama-3.1-8B's shapes: decode at batch 1/8/32/128 with % of the HBM roofline,
+#    prefill, paged attention GB/s, graphs on/off, FP8 W8A8 vs bf16 projections.
+TRITON_INTERPRET=0 timeout 170 python3 -m pytest -q -p no:cacheprovider \
+    tests/engine/test_gpu_engine.py 2>&1 | tee "$OUT/gpu_engine.log" | tail -15 || status=1
+TRITON_INTERPRET=0 timeout 240 python3 benchmarks/bench_gpu.py \
+    --out "$OUT/gpu_engine.jsonl" 2>&1 | tee -a "$OUT/gpu_engine.log" | tail -30 || status=1
+
 # 1. Every Triton kernel (and the public quantize / dequantize API on CUDA tensors, and the
 #    torch reference codec on the GPU) bit-identical to the CPU reference, compiled for the
 #    GPU (no interpreter).
