@@ -5,4 +5,5 @@ per module."""
 TRITON_MODULES: tuple[str, ...] = (
     "infergen.ops.paged_decode_triton",  # decode attention
     "infergen.ops.pointwise_triton",  # add + RMSNorm, SiLU-mul, RoPE
+    "infergen.ops.sampling_triton",  # the sampler's token choice
 )
