@@ -198,10 +198,14 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         if key in row and not isinstance(row[key], str):
             raise ConfigError(f"hardware {name!r}: {key} must be a string", where=where)
     own = [key for key in FRACTIONS if key in row]
-    what = "memory_efficiency must be a fraction in (0, 1]"
-    memory = _fractions({"m": row.get("memory_efficiency", 1.0)}, name, where, what, "0.9")["m"]
-    what = "gemm_efficiency must map row counts to fractions in (0, 1]"
+    memory = row.get("memory_efficiency", 1.0)
+    if not _number(memory) or not 0 < memory <= 1:
+        what = "memory_efficiency must be a fraction in (0, 1]"
+        raise ConfigError(f"hardware {name!r}: {what}", where=where, found=memory, expected="0.9")
+    what = "gemm_efficiency must map row counts (whole numbers >= 1) to fractions in (0, 1]"
     curve = _fractions(row.get("gemm_efficiency", {}), name, where, what, '{"1": 0.1, ...}')
+    if not all(str(rows).isdigit() and int(rows) >= 1 for rows in curve):
+        raise ConfigError(f"hardware {name!r}: {what}", where=where, found=sorted(curve))
     hw = Hardware(
         name=name,
         description=row.get("description", name),
@@ -212,7 +216,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         sms=row.get("sms"),
         interconnect=row.get("interconnect"),
         **{key: float(row[key]) for key in SECONDS if key in row},
-        memory_efficiency=memory,
+        memory_efficiency=float(memory),
         gemm_efficiency={int(m): e for m, e in curve.items()},
         compute_efficiency=_per_format(row.get("compute_efficiency", {}), name, where),
         **{key: _by_kind(row, key, name, where) for key in _BY_KIND},

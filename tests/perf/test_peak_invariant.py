@@ -112,6 +112,7 @@ def test_served_latencies_imply_rates_under_the_peaks(rows, descs, gpu):
         ({"memory_efficiency": 1.2}, "memory_efficiency must be a fraction"),
         ({"memory_efficiency": 0}, "memory_efficiency must be a fraction"),
         ({"gemm_efficiency": {"1": 0.1, "64": 1.3}}, "gemm_efficiency must map"),
+        ({"gemm_efficiency": {"0": 0.1}}, "gemm_efficiency must map"),
         ({"launch_overhead_s": -1e-6}, "launch_overhead_s must be seconds >= 0"),
         ({"step_overhead_s": -1e-3}, "step_overhead_s must be seconds >= 0"),
         ({"interconnect": -1}, "interconnect must be a positive number"),
