@@ -23,6 +23,7 @@ from infergen.ops.attention_sinks import sink_attention
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import (
     DECODE_BACKENDS,
+    PREFILL_BACKENDS,
     decode_attention,
     paged_attention,
 )
@@ -60,6 +61,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, eps, dtype, backend) if config.qk_norm else None
         self.rope = ROPE_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.decode = DECODE_BACKENDS.get(backend, where="kernels", fallback="torch")
+        # a row that cannot serve a layer (an encoded KV format, another `core`) runs torch's
+        self.prefill = PREFILL_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.core = ATTENTION_OPERANDS.get("fp32")  # the attention core (prefill and decode)
         self.summary = None  # per-block key bounds, kept for sparse decode (use_sparse_decode)
         self.sinks = None
@@ -123,6 +126,7 @@ class Attention(nn.Module):
             self.summary.update(k, slots, kv.k.shape[1])
         out = paged_attention(
             q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv, self.core, slots,
+            self.prefill,
         ).view(tokens, self.q_size)  # fmt: skip
         if self.gated:
             out = out * torch.sigmoid(qkv[:, kv_end:])

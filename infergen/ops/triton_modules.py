@@ -4,6 +4,7 @@ per module."""
 
 TRITON_MODULES: tuple[str, ...] = (
     "infergen.ops.paged_decode_triton",  # decode attention
+    "infergen.ops.paged_prefill_triton",  # prefill attention (varlen, one launch a step)
     "infergen.ops.pointwise_triton",  # add + RMSNorm, SiLU-mul, RoPE
     "infergen.ops.sampling_triton",  # the sampler's token choice
 )

@@ -3,8 +3,8 @@ interpreter (TRITON_INTERPRET=1, tests/conftest.py). On tiny random transformers
 llama (GQA), qwen2, qwen3, mistral and gemma3 (sliding windows), the greedy tokens and the
 chosen tokens' logprobs equal the native CPU path's, with continuous batching, chunked
 prefill, prefix-cache hits and preemption (a pool that forces it). The ops without a Triton
-kernel yet run their torch row; decode attention, add + RMSNorm, RoPE and SiLU-mul run the
-Triton ones (checked)."""
+kernel yet run their torch row; decode and prefill attention, add + RMSNorm, RoPE and SiLU-mul
+run the Triton ones (checked)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def test_greedy_and_logprobs_equal_the_native_path(model):
     triton = LLM(model_dir, kernels="triton", **limits)
     layer = triton.engine.runner.model.layers[0]
     assert layer.attn.decode.__name__ == "decode_attention_triton"
+    assert layer.attn.prefill.__name__ == "prefill_attention_triton"
     assert layer.attn_norm.fn.__name__ == "add_rms_norm_triton"
     assert layer.attn.rope.__name__ == "apply_rope_triton"
     want = native.generate(_prompts(), GREEDY)
