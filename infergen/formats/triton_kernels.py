@@ -37,7 +37,7 @@ around the kernel: torch pack_bits / unpack_bits (4-8 extra passes over byte ten
 address float atomics in the amax (now a grid-stride pass, at most 1024 atomics). Expected
 now (not yet measured: no GPU was lent to this change; run benchmarks/device_check.sh):
 >= 70 % of copy for every format, ~100-150 % for the one-pass MX / int / FP4 ones (the larger
-tiles and the cheaper encode should lift MXFP8 / FP6 above their 95 %), and 70-85 % for FP8
+tiles and the cheaper encode may lift MXFP8 / FP6 above their 95 %), and 70-85 % for FP8
 per tensor and NVFP4 quantize, the two closest to their ceiling (two reads of the input, a
 correctly rounded division per value). One figure on record is unexplained: MXFP8 E5M2 and
 FP8 E5M2 quantize ran at 36 % / 22 % where E4M3, the same kernels with other constants, ran
