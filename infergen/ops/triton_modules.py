@@ -5,4 +5,5 @@ per module."""
 TRITON_MODULES: tuple[str, ...] = (
     "infergen.ops.paged_decode_triton",  # decode attention
     "infergen.ops.pointwise_triton",  # add + RMSNorm, SiLU-mul, RoPE
+    "infergen.ops.linear_triton_rows",  # quantized projections; W8A8 FP8 (torch._scaled_mm)
 )
