@@ -29,8 +29,12 @@ timeout 120 python3 benchmarks/calibrate_gpu.py --out "$OUT" 2>&1 | tee "$OUT/ca
 #    within fp32 rounding; the GGUF formats skip, the image has no gguf package), then its
 #    speed against torch F.linear in bf16 at decode / prefill token counts for the default
 #    model's projection shapes (one log for both: $OUT holds at most 8 files).
-TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
-    tests/ops/test_linear_triton.py 2>&1 | tee "$OUT/linear_triton.log" | tail -15 || status=1
+#    With them, the engine's rows of those kernels (ops/linear_triton_rows.py: products and
+#    rows against the CPU rows, the load-time fallback, W8A8 FP8) and W8A8 FP8 through
+#    torch._scaled_mm (ops/linear_fp8.py) on the GPU against the float64 product.
+TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/ops/test_linear_triton.py tests/ops/test_linear_triton_rows.py \
+    tests/ops/test_linear_fp8.py 2>&1 | tee "$OUT/linear_triton.log" | tail -15 || status=1
 TRITON_INTERPRET=0 timeout 150 python3 benchmarks/bench_linear_triton.py \
     --out "$OUT/linear_triton.jsonl" 2>&1 | tee -a "$OUT/linear_triton.log" || status=1
 # 5. The compiler's Triton renderer (compiler/codegen_triton.py): every primitive and every

@@ -7,4 +7,5 @@ TRITON_MODULES: tuple[str, ...] = (
     "infergen.ops.paged_prefill_triton",  # prefill attention (varlen, one launch a step)
     "infergen.ops.pointwise_triton",  # add + RMSNorm, SiLU-mul, RoPE
     "infergen.ops.sampling_triton",  # the sampler's token choice
+    "infergen.ops.linear_triton_rows",  # quantized projections; W8A8 FP8 (torch._scaled_mm)
 )
