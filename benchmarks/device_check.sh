@@ -39,10 +39,12 @@ TRITON_INTERPRET=0 timeout 150 python3 benchmarks/bench_linear_triton.py \
 TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
     tests/compiler/test_codegen_triton.py 2>&1 | tee "$OUT/compiler_triton.log" | tail -15 || status=1
 # 6. Paged decode attention in Triton (ops/paged_decode_triton.py): the grid against the
-#    float64 oracle (GQA ratios, head dims, windows + sinks, splits), and the row-wise Triton
-#    kernels (ops/pointwise_triton.py: add + RMSNorm, RoPE, SiLU-mul, bf16 too), compiled for the GPU
-#    (appended to the compiler log: $OUT holds at most 8 files).
-TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
-    tests/ops/test_paged_decode_triton.py tests/ops/test_pointwise_triton.py 2>&1 \
+#    float64 oracle (GQA ratios, head dims, windows + sinks, splits), the row-wise Triton
+#    kernels (ops/pointwise_triton.py: add + RMSNorm, RoPE, SiLU-mul, GELU-mul, bf16 too) and
+#    RoPE + KV store (ops/rope_kv_store_triton.py: engine-dtype caches, FP8 E4M3 codes bit for
+#    bit), compiled for the GPU (appended to the compiler log: $OUT holds at most 8 files).
+TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/ops/test_paged_decode_triton.py tests/ops/test_pointwise_triton.py \
+    tests/ops/test_rope_kv_store_triton.py 2>&1 \
     | tee -a "$OUT/compiler_triton.log" | tail -15 || status=1
 exit $status

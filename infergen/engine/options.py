@@ -107,7 +107,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("kernels", "kernels", "native", commands=(),
            help="op backends: 'native' (C kernels for linear, norms, RoPE, SwiGLU, decode "
            "attention; torch where none applies), 'torch' (torch ops only) or 'triton' (Triton "
-           "kernels where written — decode attention, add + RMSNorm, RoPE, SiLU-mul — torch "
+           "kernels where written — decode attention, add + RMSNorm, RoPE, RoPE + KV store "
+           "(engine-dtype and fp8_e4m3 caches), SiLU-mul, GELU-mul — torch "
            "elsewhere; on the CPU only in Triton's interpreter, TRITON_INTERPRET=1: slow, for "
            "testing)"),
     Option("max_model_len", "max_model_len", None, parse=int,

@@ -4,5 +4,6 @@ per module."""
 
 TRITON_MODULES: tuple[str, ...] = (
     "infergen.ops.paged_decode_triton",  # decode attention
-    "infergen.ops.pointwise_triton",  # add + RMSNorm, SiLU-mul, RoPE
+    "infergen.ops.pointwise_triton",  # add + RMSNorm, SiLU-mul, GELU-mul, RoPE
+    "infergen.ops.rope_kv_store_triton",  # RoPE + KV store
 )
