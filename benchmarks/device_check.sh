@@ -45,12 +45,14 @@ TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
 # 6. Paged decode and varlen prefill attention in Triton (ops/paged_decode_triton.py,
 #    ops/paged_prefill_triton.py): the grids against the float64 oracle (GQA ratios, head
 #    dims, windows + sinks, splits, chunked prefill after prefix hits, soft-capping), the
-#    row-wise Triton kernels (ops/pointwise_triton.py: add + RMSNorm, RoPE, SiLU-mul, bf16
-#    too) and the sampling kernel (ops/sampling_triton.py: processed logits bit-identical,
-#    tokens = the reference's, frequencies over every seed), compiled for the GPU (appended
-#    to the compiler log: $OUT holds at most 8 files).
+#    row-wise Triton kernels (ops/pointwise_triton.py: add + RMSNorm, RoPE, SiLU-mul,
+#    GELU-mul, bf16 too), RoPE + KV store (ops/rope_kv_store_triton.py: engine-dtype caches,
+#    FP8 E4M3 codes bit for bit) and the sampling kernel (ops/sampling_triton.py: processed
+#    logits bit-identical, tokens = the reference's, frequencies over every seed), compiled
+#    for the GPU (appended to the compiler log: $OUT holds at most 8 files).
 TRITON_INTERPRET=0 timeout 180 python3 -m pytest -q -p no:cacheprovider \
     tests/ops/test_paged_decode_triton.py tests/ops/test_paged_prefill_triton.py \
-    tests/ops/test_pointwise_triton.py tests/ops/test_sampling_triton.py 2>&1 \
+    tests/ops/test_pointwise_triton.py tests/ops/test_rope_kv_store_triton.py \
+    tests/ops/test_sampling_triton.py 2>&1 \
     | tee -a "$OUT/compiler_triton.log" | tail -15 || status=1
 exit $status

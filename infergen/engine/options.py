@@ -113,11 +113,12 @@ OPTIONS: tuple[Option, ...] = (
            help="op backends: 'auto' (native on the CPU, triton on a GPU); "
            "'native' (C kernels for linear, norms, RoPE, SwiGLU, decode "
            "attention; torch where none applies), 'torch' (torch ops only) or 'triton' (Triton "
-           "kernels where written — decode and prefill attention, add + RMSNorm, RoPE, "
-           "SiLU-mul, sampling (Philox noise: seeded tokens differ from the other sets'), the "
-           "projections of a --weights scheme (weight-only quantized GEMM; W8A8 FP8 through "
-           "torch._scaled_mm) — torch elsewhere, full-precision projections included; on the "
-           "CPU only in Triton's interpreter, TRITON_INTERPRET=1: slow, for testing)"),
+           "kernels where written — decode and prefill attention, add + RMSNorm, RoPE, RoPE + "
+           "KV store (engine-dtype and fp8_e4m3 caches), SiLU-mul, GELU-mul, sampling (Philox "
+           "noise: seeded tokens differ from the other sets'), the projections of a --weights "
+           "scheme (weight-only quantized GEMM; W8A8 FP8 through torch._scaled_mm) — torch "
+           "elsewhere, full-precision projections included; on the CPU only in Triton's "
+           "interpreter, TRITON_INTERPRET=1: slow, for testing)"),
     Option("max_model_len", "max_model_len", None, parse=int,
            help="cap the context (prompt + generated tokens) below the model's own length"),
     # ---- KV cache ------------------------------------------------------------------------

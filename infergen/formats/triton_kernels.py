@@ -11,16 +11,16 @@ optional: `pip install 'infergen[triton]'`.
 
 What a program does (the tiling is in formats/triton_tiles.py, the integer formats in
 formats/triton_int.py): one tile of TILE = 4096 fp32 values, 8 warps (16 values a thread),
-ROWS = TILE / block blocks (MX 128 blocks of 32, NVFP4 256 of 16, int groups 128 of 32 .. 32
-of 128) loaded as one contiguous [ROWS, block] chunk; the block amax is a reduction along the
-tile's last axis, the block's scale one value per row, its codes encoded in registers and
-stored as whole bytes: 4-bit codes two a byte, 2-bit codes four a byte, packed in the kernel
+ROWS = TILE / block blocks (MX 128 blocks of 32, NVFP4 256 of 16, int groups 128 of 32 .. 32 of
+128) loaded as one contiguous [ROWS, block] chunk; the block amax is a reduction along the
+tile's last axis, the block's scale one value per row, its codes encoded in registers and stored
+as whole bytes: 4-bit codes two a byte, 2-bit codes four a byte, packed in the kernel
 (tl.split), and the FP4 dequantize reads the packed bytes (tl.join). The encode uses no
-division, log2 or float-to-int conversion (see _encode); the per-element divisions that remain
-(FP8 per tensor, NVFP4, int) are the reference's own `x / scale`, kept for bit-exactness.
-Scales stay device tensors (no `.item()` round trip between the amax and the encode pass;
-decode tables copied to the device once); offsets are int32 (from 2^31 values on a launcher
-answers None: the torch reference runs).
+division, log2 or float-to-int conversion (see encode_minifloat); the per-element divisions that
+remain (FP8 per tensor, NVFP4, int) are the reference's own `x / scale`, kept for bit-exactness.
+Scales stay device tensors (no `.item()` round trip between the amax and the encode pass; decode
+tables copied to the device once); offsets are int32 (from 2^31 values on a launcher answers
+None: the torch reference runs).
 
 Bytes per fp32 value, read + written (a device copy moves 8; benchmarks/bench_formats_gpu.py
 counts the 4 input bytes of both, so a kernel at copy's bandwidth shows 8 / bytes of copy):
@@ -83,7 +83,7 @@ RNE_MAGIC_BITS = tl.constexpr(0x4B400000)  # the fp32 bits of RNE_MAGIC
 
 
 @triton.jit
-def _encode(
+def encode_minifloat(
     v,
     MBITS: tl.constexpr,
     EMIN: tl.constexpr,
@@ -151,7 +151,7 @@ def _mx_quantize_kernel(
     neg = -e
     half = floor_half(neg)
     scaled = v * pow2(half)[:, None] * pow2(neg - half)[:, None]
-    codes = _encode(scaled, MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
+    codes = encode_minifloat(scaled, MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
     codes = tl.where(bad[:, None], 0, codes)
     store_codes(codes_ptr, codes, rows, n_blocks, BLOCK, ROWS, BLOCK, PACK)
     scale = tl.where(bad, 255, e + 127).to(tl.uint8)
@@ -205,11 +205,15 @@ def _nvfp4_quantize_kernel(
     g = tl.load(global_ptr)
     bad, amax = _block_amax(v)
     amax = tl.where(bad, 0.0, amax)
-    s = _encode(div_rn(div_rn(amax, 6.0), g), 3, -6, 8, 0x7E, 0x7F, 448.0)  # E4M3 block scale
+    s = encode_minifloat(
+        div_rn(div_rn(amax, 6.0), g), 3, -6, 8, 0x7E, 0x7F, 448.0
+    )  # E4M3 block scale
     sval = tl.load(e4m3_ptr + s)
     divisor = sval * g
     zero = sval == 0.0
-    codes = _encode(div_rn(v, tl.where(zero, 1.0, divisor)[:, None]), 1, 0, 4, 0x7, -1, 6.0)
+    codes = encode_minifloat(
+        div_rn(v, tl.where(zero, 1.0, divisor)[:, None]), 1, 0, 4, 0x7, -1, 6.0
+    )
     codes = tl.where((zero | bad)[:, None], 0, codes)
     store_codes(codes_ptr, codes, rows, n_blocks, 16, ROWS, 16, PACK)
     tl.store(scales_ptr + rows, tl.where(bad, 0x7F, s).to(tl.uint8), mask=rows < n_blocks)
@@ -232,7 +236,9 @@ def _scaled_quantize_kernel(
     """FP8 per tensor: codes = encode(x / scale), SIZE values per program."""
     offs = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
     v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    codes = _encode(div_rn(v, tl.load(scale_ptr)), MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
+    codes = encode_minifloat(
+        div_rn(v, tl.load(scale_ptr)), MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX
+    )
     tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=offs < n)
 
 
