@@ -20,6 +20,7 @@ script that way; the numbers mean nothing).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import pathlib
 import sys
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         "memory_efficiency_by_kind": {"attention": min(1.0, attention / table.bandwidth)},
         "launch_overhead_s": graphed,
         "gemm_efficiency": curve,
+        "calibrated": f"{datetime.date.today().isoformat()}: measured by calibrate_gpu.py",
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps({name: row}, indent=1))

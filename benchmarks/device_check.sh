@@ -27,8 +27,8 @@ TRITON_INTERPRET=0 timeout 240 python3 benchmarks/bench_gpu.py \
 TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider \
     tests/formats/test_triton.py 2>&1 | tee "$OUT/device_tests.log" | tail -15 || status=1
 
-# 2. Quantize / dequantize GB/s of fp32 input: Triton vs the torch-eager codec on the same
-#    GPU, vs device copy and HBM peak.
+# 2. Quantize / dequantize GB/s of fp32 input at 64M and 256M values (~30 s): Triton vs
+#    device copy and HBM peak, and vs the torch-eager codec on the same GPU at 64M.
 TRITON_INTERPRET=0 timeout 200 python3 benchmarks/bench_formats_gpu.py \
     --out "$OUT/formats_gpu.jsonl" 2>&1 | tee "$OUT/formats_gpu.log" || status=1
 # 3. Performance model: calibrate the GPU's row from GEMM / copy / attention / launch
@@ -39,8 +39,12 @@ timeout 120 python3 benchmarks/calibrate_gpu.py --out "$OUT" 2>&1 | tee "$OUT/ca
 #    within fp32 rounding; the GGUF formats skip, the image has no gguf package), then its
 #    speed against torch F.linear in bf16 at decode / prefill token counts for the default
 #    model's projection shapes (one log for both: $OUT holds at most 8 files).
-TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
-    tests/ops/test_linear_triton.py 2>&1 | tee "$OUT/linear_triton.log" | tail -15 || status=1
+#    With them, the engine's rows of those kernels (ops/linear_triton_rows.py: products and
+#    rows against the CPU rows, the load-time fallback, W8A8 FP8) and W8A8 FP8 through
+#    torch._scaled_mm (ops/linear_fp8.py) on the GPU against the float64 product.
+TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/ops/test_linear_triton.py tests/ops/test_linear_triton_rows.py \
+    tests/ops/test_linear_fp8.py 2>&1 | tee "$OUT/linear_triton.log" | tail -15 || status=1
 TRITON_INTERPRET=0 timeout 150 python3 benchmarks/bench_linear_triton.py \
     --out "$OUT/linear_triton.jsonl" 2>&1 | tee -a "$OUT/linear_triton.log" || status=1
 # 5. The compiler's Triton renderer (compiler/codegen_triton.py): every primitive and every
@@ -48,11 +52,17 @@ TRITON_INTERPRET=0 timeout 150 python3 benchmarks/bench_linear_triton.py \
 #    them), compiled for the GPU, against the reference interpreter.
 TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
     tests/compiler/test_codegen_triton.py 2>&1 | tee "$OUT/compiler_triton.log" | tail -15 || status=1
-# 6. Paged decode attention in Triton (ops/paged_decode_triton.py): the grid against the
-#    float64 oracle (GQA ratios, head dims, windows + sinks, splits), and the row-wise Triton
-#    kernels (ops/pointwise_triton.py: add + RMSNorm, RoPE, SiLU-mul, bf16 too), compiled for the GPU
-#    (appended to the compiler log: $OUT holds at most 8 files).
-TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
-    tests/ops/test_paged_decode_triton.py tests/ops/test_pointwise_triton.py 2>&1 \
+# 6. Paged decode and varlen prefill attention in Triton (ops/paged_decode_triton.py,
+#    ops/paged_prefill_triton.py): the grids against the float64 oracle (GQA ratios, head
+#    dims, windows + sinks, splits, chunked prefill after prefix hits, soft-capping), the
+#    row-wise Triton kernels (ops/pointwise_triton.py: add + RMSNorm, RoPE, SiLU-mul,
+#    GELU-mul, bf16 too), RoPE + KV store (ops/rope_kv_store_triton.py: engine-dtype caches,
+#    FP8 E4M3 codes bit for bit) and the sampling kernel (ops/sampling_triton.py: processed
+#    logits bit-identical, tokens = the reference's, frequencies over every seed), compiled
+#    for the GPU (appended to the compiler log: $OUT holds at most 8 files).
+TRITON_INTERPRET=0 timeout 180 python3 -m pytest -q -p no:cacheprovider \
+    tests/ops/test_paged_decode_triton.py tests/ops/test_paged_prefill_triton.py \
+    tests/ops/test_pointwise_triton.py tests/ops/test_rope_kv_store_triton.py \
+    tests/ops/test_sampling_triton.py 2>&1 \
     | tee -a "$OUT/compiler_triton.log" | tail -15 || status=1
 exit $status

@@ -121,21 +121,28 @@ def render(lines: list[dict]) -> str:
             "",
             "| performance model: predicted vs measured (steps, serving: this machine; "
             "published: REFERENCES §5; error: the median pass's, every pass's beside it) "
-            "| predicted | measured / published | error | passes | met |",
-            "|---|---|---|---|---|---|",
+            "| predicted | measured / published | error | passes | met | efficiencies |",
+            "|---|---|---|---|---|---|---|",
         ]
         for ln in checks:
             met = {True: "yes", False: "**no**", None: "(diagnostic)"}[ln["met"]]
             target = f" (±{ln['target']:.0%})" if ln.get("target") else ""
-            if ln.get("part") == "published" and ln["metric"] in FITTED_ROWS:
+            if _fitted(ln):
                 met, target = "fitted (not a prediction)", ""
             errors = ln.get("run_errors", [])
             passes = " / ".join(f"{100 * e:+.0f}" for e in errors) if len(errors) > 1 else ""
             rows.append(
                 f"| {ln.get('part', 'steps')}: {ln['metric']} | {_num(ln['predicted'])} "
                 f"| {_num(ln['measured'])} | {100 * ln['error']:+.1f} % | {passes} "
-                f"| {met}{target} |"
+                f"| {met}{target} | {_efficiencies(ln)} |"
             )
+        rows.append(
+            "\nefficiencies: **fitted** - a number of the GPU's row was fitted to this very "
+            "row (agreement by construction); **own** - predicted with the GPU's own "
+            "calibration (factors it borrowed named); **held out** - a GPU predicted with no "
+            "calibration of its own, every efficiency borrowed from another GPU, as for a GPU "
+            "nobody calibrated (infergen/perf/hardware.py)."
+        )
     skips = [ln for ln in lines if ln.get("kind") == "skip"]
     for ln in skips:
         rows.append(f"\n{ln['bench']}: {ln['engine']} not measured: {ln['note']}")
@@ -148,6 +155,35 @@ def render(lines: list[dict]) -> str:
             f"Regenerate: `python benchmarks/bench_generate.py && python benchmarks/report.py`."
         )
     return "\n".join(rows)
+
+
+# factor names as the validation table shows them
+_FACTORS = {
+    "compute_efficiency": "compute",
+    "memory_efficiency": "memory",
+    "launch_overhead_s": "launch",
+    "link_latency_s": "link latency",
+}
+
+
+def _fitted(ln: dict) -> bool:
+    """Lines before the field existed: the published rows of FITTED_ROWS."""
+    return ln.get("fitted", ln.get("part") == "published" and ln["metric"] in FITTED_ROWS)
+
+
+def _efficiencies(ln: dict) -> str:
+    """Which calibration a validation line stands on (validate_perf_model.provenance)."""
+    if _fitted(ln):
+        return "fitted"
+    gpu = ln.get("gpu") or (
+        "cpu-local, measured in the run" if ln.get("part") in ("steps", "serving") else "?"
+    )
+    if ln.get("held_out"):
+        return f"**held out**: {gpu}, all borrowed from {ln['borrowed_from']}"
+    borrowed = [_FACTORS.get(name, name) for name in ln.get("borrowed") or ()]
+    if borrowed:
+        return f"own ({gpu}; {', '.join(borrowed)} from {ln['borrowed_from']})"
+    return f"own ({gpu})"
 
 
 QUANT_START, QUANT_END = "<!-- quant:start -->", "<!-- quant:end -->"

@@ -78,5 +78,6 @@ def cmd_perf_step(args: argparse.Namespace) -> int:
     chunks = [Chunk(args.new, args.context)] * args.batch
     times = roofline.predict_step(desc, hw, chunks, fmt, compute)
     print(f"{desc.name} on {hw.description}: batch {args.batch}, {args.new} new of {args.context}")
+    print(hw.efficiency_note())
     print(roofline.explain(times))
     return 0

@@ -80,7 +80,15 @@ def describe_model(path: str):
 def add_device_args(p: argparse.ArgumentParser) -> None:
     """Model, device and weight formats: what `predict` and `perf step` share."""
     p.add_argument("--model", "-m", default=None, help="config.json, directory or GGUF")
-    p.add_argument("--gpu", default="h200", help="hardware row; cpu-local = calibrated here")
+    p.add_argument(
+        "--gpu",
+        default="h200",
+        help="hardware row; cpu-local = calibrated here. A row without a calibration of its "
+        "own (a100, b200, gb200, l40s, a --hardware-file row without efficiencies) borrows "
+        "the efficiencies measured on a calibrated GPU (h200, or the row's "
+        "efficiencies_from) as fractions of its own peaks; the output says where they came "
+        "from",
+    )
     p.add_argument("--hardware-file", default=None, help="extra hardware rows (JSON/YAML)")
     add_weight_args(p)
 
@@ -90,7 +98,9 @@ def add_parser(sub) -> None:
         "predict",
         help="predict TTFT, ITL, throughput, memory and cost of serving a model on a GPU",
         description="Simulate continuous-batching serving of a model on a device (roofline "
-        "step times with the device's calibrated efficiencies, the engine's scheduler, KV "
+        "step times at the device's peaks x its efficiencies: its own calibration, or for "
+        "a GPU nobody calibrated those borrowed from one that was, named in the output; the "
+        "engine's scheduler, KV "
         "capacity, prefix cache, speculative decoding) and report latency percentiles, "
         "throughput, the memory plan, the concurrency that fits and the cost per million "
         "output tokens. Metric definitions as `infergen bench serve`.",
@@ -239,6 +249,11 @@ def format_prediction(r: dict) -> str:
         f"{r['requests'] - r['failed']}/{r['requests']} requests in {r['wall_s']:.2f} s: output "
         f"{r['output_tok_s']:.1f} tok/s, total {r['total_tok_s']:.1f} tok/s",
     ]
+    eff = r["efficiencies"]
+    lines.append(
+        f"{eff['note']} (compute {eff['compute_efficiency']:.2f}, memory "
+        f"{eff['memory_efficiency']:.2f} of peak)"
+    )
     lines += latency_table({n: r[f"{n}_ms"] for n in LATENCIES}, scale=1.0, digits=2)
     if r["cost_per_mtok_usd"] is not None:
         lines.append(

@@ -58,7 +58,7 @@ class Engine:
             self.config.cache.enable_prefix_caching,
             self.max_model_len,
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.config.kernels)
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()

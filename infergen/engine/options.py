@@ -113,9 +113,12 @@ OPTIONS: tuple[Option, ...] = (
            help="op backends: 'auto' (native on the CPU, triton on a GPU); "
            "'native' (C kernels for linear, norms, RoPE, SwiGLU, decode "
            "attention; torch where none applies), 'torch' (torch ops only) or 'triton' (Triton "
-           "kernels where written — decode attention, add + RMSNorm, RoPE, SiLU-mul — torch "
-           "elsewhere; on the CPU only in Triton's interpreter, TRITON_INTERPRET=1: slow, for "
-           "testing)"),
+           "kernels where written — decode and prefill attention, add + RMSNorm, RoPE, RoPE + "
+           "KV store (engine-dtype and fp8_e4m3 caches), SiLU-mul, GELU-mul, sampling (Philox "
+           "noise: seeded tokens differ from the other sets'), the projections of a --weights "
+           "scheme (weight-only quantized GEMM; W8A8 FP8 through torch._scaled_mm) — torch "
+           "elsewhere, full-precision projections included; on the CPU only in Triton's "
+           "interpreter, TRITON_INTERPRET=1: slow, for testing)"),
     Option("max_model_len", "max_model_len", None, parse=int,
            help="cap the context (prompt + generated tokens) below the model's own length"),
     # ---- KV cache ------------------------------------------------------------------------
@@ -167,13 +170,16 @@ OPTIONS: tuple[Option, ...] = (
            help="weight-only quantization as the weights load: 'int8' (a scale per output "
            "channel), 'fp8_e4m3' (a scale per projection), 'int4' / 'int4_asym' (groups of 32), "
            "'nvfp4', 'mxfp4', llama.cpp's 'q4_0' / 'q4_1' / 'q8_0' blocks; or 'gguf': run a "
-           "GGUF file's own Q4_0/Q4_1/Q8_0 blocks as loaded. `infergen eval` measures each. "
-           "Default: the checkpoint's values"),
+           "GGUF file's own Q4_0/Q4_1/Q8_0 blocks as loaded. With --kernels triton every one "
+           "runs in one Triton kernel (the weight dequantized in registers). `infergen eval` "
+           "measures each. Default: the checkpoint's values"),
     Option("activations", "quant.activations", None, commands=RUN + BUILD + QUANTIZE,
            help="quantize projection inputs too: 'fp8_e4m3' / 'int8' (a dynamic scale per "
            "token), 'fp8_e4m3_static' / 'int8_static' (a calibrated scale), 'mxfp8', 'mxfp4', "
            "'nvfp4'. With --weights: W8A8 (fp8_e4m3 + fp8_e4m3), W4A8 (int4 + int8), W4A4 "
-           "(nvfp4 + nvfp4). On this CPU the products stay fp32 on the quantized values"),
+           "(nvfp4 + nvfp4). The products stay fp32 on the quantized values, but W8A8 FP8 with "
+           "--kernels triton: one FP8 GEMM (torch._scaled_mm, GPUs of compute capability >= "
+           "8.9)"),
     Option("calibration", "quant.calibration", "max", commands=RUN + BUILD + QUANTIZE,
            help="how calibrated scales clip: 'max' (nothing seen saturates), 'percentile' "
            "(99.99th of |x|), 'mse' (least squared error; also searches each quantized "

@@ -29,6 +29,21 @@ Differences from transformers: top_k 0 / -1 means "off" (transformers rejects 0 
 the warper out), top_p must lie in (0, 1] (transformers accepts 0), and temperature 0 means
 greedy (transformers rejects it and uses do_sample=False instead).
 
+Two paths, chosen by the engine's `kernels` option (`Sampler(kernels)`):
+
+- the generator path (kernels "native" / "torch", and the default `Sampler()`): the code below;
+  each sampled row's noise comes from its own `torch.Generator`, one draw per row;
+- the batched path (a kernel set with its own row in ops/sampling.SAMPLE_BACKENDS: "triton"):
+  the per-row parameters go to the device as a few tensors, the penalties as a [batch, vocab]
+  prompt-or-output mask and output counts scattered on the device, and ops/sampling's row picks
+  every token in one fused kernel; the only host sync is the `.tolist()` of the tokens (plus
+  the logprobs' when asked). Its noise is Philox keyed by (the row's seed, its draw count =
+  the number of tokens it has generated, the token index), so a seeded row is still
+  reproducible and independent of the batch, but its tokens DIFFER from the generator path's
+  for the same seed (another random stream). Its top-p keeps every token tied with the
+  cutoff logit, and min-p compares log-probabilities; on logits without exact ties at those
+  boundaries the processed logits are the same as the generator path's.
+
 Logprobs are computed from the model's raw logits (log_softmax before any penalty,
 temperature or truncation), as vLLM does by default: they describe the model's distribution,
 not the one the token was drawn from.
@@ -42,6 +57,7 @@ from typing import NamedTuple
 import torch
 
 from infergen.engine.sampling_params import SamplingParams
+from infergen.ops.sampling import SAMPLE_BACKENDS, SamplingInputs
 
 _MASK64 = (1 << 64) - 1
 
@@ -69,6 +85,7 @@ class SamplingState:
         output_token_ids: the tokens generated so far (the engine calls `append`).
         generator: None for greedy requests; else seeded from `params.seed` if given
             (reproducible whatever the batch), or from (engine_seed, request_index).
+        seed: that seed (None for greedy requests), the batched path's Philox key.
     """
 
     def __init__(
@@ -83,11 +100,13 @@ class SamplingState:
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.generator: torch.Generator | None = None
+        self.seed: int | None = None  # 64-bit; the batched path's Philox key
         if not params.is_greedy:
             if params.seed is not None:
                 seed = params.seed & _MASK64
             else:
                 seed = _splitmix64(_splitmix64(engine_seed & _MASK64) ^ (request_index & _MASK64))
+            self.seed = seed
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(seed)
         self._prompt_unique: torch.Tensor | None = None
@@ -238,8 +257,68 @@ def _logprobs(
     return out
 
 
+def _signed64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def sampling_inputs(
+    states: Sequence[SamplingState], vocab: int, device: torch.device
+) -> SamplingInputs:
+    """The batched path's per-row tensors on `device`: one host→device copy per kind, the
+    penalty mask / counts scattered on the device; features no row uses are None."""
+    params = [s.params for s in states]
+    batch = len(states)
+    floats = [
+        [0.0 if p.is_greedy else p.temperature for p in params],
+        [p.top_p for p in params],
+        [p.min_p for p in params],
+        [p.repetition_penalty for p in params],
+        [p.frequency_penalty for p in params],
+        [p.presence_penalty for p in params],
+    ]
+    ints = [
+        [_signed64(s.seed) if s.seed is not None else 0 for s in states],
+        [len(s.output_token_ids) for s in states],  # draws made so far
+        [p.top_k if p.top_k_enabled else 0 for p in params],
+    ]
+    temperature, top_p, min_p, rep, freq, pres = torch.tensor(floats).to(device).unbind(0)
+    seeds, draws, top_k = torch.tensor(ints, dtype=torch.int64).to(device).unbind(0)
+    drawn = [p for p in params if not p.is_greedy]  # greedy rows ignore truncation
+    fields: dict[str, torch.Tensor | None] = dict(
+        top_k=top_k if any(p.top_k_enabled and p.top_k < vocab for p in drawn) else None,
+        top_p=top_p if any(p.top_p < 1.0 for p in drawn) else None,
+        min_p=min_p if any(p.min_p > 0.0 for p in drawn) else None,
+    )
+    rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+    if rep_rows:
+        rows, tokens = _token_index(states, rep_rows, with_prompt=True, device=device)
+        seen = torch.zeros(batch, vocab, dtype=torch.bool, device=device)
+        seen[rows, tokens] = True  # [batch, vocab]
+        fields.update(repetition_penalty=rep, seen=seen)
+    openai_rows = [
+        i for i, p in enumerate(params) if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+    ]
+    openai_rows = [i for i in openai_rows if states[i].output_token_ids]
+    if openai_rows:
+        rows, tokens = _token_index(states, openai_rows, with_prompt=False, device=device)
+        counts = torch.zeros(batch, vocab, device=device)  # [batch, vocab]
+        counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=counts.dtype), True)
+        fields.update(frequency_penalty=freq, presence_penalty=pres, counts=counts)
+    return SamplingInputs(temperature, seeds, draws, **fields)
+
+
 class Sampler:
-    """Picks one next token per request; stateless (all state is in `SamplingState`)."""
+    """Picks one next token per request; stateless (all state is in `SamplingState`).
+
+    Args:
+        kernels: the engine's kernel set. One with its own row in SAMPLE_BACKENDS other than
+            "torch" (i.e. "triton") takes the batched path; the others ("native", "torch")
+            the generator path, which keeps their seeded streams (module docstring).
+    """
+
+    def __init__(self, kernels: str = "torch") -> None:
+        batched = kernels in SAMPLE_BACKENDS and kernels != "torch"
+        self.batched = SAMPLE_BACKENDS.get(kernels, where="kernels") if batched else None
 
     def __call__(self, logits: torch.Tensor, states: list[SamplingState]) -> SamplerOutput:
         """Sample one token for each row.
@@ -255,6 +334,10 @@ class Sampler:
         if all(p.is_greedy and not p.has_penalties and p.logprobs is None for p in params):
             token_ids = logits.argmax(dim=-1).tolist()  # fast path: one argmax for the batch
             return SamplerOutput(token_ids, [None] * len(states))
+        if self.batched is not None:
+            inputs = sampling_inputs(states, logits.shape[1], logits.device)
+            token_ids = self.batched(logits, inputs).tolist()  # the one sync of the step
+            return SamplerOutput(token_ids, _logprobs(logits, states, token_ids))
         processed = process_logits(logits, states)
         tokens = processed.argmax(dim=-1)  # [batch]; final for greedy rows
         sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]

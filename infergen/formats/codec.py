@@ -132,7 +132,7 @@ def _tensor_quantize(spec: FormatSpec, blocks: torch.Tensor, rule: str | None, n
     et = spec.element_type
     amax = _tensor_amax(blocks, native)
     scale = torch.where(amax > 0, _div(amax, et.max), torch.ones_like(amax))  # [1]
-    codes = fast_paths(blocks, native).scaled_encode(blocks, scale.item(), et)
+    codes = fast_paths(blocks, native).scaled_encode(blocks, scale, et)  # no host round trip
     if codes is None:
         codes = et.encode(blocks / scale)
     return codes, scale, None, None
@@ -167,9 +167,8 @@ def _nvfp4_quantize(
 ):
     if global_scale is None:  # from the tensor's own amax
         amax_tensor = _tensor_amax(blocks, native).reshape(())
-        global_scale = _div(amax_tensor, NVFP4_GLOBAL_DIVISOR)
-        if amax_tensor == 0:
-            global_scale = torch.ones((), device=blocks.device)  # all-zero: block scales are 0
+        global_scale = _div(amax_tensor, NVFP4_GLOBAL_DIVISOR)  # all-zero: 1, block scales 0
+        global_scale = torch.where(amax_tensor == 0, torch.ones_like(global_scale), global_scale)
     global_scale = global_scale.reshape(()).float()
     done = fast_paths(blocks, native).nvfp4_quantize(blocks, global_scale)
     if done is not None:
@@ -289,7 +288,7 @@ def dequantize(q: QuantizedTensor, native: bool = True) -> torch.Tensor:
     """The values `q` stands for, in q.dtype and q.shape (`native=False`: torch reference)."""
     spec = FORMATS.get(q.format, where="QuantizedTensor.format")
     codes = q.codes
-    values = _fp4_dequantize_packed(spec, q) if native else None
+    values = _dequantize_packed(spec, q) if native and spec.packed else None
     if values is not None:
         return values.reshape(_moved_shape(q.shape, q.axis)).movedim(-1, q.axis).to(q.dtype)
     if spec.packed:
@@ -306,15 +305,26 @@ def dequantize(q: QuantizedTensor, native: bool = True) -> torch.Tensor:
     return values.reshape(moved_shape).movedim(-1, q.axis).to(q.dtype)
 
 
-def _fp4_dequantize_packed(spec: FormatSpec, q: QuantizedTensor) -> torch.Tensor | None:
-    """MXFP4 / NVFP4 straight from the packed codes, where the device's fast path has it."""
-    if spec.element_bits != 4 or spec.scaling not in ("e8m0", "nvfp4"):
-        return None
-    fn = getattr(fast_paths(q.codes), "fp4_dequantize", None)
-    if fn is None:
+def _dequantize_packed(spec: FormatSpec, q: QuantizedTensor) -> torch.Tensor | None:
+    """MXFP4 / NVFP4 / int4 / int2 straight from the packed codes, where the device's fast
+    path has it (fp4_dequantize, int_dequantize_packed): fp32 [n_blocks, block] or None."""
+    paths = fast_paths(q.codes)
+    if spec.scaling == "int":
+        fn = getattr(paths, "int_dequantize_packed", None)
+        if fn is None:
+            return None
+        block = q.block_size
+        if block == PER_CHANNEL:
+            block = _moved_shape(q.shape, q.axis)[-1]
+        elif block == PER_TENSOR:
+            block = math.prod(q.shape)
+        zeros = None if spec.symmetric else q.zero_points.reshape(-1)
+        return fn(q.codes, q.scales.reshape(-1), zeros, spec.int_bits, block)
+    fn = getattr(paths, "fp4_dequantize", None)
+    if fn is None or spec.element_bits != 4:
         return None
     if spec.scaling == "nvfp4":
-        return fn(q.codes, q.scales, q.block_size, spec.element_type, q.global_scale.item())
+        return fn(q.codes, q.scales, q.block_size, spec.element_type, q.global_scale)
     return fn(q.codes, q.scales, q.block_size, spec.element_type, None)
 
 
@@ -324,7 +334,7 @@ def _dequantize_native(spec: FormatSpec, q: QuantizedTensor, codes: torch.Tensor
         return paths.mx_dequantize(codes, q.scales.reshape(-1), spec.element_type)
     if spec.scaling == "nvfp4":
         scale_values = E4M3.decode(q.scales).reshape(-1)
-        return paths.block_dequantize(codes, scale_values, q.global_scale.item(), E2M1)
+        return paths.block_dequantize(codes, scale_values, q.global_scale, E2M1)
     if spec.scaling == "tensor":
         return paths.block_dequantize(codes, q.scales.reshape(-1), 1.0, spec.element_type)
     zeros = None if spec.symmetric else q.zero_points.reshape(-1)

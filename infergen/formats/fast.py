@@ -59,7 +59,7 @@ def nvfp4_quantize(blocks: torch.Tensor, global_scale: torch.Tensor):
     return codes, scales
 
 
-def scaled_encode(values: torch.Tensor, scale: float, et: Minifloat):
+def scaled_encode(values: torch.Tensor, scale: torch.Tensor | float, et: Minifloat):
     fn = kernel("scaled_encode_f32", P, P, L, F, I, I, I, I, I, F, I, source=SOURCE)
     if fn is None:
         return None
@@ -69,7 +69,7 @@ def scaled_encode(values: torch.Tensor, scale: float, et: Minifloat):
         values.data_ptr(),
         codes.data_ptr(),
         values.numel(),
-        scale,
+        float(scale),
         *_elem_args(et),
         torch.get_num_threads(),
     )
@@ -101,14 +101,18 @@ def mx_dequantize(codes: torch.Tensor, scales: torch.Tensor, et: Minifloat):
     return _decode_blocks(fn, codes.contiguous(), scales.data_ptr(), table.data_ptr())
 
 
-def block_dequantize(codes: torch.Tensor, scale_values: torch.Tensor, post: float, et: Minifloat):
+def block_dequantize(
+    codes: torch.Tensor, scale_values: torch.Tensor, post: torch.Tensor | float, et: Minifloat
+):
     """codes [..., n_blocks, block] uint8 · fp32 scale_values [..., n_blocks] · post."""
     fn = kernel("block_dequantize_f32", P, P, F, P, P, L, L, I, source=SOURCE)
     if fn is None:
         return None
     scale_values = scale_values.float().contiguous()
     table = et.decode_table()
-    return _decode_blocks(fn, codes.contiguous(), scale_values.data_ptr(), post, table.data_ptr())
+    return _decode_blocks(
+        fn, codes.contiguous(), scale_values.data_ptr(), float(post), table.data_ptr()
+    )
 
 
 def fp4_dequantize(
@@ -116,7 +120,7 @@ def fp4_dequantize(
     scales: torch.Tensor,
     block: int,
     et: Minifloat,
-    global_scale: float | None,
+    global_scale: torch.Tensor | float | None,
 ):
     """Packed 4-bit codes (two a byte, blocks of `block` along the last axis) → fp32
     [n_blocks, block], without unpacking first: NVFP4 (E4M3 scale codes · global_scale) or MX
@@ -134,7 +138,7 @@ def fp4_dequantize(
         scales.data_ptr(),
         table.data_ptr(),
         e4m3.data_ptr(),
-        1.0 if global_scale is None else global_scale,
+        1.0 if global_scale is None else float(global_scale),
         mode,
         out.data_ptr(),
         n_blocks,

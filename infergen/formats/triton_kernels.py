@@ -5,8 +5,43 @@ The same arithmetic as formats/codec.py and kernels/quantize_f32.c, in bit opera
 floor(log2 a) from the fp32 exponent field, powers of two built in the exponent bits, and
 round-to-nearest-even by the 1.5·2^23 magic number (exact for |y| < 2^22; element mantissas
 are below 2^4). Bit-identical to the reference in the interpreter (tests/formats/
-test_triton.py) and on an H200 (benchmarks/device_check.sh runs the same tests there).
-Triton is optional: `pip install 'infergen[triton]'`.
+test_triton.py); benchmarks/device_check.sh runs the same tests compiled for a GPU (the
+previous kernels passed them on an H200; this tiling has not yet run there). Triton is
+optional: `pip install 'infergen[triton]'`.
+
+What a program does (the tiling is in formats/triton_tiles.py, the integer formats in
+formats/triton_int.py): one tile of TILE = 4096 fp32 values, 8 warps (16 values a thread),
+ROWS = TILE / block blocks (MX 128 blocks of 32, NVFP4 256 of 16, int groups 128 of 32 .. 32 of
+128) loaded as one contiguous [ROWS, block] chunk; the block amax is a reduction along the
+tile's last axis, the block's scale one value per row, its codes encoded in registers and stored
+as whole bytes: 4-bit codes two a byte, 2-bit codes four a byte, packed in the kernel
+(tl.split), and the FP4 dequantize reads the packed bytes (tl.join). The encode uses no
+division, log2 or float-to-int conversion (see encode_minifloat); the per-element divisions that
+remain (FP8 per tensor, NVFP4, int) are the reference's own `x / scale`, kept for bit-exactness.
+Scales stay device tensors (no `.item()` round trip between the amax and the encode pass; decode
+tables copied to the device once); offsets are int32 (from 2^31 values on a launcher answers
+None: the torch reference runs).
+
+Bytes per fp32 value, read + written (a device copy moves 8; benchmarks/bench_formats_gpu.py
+counts the 4 input bytes of both, so a kernel at copy's bandwidth shows 8 / bytes of copy):
+MXFP8 / FP6 quantize 4 + 1 + 1/32 (ceiling ~160 % of copy), MXFP4 4 + 1/2 + 1/32 (~175 %),
+NVFP4 4 (amax pass) + 4 + 1/2 + 1/16 (~93 %), FP8 per tensor 4 (amax) + 4 + 1 (~89 %), int8
+4 + 1 + 1/8 (~155 %); dequantize the mirror, reading packed codes (FP4, int4, int2).
+
+The previous kernels (benchmarks/results/formats_gpu.jsonl, H200, 64M values: copy 2078 GB/s
+of input) ran one 512-value tile per program (MX) or 1024 (FP8), and reached 90-95 % of copy
+for MXFP8 / FP6 (already ~60 % of copy's bandwidth: bound by the encode's instructions, not
+HBM) but 22-44 % for FP8 per tensor, MXFP4, NVFP4, int4 and int2, whose time went to what ran
+around the kernel: torch pack_bits / unpack_bits (4-8 extra passes over byte tensors), a
+`.item()` sync plus a host-to-device copy per call (and per decode table), and 16K same-
+address float atomics in the amax (now a grid-stride pass, at most 1024 atomics). Expected
+now (not yet measured: no GPU was lent to this change; run benchmarks/device_check.sh):
+>= 70 % of copy for every format, ~100-150 % for the one-pass MX / int / FP4 ones (the larger
+tiles and the cheaper encode may lift MXFP8 / FP6 above their 95 %), and 70-85 % for FP8
+per tensor and NVFP4 quantize, the two closest to their ceiling (two reads of the input, a
+correctly rounded division per value). One figure on record is unexplained: MXFP8 E5M2 and
+FP8 E5M2 quantize ran at 36 % / 22 % where E4M3, the same kernels with other constants, ran
+at 95 % / 29 %; the new run will say whether that persists.
 """
 
 from __future__ import annotations
@@ -15,26 +50,40 @@ import torch
 import triton
 import triton.language as tl
 
-from infergen.formats.elements import Minifloat
+from infergen.formats.elements import ELEMENT_TYPES, Minifloat
 
-RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23 (a global a kernel reads: constexpr)
+# re-exported: the integer rows of formats/fast.py's interface (codec.FAST_PATHS)
+from infergen.formats.triton_int import (  # noqa: F401
+    int_dequantize,
+    int_dequantize_packed,
+    int_quantize,
+    unpack_bits,
+)
+from infergen.formats.triton_tiles import (
+    INT32_LIMIT,
+    RNE_MAGIC,
+    device_table,
+    div_rn,
+    floor_half,
+    launch,
+    load_codes,
+    pack_factor,
+    packed_shape,
+    pow2,
+    scalar,
+    store_codes,
+    tile,
+    tile_size,
+    tiling,
+)
+
+AMAX_PROGRAMS = 1024  # finite_amax: at most this many programs (and atomics), grid-stride
+E4M3 = ELEMENT_TYPES.get("e4m3")
+RNE_MAGIC_BITS = tl.constexpr(0x4B400000)  # the fp32 bits of RNE_MAGIC
 
 
 @triton.jit
-def _div(a, b):
-    """a / b rounded to nearest even, as torch and C divide (Triton's `/` on fp32 compiles to
-    the approximate div.full.f32 on NVIDIA GPUs: up to 2 ulp off, seen on an H200)."""
-    return tl.div_rn(a, tl.zeros_like(a) + b)
-
-
-@triton.jit
-def _pow2(e):
-    """2^e as fp32 for integer tensors -126 <= e <= 127."""
-    return ((e + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _encode(
+def encode_minifloat(
     v,
     MBITS: tl.constexpr,
     EMIN: tl.constexpr,
@@ -43,28 +92,19 @@ def _encode(
     NAN_CODE: tl.constexpr,
     MAX: tl.constexpr,
 ):
-    bits = v.to(tl.int32, bitcast=True)
-    sign = ((bits >> 31) & 1) << (BITS - 1)
-    a = tl.minimum(tl.abs(v), MAX)
-    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    e = tl.maximum(e, EMIN)
-    y = a * _pow2(MBITS - e)
-    m = (y + RNE_MAGIC) - RNE_MAGIC
-    code = ((e - EMIN) << MBITS) + m.to(tl.int32)
-    code = tl.minimum(code, MAX_CODE) | sign
-    is_nan = v != v
+    """fp32 → minifloat codes (int32): RNE, saturating, NaN kept where the type has a code.
+    a's binade e (clamped to the subnormal one) from its exponent field; y = a · 2^(MBITS - e)
+    is exact and below 2^(MBITS + 1), and adding 1.5·2^23 rounds it to an integer held in the
+    low mantissa bits (no float-to-int conversion): code = ((e - EMIN) << MBITS) + round(y),
+    where a carry past the mantissa moves to the next binade as it should."""
+    sign = (v.to(tl.int32, bitcast=True) >> (32 - BITS)) & (1 << (BITS - 1))  # bit 31
+    a = tl.minimum(tl.abs(v), MAX)  # a >= 0: its exponent field is bits 23..30
+    e = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) - 127, EMIN)
+    y = a * ((MBITS + 127 - e) << 23).to(tl.float32, bitcast=True)
+    m = (y + RNE_MAGIC).to(tl.int32, bitcast=True) - RNE_MAGIC_BITS
+    code = tl.minimum(((e - EMIN) << MBITS) + m, MAX_CODE) | sign
     nan_code = (sign | NAN_CODE) if NAN_CODE >= 0 else 0
-    return tl.where(is_nan, nan_code, code).to(tl.uint8)
-
-
-@triton.jit
-def _block_tile(n_blocks, BLOCK: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
-    """This program's ROWS blocks of BLOCK elements, each padded to WIDTH lanes (a power of
-    two, as tl.arange needs): row ids, in-range mask, element offsets."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, WIDTH)[None, :]
-    mask = (rows[:, None] < n_blocks) & (cols < BLOCK)
-    return rows, mask, rows[:, None] * BLOCK + cols
+    return tl.where(v != v, nan_code, code)
 
 
 @triton.jit
@@ -83,6 +123,7 @@ def _mx_quantize_kernel(
     n_blocks,
     BLOCK: tl.constexpr,
     ROWS: tl.constexpr,
+    PACK: tl.constexpr,
     MBITS: tl.constexpr,
     EMIN: tl.constexpr,
     BITS: tl.constexpr,
@@ -92,12 +133,11 @@ def _mx_quantize_kernel(
     EMAX: tl.constexpr,
     RCEIL: tl.constexpr,
 ):
-    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, BLOCK)
-    v = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    bad, amax = _block_amax(v)
-    abits = amax.to(tl.int32, bitcast=True)
+    rows, mask, offs = tile(n_blocks, BLOCK, ROWS, BLOCK)
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0)  # [ROWS, BLOCK]
+    bad, amax = _block_amax(v)  # [ROWS]
     if RCEIL:
-        r = _div(amax, MAX)
+        r = div_rn(amax, MAX)
         rbits = r.to(tl.int32, bitcast=True)
         rexp = (rbits >> 23) & 0xFF
         mant = rbits & 0x7FFFFF
@@ -105,72 +145,78 @@ def _mx_quantize_kernel(
             rexp == 0, tl.where(mant > (1 << 22), -126, -127), rexp - 127 + (mant != 0).to(tl.int32)
         )
     else:
-        e = ((abits >> 23) & 0xFF) - 127 - EMAX
+        e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127 - EMAX
     e = tl.where(amax == 0.0, -127, e)
     e = tl.minimum(tl.maximum(e, -127), 127)
     neg = -e
-    half = tl.where(neg >= 0, neg // 2, -((-neg + 1) // 2))
-    scaled = v * _pow2(half)[:, None] * _pow2(neg - half)[:, None]
-    codes = _encode(scaled, MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
-    codes = tl.where(bad[:, None], 0, codes).to(tl.uint8)
-    tl.store(codes_ptr + offs, codes, mask=mask)
+    half = floor_half(neg)
+    scaled = v * pow2(half)[:, None] * pow2(neg - half)[:, None]
+    codes = encode_minifloat(scaled, MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
+    codes = tl.where(bad[:, None], 0, codes)
+    store_codes(codes_ptr, codes, rows, n_blocks, BLOCK, ROWS, BLOCK, PACK)
     scale = tl.where(bad, 255, e + 127).to(tl.uint8)
     tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
 
 
 @triton.jit
-def _mx_dequantize_kernel(
-    codes_ptr, scales_ptr, table_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr, ROWS: tl.constexpr
+def _block_dequantize_kernel(
+    codes_ptr,
+    scales_ptr,
+    table_ptr,
+    e4m3_ptr,
+    post_ptr,
+    out_ptr,
+    n_blocks,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    WIDTH: tl.constexpr,
+    PACK: tl.constexpr,
+    SCALE: tl.constexpr,
 ):
-    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, BLOCK)
-    codes = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
-    s = tl.load(scales_ptr + rows, mask=rows < n_blocks, other=127).to(tl.int32)
-    e = s - 127
-    half = tl.where(e >= 0, e // 2, -((-e + 1) // 2))
+    """out = table[code] scaled per block: SCALE 0 by 2^(E8M0 - 127) (0xFF: NaN), 1 by
+    e4m3[scale code] · post[0] (NVFP4), 2 by the fp32 scale · post[0] (FP8, NVFP4 values)."""
+    rows, mask, offs = tile(n_blocks, BLOCK, ROWS, WIDTH)
+    codes = load_codes(codes_ptr, rows, n_blocks, BLOCK, ROWS, WIDTH, PACK)
     values = tl.load(table_ptr + codes, mask=mask, other=0.0)
-    out = values * _pow2(half)[:, None] * _pow2(e - half)[:, None]
-    out = tl.where((s == 255)[:, None], float("nan"), out)
+    in_range = rows < n_blocks
+    if SCALE == 0:
+        s = tl.load(scales_ptr + rows, mask=in_range, other=127).to(tl.int32)
+        e = s - 127
+        half = floor_half(e)
+        out = values * pow2(half)[:, None] * pow2(e - half)[:, None]
+        out = tl.where((s == 255)[:, None], float("nan"), out)
+    else:
+        if SCALE == 1:
+            s = tl.load(scales_ptr + rows, mask=in_range, other=0).to(tl.int32)
+            scale = tl.load(e4m3_ptr + s)
+        else:
+            scale = tl.load(scales_ptr + rows, mask=in_range, other=1.0)
+        out = values * scale[:, None] * tl.load(post_ptr)
     tl.store(out_ptr + offs, out, mask=mask)
 
 
 @triton.jit
 def _nvfp4_quantize_kernel(
-    x_ptr, codes_ptr, scales_ptr, global_ptr, e4m3_ptr, n_blocks, ROWS: tl.constexpr
-):
-    rows, mask, offs = _block_tile(n_blocks, 16, ROWS, 16)
-    v = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    x_ptr, codes_ptr, scales_ptr, global_ptr, e4m3_ptr, n_blocks, ROWS: tl.constexpr,
+    PACK: tl.constexpr,
+):  # fmt: skip
+    rows, mask, offs = tile(n_blocks, 16, ROWS, 16)
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0)  # [ROWS, 16]
     g = tl.load(global_ptr)
     bad, amax = _block_amax(v)
     amax = tl.where(bad, 0.0, amax)
-    s = _encode(_div(_div(amax, 6.0), g), 3, -6, 8, 0x7E, 0x7F, 448.0)  # E4M3 block scale
-    sval = tl.load(e4m3_ptr + s.to(tl.int32))
+    s = encode_minifloat(
+        div_rn(div_rn(amax, 6.0), g), 3, -6, 8, 0x7E, 0x7F, 448.0
+    )  # E4M3 block scale
+    sval = tl.load(e4m3_ptr + s)
     divisor = sval * g
     zero = sval == 0.0
-    codes = _encode(_div(v, tl.where(zero, 1.0, divisor)[:, None]), 1, 0, 4, 0x7, -1, 6.0)
-    codes = tl.where((zero | bad)[:, None], 0, codes).to(tl.uint8)
-    tl.store(codes_ptr + offs, codes, mask=mask)
+    codes = encode_minifloat(
+        div_rn(v, tl.where(zero, 1.0, divisor)[:, None]), 1, 0, 4, 0x7, -1, 6.0
+    )
+    codes = tl.where((zero | bad)[:, None], 0, codes)
+    store_codes(codes_ptr, codes, rows, n_blocks, 16, ROWS, 16, PACK)
     tl.store(scales_ptr + rows, tl.where(bad, 0x7F, s).to(tl.uint8), mask=rows < n_blocks)
-
-
-@triton.jit
-def _scaled_dequantize_kernel(
-    codes_ptr,
-    scale_ptr,
-    table_ptr,
-    out_ptr,
-    post_ptr,
-    n_blocks,
-    BLOCK: tl.constexpr,
-    ROWS: tl.constexpr,
-    WIDTH: tl.constexpr,
-):
-    """out = table[code] · scale[block] · post[0] (NVFP4: E4M3 value, global; FP8: scale, 1)."""
-    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, WIDTH)
-    codes = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
-    scale = tl.load(scale_ptr + rows, mask=rows < n_blocks, other=1.0)
-    values = tl.load(table_ptr + codes, mask=mask, other=0.0)
-    out = values * scale[:, None] * tl.load(post_ptr)
-    tl.store(out_ptr + offs, out, mask=mask)
 
 
 @triton.jit
@@ -187,32 +233,13 @@ def _scaled_quantize_kernel(
     NAN_CODE: tl.constexpr,
     MAX: tl.constexpr,
 ):
-    """FP8 per tensor: codes = encode(x / scale)."""
+    """FP8 per tensor: codes = encode(x / scale), SIZE values per program."""
     offs = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
     v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    codes = _encode(_div(v, tl.load(scale_ptr)), MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX)
-    tl.store(codes_ptr + offs, codes, mask=offs < n)
-
-
-ROWS = 16  # blocks per program for small blocks (MX 32, NVFP4 16, groups of 32..128)
-MAX_TILE = 8192  # lanes per program; a block wider than this runs the torch reference
-
-
-def _tiling(t: torch.Tensor):
-    """(n_blocks, block, rows per program, padded width, grid) for blocks along t's last axis,
-    or None when a block is wider than MAX_TILE."""
-    block = t.shape[-1]
-    width = triton.next_power_of_2(block)
-    if width > MAX_TILE:
-        return None
-    n_blocks = t.numel() // block
-    rows = max(1, min(ROWS, 2048 // width))
-    return n_blocks, block, rows, width, (triton.cdiv(n_blocks, rows),)
-
-
-# Every launch: no FMA contraction, so a·b + c rounds twice as in the torch reference (the
-# interpreter has no such pass and ignores the option).
-NO_FMA = {"enable_fp_fusion": False}
+    codes = encode_minifloat(
+        div_rn(v, tl.load(scale_ptr)), MBITS, EMIN, BITS, MAX_CODE, NAN_CODE, MAX
+    )
+    tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=offs < n)
 
 
 def _elem(et: Minifloat) -> dict:
@@ -227,280 +254,154 @@ def _elem(et: Minifloat) -> dict:
 
 
 def mx_quantize(blocks: torch.Tensor, et: Minifloat, rule: str):
-    """blocks [..., n_blocks, 32] fp32 → (codes uint8 like blocks, E8M0 scales [..., n])."""
+    """blocks [..., n_blocks, B] fp32 → (codes uint8 [..., n_blocks, B] (FP4: two a byte,
+    [..., n_blocks, B / 2]), E8M0 scales [..., n_blocks]); None where it does not tile."""
     blocks = blocks.contiguous()
-    n_blocks, block, rows, _, grid = _tiling(blocks)
-    codes = torch.empty(blocks.shape, dtype=torch.uint8, device=blocks.device)
-    scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8, device=blocks.device)
+    block = blocks.shape[-1]
+    tiles = tiling(blocks.numel(), block)
+    if tiles is None or block != triton.next_power_of_2(block):
+        return None
+    n_blocks, rows, _, grid = tiles
+    pack = pack_factor(et.bits, block)
+    dev = blocks.device
+    codes = torch.empty(packed_shape(blocks.shape, pack), dtype=torch.uint8, device=dev)
+    scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8, device=dev)
     _mx_quantize_kernel[grid](
-        blocks,
-        codes,
-        scales,
-        n_blocks,
-        BLOCK=block,
-        ROWS=rows,
-        EMAX=et.emax,
-        RCEIL=rule == "rceil",
-        **_elem(et),
-        **NO_FMA,
-    )
+        blocks, codes, scales, n_blocks, BLOCK=block, ROWS=rows, PACK=pack,
+        EMAX=et.emax, RCEIL=rule == "rceil", **_elem(et), **launch(),
+    )  # fmt: skip
     return codes, scales
 
 
-def mx_dequantize(codes: torch.Tensor, scales: torch.Tensor, et: Minifloat) -> torch.Tensor:
-    """codes [..., n_blocks, 32] uint8 + E8M0 scales → fp32 values."""
-    codes, scales = codes.contiguous(), scales.contiguous()
-    n_blocks, block, rows, _, grid = _tiling(codes)
-    out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
-    table = et.decode_table().to(codes.device)
-    _mx_dequantize_kernel[grid](
-        codes, scales, table, out, n_blocks, BLOCK=block, ROWS=rows, **NO_FMA
-    )
+def _block_dequantize(codes, scales, et: Minifloat, post, n_values: int, block: int, pack, mode):
+    """The launch of _block_dequantize_kernel: fp32 [n_blocks, block], or None."""
+    tiles = tiling(n_values, block)
+    if tiles is None:
+        return None
+    n_blocks, rows, width, grid = tiles
+    dev = codes.device
+    out = torch.empty(n_blocks, block, dtype=torch.float32, device=dev)
+    tables = device_table(et, dev), device_table(E4M3, dev)
+    _block_dequantize_kernel[grid](
+        codes.contiguous(), scales.contiguous(), *tables, scalar(post, dev), out, n_blocks,
+        BLOCK=block, ROWS=rows, WIDTH=width, PACK=pack, SCALE=mode, **launch(),
+    )  # fmt: skip
     return out
 
 
-def nvfp4_quantize(blocks: torch.Tensor, global_scale: torch.Tensor):
-    """blocks [..., n_blocks, 16] fp32, global scale (0-d fp32) → (codes, E4M3 scale bytes)."""
-    from infergen.formats.elements import ELEMENT_TYPES
+def mx_dequantize(codes: torch.Tensor, scales: torch.Tensor, et: Minifloat) -> torch.Tensor:
+    """codes [..., n_blocks, B] uint8 (one a byte) + E8M0 scales → fp32 [..., n_blocks, B]."""
+    block = codes.shape[-1]
+    out = _block_dequantize(codes, scales, et, 1.0, codes.numel(), block, 1, mode=0)
+    return None if out is None else out.reshape(codes.shape)
 
+
+def fp4_dequantize(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    block: int,
+    et: Minifloat,
+    global_scale: torch.Tensor | float | None,
+):
+    """Packed 4-bit codes (two a byte, blocks of `block`) → fp32 [n_blocks, block], read
+    packed: NVFP4 (E4M3 scale codes · global_scale) or MX (global_scale None: E8M0 codes)."""
+    if block % 2:
+        return None
+    mode = 0 if global_scale is None else 1
+    post = 1.0 if global_scale is None else global_scale
+    return _block_dequantize(packed, scales, et, post, packed.numel() * 2, block, 2, mode)
+
+
+def nvfp4_quantize(blocks: torch.Tensor, global_scale: torch.Tensor):
+    """blocks [..., n_blocks, 16] fp32, global scale (0-d fp32) → (codes two a byte
+    [..., n_blocks, 8], E4M3 scale bytes [..., n_blocks])."""
     blocks = blocks.contiguous()
-    n_blocks, _, rows, _, grid = _tiling(blocks)
-    codes = torch.empty(blocks.shape, dtype=torch.uint8, device=blocks.device)
-    scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8, device=blocks.device)
-    table = ELEMENT_TYPES.get("e4m3").decode_table().to(blocks.device)
-    g = global_scale.reshape(1).float().to(blocks.device)
-    _nvfp4_quantize_kernel[grid](blocks, codes, scales, g, table, n_blocks, ROWS=rows, **NO_FMA)
+    tiles = tiling(blocks.numel(), 16)
+    if tiles is None or blocks.shape[-1] != 16:
+        return None
+    n_blocks, rows, _, grid = tiles
+    dev = blocks.device
+    codes = torch.empty(packed_shape(blocks.shape, 2), dtype=torch.uint8, device=dev)
+    scales = torch.empty(blocks.shape[:-1], dtype=torch.uint8, device=dev)
+    table = device_table(E4M3, dev)
+    g = scalar(global_scale, dev)
+    _nvfp4_quantize_kernel[grid](
+        blocks, codes, scales, g, table, n_blocks, ROWS=rows, PACK=2, **launch()
+    )
     return codes, scales
 
 
 def scaled_dequantize(
-    codes: torch.Tensor, scale_values: torch.Tensor, post: torch.Tensor, et: Minifloat
+    codes: torch.Tensor,
+    scale_values: torch.Tensor,
+    post: torch.Tensor | float,
+    et: Minifloat,
 ) -> torch.Tensor:
     """codes [n_blocks, block] → table[code] · scale_values[block] · post (fp32)."""
     shape = codes.shape
     codes = codes.contiguous()
     if scale_values.numel() == 1:  # one scale (FP8 per tensor): rows of a power-of-two width
         width = codes.numel() & -codes.numel()  # largest power of two dividing numel
-        codes = codes.reshape(-1, min(width, 1024))
+        codes = codes.reshape(-1, min(width, tile_size()))
         scale_values = scale_values.reshape(1).expand(codes.shape[0])
-    tiling = _tiling(codes)
-    if tiling is None:
-        return None
-    n_blocks, block, rows, width, grid = tiling
-    out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
-    table = et.decode_table().to(codes.device)
-    _scaled_dequantize_kernel[grid](
-        codes,
-        scale_values.float().contiguous(),
-        table,
-        out,
-        post.reshape(1).float().to(codes.device),
-        n_blocks,
-        BLOCK=block,
-        ROWS=rows,
-        WIDTH=width,
-        **NO_FMA,
-    )
-    return out.reshape(shape)
+    scale_values = scale_values.float().contiguous()
+    block = codes.shape[-1]
+    out = _block_dequantize(codes, scale_values, et, post, codes.numel(), block, 1, mode=2)
+    return None if out is None else out.reshape(shape)
 
 
 def scaled_quantize(x: torch.Tensor, scale: torch.Tensor, et: Minifloat) -> torch.Tensor:
     """FP8 per-tensor codes of x / scale (scale: 1-element fp32)."""
     x = x.contiguous()
+    if x.numel() >= INT32_LIMIT:
+        return None
     codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
-    size = 1024
-    grid = (triton.cdiv(x.numel(), size),)
+    grid = (max(1, triton.cdiv(x.numel(), tile_size())),)
     _scaled_quantize_kernel[grid](
-        x, codes, scale.reshape(1).float().to(x.device), x.numel(), SIZE=size, **_elem(et), **NO_FMA
+        x, codes, scalar(scale, x.device), x.numel(), SIZE=tile_size(), **_elem(et), **launch()
     )
     return codes
 
 
-@triton.jit
-def _rne(y):
-    """Round to nearest even for |y| < 2^22 (integer codes are far below); NaN → 0, as the
-    reference zeroes NaN codes (e.g. Inf / Inf when a group holds an Inf)."""
-    r = (y + RNE_MAGIC) - RNE_MAGIC
-    return tl.where(r != r, 0.0, r)
-
-
-@triton.jit
-def _int_quantize_kernel(
-    x_ptr,
-    codes_ptr,
-    scales_ptr,
-    zeros_ptr,
-    n_blocks,
-    BLOCK: tl.constexpr,
-    ROWS: tl.constexpr,
-    WIDTH: tl.constexpr,
-    BITS: tl.constexpr,
-    MODE: tl.constexpr,
-):
-    """MODE 0 symmetric, 1 asymmetric with an integer zero point, 2 KIVI (fp32 minimum);
-    the operations of codec._int_quantize in the same order."""
-    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, WIDTH)
-    v = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    has_nan = tl.max((v != v).to(tl.int32), axis=1) > 0
-    if MODE == 0:
-        qmax: tl.constexpr = (1 << (BITS - 1)) - 1
-        scale = _div(tl.max(tl.abs(tl.where(v != v, 0.0, v)), axis=1), qmax)
-    else:
-        qmax: tl.constexpr = (1 << BITS) - 1
-        lo = tl.min(tl.where(mask, v, float("inf")), axis=1)
-        hi = tl.max(tl.where(mask, v, -float("inf")), axis=1)
-        if MODE == 1:
-            lo = tl.minimum(lo, 0.0)
-            hi = tl.maximum(hi, 0.0)
-        scale = _div(hi - lo, qmax)
-    scale = tl.where(has_nan, float("nan"), scale)
-    div = tl.where(scale == 0.0, 1.0, scale)
-    if MODE == 0:
-        q = tl.minimum(tl.maximum(_rne(_div(v, div[:, None])), -qmax), qmax)
-        codes = q.to(tl.int32) & ((1 << BITS) - 1)
-    elif MODE == 1:
-        z = tl.minimum(tl.maximum(_rne(_div(-lo, div)), 0.0), qmax)
-        q = (_div(v, div[:, None]) + RNE_MAGIC) - RNE_MAGIC + z[:, None]  # NaN stays NaN here
-        q = tl.minimum(tl.maximum(tl.where(q != q, 0.0, q), 0.0), qmax)
-        codes = q.to(tl.int32)
-        tl.store(
-            zeros_ptr + rows,
-            tl.where(has_nan, 0, z.to(tl.int32)).to(tl.uint8),
-            mask=rows < n_blocks,
-        )
-    else:
-        q = tl.minimum(tl.maximum(_rne(_div(v - lo[:, None], div[:, None])), 0.0), qmax)
-        codes = q.to(tl.int32)
-        tl.store(zeros_ptr + rows, tl.where(has_nan, float("nan"), lo), mask=rows < n_blocks)
-    codes = tl.where(has_nan[:, None], 0, codes).to(tl.uint8)
-    tl.store(codes_ptr + offs, codes, mask=mask)
-    tl.store(scales_ptr + rows, scale, mask=rows < n_blocks)
-
-
-def int_quantize(blocks: torch.Tensor, bits: int, mode: int):
-    """blocks [..., n_groups, group] fp32 → (codes, fp32 scales, uint8 zeros | fp32 minimums
-    | None), as formats/fast.int_quantize (mode 0 symmetric, 1 zero point, 2 KIVI)."""
-    blocks = blocks.contiguous()
-    tiling = _tiling(blocks)
-    if tiling is None:
-        return None
-    n_blocks, block, rows, width, grid = tiling
-    dev = blocks.device
-    codes = torch.empty(blocks.shape, dtype=torch.uint8, device=dev)
-    scales = torch.empty(blocks.shape[:-1], dtype=torch.float32, device=dev)
-    zero_dtype = torch.float32 if mode == 2 else torch.uint8
-    zeros = torch.empty(blocks.shape[:-1], dtype=zero_dtype, device=dev)
-    _int_quantize_kernel[grid](
-        blocks,
-        codes,
-        scales,
-        zeros,
-        n_blocks,
-        BLOCK=block,
-        ROWS=rows,
-        WIDTH=width,
-        BITS=bits,
-        MODE=mode,
-        **NO_FMA,
-    )
-    return codes, scales, zeros if mode else None
-
-
-@triton.jit
-def _int_dequantize_kernel(
-    codes_ptr,
-    scales_ptr,
-    zeros_ptr,
-    out_ptr,
-    n_blocks,
-    BLOCK: tl.constexpr,
-    ROWS: tl.constexpr,
-    WIDTH: tl.constexpr,
-    BITS: tl.constexpr,
-    MODE: tl.constexpr,
-):
-    """MODE 0: signed(code) · scale; 1: (code − zero) · scale; 2 (KIVI): code · scale + min,
-    rounded twice as the reference does (the launch turns off FMA contraction)."""
-    rows, mask, offs = _block_tile(n_blocks, BLOCK, ROWS, WIDTH)
-    q = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
-    in_range = rows < n_blocks
-    scale = tl.load(scales_ptr + rows, mask=in_range, other=1.0)[:, None]
-    if MODE == 0:
-        half: tl.constexpr = 1 << (BITS - 1)
-        out = tl.where(q >= half, q - 2 * half, q).to(tl.float32) * scale
-    elif MODE == 1:
-        zero = tl.load(zeros_ptr + rows, mask=in_range, other=0).to(tl.float32)[:, None]
-        out = (q.to(tl.float32) - zero) * scale
-    else:
-        lo = tl.load(zeros_ptr + rows, mask=in_range, other=0.0)[:, None]
-        out = q.to(tl.float32) * scale + lo
-    tl.store(out_ptr + offs, out, mask=mask)
-
-
-def int_dequantize(
-    codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int
-) -> torch.Tensor:
-    """codes [..., n_groups, group] uint8 → fp32; zeros: None (symmetric), uint8 zero points
-    or fp32 minimums (KIVI), as int_quantize returns them."""
-    mode = 0 if zeros is None else 1 if zeros.dtype == torch.uint8 else 2
-    codes = codes.contiguous()
-    tiling = _tiling(codes)
-    if tiling is None:
-        return None
-    n_blocks, block, rows, width, grid = tiling
-    out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
-    scales = scales.float().contiguous()
-    zeros = scales if zeros is None else zeros.contiguous()  # unread in mode 0
-    _int_dequantize_kernel[grid](
-        codes,
-        scales,
-        zeros,
-        out,
-        n_blocks,
-        BLOCK=block,
-        ROWS=rows,
-        WIDTH=width,
-        BITS=bits,
-        MODE=mode,
-        **NO_FMA,
-    )
-    return out
+def pack_bits(codes: torch.Tensor, bits: int) -> None:
+    return None  # the quantize kernels pack as they encode; formats/pack.py does the rest
 
 
 # The rest of formats/fast.py's interface, so codec.FAST_PATHS can hold this module for CUDA.
 
 
-def scaled_encode(values: torch.Tensor, scale: float, et: Minifloat) -> torch.Tensor:
-    return scaled_quantize(values, torch.tensor([scale], device=values.device), et)
+def scaled_encode(values: torch.Tensor, scale: torch.Tensor | float, et: Minifloat):
+    return scaled_quantize(values, scalar(scale, values.device), et)
 
 
-def block_dequantize(codes: torch.Tensor, scale_values: torch.Tensor, post: float, et: Minifloat):
-    return scaled_dequantize(codes, scale_values, torch.tensor([post], device=codes.device), et)
+def block_dequantize(
+    codes: torch.Tensor, scale_values: torch.Tensor, post: torch.Tensor | float, et: Minifloat
+):
+    return scaled_dequantize(codes, scale_values, post, et)
 
 
 @triton.jit
-def _finite_amax_kernel(x_ptr, out_ptr, n, SIZE: tl.constexpr):
+def _finite_amax_kernel(x_ptr, out_ptr, n, iters, SIZE: tl.constexpr):
+    """Grid-stride: program p reads tiles p, p + P, ...; one atomic per program."""
+    step = tl.num_programs(0) * SIZE
     offs = tl.program_id(0) * SIZE + tl.arange(0, SIZE)
-    a = tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
-    a = tl.where((a != a) | (a == float("inf")), 0.0, a)
-    tl.atomic_max(out_ptr, tl.max(a, axis=0))  # every value is >= 0: float order = int order
+    best = tl.zeros([SIZE], dtype=tl.float32)
+    for _ in range(iters):
+        a = tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
+        best = tl.maximum(best, tl.where((a != a) | (a == float("inf")), 0.0, a))
+        offs += step
+    tl.atomic_max(out_ptr, tl.max(best, axis=0))  # every value is >= 0: float order = int order
 
 
 def finite_amax(x: torch.Tensor) -> torch.Tensor | None:
     """max |x| over finite values (0 if none), as a 0-d fp32 tensor: one pass (torch's
     isfinite / where / amax take four)."""
-    if x.dtype != torch.float32:
+    if x.dtype != torch.float32 or x.numel() + tile_size() * AMAX_PROGRAMS >= INT32_LIMIT:
         return None
     x = x.contiguous()
     out = torch.zeros((), dtype=torch.float32, device=x.device)
-    size = 4096
-    _finite_amax_kernel[(triton.cdiv(x.numel(), size),)](x, out, x.numel(), SIZE=size)
+    tiles = max(1, triton.cdiv(x.numel(), tile_size()))
+    programs = min(tiles, AMAX_PROGRAMS)
+    iters = triton.cdiv(tiles, programs)
+    _finite_amax_kernel[(programs,)](x, out, x.numel(), iters, SIZE=tile_size(), **launch())
     return out
-
-
-def pack_bits(codes: torch.Tensor, bits: int) -> None:
-    return None  # formats/pack.py's torch ops run on the GPU
-
-
-def unpack_bits(packed: torch.Tensor, bits: int) -> None:
-    return None

@@ -1,5 +1,6 @@
 """Self-attention layer: fused QKV projection, optional QK-norm, RoPE, paged KV cache,
 causal attention (MHA / GQA / MQA by the head counts; optional sliding window), output proj.
+Without QK-norm, RoPE and the KV store are one op (ops/rope_kv_store.py: one Triton kernel).
 
 `batch` is the layer's view of the ForwardBatch (ForwardBatch.view): its cache group's slots
 and attention plan (kvcache/groups.py: windowed layers have their own block tables) and its
@@ -23,10 +24,12 @@ from infergen.ops.attention_sinks import sink_attention
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import (
     DECODE_BACKENDS,
+    PREFILL_BACKENDS,
     decode_attention,
     paged_attention,
 )
 from infergen.ops.rope import ROPE_BACKENDS
+from infergen.ops.rope_kv_store import ROPE_STORE_BACKENDS
 from infergen.ops.sparse_decode import QuestDecode
 
 
@@ -59,7 +62,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps, dtype, backend) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps, dtype, backend) if config.qk_norm else None
         self.rope = ROPE_BACKENDS.get(backend, where="kernels", fallback="torch")
+        self.rope_store = ROPE_STORE_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.decode = DECODE_BACKENDS.get(backend, where="kernels", fallback="torch")
+        # a row that cannot serve a layer (an encoded KV format, another `core`) runs torch's
+        self.prefill = PREFILL_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.core = ATTENTION_OPERANDS.get("fp32")  # the attention core (prefill and decode)
         self.summary = None  # per-block key bounds, kept for sparse decode (use_sparse_decode)
         self.sinks = None
@@ -110,19 +116,19 @@ class Attention(nn.Module):
         qkv = self.qkv(x)  # [tokens, q_size + 2·kv_size (+ q_size gate)]
         kv_end = self.q_size + 2 * self.kv_size
         v = qkv[:, self.q_size + self.kv_size : kv_end].view(tokens, self.num_kv_heads, dim)
-        if self.q_norm is None:  # q and k are adjacent: rotate them as one tensor
+        if self.q_norm is None:  # q and k are adjacent: rotated as one tensor, k, v stored
             qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, dim)
-            qk = self._rope(qk, rope)
-            q, k = qk[:, :heads], qk[:, heads:]
+            q, k = self.rope_store(qk, v, heads, rope, kv, slots, self._rope)
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, -1, dim))
             q, k = self._rope(q, rope), self._rope(k, rope)
-        kv_store(k, v, kv.k, kv.v, slots, kv)
+            kv_store(k, v, kv.k, kv.v, slots, kv)
         if self.summary is not None:  # sparse decode's per-block key bounds
             self.summary.update(k, slots, kv.k.shape[1])
         out = paged_attention(
             q, k, v, kv.k, kv.v, batch.attn_plan, self.scale, self.decode, kv, self.core, slots,
+            self.prefill,
         ).view(tokens, self.q_size)  # fmt: skip
         if self.gated:
             out = out * torch.sigmoid(qkv[:, kv_end:])

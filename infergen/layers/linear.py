@@ -1,7 +1,10 @@
 """Linear layer: weight [out, in], optional bias; the product is an ops.linear backend.
 
 The weight is stored in the backend's prepared form (`load`), which may not be [out, in]:
-read it back with `rows`, never through `.weight` directly.
+read it back with `rows`, never through `.weight` directly. A projection keeps the kernel set
+it was built with (`kernels`): a quantized format runs that set's row of it where one exists
+(ops/linear.backend_for: "int8:triton" under kernels="triton"), and its full-precision
+fallback is that set's "native" row.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from infergen.ops import (
     linear_grouped,  # noqa: F401  (registers "q4_0" ... "int4_asym")
     linear_quantized,  # noqa: F401  (registers "int8", "fp8_e4m3")
 )
-from infergen.ops.linear import LINEAR_BACKENDS
+from infergen.ops.linear import LINEAR_BACKENDS, PreparedTensors, backend_for
 from infergen.ops.stored_weights import dense, fuse
 
 
@@ -31,6 +34,7 @@ class Linear(nn.Module):
     ):
         super().__init__()
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self.kernels = backend  # the kernel set: "native" | "torch" | "triton"
         self.backend = LINEAR_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.register_buffer("weight", None)
         self.register_buffer("bias", None)
@@ -56,26 +60,39 @@ class Linear(nn.Module):
                 f"expected {expected} bias {self.has_bias}"
             )
         if isinstance(weight, (BlockWeight, QuantWeight)):  # stored quantized
-            if self.keep_blocks and self.backend is LINEAR_BACKENDS.get("native"):
-                self.backend = LINEAR_BACKENDS.get(weight.fmt)
-                self.weight = self.backend.prepare(weight)
+            if self.keep_blocks and self.backend is backend_for("native", self.kernels):
+                self.backend = backend_for(weight.fmt, self.kernels)
+                self._store(self.backend.prepare(weight))
                 self.bias = bias.to(self.dtype).contiguous() if bias is not None else None
                 return
             weight = dense(weight)
         weight = weight.to(self.dtype).contiguous()
-        self.weight = self.backend.prepare(weight)
+        self._store(self.backend.prepare(weight))
         if self.max_error is not None:
             error = self.probe_error = probe_error(self.backend, self.weight, weight)
             if error > self.max_error:  # far above the scheme's level: keep full precision
                 self.fallback = (error, self.max_error)
-                self.backend = LINEAR_BACKENDS.get("native")
-                self.weight = self.backend.prepare(weight)
+                self.backend = backend_for("native", self.kernels)
+                self._store(self.backend.prepare(weight))
         self.bias = bias.to(self.dtype).contiguous() if bias is not None else None
 
+    def _store(self, prepared: torch.Tensor | PreparedTensors) -> None:
+        """Hold a backend's prepared weight: a tensor as the buffer `weight`, several tensors
+        (PreparedTensors) as the submodule `weight`."""
+        self._modules.pop("weight", None)
+        self._buffers.pop("weight", None)
+        if isinstance(prepared, PreparedTensors):
+            self.add_module("weight", prepared)
+        else:
+            self.register_buffer("weight", prepared)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, in] → [tokens, out]
-        if self.act is not None:
-            x = self.act(x)
-        return self.backend.apply(x, self.weight, self.bias, self.out_features)
+        apply = self.backend.apply
+        if self.act is not None:  # a W·A product of the backend's, or x quantized first
+            apply = self.backend.quantized_inputs.get(self.act.act.key)
+            if apply is None:
+                apply, x = self.backend.apply, self.act(x)
+        return apply(x, self.weight, self.bias, self.out_features)
 
     def dense_weight(self) -> torch.Tensor:
         """The weight [out, in] as the product uses it (dequantized when quantized)."""

@@ -24,7 +24,7 @@ def probe_error(backend, prepared: torch.Tensor, weight: torch.Tensor) -> float:
     """Mean per-channel relative error of backend's product against weight's (fp32)."""
     out_features, in_features = weight.shape
     gen = torch.Generator().manual_seed(in_features)
-    x = torch.randn(PROBE_TOKENS, in_features, generator=gen)
+    x = torch.randn(PROBE_TOKENS, in_features, generator=gen).to(weight.device)
     ref = x @ weight.float().t()
     got = backend.apply(x, prepared, None, out_features)
     norms = ref.norm(dim=0)

@@ -3,7 +3,8 @@
 gelu_tanh(g) = 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))) — `gelu_pytorch_tanh` in Hugging
 Face configs. Input is the fused gate/up projection [tokens, 2n]; output [tokens, n].
 Bytes moved: read 2·T·n, write T·n elements.
-Backends (GELU_MUL_BACKENDS): "torch"; "native" is the torch one until a C kernel exists.
+Backends (GELU_MUL_BACKENDS): "torch"; "native" is the torch one until a C kernel exists;
+"triton" (ops/pointwise_triton.py, in fp32).
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ A backend is a row of three functions (LINEAR_BACKENDS):
 - `apply(x, prepared, bias, out_features)`: the product;
 - `rows(prepared, ids)`: rows of W (the embedding lookup of a tied LM head reads the
   prepared weight, so the weight is stored once).
+A row may also carry `quantized_inputs`: products that quantize their input themselves (W·A
+kernels such as W8A8 FP8 through torch._scaled_mm), keyed by the activation format they take.
+
+A kernel set may hold its own row of a format: `backend_for(name, kernels)` is the row
+"<name>:<kernels>" where one is registered (the "int8:triton" ... rows of
+ops/linear_triton_rows.py, registered only with kernels="triton"), else the row `name`.
 
 "torch": W as is, F.linear (MKL). "native": fp32 W re-laid out into 24-column panels
 (`pack_panels`) for kernels/gemm_packed_f32.c, an outer-product micro-kernel that serves every
@@ -18,27 +24,77 @@ token count: one token streams W at memory bandwidth, 16 tokens run at ~2x MKL's
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from infergen.kernels.build import I, L, P, kernel
 from infergen.registry import Registry
 
 
+class PreparedTensors(nn.Module):
+    """A prepared weight of several tensors (a kernel's layout, e.g. ops/linear_triton's
+    codes / scales / ...): each a buffer, so it moves with its projection; read like the dict
+    it was made from (`prepared["codes"]`, `.get`, `.items`, `.values`)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]):
+        super().__init__()
+        for name, tensor in tensors.items():
+            self.register_buffer(name, tensor)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._buffers[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._buffers
+
+    def get(self, name: str, default=None):
+        return self._buffers.get(name, default)
+
+    def keys(self):
+        return self._buffers.keys()
+
+    def values(self):
+        return self._buffers.values()
+
+    def items(self):
+        return self._buffers.items()
+
+    def numel(self) -> int:
+        """Bytes held (with element_size() 1: sizes read as of one tensor of bytes)."""
+        return sum(t.numel() * t.element_size() for t in self._buffers.values())
+
+    def element_size(self) -> int:
+        return 1
+
+
+ApplyFn = Callable[[torch.Tensor, object, torch.Tensor | None, int], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class LinearBackend:
-    prepare: Callable[[torch.Tensor], torch.Tensor]
-    apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
-    rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    prepare: Callable[[torch.Tensor], object]
+    apply: ApplyFn  # apply(x [tokens, in], prepared, bias [out] | None, out) → [tokens, out]
+    rows: Callable[[object, torch.Tensor], torch.Tensor]
     # kernels/decode_layers_f32.c's weight_format of the prepared panels (None: the fused
     # decode step cannot run this backend)
     decode_format: int | None = None
+    # (activation format, granularity) → apply on the unquantized x, quantizing it as that
+    # input quantizer would (ops/quantize_activation.py) inside the product; a projection
+    # whose input quantizer is one of these calls it instead of quantizing x first
+    quantized_inputs: Mapping[tuple[str, str], ApplyFn] = field(default_factory=dict)
 
 
 LINEAR_BACKENDS: Registry[LinearBackend] = Registry("linear backend")
+
+
+def backend_for(name: str, kernels: str) -> LinearBackend:
+    """Row `name` as kernel set `kernels` runs it: "<name>:<kernels>" where that row is
+    registered, else `name` itself."""
+    return LINEAR_BACKENDS.get(f"{name}:{kernels}", where="kernels", fallback=name)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

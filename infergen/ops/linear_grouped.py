@@ -71,7 +71,7 @@ _E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0] * 2) * torch.tenso
 
 def _fp4_value(g: Grouped) -> torch.Tensor:
     """MXFP4: e2m1 · 2^(e − 127); NVFP4: (e2m1 · e4m3 scale of its 16 inputs) · global."""
-    values = _E2M1[g.codes.long()]
+    values = _E2M1.to(g.codes.device)[g.codes.long()]
     if g.scalar is None:  # MXFP4
         e = g.fields[0].to(torch.int32)
         scale = torch.where(e > 0, torch.exp2((e - 127).float()), torch.zeros(()))

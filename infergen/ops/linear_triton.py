@@ -29,7 +29,9 @@ GPU layout (`prepare_triton`; every tensor row-major, output channel first):
 quantize_weight, GROUP_FORMATS[fmt].encode); `reference` is plain torch on the same layout
 (through the CPU backends' dequantization). Triton is optional (`pip install
 'infergen[triton]'`): without it this module still imports (prepare_triton and reference
-work) and `linear_triton` raises. The CPU engine never imports this module.
+work) and `linear_triton` raises. The CPU engine never imports this module: with
+kernels="triton" the engine's quantized projections run it through the "<format>:triton" rows
+of LINEAR_BACKENDS (ops/linear_triton_rows.py).
 """
 
 from __future__ import annotations
@@ -122,25 +124,35 @@ def prepare_triton(
                 found=f"{w.shape[1]} input features",
                 expected="a multiple of 32",
             )
-        g = GROUP_FORMATS[fmt].encode(w)
-        codes = g.codes.view(torch.int8) if layout.code == "int8" else _pack_nibbles(g.codes)
-        prepared = {"codes": codes.contiguous()}
-        if layout.global_scale:  # NVFP4: E4M3 bytes of blocks 2i and 2i + 1 → [N, K/16]
-            scales = torch.stack(g.fields, dim=-1).reshape(w.shape[0], -1)
-            prepared["scales"] = scales.contiguous()
-            prepared["global_scale"] = torch.tensor([g.scalar], dtype=torch.float32)
-        else:
-            prepared["scales"] = g.fields[0].contiguous()
-        if layout.offset in ("zero", "min"):
-            prepared["zeros" if layout.offset == "zero" else "mins"] = g.fields[1].contiguous()
+        prepared = grouped_layout(GROUP_FORMATS[fmt].encode(w), fmt)
     return {name: t.to(device) for name, t in prepared.items()}
 
 
-def dequantize_prepared(prepared: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
-    """The fp32 weight [out, in] the layout stands for, computed on the CPU by the CPU
-    backends' own dequantization (linear_quantized._decode / GROUP_FORMATS[fmt].value)."""
+def grouped_layout(g, fmt: str) -> dict[str, torch.Tensor]:
+    """A group format's codes and header fields (linear_grouped.Grouped: what its encoder or
+    `from_blocks` of GGUF blocks gives) → the GPU layout, on their device."""
+    layout = TRITON_FORMATS.get(fmt, where="grouped_layout")
+    codes = g.codes.view(torch.int8) if layout.code == "int8" else _pack_nibbles(g.codes)
+    prepared = {"codes": codes.contiguous()}
+    if layout.global_scale:  # NVFP4: E4M3 bytes of blocks 2i and 2i + 1 → [N, K/16]
+        scales = torch.stack(g.fields, dim=-1).reshape(g.codes.shape[0], -1)
+        prepared["scales"] = scales.contiguous()
+        prepared["global_scale"] = torch.tensor([g.scalar], dtype=torch.float32)
+    else:
+        prepared["scales"] = g.fields[0].contiguous()
+    if layout.offset in ("zero", "min"):
+        prepared["zeros" if layout.offset == "zero" else "mins"] = g.fields[1].contiguous()
+    return prepared
+
+
+def dequantize_prepared(
+    prepared: dict[str, torch.Tensor], fmt: str, device: torch.device | str | None = "cpu"
+) -> torch.Tensor:
+    """The fp32 weight [out, in] the layout stands for, computed on `device` (None: the
+    layout's) by the CPU backends' own dequantization (linear_quantized._decode /
+    GROUP_FORMATS[fmt].value)."""
     layout = TRITON_FORMATS.get(fmt, where="dequantize_prepared")
-    t = {name: v.cpu() for name, v in prepared.items()}
+    t = {name: v if device is None else v.to(device) for name, v in prepared.items()}
     codes = t["codes"]
     if layout.code in ("int8", "e4m3") and layout.scales != "group":
         from infergen.ops.linear_quantized import CODE_FORMATS, _decode

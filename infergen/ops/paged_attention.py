@@ -10,14 +10,17 @@ positions stay visible to every query: StreamingLLM's attention sinks):
 Bytes moved per step: every sequence's K and V once (2·ctx·kv_heads·head_dim elements).
 
 Plan/run split (as flashinfer): `plan()` turns the batch's block tables into gather indices and
-masks once per step; `paged_attention()` runs per layer with that plan.
+masks once per step; `paged_attention()` runs per layer with that plan. One-token sequences go
+to a DECODE_BACKENDS row, the others to a PREFILL_BACKENDS row: `torch` (per sequence: gather
+its K/V through the KV format, then SDPA) or `triton` (ops/paged_prefill_triton.py: one varlen
+launch for every prefill sequence of the step, reading K/V through the block tables).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +52,40 @@ class PrefillItem:
     # the first query's window start on), None when the context is all new
     slots: torch.Tensor | None
     mask: torch.Tensor | None  # [query_len, keys] bool, None for plain causal
+    seq: int = 0  # the sequence's row in the step's block tables
+
+
+@dataclass
+class PrefillBatch:
+    """The step's prefill sequences as tensors, for a varlen kernel (one launch for all of
+    them; on the block tables' device). Sequence i's queries are q rows query_start[i] ..
+    query_start[i] + query_lens[i] − 1, the last query_lens[i] positions of a context of
+    seq_lens[i] tokens (the earlier ones already cached: a prefix hit, earlier chunks)."""
+
+    query_start: torch.Tensor  # [prefills] int32 first row of each sequence in q
+    query_lens: torch.Tensor  # [prefills] int32
+    seq_lens: torch.Tensor  # [prefills] int32
+    block_tables: torch.Tensor  # [prefills, max_blocks] int32
+    host_query_lens: list[int]
+    host_seq_lens: list[int]
+    _tiles: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def tiles(self, tile_q: int) -> torch.Tensor:
+        """[tiles, 2] int32 (sequence, first query) of every tile of `tile_q` queries, those
+        reaching furthest into their context first (the most keys to read, without a window:
+        the long programs start first), built once per step and tile size."""
+        if tile_q not in self._tiles:
+            tiles = []  # (keys up to the tile's last query, sequence, first query)
+            for i, (n, ctx) in enumerate(
+                zip(self.host_query_lens, self.host_seq_lens, strict=True)
+            ):
+                tiles += [
+                    (min(ctx - n + first + tile_q, ctx), i, first) for first in range(0, n, tile_q)
+                ]
+            tiles.sort(key=lambda tile: -tile[0])
+            table = torch.tensor([tile[1:] for tile in tiles], dtype=torch.int32).reshape(-1, 2)
+            self._tiles[tile_q] = table.to(self.block_tables.device)
+        return self._tiles[tile_q]
 
 
 @dataclass
@@ -65,6 +102,27 @@ class AttentionPlan:
     # the longest decode context, known on the host (kernels size their work by it without
     # reading decode_seq_lens back from a GPU); 0: not given
     decode_max_context: int = 0
+    block_tables: torch.Tensor | None = None  # [seqs, max_blocks] the step's (prefill_batch)
+    _prefill_batch: PrefillBatch | None = None
+
+    def prefill_batch(self) -> PrefillBatch:
+        """The prefills as tensors (PrefillBatch), built on first use and kept for the step's
+        other layers: the torch row never pays for them."""
+        if self._prefill_batch is None:
+            items, tables = self.prefills, self.block_tables
+            ids = torch.tensor([item.seq for item in items], dtype=torch.int64)
+            host_lens = [item.end - item.start for item in items]
+            host_ctx = [item.context_len for item in items]
+            as_int32 = dict(dtype=torch.int32, device=tables.device)
+            self._prefill_batch = PrefillBatch(
+                query_start=torch.tensor([item.start for item in items], **as_int32),
+                query_lens=torch.tensor(host_lens, **as_int32),
+                seq_lens=torch.tensor(host_ctx, **as_int32),
+                block_tables=tables[ids.to(tables.device)].to(torch.int32).contiguous(),
+                host_query_lens=host_lens,
+                host_seq_lens=host_ctx,
+            )
+        return self._prefill_batch
 
     def decode_queries(self, q: torch.Tensor) -> torch.Tensor:
         """[decodes, heads, d]: the query rows of the one-token sequences."""
@@ -80,7 +138,8 @@ def plan(
     sinks: int = 0,
 ) -> AttentionPlan:
     """Gather indices and masks for one step (shared by every layer); with a window, the
-    first `sinks` positions stay visible too."""
+    first `sinks` positions stay visible too. Its tensors are on the block tables' device."""
+    dev = block_tables.device
     decode_ids = [
         i for i in range(len(seq_lens)) if query_start_loc[i + 1] - query_start_loc[i] == 1
     ]
@@ -90,33 +149,34 @@ def plan(
         query_len, ctx = end - start, seq_lens[i]
         if query_len == 1:
             continue
-        q_pos = torch.arange(ctx - query_len, ctx)
+        q_pos = torch.arange(ctx - query_len, ctx, device=dev)
         first = 0 if window is None else max(0, ctx - query_len - window + 1)
-        k_pos = torch.arange(first, ctx)  # keys before `first` are outside every window
+        k_pos = torch.arange(first, ctx, device=dev)  # keys before `first` are outside every window
         if sinks and first:  # ... but for the sink tokens
-            k_pos = torch.cat([torch.arange(min(sinks, first)), k_pos])
+            k_pos = torch.cat([torch.arange(min(sinks, first), device=dev), k_pos])
         cold = ctx == query_len
         slots = None if cold else _slots(block_tables[i : i + 1], k_pos, block_size)[0]
         mask = None if (cold and window is None) else _window_mask(q_pos, k_pos, window, sinks)
-        prefills.append(PrefillItem(start, end, ctx, slots, mask))
+        prefills.append(PrefillItem(start, end, ctx, slots, mask, i))
+    windowed = dict(window=window or 0, sinks=sinks if window else 0, block_tables=block_tables)
     if not decode_ids:
-        return AttentionPlan(None, None, None, prefills)
-    ids = torch.tensor(decode_ids)
-    lens = torch.tensor([seq_lens[i] for i in decode_ids])
+        return AttentionPlan(None, None, None, prefills, **windowed)
+    ids = torch.tensor(decode_ids, device=dev)
+    lens = torch.tensor([seq_lens[i] for i in decode_ids], device=dev)
     # each sequence reads [first, len): its window, or everything
     first = (lens - window).clamp(min=0) if window else torch.zeros_like(lens)
     span = int((lens - first).max())
-    k_pos = first.unsqueeze(-1) + torch.arange(span)  # [decodes, span]
+    k_pos = first.unsqueeze(-1) + torch.arange(span, device=dev)  # [decodes, span]
     valid = k_pos < lens.unsqueeze(-1)
     if sinks and window:  # the sink positions before each window, then the window
-        sink_pos = torch.arange(sinks).expand(len(decode_ids), -1)
+        sink_pos = torch.arange(sinks, device=dev).expand(len(decode_ids), -1)
         valid = torch.cat([sink_pos < first.unsqueeze(-1), valid], dim=1)
         k_pos = torch.cat([sink_pos, k_pos], dim=1)
     k_pos = torch.where(valid, k_pos, torch.zeros_like(k_pos))
     slots = _slots(block_tables[ids], k_pos, block_size)
     mask = None if bool(valid.all()) else valid[:, None, None, :]
     slots = torch.where(valid, slots, torch.zeros_like(slots))
-    rows = torch.tensor([query_start_loc[i] for i in decode_ids])
+    rows = torch.tensor([query_start_loc[i] for i in decode_ids], device=dev)
     return AttentionPlan(
         decode_rows=rows,
         decode_slots=slots.reshape(-1),
@@ -125,8 +185,7 @@ def plan(
         decode_only=not prefills,
         decode_block_tables=block_tables[ids].contiguous(),
         decode_seq_lens=lens,
-        window=window or 0,
-        sinks=sinks if window else 0,
+        **windowed,
         decode_max_context=max(seq_lens[i] for i in decode_ids),
     )
 
@@ -222,7 +281,12 @@ def decode_attention_native(
     return out
 
 
-def paged_attention(
+PrefillFn = Callable[..., None]  # (q, k_new, v_new, k_cache, v_cache, plan, scale, out, ...)
+PREFILL_BACKENDS: Registry[PrefillFn] = Registry("prefill attention backend")
+
+
+@PREFILL_BACKENDS.decorator("torch")
+def prefill_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
     v_new: torch.Tensor,
@@ -230,28 +294,15 @@ def paged_attention(
     v_cache: torch.Tensor,
     attn_plan: AttentionPlan,
     scale: float,
-    decode_fn: DecodeFn | None = None,
+    out: torch.Tensor,
     kv: KVLayer | None = None,
     core: Callable[..., torch.Tensor] = F.scaled_dot_product_attention,
     new_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache,
-    at `new_slots` [tokens]: a block-quantized cache reads them back from there);
-    `decode_fn` (a DECODE_BACKENDS row, torch by default) handles one-token sequences; `kv`
-    (the layer's KVLayer) says how cached values are encoded — its format reads them
-    (kvcache/kv_protocol.py; None: as they are); `core` computes prefill attention
-    (ops/attention_operands.py: FP8 operands).
-
-    Returns [tokens, heads, d].
-    """
-    decode_fn = decode_fn or decode_attention
-    if attn_plan.decode_only:
-        return decode_fn(q, k_cache, v_cache, attn_plan, scale, kv)
+) -> None:
+    """The sequences with several queries, one at a time: the KV format reads the keys and
+    values the plan lists (`read_prefill`), then `core` (SDPA). Writes their rows of `out`
+    [tokens, heads, d]; the arguments are paged_attention's."""
     kv_layer = layer_of(kv, k_cache, v_cache)
-    out = torch.empty_like(q)
-    if attn_plan.decode_rows is not None:
-        decoded = decode_fn(q, k_cache, v_cache, attn_plan, scale, kv)
-        out.index_copy_(0, attn_plan.decode_rows, decoded)
     for item in attn_plan.prefills:
         rows = slice(item.start, item.end)
         query = q[rows].transpose(0, 1)  # [heads, query_len, d]
@@ -271,6 +322,42 @@ def paged_attention(
             enable_gqa=True,
         )
         out[rows] = o[0].transpose(0, 1)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    attn_plan: AttentionPlan,
+    scale: float,
+    decode_fn: DecodeFn | None = None,
+    kv: KVLayer | None = None,
+    core: Callable[..., torch.Tensor] = F.scaled_dot_product_attention,
+    new_slots: torch.Tensor | None = None,
+    prefill_fn: PrefillFn | None = None,
+) -> torch.Tensor:
+    """q [tokens, heads, d]; k_new/v_new [tokens, kv_heads, d] (already stored in the cache,
+    at `new_slots` [tokens]: a block-quantized cache reads them back from there);
+    `decode_fn` (a DECODE_BACKENDS row, torch by default) handles one-token sequences,
+    `prefill_fn` (a PREFILL_BACKENDS row, torch by default) the others; `kv` (the layer's
+    KVLayer) says how cached values are encoded — its format reads them
+    (kvcache/kv_protocol.py; None: as they are); `core` computes prefill attention
+    (ops/attention_operands.py: FP8 operands).
+
+    Returns [tokens, heads, d].
+    """
+    decode_fn = decode_fn or decode_attention
+    if attn_plan.decode_only:
+        return decode_fn(q, k_cache, v_cache, attn_plan, scale, kv)
+    out = torch.empty_like(q)
+    if attn_plan.decode_rows is not None:
+        decoded = decode_fn(q, k_cache, v_cache, attn_plan, scale, kv)
+        out.index_copy_(0, attn_plan.decode_rows, decoded)
+    if attn_plan.prefills:
+        prefill_fn = prefill_fn or prefill_attention
+        prefill_fn(q, k_new, v_new, k_cache, v_cache, attn_plan, scale, out, kv, core, new_slots)
     return out
 
 
@@ -284,9 +371,11 @@ def reference(
     scale: float,
     window: int | None = None,
     sinks: int = 0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Oracle: one sequence, one head, one query at a time, explicit softmax (with a window,
-    the first `sinks` positions are read too)."""
+    the first `sinks` positions are read too; with `softcap`, scores become
+    softcap · tanh(scores / softcap) before the softmax, as Gemma-2's logit soft-capping)."""
     block_size = k_cache.shape[1]
     heads, kv_heads = q.shape[1], k_cache.shape[2]
     group = heads // kv_heads
@@ -302,10 +391,14 @@ def reference(
         for t in range(start, end):
             pos = ctx - (end - t)
             lo = 0 if window is None else max(0, pos - window + 1)
-            seen = [p for p in range(pos + 1) if p >= lo or (window is not None and p < sinks)]
+            seen = torch.tensor(
+                [p for p in range(pos + 1) if p >= lo or (window is not None and p < sinks)]
+            )
             for h in range(heads):
                 kh = keys[seen, h // group]
                 scores = kh @ q[t, h].double() * scale
+                if softcap is not None:
+                    scores = softcap * torch.tanh(scores / softcap)
                 weights = torch.softmax(scores, dim=0)
                 out[t, h] = weights @ values[seen, h // group]
     return out.to(q.dtype)

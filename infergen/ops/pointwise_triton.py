@@ -3,8 +3,10 @@
 - add + RMSNorm (RMS_NORM_BACKENDS): h ← h + delta in place (rounded to h's dtype, as torch's
   add_ is), then y = (h / sqrt(mean(h²) + eps), in fp32, cast to h's dtype) · weight — one
   program per row, one read of h and delta, one write of h and of y (ops/rms_norm.py's rule);
-- SiLU-mul (SILU_MUL_BACKENDS): y = silu(gate) · up from the fused [tokens, 2n] projection,
-  in fp32, cast to the input dtype — one program per row and BLOCK columns;
+- SiLU-mul (SILU_MUL_BACKENDS) and GELU-mul (GELU_MUL_BACKENDS, ops/gelu_mul.py's tanh
+  approximation, as g · sigmoid(2z)): y = act(gate) · up from the fused [tokens, 2n]
+  projection, in fp32, cast to the input dtype — one kernel (the activation a constexpr),
+  one program per row and GATED_BLOCK columns;
 - RoPE (ROPE_BACKENDS): x [tokens, heads, d] rotated by its token's row of the cos/sin table
   (ops/rope.py: cos in the first half of a row, sin in the second), halves (x1, x2) →
   (x1·cos − x2·sin, x2·cos + x1·sin) in fp32, cast to x's dtype — one program per token, all
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from infergen.ops.gelu_mul import GELU_MUL_BACKENDS
 from infergen.ops.rms_norm import RMS_NORM_BACKENDS, add_rms_norm_torch
 from infergen.ops.rope import ROPE_BACKENDS, RopeInputs, apply_rope
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
@@ -30,7 +33,7 @@ except ImportError:  # an optional extra: the kernels below are then plain, unca
     tl = None
 
 jit = triton.jit if triton is not None else (lambda fn: fn)
-SILU_BLOCK = 1024
+GATED_BLOCK = 1024  # columns per program of the gated activations
 
 
 @jit
@@ -51,13 +54,17 @@ def _add_rms_norm_kernel(h_ptr, delta_ptr, w_ptr, out_ptr, cols, eps,
 
 
 @jit
-def _silu_mul_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _gated_act_kernel(x_ptr, out_ptr, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     gate = tl.load(x_ptr + row * 2 * n + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * 2 * n + n + offs, mask=mask, other=0.0).to(tl.float32)
-    y = gate / (1.0 + tl.exp(-gate)) * up
+    if GELU:  # 0.5·g·(1 + tanh(z)) = g · sigmoid(2z), z = √(2/π)·(g + 0.044715·g³)
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)  # √(2/π) · (...)
+        y = gate / (1.0 + tl.exp(-2.0 * z)) * up
+    else:  # silu(g) = g · sigmoid(g)
+        y = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * n + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -107,18 +114,30 @@ def add_rms_norm_triton(
     return out
 
 
-@SILU_MUL_BACKENDS.decorator("triton")
-def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [..., 2n] → silu(gate) · up [..., n] in gate_up's dtype."""
-    _need_triton("silu_mul_triton")
+def _gated_act(gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """gate_up [..., 2n] → act(gate) · up [..., n] in gate_up's dtype."""
     gate_up = gate_up.contiguous()
     n = gate_up.shape[-1] // 2
     out = torch.empty(*gate_up.shape[:-1], n, dtype=gate_up.dtype, device=gate_up.device)
     rows = gate_up.numel() // (2 * n) if n else 0
     if rows:
-        block = min(SILU_BLOCK, triton.next_power_of_2(n))
-        _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block)
+        block = min(GATED_BLOCK, triton.next_power_of_2(n))
+        _gated_act_kernel[(rows, triton.cdiv(n, block))](gate_up, out, n, GELU=gelu, BLOCK=block)
     return out
+
+
+@SILU_MUL_BACKENDS.decorator("triton")
+def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [..., 2n] → silu(gate) · up [..., n] in gate_up's dtype."""
+    _need_triton("silu_mul_triton")
+    return _gated_act(gate_up, gelu=False)
+
+
+@GELU_MUL_BACKENDS.decorator("triton")
+def gelu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [..., 2n] → gelu_tanh(gate) · up [..., n] in gate_up's dtype."""
+    _need_triton("gelu_mul_triton")
+    return _gated_act(gate_up, gelu=True)
 
 
 @ROPE_BACKENDS.decorator("triton")

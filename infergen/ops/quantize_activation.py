@@ -34,6 +34,12 @@ class ActivationFormat:
     bits: float  # bits per activation value, scales included (for reports)
 
     @property
+    def key(self) -> tuple[str, str]:
+        """(format, granularity): what a W·A product taking these inputs is registered under
+        (ops/linear.LinearBackend.quantized_inputs)."""
+        return (self.fmt, self.granularity)
+
+    @property
     def spec(self) -> FormatSpec:
         return FORMATS.get(self.fmt, where="activation format")
 
@@ -49,6 +55,7 @@ class ActivationFormat:
 
 
 _TORCH_FP8 = {"fp8_e4m3": torch.float8_e4m3fn}
+FP8_E4M3_MAX = 448.0  # the largest E4M3FN value (formats "fp8_e4m3": its scaled_max)
 
 
 def _row_scales(x: torch.Tensor, max_code: float) -> torch.Tensor:
@@ -79,6 +86,15 @@ def reference(
         return torch.round(x / s).clamp(-127, 127) * s
     et = ELEMENT_TYPES.get(act.fmt.removeprefix("fp8_"))
     return et.decode(et.encode(x / s)) * s  # encode saturates at the format's max
+
+
+def fp8_token_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [tokens, in] (any float dtype) → (E4M3FN codes [tokens, in], fp32 scales [tokens, 1])
+    by the "token" rule of `fake_quantize`: codes.float() · scales is its x̂ for fp32 x."""
+    x = x.float()
+    scales = _row_scales(x, FP8_E4M3_MAX)
+    codes = (x / scales).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return codes, scales
 
 
 def fake_quantize(

@@ -4,5 +4,9 @@ per module."""
 
 TRITON_MODULES: tuple[str, ...] = (
     "infergen.ops.paged_decode_triton",  # decode attention
-    "infergen.ops.pointwise_triton",  # add + RMSNorm, SiLU-mul, RoPE
+    "infergen.ops.paged_prefill_triton",  # prefill attention (varlen, one launch a step)
+    "infergen.ops.pointwise_triton",  # add + RMSNorm, SiLU-mul, GELU-mul, RoPE
+    "infergen.ops.rope_kv_store_triton",  # RoPE + KV store
+    "infergen.ops.sampling_triton",  # the sampler's token choice
+    "infergen.ops.linear_triton_rows",  # quantized projections; W8A8 FP8 (torch._scaled_mm)
 )

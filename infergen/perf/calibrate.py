@@ -12,6 +12,7 @@ which is what a roofline divides by. Written as a hardware JSON row (`load_file`
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import pathlib
@@ -67,6 +68,7 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
         gemm_efficiency=curve,
         memory_efficiency_by_kind={"attention": attention},
         compute_efficiency_by_kind={"attention": prefill_attention},
+        calibrated=f"{datetime.date.today().isoformat()}: measured by infergen perf calibrate",
     )
 
 
@@ -170,6 +172,7 @@ def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
         "gemm_efficiency": hw.gemm_efficiency,
         "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
         "compute_efficiency_by_kind": hw.compute_efficiency_by_kind,
+        **({"calibrated": hw.calibrated} if hw.calibrated else {}),
     }
     path.write_text(json.dumps({hw.name: row}, indent=1))
     return path

@@ -1,10 +1,29 @@
 """Hardware descriptions for the performance model: a table read from data (hardware.json,
-REFERENCES §4), plus any the user adds from a JSON or YAML file.
+REFERENCES §4), plus any the user adds from a JSON or YAML file (`--hardware-file`).
 
-A row holds peaks, not achieved rates: memory capacity and bandwidth (bytes, bytes/s), dense
-FLOP/s per format class ("fp32", "bf16", "fp8", "fp4", ...), L2 size, SM count and the
-interconnect bandwidth between devices. What fraction of a peak an op reaches is the cost
-model's business (per-op-class efficiency curves), not the table's.
+A row holds peaks: memory capacity and bandwidth (bytes, bytes/s), dense FLOP/s per format
+class ("fp32", "bf16", "fp8", "fp4", ...), L2 size, SM count and the interconnect bandwidth
+between devices; and its efficiency factors, what a calibration measured (or fitted):
+
+  fractions of the row's own peaks, in (0, 1]
+    compute_efficiency          of the dense FLOP/s, per compute format ({"bf16": 0.8, ...})
+    memory_efficiency           of the bandwidth
+    compute_efficiency_by_kind  of the FLOP/s, per op kind where it differs ({"attention": ..})
+    memory_efficiency_by_kind   of the bandwidth, per op kind where it differs
+    gemm_efficiency             of the FLOP/s, a GEMM's by row count ({rows: fraction})
+  absolute seconds, >= 0
+    launch_overhead_s, eager_launch_overhead_s   per op launch (graphed / op by op)
+    step_overhead_s, sequence_overhead_s         host time per step / per sequence of a step
+    link_latency_s                               per collective over the interconnect
+
+A row that gives none of the fractions is uncalibrated: it borrows every factor it does not
+give from a calibrated row (`efficiencies_from`, default DEFAULT_DONOR), and a row may name a
+donor for the factors it leaves out even when it gives some. A borrowed fraction multiplies
+the target's own peak (an A100 decode streams at its 2.039 TB/s x the H200's 0.9, never at
+the H200's 4.3 TB/s); a compute fraction is the donor's for the nearest format it calibrated
+(fp4 on a B200: the H200's fp8 fraction); seconds are taken as they are. `efficiency_note`
+says which row the factors came from and when that row was calibrated; every prediction
+carries it (`infergen predict`, `perf step`).
 """
 
 from __future__ import annotations
@@ -12,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 from infergen.config.stored import PLAIN_BITS, format_bits
 from infergen.errors import ConfigError
@@ -50,6 +69,34 @@ class Hardware:
     # measured per op kind where it differs from compute_efficiency (cpu-local: "attention",
     # the prefill attention kernel's fraction of the GEMM peak)
     compute_efficiency_by_kind: dict[str, float] = field(default_factory=dict)
+    # provenance: the row's own calibration (when and how; None: it has none of its own), the
+    # row its borrowed factors came from, which factors, and when that row was calibrated
+    calibrated: str | None = None
+    efficiencies_from: str | None = None
+    borrowed: tuple[str, ...] = ()
+    donor_calibrated: str | None = None
+
+    def efficiency_note(self) -> str:
+        """Where the efficiencies come from, in words (shown with every prediction)."""
+        own = f"calibrated {self.calibrated}" if self.calibrated else "no calibration of its own"
+        if not self.borrowed:
+            return f"efficiencies of {self.name} itself ({own})"
+        note = (
+            f"efficiencies borrowed from {self.efficiencies_from} (calibrated "
+            f"{self.donor_calibrated}): {', '.join(self.borrowed)}"
+        )
+        return note + (f"; {self.name}'s own: {own}" if self.calibrated else "")
+
+    def efficiency_source(self) -> dict:
+        """The provenance as JSON: the row, its donor, the borrowed factors, both dates."""
+        return {
+            "gpu": self.name,
+            "calibrated": self.calibrated,
+            "borrowed_from": self.efficiencies_from if self.borrowed else None,
+            "borrowed": list(self.borrowed),
+            "donor_calibrated": self.donor_calibrated if self.borrowed else None,
+            "note": self.efficiency_note(),
+        }
 
     def compute_efficiency_for(self, fmt: str) -> float:
         fmt = self.runs_as(fmt)
@@ -102,17 +149,21 @@ _WIDER = {
 
 _REQUIRED = ("memory_bytes", "bandwidth", "flops")
 _BY_KIND = ("memory_efficiency_by_kind", "compute_efficiency_by_kind")
-_OPTIONAL_FLOATS = (
+# the efficiency factors (module docstring): fractions of the row's own peaks, and seconds
+FRACTIONS = ("compute_efficiency", "memory_efficiency", *_BY_KIND, "gemm_efficiency")
+SECONDS = (
     "launch_overhead_s",
     "eager_launch_overhead_s",
     "step_overhead_s",
     "sequence_overhead_s",
     "link_latency_s",
-    "memory_efficiency",
 )
+DEFAULT_DONOR = "h200"  # the calibrated row an uncalibrated one borrows its efficiencies from
 
 
 def from_dict(name: str, row: dict, where: str) -> Hardware:
+    """A row as read from a file; an uncalibrated one (or one naming `efficiencies_from`)
+    borrows the factors it omits from that registered row (see `borrow`)."""
     missing = [key for key in _REQUIRED if key not in row]
     if missing:
         raise ConfigError(
@@ -120,23 +171,42 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             where=where,
             expected=f"keys {list(_REQUIRED)} (plus optional l2_bytes, sms, interconnect)",
         )
-    known = {"description", "l2_bytes", "sms", "interconnect", *_OPTIONAL_FLOATS}
-    known |= {"gemm_efficiency", "compute_efficiency", *_BY_KIND, *_REQUIRED}
+    known = {"description", "l2_bytes", "sms", "interconnect", "calibrated", "efficiencies_from"}
+    known |= {*FRACTIONS, *SECONDS, *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
         raise ConfigError(
             f"hardware {name!r} has unknown keys {unknown}", where=where, expected=sorted(known)
         )
     numbers = {k: row[k] for k in ("memory_bytes", "bandwidth") if k in row}
+    if row.get("interconnect") is not None:
+        numbers["interconnect"] = row["interconnect"]
     for key, value in [*numbers.items(), *row["flops"].items()]:
-        if not isinstance(value, int | float) or value <= 0:
+        if not _number(value) or value <= 0:
             raise ConfigError(
                 f"hardware {name!r}: {key} must be a positive number",
                 where=where,
                 found=value,
                 expected="bytes, bytes/s or FLOP/s as a number",
             )
-    return Hardware(
+    for key in SECONDS:
+        if key in row and (not _number(row[key]) or row[key] < 0):
+            raise ConfigError(
+                f"hardware {name!r}: {key} must be seconds >= 0", where=where, found=row[key]
+            )
+    for key in ("calibrated", "efficiencies_from"):
+        if key in row and not isinstance(row[key], str):
+            raise ConfigError(f"hardware {name!r}: {key} must be a string", where=where)
+    own = [key for key in FRACTIONS if key in row]
+    memory = row.get("memory_efficiency", 1.0)
+    if not _number(memory) or not 0 < memory <= 1:
+        what = "memory_efficiency must be a fraction in (0, 1]"
+        raise ConfigError(f"hardware {name!r}: {what}", where=where, found=memory, expected="0.9")
+    what = "gemm_efficiency must map row counts (whole numbers >= 1) to fractions in (0, 1]"
+    curve = _fractions(row.get("gemm_efficiency", {}), name, where, what, '{"1": 0.1, ...}')
+    if not all(str(rows).isdigit() and int(rows) >= 1 for rows in curve):
+        raise ConfigError(f"hardware {name!r}: {what}", where=where, found=sorted(curve))
+    hw = Hardware(
         name=name,
         description=row.get("description", name),
         memory_bytes=float(row["memory_bytes"]),
@@ -145,18 +215,88 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         l2_bytes=row.get("l2_bytes"),
         sms=row.get("sms"),
         interconnect=row.get("interconnect"),
-        **{key: float(row[key]) for key in _OPTIONAL_FLOATS if key in row},
-        gemm_efficiency={int(m): float(e) for m, e in row.get("gemm_efficiency", {}).items()},
+        **{key: float(row[key]) for key in SECONDS if key in row},
+        memory_efficiency=float(memory),
+        gemm_efficiency={int(m): e for m, e in curve.items()},
         compute_efficiency=_per_format(row.get("compute_efficiency", {}), name, where),
         **{key: _by_kind(row, key, name, where) for key in _BY_KIND},
+        calibrated=row.get("calibrated") or ("undated (the row's own factors)" if own else None),
     )
+    donor = row.get("efficiencies_from") or (None if own else DEFAULT_DONOR)
+    if donor is None:
+        return hw
+    if donor not in HARDWARE:
+        raise ConfigError(
+            f"hardware {name!r} borrows its efficiencies from {donor!r}, which is not defined",
+            where=f"{where}.efficiencies_from",
+            expected=f"a calibrated row defined before it: one of {_calibrated_rows()}",
+        )
+    return borrow(hw, HARDWARE.get(donor), [k for k in (*FRACTIONS, *SECONDS) if k not in row])
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _calibrated_rows() -> list[str]:
+    return [n for n, hw in HARDWARE.items() if hw.calibrated and not hw.borrowed]
+
+
+def borrow(hw: Hardware, donor: Hardware, factors: list[str] | None = None) -> Hardware:
+    """`hw` with `factors` (default: all, FRACTIONS and SECONDS) taken from `donor`, a row
+    calibrated on its own. A fraction stays a fraction of `hw`'s own peak; a compute fraction
+    is the donor's for the format it calibrated nearest to each of `hw`'s formats (the same
+    format, else the next wider one, as `runs_as`); seconds are copied. Factors the donor
+    leaves at their default (1.0, none, 0 s) are not listed as borrowed."""
+    if not donor.calibrated or donor.borrowed or donor.name == hw.name:
+        raise ConfigError(
+            f"hardware {hw.name!r} cannot borrow efficiencies from {donor.name!r}: it is not "
+            "calibrated on its own",
+            where=f"hardware.{hw.name}.efficiencies_from",
+            expected=f"one of {_calibrated_rows()}",
+        )
+    values = {key: getattr(donor, key) for key in factors or (*FRACTIONS, *SECONDS)}
+    if "compute_efficiency" in values:
+        values["compute_efficiency"] = _nearest_formats(hw, donor.compute_efficiency)
+    defaults = _defaults()
+    values = {key: value for key, value in values.items() if value != defaults[key]}
+    if not hw.interconnect:  # no link, no latency per collective
+        values.pop("link_latency_s", None)
+    return replace(
+        hw,
+        **values,
+        efficiencies_from=donor.name,
+        borrowed=tuple(values),
+        donor_calibrated=donor.calibrated,
+    )
+
+
+def _nearest_formats(hw: Hardware, fractions: dict[str, float]) -> dict[str, float]:
+    """{format of hw: the fraction `fractions` gives its format, else the nearest wider}."""
+    table = {k: v for k, v in fractions.items() if k == "default"}
+    for fmt in hw.flops:
+        for candidate in _WIDER.get(fmt, (fmt,)):
+            if candidate in fractions:
+                table[fmt] = fractions[candidate]
+                break
+    return table
+
+
+def peaks_only(hw: Hardware) -> Hardware:
+    """`hw` without any efficiency factor or provenance: its peaks alone (every fraction 1,
+    no overheads), e.g. to predict a calibrated GPU as if it were held out."""
+    return replace(hw, **_defaults(), calibrated=None, efficiencies_from=None, borrowed=())
+
+
+def _defaults() -> dict:
+    """Every efficiency factor at its default: fractions 1 (none given), 0 seconds."""
+    defaults = {f.name: f.default for f in fields(Hardware) if f.name in (*FRACTIONS, *SECONDS)}
+    return defaults | {key: {} for key in ("compute_efficiency", *_BY_KIND, "gemm_efficiency")}
 
 
 def _fractions(table, name: str, where: str, what: str, expected: str) -> dict[str, float]:
     """{key: fraction in (0, 1]}, or a ConfigError saying `what` the field must be."""
-    if not isinstance(table, dict) or not all(
-        isinstance(v, int | float) and 0 < v <= 1 for v in table.values()
-    ):
+    if not isinstance(table, dict) or not all(_number(v) and 0 < v <= 1 for v in table.values()):
         raise ConfigError(f"hardware {name!r}: {what}", where=where, found=table, expected=expected)
     return {k: float(v) for k, v in table.items()}
 
@@ -168,14 +308,15 @@ def _by_kind(row: dict, key: str, name: str, where: str) -> dict[str, float]:
 
 def _per_format(value, name: str, where: str) -> dict[str, float]:
     """compute_efficiency: one number for every format, or {format: fraction}."""
-    table = {"default": value} if isinstance(value, int | float) else value
+    table = {"default": value} if _number(value) else value
     what = "compute_efficiency must be fractions in (0, 1]"
     return _fractions(table, name, where, what, 'a number or {"bf16": 0.8, "fp8": 0.5, ...}')
 
 
 def load_file(path: str | pathlib.Path) -> list[Hardware]:
     """Rows of a user file: {"name": {memory_bytes, bandwidth, flops: {...}, ...}, ...} in JSON
-    or YAML. They are returned, and registered so `--gpu name` finds them."""
+    or YAML. They are returned, and registered so `--gpu name` finds them; a row may borrow
+    from a table row or from one above it in the file."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError("hardware file not found", where=str(path), expected="a JSON/YAML file")
@@ -191,17 +332,21 @@ def load_file(path: str | pathlib.Path) -> list[Hardware]:
             raise ConfigError(f"not JSON: {exc.msg}", where=f"{path}:{exc.lineno}") from None
     if not isinstance(data, dict):
         raise ConfigError("hardware file must map names to rows", where=str(path))
-    rows = [from_dict(n, r, f"{path}:{n}") for n, r in data.items() if not n.startswith("_")]
-    for row in rows:
-        if row.name in HARDWARE:
-            raise ConfigError(f"hardware {row.name!r} is already defined", where=str(path))
-        HARDWARE.register(row.name, row)
+    rows = []
+    for name, row in data.items():
+        if name.startswith("_"):
+            continue
+        if name in HARDWARE:
+            raise ConfigError(f"hardware {name!r} is already defined", where=str(path))
+        if not isinstance(row, dict):
+            raise ConfigError(f"hardware {name!r} must be a mapping", where=f"{path}:{name}")
+        rows.append(HARDWARE.register(name, from_dict(name, row, f"{path}:{name}")))
     return rows
 
 
 HARDWARE: Registry[Hardware] = Registry("hardware")
 _TABLE = json.loads(TABLE.read_text())
-for _name, _row in _TABLE.items():
+for _name, _row in _TABLE.items():  # a donor comes before the rows that borrow from it
     if not _name.startswith("_"):
         HARDWARE.register(_name, from_dict(_name, _row, str(TABLE)))
 # the published rows (benchmarks/validate_perf_model.py) a number of the table was fitted to:

@@ -157,6 +157,18 @@ def predict(
         "usd_per_gpu_hour": usd_per_gpu_hour,
         "cost_per_mtok_usd": hour_cost / 3600 / out_tok_s * 1e6 if out_tok_s else None,
         "simulation": stats.as_dict(wall),
+        "efficiencies": efficiencies(dep),
+    }
+
+
+def efficiencies(dep: Deployment) -> dict:
+    """Where the row's efficiency factors came from (its own calibration, or borrowed from a
+    calibrated row: `Hardware.efficiency_source`) and the values this deployment runs at."""
+    hw = dep.hw
+    return hw.efficiency_source() | {
+        "compute_efficiency": hw.compute_efficiency_for(dep.compute_format),
+        "memory_efficiency": hw.memory_efficiency,
+        "launch_overhead_s": hw.launch_overhead_s,
     }
 
 
@@ -170,4 +182,4 @@ def explain(dep: Deployment, batch: int, context: int, new: int = 1) -> str:
     times = dep.step_times([Chunk(new, context)] * batch)
     what = "decode" if new == 1 else f"{new}-token prefill chunks"
     head = f"{dep.desc.name} on {dep.hw.description}: {what}, batch {batch}, context {context}"
-    return head + "\n" + roofline.explain(times)
+    return f"{head}\n{dep.hw.efficiency_note()}\n{roofline.explain(times)}"

@@ -4,8 +4,10 @@ op launch (a kernel launch on a GPU, a parallel region on a CPU) and per step (t
 scheduling and sampling).
 
 Efficiencies come from the hardware row: one compute and one memory fraction per device (its
-global calibration, e.g. an H200's measured 790 of 989 TFLOP/s and 4.3 of 4.8 TB/s), and for
-GEMMs a curve by row count where one was measured (`infergen perf calibrate`). `explain` shows
+global calibration, e.g. an H200's measured 790 of 989 TFLOP/s and 4.3 of 4.8 TB/s, or, on a
+GPU nobody calibrated, those borrowed from one that was: hardware.py), and for GEMMs a curve by
+row count where one was measured (`infergen perf calibrate`). Every fraction is at most 1, so
+no op runs faster than the row's peaks (tests/perf/test_peak_invariant.py). `explain` shows
 which bound each op hits, so a reader sees where a prediction can be wrong.
 """
 

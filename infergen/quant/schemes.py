@@ -1,7 +1,9 @@
 """Weight schemes: a row per scheme (WEIGHT_SCHEMES) names the LINEAR_BACKENDS row its
 projections use and the projections it keeps at the engine's precision (module-name globs,
 e.g. "lm_head"). The engine applies the scheme to the model before loading the checkpoint,
-so each projection's backend quantizes its own weight as it loads (`prepare`).
+so each projection's backend quantizes its own weight as it loads (`prepare`). A projection
+runs its kernel set's row of the scheme's format where one exists (kernels="triton":
+"int8:triton" ..., ops/linear_triton_rows.py), else the scheme's row.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from torch import nn
 from infergen.layers.linear import Linear
 from infergen.layers.probe import FALLBACK_FACTOR
 from infergen.ops import linear_grouped, linear_quantized
-from infergen.ops.linear import LINEAR_BACKENDS
+from infergen.ops.linear import LINEAR_BACKENDS, backend_for
 from infergen.registry import Registry
 
 
@@ -119,7 +121,7 @@ def apply_weight_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ())
     """Point the model's projections at the scheme's backend (before `load_weights`); those
     matching the scheme's or `keep`'s globs stay as they are. Returns the names changed."""
     scheme = WEIGHT_SCHEMES.get(name, where="weights")
-    backend = LINEAR_BACKENDS.get(scheme.linear_backend, where="weight scheme backend")
+    LINEAR_BACKENDS.get(scheme.linear_backend, where="weight scheme backend")  # registered
     kept = scheme.keep + tuple(keep)
     changed = []
     for module_name, module in model.named_modules():
@@ -128,7 +130,7 @@ def apply_weight_scheme(model: nn.Module, name: str, keep: tuple[str, ...] = ())
         if any(fnmatch.fnmatch(module_name, g) for g in kept):
             module.keep_blocks = False  # blocks of a kept projection are dequantized
             continue
-        module.backend = backend
+        module.backend = backend_for(scheme.linear_backend, module.kernels)
         if scheme.expected_error is not None:
             module.max_error = scheme.expected_error * FALLBACK_FACTOR
         changed.append(module_name)

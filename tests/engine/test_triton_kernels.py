@@ -3,8 +3,9 @@ interpreter (TRITON_INTERPRET=1, tests/conftest.py). On tiny random transformers
 llama (GQA), qwen2, qwen3, mistral and gemma3 (sliding windows), the greedy tokens and the
 chosen tokens' logprobs equal the native CPU path's, with continuous batching, chunked
 prefill, prefix-cache hits and preemption (a pool that forces it). The ops without a Triton
-kernel yet run their torch row; decode attention, add + RMSNorm, RoPE and SiLU-mul run the
-Triton ones (checked)."""
+kernel yet run their torch row; decode and prefill attention, add + RMSNorm, RoPE, RoPE + KV
+store (the models without QK-norm), SiLU-mul and GELU-mul (gemma3) run the Triton ones
+(checked)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from infergen import LLM, SamplingParams
 from infergen.errors import ConfigError
+from infergen.ops import rope_kv_store_triton
 from tests.engine.greedy import assert_greedy_equivalent
 from tests.hf_models import build_hf_model
 
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.skipif(
 TIGHT_BLOCKS = {"llama_gqa": 24, "qwen2_qkv_bias": 24, "qwen3_qk_norm": 24, "mistral_window": 12,
                 "gemma3": 36}  # fmt: skip
 MODELS = list(TIGHT_BLOCKS)
+ACTIVATION = dict.fromkeys(MODELS, "silu_mul_triton") | {"gemma3": "gelu_mul_triton"}
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
 
 
@@ -45,8 +48,18 @@ def _prompts() -> list[list[int]]:
     return [shared + tails[0], shared + tails[1], tails[2], shared + tails[0]]  # a repeat: hits
 
 
-def test_greedy_and_logprobs_equal_the_native_path(model):
+def _no_fallback(monkeypatch) -> None:
+    """From here on, RoPE + KV store falling back to its torch row fails the test."""
+
+    def fallback(*args, **kwargs):
+        raise AssertionError("rope_kv_store_triton took the torch row")
+
+    monkeypatch.setattr(rope_kv_store_triton, "rope_kv_store", fallback)
+
+
+def test_greedy_and_logprobs_equal_the_native_path(model, monkeypatch):
     name, model_dir = model
+    _no_fallback(monkeypatch)
     # chunks of 16 tokens and a tight pool: long prompts are chunked, sequences get preempted
     limits = dict(block_size=4, max_num_batched_tokens=16, num_kv_blocks=TIGHT_BLOCKS[name],
                   max_num_seqs=4)  # fmt: skip
@@ -54,8 +67,11 @@ def test_greedy_and_logprobs_equal_the_native_path(model):
     triton = LLM(model_dir, kernels="triton", **limits)
     layer = triton.engine.runner.model.layers[0]
     assert layer.attn.decode.__name__ == "decode_attention_triton"
+    assert layer.attn.prefill.__name__ == "prefill_attention_triton"
     assert layer.attn_norm.fn.__name__ == "add_rms_norm_triton"
     assert layer.attn.rope.__name__ == "apply_rope_triton"
+    assert layer.attn.rope_store.__name__ == "rope_kv_store_triton"  # runs without QK-norm
+    assert layer.mlp.act.__name__ == ACTIVATION[name]
     want = native.generate(_prompts(), GREEDY)
     got = triton.generate(_prompts(), GREEDY)
     for a, b in zip(got, want, strict=True):
@@ -71,6 +87,26 @@ def test_greedy_and_logprobs_equal_the_native_path(model):
     assert again.num_cached_prompt_tokens > 0
     assert_greedy_equivalent(first, want[0])
     assert_greedy_equivalent(again, want[0])
+
+
+def test_fp8_kv_cache_codes_written_by_the_fused_kernel(tmp_path, monkeypatch):
+    """kv_format="fp8_e4m3": the Triton RoPE + KV store writes the E4M3 codes (and the
+    engine-dtype scratch cache of calibration); greedy tokens and logprobs equal the native
+    path's, which encodes them with kv_format.encode."""
+    build_hf_model("llama_gqa", tmp_path)
+    options = dict(kv_format="fp8_e4m3", block_size=4, max_num_batched_tokens=16)
+    native = LLM(str(tmp_path), kernels="native", **options)
+    _no_fallback(monkeypatch)
+    triton = LLM(str(tmp_path), kernels="triton", **options)
+    assert triton.engine.runner.model.layers[0].attn.rope_store.__name__ == "rope_kv_store_triton"
+    want = native.generate(_prompts()[:3], GREEDY)
+    got = triton.generate(_prompts()[:3], GREEDY)
+    for a, b in zip(got, want, strict=True):
+        assert_greedy_equivalent(a, b)
+        for x, y in zip(a.logprobs, b.logprobs, strict=False):
+            if x.token_id != y.token_id:
+                break
+            assert abs(x.logprob - y.logprob) < 1e-3
 
 
 def test_triton_kernels_without_the_interpreter_are_a_clear_error(model, monkeypatch):

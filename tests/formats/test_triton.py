@@ -39,9 +39,8 @@ def test_triton_mx_quantize_equals_reference(fmt, rule):
     ref = quantize(x, fmt, scale_rule=rule, native=False)
     blocks = _blocks(x, 1, 32)
     codes, scales = tk.mx_quantize(blocks.to(DEVICE), spec.element_type, rule)
-    codes, scales = codes.cpu(), scales.cpu()
-    want = unpack_bits(ref.codes, 4) if spec.packed else ref.codes
-    assert torch.equal(codes.reshape(want.shape), want)
+    codes, scales = codes.cpu(), scales.cpu()  # FP4: packed two a byte by the kernel
+    assert torch.equal(codes.reshape(ref.codes.shape), ref.codes)
     assert torch.equal(scales.reshape(ref.scales.shape), ref.scales)
 
 
@@ -64,16 +63,19 @@ def test_triton_nvfp4_equals_reference():
     ref = quantize(x, "nvfp4", native=False)
     blocks = _blocks(x, 1, 16)
     codes, scales = tk.nvfp4_quantize(blocks.to(DEVICE), ref.global_scale)
-    assert torch.equal(codes.cpu().reshape(-1), unpack_bits(ref.codes, 4).reshape(-1))
+    assert torch.equal(codes.cpu().reshape(-1), ref.codes.reshape(-1))  # packed two a byte
     assert torch.equal(scales.cpu().reshape(-1), ref.scales.reshape(-1))
+    e2m1 = FORMATS.get("nvfp4").element_type
+    want = dequantize(ref, native=False)
+    got = tk.fp4_dequantize(codes, scales, 16, e2m1, ref.global_scale.to(DEVICE)).cpu()
+    torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
     e4m3 = FORMATS.get("fp8_e4m3").element_type
-    got = tk.scaled_dequantize(
-        codes.reshape(-1, 16),
+    got = tk.scaled_dequantize(  # the unpacked path: E4M3 scales decoded first
+        unpack_bits(codes.cpu(), 4).reshape(-1, 16).to(DEVICE),
         e4m3.decode(scales.cpu()).reshape(-1).to(DEVICE),
         ref.global_scale,
-        FORMATS.get("nvfp4").element_type,
+        e2m1,
     ).cpu()
-    want = dequantize(ref, native=False)
     torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
 
 
@@ -103,8 +105,7 @@ def test_triton_int_quantize_equals_reference(fmt, block):
     blocks = _blocks(x, 1, block)
     mode = 0 if spec.symmetric else 2 if spec.float_offset else 1
     codes, scales, zeros = tk.int_quantize(blocks.to(DEVICE), spec.int_bits, mode)
-    want = unpack_bits(ref.codes, spec.int_bits) if spec.packed else ref.codes
-    assert torch.equal(codes.cpu().reshape(want.shape), want)
+    assert torch.equal(codes.cpu().reshape(ref.codes.shape), ref.codes)  # packed as stored
     torch.testing.assert_close(
         scales.cpu().reshape(ref.scales.shape), ref.scales, rtol=0, atol=0, equal_nan=True
     )
@@ -177,3 +178,68 @@ def test_triton_finite_amax_ignores_nan_and_inf():
     want = x.abs().where(torch.isfinite(x), torch.zeros(())).amax()
     assert tk.finite_amax(x.to(DEVICE)).item() == want.item()
     assert tk.finite_amax(torch.full((5,), math.inf, device=DEVICE)).item() == 0.0
+
+
+def _ragged(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """N(0, 1) values over a wide range of magnitudes, with a NaN, an Inf and a zero block
+    near the end (the last, partial tile)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen) * 10.0 ** torch.randint(
+        -3, 4, (rows, 1), generator=gen
+    )
+    flat = x.view(-1)
+    if flat.numel() >= 64:
+        flat[-5] = math.nan
+        flat[-40] = -math.inf
+        flat[:32] = 0.0
+    return x
+
+
+# Blocks per program are TILE / width (MX 128 of 32, NVFP4 256 of 16): one block, a count just
+# past one tile, and a large odd count (partial last tiles); per tensor: odd value counts.
+RAGGED = [(1, 32), (3, 43 * 32), (7, 143 * 32)]
+
+
+@runnable
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("shape", RAGGED)
+def test_partial_tiles_equal_reference(fmt, shape, monkeypatch):
+    """Every format through the public API on block counts that do not fill the last tile:
+    codes (packed by the kernel), scales and the dequantized values bit for bit."""
+    if INTERPRETED:
+        monkeypatch.setitem(codec.FAST_PATHS, "cpu", lambda: tk)
+    spec = FORMATS.get(fmt)
+    rows, cols = shape
+    if spec.block_size == PER_TENSOR:
+        cols = 1 if cols == 32 else cols + 1  # odd value counts
+    block = 32 if spec.scaling == "int" else None
+    x = _ragged(rows, cols, seed=cols)
+    ref = quantize(x, fmt, block_size=block, native=False)
+    q = quantize(x.to(DEVICE), fmt, block_size=block)
+    for name in ("codes", "scales", "zero_points", "global_scale"):
+        got, expected = getattr(q, name), getattr(ref, name)
+        if expected is not None:
+            torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0, equal_nan=True)
+    want = dequantize(ref, native=False)
+    got = dequantize(q).cpu()
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@runnable
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("n_bytes", [1, 3001])
+def test_triton_unpack_bits_equals_pack_module(bits, n_bytes):
+    gen = torch.Generator().manual_seed(n_bytes)
+    packed = torch.randint(0, 256, (n_bytes,), dtype=torch.uint8, generator=gen)
+    got = tk.unpack_bits(packed.to(DEVICE), bits).cpu()
+    assert torch.equal(got, unpack_bits(packed, bits))
+
+
+@runnable
+def test_triton_finite_amax_grid_stride(monkeypatch):
+    """More tiles than programs: each program loops (the maximum sits in the last tile)."""
+    monkeypatch.setattr(tk, "AMAX_PROGRAMS", 3)
+    x = torch.randn(5 * tk.tile_size() + 7, generator=torch.Generator().manual_seed(3))
+    x[-2] = -123.5
+    x[7] = math.inf
+    assert tk.finite_amax(x.to(DEVICE)).item() == 123.5

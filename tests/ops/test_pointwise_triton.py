@@ -1,17 +1,22 @@
 """Row-wise Triton kernels (ops/pointwise_triton.py) against the plain-torch references:
 add + RMSNorm (ops/rms_norm.reference on the updated residual; the residual updated in place
-as torch's add_ does), SiLU-mul (ops/silu_mul.reference) and RoPE (ops/rope.reference, on a
-strided view of a fused QKV too), on rows of powers of two and
-not, one row and several, with and without the residual add, fp32 and fp16 (bf16 on a GPU:
-the interpreter's bf16 casts truncate)."""
+as torch's add_ does), SiLU-mul (ops/silu_mul.reference), GELU-mul (ops/gelu_mul.reference:
+the tanh approximation, in float64) and RoPE (ops/rope.reference, on a strided view of a
+fused QKV too), on rows of powers of two and not, one row and several, with and without the
+residual add, fp32 and fp16 (bf16 on a GPU: the interpreter's bf16 casts truncate)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from infergen.ops import rms_norm, rope, silu_mul
-from infergen.ops.pointwise_triton import add_rms_norm_triton, apply_rope_triton, silu_mul_triton
+from infergen.ops import gelu_mul, rms_norm, rope, silu_mul
+from infergen.ops.pointwise_triton import (
+    add_rms_norm_triton,
+    apply_rope_triton,
+    gelu_mul_triton,
+    silu_mul_triton,
+)
 from tests.triton_env import DEVICE, INTERPRETED, runnable
 
 pytestmark = runnable
@@ -43,6 +48,18 @@ def test_silu_mul(dtype, shape):
     x = (torch.randn(*shape, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
     want = silu_mul.reference(x.float()).to(dtype)
     got = silu_mul_triton(x.to(DEVICE)).cpu()
+    assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2 * 64), (5, 2 * 1536), (2, 3, 2 * 40)])
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # exp(−2z) = inf: y = −0
+def test_gelu_mul(dtype, shape):
+    # gates out to ±12: the saturated tails of the tanh approximation too
+    x = (torch.randn(*shape, generator=torch.Generator().manual_seed(2)) * 4).to(dtype)
+    want = gelu_mul.reference(x)
+    got = gelu_mul_triton(x.to(DEVICE)).cpu()
     assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == dtype
     torch.testing.assert_close(got, want, rtol=TOL[dtype], atol=TOL[dtype])
 
