@@ -71,14 +71,25 @@ class Attention(nn.Module):
         self.sinks = None
         if config.arch.attention_sinks:  # learned per-head sink logits (ops/attention_sinks.py)
             self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=dtype), False)
-            group = self.num_heads // self.num_kv_heads
-            self.core = functools.partial(
-                sink_attention, sinks=self.sinks.view(1, self.num_heads, 1, 1)
-            )
-            decode_core = functools.partial(
-                sink_attention, sinks=self.sinks.view(1, self.num_kv_heads, group, 1)
-            )  # the decode path folds each GQA group into the query axis
-            self.decode = functools.partial(decode_attention, core=decode_core)
+            self._bind_sinks()
+
+    def _bind_sinks(self) -> None:
+        """The attention cores reading the sink logits (views of `sinks`: made again when the
+        module moves to another device, `_apply`)."""
+        group = self.num_heads // self.num_kv_heads
+        self.core = functools.partial(
+            sink_attention, sinks=self.sinks.view(1, self.num_heads, 1, 1)
+        )
+        decode_core = functools.partial(
+            sink_attention, sinks=self.sinks.view(1, self.num_kv_heads, group, 1)
+        )  # the decode path folds each GQA group into the query axis
+        self.decode = functools.partial(decode_attention, core=decode_core)
+
+    def _apply(self, fn, *args, **kwargs):
+        module = super()._apply(fn, *args, **kwargs)
+        if self.sinks is not None:  # the views in the cores still point at the old tensor
+            self._bind_sinks()
+        return module
 
     def use_sparse_decode(self, summary, top_k_blocks: int, keep_first: int) -> None:
         """Decode through Quest-style block selection (ops/sparse_decode.py) on `summary`."""

@@ -141,13 +141,11 @@ class Transformer(nn.Module):
         )
         # one RoPE table, and a second one when the sliding layers have their own base
         self.register_buffer("rope_cache", cos_sin_cache(config), persistent=False)
-        self.rope_tables = [self.rope_cache]
         local = [
             config.rope_theta_of(i) != config.rope_theta for i in range(config.num_hidden_layers)
         ]
         if any(local):
             self.register_buffer("rope_local_cache", cos_sin_cache(config, local=True), False)
-            self.rope_tables.append(self.rope_local_cache)
         groups = cache_groups(config)
         group_of = {layer: g for g, group in enumerate(groups) for layer in group.layers}
         self.num_cache_groups = len(groups)
@@ -199,6 +197,12 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             layer.load(get, f"model.layers.{i}.", spec.norm_offset, spec.mlp_norm_name)
         self.norm.weight.copy_(get("model.norm.weight") + spec.norm_offset)
+
+    @property
+    def rope_tables(self) -> list[torch.Tensor]:
+        """The RoPE cos/sin tables (the buffers themselves: they move with the model)."""
+        local = getattr(self, "rope_local_cache", None)
+        return [self.rope_cache] if local is None else [self.rope_cache, local]
 
     @property
     def plain_layers(self) -> bool:

@@ -100,3 +100,20 @@ def test_the_activation_reserve_grows_with_the_step(tmp_path):
     per_token = (large - small) / (2048 - 16)
     widest = max(2 * model.intermediate_size, model.q_size + 2 * model.kv_size)
     assert per_token >= widest * 2  # at least the widest activation, in bf16
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "gemma3"])
+def test_what_the_model_keeps_beside_its_tensors_moves_with_it(name, tmp_path):
+    """A move of the model (to a GPU; here to another dtype, the same `_apply` walk) leaves
+    nothing behind: the sink-logit cores read the moved sinks, the RoPE tables are the moved
+    buffers."""
+    build_hf_model(name, tmp_path)
+    model = LLM(str(tmp_path), num_kv_blocks=8).engine.runner.model
+    model.to(torch.float64)
+    assert all(table.dtype == torch.float64 for table in model.rope_tables)
+    for layer in model.layers:
+        attn = layer.attn
+        if getattr(attn, "sinks", None) is not None:
+            core_sinks = attn.core.keywords["sinks"]
+            assert core_sinks.data_ptr() == attn.sinks.data_ptr()
+            assert core_sinks.dtype == torch.float64
