@@ -60,7 +60,7 @@ class _Static:
         arange = torch.arange(rows, device=device)
         plans = [
             AttentionPlan(
-                decode_rows=arange, decode_slots=None, decode_mask=None, prefills=[],
+                decode_rows=arange, prefills=[], block_size=kv_cache.block_size,
                 decode_only=True, decode_block_tables=table, decode_seq_lens=lens,
                 window=group.window or 0, sinks=group.sinks if group.window else 0,
                 decode_max_context=max_context,

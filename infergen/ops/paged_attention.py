@@ -43,16 +43,46 @@ def _window_mask(
 
 @dataclass
 class PrefillItem:
-    """A sequence with several query tokens this step."""
+    """A sequence with several query tokens this step. Its gather indices and mask (what the
+    torch row reads) are built on first use: the rows that read the cache through the block
+    tables never pay for them."""
 
     start: int
     end: int
     context_len: int
-    # [keys] cache slots of the positions the queries may read (with a sliding window, from
-    # the first query's window start on), None when the context is all new
-    slots: torch.Tensor | None
-    mask: torch.Tensor | None  # [query_len, keys] bool, None for plain causal
     seq: int = 0  # the sequence's row in the step's block tables
+    block_table: torch.Tensor | None = None  # [1, max_blocks] this sequence's
+    block_size: int = 0
+    window: int | None = None
+    sinks: int = 0
+    _gather: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+
+    @property
+    def slots(self) -> torch.Tensor | None:
+        """[keys] cache slots of the positions the queries may read (with a sliding window,
+        from the first query's window start on), None when the context is all new."""
+        return self.gather()[0]
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """[query_len, keys] bool, None for plain causal."""
+        return self.gather()[1]
+
+    def gather(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self._gather is None:
+            ctx, query_len, window, sinks = (self.context_len, self.end - self.start,
+                                             self.window, self.sinks)  # fmt: skip
+            dev = self.block_table.device
+            q_pos = torch.arange(ctx - query_len, ctx, device=dev)
+            first = 0 if window is None else max(0, ctx - query_len - window + 1)
+            k_pos = torch.arange(first, ctx, device=dev)  # keys before `first`: outside windows
+            if sinks and first:  # ... but for the sink tokens
+                k_pos = torch.cat([torch.arange(min(sinks, first), device=dev), k_pos])
+            cold = ctx == query_len
+            slots = None if cold else _slots(self.block_table, k_pos, self.block_size)[0]
+            mask = None if (cold and window is None) else _window_mask(q_pos, k_pos, window, sinks)
+            self._gather = (slots, mask)
+        return self._gather
 
 
 @dataclass
@@ -91,8 +121,6 @@ class PrefillBatch:
 @dataclass
 class AttentionPlan:
     decode_rows: torch.Tensor | None  # [decodes] token rows of the one-token sequences
-    decode_slots: torch.Tensor | None  # [decodes · max_context] cache slots (padding → 0)
-    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_context] bool; None = attend all
     prefills: list[PrefillItem]
     decode_only: bool = False  # every token is a decode, in row order: no gather/scatter of q
     decode_block_tables: torch.Tensor | None = None  # [decodes, max_blocks] int64
@@ -103,7 +131,33 @@ class AttentionPlan:
     # reading decode_seq_lens back from a GPU); 0: not given
     decode_max_context: int = 0
     block_tables: torch.Tensor | None = None  # [seqs, max_blocks] the step's (prefill_batch)
+    block_size: int = 0  # tokens per cache block
     _prefill_batch: PrefillBatch | None = None
+    _decode_gather: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    @property
+    def decode_slots(self) -> torch.Tensor | None:
+        """[decodes · span] cache slots of the positions each decode reads (padding → 0);
+        None without decodes."""
+        return self.decode_gather()[0]
+
+    @property
+    def decode_mask(self) -> torch.Tensor | None:
+        """[decodes, 1, 1, span] bool of the slots that count; None = all of them."""
+        return self.decode_gather()[1]
+
+    def decode_gather(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(decode_slots, decode_mask): what a gathering decode row (the torch row) reads,
+        built on first use and kept for the step's other layers — the rows that read the
+        cache through the block tables (native, Triton) never pay for it."""
+        if self.decode_block_tables is None:
+            return None, None
+        if self._decode_gather is None:
+            self._decode_gather = _decode_gather(
+                self.decode_block_tables, self.decode_seq_lens, self.block_size, self.window,
+                self.sinks,
+            )  # fmt: skip
+        return self._decode_gather
 
     def prefill_batch(self) -> PrefillBatch:
         """The prefills as tensors (PrefillBatch), built on first use and kept for the step's
@@ -143,51 +197,49 @@ def plan(
     decode_ids = [
         i for i in range(len(seq_lens)) if query_start_loc[i + 1] - query_start_loc[i] == 1
     ]
-    prefills = []
-    for i in range(len(seq_lens)):
-        start, end = query_start_loc[i], query_start_loc[i + 1]
-        query_len, ctx = end - start, seq_lens[i]
-        if query_len == 1:
-            continue
-        q_pos = torch.arange(ctx - query_len, ctx, device=dev)
-        first = 0 if window is None else max(0, ctx - query_len - window + 1)
-        k_pos = torch.arange(first, ctx, device=dev)  # keys before `first` are outside every window
-        if sinks and first:  # ... but for the sink tokens
-            k_pos = torch.cat([torch.arange(min(sinks, first), device=dev), k_pos])
-        cold = ctx == query_len
-        slots = None if cold else _slots(block_tables[i : i + 1], k_pos, block_size)[0]
-        mask = None if (cold and window is None) else _window_mask(q_pos, k_pos, window, sinks)
-        prefills.append(PrefillItem(start, end, ctx, slots, mask, i))
-    windowed = dict(window=window or 0, sinks=sinks if window else 0, block_tables=block_tables)
+    prefills = [
+        PrefillItem(query_start_loc[i], query_start_loc[i + 1], seq_lens[i], i,
+                    block_tables[i : i + 1], block_size, window, sinks)
+        for i in range(len(seq_lens))
+        if query_start_loc[i + 1] - query_start_loc[i] > 1
+    ]  # fmt: skip
+    windowed = dict(window=window or 0, sinks=sinks if window else 0, block_tables=block_tables,
+                    block_size=block_size)  # fmt: skip
     if not decode_ids:
-        return AttentionPlan(None, None, None, prefills, **windowed)
+        return AttentionPlan(None, prefills, **windowed)
     ids = torch.tensor(decode_ids, device=dev)
-    lens = torch.tensor([seq_lens[i] for i in decode_ids], device=dev)
-    # each sequence reads [first, len): its window, or everything
+    rows = torch.tensor([query_start_loc[i] for i in decode_ids], device=dev)
+    return AttentionPlan(
+        decode_rows=rows,
+        prefills=prefills,
+        decode_only=not prefills,
+        decode_block_tables=block_tables[ids].contiguous(),
+        decode_seq_lens=torch.tensor([seq_lens[i] for i in decode_ids], device=dev),
+        **windowed,
+        decode_max_context=max(seq_lens[i] for i in decode_ids),
+    )
+
+
+def _decode_gather(
+    block_tables: torch.Tensor, lens: torch.Tensor, block_size: int, window: int, sinks: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per decode sequence, the cache slots of the positions it reads — [first, len): its
+    window, or everything, after the sink positions before a window — padded to the longest
+    span ([decodes · span], padding → slot 0) and the mask of the real ones (None: all)."""
+    dev = block_tables.device
     first = (lens - window).clamp(min=0) if window else torch.zeros_like(lens)
     span = int((lens - first).max())
     k_pos = first.unsqueeze(-1) + torch.arange(span, device=dev)  # [decodes, span]
     valid = k_pos < lens.unsqueeze(-1)
     if sinks and window:  # the sink positions before each window, then the window
-        sink_pos = torch.arange(sinks, device=dev).expand(len(decode_ids), -1)
+        sink_pos = torch.arange(sinks, device=dev).expand(lens.shape[0], -1)
         valid = torch.cat([sink_pos < first.unsqueeze(-1), valid], dim=1)
         k_pos = torch.cat([sink_pos, k_pos], dim=1)
     k_pos = torch.where(valid, k_pos, torch.zeros_like(k_pos))
-    slots = _slots(block_tables[ids], k_pos, block_size)
+    slots = _slots(block_tables, k_pos, block_size)
     mask = None if bool(valid.all()) else valid[:, None, None, :]
     slots = torch.where(valid, slots, torch.zeros_like(slots))
-    rows = torch.tensor([query_start_loc[i] for i in decode_ids], device=dev)
-    return AttentionPlan(
-        decode_rows=rows,
-        decode_slots=slots.reshape(-1),
-        decode_mask=mask,
-        prefills=prefills,
-        decode_only=not prefills,
-        decode_block_tables=block_tables[ids].contiguous(),
-        decode_seq_lens=lens,
-        **windowed,
-        decode_max_context=max(seq_lens[i] for i in decode_ids),
-    )
+    return slots.reshape(-1), mask
 
 
 def _slots(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
