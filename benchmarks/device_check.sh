@@ -43,10 +43,13 @@ TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
 #    dims, windows + sinks, splits, chunked prefill after prefix hits, soft-capping), the
 #    row-wise Triton kernels (ops/pointwise_triton.py: add + RMSNorm, RoPE, SiLU-mul, bf16
 #    too) and the sampling kernel (ops/sampling_triton.py: processed logits bit-identical,
-#    tokens = the reference's, frequencies over every seed), compiled for the GPU (appended
-#    to the compiler log: $OUT holds at most 8 files).
-TRITON_INTERPRET=0 timeout 180 python3 -m pytest -q -p no:cacheprovider \
+#    tokens = the reference's, frequencies over every seed), and the compiled layers with the
+#    Triton kernel set (compile="jit" / "eager", kernels="triton": fused groups as Triton
+#    kernels, fp32, against the torch kernels on the CPU; skipped without transformers),
+#    compiled for the GPU (appended to the compiler log: $OUT holds at most 8 files).
+TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider \
     tests/ops/test_paged_decode_triton.py tests/ops/test_paged_prefill_triton.py \
-    tests/ops/test_pointwise_triton.py tests/ops/test_sampling_triton.py 2>&1 \
+    tests/ops/test_pointwise_triton.py tests/ops/test_sampling_triton.py \
+    tests/compiler/test_runtime_triton.py 2>&1 \
     | tee -a "$OUT/compiler_triton.log" | tail -15 || status=1
 exit $status
