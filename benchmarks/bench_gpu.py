@@ -19,7 +19,7 @@ layer reads the same few random tensors from the host, each gets its own GPU cop
 
 Each measurement is written as soon as it is made (a timeout keeps what came before). On the
 CPU, `--device cpu --layers 2 --hidden 256` runs the same code on a toy model (a smoke test:
-tests/benchmarks/test_bench_gpu.py), with the figures meaningless.
+tests/bench/test_bench_gpu.py), with the figures meaningless.
 
 Usage: python3 benchmarks/bench_gpu.py --out benchmarks/results/gpu_engine.jsonl
 """
@@ -319,11 +319,11 @@ def peer_rates(config: ModelConfig, args, base: dict, lines: list) -> dict:
     """tok/s of the eager and the compiled torch loop per batch: {batch: {peer: tok/s}}."""
     rates: dict[int, dict[str, float]] = {}
     tensors = random_tensors(config, args.device)
-    for batch in (1, 8):
+    for batch in [b for b in args.batches if b <= 8]:  # the peers at the small batches
         model = TorchLlama(config, tensors, args.device, batch, PROMPT + 2 * DECODE_STEPS)
         tokens = torch.zeros(batch, dtype=torch.long, device=args.device)
         steps = {"torch_eager": torch.no_grad()(model.forward)}
-        if args.compile_peer and batch == 1:  # one compile (about a minute for 32 layers)
+        if args.compile_peer and batch == min(args.batches):  # one compile (about a minute for 32 layers)
             steps["torch_compile"] = torch.compile(model.forward, mode="reduce-overhead")
         for name, step in steps.items():
             start = time.perf_counter()

@@ -10,14 +10,19 @@ spills it to a per-row scratch row first; a concat is resolved at store time (it
 stored side by side in the output row). A group outside this (a slice of a concat,
 broadcasting a middle dimension) raises CodegenError and runs op by op.
 
-The source is written into the JIT cache (`<root>/triton/<key>.py`) and imported from there:
-Triton compiles a kernel from its source file.
+The source is written into the JIT cache (`<root>/triton/<key>.py`, keyed by the Triton
+version) and imported from there: Triton compiles a kernel from its source file, at its first
+launch. The engine's compiled layers (runtime.py, compile="jit" with kernels="triton") build
+every fused group of the layer graph as a TritonGroupKernel — the "triton" row of
+runtime.GROUP_TARGETS — and time that first launch as the group's compile time.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
+import time
 from math import prod
 from pathlib import Path
 
@@ -26,7 +31,8 @@ import torch
 from infergen.compiler.codegen_c import CodegenError, Ref, _contiguous, _row_shape
 from infergen.compiler.expressions import ELEMENTWISE, SCALAR_OPS, expression
 from infergen.compiler.ir import TOKENS, Graph, Node, Op, Value
-from infergen.compiler.jit_cache import COMPILER_VERSION, JitCache
+from infergen.compiler.jit_cache import COMPILER_VERSION, Built, JitCache
+from infergen.compiler.tune import random_inputs
 
 
 def _float(value: float) -> str:
@@ -236,18 +242,33 @@ def render_group_triton(graph: Graph, name: str) -> str:
     return _Renderer(graph, name).render()
 
 
-class TritonGroupKernel:
-    """A rendered group loaded from the JIT cache: `kernel(*inputs)` → output tensors."""
+def triton_target() -> str:
+    """The JIT cache's target name of this renderer: Triton and its version."""
+    try:
+        return f"triton-{importlib.metadata.version('triton')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "triton"
 
-    def __init__(self, graph: Graph, cache: JitCache):
+
+class TritonGroupKernel:
+    """A rendered group loaded from the JIT cache: `kernel(*inputs)` → output tensors.
+
+    `built` reports it as the C kernels do (jit_cache.Built): `cached` when its source was in
+    the JIT cache already; `seconds` is the first launch's wall time when `device` is given
+    (Triton compiles a kernel as it first launches, or loads it from its own cache): one
+    token row of random inputs on `device`, synchronized. Without `device` nothing launches
+    (seconds 0)."""
+
+    def __init__(self, graph: Graph, cache: JitCache, device: torch.device | str | None = None):
         self.graph = graph
-        key = cache.key(graph.canonical(), "target=triton")
+        key = cache.key(graph.canonical(), "target=triton", triton_target())
         function = f"group_{key}"
         source = render_group_triton(graph, function)
         path = Path(cache.root) / "triton" / f"{key}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256(source.encode()).hexdigest()
-        if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        cached = path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == digest
+        if not cached:
             tmp = path.with_suffix(f".{COMPILER_VERSION}.tmp")
             tmp.write_text(source)
             tmp.replace(path)  # atomic, as the C entries
@@ -260,6 +281,18 @@ class TritonGroupKernel:
         self.rowed = [v.rank >= 1 and v.shape[0] == TOKENS for v in graph.inputs]
         self.index = [v.dtype == torch.int64 for v in graph.inputs]
         self.out_rows = [tuple(v.shape[1:]) for v in graph.outputs]
+        self.calls = 0  # launches (the engine's tests check the groups really ran here)
+        seconds = 0.0 if device is None else self._first_launch(torch.device(device))
+        self.built = Built(self.fn, key, path, seconds, cached)
+
+    def _first_launch(self, device: torch.device) -> float:
+        inputs = [x.to(device) for x in random_inputs(self.graph, 1)]
+        started = time.perf_counter()
+        self(*inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.calls = 0
+        return time.perf_counter() - started
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         tensors, strides, tokens = [], [], None
@@ -284,4 +317,5 @@ class TritonGroupKernel:
         ]
         scratch = torch.empty(max(1, tokens * self.scratch_floats), device=device)
         self.fn[(tokens,)](*tensors, *outputs, scratch, *strides)
+        self.calls += 1
         return outputs

@@ -8,7 +8,9 @@ an entry only if its .json parses and names the library's current checksum; anyt
 a truncated library, a missing or garbled .json, a library that does not load — is a corrupt
 entry: removed and rebuilt. Builders of one key take an exclusive file lock, so two processes
 compiling the same kernel at once build it once; the library is written to a temporary file
-and renamed into place (atomic), the .json after it.
+and renamed into place (atomic), the .json after it. The Triton renderer's sources
+(codegen_triton.py) live under `<root>/triton/`, keyed by the Triton version instead of the C
+target and compiler (Triton keeps its own binaries in its cache).
 """
 
 from __future__ import annotations
@@ -67,8 +69,11 @@ class JitCache:
         self.root = Path(root) if root is not None else default_root()
         self._loaded: dict[str, Built] = {}
 
-    def key(self, canonical: str, specialization: str) -> str:
-        parts = [canonical, specialization, target_name(), COMPILER_VERSION, _compiler()]
+    def key(self, canonical: str, specialization: str, target: str | None = None) -> str:
+        """The entry key: the C target (ISA flags, C compiler) unless `target` names another
+        (e.g. "triton-3.6.0": the Triton renderer's sources need no C compiler)."""
+        toolchain = [target_name(), _compiler()] if target is None else [target]
+        parts = [canonical, specialization, *toolchain[:1], COMPILER_VERSION, *toolchain[1:]]
         return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
 
     def get(self, key: str, function: str, render: Callable[[], str]) -> Built:

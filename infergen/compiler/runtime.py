@@ -2,14 +2,20 @@
 
 At engine start the decoder layer is captured once (layers share the graph; each binds its
 own weights) and, for "jit", run through the "jit" pipeline with every fused pointwise group
-compiled to C (through the JIT cache; groups that hold a GEMM or a KV store run op by op, their
-pointwise tails compiled as nested groups). Each step then walks the graph: generated kernels
-for fused groups, the engine's own op backends (packed GEMMs, native decode attention, KV
-store) for everything else — the "eager" mode walks the captured graph unfused, op by op.
+compiled by the code-generation target of the engine's kernel set (GROUP_TARGETS: "c", the C
+renderer through the JIT cache, for the native and torch sets; "triton", the Triton renderer,
+codegen_triton.py, for kernels="triton" — on a GPU, or on the CPU in Triton's interpreter).
+Groups that hold a GEMM or a KV store run op by op, their pointwise tails compiled as nested
+groups. Each step then walks the graph: generated kernels for fused groups, the engine's own
+op backends of its kernel set for everything else (packed GEMMs or torch's, native or Triton
+decode and prefill attention, KV store) — the "eager" mode walks the captured graph unfused,
+op by op.
 
-Bucketed dispatch: a step's token count T picks a bucket (buckets.py); a fused group holds the
-kernel variant the tuner (tune.py, tuning.json) found fastest for each bucket it measured,
-and the default variant for the others.
+Bucketed dispatch (C target): a step's token count T picks a bucket (buckets.py); a fused
+group holds the kernel variant the tuner (tune.py, tuning.json) found fastest for each bucket
+it measured, and the default variant for the others. Decode steps of the C target run the
+generated whole-layer program (program.py); the Triton target has neither (one variant per
+group, decode steps walk the graph too).
 
 The layers' residual stream comes back as a new tensor (`run` returns h and the pending
 delta); the KV cache is written in place, as the per-op path does.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,11 +34,12 @@ import torch
 from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
 from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
+from infergen.compiler.codegen_triton import TritonGroupKernel
 from infergen.compiler.decoder import capture_layer
 from infergen.compiler.interpret import EXECUTORS, kv_layer, run
 from infergen.compiler.ir import Graph, Node, Op
 from infergen.compiler.jit_cache import JitCache
-from infergen.compiler.kernel import GroupKernel, compile_group
+from infergen.compiler.kernel import compile_group
 from infergen.compiler.passes import PASSES, run_pipeline
 from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
 from infergen.compiler.tune import TuningRecord, group_key
@@ -51,9 +59,12 @@ class CompileReport:
 
     capture_seconds: float = 0.0
     passes_seconds: float = 0.0
-    compile_seconds: float = 0.0  # C compiler time (0 when every kernel came from the cache)
-    kernels_built: int = 0
-    kernels_cached: int = 0
+    # C compiler time (0 when every kernel came from the cache); Triton: the first launches
+    # (where Triton compiles, or loads from its own cache)
+    compile_seconds: float = 0.0
+    kernels_built: int = 0  # rendered now (C: compiled; Triton: source written)
+    kernels_cached: int = 0  # found in the JIT cache
+    target: str = "c"  # the GROUP_TARGETS row the fused groups were compiled by
     tuned_buckets: int = 0  # (group, bucket) pairs running the tuner's winner
     groups_op_by_op: list[str] = field(default_factory=list)
 
@@ -67,7 +78,10 @@ class CompiledLayers:
         if mode not in ("eager", "jit"):
             raise ValueError(f"compile mode {mode!r}: expected 'eager' or 'jit'")
         self.model, self.kv_cache, self.mode = model, kv_cache, mode
-        self.report = CompileReport()
+        kernels = getattr(model, "kernels", "native")  # the set its layers were built with
+        target = kernels if kernels in GROUP_TARGETS else "c"
+        self.target = GROUP_TARGETS.get(target, where="kernels")
+        self.report = CompileReport(target=target)
         # seconds per node kind / fused group, summed over calls (None: not profiling)
         self.profile: dict[str, float] | None = None
         started = time.perf_counter()
@@ -80,18 +94,23 @@ class CompiledLayers:
             _fuse_inside_groups(graph)
         self.graph = graph
         self.report.passes_seconds = time.perf_counter() - started
-        self.kernels: dict[int, dict[str, GroupKernel]] = {}  # id(FUSED node) → bucket → kernel
+        self.kernels: dict[int, dict[str, Any]] = {}  # id(FUSED node) → bucket → kernel
         if mode == "jit":
             self._compile(graph, jit_cache or JitCache())
         layer0 = model.layers[0]
+        attn = layer0.attn
         self.ops = _EngineOps(
-            layer0.attn.decode, layer0.attn.rope, layer0.mlp.act, layer0.attn_norm.fn
+            attn.decode, attn.rope, layer0.mlp.act, layer0.attn_norm.fn, attn.prefill
         )
         # weights bound once per layer; the step's inputs are bound per call
         self.static = [self._static_env(i) for i in range(len(model.layers))]
         # decode steps: the whole stack of layers as one generated C function (program.py)
         self.program = None
-        if mode == "jit":
+        if mode == "jit" and not self.target.layer_program:
+            self.report.groups_op_by_op.append(
+                f"layer program: C only (target {self.report.target!r})"
+            )
+        elif mode == "jit":
             try:
                 self.program = LayerProgramRunner(
                     model, kv_cache, graph, self.static, jit_cache or JitCache()
@@ -113,18 +132,22 @@ class CompiledLayers:
         return env
 
     def _compile(self, graph: Graph, jit_cache: JitCache) -> None:
+        device = self.model.rope_cache.device
+        build = self.target.build
         for node in pointwise_groups(graph):
             sub = node.attrs["graph"]
             try:
-                kernel = compile_group(sub, jit_cache)
+                kernel = build(sub, jit_cache, "default", device)
             except CodegenError as error:
                 self.report.groups_op_by_op.append(f"{sub.name}: {error}")
                 continue
             variants = {"default": kernel}
-            winners = TuningRecord(jit_cache).winners(group_key(sub, jit_cache))
+            winners = {}
+            if self.target.tuned:
+                winners = TuningRecord(jit_cache).winners(group_key(sub, jit_cache))
             for bucket, variant in winners.items():
                 variants[bucket] = (
-                    kernel if variant == "default" else compile_group(sub, jit_cache, variant)
+                    kernel if variant == "default" else build(sub, jit_cache, variant, device)
                 )
             self.kernels[id(node)] = variants
             for built in {id(k): k.built for k in variants.values()}.values():
@@ -209,12 +232,37 @@ def _fuse_inside_groups(graph: Graph) -> None:
 
 @dataclass(frozen=True)
 class _EngineOps:
-    """The op backends the model's layers use (native C kernels or torch)."""
+    """The op backends the model's layers use (rows of its kernel set: native C, Triton or
+    torch)."""
 
     decode: Any
     rope: Any
     silu_mul: Any
     rms_norm: Any
+    prefill: Any
+
+
+@dataclass(frozen=True)
+class GroupTarget:
+    """A code-generation target of the fused pointwise groups."""
+
+    # (group, JIT cache, variant, device) → kernel: `kernel(*inputs)` → outputs, and `built`
+    # (jit_cache.Built: seconds, cached); CodegenError when the target has no code for it
+    build: Callable[[Graph, JitCache, str, torch.device], Any]
+    tuned: bool  # the tuner's per-bucket variants apply (tune.py measures C variants)
+    layer_program: bool  # decode steps may run the generated whole-layer C program
+
+
+# the engine's kernel set → the target its fused groups compile to (a set without a row: "c")
+GROUP_TARGETS: Registry[GroupTarget] = Registry("codegen target")
+GROUP_TARGETS.register(
+    "c", GroupTarget(lambda g, cache, variant, device: compile_group(g, cache, variant),
+                     tuned=True, layer_program=True)
+)  # fmt: skip
+GROUP_TARGETS.register(
+    "triton", GroupTarget(lambda g, cache, variant, device: TritonGroupKernel(g, cache, device),
+                          tuned=False, layer_program=False)
+)  # fmt: skip
 
 
 # the engine's implementation of the ops the graph leaves whole (the rest: interpret.py)
@@ -240,7 +288,10 @@ def _attention(ops, args, attrs):
     core = ATTENTION_OPERANDS.get(attrs["operands"])
     kv = kv_layer(k_cache, v_cache, scales, attrs["kv_format"])
     scale = attrs["scale"]
-    return (paged_attention(q, k, v, k_cache, v_cache, plan, scale, ops.decode, kv, core, slots),)
+    out = paged_attention(
+        q, k, v, k_cache, v_cache, plan, scale, ops.decode, kv, core, slots, ops.prefill
+    )
+    return (out,)
 
 
 @ENGINE_OPS.decorator("rope")

@@ -335,7 +335,9 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
 
 def _compile(built: Built) -> None:
     """The decoder layers through the compiler (compile != "off": the FAST_PATHS row of that
-    name, built now on the real cache; calibration ran on the default fast path)."""
+    name, built now on the real cache; calibration ran on the default fast path). It replaces
+    the fast path `_to_device` chose: on a GPU the compiled layers run every step (fused
+    groups as Triton kernels with kernels="triton"), and no CUDA graphs are captured."""
     mode, model = built.config.compile.mode, built.model
     if mode == "off":
         return

@@ -10,7 +10,8 @@ defaults that depend on it, and the KV budget of a GPU.
 | dtype    | "float32"                   | "bfloat16"; "float32" where quantization calibrates  |
 |          |                             | or the weight scheme quantizes from fp32 only        |
 
-and refuses what cannot run there (the C kernels on a GPU, CUDA on a machine without one).
+and refuses what cannot run there (the C kernels on a GPU, the compiled layers there without
+the Triton kernel set, CUDA on a machine without one).
 The KV pool on a GPU takes what `gpu_memory_utilization` of the device's memory leaves after
 what the process already holds (the weights) and an activation reserve for the largest step
 (`kv_budget`); `kv_cache_memory` given explicitly wins.
@@ -62,7 +63,7 @@ def resolve(config: EngineConfig, cuda_count: int | None = None) -> EngineConfig
     if dtype == "auto":
         dtype = "bfloat16" if on_gpu and _bf16_fits(config) else "float32"
     if on_gpu:
-        _check_gpu(config, device)
+        _check_gpu(config, device, kernels)
     return dataclasses.replace(config, device=device, kernels=kernels, dtype=dtype)
 
 
@@ -102,14 +103,18 @@ def _bf16_fits(config: EngineConfig) -> bool:
     return quant.weights is None or "bfloat16" in WEIGHT_SCHEMES.get(quant.weights).dtypes
 
 
-def _check_gpu(config: EngineConfig, device: str) -> None:
-    """What the GPU path does not run yet: a clear error instead of a CPU kernel on CUDA."""
+def _check_gpu(config: EngineConfig, device: str, kernels: str) -> None:
+    """What the GPU path does not run yet: a clear error instead of a CPU kernel on CUDA. The
+    compiled layers run there with the Triton kernel set only (its fused groups rendered by
+    the Triton renderer; the C target's kernels are for the CPU)."""
+    compiled_without_triton = config.compile.mode != "off" and kernels != "triton"
     unsupported = {
         "kv_format": (config.cache.kv_format not in GPU_KV_FORMATS, config.cache.kv_format,
                       "None or 'fp8_e4m3'"),
         "sparse_decode_blocks": (config.cache.sparse_decode_blocks is not None,
                                  config.cache.sparse_decode_blocks, "None (dense decode)"),
-        "compile": (config.compile.mode != "off", config.compile.mode, "'off'"),
+        "compile": (compiled_without_triton, config.compile.mode,
+                    f"'off' (kernels={kernels!r}), or kernels='triton'"),
         "attention": (config.attention.operands not in (None, "fp32"),
                       config.attention.operands, "None"),
     }  # fmt: skip

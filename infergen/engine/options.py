@@ -213,9 +213,11 @@ OPTIONS: tuple[Option, ...] = (
     # ---- compile -------------------------------------------------------------------------
     Option("compile", "compile.mode", "off", choices=COMPILE_MODES, commands=RUN,
            help="run the decoder layers through the compiler: 'eager' (the captured graph op "
-           "by op), 'jit' (fused groups as generated C kernels, cached on disk; `infergen "
-           "compile` pre-builds them). Default: off (the per-op path and the hand-written "
-           "fused decode step)"),
+           "by op), 'jit' (fused groups as generated kernels, cached on disk: C on the CPU, "
+           "`infergen compile` pre-builds them; Triton with kernels='triton', on a GPU or in "
+           "Triton's interpreter). On a GPU it needs kernels='triton' and replaces the CUDA "
+           "graphs of decode steps. Default: off (the per-op path and the hand-written fused "
+           "decode step, or the CUDA graphs on a GPU)"),
     Option("enforce_eager", "compile.enforce_eager", False, parse=_switch, commands=RUN,
            metavar="on|off",
            help="on a GPU, run decode steps eagerly instead of replaying the CUDA graphs "

@@ -6,7 +6,8 @@ residual stream and the last layer's pending delta, or None for a step it does n
 
 Rows: "fused" (models/fused_decode.py: the hand-written native decode step; the default),
 "eager" and "jit" (compiler/runtime.py: the captured layer graph op by op, or its fused
-groups as generated C kernels and decode steps as the generated layer program). The engine
+groups as generated C kernels and decode steps as the generated layer program — with
+kernels="triton", the fused groups as generated Triton kernels). The engine
 build picks the row (engine option `compile`); `model.fast_path = None` runs every step op by
 op (tests compare the two).
 """

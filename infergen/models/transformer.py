@@ -129,6 +129,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.kernels = kernels  # the kernel set of its op rows (the compiler's target follows)
         # The LM head is a Linear; with tied embeddings it also serves the embedding lookup
         # (`rows`), so the [vocab, hidden] matrix is stored once, in the head's layout.
         self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, kernels)

@@ -65,12 +65,20 @@ def test_an_unknown_device_is_refused_as_the_config_is_made():
     [
         (dict(kernels="native"), "kernels"),
         (dict(kv_format="int4_kivi"), "kv_format"),
-        (dict(compile="jit"), "compile"),
+        (dict(compile="jit", kernels="torch"), "compile"),
+        (dict(compile="eager", kernels="torch"), "compile"),
     ],
 )
 def test_what_runs_on_the_cpu_only_is_refused_on_a_gpu(options, where):
     with pytest.raises(ConfigError, match=where):
         resolve(engine_config(device="cuda", **options), cuda_count=1)
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_the_compiled_layers_run_on_a_gpu_with_the_triton_kernels(mode):
+    """compile != "off" on a GPU: with kernels="triton" (the compiler's Triton target)."""
+    config = resolve(engine_config(device="cuda", kernels="triton", compile=mode), cuda_count=1)
+    assert (config.kernels, config.compile.mode) == ("triton", mode)
 
 
 def test_the_engine_without_a_gpu(tmp_path):
