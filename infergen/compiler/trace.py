@@ -23,6 +23,7 @@ from infergen.layers.norm import RMSNorm
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import paged_attention
 from infergen.ops.rope import ROPE_BACKENDS
+from infergen.ops.rope_kv_store import ROPE_STORE_BACKENDS
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
 
 
@@ -33,6 +34,13 @@ def leaf_functions() -> dict[Callable, Op]:
         for _, fn in registry.items():
             table[fn] = op
     return table
+
+
+def composite_functions() -> dict[Callable, Callable]:
+    """Fused op functions the tracer traces as their composition (the op's torch row), so the
+    graph holds the parts the compiler fuses itself: RoPE + KV store → ROPE and KV_STORE."""
+    composition = ROPE_STORE_BACKENDS.get("torch")
+    return {fn: composition for _, fn in ROPE_STORE_BACKENDS.items()}
 
 
 class _LeafCall:
@@ -71,13 +79,16 @@ class _Tracer(fx.Tracer):
 def trace(module: nn.Module, method: str) -> fx.Graph:
     """The fx graph of `module.<method>` (any method, not only forward), with op functions
     held as module attributes kept whole."""
-    leaves = leaf_functions()
+    leaves, composites = leaf_functions(), composite_functions()
     swapped: list[tuple[nn.Module, str, Any]] = []
     for sub in module.modules():
         for attr, value in list(vars(sub).items()):
             if callable(value) and _hashable(value) and value in leaves:
                 swapped.append((sub, attr, value))
                 setattr(sub, attr, _LeafCall(value))
+            elif callable(value) and _hashable(value) and value in composites:
+                swapped.append((sub, attr, value))
+                setattr(sub, attr, composites[value])
     try:
         with warnings.catch_warnings():  # fx cannot assert on the specialised `self`
             warnings.simplefilter("ignore", UserWarning)
