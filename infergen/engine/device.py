@@ -68,8 +68,9 @@ def resolve(config: EngineConfig, cuda_count: int | None = None) -> EngineConfig
 
 
 def _device(name: str, count: int) -> str:
+    """The device as 'cpu' or 'cuda:N' (with its index: everything placed knows which GPU)."""
     if name == "auto":
-        return "cuda" if count else "cpu"
+        return "cuda:0" if count else "cpu"
     if name == "cpu":
         return name
     index = int(name.partition(":")[2] or 0)
@@ -88,7 +89,7 @@ def _device(name: str, count: int) -> str:
             found=name,
             expected=f"cuda:0 .. cuda:{count - 1}",
         )
-    return name
+    return f"cuda:{index}"
 
 
 def _has_triton() -> bool:
@@ -108,7 +109,15 @@ def _check_gpu(config: EngineConfig, device: str, kernels: str) -> None:
     compiled layers run there with the Triton kernel set only (its fused groups rendered by
     the Triton renderer; the C target's kernels are for the CPU)."""
     compiled_without_triton = config.compile.mode != "off" and kernels != "triton"
+    quant = config.quant
+    # the quantized projections' GPU rows are Triton's (ops/linear_triton_rows.py); of the
+    # activation schemes, dynamic FP8 with FP8 weights (W8A8 through torch._scaled_mm)
+    w8a8 = quant.weights == "fp8_e4m3" and quant.activations == "fp8_e4m3"
     unsupported = {
+        "weights": (quant.weights is not None and kernels != "triton", quant.weights,
+                    "kernels='triton' with a weight scheme"),
+        "activations": (quant.activations is not None and not w8a8, quant.activations,
+                        "None, or 'fp8_e4m3' with weights='fp8_e4m3' (W8A8)"),
         "kv_format": (config.cache.kv_format not in GPU_KV_FORMATS, config.cache.kv_format,
                       "None or 'fp8_e4m3'"),
         "sparse_decode_blocks": (config.cache.sparse_decode_blocks is not None,

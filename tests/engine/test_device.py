@@ -26,7 +26,7 @@ def test_auto_is_the_cpu_with_native_kernels_and_float32_without_a_gpu():
 
 def test_auto_is_cuda_with_triton_and_bfloat16_with_a_gpu():
     config = resolve(engine_config(), cuda_count=1)
-    assert config.device == "cuda" and config.dtype == "bfloat16"
+    assert config.device == "cuda:0" and config.dtype == "bfloat16"
     assert config.kernels in ("triton", "torch")  # triton where it is installed
 
 
@@ -34,7 +34,7 @@ def test_auto_is_cuda_with_triton_and_bfloat16_with_a_gpu():
     ("options", "dtype"),
     [
         (dict(weights="int8"), "float32"),  # the scheme quantizes from fp32 weights
-        (dict(activations="fp8_e4m3"), "float32"),  # calibration runs in fp32
+        (dict(weights="fp8_e4m3", activations="fp8_e4m3"), "float32"),  # calibrates in fp32
         (dict(dtype="float16"), "float16"),  # given: kept
     ],
 )
@@ -65,6 +65,8 @@ def test_an_unknown_device_is_refused_as_the_config_is_made():
     [
         (dict(kernels="native"), "kernels"),
         (dict(kv_format="int4_kivi"), "kv_format"),
+        (dict(weights="int8", kernels="torch"), "weights"),  # the CPU rows' C kernels
+        (dict(activations="int8", kernels="triton"), "activations"),
         (dict(compile="jit", kernels="torch"), "compile"),
         (dict(compile="eager", kernels="torch"), "compile"),
     ],
