@@ -156,6 +156,13 @@ def _capture(built: Built) -> None:
     )
 
 
+def records_graphs(config: EngineConfig) -> bool:
+    """Decode steps replay CUDA graphs: on a GPU, unless enforce_eager or compiled layers."""
+    return (
+        config.device != "cpu" and not config.compile.enforce_eager and config.compile.mode == "off"
+    )
+
+
 def _to_device(built: Built) -> None:
     """On a GPU: the model, built and quantized on the host, moves there (the host copies
     go), its KV budget is what gpu_memory_utilization leaves (unless kv_cache_memory is
@@ -164,7 +171,7 @@ def _to_device(built: Built) -> None:
     if config.device == "cpu":
         return
     built.model.to(torch.device(config.device))
-    built.model.fast_path = None if config.compile.enforce_eager else "cuda_graphs"
+    built.model.fast_path = "cuda_graphs" if records_graphs(config) else None
     if config.cache.memory_bytes is None and config.cache.num_blocks is None:
         dtype_bytes = torch.finfo(DTYPES[config.dtype]).bits // 8
         budget = gpu_kv_budget(config, built.model_config, dtype_bytes)
@@ -308,6 +315,9 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
     num_blocks = blocks_for(
         cache, built.model_config, torch.finfo(dtype).bits // 8, tails, reserved_bytes=state_bytes
     )
+    spare = records_graphs(config)  # a block for the padded rows of captured steps
+    if spare and cache.num_blocks is None:
+        num_blocks -= 1  # ... inside the budget
     kv_cache = PagedKVCache(
         built.model_config,
         num_blocks,
@@ -319,6 +329,7 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
         slots,
         cache.sparse_decode_blocks is not None,
         config.device,
+        spare,
     )  # fmt: skip
     if cache.sparse_decode_blocks is not None:
         for i, layer in enumerate(model.layers):

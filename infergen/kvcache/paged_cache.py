@@ -40,12 +40,13 @@ class PagedKVCache:
         state_slots: int = 0,  # sequences whose recurrent state is held at once
         summaries: bool = False,  # keep per-block key summaries (sparse decode)
         device: torch.device | str = "cpu",  # where every tensor of the cache lives
+        spare_block: bool = False,  # one more block no sequence gets (captured decode steps)
     ):
         self.device = torch.device(device)
         self.num_blocks = num_blocks  # blocks the pool hands out: 0 .. num_blocks - 1
-        # one more block that no sequence gets: padded rows of a captured decode step
-        # (models/cuda_graphs.py) write there
-        self.spare_block = num_blocks
+        # with `spare_block`, one more block that no sequence gets: padded rows of a captured
+        # decode step (models/cuda_graphs.py) write there
+        self.spare_block = num_blocks if spare_block else None
         self.block_size = block_size
         self.dtype = dtype  # what readers compute in
         self.kv_format = kv_format
@@ -62,7 +63,7 @@ class PagedKVCache:
         self.pool = self.format.allocate(
             CacheLayout(
                 layers, slot, len(self.groups[0].layers) if self.groups else 0, planes,
-                num_blocks + 1, block_size, heads, dim, dtype, tail_slots, self.device,
+                num_blocks + spare_block, block_size, heads, dim, dtype, tail_slots, self.device,
             )
         )  # fmt: skip
         # the paged tensor and the per-head scales (None where the format has none)

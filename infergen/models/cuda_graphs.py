@@ -48,6 +48,8 @@ class _Static:
         device = kv_cache.device
         self.rows = rows
         self.spare = spare = kv_cache.spare_block
+        if spare is None:
+            raise ValueError("captured decode steps need a cache with a spare block")
         self.pad_slot = spare * kv_cache.block_size
         self.h = torch.zeros(rows, model.config.hidden_size, dtype=model.dtype, device=device)
         self.positions = torch.zeros(rows, dtype=torch.int64, device=device)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from infergen import LLM, SamplingParams
+from infergen.engine import build
 from infergen.models.cuda_graphs import GraphedDecode, buckets
 from tests.engine.greedy import assert_greedy_equivalent
 from tests.hf_models import build_hf_model
@@ -34,7 +35,7 @@ def test_buckets_are_powers_of_two_up_to_max_num_seqs(max_num_seqs, expected):
     assert buckets(max_num_seqs) == expected
 
 
-def test_padded_buckets_equal_the_eager_path(tmp_path):
+def test_padded_buckets_equal_the_eager_path(tmp_path, monkeypatch):
     build_hf_model("llama_gqa", tmp_path)
     gen = torch.Generator().manual_seed(5)
     shared = torch.randint(3, 200, (9,), generator=gen).tolist()
@@ -48,6 +49,7 @@ def test_padded_buckets_equal_the_eager_path(tmp_path):
     eager = LLM(str(tmp_path), **options)
     want = eager.generate(prompts, params)
 
+    monkeypatch.setattr(build, "records_graphs", lambda config: True)  # the GPU's cache: a spare
     graphed = LLM(str(tmp_path), **options)
     model, cache = graphed.engine.runner.model, graphed.engine.kv_cache
     runner = GraphedDecode(model, cache)

@@ -13,6 +13,7 @@ import torch
 
 from infergen.ops import paged_attention as pa
 from infergen.ops.paged_decode_triton import num_splits, paged_decode_triton
+from tests.ops.scattered_pool import scattered_pool
 from tests.triton_env import DEVICE, runnable
 
 pytestmark = runnable
@@ -21,17 +22,7 @@ pytestmark = runnable
 def _case(seq_lens, kv_heads, group, dim, block_size, dtype=torch.float32, seed=0):
     """A pool with every sequence's blocks scattered (a random permutation), and queries."""
     gen = torch.Generator().manual_seed(seed)
-    per_seq = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(per_seq) + 3
-    order = torch.randperm(num_blocks, generator=gen)
-    tables = torch.zeros(len(seq_lens), max(per_seq), dtype=torch.int64)
-    used = 0
-    for i, n in enumerate(per_seq):
-        tables[i, :n] = order[used : used + n]
-        used += n
-    shape = (num_blocks, block_size, kv_heads, dim)
-    k = torch.randn(shape, generator=gen).to(dtype)
-    v = torch.randn(shape, generator=gen).to(dtype)
+    k, v, tables = scattered_pool(seq_lens, kv_heads, dim, block_size, dtype, gen)
     q = torch.randn(len(seq_lens), kv_heads * group, dim, generator=gen).to(dtype)
     return q, k, v, tables, torch.tensor(seq_lens)
 

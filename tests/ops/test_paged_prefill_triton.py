@@ -20,6 +20,7 @@ from infergen.kvcache.paged_cache import KVLayer
 from infergen.ops import paged_attention as pa
 from infergen.ops.attention_sinks import sink_attention
 from infergen.ops.paged_prefill_triton import paged_prefill_triton
+from tests.ops.scattered_pool import scattered_pool
 from tests.triton_env import DEVICE, runnable
 
 pytestmark = runnable
@@ -31,17 +32,7 @@ def _case(query_lens, seq_lens, kv_heads, group, dim, block_size, dtype=torch.fl
     """A pool with every sequence's blocks scattered (a random permutation; the queries' own
     K/V already stored, as kv_store leaves them), queries, and the query start offsets."""
     gen = torch.Generator().manual_seed(seed)
-    per_seq = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(per_seq) + 3
-    order = torch.randperm(num_blocks, generator=gen)
-    tables = torch.zeros(len(seq_lens), max(per_seq), dtype=torch.int64)
-    used = 0
-    for i, n in enumerate(per_seq):
-        tables[i, :n] = order[used : used + n]
-        used += n
-    shape = (num_blocks, block_size, kv_heads, dim)
-    k = torch.randn(shape, generator=gen).to(dtype)
-    v = torch.randn(shape, generator=gen).to(dtype)
+    k, v, tables = scattered_pool(seq_lens, kv_heads, dim, block_size, dtype, gen)
     q = (torch.randn(sum(query_lens), kv_heads * group, dim, generator=gen) * q_scale).to(dtype)
     starts = [0]
     for n in query_lens:
