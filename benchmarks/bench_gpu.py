@@ -356,7 +356,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=32, help="decoder layers (8B: 32)")
     parser.add_argument("--hidden", type=int, default=0, help="a toy hidden size (smoke test)")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument(
         "--no-compile-peer",
         dest="compile_peer",

@@ -477,6 +477,78 @@ def render_soak(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
+GPU_START, GPU_END = "<!-- gpu-engine:start -->", "<!-- gpu-engine:end -->"
+# issue 22's targets: (what, the line's case, its filter, the value, at least)
+GPU_TARGETS = (
+    ("batch-1 decode, % of the HBM roofline (graphs)", "decode",
+     dict(batch=1, mode="graphs"), "roofline_pct", 85.0),
+    ("batch-1 decode ÷ eager torch", "decode", dict(batch=1, mode="graphs"),
+     "vs_torch_eager", 1.5),
+    ("batch-1 decode ÷ torch.compile", "decode", dict(batch=1, mode="graphs"),
+     "vs_torch_compile", 1.0),
+    ("paged decode attention at 32k, % of copy", "attention", dict(context=32768, batch=8),
+     "copy_pct", 80.0),
+    ("FP8 W8A8 ÷ bf16 projections, 1 token", "fp8_linear", dict(tokens=1), "speedup", 1.6),
+)  # fmt: skip
+
+
+def render_gpu_engine(lines: list[dict]) -> str | None:
+    """bench_gpu.py's lines (None: no GPU run yet): decode per batch and mode, the other cases,
+    then issue 22's targets."""
+    gpu = [ln for ln in lines if ln.get("bench") == "gpu_engine"]
+    if not gpu:
+        return None
+    rows = ["| case | tok/s | % of roofline / copy / peak | ÷ eager torch | ÷ torch.compile |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for ln in gpu:
+        eager, compiled = ln.get("vs_torch_eager"), ln.get("vs_torch_compile")
+        if ln["case"] == "decode":
+            rows.append(
+                f"| decode, batch {ln['batch']}, {ln['mode']} | {_num(ln['tok_per_s'])} "
+                f"| {_num(ln['roofline_pct'])} % | {_num(eager)} | {_num(compiled)} |"
+            )
+        elif ln["case"] == "prefill":
+            rows.append(
+                f"| prefill, {ln['tokens']} tokens | {_num(ln['tok_per_s'])} "
+                f"| {_num(ln['peak_pct'])} % of bf16 peak | – | – |"
+            )
+        elif ln["case"] == "attention":
+            rows.append(
+                f"| paged decode attention, {ln['context']} context, batch {ln['batch']} "
+                f"| {_num(ln['gb_per_s'])} GB/s | {_num(ln['copy_pct'])} % of copy | – | – |"
+            )
+        elif ln["case"] == "fp8_linear":
+            rows.append(
+                f"| FP8 W8A8 projections, {ln['tokens']} tokens | {_num(ln['speedup'])}× "
+                "bf16 | – | – | – |"
+            )
+    rows += ["", "| target | measured | at least | met |", "|---|---|---|---|"]
+    for what, case, match, key, least in GPU_TARGETS:
+        found = next(
+            (
+                ln
+                for ln in gpu
+                if ln["case"] == case and all(ln.get(k) == v for k, v in match.items())
+            ),
+            None,
+        )
+        value = None if found is None else found.get(key)
+        met = "not measured yet" if value is None else "yes" if value >= least else "**no**"
+        rows.append(f"| {what} | {_num(value)} | {least:g} | {met} |")
+    rate = {ln["batch"]: ln["tok_per_s"] for ln in gpu
+            if ln["case"] == "decode" and ln["mode"] == "graphs"}  # fmt: skip
+    scaling = rate[64] / rate[1] if 64 in rate and 1 in rate else None
+    met = "not measured yet" if scaling is None else "yes" if scaling >= 20 else "**no**"
+    rows.append(f"| batch-64 decode throughput ÷ batch 1 | {_num(scaling)} | 20 | {met} |")
+    first = gpu[0]
+    rows.append(
+        f"\n{first['model']}; {first['gpu']}, torch {first['torch']}, triton "
+        f"{first.get('triton', '?')}. Regenerate: `bash benchmarks/device_check.sh` on "
+        "a GPU, then `python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 def _splice(text: str, start: str, end: str, body: str) -> str:
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
@@ -489,6 +561,7 @@ SECTIONS = (
     (COMPILER_START, COMPILER_END, render_compiler),
     (ARCH_START, ARCH_END, render_architectures),
     (SOAK_START, SOAK_END, render_soak),
+    (GPU_START, GPU_END, render_gpu_engine),
 )
 
 
