@@ -42,6 +42,14 @@ class CacheConfig:
     block_size: int = 16
     memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9  # share of the GPU's memory the engine may hold
+    # KV tiers below the pool (kvcache/tiers/): a host-memory budget, a directory and its
+    # budget; blocks the pool evicts move there and come back on prefix hits (None: off)
+    offload_memory_bytes: int | None = None
+    offload_dir: str | None = None
+    offload_disk_bytes: int = 50 * 10**9
+    # write every computed prefix block to the tiers as it is registered (write-through), not
+    # only as the pool evicts it (write-back): a restart finds whole prefixes on disk
+    offload_write_through: bool = False
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     kv_format: str | None = None  # a KV_FORMATS row (kvcache/kv_format.py), e.g. "fp8_e4m3"

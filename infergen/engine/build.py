@@ -12,6 +12,7 @@ calibrated), the cache sized from the memory budget, sparse decode, and the comp
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -37,6 +38,9 @@ from infergen.kvcache.kv_format import kv_format_of
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.sizing import blocks_for
 from infergen.kvcache.state_cache import StateCache, slots_for
+from infergen.kvcache.tiers.disk import DiskTier
+from infergen.kvcache.tiers.host import HostTier
+from infergen.kvcache.tiers.tiered import KVTiers
 from infergen.layers.probe import check_kv_scales
 from infergen.models.cuda_graphs import buckets
 from infergen.models.fast_paths import FAST_PATHS
@@ -67,6 +71,7 @@ class Built:
     fallback_layers: dict[str, tuple[float, float]] = field(default_factory=dict)
     compile_report: object = None
     graph_capture: GraphCapture | None = None  # on a GPU: the decode graphs recorded at start
+    kv_tiers: KVTiers | None = None  # host / disk tiers below the KV pool (kv_offload_*)
 
 
 class GraphCapture(NamedTuple):
@@ -131,6 +136,7 @@ def build(
     scales = _kv_scales(built, checkpoint, run)
     _to_device(built)
     built.kv_cache = _cache(built, dtype, scales)
+    built.kv_tiers = _tiers(built)
     _compile(built)
     _capture(built)
     return built
@@ -342,6 +348,52 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
         kv_cache.scales.copy_(scales[0])
         kv_cache.k_shift.copy_(scales[1])
     return kv_cache
+
+
+def _tiers(built: Built) -> KVTiers | None:
+    """The KV tiers below the pool (kv_offload_memory, kv_offload_dir): None without them.
+    For now the models whose layers share one full-attention cache group and keep no
+    recurrent state (the windowed and hybrid ones are issue 23's next steps)."""
+    cache = built.config.cache
+    if cache.offload_memory_bytes is None and cache.offload_dir is None:
+        return None
+    groups = built.kv_cache.groups
+    if len(groups) != 1 or groups[0].window is not None or built.model.state_layers:
+        raise ConfigError(
+            "KV offload tiers serve models with one full-attention cache group for now",
+            where="kv_offload_memory",
+            found=f"{built.model_config.architecture} (sliding windows or recurrent layers)",
+            expected="no kv_offload_memory / kv_offload_dir for this model",
+        )
+    built.kv_cache.block_data(0)  # a KV format the tiers cannot move: the error now
+    disk = None
+    if cache.offload_dir is not None:
+        disk = DiskTier(cache.offload_dir, cache.offload_disk_bytes, fingerprint(built))
+    tiers: list = []
+    if cache.offload_memory_bytes is not None:
+        spill = disk.put if disk is not None else None
+        tiers.append(HostTier(cache.offload_memory_bytes, spill))
+    if disk is not None:
+        tiers.append(disk)
+    return KVTiers(built.kv_cache, tiers, cache.offload_write_through)
+
+
+def fingerprint(built: Built) -> str:
+    """What a stored block's contents depend on: the model (its config and a sample of every
+    weight), the KV format and dtype, the block layout. Blocks of another fingerprint are
+    never served."""
+    digest = hashlib.blake2b(digest_size=16)
+    config = built.config
+    digest.update(repr(dataclasses.replace(built.model_config, source="")).encode())
+    digest.update(repr((config.dtype, config.cache.kv_format, config.cache.block_size,
+                        config.quant, config.attention)).encode())  # fmt: skip
+    for name, tensor in built.model.state_dict().items():
+        sample = tensor.detach().flatten()[:64].to("cpu").contiguous()
+        digest.update(name.encode() + sample.view(torch.uint8).numpy().tobytes())
+    scales = built.kv_cache.scales
+    if scales is not None:
+        digest.update(scales.to("cpu").numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _compile(built: Built) -> None:

@@ -57,7 +57,9 @@ class Engine:
             self.config.scheduler,
             self.config.cache.enable_prefix_caching,
             self.max_model_len,
+            built.kv_tiers,
         )
+        self.kv_tiers = built.kv_tiers  # host / disk tiers below the pool (kv_offload_*)
         self.sampler = Sampler(self.config.kernels)
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         self._requests: dict[str, Sequence] = {}
@@ -214,6 +216,8 @@ class Engine:
         began = start if self._busy_since is None else self._busy_since
         self.step_cost.observe(end - began, sum(n for n in num_tokens if n > 1))
         self._busy_since = end if self.scheduler.has_unfinished() else None
+        if self.kv_tiers is not None:  # what a tier hit saves: the measured prefill per token
+            self.kv_tiers.recompute_seconds_per_token = self.step_cost.prefill_token
 
     def _append_token(self, seq: Sequence, token: int, logprobs: object) -> None:
         seq.token_ids.append(token)

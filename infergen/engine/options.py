@@ -81,8 +81,9 @@ class Option:
         return self.convert(given) if self.convert is not None and given is not None else given
 
 
-def _bytes(value: str | int) -> int:
-    return parse_bytes(value, where="kv_cache_memory")
+def _bytes(option: str) -> Callable[[str | int], int]:
+    """A byte size's converter ("8GiB" → bytes), its errors naming `option`."""
+    return lambda value: parse_bytes(value, where=option)
 
 
 def _switch(text: str) -> bool:
@@ -122,7 +123,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_model_len", "max_model_len", None, parse=int,
            help="cap the context (prompt + generated tokens) below the model's own length"),
     # ---- KV cache ------------------------------------------------------------------------
-    Option("kv_cache_memory", "cache.memory_bytes", None, convert=_bytes,
+    Option("kv_cache_memory", "cache.memory_bytes", None, convert=_bytes("kv_cache_memory"),
            help="KV cache budget, e.g. 512MiB (ignored when num_kv_blocks is set). Default: "
            "1GiB on the CPU; on a GPU what gpu_memory_utilization leaves after the weights "
            "and the activations"),
@@ -130,6 +131,23 @@ OPTIONS: tuple[Option, ...] = (
            commands=RUN,
            help="share of the GPU's memory the engine may hold (weights + activations + KV "
            "cache); sizes the KV cache when kv_cache_memory is not given"),
+    Option("kv_offload_memory", "cache.offload_memory_bytes", None,
+           convert=_bytes("kv_offload_memory"),
+           commands=RUN,
+           help="a host-memory tier below the KV pool, e.g. 8GiB: blocks the pool evicts move "
+           "there (least recently used leaves go first) and come back on a prefix hit instead "
+           "of being recomputed. Default: off"),
+    Option("kv_offload_dir", "cache.offload_dir", None, commands=RUN, metavar="DIR",
+           help="a disk tier below the host tier: blocks written atomically with a checksum "
+           "and the model / KV format fingerprint, kept across restarts. Default: off"),
+    Option("kv_offload_disk", "cache.offload_disk_bytes", "50GB",
+           convert=_bytes("kv_offload_disk"), commands=RUN,
+           help="the disk tier's budget"),
+    Option("kv_offload_write_through", "cache.offload_write_through", False, parse=_switch,
+           commands=RUN, metavar="on|off",
+           help="copy each computed prefix block to the tiers as soon as it is complete "
+           "(write-through), not only when the pool evicts it: whole prefixes reach the disk "
+           "tier and outlive a restart, at the cost of a copy per block"),
     Option("num_kv_blocks", "cache.num_blocks", None, parse=int, commands=(),
            help="exact number of KV blocks (tests use tiny pools to force preemption)"),
     Option("block_size", "cache.block_size", 16, parse=int, commands=(),

@@ -38,6 +38,7 @@ from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.groups import NO_BLOCK, CacheGroup, sequence_blocks
 from infergen.kvcache.prefix import extend_hashes
 from infergen.kvcache.state_cache import SlotPool
+from infergen.kvcache.tiers.tiered import KVTiers
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Scheduler:
         states: SlotPool | None = None,
         max_model_len: int | None = None,
         lookahead: int = 0,
+        tiers: KVTiers | None = None,
     ):
         self.config = config
         self.pool = pool
@@ -68,6 +70,9 @@ class Scheduler:
         self.states = states  # recurrent layers' state slots (one per running sequence)
         self.max_model_len = max_model_len
         self.lookahead = lookahead  # drafted tokens a decode step verifies
+        # the KV tiers below the pool (kvcache/tiers/): prefix blocks missing from the pool are
+        # loaded back from there at admission
+        self.tiers = tiers
         self.admission = ADMISSION.get(config.admission, where="scheduler.admission")
         self.reserved_blocks = 0  # the running sequences' reservations (admission policy)
         self.waiting: deque[Sequence] = deque()
@@ -192,6 +197,8 @@ class Scheduler:
             [self.pool.lookup(self._key(g, h)) for h in seq.block_hashes[:limit]]
             for g in range(len(self.groups))
         ]
+        if self.tiers is not None:
+            self._load_from_tiers(seq, hits[0])
         n = limit
         while n > 0:
             if all(None not in self._needed(g, hit, n) for g, hit in enumerate(hits)):
@@ -206,6 +213,35 @@ class Scheduler:
         seq.num_computed_tokens = n * self.block_size
         seq.num_registered_blocks = n
 
+    def _load_from_tiers(self, seq: Sequence, hits: list[int | None]) -> None:
+        """Fill the pool misses of a prefix (one cache group) from the tiers, block by block
+        from its start until a block is in neither (a chain is reachable only from its start).
+        The blocks found so far are held while others are allocated (an allocation evicts
+        idle blocks), then go back to idle for the caller to acquire."""
+        held: list[int] = []
+        parent, decided = None, False
+        for j, block in enumerate(hits):
+            key = self._key(0, seq.block_hashes[j])
+            if block is None:
+                if key not in self.tiers or self.pool.num_free == 0:
+                    break
+                if j == len(held) and not decided:  # the first tier block: load or recompute?
+                    decided = True
+                    tokens = (len(hits) - j) * self.block_size
+                    if not self.tiers.worth_loading(key, tokens):
+                        break
+                block = self.pool.allocate()
+                if not self.tiers.load(key, block):  # a corrupt copy: recompute from here
+                    self.pool.release([block])
+                    break
+                self.pool.register(block, key, parent)
+                hits[j] = block
+            else:
+                self.pool.acquire(block)
+            held.append(block)
+            parent = key
+        self.pool.release(held)
+
     def register_full_blocks(self, seq: Sequence) -> None:
         """After a step: publish the sequence's newly completed blocks to the prefix cache."""
         full = seq.num_computed_tokens // self.block_size
@@ -215,7 +251,8 @@ class Scheduler:
         for g, blocks in enumerate(seq.blocks):
             for j in range(seq.num_registered_blocks, full):
                 if blocks[j] != NO_BLOCK:
-                    self.pool.register(blocks[j], self._key(g, seq.block_hashes[j]))
+                    parent = self._key(g, seq.block_hashes[j - 1]) if j else None
+                    self.pool.register(blocks[j], self._key(g, seq.block_hashes[j]), parent)
         seq.num_registered_blocks = full
 
     # ---- the step ---------------------------------------------------------------------------

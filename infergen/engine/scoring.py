@@ -18,6 +18,7 @@ from infergen.engine.scheduler import ScheduledBatch, Scheduler
 from infergen.errors import RequestError
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.kvcache.tiers.tiered import KVTiers
 from infergen.models.transformer import Transformer
 
 
@@ -53,15 +54,22 @@ def serving_parts(
     scheduler: SchedulerConfig,
     prefix_caching: bool,
     max_model_len: int | None = None,
+    tiers: KVTiers | None = None,
 ) -> tuple[BlockPool, Scheduler, ModelRunner]:
-    """A block pool over `kv_cache`, a scheduler over the pool, a runner writing to it."""
+    """A block pool over `kv_cache`, a scheduler over the pool, a runner writing to it; with
+    `tiers`, the blocks the pool evicts move down to them and prefix hits come back."""
     pool = BlockPool(kv_cache.num_blocks, prefix_caching)
     pool.on_free = kv_cache.block_freed
     if kv_cache.summaries:
         pool.on_allocate = kv_cache.block_allocated
+    if tiers is not None:
+        pool.on_evict = tiers.save
+        if tiers.write_through:
+            pool.on_register = tiers.save
     sched = Scheduler(
-        scheduler, pool, kv_cache.block_size, kv_cache.groups, kv_cache.states, max_model_len
-    )
+        scheduler, pool, kv_cache.block_size, kv_cache.groups, kv_cache.states, max_model_len,
+        tiers=tiers,
+    )  # fmt: skip
     return pool, sched, ModelRunner(model, kv_cache)
 
 

@@ -21,6 +21,7 @@ class BlockPool:
         self._idle: OrderedDict[int, None] = OrderedDict()  # refcount 0, hashed; LRU first
         self._ref = [0] * num_blocks
         self._hash: list[bytes | None] = [None] * num_blocks
+        self._parent: list[bytes | None] = [None] * num_blocks  # the chain's previous key
         self._by_hash: dict[bytes, int] = {}
         self.num_evictions = 0
         # called with a block whose last reference went and whose contents are dropped (not
@@ -28,6 +29,11 @@ class BlockPool:
         self.on_free: Callable[[int], None] | None = None
         # called with each block handed out by allocate() (fresh contents: summaries reset)
         self.on_allocate: Callable[[int], None] | None = None
+        # called with (block, its key, its parent's key) as an idle cached block is evicted,
+        # before its contents are reused: the KV tiers keep them (kvcache/tiers/)
+        self.on_evict: Callable[[int, bytes, bytes | None], None] | None = None
+        # called the same way as a block is registered (its KV computed): write-through tiers
+        self.on_register: Callable[[int, bytes, bytes | None], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -48,6 +54,8 @@ class BlockPool:
             block = self._free.popleft()
         elif self._idle:
             block, _ = self._idle.popitem(last=False)
+            if self.on_evict is not None:
+                self.on_evict(block, self._hash[block], self._parent[block])
             del self._by_hash[self._hash[block]]
             self._hash[block] = None
             self.num_evictions += 1
@@ -84,11 +92,15 @@ class BlockPool:
             self._idle.pop(block, None)
         self._ref[block] += 1
 
-    def register(self, block: int, block_hash: bytes) -> None:
-        """Publish a full, computed block under its chained hash (first writer wins)."""
+    def register(self, block: int, block_hash: bytes, parent: bytes | None = None) -> None:
+        """Publish a full, computed block under its chained hash (first writer wins);
+        `parent`: the hash of the block before it in its chain (None for the first)."""
         if not self.enable_prefix_caching or self._hash[block] is not None:
             return
         if block_hash in self._by_hash:
             return
         self._hash[block] = block_hash
+        self._parent[block] = parent
+        if self.on_register is not None:
+            self.on_register(block, block_hash, parent)
         self._by_hash[block_hash] = block

@@ -21,7 +21,7 @@ from infergen.errors import ConfigError
 from infergen.kvcache.block_summary import BlockSummary
 from infergen.kvcache.groups import cache_groups
 from infergen.kvcache.kv_format import kv_format_of
-from infergen.kvcache.kv_protocol import CacheLayout, KVLayer
+from infergen.kvcache.kv_protocol import CacheLayout, KVLayer, PagedPool
 from infergen.kvcache.state_cache import StateCache
 
 __all__ = ["KVLayer", "PagedKVCache"]
@@ -105,6 +105,32 @@ class PagedKVCache:
     def layer(self, index: int) -> KVLayer | dict[str, torch.Tensor]:
         """One layer's K / V cache (and scales), or a recurrent layer's state tensors."""
         return self._layers[index]
+
+    def block_data(self, block: int) -> torch.Tensor:
+        """A copy of one block's contents on the host: every layer of its page, K and V,
+        [group_size, planes, block_size, heads, dim] in the storage dtype (the KV tiers'
+        unit, kvcache/tiers/)."""
+        return self._paged_storage()[:, :, block].to("cpu", copy=True)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block's contents (what a tier stores per block)."""
+        page = self._paged_storage()[:, :, 0]
+        return page.numel() * page.element_size()
+
+    def write_block(self, block: int, data: torch.Tensor) -> None:
+        """Put contents `block_data` returned back into `block`."""
+        self._paged_storage()[:, :, block].copy_(data)
+
+    def _paged_storage(self) -> torch.Tensor:
+        if not isinstance(self.pool, PagedPool):
+            raise ConfigError(
+                "KV offload tiers move pages of the engine-dtype or FP8 KV cache",
+                where="kv_format",
+                found=self.kv_format,
+                expected="None or 'fp8_e4m3' with kv_offload_memory / kv_offload_dir",
+            )
+        return self.storage
 
     def begin_step(self, slot_mapping: torch.Tensor) -> None:
         """Before a forward writing `slot_mapping` (block-quantized formats plan the step)."""

@@ -215,6 +215,8 @@ class AsyncEngine:
                 self._deadlines.pop(update.delta.request_id, None)
                 timed_out = update.output.finish_reason == "timeout"
                 self._account(update.output, "aborted" if timed_out else "finished")
+        if self.engine.kv_tiers is not None:
+            m.set_tiers(self.engine.kv_tiers.stats())
         m.set_load(
             waiting=len(scheduler.waiting),
             running=len(scheduler.running),

@@ -46,7 +46,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 __all__ = [
@@ -121,6 +121,7 @@ class ServerMetrics:
             buckets=ITL_BUCKETS,
             registry=None,
         )
+        self.tiers: dict | None = None  # the KV tiers' stats (KVTiers.stats), None: no tiers
         self.registry = CollectorRegistry()
         self.registry.register(_Exposition(self))
 
@@ -150,6 +151,11 @@ class ServerMetrics:
         or after its previous tokens."""
         self.generation_tokens.inc(n)
         (self.ttft if first else self.itl).observe(seconds)
+
+    def set_tiers(self, stats: dict | None) -> None:
+        """The KV tiers' counters as of now (kvcache/tiers/tiered.KVTiers.stats)."""
+        with self.lock:
+            self.tiers = stats
 
     def set_load(self, waiting: int, running: int, blocks_used: int, blocks_free: int) -> None:
         self.waiting.set(waiting)
@@ -204,6 +210,48 @@ class _Exposition(Collector):
         )
         yield families["ttft"]
         yield families["itl"]
+        if m.tiers is not None:
+            yield from _tier_families(m.tiers)
+
+
+def _tier_families(stats: dict) -> Iterator[Metric]:
+    """The KV tiers' families (a snapshot the engine thread sets with each step)."""
+    per_tier = (
+        ("hits", "prefix blocks found in the tier"), ("misses", "lookups the tier missed"),
+        ("evictions", "blocks the tier let go (to the next tier down, or dropped)"),
+    )  # fmt: skip
+    for key, text in per_tier:
+        family = CounterMetricFamily(f"infergen_kv_tier_{key}", text, labels=["tier"])
+        for name, tier in stats["tiers"].items():
+            family.add_metric([name], tier.get(key, 0))
+        yield family
+    moved = CounterMetricFamily(
+        "infergen_kv_tier_bytes", "bytes moved to / from the tier", labels=["tier", "direction"]
+    )
+    held = GaugeMetricFamily("infergen_kv_tier_bytes_held", "bytes the tier holds", labels=["tier"])
+    bandwidth = GaugeMetricFamily(
+        "infergen_kv_tier_read_gbps", "measured read bandwidth of the tier, GB/s", labels=["tier"]
+    )
+    for name, tier in stats["tiers"].items():
+        moved.add_metric([name, "read"], tier.get("bytes_read", 0))
+        moved.add_metric([name, "written"], tier.get("bytes_written", 0))
+        held.add_metric([name], tier.get("nbytes", 0))
+        if tier.get("read_gb_s") is not None:
+            bandwidth.add_metric([name], tier["read_gb_s"])
+    yield from (moved, held, bandwidth)
+    blocks = CounterMetricFamily(
+        "infergen_kv_tier_blocks", "blocks moved between the pool and the tiers", labels=["move"]
+    )
+    blocks.add_metric(["saved"], stats["saved"])
+    blocks.add_metric(["loaded"], stats["loaded"])
+    yield blocks
+    decisions = CounterMetricFamily(
+        "infergen_kv_tier_decisions", "tier hits loaded or recomputed (cost rule)",
+        labels=["decision"],
+    )  # fmt: skip
+    for decision, n in stats["decisions"].items():
+        decisions.add_metric([decision], n)
+    yield decisions
 
 
 def _without_created(metric: Counter | Gauge | Histogram) -> Metric:

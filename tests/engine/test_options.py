@@ -86,7 +86,7 @@ def _argv(option) -> list[str]:
         text = "0.5"
     elif option.name == "device":
         text = "cpu"
-    elif option.name == "enforce_eager":
+    elif option.metavar == "on|off":
         text = "on"
     else:
         text = "x"

@@ -1,0 +1,73 @@
+"""`HostTier`: KV blocks in host memory within a byte budget (issue 23, item 1).
+
+A block is stored as a copy of its contents (a CPU tensor: every layer's K and V of one page,
+in the cache's storage dtype — engine-dtype values or FP8 codes). Full: least recently used
+leaves go first (leaf_lru.py) — to the next tier down (`spill`: the disk tier's `put`) when
+there is one, else dropped. On a GPU the copies would come from pinned memory on a side
+stream; this tier holds what it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from infergen.kvcache.tiers.leaf_lru import LeafLRU
+
+Spill = Callable[[bytes, bytes | None, torch.Tensor], bool]
+
+
+class HostTier:
+    name = "host"
+
+    def __init__(self, budget_bytes: int, spill: Spill | None = None):
+        self.budget_bytes = budget_bytes
+        self.spill = spill
+        self._data: dict[bytes, torch.Tensor] = {}
+        self._parent: dict[bytes, bytes | None] = {}
+        self._order = LeafLRU()
+        self.nbytes = 0
+        self.stats = dict(hits=0, misses=0, puts=0, evictions=0, spilled=0, bytes_read=0,
+                          bytes_written=0)  # fmt: skip
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._data
+
+    def put(self, key: bytes, parent: bytes | None, data: torch.Tensor) -> bool:
+        """Keep a copy of `data` under `key`; False when it cannot fit the budget."""
+        size = data.numel() * data.element_size()
+        if key in self._data:
+            self._order.touch(key)
+            return True
+        while self.nbytes + size > self.budget_bytes:
+            victim = self._order.victim(keep=parent)
+            if victim is None:
+                return False
+            self._evict(victim)
+        self._data[key] = data.detach().to("cpu", copy=True)
+        self._parent[key] = parent
+        self._order.add(key, parent)
+        self.nbytes += size
+        self.stats["puts"] += 1
+        self.stats["bytes_written"] += size
+        return True
+
+    def get(self, key: bytes) -> torch.Tensor | None:
+        data = self._data.get(key)
+        if data is None:
+            self.stats["misses"] += 1
+            return None
+        self._order.touch(key)
+        self.stats["hits"] += 1
+        self.stats["bytes_read"] += data.numel() * data.element_size()
+        return data
+
+    def _evict(self, key: bytes) -> None:
+        data = self._data.pop(key)
+        parent = self._parent.pop(key)
+        self._order.remove(key)
+        self.nbytes -= data.numel() * data.element_size()
+        self.stats["evictions"] += 1
+        if self.spill is not None and self.spill(key, parent, data):
+            self.stats["spilled"] += 1

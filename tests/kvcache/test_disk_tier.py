@@ -1,0 +1,313 @@
+"""The disk tier of the KV hierarchy: bit-exact round trips, persistence across instances,
+fingerprints, corrupt / truncated / half-written files, the byte budget with leaf-first LRU
+eviction (a property test over random chains), and write faults (read-only, disk full)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infergen.errors import ConfigError
+from infergen.kvcache.prefix import block_hash
+from infergen.kvcache.tiers.disk import DiskTier
+
+FP = "tiny-llama|fp8_e4m3|block16"
+
+
+def _chmod_binds(tmp_path: Path) -> bool:
+    """False where directory permissions do not bind (root with CAP_DAC_OVERRIDE)."""
+    locked = tmp_path / "permission-probe"
+    locked.mkdir(mode=0o500)
+    return not os.access(locked, os.W_OK)
+
+
+def _key(i: int) -> bytes:
+    return block_hash(None, [i])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _block(i: int, numel: int = 35, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(i)
+    return torch.randn(numel, generator=gen).to(dtype)
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix == ".kv")
+
+
+def _tensors() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 7, generator=gen) * 100
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])
+    return [
+        x,  # fp32 with NaN, inf, -0
+        x.to(torch.bfloat16)[:, 1:4],  # non-contiguous slice
+        x.clamp(-448, 448).to(torch.float8_e4m3fn).reshape(7, 15),
+        torch.randint(0, 256, (1, 13, 1), dtype=torch.uint8, generator=gen),
+        torch.tensor(2.5, dtype=torch.float16),  # 0-d
+        torch.empty(0, 4, dtype=torch.float32),  # empty
+    ]
+
+
+def test_round_trip_is_bit_exact_for_every_dtype(tmp_path):
+    tier = DiskTier(tmp_path / "kv", 1 << 20, FP)
+    tensors = _tensors()
+    for i, t in enumerate(tensors):
+        assert tier.put(_key(i), _key(i - 1) if i else None, t)
+    assert tier.stats["puts"] == len(tensors)
+    assert tier.nbytes == sum(p.stat().st_size for p in _files(tmp_path / "kv"))
+    assert tier.stats["bytes_written"] == tier.nbytes
+    for i, t in enumerate(tensors):
+        assert _key(i) in tier
+        got = tier.get(_key(i))
+        assert got is not None and got.dtype == t.dtype and got.shape == t.shape
+        assert torch.equal(_bits(got), _bits(t))
+    assert tier.get(_key(99)) is None and _key(99) not in tier
+    assert tier.stats["hits"] == len(tensors) and tier.stats["misses"] == 1
+    # the tier holds a copy: changing the caller's tensor afterwards changes nothing
+    t = torch.ones(4)
+    tier.put(_key(50), None, t)
+    t.add_(1)
+    assert torch.equal(tier.get(_key(50)), torch.ones(4))
+
+
+def test_persistence_across_instances_and_fingerprints(tmp_path):
+    first = DiskTier(tmp_path, 1 << 20, FP)
+    other = DiskTier(tmp_path, 1 << 20, FP + "|other-model")
+    for i in range(4):
+        assert first.put(_key(i), _key(i - 1) if i else None, _block(i))
+    assert other.put(_key(0), None, _block(100))  # same key, another model: its own file
+    assert len(_files(tmp_path)) == 5
+
+    again = DiskTier(tmp_path, 1 << 20, FP)
+    assert again.nbytes == first.nbytes
+    for i in range(4):
+        assert _key(i) in again and torch.equal(_bits(again.get(_key(i))), _bits(_block(i)))
+    assert torch.equal(_bits(DiskTier(tmp_path, 1 << 20, FP + "|other-model").get(_key(0))),
+                       _bits(_block(100)))  # fmt: skip
+    unknown = DiskTier(tmp_path, 1 << 20, "another fingerprint")
+    assert _key(0) not in unknown and unknown.nbytes == 0 and unknown.get(_key(0)) is None
+    # a smaller budget evicts at start (least recently written leaves first), never another
+    # fingerprint's files
+    for i in range(4):
+        os.utime(first._path(_key(i)), ns=(i * 10**9, i * 10**9))  # key 0 the oldest
+    small = DiskTier(tmp_path, again.nbytes // 2, FP)
+    assert small.nbytes <= small.budget_bytes and small.stats["evictions"] > 0
+    assert _key(0) in small  # the chain's start stays (leaves go first)
+    assert DiskTier(tmp_path, 1 << 20, FP + "|other-model").get(_key(0)) is not None
+    # a file of another format version (a newer infergen's): skipped, not deleted
+    future = small._path(_key(7))
+    raw = bytearray(small._path(_key(0)).read_bytes())
+    raw[4] = 2
+    future.write_bytes(bytes(raw))
+    assert _key(7) not in DiskTier(tmp_path, 1 << 20, FP) and future.exists()
+
+
+def test_flipped_byte_and_truncated_file_are_corrupt(tmp_path):
+    tier = DiskTier(tmp_path, 1 << 20, FP)
+    for i in range(3):
+        tier.put(_key(i), None, _block(i, 64, torch.float32))
+    flipped, truncated, header_hit = (tier._path(_key(i)) for i in range(3))
+    raw = bytearray(flipped.read_bytes())
+    raw[-10] ^= 0x01  # one bit of the payload
+    flipped.write_bytes(bytes(raw))
+    truncated.write_bytes(truncated.read_bytes()[:-1])
+    raw = bytearray(header_hit.read_bytes())
+    raw[12] ^= 0xFF  # a byte of the key in the header
+    header_hit.write_bytes(bytes(raw))
+
+    for i, path in enumerate((flipped, truncated, header_hit)):
+        assert tier.get(_key(i)) is None
+        assert not path.exists() and _key(i) not in tier
+    assert tier.stats["corrupt"] == 3 and tier.stats["hits"] == 0 and tier.nbytes == 0
+    # a file removed behind the tier's back: a miss, not corrupt
+    tier.put(_key(3), None, _block(3))
+    tier._path(_key(3)).unlink()
+    assert tier.get(_key(3)) is None and _key(3) not in tier and tier.stats["corrupt"] == 3
+
+    # corrupt files found at start (headers only: a truncated one) are deleted and counted
+    tier.put(_key(5), None, _block(5))
+    path = tier._path(_key(5))
+    path.write_bytes(path.read_bytes()[:-3])
+    again = DiskTier(tmp_path, 1 << 20, FP)
+    assert _key(5) not in again and not path.exists() and again.stats["corrupt"] == 1
+
+
+def test_leftover_temp_files_are_ignored_and_removed(tmp_path):
+    tier = DiskTier(tmp_path, 1 << 20, FP)
+    assert tier.put(_key(0), None, _block(0))
+    final = tier._path(_key(0))
+    # a writer killed mid-write: a partial temp file of block 1 (pid not running), and an
+    # old one of block 2 (stale by age whatever its pid)
+    dead = final.with_name(f".{tier._path(_key(1)).name}.{2**31 - 1}.abcd1234.tmp")
+    dead.write_bytes(final.read_bytes()[:20])
+    stale = final.with_name(f".{tier._path(_key(2)).name}.{os.getpid()}.abcd1234.tmp")
+    stale.write_bytes(final.read_bytes())
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    live = final.with_name(f".{tier._path(_key(3)).name}.{os.getpid()}.beef0000.tmp")
+    live.write_bytes(b"being written")  # a running writer's temp file is left alone
+    foreign = tmp_path / f".{_key(4).hex()}-0123456789abcdef.kv.{2**31 - 1}.x.tmp"
+    foreign.write_bytes(b"")  # another fingerprint's: its own tier cleans it
+
+    again = DiskTier(tmp_path, 1 << 20, FP)
+    assert not dead.exists() and not stale.exists() and live.exists() and foreign.exists()
+    assert _key(1) not in again and _key(2) not in again and _key(0) in again
+    assert again.nbytes == final.stat().st_size
+
+
+def test_leaves_are_evicted_first_and_parents_kept(tmp_path):
+    one = DiskTier(tmp_path / "probe", 1 << 20, FP)
+    one.put(_key(0), None, _block(0))
+    size = one.nbytes
+    tier = DiskTier(tmp_path / "kv", 3 * size + 48, FP)  # 3 blocks (a parent key: +16 B)
+    a, b, c, d = (_key(i) for i in range(4))
+    assert tier.put(a, None, _block(0)) and tier.put(b, a, _block(1)) and tier.put(c, b, _block(2))
+    tier.get(c)  # c is the most recently used, a the least: still only c is a leaf
+    assert tier.put(d, None, _block(3))
+    assert [k in tier for k in (a, b, c, d)] == [True, True, False, True]
+    # storing a child of b: b is kept (no leaf while its child is stored)
+    assert tier.put(_key(4), b, _block(4))
+    assert _key(4) in tier and a in tier and b in tier and d not in tier
+    # a block bigger than the budget, or no leaf to give room: refused
+    assert not tier.put(_key(9), None, torch.zeros(4 * size, dtype=torch.uint8))
+    assert tier.nbytes <= tier.budget_bytes
+    # a child stored before its parent: the parent, once stored, is not a leaf
+    tier2 = DiskTier(tmp_path / "kv2", 2 * size + 32, FP)
+    assert tier2.put(b, a, _block(1)) and tier2.put(a, None, _block(0))
+    tier2.get(b)  # a is the least recently used, but b depends on it
+    assert tier2.put(c, None, _block(2))
+    assert [k in tier2 for k in (a, b, c)] == [True, False, True]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["put", "put", "put", "get", "reput"]),
+            st.integers(0, 10**6),  # which parent / which key
+            st.integers(1, 200),  # block elements
+            st.sampled_from([torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.uint8]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(300, 3000),
+)
+def test_budget_and_prefix_invariants_hold(ops, budget):
+    with tempfile.TemporaryDirectory() as directory:
+        tier = DiskTier(directory, budget, FP)
+        parent_of: dict[bytes, bytes | None] = {}
+        data: dict[bytes, torch.Tensor] = {}
+        for n, (op, pick, numel, dtype) in enumerate(ops):
+            stored = [k for k in parent_of if k in tier]
+            if op == "put":
+                key = _key(n)
+                parent = stored[pick % len(stored)] if stored and pick % 4 else None
+                block = _block(n, numel, torch.float32).clamp(-400, 400).to(dtype)
+                ok = tier.put(key, parent, block)
+                assert ok == (key in tier)
+                if ok:
+                    parent_of[key], data[key] = parent, block
+                    if parent is not None:
+                        assert parent in tier  # never evicted to make room for its child
+            elif stored and op == "reput":
+                key = stored[pick % len(stored)]
+                assert tier.put(key, parent_of[key], data[key])
+            elif parent_of:
+                key = list(parent_of)[pick % len(parent_of)]
+                held = key in tier
+                got = tier.get(key)
+                assert (got is not None) == held
+                if got is not None:
+                    assert torch.equal(_bits(got), _bits(data[key]))
+            on_disk = [p for p in Path(directory).iterdir()]
+            assert all(p.suffix == ".kv" for p in on_disk)  # no temp file left behind
+            assert tier.nbytes == sum(p.stat().st_size for p in on_disk) <= budget
+            for key in (k for k in parent_of if k in tier):
+                walk = parent_of[key]
+                while walk is not None:  # every ancestor of a stored entry is stored
+                    assert walk in tier
+                    walk = parent_of[walk]
+        again = DiskTier(directory, budget, FP)
+        assert again.nbytes == tier.nbytes
+        assert all((k in again) == (k in tier) for k in parent_of)
+        assert tier.stats["corrupt"] == again.stats["corrupt"] == 0
+
+
+def _assert_disabled_after_one_warning(tier, kept: bytes) -> str:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not tier.put(_key(10), None, _block(10))
+        assert not tier.put(_key(11), None, _block(11))
+    assert len(caught) == 1 and issubclass(caught[0].category, RuntimeWarning)
+    assert str(tier.directory) in str(caught[0].message)
+    assert tier.stats["write_errors"] == 1 and tier.disabled  # the second put did not try
+    assert torch.equal(_bits(tier.get(kept)), _bits(_block(0)))  # still served
+    assert _key(10) not in tier and _key(11) not in tier
+    return str(caught[0].message)
+
+
+def test_full_disk_disables_puts_with_one_warning(tmp_path, monkeypatch):
+    tier = DiskTier(tmp_path, 1 << 20, FP)
+    assert tier.put(_key(0), None, _block(0))
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    assert "disk is full" in _assert_disabled_after_one_warning(tier, _key(0))
+    assert [p.name for p in tmp_path.iterdir()] == [tier._path(_key(0)).name]  # temp removed
+
+
+def test_read_only_directory_at_run_time(tmp_path):
+    if not _chmod_binds(tmp_path):
+        pytest.skip("directory permissions do not bind here (root)")
+    tier = DiskTier(tmp_path / "kv", 1 << 20, FP)
+    assert tier.put(_key(0), None, _block(0))
+    os.chmod(tmp_path / "kv", 0o500)
+    try:
+        assert not os.access(tmp_path / "kv", os.W_OK)
+        _assert_disabled_after_one_warning(tier, _key(0))
+    finally:
+        os.chmod(tmp_path / "kv", 0o700)
+
+
+def test_directory_gone_at_run_time(tmp_path):
+    """Works as root too: the directory is replaced by a regular file (ENOTDIR on write)."""
+    tier = DiskTier(tmp_path / "kv", 1 << 20, FP)
+    for path in (tmp_path / "kv").iterdir():
+        path.unlink()
+    (tmp_path / "kv").rmdir()
+    (tmp_path / "kv").write_bytes(b"not a directory")
+    with pytest.warns(RuntimeWarning, match="write failed"):
+        assert not tier.put(_key(1), None, _block(1))
+    assert tier.stats["write_errors"] == 1 and not tier.put(_key(2), None, _block(2))
+
+
+def test_unwritable_directory_at_construction(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    directories = [blocker / "kv"]  # NotADirectoryError, root or not
+    if _chmod_binds(tmp_path):
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        directories.append(locked / "kv")
+    for directory in directories:
+        with pytest.raises(ConfigError, match="kv_offload_dir") as err:
+            DiskTier(directory, 1 << 20, FP)
+        assert str(directory) in str(err.value)
+    with pytest.raises(ConfigError):
+        DiskTier(tmp_path / "ok", -1, FP)

@@ -1,0 +1,179 @@
+"""The KV tiers below the pool (issue 23): blocks the pool evicts move to the host tier and
+come back on a prefix hit instead of being recomputed.
+
+Metamorphic: with a pool too small to keep a conversation's prefix, generation with a host
+tier equals generation without (greedy tokens, logprobs within 1e-5) and its prefix hits are
+served from the tier (blocks loaded, prompt tokens cached); teacher-forced logits after a
+reload equal a cold recompute; the host tier never holds more than its budget and never
+drops a prefix block while a longer entry that depends on it remains (hypothesis)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infergen import LLM, SamplingParams
+from infergen.errors import ConfigError
+from infergen.kvcache.tiers.host import HostTier
+from tests.hf_models import build_hf_model
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=1)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("llama")
+    build_hf_model("llama_gqa", directory)
+    return str(directory)
+
+
+def _turns() -> list[list[int]]:
+    """A conversation: each turn re-sends the last one's prompt plus new tokens."""
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 200, (40,), generator=gen).tolist()
+    turns = [prompt]
+    for _ in range(3):
+        prompt = prompt + torch.randint(3, 200, (12,), generator=gen).tolist()
+        turns.append(prompt)
+    return turns
+
+
+def _other() -> list[int]:
+    return torch.randint(3, 200, (60,), generator=torch.Generator().manual_seed(9)).tolist()
+
+
+def test_evicted_prefix_blocks_come_back_from_the_host_tier(llama):
+    # 24 blocks of 4: one turn fits, but another prompt in between evicts the conversation
+    options = dict(block_size=4, num_kv_blocks=24, max_num_seqs=1)
+    plain = LLM(llama, **options)
+    tiered = LLM(llama, kv_offload_memory="1MiB", **options)
+    for llm in (plain, tiered):
+        llm.results = []
+        for turn in _turns():
+            llm.results += llm.generate([turn, _other()], GREEDY)
+    tiers = tiered.engine.kv_tiers
+    assert tiers.saved > 0 and tiers.loaded > 0
+    cached_plain = sum(r.num_cached_prompt_tokens for r in plain.results)
+    cached_tiered = sum(r.num_cached_prompt_tokens for r in tiered.results)
+    assert cached_tiered > cached_plain
+    for a, b in zip(tiered.results, plain.results, strict=True):
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert abs(x.logprob - y.logprob) < 1e-5
+
+
+def test_logits_after_a_reload_equal_a_cold_recompute(llama):
+    """The top-20 logprobs of every generated token after the prompt's prefix came back from
+    the tier equal a cold run's (the engine without prefix caching recomputes it all)."""
+    prompt, params = _turns()[-1], SamplingParams(max_tokens=4, temperature=0, logprobs=20)
+    cold = LLM(llama, block_size=4, num_kv_blocks=24, enable_prefix_caching=False)
+    want = cold.generate(prompt, params)[0]
+    tiered = LLM(llama, block_size=4, num_kv_blocks=24, kv_offload_memory="1MiB")
+    tiered.generate(prompt, params)  # its blocks cached...
+    tiered.generate(_other(), params)  # ... evicted to the host tier
+    got = tiered.generate(prompt, params)[0]
+    assert tiered.engine.kv_tiers.loaded > 0 and got.num_cached_prompt_tokens >= 32
+    assert got.token_ids == want.token_ids
+    for x, y in zip(got.logprobs, want.logprobs, strict=True):
+        assert dict(x.top).keys() == dict(y.top).keys()
+        for token, logprob in dict(x.top).items():
+            assert abs(logprob - dict(y.top)[token]) < 1e-5
+
+
+def test_tiers_refuse_what_they_cannot_serve_yet(tmp_path):
+    build_hf_model("gemma3", tmp_path)
+    with pytest.raises(ConfigError, match="one full-attention cache group"):
+        LLM(str(tmp_path), kv_offload_memory="1MiB")
+
+
+chains = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 5)), min_size=1, max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains, st.integers(4, 40))
+def test_host_tier_budget_and_prefixes(puts, budget_blocks):
+    """Random chains put block by block (each put's parent: an earlier key, or none): the
+    budget holds, and a stored entry's parent that was stored when it came stays while it
+    does (a parent may live elsewhere — in the pool or another tier — and is not checked)."""
+    tier = HostTier(budget_blocks * 16)
+    keys: list[bytes] = []
+    parents: dict[bytes, bytes | None] = {}
+    for i, (parent_pick, size) in enumerate(puts):
+        key = i.to_bytes(4, "little")
+        parent = keys[parent_pick] if parent_pick < len(keys) else None
+        parent_here = parent is not None and parent in tier
+        if tier.put(key, parent, torch.zeros(size * 4)):
+            keys.append(key)
+            parents[key] = parent if parent_here else None
+        assert tier.nbytes <= tier.budget_bytes
+        for stored in [k for k in keys if k in tier]:
+            if parents[stored] is not None:
+                assert parents[stored] in tier, "a prefix block went while its child remains"
+
+
+def test_tier_counters_in_the_metrics_exposition(llama):
+    """/metrics' tier families (server/metrics.py) carry the tiers' own counters, read back
+    with prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from infergen.server.metrics import ServerMetrics
+
+    llm = LLM(llama, block_size=4, num_kv_blocks=24, kv_offload_memory="1MiB")
+    for turn in _turns()[:2]:
+        llm.generate([turn, _other()], GREEDY)
+    stats = llm.engine.kv_tiers.stats()
+    metrics = ServerMetrics()
+    metrics.set_tiers(stats)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+    }
+    host = stats["tiers"]["host"]
+    assert host["hits"] > 0 and stats["loaded"] > 0
+    assert samples[("infergen_kv_tier_hits_total", (("tier", "host"),))] == host["hits"]
+    assert samples[("infergen_kv_tier_bytes_held", (("tier", "host"),))] == host["nbytes"]
+    moved = ("infergen_kv_tier_bytes_total", (("direction", "written"), ("tier", "host")))
+    assert samples[moved] == host["bytes_written"]
+    assert samples[("infergen_kv_tier_blocks_total", (("move", "loaded"),))] == stats["loaded"]
+    load = ("infergen_kv_tier_decisions_total", (("decision", "load"),))
+    assert samples[load] == stats["decisions"]["load"] > 0
+
+
+def test_preempted_sequences_come_back_through_the_tier(llama):
+    """A pool that forces preemption: the preempted sequences' full blocks are evicted to the
+    tier and loaded back when they resume; the tokens equal the run without tiers."""
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 200, (n,), generator=gen).tolist() for n in (30, 26, 34, 22)]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=1)
+    options = dict(block_size=4, num_kv_blocks=30, max_num_seqs=4, max_num_batched_tokens=16)
+    plain = LLM(llama, **options)
+    tiered = LLM(llama, kv_offload_memory="1MiB", **options)
+    want, got = plain.generate(prompts, params), tiered.generate(prompts, params)
+    assert tiered.engine.scheduler.num_preemptions > 0
+    assert tiered.engine.kv_tiers.loaded > 0
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids
+
+
+def test_a_restarted_engine_serves_prefix_hits_from_disk(llama, tmp_path):
+    """Blocks written through to the disk tier outlive the engine: a new engine on the same
+    directory (same model and format) loads the prefix of its first request from there, and
+    its tokens equal a cold run's; an engine of another KV format ignores them."""
+    options = dict(block_size=4, num_kv_blocks=24, max_num_seqs=1)
+    prompt = _turns()[-1]
+    first = LLM(llama, kv_offload_dir=str(tmp_path), kv_offload_write_through=True, **options)
+    first.generate(prompt, GREEDY)  # every full block of the prompt written to disk
+    assert first.engine.kv_tiers.stats()["tiers"]["disk"]["puts"] > 0
+    del first
+    cold = LLM(llama, **options).generate(prompt, GREEDY)[0]
+    again = LLM(llama, kv_offload_dir=str(tmp_path), **options)
+    got = again.generate(prompt, GREEDY)[0]
+    assert got.num_cached_prompt_tokens >= 32 and again.engine.kv_tiers.loaded > 0
+    assert got.token_ids == cold.token_ids
+    for x, y in zip(got.logprobs, cold.logprobs, strict=True):
+        assert abs(x.logprob - y.logprob) < 1e-5
+    other = LLM(llama, kv_offload_dir=str(tmp_path), kv_format="fp8_e4m3", **options)
+    assert other.generate(prompt, GREEDY)[0].num_cached_prompt_tokens == 0
