@@ -177,3 +177,39 @@ def test_a_restarted_engine_serves_prefix_hits_from_disk(llama, tmp_path):
         assert abs(x.logprob - y.logprob) < 1e-5
     other = LLM(llama, kv_offload_dir=str(tmp_path), kv_format="fp8_e4m3", **options)
     assert other.generate(prompt, GREEDY)[0].num_cached_prompt_tokens == 0
+
+
+def test_a_corrupt_disk_block_is_recomputed(llama, tmp_path):
+    """A flipped byte in a stored block: the restarted engine finds it by its checksum,
+    recomputes from there and gives the cold run's tokens."""
+    options = dict(block_size=4, num_kv_blocks=24, max_num_seqs=1)
+    prompt = _turns()[-1]
+    LLM(llama, kv_offload_dir=str(tmp_path), kv_offload_write_through=True, **options).generate(
+        prompt, GREEDY
+    )
+    files = sorted(tmp_path.glob("*.kv"))
+    assert files
+    for path in files[::2]:  # every other block: a chain broken in several places
+        raw = bytearray(path.read_bytes())
+        raw[-3] ^= 0x10
+        path.write_bytes(bytes(raw))
+    cold = LLM(llama, **options).generate(prompt, GREEDY)[0]
+    again = LLM(llama, kv_offload_dir=str(tmp_path), **options)
+    got = again.generate(prompt, GREEDY)[0]
+    assert again.engine.kv_tiers.stats()["tiers"]["disk"]["corrupt"] >= 1
+    assert got.token_ids == cold.token_ids
+    for x, y in zip(got.logprobs, cold.logprobs, strict=True):
+        assert abs(x.logprob - y.logprob) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["llama_mqa_tied", "qwen2_qkv_bias", "qwen3_qk_norm"])
+def test_generation_with_tiers_equals_without(name, tmp_path):
+    build_hf_model(name, tmp_path)
+    options = dict(block_size=4, num_kv_blocks=24, max_num_seqs=1)
+    plain, tiered = LLM(str(tmp_path), **options), LLM(str(tmp_path), kv_offload_memory="1MiB",
+                                                       **options)  # fmt: skip
+    for turn in _turns()[:3]:
+        want = plain.generate([turn, _other()], GREEDY)
+        got = tiered.generate([turn, _other()], GREEDY)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert tiered.engine.kv_tiers.loaded > 0
