@@ -51,7 +51,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import heapq
 import math
 import os
 import secrets
@@ -65,6 +64,7 @@ from pathlib import Path
 import torch
 
 from infergen.errors import ConfigError
+from infergen.kvcache.tiers.leaf_lru import LeafLRU
 
 MAGIC = b"IGKV"
 VERSION = 1
@@ -89,7 +89,6 @@ class ForeignFile(Exception):
 class _Entry:
     parent: bytes | None
     size: int  # file bytes: header + payload
-    tick: int  # last use; larger is more recent
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,9 +188,7 @@ class DiskTier:
                           bytes_written=0, write_errors=0)  # fmt: skip
         self.disabled = False  # set by the first write error: puts stop, gets go on
         self._index: dict[bytes, _Entry] = {}
-        self._children: dict[bytes, set[bytes]] = {}  # parent key → stored children's keys
-        self._leaves: list[tuple[int, bytes]] = []  # heap of (tick, key); stale items skipped
-        self._tick = 0
+        self._order = LeafLRU()  # least recently used leaves first (leaf_lru.py)
         self._nbytes = 0
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -228,7 +225,7 @@ class DiskTier:
         if self.disabled:
             return False
         if key in self._index:
-            self._touch(key)
+            self._order.touch(key)
             return True
         flat = data.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
         payload_crc = zlib.crc32(flat)
@@ -236,22 +233,22 @@ class DiskTier:
         size = len(header) + flat.nbytes
         if size > self.budget_bytes:
             return False
-        self._link(key, parent)  # the parent is no leaf now: never evicted to make room
+        self._order.link(key, parent)  # the parent is no leaf now: never evicted for `key`
         try:
             while self._nbytes + size > self.budget_bytes:
-                victim = self._victim()
+                victim = self._order.victim()
                 if victim is None:
-                    self._unlink(key, parent)
+                    self._order.unlink(key, parent)
                     return False
                 self._evict(victim)
             self._write(key, header, flat)
         except OSError as err:
-            self._unlink(key, parent)
+            self._order.unlink(key, parent)
             self._fault(err)
             return False
-        self._index[key] = _Entry(parent, size, self._next_tick())
+        self._index[key] = _Entry(parent, size)
         self._nbytes += size
-        self._push_if_leaf(key)
+        self._order.add(key, parent)
         self.stats["puts"] += 1
         self.stats["bytes_written"] += size
         return True
@@ -277,7 +274,7 @@ class DiskTier:
             self._drop(key)
             self.stats["misses"] += 1
             return None
-        self._touch(key)
+        self._order.touch(key)
         self.stats["hits"] += 1
         self.stats["bytes_read"] += header.header_len + header.payload_len
         if not payload:
@@ -361,13 +358,12 @@ class DiskTier:
                 continue
             found.append((stat.st_mtime_ns, key, header, stat.st_size))
         for _, key, header, size in sorted(found, key=lambda item: item[0]):
-            self._link(key, header.parent)
-            self._index[key] = _Entry(header.parent, size, self._next_tick())
+            self._order.link(key, header.parent)
+            self._index[key] = _Entry(header.parent, size)
+            self._order.add(key, header.parent)  # oldest write first: the least recently used
             self._nbytes += size
-        for key in self._index:
-            self._push_if_leaf(key)
         try:
-            while self._nbytes > self.budget_bytes and (victim := self._victim()) is not None:
+            while self._nbytes > self.budget_bytes and (victim := self._order.victim()) is not None:
                 self._evict(victim)
         except OSError as err:
             self._fault(err)
@@ -387,53 +383,10 @@ class DiskTier:
             path.unlink()
         self.stats["corrupt"] += 1
 
-    # --- the eviction order: least recently used leaves -------------------------------------
-
-    def _next_tick(self) -> int:
-        self._tick += 1
-        return self._tick
-
-    def _touch(self, key: bytes) -> None:
-        self._index[key].tick = self._next_tick()
-        self._push_if_leaf(key)
-
-    def _push_if_leaf(self, key: bytes) -> None:
-        entry = self._index.get(key)
-        if entry is not None and not self._children.get(key):
-            heapq.heappush(self._leaves, (entry.tick, key))
-            if len(self._leaves) > 2 * len(self._index) + 64:  # compact the stale items
-                self._leaves = [
-                    (e.tick, k) for k, e in self._index.items() if not self._children.get(k)
-                ]
-                heapq.heapify(self._leaves)
-
-    def _victim(self) -> bytes | None:
-        """The least recently used stored leaf; None when there is none."""
-        while self._leaves:
-            tick, key = self._leaves[0]
-            entry = self._index.get(key)
-            if entry is not None and entry.tick == tick and not self._children.get(key):
-                return key
-            heapq.heappop(self._leaves)
-        return None
-
-    def _link(self, key: bytes, parent: bytes | None) -> None:
-        if parent is not None:
-            self._children.setdefault(parent, set()).add(key)
-
-    def _unlink(self, key: bytes, parent: bytes | None) -> None:
-        """`key` is no longer stored under `parent`; the parent may have become a leaf."""
-        siblings = self._children.get(parent) if parent is not None else None
-        if siblings is not None:
-            siblings.discard(key)
-            if not siblings:
-                del self._children[parent]
-                self._push_if_leaf(parent)
-
     def _drop(self, key: bytes) -> None:
         entry = self._index.pop(key)
         self._nbytes -= entry.size
-        self._unlink(key, entry.parent)
+        self._order.remove(key)
 
     def _evict(self, key: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):

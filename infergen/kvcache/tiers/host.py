@@ -40,9 +40,13 @@ class HostTier:
         if key in self._data:
             self._order.touch(key)
             return True
+        if size > self.budget_bytes:
+            return False
+        self._order.link(key, parent)  # the parent is no leaf now: never evicted for `key`
         while self.nbytes + size > self.budget_bytes:
-            victim = self._order.victim(keep=parent)
+            victim = self._order.victim()
             if victim is None:
+                self._order.unlink(key, parent)
                 return False
             self._evict(victim)
         self._data[key] = data.detach().to("cpu", copy=True)
