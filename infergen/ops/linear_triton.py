@@ -41,16 +41,8 @@ from dataclasses import dataclass
 import torch
 
 from infergen.errors import ConfigError
+from infergen.ops.triton_lang import jit, tl, triton
 from infergen.registry import Registry
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # an optional extra: the kernel below is then a plain, uncalled function
-    triton = None
-    tl = None
-
-jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 @dataclass(frozen=True)

@@ -26,15 +26,8 @@ import torch
 
 from infergen.kvcache.kv_protocol import ENGINE_DTYPE, KVLayer, layer_of
 from infergen.ops.paged_attention import DECODE_BACKENDS, AttentionPlan, decode_attention
+from infergen.ops.triton_lang import jit, tl, triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # an optional extra: the kernel below is then a plain, uncalled function
-    triton = None
-    tl = None
-
-jit = triton.jit if triton is not None else (lambda fn: fn)
 LOG2E = 1.4426950408889634
 VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -44,15 +44,8 @@ from infergen.ops.paged_attention import (
     PrefillBatch,
     prefill_attention,
 )
+from infergen.ops.triton_lang import jit, tl, triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # an optional extra: the kernels below are then plain, uncalled functions
-    triton = None
-    tl = None
-
-jit = triton.jit if triton is not None else (lambda fn: fn)
 LOG2E = 1.4426950408889634
 VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

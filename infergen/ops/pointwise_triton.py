@@ -24,15 +24,8 @@ from infergen.ops.gelu_mul import GELU_MUL_BACKENDS
 from infergen.ops.rms_norm import RMS_NORM_BACKENDS, add_rms_norm_torch
 from infergen.ops.rope import ROPE_BACKENDS, RopeInputs, apply_rope
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
+from infergen.ops.triton_lang import jit, tl, triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # an optional extra: the kernels below are then plain, uncalled functions
-    triton = None
-    tl = None
-
-jit = triton.jit if triton is not None else (lambda fn: fn)
 GATED_BLOCK = 1024  # columns per program of the gated activations
 
 

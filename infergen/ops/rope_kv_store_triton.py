@@ -27,19 +27,13 @@ from infergen.kvcache.kv_format import KVFormat
 from infergen.kvcache.kv_protocol import ENGINE_DTYPE, KVLayer
 from infergen.ops.rope import RopeFn, RopeInputs, apply_rope
 from infergen.ops.rope_kv_store import ROPE_STORE_BACKENDS, rope_kv_store
+from infergen.ops.triton_lang import jit, tl, triton
 
-try:
-    import triton
-    import triton.language as tl
-
+if triton is not None:  # the formats' Triton helpers import Triton themselves
     from infergen.formats.triton_kernels import encode_minifloat
     from infergen.formats.triton_tiles import div_rn
-except ImportError:  # an optional extra: the kernel below is then a plain, uncalled function
-    triton = None
-    tl = None
+else:
     div_rn = encode_minifloat = None
-
-jit = triton.jit if triton is not None else (lambda fn: fn)
 HEADS_PER_PROGRAM = 16  # most heads one program rotates (a power of two)
 VALUE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 E4M3 = ELEMENT_TYPES.get("e4m3")

@@ -25,15 +25,8 @@ from infergen.ops.sampling import (
     log_min_p,
     truncation_cutoffs,
 )
+from infergen.ops.triton_lang import jit, tl, triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # an optional extra: the kernels below are then plain, uncalled functions
-    triton = None
-    tl = None
-
-jit = triton.jit if triton is not None else (lambda fn: fn)
 BLOCK = 1024
 
 
