@@ -67,6 +67,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
     from infergen.bench.client import ClientOptions, run_load
     from infergen.bench.report import DEFINITIONS, format_report, plot, summarize
+    from infergen.bench.server_stats import cache_delta, format_cache, scrape
     from infergen.bench.workloads import WORKLOADS, workload_options
     from infergen.io.checkpoint import load_checkpoint
 
@@ -96,6 +97,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     print(DEFINITIONS, file=sys.stderr)
     for kind, value in loads:
         label = f"{args.workload} {kind}={value}"
+        before = scrape(client.url, args.api_key)
         with tqdm(total=total, desc=label, unit="req", file=sys.stderr) as bar:
             results, wall = asyncio.run(
                 run_load(
@@ -108,13 +110,17 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
                 )
             )
         summary = summarize(results, wall, args.slo_ttft, args.slo_tpot)
+        cache = cache_delta(before, scrape(client.url, args.api_key))
         print(format_report(label, summary))
+        if cache is not None:
+            print(format_cache(cache))
         runs.append((label, results, summary))
         report["runs"].append(
             {
                 "label": label,
                 kind: value,
                 "summary": summary,
+                "server_cache": cache,
                 "requests": [r.as_dict() for r in results],
             }
         )

@@ -96,4 +96,10 @@ def test_cli_writes_json(live, tmp_path, capsys):
     report = json.loads(out.read_text())
     (run,) = report["runs"]
     assert run["summary"]["completed"] == 3 and run["summary"]["output_tokens"] == 13
-    assert "TTFT" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "TTFT" in printed
+    # the server's own prefix-cache counters over the run, from its /metrics
+    cache = run["server_cache"]
+    assert cache["prompt_tokens"] == sum(r["input_tokens"] for r in run["requests"])
+    assert 0 <= cache["cached_prompt_tokens"] <= cache["prompt_tokens"]
+    assert "server cache:" in printed
