@@ -352,17 +352,16 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
 
 def _tiers(built: Built) -> KVTiers | None:
     """The KV tiers below the pool (kv_offload_memory, kv_offload_dir): None without them.
-    For now the models whose layers share one full-attention cache group and keep no
-    recurrent state (the windowed and hybrid ones are issue 23's next steps)."""
+    For now the models without recurrent layers (their states in the tiers: issue 23's
+    next step)."""
     cache = built.config.cache
     if cache.offload_memory_bytes is None and cache.offload_dir is None:
         return None
-    groups = built.kv_cache.groups
-    if len(groups) != 1 or groups[0].window is not None or built.model.state_layers:
+    if built.model.state_layers:
         raise ConfigError(
-            "KV offload tiers serve models with one full-attention cache group for now",
+            "KV offload tiers do not keep recurrent layers' states yet",
             where="kv_offload_memory",
-            found=f"{built.model_config.architecture} (sliding windows or recurrent layers)",
+            found=f"{built.model_config.architecture} (recurrent layers)",
             expected="no kv_offload_memory / kv_offload_dir for this model",
         )
     built.kv_cache.block_data(0)  # a KV format the tiers cannot move: the error now

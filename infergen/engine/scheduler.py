@@ -198,7 +198,7 @@ class Scheduler:
             for g in range(len(self.groups))
         ]
         if self.tiers is not None:
-            self._load_from_tiers(seq, hits[0])
+            self._load_from_tiers(seq, hits, limit)
         n = limit
         while n > 0:
             if all(None not in self._needed(g, hit, n) for g, hit in enumerate(hits)):
@@ -213,33 +213,43 @@ class Scheduler:
         seq.num_computed_tokens = n * self.block_size
         seq.num_registered_blocks = n
 
-    def _load_from_tiers(self, seq: Sequence, hits: list[int | None]) -> None:
-        """Fill the pool misses of a prefix (one cache group) from the tiers, block by block
-        from its start until a block is in neither (a chain is reachable only from its start).
-        The blocks found so far are held while others are allocated (an allocation evicts
-        idle blocks), then go back to idle for the caller to acquire."""
-        held: list[int] = []
-        parent, decided = None, False
-        for j, block in enumerate(hits):
-            key = self._key(0, seq.block_hashes[j])
-            if block is None:
-                if key not in self.tiers or self.pool.num_free == 0:
-                    break
-                if j == len(held) and not decided:  # the first tier block: load or recompute?
-                    decided = True
-                    tokens = (len(hits) - j) * self.block_size
-                    if not self.tiers.worth_loading(key, tokens):
-                        break
-                block = self.pool.allocate()
-                if not self.tiers.load(key, block):  # a corrupt copy: recompute from here
-                    self.pool.release([block])
-                    break
-                self.pool.register(block, key, parent)
-                hits[j] = block
-            else:
-                self.pool.acquire(block)
+    def _load_from_tiers(self, seq: Sequence, hits: list[list[int | None]], limit: int) -> None:
+        """Fill pool misses from the tiers: the longest prefix whose needed blocks (every
+        block of a full-attention group; a windowed group's sinks and last window) are each in
+        the pool or a tier, when loading its tier blocks beats recomputing them (the tiers'
+        cost rule). The blocks found are held while others are allocated (an allocation evicts
+        idle blocks), then go back to idle for the caller to acquire; a corrupt copy or a full
+        pool ends the loading (what is missing is recomputed)."""
+        groups = range(len(hits))
+        keys = [[self._key(g, h) for h in seq.block_hashes[:limit]] for g in groups]
+
+        def needed(g: int, n: int) -> list[int]:
+            return self._needed(g, list(range(n)), n)
+
+        n = limit
+        while n > 0 and not all(
+            hits[g][j] is not None or keys[g][j] in self.tiers for g in groups for j in needed(g, n)
+        ):
+            n -= 1
+        wanted = [(g, j) for g in groups for j in needed(g, n) if hits[g][j] is None]
+        if not wanted:
+            return
+        g, j = wanted[0]
+        if not self.tiers.worth_loading(keys[g][j], len(wanted) * self.block_size):
+            return
+        held = [hits[g][j] for g in groups for j in needed(g, n) if hits[g][j] is not None]
+        for block in held:
+            self.pool.acquire(block)
+        for g, j in wanted:
+            if self.pool.num_free == 0:
+                break
+            block = self.pool.allocate()
+            if not self.tiers.load(keys[g][j], block):
+                self.pool.release([block])
+                break
+            self.pool.register(block, keys[g][j], keys[g][j - 1] if j else None)
+            hits[g][j] = block
             held.append(block)
-            parent = key
         self.pool.release(held)
 
     def register_full_blocks(self, seq: Sequence) -> None:

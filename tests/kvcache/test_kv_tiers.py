@@ -83,8 +83,8 @@ def test_logits_after_a_reload_equal_a_cold_recompute(llama):
 
 
 def test_tiers_refuse_what_they_cannot_serve_yet(tmp_path):
-    build_hf_model("gemma3", tmp_path)
-    with pytest.raises(ConfigError, match="one full-attention cache group"):
+    build_hf_model("mamba2", tmp_path)
+    with pytest.raises(ConfigError, match="recurrent layers"):
         LLM(str(tmp_path), kv_offload_memory="1MiB")
 
 
@@ -202,10 +202,16 @@ def test_a_corrupt_disk_block_is_recomputed(llama, tmp_path):
         assert abs(x.logprob - y.logprob) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["llama_mqa_tied", "qwen2_qkv_bias", "qwen3_qk_norm"])
-def test_generation_with_tiers_equals_without(name, tmp_path):
+@pytest.mark.parametrize(
+    ("name", "blocks"),
+    [("llama_mqa_tied", 24), ("qwen2_qkv_bias", 24), ("qwen3_qk_norm", 24),
+     ("mistral_window", 10), ("gemma3", 34)],
+)  # fmt: skip
+def test_generation_with_tiers_equals_without(name, blocks, tmp_path):
+    """Every attention family, sliding windows (their own cache groups) included."""
     build_hf_model(name, tmp_path)
-    options = dict(block_size=4, num_kv_blocks=24, max_num_seqs=1)
+    # chunks of 16 tokens: a windowed group lets blocks go as its window moves
+    options = dict(block_size=4, num_kv_blocks=blocks, max_num_seqs=1, max_num_batched_tokens=16)
     plain, tiered = LLM(str(tmp_path), **options), LLM(str(tmp_path), kv_offload_memory="1MiB",
                                                        **options)  # fmt: skip
     for turn in _turns()[:3]:
