@@ -65,7 +65,7 @@ def serving_parts(
     if tiers is not None:
         pool.on_evict = tiers.save
         if tiers.write_through:
-            pool.on_register = tiers.save
+            pool.on_register = tiers.save_through
     sched = Scheduler(
         scheduler, pool, kv_cache.block_size, kv_cache.groups, kv_cache.states, max_model_len,
         tiers=tiers,

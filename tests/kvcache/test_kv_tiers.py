@@ -164,9 +164,13 @@ def test_a_restarted_engine_serves_prefix_hits_from_disk(llama, tmp_path):
     its tokens equal a cold run's; an engine of another KV format ignores them."""
     options = dict(block_size=4, num_kv_blocks=24, max_num_seqs=1)
     prompt = _turns()[-1]
-    first = LLM(llama, kv_offload_dir=str(tmp_path), kv_offload_write_through=True, **options)
-    first.generate(prompt, GREEDY)  # every full block of the prompt written to disk
-    assert first.engine.kv_tiers.stats()["tiers"]["disk"]["puts"] > 0
+    first = LLM(llama, kv_offload_memory="1MiB", kv_offload_dir=str(tmp_path),
+                kv_offload_write_through=True, **options)  # fmt: skip
+    first.generate(prompt, GREEDY)  # every full block of the prompt written to both tiers
+    stats = first.engine.kv_tiers.stats()
+    full_blocks = (len(prompt) + GREEDY.max_tokens - 1) // 4
+    assert stats["tiers"]["disk"]["puts"] == stats["tiers"]["host"]["puts"] == full_blocks
+    assert stats["saved"] == full_blocks
     del first
     cold = LLM(llama, **options).generate(prompt, GREEDY)[0]
     again = LLM(llama, kv_offload_dir=str(tmp_path), **options)

@@ -3,7 +3,8 @@ moves between them and the pool (issue 23, items 1–2):
 
 - `save(block, key, parent)`: a block the pool evicts (write-back) — its contents copied to
   the first tier that takes it (one too small for it passes it on), which spills its own
-  least recently used leaves to the next;
+  least recently used leaves to the next; with write-through (`save_through`), every block
+  is copied to every tier as it is registered, so the disk tier holds whole prefixes;
 - `load(key, block)`: a prefix block found in a tier copied into a pool block (the first tier
   holding it serves it; a tier that finds its copy corrupt answers None and the block is
   recomputed instead).
@@ -53,13 +54,22 @@ class KVTiers:
         return any(key in tier for tier in self.tiers)
 
     def save(self, block: int, key: bytes, parent: bytes | None) -> None:
-        """The pool is about to reuse `block` (holding `key`): keep its contents below."""
-        if not self.tiers:
-            return
-        if all(key in tier for tier in self.tiers):  # written through already
+        """The pool is about to reuse `block` (holding `key`): keep its contents below, in
+        the first tier that takes it (unless a tier holds it already: written through)."""
+        if not self.tiers or key in self:
             return
         data = self.kv_cache.block_data(block)
-        if any(tier.put(key, parent, data) for tier in self.tiers):  # the first that takes it
+        if any(tier.put(key, parent, data) for tier in self.tiers):
+            self.saved += 1
+
+    def save_through(self, block: int, key: bytes, parent: bytes | None) -> None:
+        """`block` was just computed and registered: a copy into every tier (the disk tier
+        too, so whole prefixes outlive a restart)."""
+        missing = [tier for tier in self.tiers if key not in tier]
+        if not missing:
+            return
+        data = self.kv_cache.block_data(block)
+        if sum(tier.put(key, parent, data) for tier in missing):
             self.saved += 1
 
     def load(self, key: bytes, block: int) -> bool:
