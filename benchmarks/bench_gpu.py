@@ -46,6 +46,7 @@ from infergen.engine.engine import Engine  # noqa: E402
 from infergen.engine.options import engine_config  # noqa: E402
 from infergen.engine.sampling_params import SamplingParams  # noqa: E402
 from infergen.io.checkpoint import Checkpoint  # noqa: E402
+from infergen.perf.hardware import HARDWARE  # noqa: E402
 
 LLAMA_31_8B = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
@@ -224,7 +225,7 @@ def prefill_line(eng: Engine, config: ModelConfig, args, base: dict) -> dict:
     seconds = timed(run, args.device, 3)
     flops = 2 * config.num_parameters * tokens + config.num_hidden_layers * 2 * \
         config.num_attention_heads * config.head_dim * tokens**2  # fmt: skip
-    peak = 989e12  # H200 bf16 dense (perf/hardware.json "h200")
+    peak = HARDWARE.get(args.hardware, where="--hardware").flops["bf16"]  # dense FLOP/s
     return {**base, "case": "prefill", "tokens": tokens, "tok_per_s": tokens / seconds,
             "peak_pct": 100 * flops / seconds / peak}  # fmt: skip
 
@@ -355,6 +356,11 @@ def main() -> None:
                         default=ROOT / "results" / "gpu_engine.jsonl")  # fmt: skip
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=32, help="decoder layers (8B: 32)")
+    parser.add_argument(
+        "--hardware",
+        default="h200",
+        help="the perf/hardware.json row whose bf16 peak prefill is set against",
+    )
     parser.add_argument("--hidden", type=int, default=0, help="a toy hidden size (smoke test)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument(

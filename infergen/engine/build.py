@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-import importlib.util
 import os
 import sys
 import warnings
@@ -26,7 +25,7 @@ import torch
 from infergen.compiler import runtime  # noqa: F401  (registers the compiled fast paths)
 from infergen.config import ModelConfig
 from infergen.engine.config import EngineConfig
-from infergen.engine.device import gpu_kv_budget, resolve
+from infergen.engine.device import gpu_kv_budget, has_triton, resolve
 from infergen.engine.scoring import scratch_runner
 from infergen.errors import ConfigError
 from infergen.formats.block_weight import BlockWeight
@@ -84,7 +83,7 @@ def _triton_rows(device: str) -> None:
     then (it takes about a second). On a GPU they compile for it; on the CPU they run in
     Triton's interpreter, which reads TRITON_INTERPRET=1 as the kernels are defined: it must
     be set before the process imports infergen."""
-    if importlib.util.find_spec("triton") is None:
+    if not has_triton():
         raise ConfigError("kernels='triton' needs Triton: pip install 'infergen[triton]'",
                           where="kernels")  # fmt: skip
     if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

@@ -51,7 +51,7 @@ def resolve(config: EngineConfig, cuda_count: int | None = None) -> EngineConfig
     on_gpu = device != "cpu"
     kernels = config.kernels
     if kernels == "auto":
-        kernels = "triton" if on_gpu and _has_triton() else "torch" if on_gpu else "native"
+        kernels = "triton" if on_gpu and has_triton() else "torch" if on_gpu else "native"
     if on_gpu and kernels == "native":
         raise ConfigError(
             "kernels='native' are C kernels for the CPU",
@@ -92,7 +92,8 @@ def _device(name: str, count: int) -> str:
     return f"cuda:{index}"
 
 
-def _has_triton() -> bool:
+def has_triton() -> bool:
+    """Whether the optional Triton extra is installed (nothing is imported)."""
     return importlib.util.find_spec("triton") is not None
 
 

@@ -30,7 +30,7 @@ import torch
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.forward_batch import ForwardBatch
 from infergen.models.fast_paths import FAST_PATHS, FastPath
-from infergen.ops.paged_attention import AttentionPlan
+from infergen.ops.paged_attention import DECODE_BACKENDS, AttentionPlan
 from infergen.ops.rope import RopeInputs
 
 
@@ -168,11 +168,10 @@ def _supports(model) -> bool:
     config = model.config
     if model.state_layers or config.moe is not None or config.mla is not None:
         return False
-    return all(
-        getattr(layer.attn, "decode", None) is not None
-        and getattr(layer.attn.decode, "__name__", "") == "decode_attention_triton"
-        for layer in model.layers
-    )
+    if "triton" not in DECODE_BACKENDS:  # kernels="triton" registers it
+        return False
+    triton_row = DECODE_BACKENDS.get("triton")
+    return all(getattr(layer.attn, "decode", None) is triton_row for layer in model.layers)
 
 
 FAST_PATHS.register(

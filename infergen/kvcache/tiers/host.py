@@ -25,7 +25,6 @@ class HostTier:
         self.budget_bytes = budget_bytes
         self.spill = spill
         self._data: dict[bytes, torch.Tensor] = {}
-        self._parent: dict[bytes, bytes | None] = {}
         self._order = LeafLRU()
         self.nbytes = 0
         self.stats = dict(hits=0, misses=0, puts=0, evictions=0, spilled=0, bytes_read=0,
@@ -50,7 +49,6 @@ class HostTier:
                 return False
             self._evict(victim)
         self._data[key] = data.detach().to("cpu", copy=True)
-        self._parent[key] = parent
         self._order.add(key, parent)
         self.nbytes += size
         self.stats["puts"] += 1
@@ -69,7 +67,7 @@ class HostTier:
 
     def _evict(self, key: bytes) -> None:
         data = self._data.pop(key)
-        parent = self._parent.pop(key)
+        parent = self._order.parent_of(key)
         self._order.remove(key)
         self.nbytes -= data.numel() * data.element_size()
         self.stats["evictions"] += 1

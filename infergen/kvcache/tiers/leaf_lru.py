@@ -29,6 +29,10 @@ class LeafLRU:
     def __len__(self) -> int:
         return len(self._used)
 
+    def parent_of(self, key: bytes) -> bytes | None:
+        """The stored entry's parent key (None for a chain's first block)."""
+        return self._parent.get(key)
+
     def link(self, key: bytes, parent: bytes | None) -> None:
         """`key` is arriving under `parent`: the parent is no leaf from now on (call before
         making room for `key`, so the parent is never evicted for it)."""
