@@ -56,6 +56,12 @@ def cache_delta(before: dict | None, after: dict | None) -> dict | None:
         out["blocks_loaded"] = delta("infergen_kv_tier_blocks_total", move="loaded")
         out["decisions"] = {d: delta("infergen_kv_tier_decisions_total", decision=d)
                             for d in ("load", "recompute")}  # fmt: skip
+    if any(name == "infergen_state_checkpoints_total" for name, _ in after):
+        out["state_checkpoints"] = {
+            "hits": delta("infergen_state_checkpoints_total", event="hits"),
+            "misses": delta("infergen_state_checkpoints_total", event="misses"),
+            "resumed_tokens": delta("infergen_state_checkpoint_resumed_tokens_total"),
+        }
     return out
 
 
@@ -72,4 +78,8 @@ def format_cache(delta: dict | None) -> str:
     if "decisions" in delta:
         d = delta["decisions"]
         line += f"; loaded {d['load']:.0f} / recomputed {d['recompute']:.0f} tier hits"
+    if "state_checkpoints" in delta:
+        s = delta["state_checkpoints"]
+        line += (f"; recurrent states: {s['hits']:.0f} resumed ({s['resumed_tokens']:.0f} "
+                 f"tokens), {s['misses']:.0f} missed")  # fmt: skip
     return line

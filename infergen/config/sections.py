@@ -50,6 +50,9 @@ class CacheConfig:
     # write every computed prefix block to the tiers as it is registered (write-through), not
     # only as the pool evicts it (write-back): a restart finds whole prefixes on disk
     offload_write_through: bool = False
+    # recurrent layers' states kept at chosen positions for prefix reuse
+    # (kvcache/state_checkpoints.py): their budget (0: none kept, no prefix reuse for such models)
+    state_checkpoint_bytes: int = 1 << 30
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     kv_format: str | None = None  # a KV_FORMATS row (kvcache/kv_format.py), e.g. "fp8_e4m3"

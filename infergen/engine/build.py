@@ -37,6 +37,7 @@ from infergen.kvcache.kv_format import kv_format_of
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.sizing import blocks_for
 from infergen.kvcache.state_cache import StateCache, slots_for
+from infergen.kvcache.state_checkpoints import StateCheckpoints
 from infergen.kvcache.tiers.disk import DiskTier
 from infergen.kvcache.tiers.host import HostTier
 from infergen.kvcache.tiers.tiered import KVTiers
@@ -71,6 +72,8 @@ class Built:
     compile_report: object = None
     graph_capture: GraphCapture | None = None  # on a GPU: the decode graphs recorded at start
     kv_tiers: KVTiers | None = None  # host / disk tiers below the KV pool (kv_offload_*)
+    # recurrent layers' state checkpoints for prefix reuse (state_checkpoint_memory)
+    state_checkpoints: StateCheckpoints | None = None
 
 
 class GraphCapture(NamedTuple):
@@ -136,6 +139,7 @@ def build(
     _to_device(built)
     built.kv_cache = _cache(built, dtype, scales)
     built.kv_tiers = _tiers(built)
+    built.state_checkpoints = _state_checkpoints(built)
     _compile(built)
     _capture(built)
     return built
@@ -351,18 +355,10 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
 
 def _tiers(built: Built) -> KVTiers | None:
     """The KV tiers below the pool (kv_offload_memory, kv_offload_dir): None without them.
-    For now the models without recurrent layers (their states in the tiers: issue 23's
-    next step)."""
+    Recurrent layers' state checkpoints spill there too (`_state_checkpoints`)."""
     cache = built.config.cache
     if cache.offload_memory_bytes is None and cache.offload_dir is None:
         return None
-    if built.model.state_layers:
-        raise ConfigError(
-            "KV offload tiers do not keep recurrent layers' states yet",
-            where="kv_offload_memory",
-            found=f"{built.model_config.architecture} (recurrent layers)",
-            expected="no kv_offload_memory / kv_offload_dir for this model",
-        )
     built.kv_cache.block_data(0)  # a KV format the tiers cannot move: the error now
     disk = None
     if cache.offload_dir is not None:
@@ -374,6 +370,24 @@ def _tiers(built: Built) -> KVTiers | None:
     if disk is not None:
         tiers.append(disk)
     return KVTiers(built.kv_cache, tiers, cache.offload_write_through)
+
+
+def _state_checkpoints(built: Built) -> StateCheckpoints | None:
+    """The recurrent layers' state checkpoints (a model with such layers, prefix caching on, a
+    budget, and a KV format whose blocks can be copied: the partial block goes with a state);
+    their evictions spill to the KV tiers."""
+    cache, kv_cache = built.config.cache, built.kv_cache
+    if kv_cache.states is None or not cache.enable_prefix_caching:
+        return None
+    if not cache.state_checkpoint_bytes or (kv_cache.groups and not kv_cache.pages_movable):
+        return None
+    tiers = built.kv_tiers
+    return StateCheckpoints(
+        kv_cache,
+        cache.state_checkpoint_bytes,
+        spill=tiers.save_state if tiers is not None else None,
+        fetch=tiers.load_state if tiers is not None else None,
+    )
 
 
 def fingerprint(built: Built) -> str:

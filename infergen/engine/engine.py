@@ -58,6 +58,7 @@ class Engine:
             self.config.cache.enable_prefix_caching,
             self.max_model_len,
             built.kv_tiers,
+            built.state_checkpoints,
         )
         self.kv_tiers = built.kv_tiers  # host / disk tiers below the pool (kv_offload_*)
         self.sampler = Sampler(self.config.kernels)

@@ -22,7 +22,11 @@ block to the pool as soon as no later query can read it, so its share of a seque
 about window + chunk tokens however long the sequence grows; a prefix hit for such a group
 needs only the blocks inside the window of the prefix's end. A model with recurrent layers
 also gives each scheduled sequence a state slot (kvcache/state_cache.py), freed with its blocks;
-its prompts are never served from the prefix cache (the state is not kept per block).
+its prompts resume from the prefix cache only where a state checkpoint exists
+(kvcache/state_checkpoints.py): taken at block boundaries where a prefill chunk ends (the first
+chunk of a prompt is cut at the end of the part earlier prompts computed), at a prompt's end,
+and where a sequence finishes or is preempted; a hit resumes from the deepest checkpoint whose
+full blocks are available, its partial block's KV restored from the checkpoint.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.groups import NO_BLOCK, CacheGroup, sequence_blocks
 from infergen.kvcache.prefix import extend_hashes
 from infergen.kvcache.state_cache import SlotPool
+from infergen.kvcache.state_checkpoints import StateCheckpoints, checkpoint_key
 from infergen.kvcache.tiers.tiered import KVTiers
 
 
@@ -61,6 +66,7 @@ class Scheduler:
         max_model_len: int | None = None,
         lookahead: int = 0,
         tiers: KVTiers | None = None,
+        checkpoints: StateCheckpoints | None = None,
     ):
         self.config = config
         self.pool = pool
@@ -73,6 +79,8 @@ class Scheduler:
         # the KV tiers below the pool (kvcache/tiers/): prefix blocks missing from the pool are
         # loaded back from there at admission
         self.tiers = tiers
+        # recurrent layers' states at chosen positions (None: their prompts never resume)
+        self.checkpoints = checkpoints
         self.admission = ADMISSION.get(config.admission, where="scheduler.admission")
         self.reserved_blocks = 0  # the running sequences' reservations (admission policy)
         self.waiting: deque[Sequence] = deque()
@@ -100,7 +108,13 @@ class Scheduler:
         """After a step: `num_computed` more tokens of `seq` have their KV in the cache (all
         that were scheduled, or a verify step's accepted ones); publish the full blocks."""
         seq.num_computed_tokens += num_computed
+        registered = seq.num_registered_blocks
         self.register_full_blocks(seq)
+        if self.checkpoints is not None and seq.state_slot is not None:
+            self.checkpoints.note(seq.block_hashes[registered : seq.num_registered_blocks])
+            done, prompt = seq.num_computed_tokens, len(seq.prompt_token_ids)
+            if done <= prompt and (done % self.block_size == 0 or done == prompt):
+                self._checkpoint(seq)  # a prefill chunk's end on a boundary, the prompt's end
 
     # ---- block accounting -------------------------------------------------------------------
     def grow(self, seq: Sequence, num_new: int) -> bool:
@@ -157,6 +171,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._checkpoint(seq)  # (recurrent layers: resumed from here when readmitted)
         self.release_blocks(seq)
         seq.num_computed_tokens = 0
         seq.num_registered_blocks = 0
@@ -171,6 +186,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._checkpoint(seq)  # (recurrent layers: a next turn extends prompt + answer)
         self.release_blocks(seq)
         seq.status = Status.FINISHED
 
@@ -189,9 +205,11 @@ class Scheduler:
     def _reuse_prefix(self, seq: Sequence) -> None:
         """Attach cached blocks for the longest shared prefix (at least one token stays
         uncomputed so the step produces logits): n blocks hit when every full-attention group
-        has blocks 0..n-1 cached and every windowed group those its window still reads."""
-        # a recurrent layer's state is not kept per block: no prefix to reuse
-        limit = 0 if self.states is not None else (seq.num_tokens - 1) // self.block_size
+        has blocks 0..n-1 cached and every windowed group those its window still reads. With
+        recurrent layers, the deepest state checkpoint over available blocks (none: 0)."""
+        limit = (seq.num_tokens - 1) // self.block_size
+        if self.states is not None and self.checkpoints is None:
+            limit = 0  # no state kept: no prefix to resume from
         extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, limit)
         hits = [
             [self.pool.lookup(self._key(g, h)) for h in seq.block_hashes[:limit]]
@@ -204,6 +222,10 @@ class Scheduler:
             if all(None not in self._needed(g, hit, n) for g, hit in enumerate(hits)):
                 break
             n -= 1
+        resume = None
+        if self.states is not None and limit:
+            resume = self._find_checkpoint(seq, hits)
+            n = 0 if resume is None else resume[0] // self.block_size
         seq.blocks = []
         for group, hit in enumerate(hits):
             needed = set(self._needed(group, list(range(n)), n))
@@ -212,6 +234,50 @@ class Scheduler:
             seq.blocks.append([hit[j] if j in needed else NO_BLOCK for j in range(n)])
         seq.num_computed_tokens = n * self.block_size
         seq.num_registered_blocks = n
+        if resume is not None:
+            self._resume(seq, resume[1])
+
+    # ---- recurrent-state checkpoints --------------------------------------------------------
+    def _checkpoint(self, seq: Sequence) -> None:
+        """Keep the state of `seq` after its computed tokens (recurrent layers), with its
+        partial block's pages when that position is inside a block."""
+        done = seq.num_computed_tokens
+        if self.checkpoints is None or seq.state_slot is None or not done:
+            return
+        q, r = divmod(done, self.block_size)
+        extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, q)
+        key = checkpoint_key(
+            seq.block_hashes[q - 1] if q else None, seq.token_ids[q * self.block_size : done]
+        )
+        partial = [blocks[q] for blocks in seq.blocks] if r else []
+        self.checkpoints.save(seq.state_slot, done, key, partial)
+
+    def _find_checkpoint(self, seq: Sequence, hits: list[list[int | None]]):
+        """(position, checkpoint) of the deepest checkpoint of `seq` whose full blocks are in
+        the pool (`hits`) and, inside a block, for which a state slot and a fresh block per
+        group are free; None when there is none."""
+        if self.states.num_free == 0:
+            return None
+        groups = range(len(hits))
+
+        def usable(q: int, inside: bool) -> bool:
+            needed = [b for g in groups for b in self._needed(g, hits[g], q)]
+            if None in needed:
+                return False
+            idle = sum(1 for b in set(needed) if self.pool.refcount(b) == 0)
+            return not inside or self.pool.num_free - idle >= len(hits)
+
+        found = self.checkpoints.find(seq.token_ids, seq.block_hashes, seq.num_tokens - 1, usable)
+        return found
+
+    def _resume(self, seq: Sequence, data) -> None:
+        """Restore a found checkpoint into `seq`: a state slot, its partial block per group."""
+        seq.state_slot = self.states.allocate()
+        inside = self.checkpoints.position(data) % self.block_size
+        partial = [self.pool.allocate() for _ in seq.blocks] if inside else []
+        for blocks, block in zip(seq.blocks, partial, strict=False):  # (none: at a boundary)
+            blocks.append(block)
+        seq.num_computed_tokens = self.checkpoints.restore(data, seq.state_slot, partial)
 
     def _load_from_tiers(self, seq: Sequence, hits: list[list[int | None]], limit: int) -> None:
         """Fill pool misses from the tiers: the longest prefix whose needed blocks (every
@@ -307,6 +373,11 @@ class Scheduler:
             first_admission = seq.num_cached_prompt_tokens is None
             self._reuse_prefix(seq)
             num_new = seq.num_uncomputed
+            if self.checkpoints is not None:  # end the chunk where earlier prompts' part ends
+                end = self.checkpoints.shared_end(
+                    seq.block_hashes, seq.num_computed_tokens, seq.num_tokens
+                )
+                num_new = num_new if end is None else end - seq.num_computed_tokens
             if num_new > budget:
                 if not self.config.enable_chunked_prefill and batch:
                     self.release_blocks(seq)

@@ -18,6 +18,7 @@ from infergen.engine.scheduler import ScheduledBatch, Scheduler
 from infergen.errors import RequestError
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.kvcache.state_checkpoints import StateCheckpoints
 from infergen.kvcache.tiers.tiered import KVTiers
 from infergen.models.transformer import Transformer
 
@@ -55,6 +56,7 @@ def serving_parts(
     prefix_caching: bool,
     max_model_len: int | None = None,
     tiers: KVTiers | None = None,
+    checkpoints: StateCheckpoints | None = None,
 ) -> tuple[BlockPool, Scheduler, ModelRunner]:
     """A block pool over `kv_cache`, a scheduler over the pool, a runner writing to it; with
     `tiers`, the blocks the pool evicts move down to them and prefix hits come back."""
@@ -68,7 +70,7 @@ def serving_parts(
             pool.on_register = tiers.save_through
     sched = Scheduler(
         scheduler, pool, kv_cache.block_size, kv_cache.groups, kv_cache.states, max_model_len,
-        tiers=tiers,
+        tiers=tiers, checkpoints=checkpoints,
     )  # fmt: skip
     return pool, sched, ModelRunner(model, kv_cache)
 

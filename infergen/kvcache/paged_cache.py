@@ -118,6 +118,16 @@ class PagedKVCache:
         page = self._paged_storage()[:, :, 0]
         return page.numel() * page.element_size()
 
+    def page(self, block: int) -> torch.Tensor:
+        """A view of one block's contents (block_data without the copy), on the device."""
+        return self._paged_storage()[:, :, block]
+
+    @property
+    def pages_movable(self) -> bool:
+        """Whether blocks can be copied out and back (block_data / page): the engine-dtype and
+        scaled formats; a block-quantized format keeps its own stores."""
+        return isinstance(self.pool, PagedPool)
+
     def write_block(self, block: int, data: torch.Tensor) -> None:
         """Put contents `block_data` returned back into `block`."""
         self._paged_storage()[:, :, block].copy_(data)

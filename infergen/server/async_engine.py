@@ -217,6 +217,9 @@ class AsyncEngine:
                 self._account(update.output, "aborted" if timed_out else "finished")
         if self.engine.kv_tiers is not None:
             m.set_tiers(self.engine.kv_tiers.stats())
+        checkpoints = self.engine.scheduler.checkpoints
+        if checkpoints is not None:
+            m.set_checkpoints(dict(checkpoints.stats, nbytes=checkpoints.nbytes))
         m.set_load(
             waiting=len(scheduler.waiting),
             running=len(scheduler.running),

@@ -122,6 +122,7 @@ class ServerMetrics:
             registry=None,
         )
         self.tiers: dict | None = None  # the KV tiers' stats (KVTiers.stats), None: no tiers
+        self.checkpoints: dict | None = None  # StateCheckpoints.stats + nbytes, None: none
         self.registry = CollectorRegistry()
         self.registry.register(_Exposition(self))
 
@@ -156,6 +157,11 @@ class ServerMetrics:
         """The KV tiers' counters as of now (kvcache/tiers/tiered.KVTiers.stats)."""
         with self.lock:
             self.tiers = stats
+
+    def set_checkpoints(self, stats: dict | None) -> None:
+        """The recurrent-state checkpoints' counters (kvcache/state_checkpoints.py)."""
+        with self.lock:
+            self.checkpoints = stats
 
     def set_load(self, waiting: int, running: int, blocks_used: int, blocks_free: int) -> None:
         self.waiting.set(waiting)
@@ -212,6 +218,8 @@ class _Exposition(Collector):
         yield families["itl"]
         if m.tiers is not None:
             yield from _tier_families(m.tiers)
+        if m.checkpoints is not None:
+            yield from _checkpoint_families(m.checkpoints)
 
 
 def _tier_families(stats: dict) -> Iterator[Metric]:
@@ -244,6 +252,8 @@ def _tier_families(stats: dict) -> Iterator[Metric]:
     )
     blocks.add_metric(["saved"], stats["saved"])
     blocks.add_metric(["loaded"], stats["loaded"])
+    blocks.add_metric(["states_saved"], stats.get("states_saved", 0))
+    blocks.add_metric(["states_loaded"], stats.get("states_loaded", 0))
     yield blocks
     decisions = CounterMetricFamily(
         "infergen_kv_tier_decisions", "tier hits loaded or recomputed (cost rule)",
@@ -252,6 +262,26 @@ def _tier_families(stats: dict) -> Iterator[Metric]:
     for decision, n in stats["decisions"].items():
         decisions.add_metric([decision], n)
     yield decisions
+
+
+def _checkpoint_families(stats: dict) -> Iterator[Metric]:
+    """Recurrent-state checkpoints: events (saved, hits here / from a tier, misses,
+    evictions, spilled to the tiers), prompt tokens resumed, bytes held."""
+    events = CounterMetricFamily(
+        "infergen_state_checkpoints", "recurrent-state checkpoint events", labels=["event"]
+    )
+    for event in ("saved", "hits", "tier_hits", "misses", "evictions", "spilled"):
+        events.add_metric([event], stats.get(event, 0))
+    yield events
+    yield CounterMetricFamily(
+        "infergen_state_checkpoint_resumed_tokens",
+        "prompt tokens resumed from a state checkpoint (not recomputed)",
+        value=stats.get("tokens_resumed", 0),
+    )
+    yield GaugeMetricFamily(
+        "infergen_state_checkpoint_bytes_held", "bytes of checkpoints held in memory",
+        value=stats.get("nbytes", 0),
+    )  # fmt: skip
 
 
 def _without_created(metric: Counter | Gauge | Histogram) -> Metric:

@@ -82,10 +82,10 @@ def test_logits_after_a_reload_equal_a_cold_recompute(llama):
             assert abs(logprob - dict(y.top)[token]) < 1e-5
 
 
-def test_tiers_refuse_what_they_cannot_serve_yet(tmp_path):
-    build_hf_model("mamba2", tmp_path)
-    with pytest.raises(ConfigError, match="recurrent layers"):
-        LLM(str(tmp_path), kv_offload_memory="1MiB")
+def test_tiers_refuse_what_they_cannot_move(llama):
+    """A block-quantized KV format keeps its own stores: no pages to copy down a tier."""
+    with pytest.raises(ConfigError, match="move pages"):
+        LLM(llama, kv_format="int4_kivi", kv_offload_memory="1MiB")
 
 
 chains = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 5)), min_size=1, max_size=60)

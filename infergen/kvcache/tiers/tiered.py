@@ -46,6 +46,7 @@ class KVTiers:
         self.tiers = tiers
         self.write_through = write_through  # save blocks as they are registered, too
         self.saved = self.loaded = 0  # blocks moved down / brought back
+        self.states_saved = self.states_loaded = 0  # recurrent-state checkpoints, likewise
         self.decisions = {"load": 0, "recompute": 0}  # hits loaded vs recomputed (cost rule)
         self.recompute_seconds_per_token: float | None = None  # the engine's measured prefill
         self._read = {tier.name: [0, 0.0] for tier in tiers}  # bytes, seconds of gets
@@ -87,6 +88,22 @@ class KVTiers:
                     return True
         return False
 
+    def save_state(self, key: bytes, data: torch.Tensor) -> None:
+        """A recurrent-state checkpoint (kvcache/state_checkpoints.py) the store evicts: kept
+        in the first tier that takes it, as a chain of its own (no parent)."""
+        if self.tiers and key not in self and any(t.put(key, None, data) for t in self.tiers):
+            self.states_saved += 1
+
+    def load_state(self, key: bytes) -> torch.Tensor | None:
+        """A spilled checkpoint's bytes (None: no tier holds a good copy)."""
+        for tier in self.tiers:
+            if key in tier:
+                data = tier.get(key)
+                if data is not None:
+                    self.states_loaded += 1
+                    return data
+        return None
+
     def worth_loading(self, key: bytes, tokens: int) -> bool:
         """Whether to load `key`'s chain from here on (`tokens` tokens in tiers) rather than
         recompute it; the decision is counted."""
@@ -115,4 +132,5 @@ class KVTiers:
             gb_s = None if bandwidth is None else bandwidth / 1e9
             tiers[tier.name] = dict(tier.stats, nbytes=tier.nbytes, read_gb_s=gb_s)
         return dict(tiers=tiers, saved=self.saved, loaded=self.loaded,
+                    states_saved=self.states_saved, states_loaded=self.states_loaded,
                     decisions=dict(self.decisions))  # fmt: skip
