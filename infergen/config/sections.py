@@ -50,6 +50,9 @@ class CacheConfig:
     # write every computed prefix block to the tiers as it is registered (write-through), not
     # only as the pool evicts it (write-back): a restart finds whole prefixes on disk
     offload_write_through: bool = False
+    # how the tiers store a block (kvcache/tiers/compact.py): None as the pool stores it,
+    # "fp8_e4m3" FP8 codes with per-(block, layer, K/V, head) scales
+    offload_format: str | None = None
     # recurrent layers' states kept at chosen positions for prefix reuse
     # (kvcache/state_checkpoints.py): their budget (0: none kept, no prefix reuse for such models)
     state_checkpoint_bytes: int = 1 << 30

@@ -37,6 +37,7 @@ from infergen.config.sections import (
 from infergen.engine.admission import ADMISSION
 from infergen.engine.config import DTYPES, KERNELS, EngineConfig
 from infergen.errors import ConfigError
+from infergen.kvcache.tiers.compact import OFFLOAD_FORMATS
 
 # the commands that build an engine from a checkpoint, by what they do with it
 RUN = ("generate", "chat", "serve")  # run requests: every engine option
@@ -148,6 +149,13 @@ OPTIONS: tuple[Option, ...] = (
            help="copy each computed prefix block to the tiers as soon as it is complete "
            "(write-through), not only when the pool evicts it: whole prefixes reach the disk "
            "tier and outlive a restart, at the cost of a copy per block"),
+    Option("kv_offload_format", "cache.offload_format", None, commands=RUN,
+           choices=tuple(OFFLOAD_FORMATS),
+           help="how the KV tiers store a block: 'fp8_e4m3' as FP8 E4M3 codes with one scale "
+           "per (block, layer, K/V, KV head) (largest |value| / 448), ~4x the fp32 blocks (~2x "
+           "bf16) in the same host / disk budget, lossy (reloaded blocks are the codes "
+           "decoded); for an engine-dtype pool only (not with kv_format). Default: as the pool "
+           "stores them"),
     Option("state_checkpoint_memory", "cache.state_checkpoint_bytes", "1GiB",
            convert=_bytes("state_checkpoint_memory"), commands=RUN,
            help="models with recurrent layers (Mamba2, Qwen3-Next, Falcon-H1): memory for "

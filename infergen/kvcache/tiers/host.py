@@ -1,10 +1,11 @@
 """`HostTier`: KV blocks in host memory within a byte budget (issue 23, item 1).
 
-A block is stored as a copy of its contents (a CPU tensor: every layer's K and V of one page,
-in the cache's storage dtype — engine-dtype values or FP8 codes). Full: least recently used
-leaves go first (leaf_lru.py) — to the next tier down (`spill`: the disk tier's `put`) when
-there is one, else dropped. On a GPU the copies would come from pinned memory on a side
-stream; this tier holds what it is given.
+A block is stored as a host copy of what it is given (KVTiers gives every layer's K and V of
+one page, in the cache's storage dtype or encoded by kv_offload_format: compact.py). The copy
+is made by the cache's `HostCopies` (copies.py): a clone on the CPU; on a GPU pinned memory
+filled on a side stream, ordered against the compute stream by events. Full: least recently
+used leaves go first (leaf_lru.py) — to the next tier down (`spill`: the disk tier's `put`,
+after the copies in flight are complete) when there is one, else dropped.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from infergen.kvcache.tiers.copies import CPU_COPIES, HostCopies
 from infergen.kvcache.tiers.leaf_lru import LeafLRU
 
 Spill = Callable[[bytes, bytes | None, torch.Tensor], bool]
@@ -21,9 +23,12 @@ Spill = Callable[[bytes, bytes | None, torch.Tensor], bool]
 class HostTier:
     name = "host"
 
-    def __init__(self, budget_bytes: int, spill: Spill | None = None):
+    def __init__(
+        self, budget_bytes: int, spill: Spill | None = None, copies: HostCopies = CPU_COPIES
+    ):
         self.budget_bytes = budget_bytes
         self.spill = spill
+        self.copies = copies  # how host copies are made (the cache's device: copies.py)
         self._data: dict[bytes, torch.Tensor] = {}
         self._order = LeafLRU()
         self.nbytes = 0
@@ -48,7 +53,7 @@ class HostTier:
                 self._order.unlink(key, parent)
                 return False
             self._evict(victim)
-        self._data[key] = data.detach().to("cpu", copy=True)
+        self._data[key] = self.copies.to_host(data)
         self._order.add(key, parent)
         self.nbytes += size
         self.stats["puts"] += 1
@@ -71,5 +76,8 @@ class HostTier:
         self._order.remove(key)
         self.nbytes -= data.numel() * data.element_size()
         self.stats["evictions"] += 1
-        if self.spill is not None and self.spill(key, parent, data):
+        if self.spill is None:
+            return
+        self.copies.settle()  # a GPU copy into `data` may still be in flight
+        if self.spill(key, parent, data):
             self.stats["spilled"] += 1

@@ -17,7 +17,12 @@ its step costs; None: not measured yet → load). Each decision is counted.
 
 Keys are the scheduler's prefix-cache keys (chained block hashes, kvcache/prefix.py); a key's
 parent is the previous block of its chain. A block's contents are one page of the cache
-(PagedKVCache.block_data: every layer of its cache group, K and V, in the storage dtype).
+(PagedKVCache.block_data: every layer of its cache group, K and V, in the storage dtype),
+encoded by the cache's offload format before the tiers get it (`codec`, compact.py: as stored,
+or FP8 codes with per-block scales) and decoded into the pool's dtype when it comes back. The
+encoding runs where the pool lives (on a GPU, fewer bytes cross to the host); the copies
+between the pool's device and the host tier are the cache's `copies` (copies.py: pinned
+memory on a side stream on a GPU, the compute stream waiting on events for what it reads).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from typing import Protocol
 import torch
 
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.kvcache.tiers.compact import AS_STORED, AsStored, ScaledBlocks
+from infergen.kvcache.tiers.copies import HostCopies, host_copies
 
 
 class KVTier(Protocol):
@@ -41,10 +48,25 @@ class KVTier(Protocol):
 
 
 class KVTiers:
-    def __init__(self, kv_cache: PagedKVCache, tiers: list[KVTier], write_through: bool = False):
+    def __init__(
+        self,
+        kv_cache: PagedKVCache,
+        tiers: list[KVTier],
+        write_through: bool = False,
+        codec: AsStored | ScaledBlocks = AS_STORED,  # how the tiers store a block (compact.py)
+        copies: HostCopies | None = None,  # None: the cache device's (shared with a host tier)
+    ):
         self.kv_cache = kv_cache
         self.tiers = tiers
         self.write_through = write_through  # save blocks as they are registered, too
+        page = kv_cache.block_data(0)  # a KV format the tiers cannot move: ConfigError
+        self._page = (page.shape, page.dtype)  # what a stored block decodes to
+        self.codec = codec
+        codec.check(kv_cache)
+        self.copies = copies if copies is not None else _shared_copies(kv_cache, tiers)
+        if any(getattr(tier, "copies", self.copies) is not self.copies for tier in tiers):
+            raise ValueError("a host tier must share its cache's KVTiers copies (one stream)")
+        self.block_bytes = codec.stored_bytes(*self._page)  # bytes a tier holds per block
         self.saved = self.loaded = 0  # blocks moved down / brought back
         self.states_saved = self.states_loaded = 0  # recurrent-state checkpoints, likewise
         self.decisions = {"load": 0, "recompute": 0}  # hits loaded vs recomputed (cost rule)
@@ -59,7 +81,7 @@ class KVTiers:
         the first tier that takes it (unless a tier holds it already: written through)."""
         if not self.tiers or key in self:
             return
-        data = self.kv_cache.block_data(block)
+        data = self._stored(block)
         if any(tier.put(key, parent, data) for tier in self.tiers):
             self.saved += 1
 
@@ -69,7 +91,7 @@ class KVTiers:
         missing = [tier for tier in self.tiers if key not in tier]
         if not missing:
             return
-        data = self.kv_cache.block_data(block)
+        data = self._stored(block)
         if sum(tier.put(key, parent, data) for tier in missing):
             self.saved += 1
 
@@ -80,7 +102,8 @@ class KVTiers:
                 start = time.perf_counter()
                 data = tier.get(key)
                 if data is not None:
-                    self.kv_cache.write_block(block, data)
+                    page = self.codec.decode(self.copies.to_device(data), *self._page)
+                    self.kv_cache.write_block(block, page)
                     read = self._read[tier.name]
                     read[0] += data.numel() * data.element_size()
                     read[1] += time.perf_counter() - start
@@ -112,8 +135,8 @@ class KVTiers:
         per_token = self.recompute_seconds_per_token
         load = tier is not None
         if load and per_token is not None and bytes_read and seconds > 0:
-            block_bytes = self.kv_cache.block_bytes
-            load_seconds = tokens / self.kv_cache.block_size * block_bytes * seconds / bytes_read
+            blocks = tokens / self.kv_cache.block_size
+            load_seconds = blocks * self.block_bytes * seconds / bytes_read
             load = load_seconds < tokens * per_token
         self.decisions["load" if load else "recompute"] += 1
         return load
@@ -122,6 +145,11 @@ class KVTiers:
         """The tier's measured read bandwidth in bytes / s (None before any read)."""
         bytes_read, seconds = self._read[tier]
         return bytes_read / seconds if seconds > 0 else None
+
+    def _stored(self, block: int) -> torch.Tensor:
+        """What the tiers get for pool block `block`: its page (a view where the pool
+        lives: each tier copies what it keeps) encoded by the codec."""
+        return self.codec.encode(self.kv_cache.storage[:, :, block])
 
     def stats(self) -> dict:
         """Per tier: hits, misses, puts, evictions, bytes read / written, bytes held, read
@@ -134,3 +162,9 @@ class KVTiers:
         return dict(tiers=tiers, saved=self.saved, loaded=self.loaded,
                     states_saved=self.states_saved, states_loaded=self.states_loaded,
                     decisions=dict(self.decisions))  # fmt: skip
+
+
+def _shared_copies(kv_cache: PagedKVCache, tiers: list[KVTier]) -> HostCopies:
+    """A host tier's copies (one side stream for both directions), else the device's."""
+    shared = [tier.copies for tier in tiers if hasattr(tier, "copies")]
+    return shared[0] if shared else host_copies(kv_cache.device)
