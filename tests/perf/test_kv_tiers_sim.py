@@ -1,8 +1,9 @@
 """The simulated KV tiers (infergen/perf/kv_tiers.py) in the serving simulator, and the
 offload comparison (perf/offload.py). Oracles: a hand count of which prefix blocks must be
-found where on a tiny deterministic workload, the run without tiers (tiers that hold nothing
-change nothing), a closed form of the load and save seconds, and a bigger host budget never
-finding fewer reusable tokens (metamorphic)."""
+found where on a tiny deterministic workload, the engine's own tier counters on the same
+turns, the run without tiers (tiers that hold nothing change nothing), a closed form of the
+load and save seconds, and a bigger host budget never finding fewer reusable tokens
+(metamorphic)."""
 
 from __future__ import annotations
 
@@ -196,3 +197,52 @@ def test_predicted_gain_on_the_benchmark_workload():
     assert gain["output_tok_s"] == on["output_tok_s"] / off["output_tok_s"]
     assert gain["ttft_p50_turn2on"] > 1.1 and gain["output_tok_s"] > 1.1
     assert section["pool_blocks"] == 23 and on["failed"] == off["failed"] == 0
+
+
+@pytest.mark.parametrize("host_blocks, disk_blocks", [(100, None), (3, None), (2, 8)])
+def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blocks, tmp_path):
+    """The engine (a tiny model, a 12-block pool, real host / disk tiers) and the simulator
+    serve 3 sessions of 4 turns in lockstep: the same prompt tokens found cached, the same
+    hits, puts and evictions per tier, the same load decisions. (The disk budget leaves
+    room for the files' headers, which the simulation does not count.)"""
+    from infergen import LLM, SamplingParams
+    from tests.hf_models import build_hf_model
+
+    build_hf_model("llama_gqa", tmp_path / "model")
+    sessions, turns, first, answer, follow = 3, 4, 40, 6, 20
+    limits = dict(max_num_seqs=4, max_num_batched_tokens=64)
+    block_bytes = LLM(str(tmp_path / "model"), num_kv_blocks=12).engine.kv_cache.block_bytes
+    host, disk = host_blocks * block_bytes, None
+    options = dict(kv_offload_memory=host)
+    if disk_blocks is not None:
+        disk = disk_blocks * block_bytes + 10_000
+        options.update(kv_offload_dir=str(tmp_path / "kv"), kv_offload_disk=disk)
+    engine = LLM(str(tmp_path / "model"), block_size=16, num_kv_blocks=12, **limits,
+                 **options).engine  # fmt: skip
+    rng = random.Random(0)
+    conversations = [[rng.randrange(0, 200) for _ in range(first)] for _ in range(sessions)]
+    params = SamplingParams(max_tokens=answer, temperature=0, ignore_eos=True)
+    cached = 0
+    for _ in range(turns):  # every session's turn together, as Simulator.run(lockstep=True)
+        ids = [engine.add_request(prompt, params) for prompt in conversations]
+        while engine.has_unfinished():
+            engine.step()
+        for s, request in enumerate(ids):
+            out = engine.output(request)
+            cached += out.num_cached_prompt_tokens
+            new = [rng.randrange(0, 200) for _ in range(follow)]
+            conversations[s] = conversations[s] + list(out.token_ids) + new
+            engine.release(request)
+    shape = PoolShape(12, engine.kv_cache.groups, 16, page_bytes=block_bytes)
+    sim = Simulator(linear_step, shape, SchedulerConfig(**limits),
+                    tiers=TierSpec(host, disk, False, 1e12, 1e12))  # fmt: skip
+    shapes = [Shape(first, answer, (follow,) * (turns - 1), f"s{i}") for i in range(sessions)]
+    *_, stats = sim.run(shapes, concurrency=sessions, lockstep=True)
+
+    def counters(kv_tiers) -> dict:
+        found = kv_tiers.stats()
+        tiers = {name: (t["hits"], t["puts"], t["evictions"]) for name, t in found["tiers"].items()}
+        return {"tiers": tiers, "loaded": found["loaded"], "decisions": found["decisions"]}
+
+    assert counters(sim.tiers) == counters(engine.kv_tiers)
+    assert stats.prefix_hit_tokens == cached > 0
