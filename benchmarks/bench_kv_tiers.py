@@ -61,6 +61,7 @@ from kv_tiers_lines import (  # noqa: E402
     build_lines,
     print_table,  # noqa: E402
 )
+from kv_tiers_prediction import print_prediction  # noqa: E402  (the perf model's prediction)
 from results_file import write_lines  # noqa: E402
 
 
@@ -306,6 +307,7 @@ def main() -> None:
     lines, mismatches = build_lines(rounds, base)
     write_lines(args.out, lines)
     print_table(lines)
+    print_prediction(lines, sizes)  # predicted vs measured gains (kv_tiers_prediction.py)
     if mismatches:
         raise SystemExit(f"greedy answers differ across configurations: {mismatches}")
 

@@ -44,6 +44,7 @@ RUN = ("generate", "chat", "serve")  # run requests: every engine option
 BUILD = ("compile",)  # builds the model to capture and compile its layers
 QUANTIZE = ("quantize",)  # writes a checkpoint: the calibration options
 EVAL = ("eval",)  # builds one engine per scheme it scores: the checkpoint and threads
+PREDICT = ("predict",)  # simulates an engine (perf/): the options the model covers
 SECTIONS = {
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
@@ -134,18 +135,18 @@ OPTIONS: tuple[Option, ...] = (
            "cache); sizes the KV cache when kv_cache_memory is not given"),
     Option("kv_offload_memory", "cache.offload_memory_bytes", None,
            convert=_bytes("kv_offload_memory"),
-           commands=RUN,
+           commands=RUN + PREDICT,
            help="a host-memory tier below the KV pool, e.g. 8GiB: blocks the pool evicts move "
            "there (least recently used leaves go first) and come back on a prefix hit instead "
            "of being recomputed. Default: off"),
-    Option("kv_offload_dir", "cache.offload_dir", None, commands=RUN, metavar="DIR",
+    Option("kv_offload_dir", "cache.offload_dir", None, commands=RUN + PREDICT, metavar="DIR",
            help="a disk tier below the host tier: blocks written atomically with a checksum "
            "and the model / KV format fingerprint, kept across restarts. Default: off"),
     Option("kv_offload_disk", "cache.offload_disk_bytes", "50GB",
-           convert=_bytes("kv_offload_disk"), commands=RUN,
+           convert=_bytes("kv_offload_disk"), commands=RUN + PREDICT,
            help="the disk tier's budget"),
     Option("kv_offload_write_through", "cache.offload_write_through", False, parse=_switch,
-           commands=RUN, metavar="on|off",
+           commands=RUN + PREDICT, metavar="on|off",
            help="copy each computed prefix block to the tiers as soon as it is complete "
            "(write-through), not only when the pool evicts it: whole prefixes reach the disk "
            "tier and outlive a restart, at the cost of a copy per block"),
