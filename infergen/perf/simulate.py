@@ -232,7 +232,8 @@ class Simulator:
         shape = self.pool_shape
         if shape.state_slots is not None:
             raise ConfigError(
-                "KV offload tiers do not keep recurrent layers' states yet (as the engine)",
+                "the performance model does not simulate recurrent-state checkpoints yet, "
+                "which a model with recurrent layers needs to reuse a prefix from the tiers",
                 where="--kv-offload-memory / --kv-offload-dir",
                 expected="a model without recurrent layers",
             )
