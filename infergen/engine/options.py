@@ -27,6 +27,7 @@ from typing import Any
 
 from infergen.config.sections import (
     COMPILE_MODES,
+    PREEMPTION_MODES,
     AttentionPolicy,
     CacheConfig,
     CompileConfig,
@@ -141,7 +142,8 @@ OPTIONS: tuple[Option, ...] = (
            "of being recomputed. Default: off"),
     Option("kv_offload_dir", "cache.offload_dir", None, commands=RUN + PREDICT, metavar="DIR",
            help="a disk tier below the host tier: blocks written atomically with a checksum "
-           "and the model / KV format fingerprint, kept across restarts. Default: off"),
+           "and the model / KV format fingerprint, kept across restarts, read back on a "
+           "background thread while the other sequences step. Default: off"),
     Option("kv_offload_disk", "cache.offload_disk_bytes", "50GB",
            convert=_bytes("kv_offload_disk"), commands=RUN + PREDICT,
            help="the disk tier's budget"),
@@ -198,6 +200,14 @@ OPTIONS: tuple[Option, ...] = (
            "preempted (and recomputed later) when the cache is full (vLLM's rule); 'reserve': "
            "a request's prompt + max_tokens reserved when it is admitted, never preempted, "
            "fewer at once (TensorRT-LLM's GUARANTEED_NO_EVICT)"),
+    Option("preemption_mode", "scheduler.preemption_mode", "auto", choices=PREEMPTION_MODES,
+           commands=RUN,
+           help="what a preempted sequence's KV becomes: 'swap' copies its blocks (the last, "
+           "partial one too) to the host tier (needs kv_offload_memory) and loads them back "
+           "when it resumes, nothing recomputed; 'recompute' lets them go (prefix blocks the "
+           "pool or a tier still holds are found again, the rest is recomputed); 'auto' swaps "
+           "when a host tier exists and its measured read bandwidth makes loading cheaper "
+           "than the measured prefill, else recomputes"),
     # ---- quantization --------------------------------------------------------------------
     Option("weights", "quant.weights", None,
            help="weight-only quantization as the weights load: 'int8' (a scale per output "

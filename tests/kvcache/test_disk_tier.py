@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -274,6 +275,42 @@ def test_leaves_are_evicted_first_and_parents_kept(tmp_path):
     tier2.get(b)  # a is the least recently used, but b depends on it
     assert tier2.put(c, None, _block(2))
     assert [k in tier2 for k in (a, b, c)] == [True, False, True]
+
+
+def test_reads_from_another_thread_see_whole_blocks_or_misses(tmp_path):
+    """The KV tiers' background loader gets while the engine thread puts and evicts (a budget
+    of 4 of 12 blocks, put over and over): every get is a stored block's exact contents or a
+    miss, and afterwards the index, the files and the byte count agree; `discard` forgets."""
+    probe = DiskTier(tmp_path / "probe", 1 << 20, FP)
+    probe.put(_key(0), None, _block(0))
+    tier = DiskTier(tmp_path / "kv", 4 * probe.nbytes, FP)
+    wrong: list[int] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            for i in range(12):
+                got = tier.get(_key(i))
+                if got is not None and not torch.equal(_bits(got), _bits(_block(i))):
+                    wrong.append(i)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for _ in range(20):
+            for i in range(12):
+                tier.put(_key(i), None, _block(i))
+    finally:
+        stop.set()
+        thread.join()
+    assert not wrong and tier.stats["hits"] > 0
+    held = [i for i in range(12) if _key(i) in tier]
+    assert (
+        tier.nbytes == sum(p.stat().st_size for p in _files(tmp_path / "kv")) <= tier.budget_bytes
+    )
+    assert len(_files(tmp_path / "kv")) == len(held) > 0
+    tier.discard(_key(held[0]))
+    assert _key(held[0]) not in tier and len(_files(tmp_path / "kv")) == len(held) - 1
 
 
 @settings(max_examples=30, deadline=None)

@@ -169,6 +169,10 @@ def test_tier_counters_in_the_metrics_exposition(llama):
     assert samples[("infergen_kv_tier_blocks_total", (("move", "loaded"),))] == stats["loaded"]
     load = ("infergen_kv_tier_decisions_total", (("decision", "load"),))
     assert samples[load] == stats["decisions"]["load"] > 0
+    inline = ("infergen_kv_tier_loads_total", (("mode", "inline"),))
+    assert samples[inline] == stats["loads"]["inline"] > 0  # host hits: copied inline
+    swaps = ("infergen_kv_preemptions_total", (("mode", "swap"),))
+    assert samples[swaps] == stats["preemptions"]["swap"]
 
 
 def test_preempted_sequences_come_back_through_the_tier(llama):

@@ -6,10 +6,15 @@ is made by the cache's `HostCopies` (copies.py): a clone on the CPU; on a GPU pi
 filled on a side stream, ordered against the compute stream by events. Full: least recently
 used leaves go first (leaf_lru.py) — to the next tier down (`spill`: the disk tier's `put`,
 after the copies in flight are complete) when there is one, else dropped.
+
+Threads: the engine thread puts, the KV tiers' background loader may get (tiers/loader.py):
+every operation holds the tier's lock (a spill holds it through the next tier's put, which
+takes that tier's own lock: always host then disk, never the other way).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -22,6 +27,7 @@ Spill = Callable[[bytes, bytes | None, torch.Tensor], bool]
 
 class HostTier:
     name = "host"
+    in_memory = True  # a load is a memcpy: inline while it is cheap (KVTiers.loads_inline)
 
     def __init__(
         self, budget_bytes: int, spill: Spill | None = None, copies: HostCopies = CPU_COPIES
@@ -34,12 +40,17 @@ class HostTier:
         self.nbytes = 0
         self.stats = dict(hits=0, misses=0, puts=0, evictions=0, spilled=0, bytes_read=0,
                           bytes_written=0)  # fmt: skip
+        self._lock = threading.Lock()
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._data
 
     def put(self, key: bytes, parent: bytes | None, data: torch.Tensor) -> bool:
         """Keep a copy of `data` under `key`; False when it cannot fit the budget."""
+        with self._lock:
+            return self._put(key, parent, data)
+
+    def _put(self, key: bytes, parent: bytes | None, data: torch.Tensor) -> bool:
         size = data.numel() * data.element_size()
         if key in self._data:
             self._order.touch(key)
@@ -61,14 +72,24 @@ class HostTier:
         return True
 
     def get(self, key: bytes) -> torch.Tensor | None:
-        data = self._data.get(key)
-        if data is None:
-            self.stats["misses"] += 1
-            return None
-        self._order.touch(key)
-        self.stats["hits"] += 1
-        self.stats["bytes_read"] += data.numel() * data.element_size()
-        return data
+        with self._lock:
+            data = self._data.get(key)
+            if data is None:
+                self.stats["misses"] += 1
+                return None
+            self._order.touch(key)
+            self.stats["hits"] += 1
+            self.stats["bytes_read"] += data.numel() * data.element_size()
+            return data
+
+    def discard(self, key: bytes) -> None:
+        """Forget `key` (not spilled): a one-time entry that was used (a swapped-out
+        sequence's partial block)."""
+        with self._lock:
+            data = self._data.pop(key, None)
+            if data is not None:
+                self._order.remove(key)
+                self.nbytes -= data.numel() * data.element_size()
 
     def _evict(self, key: bytes) -> None:
         data = self._data.pop(key)
