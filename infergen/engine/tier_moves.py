@@ -187,9 +187,8 @@ class TierMoves:
         if not inline and self._busy():  # another load is in flight: this one waits its turn
             self.deferred.add(seq)
             return
-        j, g = wanted[0]
-        tokens = len(wanted) * self.block_size
-        if seq not in self.swapped and not self.tiers.worth_loading(keys[g][j], tokens):
+        wanted_keys = [keys[g][j] for j, g in wanted]
+        if seq not in self.swapped and not self.tiers.worth_loading(wanted_keys):
             return
         held = [hits[g][j] for g in groups for j in self.needed(g, n) if hits[g][j] is not None]
         for block in held:  # (acquired first: allocating must not evict them)

@@ -33,10 +33,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import torch
+
 from infergen.config.sections import CacheConfig
 from infergen.engine.request import Sequence
 from infergen.errors import ConfigError
 from infergen.kvcache.tiers.host import HostTier
+from infergen.kvcache.tiers.loader import LoadJob
 from infergen.kvcache.tiers.tiered import KVTiers
 from infergen.perf.hardware import Hardware
 
@@ -125,12 +128,17 @@ class TierSpec:
 
 class _Contents:
     """A block's contents as the simulated tiers keep them: a size and no data (what HostTier
-    asks of a tensor: numel, element_size, detach, to)."""
+    and KVTiers ask of a tensor: numel, element_size, shape, dtype, detach, to)."""
 
     __slots__ = ("nbytes",)
+    dtype = torch.uint8
 
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.nbytes,)
 
     def numel(self) -> int:
         return self.nbytes
@@ -148,9 +156,16 @@ class _Contents:
 class _DatalessCache:
     """What KVTiers asks of a PagedKVCache, without data: a block's bytes and tokens."""
 
+    device = torch.device("cpu")
+    summaries: list = []  # (no per-block key summaries: swaps are possible)
+
     def __init__(self, block_bytes: int, block_size: int):
         self.block_bytes, self.block_size = block_bytes, block_size
         self._contents = _Contents(block_bytes)
+        self.storage = self  # KVTiers reads a page as storage[:, :, block]
+
+    def __getitem__(self, index) -> _Contents:
+        return self._contents
 
     def block_data(self, block: int) -> _Contents:
         return self._contents
@@ -164,6 +179,7 @@ class _DiskTier(HostTier):
     leaves deleted first, nothing below it), without files."""
 
     name = "disk"
+    in_memory = False  # (a load is I/O: the engine's rule sends it to the background)
 
 
 class SimulatedTiers(KVTiers):
@@ -214,6 +230,21 @@ class SimulatedTiers(KVTiers):
                         counts[tier.name] = counts.get(tier.name, 0) + 1
                     return True
         return False
+
+    def load_async(self, keys: list[bytes], blocks: list[int]) -> LoadJob:
+        """A background load (the engine's rule, `loads_inline`, chose it): done by the next
+        schedule(), as the engine's loader is when its copies take less than a step (a disk
+        block: under a millisecond here); its seconds overlap the steps (not added to one)."""
+        pending = self._pending
+        job = LoadJob(list(keys), list(blocks))
+        for key, block in zip(keys, blocks, strict=True):
+            if not self.load(key, block):
+                job.failed = True
+                break
+            job.loaded += 1
+        job.seconds, self._pending = self._pending - pending, pending
+        job.future.set_result(None)
+        return job
 
     def take_seconds(self) -> float:
         """Seconds of the loads and saves since the last call."""

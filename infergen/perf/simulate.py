@@ -212,6 +212,8 @@ class Simulator:
                     self.clock = self.arrivals[0][0]
                 continue
             batch = self.sched.schedule()
+            if not batch and self.sched.moves.in_flight:
+                batch = self.sched.schedule()  # (a background load, done: admitted now)
             if not batch:
                 raise RuntimeError("simulator scheduled nothing with requests waiting (a bug)")
             self._step(batch)
@@ -318,6 +320,7 @@ class Simulator:
         if self.tiers is not None:  # as engine.py `_measure`
             self.step_cost.observe(seconds, sum(n for n in batch.num_tokens if n > 1))
             self.tiers.recompute_seconds_per_token = self.step_cost.prefill_token
+            self.tiers.step_seconds = self.step_cost.decode_step  # (inline loads' bound)
         self.stats.steps += 1
         self.stats.sequences += len(pairs)
         self.stats.peak_running = max(self.stats.peak_running, len(self.sched.running))

@@ -10,8 +10,9 @@ moves between them and the pool (issue 23, items 1–2):
   recomputed instead).
 
 Load or recompute (`worth_loading`): a hit is loaded only when reading its blocks from the
-tier is expected to take less time than recomputing their tokens — the tier's measured read
-bandwidth (bytes / seconds of its `get`s so far; loaded while nothing is measured) against the
+tiers is expected to take less time than recomputing their tokens — each block at the read
+bandwidth measured for the tier holding it (bytes / seconds of its `get`s so far; loaded while
+a holder is not measured) against the
 engine's measured prefill cost per token (`recompute_seconds_per_token`, set by the engine from
 its step costs; None: not measured yet → load). Each decision is counted.
 
@@ -214,11 +215,18 @@ class KVTiers:
         seconds = sum(self.block_bytes / bandwidth for bandwidth in bandwidths)
         return seconds <= INLINE_STEP_SHARE * self.step_seconds
 
-    def worth_loading(self, key: bytes, tokens: int) -> bool:
-        """Whether to load `key`'s chain from here on (`tokens` tokens in tiers) rather than
-        recompute it; the decision is counted."""
-        tier = self._holder(key)
-        load = tier is not None and self._load_beats_recompute(tier, tokens)
+    def worth_loading(self, keys: list[bytes]) -> bool:
+        """Whether to load these blocks (a prefix hit's blocks found in the tiers) rather
+        than recompute their tokens: each block costs its bytes at the measured bandwidth of
+        the tier holding it (a chain may start in the host tier and go on on disk); loaded
+        while a holder's bandwidth or the prefill cost is not measured yet. Counted."""
+        holders = [self._holder(key) for key in keys]
+        load = None not in holders
+        per_token = self.recompute_seconds_per_token
+        bandwidths = [self.bandwidth(tier.name) for tier in holders] if load else []
+        if load and per_token is not None and None not in bandwidths:
+            seconds = sum(self.block_bytes / bandwidth for bandwidth in bandwidths)
+            load = seconds < len(keys) * self.kv_cache.block_size * per_token
         self.decisions["load" if load else "recompute"] += 1
         return load
 
