@@ -234,7 +234,9 @@ def test_a_corrupt_disk_block_is_recomputed(llama, tmp_path):
     cold = LLM(llama, **options).generate(prompt, GREEDY)[0]
     again = LLM(llama, kv_offload_dir=str(tmp_path), **options)
     got = again.generate(prompt, GREEDY)[0]
-    assert again.engine.kv_tiers.stats()["tiers"]["disk"]["corrupt"] >= 1
+    stats = again.engine.kv_tiers.stats()
+    assert stats["tiers"]["disk"]["corrupt"] >= 1
+    assert stats["loads"]["background"] >= 1 and stats["loads"]["failed"] >= 1  # disk: off-path
     assert got.token_ids == cold.token_ids
     for x, y in zip(got.logprobs, cold.logprobs, strict=True):
         assert abs(x.logprob - y.logprob) < 1e-5
