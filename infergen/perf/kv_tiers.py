@@ -6,12 +6,25 @@ the engine does (`tiers=`, `BlockPool.on_evict` / `on_register`), so the same pr
 budgets, eviction order and load-or-recompute rule (`KVTiers.worth_loading`) decide what is
 loaded, what is recomputed and what falls out.
 
-Costs, in seconds of the engine thread, added to the step that pays them (the engine loads at
-admission, in `schedule`, and saves as the pool evicts or registers a block):
-- a load: the block's bytes / the tier's read bandwidth (these modeled seconds are also what
-  `worth_loading` measures the tier's bandwidth from);
+Loads run inline or in the background as the engine's rule says (`KVTiers.loads_inline`, fed
+the simulated decode step and the modeled bandwidths: inline when the copy takes at most a
+tenth of a decode step; before measures, only from the host tier). A block's load takes its
+bytes / the read bandwidth of the tier holding it (these modeled seconds are also what
+`worth_loading` and `loads_inline` measure the tier's bandwidth from).
+- An inline load adds its seconds to the step that admits its sequence (the engine loads at
+  admission, in `schedule`, on the engine thread).
+- A background load runs on one simulated loader thread, jobs one after another: it is done
+  at `ready_at` = max(now, the previous job's ready_at) + its seconds, on the simulator's
+  clock; until then its sequence waits in the queue holding its pool blocks (others may pass
+  it: engine/tier_moves.py) and is admitted at the first `schedule()` after that time. Its
+  seconds overlap the steps (added to none); when nothing else can run the simulator waits
+  for it, as the engine's `Scheduler.wait_for_loads` (perf/simulate.py). Its blocks are read
+  from the tiers when it is submitted (the engine's loader starts at once: one job at a time).
+Costs, in seconds of the engine thread, added to the step that pays them:
+- an inline load (above);
 - a save: the block's bytes / the bandwidth of each tier it enters (a host tier's spill writes
-  the disk tier; write-through writes every tier);
+  the disk tier; write-through writes every tier), paid by the step whose allocation evicts
+  or registers the block;
 - a recompute: nothing here — the step computes those tokens, and the rule's prefill cost per
   token is the engine's (engine/backlog.py `StepCost`, a moving average of the step costs, fed
   the simulated steps: perf/simulate.py).
@@ -24,7 +37,8 @@ Budgets are per device too (the engine's tiers serve one device).
 
 Not modeled: the disk tier's file headers (~100 bytes a block) and per-file costs (open,
 checksum, fsync), blocks a disk tier holds from an earlier run (a simulated tier starts
-empty), I/O faults, per-block Python overheads.
+empty), I/O faults (no simulated load fails but for a block gone from the tiers), per-block
+Python overheads, a background copy slowing the steps it overlaps (shared links, the GIL).
 """
 
 from __future__ import annotations
@@ -182,12 +196,30 @@ class _DiskTier(HostTier):
     in_memory = False  # (a load is I/O: the engine's rule sends it to the background)
 
 
+class _TimedJob(LoadJob):
+    """A background load of the simulated loader: done once the simulator's clock reaches
+    `ready_at` (the engine's LoadJob is done when its worker's future is)."""
+
+    def __init__(self, keys: list[bytes], blocks: list[int], clock: Callable[[], float]):
+        super().__init__(list(keys), list(blocks))
+        self.clock = clock
+        self.ready_at = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.clock() >= self.ready_at
+
+    def result(self) -> None:
+        """(The simulated loader raises nothing.)"""
+
+
 class SimulatedTiers(KVTiers):
     """`KVTiers` over data-less tiers of `spec` (bandwidths chosen: `TierSpec.for_hardware`)
     for a pool of `block_bytes`-byte blocks. `admitting()`: the sequence the scheduler is
-    admitting (the head of its queue: `Scheduler.schedule` admits `waiting[0]`), whose loads
-    before its first admission are counted per tier in `first_loads` (a preempted sequence's
-    reloads are not). `take_seconds()`: the load and save seconds since the last call."""
+    considering for admission (whose prefix `TierMoves.fetch` loads), whose loads before its
+    first admission are counted per tier in `first_loads` (a preempted sequence's reloads are
+    not). `clock()`: the simulator's time, which background loads complete by (`ready_at`).
+    `take_seconds()`: the inline load and the save seconds since the last call."""
 
     def __init__(
         self,
@@ -195,6 +227,7 @@ class SimulatedTiers(KVTiers):
         block_bytes: int,
         block_size: int,
         admitting: Callable[[], Sequence],
+        clock: Callable[[], float],
     ):
         if spec.host_bandwidth is None or spec.disk_bandwidth is None:
             raise ValueError("choose the tiers' bandwidths first (TierSpec.for_hardware)")
@@ -207,9 +240,12 @@ class SimulatedTiers(KVTiers):
         super().__init__(_DatalessCache(block_bytes, block_size), tiers, spec.write_through)
         self.seconds_per_byte = {"host": 1 / spec.host_bandwidth, "disk": 1 / spec.disk_bandwidth}
         self.admitting = admitting
+        self.clock = clock
         self.first_loads: dict[Sequence, dict[str, int]] = {}
         self._pending = 0.0
         self._written = {tier.name: 0 for tier in tiers}
+        self._loader_free = 0.0  # when the simulated loader thread finishes its last job
+        self._jobs: list[_TimedJob] = []  # background jobs not done at the last look
 
     def load(self, key: bytes, block: int) -> bool:
         """KVTiers.load, timed by the model instead of the clock."""
@@ -231,23 +267,39 @@ class SimulatedTiers(KVTiers):
                     return True
         return False
 
+    def load_now(self, keys: list[bytes], blocks: list[int]) -> int:
+        """KVTiers.load_now, its seconds the model's (added to the admitting step)."""
+        pending, counted = self._pending, self.load_seconds["inline"]
+        loaded = super().load_now(keys, blocks)  # (counts the Python's time: replaced)
+        self.load_seconds["inline"] = counted + self._pending - pending
+        return loaded
+
     def load_async(self, keys: list[bytes], blocks: list[int]) -> LoadJob:
-        """A background load (the engine's rule, `loads_inline`, chose it): done by the next
-        schedule(), as the engine's loader is when its copies take less than a step (a disk
-        block: under a millisecond here); its seconds overlap the steps (not added to one)."""
+        """A background load (the engine's rule, `loads_inline`, chose it) on one simulated
+        loader thread: its blocks are read from the tiers now (the tiers' order and counters
+        as the engine's worker leaves them, which starts at once), and the job is done when
+        the simulator's clock reaches `ready_at`: the time its loader is free (now, or the end
+        of the job before) plus its blocks' seconds. Those seconds overlap the steps (not
+        added to one); its sequence waits meanwhile (engine/tier_moves.py)."""
         pending = self._pending
-        job = LoadJob(list(keys), list(blocks))
+        job = _TimedJob(keys, blocks, self.clock)
         for key, block in zip(keys, blocks, strict=True):
             if not self.load(key, block):
                 job.failed = True
                 break
             job.loaded += 1
         job.seconds, self._pending = self._pending - pending, pending
-        job.future.set_result(None)
+        job.ready_at = self._loader_free = max(self.clock(), self._loader_free) + job.seconds
+        self._jobs.append(job)
         return job
 
+    def next_ready(self) -> float | None:
+        """When the next background job not done yet is done (None: none in flight)."""
+        self._jobs = [job for job in self._jobs if not job.done]
+        return min((job.ready_at for job in self._jobs), default=None)
+
     def take_seconds(self) -> float:
-        """Seconds of the loads and saves since the last call."""
+        """Seconds of the inline loads and the saves since the last call."""
         seconds, self._pending = self._pending, 0.0
         for tier in self.tiers:
             written = tier.stats["bytes_written"]

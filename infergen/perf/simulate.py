@@ -20,11 +20,15 @@ prediction:
   the draft model (if any) adds k decode steps of its own per step;
 - KV tiers (`tiers`, perf/kv_tiers.py): the engine's KVTiers over data-less host / disk tiers
   below the pool: evicted blocks move down, prefix hits load back at admission when the
-  engine's cost rule says loading beats recomputing; the loads and saves of a step add their
-  modeled seconds to it, and the rule's prefill cost per token is the engine's moving
-  average (engine/backlog.py `StepCost`) of the simulated steps.
-A step takes `step_time(chunks)` (plus its tier loads and saves); tokens a step emits leave at
-its end. Arrivals come from a closed loop (N clients, each sending its next request or turn
+  engine's cost rule says loading beats recomputing. Inline loads and the saves of a step add
+  their modeled seconds to it; a background load (the engine's rule: a copy over a tenth of
+  a decode step) completes on the simulated clock after its seconds, one job after another,
+  and its sequence is admitted at the first schedule after that (others step meanwhile;
+  when nothing can run, the clock jumps to the load's end or the next arrival, as the
+  engine's `Scheduler.wait_for_loads`). The rules' prefill cost per token and decode step are
+  the engine's moving averages (engine/backlog.py `StepCost`) of the simulated steps.
+A step takes `step_time(chunks)` (plus its inline tier loads and saves); tokens a step emits
+leave at its end. Arrivals come from a closed loop (N clients, each sending its next request or turn
 when the last one finished; `lockstep`: every session's turn k together, once all of turn k-1
 finished) or an open loop (Poisson arrivals of requests / sessions at a rate), as
 `infergen bench`. `shared_prefix` tokens open every session alike (a system prompt).
@@ -212,10 +216,9 @@ class Simulator:
                     self.clock = self.arrivals[0][0]
                 continue
             batch = self.sched.schedule()
-            if not batch and self.sched.moves.in_flight:
-                batch = self.sched.schedule()  # (a background load, done: admitted now)
             if not batch:
-                raise RuntimeError("simulator scheduled nothing with requests waiting (a bug)")
+                self._wait_for_loads()
+                continue
             self._step(batch)
         self.stats.preemptions = self.sched.num_preemptions
         return self.results, self.clock, self.stats
@@ -229,6 +232,24 @@ class Simulator:
             return [], 0.0
         return [r for r, _ in kept], self.clock - min(at for _, at in kept)
 
+    def _wait_for_loads(self) -> None:
+        """Nothing could run: as the engine (`Scheduler.wait_for_loads`), wait for the next
+        background load to be done, or for the next arrival if it comes first."""
+        ready = self.tiers.next_ready() if self.tiers is not None else None
+        if ready is None:
+            raise RuntimeError("simulator scheduled nothing with requests waiting (a bug)")
+        if self.arrivals:
+            ready = min(ready, self.arrivals[0][0])
+        waited = max(0.0, ready - self.clock)
+        self.stats.in_system_s += (len(self.sched.waiting) + len(self.sched.running)) * waited
+        self.clock += waited
+
+    def _considered(self) -> Sequence:
+        """The waiting sequence the scheduler is considering for admission (whose prefix the
+        tiers load): the first not waiting on a background load (those are passed over)."""
+        moves = self.sched.moves
+        return next(seq for seq in self.sched.waiting if not moves.loading(seq))
+
     def _tiers(self) -> SimulatedTiers:
         """The tiers below the pool, wired as engine/scoring.py `serving_parts` wires them."""
         shape = self.pool_shape
@@ -241,7 +262,7 @@ class Simulator:
             )
         tiers = SimulatedTiers(
             self.tier_spec, math.ceil(shape.page_bytes), shape.block_size,
-            lambda: self.sched.waiting[0],
+            self._considered, lambda: self.clock,
         )  # fmt: skip
         self.pool.on_evict = tiers.save
         if tiers.write_through:

@@ -4,6 +4,7 @@ and clear errors."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -153,8 +154,13 @@ OFFLOAD += ["--input-len", "1000", "--output-len", "50", "--kv-memory", "512MiB"
 
 
 def test_kv_offload_prints_the_gain_of_the_tiers(capsys):
-    """`--kv-offload-memory`: the load with a host tier and without; the host tier serves
-    every reusable token the pool lost, later turns answer sooner."""
+    """`--kv-offload-memory`: the load with a host tier and without; without it every
+    reusable token is recomputed (the pool holds about 3 of the 8 sessions), with it part is
+    loaded and later turns answer sooner. Not all: on an H200 a decode step takes ~4 ms, a
+    tenth of it copies 5 of the 2 MiB blocks at 25 GB/s, so a later turn's 60-80 blocks load
+    in the background (engine/tier_moves.py); a sequence whose load settled but which waits
+    for room loses loaded blocks to eviction again, and those are recomputed (one background
+    load per sequence)."""
     argv = [*OFFLOAD, "--num-requests", "32", "--concurrency", "8", "--kv-offload-memory", "8GiB"]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -162,7 +168,12 @@ def test_kv_offload_prints_the_gain_of_the_tiers(capsys):
     row = next(line for line in out.splitlines() if line.startswith("TTFT p50, turns 2+"))
     no_tiers, tiers, gain = (float(v.rstrip("x")) for v in row.split()[-3:])
     assert gain == pytest.approx(no_tiers / tiers, rel=1e-2) and gain > 1
-    assert "(tiers): pool   0 %, host 100 %, disk   0 %, recomputed   0 %" in out
+    assert "(no tiers): pool   0 %, host   0 %, disk   0 %, recomputed 100 %" in out
+    line = next(line for line in out.splitlines() if "(tiers): pool" in line)
+    shares = dict(re.findall(r"(pool|host|disk|recomputed)\s+(\d+) %", line))
+    shares = {where: int(share) for where, share in shares.items()}
+    assert shares["host"] > 0 and shares["disk"] == 0 and shares["recomputed"] < 100
+    assert abs(sum(shares.values()) - 100) <= 2  # (each share rounded)
     assert "output tok/s" in out and "load vs recompute decisions" in out
 
 
