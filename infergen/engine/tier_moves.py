@@ -190,6 +190,7 @@ class TierMoves:
         wanted_keys = [keys[g][j] for j, g in wanted]
         if seq not in self.swapped and not self.tiers.worth_loading(wanted_keys):
             return
+        self.tiers.touch(wanted_keys)  # (the allocations' evictions must not push them out)
         held = [hits[g][j] for g in groups for j in self.needed(g, n) if hits[g][j] is not None]
         for block in held:  # (acquired first: allocating must not evict them)
             self.pool.acquire(block)

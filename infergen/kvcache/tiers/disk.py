@@ -299,6 +299,12 @@ class DiskTier:
         raw = torch.frombuffer(payload, dtype=torch.uint8)
         return raw.view(header.dtype).reshape(header.shape)
 
+    def touch(self, key: bytes) -> None:
+        """`key` is about to be read: the most recently used entry (not evicted first)."""
+        with self._lock:
+            if key in self._order:
+                self._order.touch(key)
+
     def discard(self, key: bytes) -> None:
         """Forget `key` (its file removed): a one-time entry that was used (a swapped-out
         sequence's partial block)."""

@@ -82,6 +82,12 @@ class HostTier:
             self.stats["bytes_read"] += data.numel() * data.element_size()
             return data
 
+    def touch(self, key: bytes) -> None:
+        """`key` is about to be read: the most recently used entry (not evicted first)."""
+        with self._lock:
+            if key in self._order:
+                self._order.touch(key)
+
     def discard(self, key: bytes) -> None:
         """Forget `key` (not spilled): a one-time entry that was used (a swapped-out
         sequence's partial block)."""

@@ -80,6 +80,7 @@ class KVTier(Protocol):
     def put(self, key: bytes, parent: bytes | None, data: torch.Tensor) -> bool: ...
     def get(self, key: bytes) -> torch.Tensor | None: ...
     def discard(self, key: bytes) -> None: ...
+    def touch(self, key: bytes) -> None: ...
 
 
 class KVTiers:
@@ -248,6 +249,15 @@ class KVTiers:
         if key in self:
             return True
         return self.tiers[0].put(key, parent, self._stored(block))
+
+    def touch(self, keys: list[bytes]) -> None:
+        """These keys are about to be loaded: most recently used in the tiers holding them,
+        so that the pool's evictions while their blocks are allocated (entering the host
+        tier) push other entries down first."""
+        for key in keys:
+            for tier in self.tiers:
+                if key in tier:
+                    tier.touch(key)
 
     def discard(self, key: bytes) -> None:
         """Drop `key` from every tier (a one-time entry that was used)."""
