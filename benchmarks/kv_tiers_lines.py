@@ -213,7 +213,8 @@ def build_lines(
     bad = mismatches(rounds)
     lines.append({**base, "kind": "agreement", "metric": _name(row, "greedy_answers_equal", "all"),
                   "engine": "infergen", "equal": not bad, "mismatches": bad})  # fmt: skip
-    ratios = {ln["metric"]: ln["value"] for ln in lines if ln["kind"] == "ratio"}
+    ratios = {ln["metric"]: ln["value"] for ln in lines
+              if ln["kind"] == "ratio" and ln["peer"] in (NONE, COLD)}  # fmt: skip
     for name, config, metric, least in TARGETS:
         value = ratios[_name(row, metric, config)]
         lines.append({**base, "kind": "target", "metric": f"{row}: {name}", "engine": "infergen",
@@ -256,8 +257,9 @@ def _peer_lines(base: dict, found: dict, llama: dict | None) -> list[dict]:
     ):
         if (metric, theirs) in peer:
             a, b = found[ours][metric], peer[(metric, theirs)]
-            line = _ratio(peer_base, metric, ours, PEER, a, b)
-            lines.append({**line, "metric": f"{line['metric']} vs {theirs}"})
+            # (the metric of infergen's result: report.py finds its unit; the peer column names
+            # llama-server, `peer_config` its setup)
+            lines.append(_ratio(peer_base, metric, ours, PEER, a, b, peer_config=theirs))
     return lines
 
 
@@ -287,7 +289,8 @@ def print_table(lines: list[dict]) -> None:
         if ln["kind"] == "ratio":
             bound = ln.get("computed_tokens_ratio")
             bound = f"; computed prompt tokens {bound:.2f}x fewer" if bound else ""
-            print(f"{ln['metric']:<60} {ln['value']:6.2f}x  ({ln['definition']}{bound})")
+            name = f"{ln['metric']} vs {ln['peer_config']}" if "peer_config" in ln else ln["metric"]
+            print(f"{name:<60} {ln['value']:6.2f}x  ({ln['definition']}{bound})")
         elif ln["kind"] == "breakdown":
             parts = " ".join(f"{k[:-2]} {ln[k]:.3f}" for k in PHASES)
             print(

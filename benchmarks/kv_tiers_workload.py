@@ -58,7 +58,7 @@ class Sizes:
 
 FULL = Sizes()
 QUICK = Sizes(sessions=4, concurrency=1, turns=3, system=48, tool=24, answer=4, random_prompt=48,
-              control_requests=12, control_rounds=2)  # fmt: skip
+              control_requests=6, control_rounds=2)  # fmt: skip
 WARMUP = list(range(1000, 1040))  # unrelated token ids: every engine's first request
 
 
