@@ -66,6 +66,7 @@ from bench_generate import git_state, machine_info  # noqa: E402
 from cpu_contention import OtherCpu  # noqa: E402
 from kv_tiers_lines import COLD, DISK, HOST, NONE, RESTART, build_lines, print_table  # noqa: E402
 from kv_tiers_models import ROWS, ModelRow  # noqa: E402
+from kv_tiers_prediction import predicted_ttft_gain  # noqa: E402
 from kv_tiers_workload import (  # noqa: E402
     BLOCK,
     FULL,
@@ -84,13 +85,17 @@ from results_file import write_lines  # noqa: E402
 CHUNK = 512  # the engine's max_num_batched_tokens (its default)
 
 
-def predicted_gain(sizes: Sizes, model_config, block_bytes: int, options: dict) -> float | None:
+def predicted_gain(sizes: Sizes, model: str | None, options: dict) -> float | None:
     """The performance model's predicted p50 TTFT gain (no tiers / host + disk, from the
-    second turn) on this workload: `model_config` the model's, `block_bytes` one pool block's,
-    `options` host + disk's engine options. None until infergen/perf/ predicts offloading;
-    filled when the perf model's offload prediction lands, and a "predicted vs measured" line is
-    written only when it returns a value."""
-    return None
+    second turn) on this workload: `model` the row's model (None: the default one), `options`
+    host + disk's engine options. The perf model's `predicted_tier_gain` (infergen/perf/
+    offload.py, through kv_tiers_prediction.py) simulates the lockstep shape (`--lockstep`);
+    the closed loop with tool time (a session re-queued behind the waiting ones) is not one of
+    its simulator's loops, so there it is None. A "predicted vs measured" line is written only
+    when this returns a value."""
+    if not sizes.lockstep:
+        return None
+    return predicted_ttft_gain(sizes, model, options)
 
 
 def _params(sizes: Sizes):
@@ -154,7 +159,9 @@ def run_conversations(llm, work: dict, sizes: Sizes) -> dict:
     sessions = Conversations(work, sizes)
     start = time.perf_counter()
     with OtherCpu() as other:
-        requests, engine = run_closed_loop(llm.engine, sessions, sizes.concurrency, _params(sizes))
+        requests, engine = run_closed_loop(
+            llm.engine, sessions, sizes.concurrency, _params(sizes), sizes.lockstep
+        )
     seconds = time.perf_counter() - start
     return _run(llm, requests, engine, seconds, other.cores, sessions.state())
 
@@ -177,7 +184,9 @@ def run_resume(llm, work: dict, sizes: Sizes, resume: dict) -> dict:
     sessions = Conversations(work, sizes, turns=sizes.turns + 1, resume=resume)
     start = time.perf_counter()
     with OtherCpu() as other:
-        requests, engine = run_closed_loop(llm.engine, sessions, sizes.concurrency, _params(sizes))
+        requests, engine = run_closed_loop(
+            llm.engine, sessions, sizes.concurrency, _params(sizes), sizes.lockstep
+        )
     return _run(llm, requests, engine, time.perf_counter() - start, other.cores)
 
 
@@ -268,7 +277,7 @@ def run_model(row: ModelRow, sizes: Sizes, rounds: int, peer: bool, base: dict) 
         row_base = {**base, "model": model.name, "row": row.name,
                     "working_set_blocks": model.working, "pool_blocks": model.pool,
                     "block_bytes": model.block_bytes}  # fmt: skip
-        predicted = predicted_gain(sizes, model.config, model.block_bytes, options)
+        predicted = predicted_gain(sizes, model.model, options)
         lines, bad = build_lines(found, row_base, llama, predicted)
     print_table(lines)
     if bad:
@@ -284,6 +293,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=list(ROWS), default=list(ROWS),
                         help="model rows (default: all)")  # fmt: skip
     parser.add_argument("--no-peer", action="store_true", help="skip the llama-server peer")
+    parser.add_argument("--lockstep", action="store_true", help="every session's turn k "
+                        "submitted together once turn k-1 has finished, all sessions in flight "
+                        "(the previous shape; the perf model predicts it)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every configuration, "
                         "in turn; each metric the best round's (default 1)")  # fmt: skip
     parser.add_argument(
@@ -294,6 +306,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
+    if args.lockstep:
+        sizes = dataclasses.replace(sizes, lockstep=True, concurrency=sizes.sessions)
     base = {
         "bench": "kv_tiers",
         "quick": args.quick,

@@ -35,6 +35,10 @@ pytest_q=(python3 -m pytest -q -p no:cacheprovider -x)
 #    CPU fp32 path (top-1 >= 99 %); tiny random models of llama / qwen2 / qwen3 / mistral /
 #    gemma3 in fp32 on the GPU against the native CPU path (graphs on and off).
 step 150 gpu_engine.log "${pytest_q[@]}" tests/engine/test_gpu_engine.py
+# 1b. The KV host tier of a GPU pool (issue 23): pinned host copies on a side stream, ordered
+#     against the compute stream by events (spins make a missing wait visible), compact FP8
+#     blocks encoded on the GPU equal to the CPU's, a tiny engine's prefix hits via the tier.
+step 90 gpu_engine.log "${pytest_q[@]}" tests/kvcache/test_kv_tiers_cuda.py
 # 2. The engine against plain torch on the same GPU (eager SDPA loop, torch.compile
 #    reduce-overhead) on a model with Llama-3.1-8B's shapes: decode at batch 1/8/32/128 with %
 #    of the HBM roofline, graphs on/off, prefill, paged attention GB/s, FP8 W8A8 vs bf16.

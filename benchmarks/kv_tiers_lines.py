@@ -34,8 +34,10 @@ DEFINITIONS = {
     "cache_served_share": "turns 2+: prompt tokens served from the cache hierarchy (pool or a "
     "tier: not recomputed; num_cached_prompt_tokens, at most the reusable ones) / reusable "
     "prompt tokens (the full blocks of the session's previous prompt + answer)",
-    "tier_loaded_share": "turns 2+: blocks loaded from a lower tier at the request's admission "
-    "/ blocks its reusable prefix needs over the cache groups (a windowed group: its window)",
+    "tier_loaded_share": "blocks loaded from a lower tier over the run (KVTiers.stats loaded: "
+    "what a load runs for is not told per request) / blocks the reusable prefixes of every "
+    "request need over the cache groups (a windowed group: its window; a first turn: the "
+    "system prompt once a turn has finished)",
     "ttft_p50_s_first_turn": "median TTFT of every session's first request to a fresh engine "
     "(each resumes: the whole conversation + a new tool output), same closed loop",
     "throughput_tok_s_random": "unrelated prompts (no reuse) through the same closed loop: "
@@ -69,15 +71,14 @@ def _later(run: dict) -> list[dict]:
 def summarize(run: dict) -> dict:
     later = _later(run)
     reusable = sum(r["reusable"] for r in later)
-    needed = sum(r["needed_blocks"] for r in later)
+    needed = sum(r["needed_blocks"] for r in run["requests"])
     answers = sum(len(r["answer"]) for r in run["requests"])
     return {
         "ttft_p50_s_turn2on": statistics.median(r["ttft_s"] for r in later),
         "throughput_tok_s": answers / run["seconds"],
         "cache_served_share": sum(min(r["cached"], r["reusable"]) for r in later) / reusable
         if reusable else None,
-        "tier_loaded_share": sum(r["loaded_blocks"] for r in later) / needed
-        if needed and run["stats"] else None,
+        "tier_loaded_share": run["stats"]["loaded"] / needed if needed and run["stats"] else None,
     }  # fmt: skip
 
 
@@ -87,7 +88,6 @@ def breakdown(requests: list[dict]) -> dict:
     out = {k: sum(r[k] for r in requests) / n for k in ("ttft_s", *PHASES, "steps")}
     out["prompt_tokens"] = sum(r["prompt_tokens"] for r in requests) / n
     out["computed_tokens"] = sum(r["prompt_tokens"] - r["cached"] for r in requests) / n
-    out["loaded_blocks"] = sum(r["loaded_blocks"] for r in requests) / n
     return out
 
 
@@ -296,7 +296,7 @@ def print_table(lines: list[dict]) -> None:
             print(
                 f"TTFT [{ln['config']}]: mean {ln['ttft_s']:.3f} s = {parts} s; "
                 f"{ln['steps']:.1f} steps, prompt {ln['prompt_tokens']:.0f} computed "
-                f"{ln['computed_tokens']:.0f} tokens, loaded {ln['loaded_blocks']:.1f} blocks; "
+                f"{ln['computed_tokens']:.0f} tokens; "
                 f"preemptions {ln['preemptions']}; all steps: {_seconds(ln['engine_seconds'])}"
             )
         elif ln["kind"] == "control":

@@ -70,8 +70,9 @@ def _client(url: str) -> httpx.AsyncClient:
 
 
 async def _closed_loop(url: str, sessions: Conversations, sizes: Sizes, restore: bool) -> list:
-    """`concurrency` turns in flight, a session re-queued when its answer is in; with
-    `restore`, each request's slot is restored from its file first (counted in its TTFT)."""
+    """`concurrency` turns in flight, a session re-queued when its answer is in (lockstep:
+    every session's next turn together once the round is over); with `restore`, each
+    request's slot is restored from its file first (counted in its TTFT)."""
     queue: asyncio.Queue = asyncio.Queue()
     for s in range(sizes.sessions):
         queue.put_nowait(s)
@@ -79,29 +80,38 @@ async def _closed_loop(url: str, sessions: Conversations, sizes: Sizes, restore:
     out: list[dict] = []
     async with _client(url) as client:
 
+        async def turn(s: int) -> bool:
+            r = {"session": s, "turn": sessions.turn[s], "reusable": sessions.reusable(s),
+                 "prompt_tokens": len(sessions.prompt(s)), "restore_s": 0.0}  # fmt: skip
+            if restore:
+                start = time.perf_counter()
+                resp = await client.post(f"/slots/{s}?action=restore",
+                                         json={"filename": f"slot{s}.bin"})  # fmt: skip
+                if resp.status_code != 200:
+                    raise SystemExit(f"{PEER}: slot restore failed: {resp.text[:200]}")
+                r["restore_s"] = time.perf_counter() - start
+            r.update(await _one(client, sessions.prompt(s), s, sizes))
+            r["ttft_s"] += r["restore_s"]
+            out.append(r)
+            return sessions.finish(s, r["answer"])
+
         async def worker() -> None:
             nonlocal left
             while (s := await queue.get()) is not None:
-                r = {"session": s, "turn": sessions.turn[s], "reusable": sessions.reusable(s),
-                     "prompt_tokens": len(sessions.prompt(s)), "restore_s": 0.0}  # fmt: skip
-                if restore:
-                    start = time.perf_counter()
-                    resp = await client.post(f"/slots/{s}?action=restore",
-                                             json={"filename": f"slot{s}.bin"})  # fmt: skip
-                    if resp.status_code != 200:
-                        raise SystemExit(f"{PEER}: slot restore failed: {resp.text[:200]}")
-                    r["restore_s"] = time.perf_counter() - start
-                r.update(await _one(client, sessions.prompt(s), s, sizes))
-                r["ttft_s"] += r["restore_s"]
-                out.append(r)
-                left -= 1
-                if sessions.finish(s, r["answer"]):
+                if await turn(s):
                     queue.put_nowait(s)
+                left -= 1
                 if left == 0:
                     for _ in range(sizes.concurrency):
                         queue.put_nowait(None)
 
-        await asyncio.gather(*(worker() for _ in range(sizes.concurrency)))
+        if sizes.lockstep:
+            ready = list(range(sizes.sessions))
+            while ready:
+                more = await asyncio.gather(*(turn(s) for s in ready))
+                ready = [s for s, again in zip(ready, more, strict=True) if again]
+        else:
+            await asyncio.gather(*(worker() for _ in range(sizes.concurrency)))
     return out
 
 

@@ -54,6 +54,9 @@ class Sizes:
     control_requests: int = 32  # control: unrelated requests per run
     control_rounds: int = 3  # control: alternations of no tiers / host
     pool_share: float = 0.25
+    # every session's turn k submitted together once turn k-1 has finished, concurrency =
+    # sessions (the previous shape; what the perf model's predicted_tier_gain simulates)
+    lockstep: bool = False
 
 
 FULL = Sizes()
@@ -171,36 +174,31 @@ class Unrelated:
         return False
 
 
-def run_closed_loop(engine, sessions, concurrency: int, params) -> tuple[list[dict], dict]:
+def run_closed_loop(
+    engine, sessions, concurrency: int, params, lockstep: bool = False
+) -> tuple[list[dict], dict]:
     """Run every session's turns (`sessions`: Conversations or Unrelated), `concurrency` in
-    flight, a session re-queued (behind those waiting) when its answer is in. Per request:
-    session, turn, TTFT and its breakdown, answer, cached and reusable prompt tokens, the blocks
-    its reusable part needs (over the cache groups) and the blocks loaded from a tier at its
-    admission (a step's loads go to the requests it admitted, in order, each up to what it
-    needs; a preempted request's reloads count too); and the engine's seconds over all steps
-    (schedule, forward, after) and their number."""
+    flight, a session re-queued (behind those waiting) when its answer is in (`lockstep`: the
+    queue let in only once nothing is in flight: every session's next turn together). Per
+    request: session, turn, TTFT and its breakdown, answer, cached and reusable prompt tokens
+    and the blocks its reusable part needs (over the cache groups); and the engine's seconds
+    over all steps (schedule, forward, after) and their number. (Which request a tier's block
+    was loaded for is not told: a load may run in the background while other sequences step,
+    its sequence admitted at a later step; the runs count the tiers' loads as a whole.)"""
     steps: list = []
     engine.on_step = steps.append
-    tiers, groups = engine.kv_tiers, engine.scheduler.groups
+    groups = engine.scheduler.groups
     ready = deque(range(len(sessions.conv)))
     records: dict[str, dict] = {}
     flight: set[str] = set()
     while ready or flight:
-        while ready and len(flight) < concurrency:
-            s = ready.popleft()
-            prompt, reusable = sessions.prompt(s), sessions.reusable(s)
-            r = {"session": s, "turn": sessions.turn[s], "prompt_tokens": len(prompt),
-                 "reusable": reusable, "needed_blocks": blocks_needed(groups, reusable // BLOCK),
-                 "loaded_blocks": 0, "submitted": time.perf_counter()}  # fmt: skip
-            rid = engine.add_request(prompt, params)
-            records[rid] = r
-            flight.add(rid)
-        waiting = [seq.request_id for seq in engine.scheduler.waiting]
-        loaded = tiers.loaded if tiers is not None else 0
+        if not (lockstep and flight):  # (lockstep: the next round once this one is over)
+            while ready and len(flight) < concurrency:
+                rid, r = _submit(engine, sessions, ready.popleft(), params, groups)
+                records[rid] = r
+                flight.add(rid)
         deltas = engine.step()
         now = time.perf_counter()
-        if tiers is not None and tiers.loaded > loaded:
-            _attribute(tiers.loaded - loaded, waiting, engine, records)
         for d in deltas:
             r = records[d.request_id]
             if d.token_ids and "first" not in r:
@@ -221,14 +219,12 @@ def run_closed_loop(engine, sessions, concurrency: int, params) -> tuple[list[di
     return out, {**totals, "steps": len(steps)}
 
 
-def _attribute(loaded: int, waiting: list[str], engine, records: dict) -> None:
-    still = {seq.request_id for seq in engine.scheduler.waiting}
-    admitted = [rid for rid in waiting if rid not in still]
-    for i, rid in enumerate(admitted):
-        r = records[rid]
-        take = loaded if i == len(admitted) - 1 else min(loaded, r["needed_blocks"])
-        r["loaded_blocks"] += take
-        loaded -= take
+def _submit(engine, sessions, s: int, params, groups) -> tuple[str, dict]:
+    prompt, reusable = sessions.prompt(s), sessions.reusable(s)
+    r = {"session": s, "turn": sessions.turn[s], "prompt_tokens": len(prompt),
+         "reusable": reusable, "needed_blocks": blocks_needed(groups, reusable // BLOCK),
+         "submitted": time.perf_counter()}  # fmt: skip
+    return engine.add_request(prompt, params), r
 
 
 def ttft_breakdown(steps: list, submitted: float, first: float) -> dict:

@@ -14,8 +14,9 @@ def add_parser(sub) -> None:
     perf_sub = perf.add_subparsers(dest="perf_command", required=True, metavar="COMMAND")
     cal = perf_sub.add_parser(
         "calibrate",
-        help="measure this machine's peaks (GEMM FLOP/s by row count, read bandwidth, launch "
-        "cost, decode and prefill attention efficiency) as the `cpu-local` hardware row",
+        help="measure this machine's peaks (GEMM FLOP/s by row count, read bandwidth, host "
+        "copy bandwidth, launch cost, decode and prefill attention efficiency) as the "
+        "`cpu-local` hardware row",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     cal.add_argument("--threads", type=int, default=None, help="threads (default: torch's)")
@@ -51,6 +52,7 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
     path = save(hw, pathlib.Path(args.out) if args.out else default_path())
     print(f"GEMM fp32      {hw.flops['fp32'] / 1e9:8.1f} GFLOP/s")
     print(f"read bandwidth {hw.bandwidth / 1e9:8.1f} GB/s")
+    print(f"host copy      {hw.host_bandwidth / 1e9:8.1f} GB/s (KV host tier loads)")
     print(f"launch cost    {hw.launch_overhead_s * 1e6:8.1f} us")
     for kind, share in hw.memory_efficiency_by_kind.items():
         print(f"{kind:<14} {100 * share:8.1f} % of the bandwidth (decode)")

@@ -2,7 +2,9 @@
 
 Builds a `perf.predict.Deployment` from the flags, simulates the load and prints a report,
 the JSON result (`--json`), the per-op table of a step (`--explain`), or a sweep over one
-parameter as a table plus a PNG plot (`--sweep NAME=V1,V2,...`).
+parameter as a table plus a PNG plot (`--sweep NAME=V1,V2,...`). With the engine's KV offload
+options (`--kv-offload-memory`, `--kv-offload-dir`, ...: engine/options.py) the load runs
+twice, with the tiers and without, and the report adds the gains (perf/offload.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from infergen.bench.workloads import add_workload_args
 from infergen.config import parse_bytes
 from infergen.engine.admission import ADMISSION
+from infergen.engine.options import add_engine_args
 from infergen.errors import ConfigError
 
 # flags a sweep may vary: name -> the type of its values
@@ -101,9 +104,12 @@ def add_parser(sub) -> None:
         "step times at the device's peaks x its efficiencies: its own calibration, or for "
         "a GPU nobody calibrated those borrowed from one that was, named in the output; the "
         "engine's scheduler, KV "
-        "capacity, prefix cache, speculative decoding) and report latency percentiles, "
-        "throughput, the memory plan, the concurrency that fits and the cost per million "
-        "output tokens. Metric definitions as `infergen bench serve`.",
+        "capacity, prefix cache, speculative decoding, KV offload tiers) and report latency "
+        "percentiles, throughput, the memory plan, the concurrency that fits and the cost per "
+        "million output tokens. Metric definitions as `infergen bench serve`. With "
+        "--kv-offload-memory / --kv-offload-dir the load is simulated with the tiers and "
+        "without, and the TTFT and throughput gains are reported (the tiers are simulated, "
+        "per device, starting empty: the directory is not read or written).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_device_args(p)
@@ -144,6 +150,21 @@ def add_parser(sub) -> None:
         "--sweep", default=None, metavar="NAME=V1,V2,..", help=f"one of {sorted(SWEEPABLE)}"
     )
     p.add_argument("--plot", default="predict-sweep.png", help="the sweep's PNG plot")
+    add_engine_args(p, "predict")  # the KV offload tiers, as the engine takes them
+    p.add_argument(
+        "--host-bandwidth",
+        default=None,
+        metavar="BYTES_PER_S",
+        help="KV offload: host tier <-> device copy rate, e.g. 25GB (per second; default: the "
+        "hardware row's host_bandwidth, cpu-local's calibration, else 25GB, assumed)",
+    )
+    p.add_argument(
+        "--disk-bandwidth",
+        default=None,
+        metavar="BYTES_PER_S",
+        help="KV offload: disk tier read and write rate, e.g. 2GB (per second; default 2GB, "
+        "assumed)",
+    )
     p.set_defaults(func=cmd_predict)
 
 
@@ -188,7 +209,22 @@ def deployment(args: argparse.Namespace):
         spec_tokens=args.spec_tokens,
         spec_acceptance=args.spec_acceptance,
         draft=describe_model(args.draft_model) if args.draft_model else None,
+        tiers=_tiers(args),
     )
+
+
+def _tiers(args: argparse.Namespace):
+    """The KV tiers the engine options name (None: no offload), as the engine reads them."""
+    from infergen.engine.options import engine_config, options_from_args
+    from infergen.perf.kv_tiers import TierSpec
+
+    cache = engine_config(**options_from_args(args, "predict")).cache
+    rates = [
+        None if value is None else float(parse_bytes(value, where=flag))
+        for value, flag in ((args.host_bandwidth, "--host-bandwidth"),
+                            (args.disk_bandwidth, "--disk-bandwidth"))
+    ]  # fmt: skip
+    return TierSpec.from_cache(cache, *rates)
 
 
 def _shapes(args: argparse.Namespace):
@@ -213,12 +249,15 @@ def _shapes(args: argparse.Namespace):
 
 
 def run_one(args: argparse.Namespace) -> dict:
+    """The prediction; with KV tiers, the run with them and its `kv_offload` comparison."""
+    from infergen.perf.offload import compare
     from infergen.perf.predict import predict
 
     if args.concurrency is None and args.rate is None:
         args.concurrency = 32
-    return predict(
-        deployment(args),
+    dep = deployment(args)
+    return (predict if dep.tiers is None else compare)(
+        dep,
         _shapes(args),
         concurrency=args.concurrency,
         rate=args.rate,
@@ -262,6 +301,10 @@ def format_prediction(r: dict) -> str:
         )
     if r["errors"]:
         lines.append(f"rejected: {r['errors']}")
+    if r.get("kv_offload") is not None:
+        from infergen.perf.offload import format_offload
+
+        lines.append(format_offload(r["kv_offload"]))
     return "\n".join(lines)
 
 

@@ -50,6 +50,9 @@ class CacheConfig:
     # write every computed prefix block to the tiers as it is registered (write-through), not
     # only as the pool evicts it (write-back): a restart finds whole prefixes on disk
     offload_write_through: bool = False
+    # how the tiers store a block (kvcache/tiers/compact.py): None as the pool stores it,
+    # "fp8_e4m3" FP8 codes with per-(block, layer, K/V, head) scales
+    offload_format: str | None = None
     # recurrent layers' states kept at chosen positions for prefix reuse
     # (kvcache/state_checkpoints.py): their budget (0: none kept, no prefix reuse for such models)
     state_checkpoint_bytes: int = 1 << 30
@@ -102,6 +105,12 @@ class CacheConfig:
         )
 
 
+# what a preempted sequence's KV becomes (engine/tier_moves.py): "swap" copies its blocks to
+# the host tier and back, "recompute" lets them go, "auto" swaps when the tiers' cost rule says
+# loading beats recomputing and a host tier exists
+PREEMPTION_MODES = ("auto", "swap", "recompute")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Continuous batching limits: at most `max_num_seqs` running sequences and
@@ -111,8 +120,16 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     enable_chunked_prefill: bool = True
     admission: str = "optimistic"  # an engine/admission.py ADMISSION row
+    preemption_mode: str = "auto"  # one of PREEMPTION_MODES
 
     def __post_init__(self) -> None:
+        require(
+            self.preemption_mode in PREEMPTION_MODES,
+            "unknown preemption mode",
+            where="preemption_mode",
+            found=self.preemption_mode,
+            expected=f"one of {', '.join(PREEMPTION_MODES)}",
+        )
         require(
             self.max_num_seqs >= 1,
             "max_num_seqs must be at least 1",

@@ -38,6 +38,8 @@ from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.sizing import blocks_for
 from infergen.kvcache.state_cache import StateCache, slots_for
 from infergen.kvcache.state_checkpoints import StateCheckpoints
+from infergen.kvcache.tiers.compact import offload_format_of
+from infergen.kvcache.tiers.copies import host_copies
 from infergen.kvcache.tiers.disk import DiskTier
 from infergen.kvcache.tiers.host import HostTier
 from infergen.kvcache.tiers.tiered import KVTiers
@@ -354,22 +356,33 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
 
 
 def _tiers(built: Built) -> KVTiers | None:
-    """The KV tiers below the pool (kv_offload_memory, kv_offload_dir): None without them.
-    Recurrent layers' state checkpoints spill there too (`_state_checkpoints`)."""
+    """The KV tiers below the pool (kv_offload_memory, kv_offload_dir): None without them;
+    blocks stored as kv_offload_format says (tiers/compact.py). Recurrent layers' state
+    checkpoints spill there too (`_state_checkpoints`)."""
     cache = built.config.cache
     if cache.offload_memory_bytes is None and cache.offload_dir is None:
+        if cache.offload_format is not None:
+            raise ConfigError(
+                "kv_offload_format says how the KV tiers store blocks, and there are none",
+                where="kv_offload_format",
+                found=cache.offload_format,
+                expected="kv_offload_memory and / or kv_offload_dir with it",
+            )
         return None
+    codec = offload_format_of(cache.offload_format)  # an unknown name: the error now
     built.kv_cache.block_data(0)  # a KV format the tiers cannot move: the error now
+    codec.check(built.kv_cache)  # before a disk tier is opened
     disk = None
     if cache.offload_dir is not None:
         disk = DiskTier(cache.offload_dir, cache.offload_disk_bytes, fingerprint(built))
     tiers: list = []
+    copies = host_copies(built.kv_cache.device)  # one side stream on a GPU (tiers/copies.py)
     if cache.offload_memory_bytes is not None:
         spill = disk.put if disk is not None else None
-        tiers.append(HostTier(cache.offload_memory_bytes, spill))
+        tiers.append(HostTier(cache.offload_memory_bytes, spill, copies))
     if disk is not None:
         tiers.append(disk)
-    return KVTiers(built.kv_cache, tiers, cache.offload_write_through)
+    return KVTiers(built.kv_cache, tiers, cache.offload_write_through, codec, copies)
 
 
 def _state_checkpoints(built: Built) -> StateCheckpoints | None:
@@ -392,13 +405,15 @@ def _state_checkpoints(built: Built) -> StateCheckpoints | None:
 
 def fingerprint(built: Built) -> str:
     """What a stored block's contents depend on: the model (its config and a sample of every
-    weight), the KV format and dtype, the block layout. Blocks of another fingerprint are
-    never served."""
+    weight), the KV format and dtype, the block layout, the offload format. Blocks of another
+    fingerprint are never served."""
     digest = hashlib.blake2b(digest_size=16)
     config = built.config
     digest.update(repr(dataclasses.replace(built.model_config, source="")).encode())
     digest.update(repr((config.dtype, config.cache.kv_format, config.cache.block_size,
                         config.quant, config.attention)).encode())  # fmt: skip
+    if config.cache.offload_format is not None:  # how the blocks are stored (none: as before)
+        digest.update(f"offload_format={config.cache.offload_format}".encode())
     for name, tensor in built.model.state_dict().items():
         sample = tensor.detach().flatten()[:64].to("cpu").contiguous()
         digest.update(name.encode() + sample.view(torch.uint8).numpy().tobytes())

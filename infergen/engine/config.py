@@ -83,6 +83,7 @@ class EngineConfig:
         )
         self._check_cache()
         ADMISSION.get(self.scheduler.admission, where="admission")  # unknown → error now
+        self._check_preemption()
         self._check_weights()
         self._check_calibration()
         self._check_attention()
@@ -99,6 +100,31 @@ class EngineConfig:
             where="cache.block_size",
             found=self.cache.block_size,
             expected=f">= {fmt.min_block_size}",
+        )
+
+    def _check_preemption(self) -> None:
+        """Preemption by swap copies a sequence's blocks to the host tier and brings them back
+        through the prefix index: it needs both, and no per-block key summaries (sparse
+        decode: a restored partial block's would be lost)."""
+        if self.scheduler.preemption_mode != "swap":
+            return
+        cache = self.cache
+        problems = [
+            what
+            for what, bad in (
+                ("no kv_offload_memory (no host tier)", cache.offload_memory_bytes is None),
+                ("enable_prefix_caching off", not cache.enable_prefix_caching),
+                ("sparse_decode_blocks set", cache.sparse_decode_blocks is not None),
+            )
+            if bad
+        ]
+        require(
+            not problems,
+            "preemption_mode 'swap' moves preempted sequences' blocks to the host KV tier",
+            where="preemption_mode",
+            found=f"swap with {', '.join(problems)}",
+            expected="kv_offload_memory set, prefix caching on, dense decode; or "
+            "preemption_mode 'auto' / 'recompute'",
         )
 
     def _check_weights(self) -> None:

@@ -29,6 +29,11 @@ from infergen.io.checkpoint import Checkpoint
 from infergen.io.tokenizer import IncrementalDetokenizer
 from infergen.ops.sparse_decode import QuestDecode
 
+# with nothing to step but sequences waiting on background KV tier loads, step() waits this
+# long for one to complete before it returns empty-handed (no busy loop; a server drains its
+# inbox in between)
+LOAD_WAIT_S = 0.05
+
 
 class Engine:
     """Requests and the step loop over a built model and cache (engine/build.py)."""
@@ -182,6 +187,9 @@ class Engine:
     def step(self) -> list[StreamDelta]:
         start = time.perf_counter()
         batch = self.scheduler.schedule()
+        if not batch and self.scheduler.wait_for_loads(LOAD_WAIT_S):
+            start = time.perf_counter()
+            batch = self.scheduler.schedule()
         if not batch:
             return []
         scheduled = time.perf_counter()
@@ -219,6 +227,7 @@ class Engine:
         self._busy_since = end if self.scheduler.has_unfinished() else None
         if self.kv_tiers is not None:  # what a tier hit saves: the measured prefill per token
             self.kv_tiers.recompute_seconds_per_token = self.step_cost.prefill_token
+            self.kv_tiers.step_seconds = self.step_cost.decode_step  # (inline loads' bound)
 
     def _append_token(self, seq: Sequence, token: int, logprobs: object) -> None:
         seq.token_ids.append(token)

@@ -27,6 +27,7 @@ from typing import Any
 
 from infergen.config.sections import (
     COMPILE_MODES,
+    PREEMPTION_MODES,
     AttentionPolicy,
     CacheConfig,
     CompileConfig,
@@ -37,12 +38,14 @@ from infergen.config.sections import (
 from infergen.engine.admission import ADMISSION
 from infergen.engine.config import DTYPES, KERNELS, EngineConfig
 from infergen.errors import ConfigError
+from infergen.kvcache.tiers.compact import OFFLOAD_FORMATS
 
 # the commands that build an engine from a checkpoint, by what they do with it
 RUN = ("generate", "chat", "serve")  # run requests: every engine option
 BUILD = ("compile",)  # builds the model to capture and compile its layers
 QUANTIZE = ("quantize",)  # writes a checkpoint: the calibration options
 EVAL = ("eval",)  # builds one engine per scheme it scores: the checkpoint and threads
+PREDICT = ("predict",)  # simulates an engine (perf/): the options the model covers
 SECTIONS = {
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
@@ -133,21 +136,29 @@ OPTIONS: tuple[Option, ...] = (
            "cache); sizes the KV cache when kv_cache_memory is not given"),
     Option("kv_offload_memory", "cache.offload_memory_bytes", None,
            convert=_bytes("kv_offload_memory"),
-           commands=RUN,
+           commands=RUN + PREDICT,
            help="a host-memory tier below the KV pool, e.g. 8GiB: blocks the pool evicts move "
            "there (least recently used leaves go first) and come back on a prefix hit instead "
            "of being recomputed. Default: off"),
-    Option("kv_offload_dir", "cache.offload_dir", None, commands=RUN, metavar="DIR",
+    Option("kv_offload_dir", "cache.offload_dir", None, commands=RUN + PREDICT, metavar="DIR",
            help="a disk tier below the host tier: blocks written atomically with a checksum "
-           "and the model / KV format fingerprint, kept across restarts. Default: off"),
+           "and the model / KV format fingerprint, kept across restarts, read back on a "
+           "background thread while the other sequences step. Default: off"),
     Option("kv_offload_disk", "cache.offload_disk_bytes", "50GB",
-           convert=_bytes("kv_offload_disk"), commands=RUN,
+           convert=_bytes("kv_offload_disk"), commands=RUN + PREDICT,
            help="the disk tier's budget"),
     Option("kv_offload_write_through", "cache.offload_write_through", False, parse=_switch,
-           commands=RUN, metavar="on|off",
+           commands=RUN + PREDICT, metavar="on|off",
            help="copy each computed prefix block to the tiers as soon as it is complete "
            "(write-through), not only when the pool evicts it: whole prefixes reach the disk "
            "tier and outlive a restart, at the cost of a copy per block"),
+    Option("kv_offload_format", "cache.offload_format", None, commands=RUN,
+           choices=tuple(OFFLOAD_FORMATS),
+           help="how the KV tiers store a block: 'fp8_e4m3' as FP8 E4M3 codes with one scale "
+           "per (block, layer, K/V, KV head) (largest |value| / 448), ~4x the fp32 blocks (~2x "
+           "bf16) in the same host / disk budget, lossy (reloaded blocks are the codes "
+           "decoded); for an engine-dtype pool only (not with kv_format). Default: as the pool "
+           "stores them"),
     Option("state_checkpoint_memory", "cache.state_checkpoint_bytes", "1GiB",
            convert=_bytes("state_checkpoint_memory"), commands=RUN,
            help="models with recurrent layers (Mamba2, Qwen3-Next, Falcon-H1): memory for "
@@ -189,6 +200,14 @@ OPTIONS: tuple[Option, ...] = (
            "preempted (and recomputed later) when the cache is full (vLLM's rule); 'reserve': "
            "a request's prompt + max_tokens reserved when it is admitted, never preempted, "
            "fewer at once (TensorRT-LLM's GUARANTEED_NO_EVICT)"),
+    Option("preemption_mode", "scheduler.preemption_mode", "auto", choices=PREEMPTION_MODES,
+           commands=RUN,
+           help="what a preempted sequence's KV becomes: 'swap' copies its blocks (the last, "
+           "partial one too) to the host tier (needs kv_offload_memory) and loads them back "
+           "when it resumes, nothing recomputed; 'recompute' lets them go (prefix blocks the "
+           "pool or a tier still holds are found again, the rest is recomputed); 'auto' swaps "
+           "when a host tier exists and its measured read bandwidth makes loading cheaper "
+           "than the measured prefill, else recomputes"),
     # ---- quantization --------------------------------------------------------------------
     Option("weights", "quant.weights", None,
            help="weight-only quantization as the weights load: 'int8' (a scale per output "

@@ -9,6 +9,10 @@ Every step (under `max_num_batched_tokens` and `max_num_seqs`):
    prefix of full blocks is reused (refcounted), then the rest of the prompt is scheduled,
    chunked to the remaining budget. The admission policy (engine/admission.py) may reserve
    blocks for the sequence's whole life first: admitted only while the reservations fit.
+   With KV tiers below the pool, prefix blocks found there are loaded back first — inline,
+   or in the background while the sequence waits and those behind it may pass it — and a
+   preempted sequence may be swapped out to the host tier instead of recomputed
+   (engine/tier_moves.py, `preemption_mode`).
 
 With `lookahead` k (speculative decoding), a decoding sequence is scheduled 1 + k tokens: its
 last token and k drafts to verify (fewer near max_tokens); the caller commits the tokens that
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 from infergen.config import SchedulerConfig
 from infergen.engine.admission import ADMISSION
 from infergen.engine.request import Sequence, Status
+from infergen.engine.tier_moves import TierMoves
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.groups import NO_BLOCK, CacheGroup, sequence_blocks
 from infergen.kvcache.prefix import extend_hashes
@@ -81,6 +86,10 @@ class Scheduler:
         self.tiers = tiers
         # recurrent layers' states at chosen positions (None: their prompts never resume)
         self.checkpoints = checkpoints
+        self.moves = TierMoves(
+            tiers, pool, block_size, len(self.groups), self._key,
+            lambda g, n: self._needed(g, list(range(n)), n), config.preemption_mode,
+        )  # fmt: skip
         self.admission = ADMISSION.get(config.admission, where="scheduler.admission")
         self.reserved_blocks = 0  # the running sequences' reservations (admission policy)
         self.waiting: deque[Sequence] = deque()
@@ -91,7 +100,12 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running) or self.moves.in_flight
+
+    def wait_for_loads(self, timeout: float) -> bool:
+        """Block until a background tier load is done (at most `timeout` s); whether one
+        is (False at once when none is in flight)."""
+        return self.moves.wait(timeout)
 
     def longest(self, seq: Sequence) -> int:
         """The most tokens `seq` can reach: prompt + max_tokens, capped by the context."""
@@ -171,7 +185,10 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self._checkpoint(seq)  # (recurrent layers: resumed from here when readmitted)
+        if self.states is None:
+            self.moves.swap_out(seq)  # (preemption_mode: its blocks to the host tier)
+        else:  # recurrent layers: a checkpoint (state + partial block) is their swap
+            self._checkpoint(seq)
         self.release_blocks(seq)
         seq.num_computed_tokens = 0
         seq.num_registered_blocks = 0
@@ -188,6 +205,7 @@ class Scheduler:
             self.waiting.remove(seq)
         self._checkpoint(seq)  # (recurrent layers: a next turn extends prompt + answer)
         self.release_blocks(seq)
+        self.moves.forget(seq)  # (a background load cancelled, a swapped copy dropped)
         seq.status = Status.FINISHED
 
     # ---- prefix cache -----------------------------------------------------------------------
@@ -217,6 +235,9 @@ class Scheduler:
         ]
         if self.tiers is not None:
             self._load_from_tiers(seq, hits, limit)
+            if self.moves.loading(seq):  # in the background: admitted once it is done
+                seq.blocks, seq.num_computed_tokens = [], 0
+                return
         n = limit
         while n > 0:
             if all(None not in self._needed(g, hit, n) for g, hit in enumerate(hits)):
@@ -283,40 +304,10 @@ class Scheduler:
         """Fill pool misses from the tiers: the longest prefix whose needed blocks (every
         block of a full-attention group; a windowed group's sinks and last window) are each in
         the pool or a tier, when loading its tier blocks beats recomputing them (the tiers'
-        cost rule). The blocks found are held while others are allocated (an allocation evicts
-        idle blocks), then go back to idle for the caller to acquire; a corrupt copy or a full
-        pool ends the loading (what is missing is recomputed)."""
-        groups = range(len(hits))
-        keys = [[self._key(g, h) for h in seq.block_hashes[:limit]] for g in groups]
-
-        def needed(g: int, n: int) -> list[int]:
-            return self._needed(g, list(range(n)), n)
-
-        n = limit
-        while n > 0 and not all(
-            hits[g][j] is not None or keys[g][j] in self.tiers for g in groups for j in needed(g, n)
-        ):
-            n -= 1
-        wanted = [(g, j) for g in groups for j in needed(g, n) if hits[g][j] is None]
-        if not wanted:
-            return
-        g, j = wanted[0]
-        if not self.tiers.worth_loading(keys[g][j], len(wanted) * self.block_size):
-            return
-        held = [hits[g][j] for g in groups for j in needed(g, n) if hits[g][j] is not None]
-        for block in held:
-            self.pool.acquire(block)
-        for g, j in wanted:
-            if self.pool.num_free == 0:
-                break
-            block = self.pool.allocate()
-            if not self.tiers.load(keys[g][j], block):
-                self.pool.release([block])
-                break
-            self.pool.register(block, keys[g][j], keys[g][j - 1] if j else None)
-            hits[g][j] = block
-            held.append(block)
-        self.pool.release(held)
+        cost rule). Loaded now (`hits` filled in, the blocks idle for the caller to acquire)
+        or in the background (the sequence then waits: engine/tier_moves.py)."""
+        room = self.pool.num_blocks - self.reserved_blocks - self.moves.held
+        self.moves.fetch(seq, hits, limit, room)
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """After a step: publish the sequence's newly completed blocks to the prefix cache."""
@@ -366,12 +357,23 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_tokens.append(num_new)
             budget -= num_new
-        while self.waiting and not preempted and budget > 0:
+        self.moves.reap()
+        i = 0  # waiting[i]: the next to consider (those loading from a tier are passed over)
+        while i < len(self.waiting) and not preempted and budget > 0:
             if len(self.running) >= self.config.max_num_seqs:
                 break
-            seq = self.waiting[0]
+            seq = self.waiting[i]
+            if self.moves.waits(seq):  # its prefix is being loaded from a tier
+                i += 1
+                continue
             first_admission = seq.num_cached_prompt_tokens is None
             self._reuse_prefix(seq)
+            if self.moves.loading(seq):  # a background load began: it waits for it
+                self.release_blocks(seq)
+                seq.num_computed_tokens = 0
+                i += 1
+                continue
+            self.moves.swap_in(seq)
             num_new = seq.num_uncomputed
             if self.checkpoints is not None:  # end the chunk where earlier prompts' part ends
                 end = self.checkpoints.shared_end(
@@ -384,7 +386,7 @@ class Scheduler:
                     break
                 num_new = budget if self.config.enable_chunked_prefill else num_new
             reserve = self.admission(self, seq)
-            fits = self.reserved_blocks + reserve <= self.pool.num_blocks
+            fits = self.reserved_blocks + self.moves.held + reserve <= self.pool.num_blocks
             if not fits or not self.grow(seq, num_new):
                 self.release_blocks(seq)
                 seq.num_computed_tokens = 0
@@ -392,7 +394,8 @@ class Scheduler:
             seq.reserved_blocks, self.reserved_blocks = reserve, self.reserved_blocks + reserve
             if first_admission:
                 seq.num_cached_prompt_tokens = seq.num_computed_tokens
-            self.waiting.popleft()
+            del self.waiting[i]
+            self.moves.admitted(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)

@@ -3,8 +3,9 @@ whatever the sequence length, one slot per running sequence.
 
 Every state layer owns tensors [num_slots, *shape] (its mixer's `state_shapes()`); a sequence
 holds one slot index into all of them while it runs, and gives it back when it finishes or is
-preempted (a preempted sequence recomputes from its first token, so its state restarts from
-zeros: the step's `fresh` flag). The slots are allocated from the same memory budget as the
+preempted. A sequence admitted with no computed token starts from zeros (the step's `fresh`
+flag); one resumed from a prefix gets a checkpointed state copied into its slot first
+(state_checkpoints.py). The slots are allocated from the same memory budget as the
 KV blocks (engine.py sets the slots aside first).
 """
 

@@ -2,7 +2,9 @@
 
 Measured, in fp32 on the engine's own kernels and thread count: GEMM FLOP/s (the native
 packed GEMM at a compute-bound shape, or torch's matmul if faster), memory read bandwidth (a
-sum over a buffer far larger than the caches), the fixed cost of one parallel op launch
+sum over a buffer far larger than the caches), the host-copy bandwidth (a copy between two such
+buffers, in bytes copied per second: what the KV host tier's loads reach here, where host and
+device memory are one), the fixed cost of one parallel op launch
 (a native op on a tiny tensor), the GEMM's efficiency by row count on a stack of model-sized
 weights, the fraction of the bandwidth the decode-attention kernel reaches and the fraction of
 the GEMM peak the prefill attention reaches. Best of
@@ -41,6 +43,8 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
     torch_mm = 2 * 512**3 / best_seconds(lambda: a @ b, repeats)
     buf = torch.ones((64 if quick else 256) << 18)  # 64 / 256 MiB of fp32
     bandwidth = buf.numel() * 4 / best_seconds(lambda: buf.sum(), repeats)
+    copy_to = torch.empty_like(buf)
+    host_copy = buf.numel() * 4 / best_seconds(lambda: copy_to.copy_(buf), repeats)
     # one parallel region on almost no data: the launch cost (from Python, so an upper bound)
     small_w = row.prepare(torch.randn(512, 64))
     small_x, calls = torch.randn(1, 64), 200
@@ -63,6 +67,7 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
         description=f"this machine, measured ({torch.get_num_threads()} threads, fp32)",
         memory_bytes=float(total_ram),
         bandwidth=bandwidth,
+        host_bandwidth=host_copy,
         flops={"fp32": peak},
         launch_overhead_s=overhead,
         gemm_efficiency=curve,
@@ -86,10 +91,12 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
             k: min(1.0, max(ea.get(k, 0.0) * ref_a, eb.get(k, 0.0) * ref_b) / ref) for k in keys
         }
 
+    copies = [hw.host_bandwidth for hw in (a, b) if hw.host_bandwidth is not None]
     return replace(
         a,
         flops=flops,
         bandwidth=bandwidth,
+        host_bandwidth=max(copies) if copies else None,
         launch_overhead_s=min(a.launch_overhead_s, b.launch_overhead_s),
         gemm_efficiency=rates(a.gemm_efficiency, b.gemm_efficiency, peak_a, peak_b, peak),
         memory_efficiency_by_kind=rates(
@@ -168,6 +175,7 @@ def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
         "memory_bytes": hw.memory_bytes,
         "bandwidth": hw.bandwidth,
         "flops": hw.flops,
+        **({"host_bandwidth": hw.host_bandwidth} if hw.host_bandwidth else {}),
         "launch_overhead_s": hw.launch_overhead_s,
         "gemm_efficiency": hw.gemm_efficiency,
         "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,

@@ -2,8 +2,11 @@
 REFERENCES §4), plus any the user adds from a JSON or YAML file (`--hardware-file`).
 
 A row holds peaks: memory capacity and bandwidth (bytes, bytes/s), dense FLOP/s per format
-class ("fp32", "bf16", "fp8", "fp4", ...), L2 size, SM count and the interconnect bandwidth
-between devices; and its efficiency factors, what a calibration measured (or fitted):
+class ("fp32", "bf16", "fp8", "fp4", ...), L2 size, SM count, the interconnect bandwidth
+between devices and optionally `host_bandwidth`, the rate a copy from host memory into the
+device's memory reaches (bytes/s: the KV host tier's loads, perf/kv_tiers.py; `infergen perf
+calibrate` measures it for cpu-local); and its efficiency factors, what a calibration
+measured (or fitted):
 
   fractions of the row's own peaks, in (0, 1]
     compute_efficiency          of the dense FLOP/s, per compute format ({"bf16": 0.8, ...})
@@ -52,6 +55,9 @@ class Hardware:
     l2_bytes: float | None = None
     sms: int | None = None
     interconnect: float | None = None  # bytes/s between devices (NVLink), None = none
+    # bytes/s of a copy from host memory into the device's memory (the KV host tier's loads);
+    # None: not known, perf/kv_tiers.py's documented default
+    host_bandwidth: float | None = None
     launch_overhead_s: float = 0.0  # fixed cost per op launch (kernel / parallel region)
     # per op launch of a step that runs op by op (one with a chunk of several tokens: the
     # engine's fused decode, like a GPU's captured graph, covers decode-only steps); 0: the
@@ -169,18 +175,20 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         raise ConfigError(
             f"hardware {name!r} lacks {', '.join(missing)}",
             where=where,
-            expected=f"keys {list(_REQUIRED)} (plus optional l2_bytes, sms, interconnect)",
+            expected=f"keys {list(_REQUIRED)} (plus optional l2_bytes, sms, interconnect, "
+            "host_bandwidth)",
         )
-    known = {"description", "l2_bytes", "sms", "interconnect", "calibrated", "efficiencies_from"}
-    known |= {*FRACTIONS, *SECONDS, *_REQUIRED}
+    known = {"description", "l2_bytes", "sms", "interconnect", "host_bandwidth", "calibrated"}
+    known |= {"efficiencies_from", *FRACTIONS, *SECONDS, *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
         raise ConfigError(
             f"hardware {name!r} has unknown keys {unknown}", where=where, expected=sorted(known)
         )
     numbers = {k: row[k] for k in ("memory_bytes", "bandwidth") if k in row}
-    if row.get("interconnect") is not None:
-        numbers["interconnect"] = row["interconnect"]
+    for key in ("interconnect", "host_bandwidth"):
+        if row.get(key) is not None:
+            numbers[key] = row[key]
     for key, value in [*numbers.items(), *row["flops"].items()]:
         if not _number(value) or value <= 0:
             raise ConfigError(
@@ -215,6 +223,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         l2_bytes=row.get("l2_bytes"),
         sms=row.get("sms"),
         interconnect=row.get("interconnect"),
+        host_bandwidth=float(numbers["host_bandwidth"]) if "host_bandwidth" in numbers else None,
         **{key: float(row[key]) for key in SECONDS if key in row},
         memory_efficiency=float(memory),
         gemm_efficiency={int(m): e for m, e in curve.items()},

@@ -87,6 +87,7 @@ class PoolShape:
     groups: tuple[CacheGroup, ...]
     block_size: int = 16
     state_slots: int | None = None  # None: no recurrent layers
+    page_bytes: float = 0.0  # bytes of one page (what a KV tier stores per block)
 
 
 def kv_pool(
@@ -96,8 +97,10 @@ def kv_pool(
     capacity: float,
     block_size: int,
     max_num_seqs: int,
+    num_blocks: int | None = None,
 ) -> PoolShape:
-    """The pool `capacity` KV bytes per device buy."""
+    """The pool `capacity` KV bytes per device buy, or of exactly `num_blocks` blocks (the
+    engine's num_kv_blocks; `capacity` unused)."""
     windows = {
         i: layer.mixer.window
         for i, layer in enumerate(desc.layers)
@@ -109,10 +112,12 @@ def kv_pool(
     budget = capacity - (slots or 0) * state
     per_token = desc.kv_bytes_per_token(fmt.kv_bits / 8) * kv_share(desc, par)
     per_page = page_bytes(groups, per_token, block_size) if groups else 0.0
+    if num_blocks is not None:
+        return PoolShape(num_blocks, groups, block_size, slots, per_page)
     num_blocks = int(budget // per_page) if per_page else 1  # no attention: one unused block
     if budget <= 0 or num_blocks < 1:
         raise _no_block(capacity, per_page, state, slots)
-    return PoolShape(num_blocks, groups, block_size, slots)
+    return PoolShape(num_blocks, groups, block_size, slots, per_page)
 
 
 def _no_block(capacity: float, per_page: float, state: float, slots: int | None) -> ConfigError:

@@ -20,6 +20,7 @@ from infergen.config.description import ModelDesc
 from infergen.kvcache.groups import sequence_blocks
 from infergen.perf import memory, roofline
 from infergen.perf.hardware import Hardware
+from infergen.perf.kv_tiers import TierSpec
 from infergen.perf.simulate import Simulator, SpecDecode
 from infergen.perf.step_cost import Chunk, Formats, Parallel
 
@@ -39,6 +40,8 @@ class Deployment:
     spec_tokens: int = 0
     spec_acceptance: float = 0.0
     draft: ModelDesc | None = None
+    tiers: TierSpec | None = None  # KV tiers below the pool (perf/kv_tiers.py), per device
+    kv_blocks: int | None = None  # the pool's exact blocks (the engine's num_kv_blocks)
 
     @property
     def devices(self) -> int:
@@ -46,6 +49,9 @@ class Deployment:
 
     @cached_property
     def memory(self) -> memory.MemoryPlan:
+        capacity = self.kv_capacity
+        if capacity is None and self.kv_blocks is not None:  # the pages of the given pool
+            capacity = self.kv_pool.num_blocks * self.kv_pool.page_bytes
         return memory.plan(
             self.desc,
             self.hw,
@@ -54,18 +60,20 @@ class Deployment:
             self.scheduler.max_num_batched_tokens,
             self.scheduler.max_num_seqs,
             self.memory_utilization,
-            self.kv_capacity,
+            capacity,
         )
 
     @cached_property
     def kv_pool(self) -> memory.PoolShape:
+        capacity = self.memory.kv_capacity_bytes if self.kv_blocks is None else 0.0
         return memory.kv_pool(
             self.desc,
             self.fmt,
             self.par,
-            self.memory.kv_capacity_bytes,
+            capacity,
             self.block_size,
             self.scheduler.max_num_seqs,
+            self.kv_blocks,
         )
 
     def step_times(self, chunks: list[Chunk]) -> list[roofline.OpTime]:
@@ -84,9 +92,11 @@ class Deployment:
                 draft = dataclasses.replace(self, desc=self.draft, draft=None, spec_tokens=0)
                 draft_time = draft.step_seconds
             spec = SpecDecode(self.spec_tokens, self.spec_acceptance, draft_time)
+        tiers = self.tiers.for_hardware(self.hw) if self.tiers is not None else None
         return Simulator(
-            self.step_seconds, self.kv_pool, self.scheduler, self.prefix_caching, spec, seed
-        )
+            self.step_seconds, self.kv_pool, self.scheduler, self.prefix_caching, spec, seed,
+            tiers,
+        )  # fmt: skip
 
     def max_concurrency(self, tokens: int) -> int:
         """Sequences of `tokens` tokens whose KV fits at once (the batch limit aside; a model
@@ -111,13 +121,17 @@ def predict(
     usd_per_gpu_hour: float = 3.0,
     seed: int = 0,
     warmup: int = 0,
+    lockstep: bool = False,
+    shared_prefix: int = 0,
 ) -> dict:
     """Simulate the load and summarize it as `infergen predict --json` prints it; the first
-    `warmup` requests (sessions) are simulated but not counted."""
+    `warmup` requests (sessions) are simulated but not counted. `lockstep`, `shared_prefix`:
+    as `Simulator.run`."""
     sim = dep.simulator(seed)
-    _, _, stats = sim.run(shapes, concurrency, rate, seed)
+    _, _, stats = sim.run(shapes, concurrency, rate, seed, lockstep, shared_prefix)
     results, wall = sim.steady_state(warmup)
     summary = summarize(results, wall)
+    later = summarize([r for r in results if r.turn > 0], wall)["ttft_s"]
     turns = [(s.prompt_tokens, s.max_tokens) for s in shapes]
     mean_tokens = round(sum(p + o for p, o in turns) / max(1, len(turns)))
     out_tok_s = summary["output_tok_s"]
@@ -147,6 +161,7 @@ def predict(
         "failed": summary["failed"],
         "errors": summary["errors"],
         "ttft_ms": _ms(summary["ttft_s"]),
+        "ttft_ms_turn2on": _ms(later) if later["n"] else None,  # multi-turn workloads
         "itl_ms": _ms(summary["itl_s"]),
         "tpot_ms": _ms(summary["tpot_s"]),
         "e2e_ms": _ms(summary["e2e_s"]),
@@ -157,6 +172,7 @@ def predict(
         "usd_per_gpu_hour": usd_per_gpu_hour,
         "cost_per_mtok_usd": hour_cost / 3600 / out_tok_s * 1e6 if out_tok_s else None,
         "simulation": stats.as_dict(wall),
+        "kv_tiers": sim.tiers.stats() if sim.tiers is not None else None,
         "efficiencies": efficiencies(dep),
     }
 

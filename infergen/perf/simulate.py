@@ -17,10 +17,22 @@ prediction:
   what is still there;
 - speculative decoding: each decode verifies k drafted tokens in one step of k + 1 tokens
   and emits 1 + (accepted) tokens, acceptance drawn per token with the given probability;
-  the draft model (if any) adds k decode steps of its own per step.
-A step takes `step_time(chunks)`; tokens a step emits leave at its end. Arrivals come from
-a closed loop (N clients, each sending its next request or turn when the last one finished)
-or an open loop (Poisson arrivals of requests / sessions at a rate), as `infergen bench`.
+  the draft model (if any) adds k decode steps of its own per step;
+- KV tiers (`tiers`, perf/kv_tiers.py): the engine's KVTiers over data-less host / disk tiers
+  below the pool: evicted blocks move down, prefix hits load back at admission when the
+  engine's cost rule says loading beats recomputing; the loads and saves of a step add their
+  modeled seconds to it, and the rule's prefill cost per token is the engine's moving
+  average (engine/backlog.py `StepCost`) of the simulated steps.
+A step takes `step_time(chunks)` (plus its tier loads and saves); tokens a step emits leave at
+its end. Arrivals come from a closed loop (N clients, each sending its next request or turn
+when the last one finished; `lockstep`: every session's turn k together, once all of turn k-1
+finished) or an open loop (Poisson arrivals of requests / sessions at a rate), as
+`infergen bench`. `shared_prefix` tokens open every session alike (a system prompt).
+
+Reuse accounting (`SimStats.as_dict()["reuse"]`): for every turn from the second on, the
+reusable prompt tokens (the full blocks of what the session's earlier turns computed: their
+prompt and answer) and where the first admission found them — in the pool, loaded from the
+host or the disk tier — the rest recomputed.
 
 The result is the same `RequestResult` list the load generator measures, so the same
 `summarize` gives TTFT, ITL, TPOT, e2e percentiles and throughput for both.
@@ -29,6 +41,7 @@ The result is the same `RequestResult` list the load generator measures, so the 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,11 +49,14 @@ from dataclasses import dataclass, field
 from infergen.bench.client import RequestResult
 from infergen.bench.workloads import Shape
 from infergen.config import SchedulerConfig
+from infergen.engine.backlog import StepCost
 from infergen.engine.request import Sequence
 from infergen.engine.sampling_params import SamplingParams
 from infergen.engine.scheduler import ScheduledBatch, Scheduler
+from infergen.errors import ConfigError
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.state_cache import SlotPool
+from infergen.perf.kv_tiers import SimulatedTiers, TierSpec
 from infergen.perf.memory import PoolShape
 from infergen.perf.step_cost import Chunk
 
@@ -75,6 +91,7 @@ class _Request:
     turn: int
     arrival: float
     output: int
+    reusable: int = 0  # prompt tokens in full blocks the session's earlier turns computed
     generated: int = 0
     last: float | None = None
     result: RequestResult = field(default_factory=lambda: RequestResult(ok=True))
@@ -90,9 +107,21 @@ class SimStats:
     peak_running: int = 0
     busy_s: float = 0.0
     in_system_s: float = 0.0  # integral over time of the requests in the system
+    reusable_tokens: int = 0  # turns 2+: prompt tokens an earlier turn of the session computed
+    reused_tokens: dict[str, float] = field(default_factory=dict)  # of those: pool / tier
+
+    def reuse(self) -> dict:
+        """Turns 2+: the reusable prompt tokens and the share of them found in the pool,
+        loaded from each tier, recomputed (shares None without reusable tokens)."""
+        total = self.reusable_tokens
+        found = {where: self.reused_tokens.get(where, 0.0) for where in ("pool", "host", "disk")}
+        found["recomputed"] = max(0.0, total - sum(found.values()))
+        shares = {k: v / total if total else None for k, v in found.items()}
+        return {"reusable_tokens": total, **shares}
 
     def as_dict(self, wall: float) -> dict:
         return {
+            "reuse": self.reuse(),
             "steps": self.steps,
             "mean_batch": self.sequences / self.steps if self.steps else 0.0,
             "preemptions": self.preemptions,
@@ -121,11 +150,13 @@ class Simulator:
         prefix_caching: bool = True,
         spec: SpecDecode | None = None,
         seed: int = 0,
+        tiers: TierSpec | None = None,
     ):
         self.step_time, self.pool_shape = step_time, pool
         self.limits = scheduler or SchedulerConfig()
         self.prefix_caching, self.spec = prefix_caching, spec
         self.rng = random.Random(seed)
+        self.tier_spec = tiers  # bandwidths chosen (TierSpec.for_hardware)
 
     # ---- the run ---------------------------------------------------------------------------
     def run(
@@ -134,19 +165,30 @@ class Simulator:
         concurrency: int | None = None,
         rate: float | None = None,
         seed: int = 0,
+        lockstep: bool = False,
+        shared_prefix: int = 0,
     ) -> tuple[list[RequestResult], float, SimStats]:
         """Simulate the workload; returns (per-request results, wall seconds, stats)."""
         if (concurrency is None) == (rate is None):
             raise ValueError("give exactly one of concurrency and rate")
+        if lockstep and (concurrency is None or concurrency < len(shapes)):
+            raise ValueError("lockstep turns need every session at once (concurrency >= jobs)")
+        if any(s.prompt_tokens <= shared_prefix for s in shapes):
+            raise ValueError("every first prompt must be longer than the shared prefix")
         shape = self.pool_shape
         self.pool = BlockPool(shape.num_blocks, self.prefix_caching)
         states = SlotPool(shape.state_slots) if shape.state_slots is not None else None
         lookahead = self.spec.tokens if self.spec else 0
+        self.tiers = self._tiers() if self.tier_spec is not None else None
         self.sched = Scheduler(
-            self.limits, self.pool, shape.block_size, shape.groups, states, lookahead=lookahead
-        )
+            self.limits, self.pool, shape.block_size, shape.groups, states, lookahead=lookahead,
+            tiers=self.tiers,
+        )  # fmt: skip
+        self.step_cost = StepCost()  # the engine's measure of a prefill token (tiers' rule)
         self.requests: dict[Sequence, _Request] = {}
         self.stats = SimStats()
+        self.shared_prefix = shared_prefix
+        self.lockstep, self.held, self.round_left = lockstep, [], 0
         self.clock, self.results = 0.0, []
         self.log: list[tuple[RequestResult, int, float]] = []  # result, job, arrival
         self.arrivals: list[tuple[float, int, int, int, int]] = []  # time, order, job, turn, ctx
@@ -154,6 +196,7 @@ class Simulator:
         self.closed_loop = concurrency is not None
         if concurrency is not None:
             self.next_job = min(concurrency, len(shapes))
+            self.round_left = self.next_job
             for job in range(self.next_job):
                 self._arrive(0.0, job, 0, 0)
         else:
@@ -165,9 +208,12 @@ class Simulator:
         while self.arrivals or self.sched.has_unfinished():
             self._admit_arrivals()
             if not self.sched.has_unfinished():
-                self.clock = self.arrivals[0][0]
+                if self.arrivals:  # (none left: every remaining request was refused)
+                    self.clock = self.arrivals[0][0]
                 continue
             batch = self.sched.schedule()
+            if not batch and self.sched.moves.in_flight:
+                batch = self.sched.schedule()  # (a background load, done: admitted now)
             if not batch:
                 raise RuntimeError("simulator scheduled nothing with requests waiting (a bug)")
             self._step(batch)
@@ -183,6 +229,25 @@ class Simulator:
             return [], 0.0
         return [r for r, _ in kept], self.clock - min(at for _, at in kept)
 
+    def _tiers(self) -> SimulatedTiers:
+        """The tiers below the pool, wired as engine/scoring.py `serving_parts` wires them."""
+        shape = self.pool_shape
+        if shape.state_slots is not None:
+            raise ConfigError(
+                "the performance model does not simulate recurrent-state checkpoints yet, "
+                "which a model with recurrent layers needs to reuse a prefix from the tiers",
+                where="--kv-offload-memory / --kv-offload-dir",
+                expected="a model without recurrent layers",
+            )
+        tiers = SimulatedTiers(
+            self.tier_spec, math.ceil(shape.page_bytes), shape.block_size,
+            lambda: self.sched.waiting[0],
+        )  # fmt: skip
+        self.pool.on_evict = tiers.save
+        if tiers.write_through:
+            self.pool.on_register = tiers.save_through
+        return tiers
+
     # ---- arrivals --------------------------------------------------------------------------
     def _arrive(self, at: float, job: int, turn: int, context: int) -> None:
         heapq.heappush(self.arrivals, (at, self.order, job, turn, context))
@@ -195,11 +260,15 @@ class Simulator:
             shape = self.shapes[job]
             new = shape.prompt_tokens if turn == 0 else shape.follow_up_tokens[turn - 1]
             prompt = context + new
-            # a session's tokens: position p holds p, position 0 names the session
-            tokens = [-1 - job, *range(1, prompt)]
+            # a session's tokens: position p holds p, position `shared_prefix` (0 without a
+            # shared prefix) names the session
+            cut = self.shared_prefix
+            tokens = [*range(cut), -1 - job, *range(cut + 1, prompt)]
             params = SamplingParams(max_tokens=shape.max_tokens, ignore_eos=True)
             seq = Sequence(f"{job}.{turn}", None, tokens, params, None, None, None, self.order)
             req = _Request(job, turn, at, shape.max_tokens)
+            if turn:  # the earlier turns computed the KV of all but their last answer token
+                req.reusable = (context - 1) // self.sched.block_size * self.sched.block_size
             req.result.session, req.result.turn = shape.session, turn
             req.result.input_tokens = prompt
             needed = self.sched.blocks_for_tokens(prompt + shape.max_tokens)
@@ -217,9 +286,18 @@ class Simulator:
             self.sched.add(seq)
 
     def _job_done(self, req: _Request, context: int, at: float) -> None:
-        """The request is over: the session's next turn, or (closed loop) the next job."""
+        """The request is over: the session's next turn, or (closed loop) the next job; in
+        lockstep the next turns wait for the round's last request."""
         shape = self.shapes[req.job]
-        if req.result.ok and req.turn < len(shape.follow_up_tokens):
+        if self.lockstep:
+            if req.result.ok and req.turn < len(shape.follow_up_tokens):
+                self.held.append((req.job, req.turn + 1, context))
+            self.round_left -= 1
+            if not self.round_left:
+                for job, turn, held_context in self.held:
+                    self._arrive(at, job, turn, held_context)
+                self.round_left, self.held = len(self.held), []
+        elif req.result.ok and req.turn < len(shape.follow_up_tokens):
             self._arrive(at, req.job, req.turn + 1, context)
         elif self.closed_loop and self.next_job < len(self.shapes):
             self._arrive(at, self.next_job, 0, 0)
@@ -230,6 +308,8 @@ class Simulator:
         pairs = list(zip(batch.seqs, batch.num_tokens, strict=True))
         chunks = [Chunk(n, seq.num_computed_tokens + n) for seq, n in pairs]
         seconds = self.step_time(chunks)
+        if self.tiers is not None:  # loads at admission, saves as blocks leave or register
+            seconds += self.tiers.take_seconds()
         verifying = [seq for seq, n in pairs if n > 1 and seq.num_uncomputed == 1]
         if self.spec and self.spec.draft_step_time and verifying:
             drafts = [Chunk(1, seq.num_computed_tokens + 1) for seq in verifying]
@@ -237,6 +317,10 @@ class Simulator:
         in_system = len(self.sched.waiting) + len(self.sched.running)
         self.stats.in_system_s += in_system * seconds
         self.stats.busy_s += seconds
+        if self.tiers is not None:  # as engine.py `_measure`
+            self.step_cost.observe(seconds, sum(n for n in batch.num_tokens if n > 1))
+            self.tiers.recompute_seconds_per_token = self.step_cost.prefill_token
+            self.tiers.step_seconds = self.step_cost.decode_step  # (inline loads' bound)
         self.stats.steps += 1
         self.stats.sequences += len(pairs)
         self.stats.peak_running = max(self.stats.peak_running, len(self.sched.running))
@@ -278,8 +362,25 @@ class Simulator:
     def _finish(self, seq: Sequence, req: _Request) -> None:
         self.sched.finish(seq)
         del self.requests[seq]
-        self.stats.prefix_hit_tokens += seq.num_cached_prompt_tokens or 0
+        cached = seq.num_cached_prompt_tokens or 0
+        self.stats.prefix_hit_tokens += cached
+        loads = self.tiers.first_loads.pop(seq, {}) if self.tiers is not None else {}
+        if req.turn:
+            self._count_reuse(req.reusable, cached, loads)
         req.result.output_tokens = req.generated
         req.result.e2e = self.clock - req.arrival
         self._record(req)
         self._job_done(req, seq.num_tokens, self.clock)
+
+    def _count_reuse(self, reusable: int, cached: int, loads: dict[str, int]) -> None:
+        """A later turn's reusable tokens and where its first admission found them: loaded
+        blocks count block_size / groups tokens each (a token's KV spans every group)."""
+        cached = min(cached, reusable)
+        per_block = self.sched.block_size / len(self.sched.groups)
+        loaded = {tier: blocks * per_block for tier, blocks in loads.items()}
+        scale = min(1.0, cached / sum(loaded.values())) if loaded else 1.0
+        found = self.stats.reused_tokens
+        for tier, tokens in loaded.items():
+            found[tier] = found.get(tier, 0.0) + tokens * scale
+        found["pool"] = found.get("pool", 0.0) + cached - sum(loaded.values()) * scale
+        self.stats.reusable_tokens += reusable

@@ -262,6 +262,26 @@ def _tier_families(stats: dict) -> Iterator[Metric]:
     for decision, n in stats["decisions"].items():
         decisions.add_metric([decision], n)
     yield decisions
+    loads = CounterMetricFamily(
+        "infergen_kv_tier_loads", "prefix loads from the tiers (jobs) by how they ran or ended",
+        labels=["mode"],
+    )  # fmt: skip
+    for mode, n in stats["loads"].items():
+        loads.add_metric([mode], n)
+    load_seconds = CounterMetricFamily(
+        "infergen_kv_tier_load_seconds",
+        "seconds of prefix loads: inline (stalling a step) or background (overlapped)",
+        labels=["mode"],
+    )
+    for mode, seconds in stats["load_seconds"].items():
+        load_seconds.add_metric([mode], seconds)
+    preemptions = CounterMetricFamily(
+        "infergen_kv_preemptions", "preempted sequences swapped to the host tier or recomputed",
+        labels=["mode"],
+    )  # fmt: skip
+    for mode, n in stats["preemptions"].items():
+        preemptions.add_metric([mode], n)
+    yield from (loads, load_seconds, preemptions)
 
 
 def _checkpoint_families(stats: dict) -> Iterator[Metric]:

@@ -47,7 +47,7 @@ def test_bench_kv_tiers_quick(tmp_path):
 
 
 def _request(turn: int, ttft: float) -> dict:
-    return dict(session=0, turn=turn, reusable=32, needed_blocks=2, loaded_blocks=1, cached=32,
+    return dict(session=0, turn=turn, reusable=32, needed_blocks=2, cached=32,
                 answer=[1, 2], prompt_tokens=40, ttft_s=ttft, schedule_s=0.0, forward_s=ttft,
                 after_s=0.0, outside_s=0.0, steps=1)  # fmt: skip
 
@@ -81,7 +81,7 @@ def test_kv_tiers_targets_against_no_tiers_not_the_peer():
     restart = "restart with the disk tier: first-turn TTFT >= 3x lower than a cold start"
     assert targets[restart] == 1.0 / 0.75  # medians of (1.0, 1.0) over (1.0, 0.5)
     shares = [v for k, v in targets.items() if "served from" in k]
-    assert shares == [0.5, 1.0]  # a block of the two loaded; all 32 reusable tokens cached
+    assert shares == [0.25, 1.0]  # one block loaded of the 2 + 2 needed; 32 of 32 tokens cached
     (predicted,) = [ln for ln in lines if ln["kind"] == "target" and "predicted" in ln["metric"]]
     assert predicted["value"] == 0.25 and predicted["met"]  # |3 - 4| / 4
     peer = [ln for ln in lines if ln["kind"] == "ratio" and ln["peer"] == "llama-server"]

@@ -11,11 +11,22 @@ from infergen.engine.config import EngineConfig
 from infergen.engine.options import OPTIONS, engine_config, options_from_args
 from infergen.errors import ConfigError
 
-COMMANDS = ("generate", "chat", "serve", "compile", "quantize", "eval")
+COMMANDS = ("generate", "chat", "serve", "compile", "quantize", "eval", "predict")
 # flags a command defines itself with another meaning: quantize --weights (the scheme to
 # write), eval --weights / --kv-format (the schemes and formats to score, repeatable),
-# generate / chat --seed (the sampling seed)
+# generate / chat --seed (the sampling seed); predict's flags of the deployment it simulates
+# (a config or checkpoint, formats, scheduler limits; --seed: the workload's)
 OWN_FLAGS = {
+    "predict": (
+        "model",
+        "seed",
+        "block_size",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "admission",
+        "weights",
+        "activations",
+    ),  # fmt: skip
     "quantize": ("weights",),
     "eval": ("weights", "kv_format"),
     "generate": ("seed",),

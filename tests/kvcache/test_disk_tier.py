@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -168,6 +169,90 @@ def test_leftover_temp_files_are_ignored_and_removed(tmp_path):
     assert again.nbytes == final.stat().st_size
 
 
+# a writer process: blocks 0, 1, … (chains of 4) of 256 Ki fp32 values into a DiskTier, each
+# stored one logged to the progress file (after `put` returned)
+_WRITER = """
+import sys
+
+import torch
+
+from infergen.kvcache.tiers.disk import DiskTier
+from tests.kvcache.test_disk_tier import FP, _block, _chain_parent, _key
+
+tier = DiskTier(sys.argv[1], 1 << 30, FP)
+with open(sys.argv[2], "a") as log:
+    for i in range(int(sys.argv[3])):
+        stored = tier.put(_key(i), _chain_parent(i), _block(i, 1 << 18, torch.float32))
+        log.write(f"{i} {int(stored)}\\n")
+        log.flush()
+"""
+
+
+def _chain_parent(i: int) -> bytes | None:
+    return _key(i - 1) if i % 4 else None
+
+
+def _block_temps(directory: Path) -> list[Path]:
+    """A block's temp files: `.<name>.kv.<pid>.<random>.tmp` (not the start's probe file)."""
+    return [p for p in directory.iterdir() if p.name.endswith(".tmp") and ".kv." in p.name]
+
+
+def test_a_writer_killed_mid_write_leaves_only_complete_blocks(tmp_path):
+    """A real process writing blocks in a loop, stopped (SIGSTOP) while a block's temp file
+    exists — checked with the process frozen, else it runs on — then killed with SIGKILL: a
+    new tier on the directory indexes every block the writer had logged as stored and
+    nothing else but possibly the block in flight had its rename happened (never a partial
+    file), removes the dead writer's temp file, and reads every indexed block back bit for
+    bit (with its parent)."""
+    import signal
+    import subprocess
+    import sys
+
+    directory, progress, blocks = tmp_path / "kv", tmp_path / "progress", 200
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(directory), str(progress), str(blocks)],
+        env=env, cwd=root,
+    )  # fmt: skip
+    caught: list[Path] = []
+    deadline = time.monotonic() + 120
+    try:
+        while not caught:
+            assert writer.poll() is None, "the writer finished (or failed) before a mid-write kill"
+            assert time.monotonic() < deadline, "no mid-write moment caught in 120 s"
+            started = progress.exists() and progress.read_text().count("\n") >= 2
+            if not (started and _block_temps(directory)):
+                time.sleep(1e-4)
+                continue
+            os.kill(writer.pid, signal.SIGSTOP)
+            os.waitpid(writer.pid, os.WUNTRACED)  # frozen now: the listing below stays true
+            caught = _block_temps(directory)
+            os.kill(writer.pid, signal.SIGKILL if caught else signal.SIGCONT)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        writer.wait()  # reaped: its pid no longer runs
+    assert writer.returncode == -signal.SIGKILL
+    assert all(path.exists() for path in caught)  # the half-written block's temp file
+
+    logged = [line.split() for line in progress.read_text().splitlines()]
+    stored = {int(i) for i, ok in logged if ok == "1"}
+    assert len(stored) == len(logged) >= 2
+    in_flight = len(logged)  # the block being written when it was killed
+    tier = DiskTier(directory, 1 << 30, FP)
+    indexed = {i for i in range(blocks) if _key(i) in tier}
+    assert stored <= indexed <= stored | {in_flight}
+    assert not _block_temps(directory) and not any(p.suffix == ".tmp" for p in directory.iterdir())
+    assert len(_files(directory)) == len(indexed)
+    for i in sorted(indexed):
+        got = tier.get(_key(i))
+        assert got is not None and torch.equal(_bits(got), _bits(_block(i, 1 << 18, torch.float32)))
+    assert tier.stats["corrupt"] == 0 and tier.stats["hits"] == len(indexed)
+    if stored:  # parents came back with the blocks: a chain's leaf is evicted before its parent
+        assert tier._order.parent_of(_key(max(stored))) == _chain_parent(max(stored))
+
+
 def test_leaves_are_evicted_first_and_parents_kept(tmp_path):
     one = DiskTier(tmp_path / "probe", 1 << 20, FP)
     one.put(_key(0), None, _block(0))
@@ -190,6 +275,42 @@ def test_leaves_are_evicted_first_and_parents_kept(tmp_path):
     tier2.get(b)  # a is the least recently used, but b depends on it
     assert tier2.put(c, None, _block(2))
     assert [k in tier2 for k in (a, b, c)] == [True, False, True]
+
+
+def test_reads_from_another_thread_see_whole_blocks_or_misses(tmp_path):
+    """The KV tiers' background loader gets while the engine thread puts and evicts (a budget
+    of 4 of 12 blocks, put over and over): every get is a stored block's exact contents or a
+    miss, and afterwards the index, the files and the byte count agree; `discard` forgets."""
+    probe = DiskTier(tmp_path / "probe", 1 << 20, FP)
+    probe.put(_key(0), None, _block(0))
+    tier = DiskTier(tmp_path / "kv", 4 * probe.nbytes, FP)
+    wrong: list[int] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            for i in range(12):
+                got = tier.get(_key(i))
+                if got is not None and not torch.equal(_bits(got), _bits(_block(i))):
+                    wrong.append(i)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for _ in range(20):
+            for i in range(12):
+                tier.put(_key(i), None, _block(i))
+    finally:
+        stop.set()
+        thread.join()
+    assert not wrong and tier.stats["hits"] > 0
+    held = [i for i in range(12) if _key(i) in tier]
+    assert (
+        tier.nbytes == sum(p.stat().st_size for p in _files(tmp_path / "kv")) <= tier.budget_bytes
+    )
+    assert len(_files(tmp_path / "kv")) == len(held) > 0
+    tier.discard(_key(held[0]))
+    assert _key(held[0]) not in tier and len(_files(tmp_path / "kv")) == len(held) - 1
 
 
 @settings(max_examples=30, deadline=None)

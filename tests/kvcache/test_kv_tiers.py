@@ -74,12 +74,41 @@ def test_logits_after_a_reload_equal_a_cold_recompute(llama):
     tiered.generate(prompt, params)  # its blocks cached...
     tiered.generate(_other(), params)  # ... evicted to the host tier
     got = tiered.generate(prompt, params)[0]
-    assert tiered.engine.kv_tiers.loaded > 0 and got.num_cached_prompt_tokens >= 32
+    tiers = tiered.engine.kv_tiers
+    assert tiers.loaded > 0 or tiers.states_loaded > 0 and got.num_cached_prompt_tokens >= 32
     assert got.token_ids == want.token_ids
     for x, y in zip(got.logprobs, want.logprobs, strict=True):
         assert dict(x.top).keys() == dict(y.top).keys()
         for token, logprob in dict(x.top).items():
             assert abs(logprob - dict(y.top)[token]) < 1e-5
+
+
+def test_generation_with_compact_host_blocks_stays_close_to_without(llama):
+    """kv_offload_format="fp8_e4m3": the conversation of the first test, its prefix hits served
+    from FP8 host blocks. FP8 is lossy, so this is a tolerance test: on this model the greedy
+    tokens all agree (48 of 48) and the chosen tokens' logprobs differ by at most 0.0012 from
+    the run whose host blocks are exact; asserted: equal tokens, |Δ logprob| < 0.01, and a
+    nonzero difference (the reloaded blocks did go through FP8). Its loads are counted, and a
+    compact block takes 3.76x fewer bytes than an fp32 one here (4-token blocks of head_dim 16:
+    a 4-byte scale per 64 one-byte codes; ~3.98x on the default model's 16 × 64)."""
+    options = dict(block_size=4, num_kv_blocks=24, max_num_seqs=1, kv_offload_memory="1MiB")
+    exact = LLM(llama, **options)
+    compact = LLM(llama, kv_offload_format="fp8_e4m3", **options)
+    largest = 0.0
+    for turn in _turns():
+        want = exact.generate([turn, _other()], GREEDY)
+        got = compact.generate([turn, _other()], GREEDY)
+        for a, b in zip(got, want, strict=True):
+            assert a.token_ids == b.token_ids
+            assert a.num_cached_prompt_tokens == b.num_cached_prompt_tokens
+            for x, y in zip(a.logprobs, b.logprobs, strict=True):
+                largest = max(largest, abs(x.logprob - y.logprob))
+    assert 0 < largest < 0.01
+    tiers, plain_tiers = compact.engine.kv_tiers, exact.engine.kv_tiers
+    host = tiers.stats()["tiers"]["host"]
+    assert tiers.loaded == plain_tiers.loaded > 0 and host["hits"] == tiers.loaded
+    assert host["bytes_read"] == tiers.loaded * tiers.block_bytes
+    assert plain_tiers.block_bytes / tiers.block_bytes == 4 * 64 / (64 + 4)
 
 
 def test_tiers_refuse_what_they_cannot_move(llama):
@@ -140,6 +169,10 @@ def test_tier_counters_in_the_metrics_exposition(llama):
     assert samples[("infergen_kv_tier_blocks_total", (("move", "loaded"),))] == stats["loaded"]
     load = ("infergen_kv_tier_decisions_total", (("decision", "load"),))
     assert samples[load] == stats["decisions"]["load"] > 0
+    inline = ("infergen_kv_tier_loads_total", (("mode", "inline"),))
+    assert samples[inline] == stats["loads"]["inline"] > 0  # host hits: copied inline
+    swaps = ("infergen_kv_preemptions_total", (("mode", "swap"),))
+    assert samples[swaps] == stats["preemptions"]["swap"]
 
 
 def test_preempted_sequences_come_back_through_the_tier(llama):
@@ -153,7 +186,8 @@ def test_preempted_sequences_come_back_through_the_tier(llama):
     tiered = LLM(llama, kv_offload_memory="1MiB", **options)
     want, got = plain.generate(prompts, params), tiered.generate(prompts, params)
     assert tiered.engine.scheduler.num_preemptions > 0
-    assert tiered.engine.kv_tiers.loaded > 0
+    tiers = tiered.engine.kv_tiers
+    assert tiers.loaded > 0 or tiers.states_loaded > 0
     for a, b in zip(got, want, strict=True):
         assert a.token_ids == b.token_ids
 
@@ -200,7 +234,9 @@ def test_a_corrupt_disk_block_is_recomputed(llama, tmp_path):
     cold = LLM(llama, **options).generate(prompt, GREEDY)[0]
     again = LLM(llama, kv_offload_dir=str(tmp_path), **options)
     got = again.generate(prompt, GREEDY)[0]
-    assert again.engine.kv_tiers.stats()["tiers"]["disk"]["corrupt"] >= 1
+    stats = again.engine.kv_tiers.stats()
+    assert stats["tiers"]["disk"]["corrupt"] >= 1
+    assert stats["loads"]["background"] >= 1 and stats["loads"]["failed"] >= 1  # disk: off-path
     assert got.token_ids == cold.token_ids
     for x, y in zip(got.logprobs, cold.logprobs, strict=True):
         assert abs(x.logprob - y.logprob) < 1e-5
@@ -209,17 +245,22 @@ def test_a_corrupt_disk_block_is_recomputed(llama, tmp_path):
 @pytest.mark.parametrize(
     ("name", "blocks"),
     [("llama_mqa_tied", 24), ("qwen2_qkv_bias", 24), ("qwen3_qk_norm", 24),
-     ("mistral_window", 10), ("gemma3", 34)],
+     ("mistral_window", 10), ("gemma3", 34), ("gpt_oss", 34), ("deepseek_v3", 24),
+     ("falcon_h1", 24), ("qwen3_next", 24), ("mamba2", 24)],
 )  # fmt: skip
 def test_generation_with_tiers_equals_without(name, blocks, tmp_path):
-    """Every attention family, sliding windows (their own cache groups) included."""
+    """Every architecture family: sliding windows (their own cache groups), sinks + MoE,
+    latent attention (MLA), and recurrent layers (their states checkpointed; Mamba2 has no KV
+    blocks, so only its states go down a tier)."""
     build_hf_model(name, tmp_path)
     # chunks of 16 tokens: a windowed group lets blocks go as its window moves
     options = dict(block_size=4, num_kv_blocks=blocks, max_num_seqs=1, max_num_batched_tokens=16)
-    plain, tiered = LLM(str(tmp_path), **options), LLM(str(tmp_path), kv_offload_memory="1MiB",
-                                                       **options)  # fmt: skip
+    plain = LLM(str(tmp_path), **options)
+    # recurrent layers' checkpoints held in no memory of their own: straight to the tier
+    tiered = LLM(str(tmp_path), kv_offload_memory="1MiB", state_checkpoint_memory="1B", **options)
     for turn in _turns()[:3]:
         want = plain.generate([turn, _other()], GREEDY)
         got = tiered.generate([turn, _other()], GREEDY)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert tiered.engine.kv_tiers.loaded > 0
+    tiers = tiered.engine.kv_tiers
+    assert tiers.loaded > 0 or tiers.states_loaded > 0

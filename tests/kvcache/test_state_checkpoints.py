@@ -84,11 +84,15 @@ def test_a_shared_part_gets_its_own_checkpoint(model):
     _assert_same(outs[2], cold.generate(prompts[2], GREEDY)[0])
 
 
-def test_preempted_sequences_resume_from_their_state(model):
+@pytest.mark.parametrize(
+    "options", [{}, dict(kv_offload_memory="64MiB", preemption_mode="swap")], ids=["pool", "swap"]
+)
+def test_preempted_sequences_resume_from_their_state(model, options):
     """A pool too small for two sequences preempts one; it resumes from the checkpoint taken
-    when it was preempted, and every output equals the cold run's."""
+    when it was preempted (with preemption_mode "swap" too: recurrent layers are not swapped,
+    their checkpoint is), and every output equals the cold run's."""
     path, cold = model
-    llm = _llm(path, num_kv_blocks=9, max_num_seqs=2)
+    llm = _llm(path, num_kv_blocks=9, max_num_seqs=2, **options)
     prompts = [_tokens(14, 7), _tokens(13, 8)]
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
     outs = llm.generate(prompts, params)

@@ -137,9 +137,53 @@ def test_sweep_writes_a_table_and_a_png(capsys, tmp_path):
         (["--isl", "10"], "--isl"),
         (["--weights", "fp7"], "fp7"),
         (["-m", "tests/perf/configs/llama-3.1-70b.json", "--gpu", "l40s"], "does not fit"),
+        (["--kv-offload-memory", "8GiB", "--host-bandwidth", "fast"], "--host-bandwidth"),
+        (["--kv-offload-memory", "lots"], "kv_offload_memory"),
     ],
 )
 def test_bad_input_gets_a_clear_error(capsys, argv, message):
     code = main(["predict", "-m", "tests/perf/configs/llama-3.1-8b.json", *argv])
     assert code != 0
     assert message in capsys.readouterr().err
+
+
+# agentic sessions whose conversations outgrow a 512 MiB pool (8B, bf16 KV: 256 blocks)
+OFFLOAD = ["predict", "-m", "tests/perf/configs/llama-3.1-8b.json", "--workload", "agentic"]
+OFFLOAD += ["--input-len", "1000", "--output-len", "50", "--kv-memory", "512MiB"]
+
+
+def test_kv_offload_prints_the_gain_of_the_tiers(capsys):
+    """`--kv-offload-memory`: the load with a host tier and without; the host tier serves
+    every reusable token the pool lost, later turns answer sooner."""
+    argv = [*OFFLOAD, "--num-requests", "32", "--concurrency", "8", "--kv-offload-memory", "8GiB"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "KV offload: host 8.59 GB at 25 GB/s (default (assumed))" in out
+    row = next(line for line in out.splitlines() if line.startswith("TTFT p50, turns 2+"))
+    no_tiers, tiers, gain = (float(v.rstrip("x")) for v in row.split()[-3:])
+    assert gain == pytest.approx(no_tiers / tiers, rel=1e-2) and gain > 1
+    assert "(tiers): pool   0 %, host 100 %, disk   0 %, recomputed   0 %" in out
+    assert "output tok/s" in out and "load vs recompute decisions" in out
+
+
+def test_kv_offload_json_with_a_disk_tier(capsys, tmp_path):
+    """The disk tier of --kv-offload-dir is simulated (the directory is not touched); the
+    JSON carries both runs, the gains and where each bandwidth came from."""
+    directory = tmp_path / "kv"
+    argv = [*OFFLOAD, "--num-requests", "16", "--concurrency", "4"]
+    argv += ["--kv-offload-memory", "256MiB", "--kv-offload-dir", str(directory)]
+    argv += ["--kv-offload-disk", "50GiB", "--disk-bandwidth", "3GB"]
+    r = run_json(capsys, *argv[1:])
+    section = r["kv_offload"]
+    assert section["tiers"]["disk"] == {
+        "budget_bytes": 50 * 2**30,
+        "bandwidth": 3e9,
+        "bandwidth_from": "--disk-bandwidth",
+    }
+    assert section["tiers"]["host"]["budget_bytes"] == 256 * 2**20
+    assert not directory.exists()
+    on, off = section["with_tiers"], section["without_tiers"]
+    assert on["ttft_p50_ms"] == r["ttft_ms"]["p50"]  # the top level is the run with the tiers
+    assert on["reuse"]["disk"] > 0 and off["reuse"]["disk"] == 0
+    assert section["gain"]["output_tok_s"] == on["output_tok_s"] / off["output_tok_s"]
+    assert set(r["kv_tiers"]["tiers"]) == {"host", "disk"}

@@ -24,9 +24,10 @@ def test_table_has_the_reference_gpus():
 def test_user_file_adds_a_gpu(tmp_path):
     path = tmp_path / "mine.json"
     row = {"memory_bytes": 24e9, "bandwidth": 1.0e12, "flops": {"bf16": 165e12}, "sms": 128}
-    path.write_text(json.dumps({"my-gpu": row}))
-    (gpu,) = load_file(path)
+    path.write_text(json.dumps({"my-gpu": row, "my-gpu-2": {**row, "host_bandwidth": 50e9}}))
+    gpu, linked = load_file(path)
     assert HARDWARE.get("my-gpu") is gpu and gpu.peak_flops("fp16") == 165e12
+    assert gpu.host_bandwidth is None and linked.host_bandwidth == 50e9  # KV host tier copies
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,7 @@ def test_user_file_adds_a_gpu(tmp_path):
         ({"bad": {"memory_bytes": 1e9, "flops": {"bf16": 1e12}}}, "lacks bandwidth"),
         ({"bad2": {"memory_bytes": 1e9, "bandwidth": -1, "flops": {}}}, "positive number"),
         ({"bad3": {"memory_bytes": 1e9, "bandwidth": 1, "flops": {}, "clock": 3}}, "unknown keys"),
+        ({"bad4": {"memory_bytes": 1, "bandwidth": 1, "flops": {}, "host_bandwidth": 0}}, "host_b"),
         ({"h200": {"memory_bytes": 1e9, "bandwidth": 1, "flops": {"bf16": 1}}}, "already defined"),
     ],
 )

@@ -43,7 +43,10 @@ truncated file or a malformed header makes `get` None; the file is deleted and c
 the index (the file stays). A tier of one directory and fingerprint per process: two would
 keep separate budgets.
 
-Not thread-safe: one owner (the engine's KV tiers) calls it.
+Threads: the engine thread puts, the KV tiers' background loader (tiers/loader.py) gets. The
+index, the eviction order and the counters change under one lock; a get reads and checks its
+file outside it (the slow part), so a put never waits for a read. A file evicted while it is
+being read is a miss; a read whose entry was replaced meanwhile leaves the new entry alone.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import math
 import os
 import secrets
 import struct
+import threading
 import time
 import warnings
 import zlib
@@ -171,6 +175,7 @@ def read_header(f) -> Header:
 
 class DiskTier:
     name = "disk"
+    in_memory = False  # a load is file I/O + a checksum: in the background (tiers/loader.py)
 
     def __init__(self, directory: str | Path, budget_bytes: int, fingerprint: str):
         if budget_bytes < 0:
@@ -190,6 +195,7 @@ class DiskTier:
         self._index: dict[bytes, _Entry] = {}
         self._order = LeafLRU()  # least recently used leaves first (leaf_lru.py)
         self._nbytes = 0
+        self._lock = threading.Lock()  # the index, the order, the counters (see Threads)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             probe = self.directory / f".probe-{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
@@ -222,6 +228,10 @@ class DiskTier:
             _check_key(parent, "parent")
         if parent == key:
             parent = None
+        with self._lock:
+            return self._put(key, parent, data)
+
+    def _put(self, key: bytes, parent: bytes | None, data: torch.Tensor) -> bool:
         if self.disabled:
             return False
         if key in self._index:
@@ -256,31 +266,47 @@ class DiskTier:
     def get(self, key: bytes) -> torch.Tensor | None:
         """The stored tensor (same dtype and shape), or None: absent, corrupt (the file is
         deleted), truncated, of another fingerprint, or unreadable."""
-        entry = self._index.get(key)
-        if entry is None:
-            self.stats["misses"] += 1
-            return None
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None:
+                self.stats["misses"] += 1
+                return None
         path = self._path(key)
-        try:
+        corrupt = False
+        try:  # outside the lock: the read and its checksum are the slow part
             header, payload = self._read(path, key, entry.parent)
         except CorruptFile:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            self.stats["corrupt"] += 1
+            corrupt, payload = True, None
+        except (OSError, ForeignFile):  # unreadable, gone (evicted meanwhile), or not ours
             payload = None
-        except (OSError, ForeignFile):  # unreadable, or not ours: left alone
-            payload = None
-        if payload is None:
-            self._drop(key)
-            self.stats["misses"] += 1
-            return None
-        self._order.touch(key)
-        self.stats["hits"] += 1
-        self.stats["bytes_read"] += header.header_len + header.payload_len
+        with self._lock:
+            current = self._index.get(key) is entry  # not evicted or replaced meanwhile
+            if payload is None:
+                if current:
+                    if corrupt:
+                        with contextlib.suppress(OSError):
+                            path.unlink()
+                    self._drop(key)
+                self.stats["corrupt"] += corrupt
+                self.stats["misses"] += 1
+                return None
+            if current:
+                self._order.touch(key)
+            self.stats["hits"] += 1
+            self.stats["bytes_read"] += header.header_len + header.payload_len
         if not payload:
             return torch.empty(header.shape, dtype=header.dtype)
         raw = torch.frombuffer(payload, dtype=torch.uint8)
         return raw.view(header.dtype).reshape(header.shape)
+
+    def discard(self, key: bytes) -> None:
+        """Forget `key` (its file removed): a one-time entry that was used (a swapped-out
+        sequence's partial block)."""
+        with self._lock:
+            if key in self._index:
+                with contextlib.suppress(FileNotFoundError):
+                    self._path(key).unlink()
+                self._drop(key)
 
     # --- files ------------------------------------------------------------------------------
 
@@ -325,7 +351,7 @@ class DiskTier:
                 f"KV disk tier {str(self.directory)!r}: a write failed ({reason}); no more "
                 "blocks are stored there (those it holds are still served)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def _scan(self) -> None:

@@ -10,46 +10,109 @@ moves between them and the pool (issue 23, items 1–2):
   recomputed instead).
 
 Load or recompute (`worth_loading`): a hit is loaded only when reading its blocks from the
-tier is expected to take less time than recomputing their tokens — the tier's measured read
-bandwidth (bytes / seconds of its `get`s so far; loaded while nothing is measured) against the
+tiers is expected to take less time than recomputing their tokens — each block at the read
+bandwidth measured for the tier holding it (bytes / seconds of its `get`s so far; loaded while
+a holder is not measured) against the
 engine's measured prefill cost per token (`recompute_seconds_per_token`, set by the engine from
 its step costs; None: not measured yet → load). Each decision is counted.
 
+Inline or in the background (`loads_inline`, issue 23 item 2): a load runs in the engine thread
+(`load_now`) only while it is expected to stall the running sequences' next step by at most
+INLINE_STEP_SHARE of a step — its blocks' bytes at the holding tiers' measured read bandwidth
+against the engine's measured decode step (`step_seconds`); before those are measured, only
+loads wholly from memory tiers (the host tier: a memcpy) run inline. Otherwise `load_async`
+hands the copies to the background loader (tiers/loader.py) and the sequence waits while the
+others step. Measured on the CPU this was built on (SmolLM2-135M, 16-token blocks of 737 KB,
+2 cores): a host-tier block loads in 0.23 ms, a disk-tier block in 0.84 ms (page cache: the
+read, its checksum, the copy), a decode step takes 30–130 ms; a background load delays its
+own sequence's admission to the next step. So a host hit of up to a few dozen blocks loads
+inline (a few ms: the running sequences barely notice, the sequence starts a step sooner); a
+longer host hit, or a disk hit of more than a handful of blocks (any, before the disk's
+bandwidth is measured), in the background.
+
+Preemption by swap (issue 23 item 3; the scheduler's rule, engine/tier_moves.py): `swap_out`
+copies a preempted sequence's blocks into the first tier (host memory) at once; `can_swap` /
+`worth_swapping` say whether swapping may / should be chosen (the cost rule on the host tier).
+
+Counted (`stats`): blocks saved / loaded, the load-or-recompute decisions, loads inline /
+in the background / failed / cancelled and their seconds (the background ones overlapped with
+engine steps), preemptions swapped / recomputed.
+
 Keys are the scheduler's prefix-cache keys (chained block hashes, kvcache/prefix.py); a key's
 parent is the previous block of its chain. A block's contents are one page of the cache
-(PagedKVCache.block_data: every layer of its cache group, K and V, in the storage dtype).
+(PagedKVCache.block_data: every layer of its cache group, K and V, in the storage dtype),
+encoded by the cache's offload format before the tiers get it (`codec`, compact.py: as stored,
+or FP8 codes with per-block scales) and decoded into the pool's dtype when it comes back. The
+encoding runs where the pool lives (on a GPU, fewer bytes cross to the host); the copies
+between the pool's device and the host tier are the cache's `copies` (copies.py: pinned
+memory on a side stream on a GPU, the compute stream waiting on events for what it reads).
+Recurrent-state checkpoints the store evicts (kvcache/state_checkpoints.py) are kept here too
+(`save_state` / `load_state`: flat byte tensors, each a chain of its own).
+Threads: the engine thread calls everything but `load` and the counters it updates, which the
+background loader calls too (the tiers and the counters are locked).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterable
 from typing import Protocol
 
 import torch
 
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.kvcache.tiers.compact import AS_STORED, AsStored, ScaledBlocks
+from infergen.kvcache.tiers.copies import HostCopies, host_copies
+from infergen.kvcache.tiers.loader import BackgroundLoader, LoadJob
+
+# an inline load may stall the running sequences' next step by this share of a step at most
+INLINE_STEP_SHARE = 0.1
 
 
 class KVTier(Protocol):
     name: str
     budget_bytes: int
     stats: dict[str, int]
+    in_memory: bool  # a load is a memcpy (inline until measured), not I/O
 
     def __contains__(self, key: bytes) -> bool: ...
     def put(self, key: bytes, parent: bytes | None, data: torch.Tensor) -> bool: ...
     def get(self, key: bytes) -> torch.Tensor | None: ...
+    def discard(self, key: bytes) -> None: ...
 
 
 class KVTiers:
-    def __init__(self, kv_cache: PagedKVCache, tiers: list[KVTier], write_through: bool = False):
+    def __init__(
+        self,
+        kv_cache: PagedKVCache,
+        tiers: list[KVTier],
+        write_through: bool = False,
+        codec: AsStored | ScaledBlocks = AS_STORED,  # how the tiers store a block (compact.py)
+        copies: HostCopies | None = None,  # None: the cache device's (shared with a host tier)
+    ):
         self.kv_cache = kv_cache
         self.tiers = tiers
         self.write_through = write_through  # save blocks as they are registered, too
+        page = kv_cache.block_data(0)  # a KV format the tiers cannot move: ConfigError
+        self._page = (page.shape, page.dtype)  # what a stored block decodes to
+        self.codec = codec
+        codec.check(kv_cache)
+        self.copies = copies if copies is not None else _shared_copies(kv_cache, tiers)
+        if any(getattr(tier, "copies", self.copies) is not self.copies for tier in tiers):
+            raise ValueError("a host tier must share its cache's KVTiers copies (one stream)")
+        self.block_bytes = codec.stored_bytes(*self._page)  # bytes a tier holds per block
         self.saved = self.loaded = 0  # blocks moved down / brought back
         self.states_saved = self.states_loaded = 0  # recurrent-state checkpoints, likewise
         self.decisions = {"load": 0, "recompute": 0}  # hits loaded vs recomputed (cost rule)
         self.recompute_seconds_per_token: float | None = None  # the engine's measured prefill
+        self.step_seconds: float | None = None  # the engine's measured decode step
+        self.loads = {"inline": 0, "background": 0, "failed": 0, "cancelled": 0}  # jobs
+        self.load_seconds = {"inline": 0.0, "background": 0.0}  # background: overlapped
+        self.preemptions = {"swap": 0, "recompute": 0}  # counted by the scheduler
         self._read = {tier.name: [0, 0.0] for tier in tiers}  # bytes, seconds of gets
+        self._lock = threading.Lock()  # the counters the background loader updates too
+        self._loader: BackgroundLoader | None = None  # started by the first background load
 
     def __contains__(self, key: bytes) -> bool:
         return any(key in tier for tier in self.tiers)
@@ -59,7 +122,7 @@ class KVTiers:
         the first tier that takes it (unless a tier holds it already: written through)."""
         if not self.tiers or key in self:
             return
-        data = self.kv_cache.block_data(block)
+        data = self._stored(block)
         if any(tier.put(key, parent, data) for tier in self.tiers):
             self.saved += 1
 
@@ -69,7 +132,7 @@ class KVTiers:
         missing = [tier for tier in self.tiers if key not in tier]
         if not missing:
             return
-        data = self.kv_cache.block_data(block)
+        data = self._stored(block)
         if sum(tier.put(key, parent, data) for tier in missing):
             self.saved += 1
 
@@ -80,11 +143,13 @@ class KVTiers:
                 start = time.perf_counter()
                 data = tier.get(key)
                 if data is not None:
-                    self.kv_cache.write_block(block, data)
-                    read = self._read[tier.name]
-                    read[0] += data.numel() * data.element_size()
-                    read[1] += time.perf_counter() - start
-                    self.loaded += 1
+                    page = self.codec.decode(self.copies.to_device(data), *self._page)
+                    self.kv_cache.write_block(block, page)
+                    with self._lock:
+                        read = self._read[tier.name]
+                        read[0] += data.numel() * data.element_size()
+                        read[1] += time.perf_counter() - start
+                        self.loaded += 1
                     return True
         return False
 
@@ -104,28 +169,123 @@ class KVTiers:
                     return data
         return None
 
-    def worth_loading(self, key: bytes, tokens: int) -> bool:
-        """Whether to load `key`'s chain from here on (`tokens` tokens in tiers) rather than
-        recompute it; the decision is counted."""
-        tier = next((t for t in self.tiers if key in t), None)
-        bytes_read, seconds = self._read[tier.name] if tier is not None else (0, 0.0)
+    def load_now(self, keys: list[bytes], blocks: list[int]) -> int:
+        """Load `keys` into `blocks` in this thread, up to the first one no tier serves; how
+        many were loaded."""
+        start, loaded = time.perf_counter(), 0
+        for key, block in zip(keys, blocks, strict=True):
+            if not self.load(key, block):
+                break
+            loaded += 1
+        self.loads["inline"] += 1
+        self.loads["failed"] += loaded < len(keys)
+        self.load_seconds["inline"] += time.perf_counter() - start
+        return loaded
+
+    def load_async(self, keys: list[bytes], blocks: list[int]) -> LoadJob:
+        """Load `keys` into `blocks` in the background (tiers/loader.py); the caller holds the
+        blocks until the job is done and then `settle`s it."""
+        if self._loader is None:
+            self._loader = BackgroundLoader(self.load, self.kv_cache.device)
+        return self._loader.submit(keys, blocks)
+
+    def settle(self, job: LoadJob) -> int:
+        """A finished background job counted; how many of its blocks were loaded (raises what
+        the loader raised)."""
+        job.result()
+        self.loads["background"] += 1
+        self.loads["failed"] += job.failed
+        self.loads["cancelled"] += job.cancelled and job.loaded < len(job.keys)
+        self.load_seconds["background"] += job.seconds
+        return job.loaded
+
+    @staticmethod
+    def wait_any(jobs: Iterable[LoadJob], timeout: float) -> bool:
+        """Block until one of the background `jobs` is done (at most `timeout` s)."""
+        return BackgroundLoader.wait_any(jobs, timeout)
+
+    def loads_inline(self, keys: list[bytes]) -> bool:
+        """Whether loading `keys` should run in the engine thread: expected to take at most
+        INLINE_STEP_SHARE of a decode step at the measured bandwidths; before measures, only
+        when every key is in a memory tier (the module's docstring has the numbers)."""
+        holders = [tier for key in keys if (tier := self._holder(key)) is not None]
+        bandwidths = [self.bandwidth(tier.name) for tier in holders]
+        if self.step_seconds is None or None in bandwidths:
+            return all(tier.in_memory for tier in holders)
+        seconds = sum(self.block_bytes / bandwidth for bandwidth in bandwidths)
+        return seconds <= INLINE_STEP_SHARE * self.step_seconds
+
+    def worth_loading(self, keys: list[bytes]) -> bool:
+        """Whether to load these blocks (a prefix hit's blocks found in the tiers) rather
+        than recompute their tokens: each block costs its bytes at the measured bandwidth of
+        the tier holding it (a chain may start in the host tier and go on on disk); loaded
+        while a holder's bandwidth or the prefill cost is not measured yet. Counted."""
+        holders = [self._holder(key) for key in keys]
+        load = None not in holders
         per_token = self.recompute_seconds_per_token
-        load = tier is not None
-        if load and per_token is not None and bytes_read and seconds > 0:
-            block_bytes = self.kv_cache.block_bytes
-            load_seconds = tokens / self.kv_cache.block_size * block_bytes * seconds / bytes_read
-            load = load_seconds < tokens * per_token
+        bandwidths = [self.bandwidth(tier.name) for tier in holders] if load else []
+        if load and per_token is not None and None not in bandwidths:
+            seconds = sum(self.block_bytes / bandwidth for bandwidth in bandwidths)
+            load = seconds < len(keys) * self.kv_cache.block_size * per_token
         self.decisions["load" if load else "recompute"] += 1
         return load
 
+    # ---- preemption by swap (engine/tier_moves.py) -------------------------------------------
+    @property
+    def can_swap(self) -> bool:
+        """A preempted sequence's blocks can go to a memory tier and come back as they were
+        (not with per-block key summaries: a restored partial block's would be lost)."""
+        return bool(self.tiers) and self.tiers[0].in_memory and not self.kv_cache.summaries
+
+    def worth_swapping(self, tokens: int) -> bool:
+        """The cost rule for a preempted sequence of `tokens` computed tokens: loading them
+        back from the host tier beats recomputing them."""
+        return self.can_swap and self._load_beats_recompute(self.tiers[0], tokens)
+
+    def swap_out(self, block: int, key: bytes, parent: bytes | None) -> bool:
+        """Copy pool block `block` into the first tier (host memory) under `key`, unless a
+        tier holds `key` already; whether a tier holds it now."""
+        if key in self:
+            return True
+        return self.tiers[0].put(key, parent, self._stored(block))
+
+    def discard(self, key: bytes) -> None:
+        """Drop `key` from every tier (a one-time entry that was used)."""
+        for tier in self.tiers:
+            tier.discard(key)
+
+    def _holder(self, key: bytes) -> KVTier | None:
+        return next((tier for tier in self.tiers if key in tier), None)
+
+    def _load_beats_recompute(self, tier: KVTier, tokens: int) -> bool:
+        """Reading `tokens` tokens' blocks from `tier` at its measured bandwidth takes less
+        time than recomputing them at the measured prefill cost (True until measured)."""
+        with self._lock:
+            bytes_read, seconds = self._read[tier.name]
+        per_token = self.recompute_seconds_per_token
+        if per_token is None or not bytes_read or seconds <= 0:
+            return True
+        blocks = tokens / self.kv_cache.block_size
+        load_seconds = blocks * self.block_bytes * seconds / bytes_read
+        return load_seconds < tokens * per_token
+
+    def _stored(self, block: int) -> torch.Tensor:
+        """What the tiers get for pool block `block`: its page (a view where the pool
+        lives: each tier copies what it keeps) encoded by the codec."""
+        return self.codec.encode(self.kv_cache.storage[:, :, block])
+
     def bandwidth(self, tier: str) -> float | None:
         """The tier's measured read bandwidth in bytes / s (None before any read)."""
-        bytes_read, seconds = self._read[tier]
+        with self._lock:
+            bytes_read, seconds = self._read[tier]
         return bytes_read / seconds if seconds > 0 else None
 
     def stats(self) -> dict:
         """Per tier: hits, misses, puts, evictions, bytes read / written, bytes held, read
-        GB/s; and the blocks saved / loaded and the load-or-recompute decisions."""
+        GB/s; the blocks saved / loaded, the load-or-recompute decisions, the loads (jobs)
+        inline / in the background / failed / cancelled and their seconds (`load_seconds`:
+        the background ones ran overlapped with engine steps), the preemptions swapped /
+        recomputed."""
         tiers = {}
         for tier in self.tiers:
             bandwidth = self.bandwidth(tier.name)
@@ -133,4 +293,12 @@ class KVTiers:
             tiers[tier.name] = dict(tier.stats, nbytes=tier.nbytes, read_gb_s=gb_s)
         return dict(tiers=tiers, saved=self.saved, loaded=self.loaded,
                     states_saved=self.states_saved, states_loaded=self.states_loaded,
-                    decisions=dict(self.decisions))  # fmt: skip
+                    decisions=dict(self.decisions), loads=dict(self.loads),
+                    load_seconds=dict(self.load_seconds),
+                    preemptions=dict(self.preemptions))  # fmt: skip
+
+
+def _shared_copies(kv_cache: PagedKVCache, tiers: list[KVTier]) -> HostCopies:
+    """A host tier's copies (one side stream for both directions), else the device's."""
+    shared = [tier.copies for tier in tiers if hasattr(tier, "copies")]
+    return shared[0] if shared else host_copies(kv_cache.device)

@@ -1,0 +1,256 @@
+"""The KV tiers below the pool (kvcache/tiers/, issue 23), simulated: the engine's own `KVTiers`
+over its own `HostTier`s (byte budgets, least recently used leaves first: `LeafLRU`; the host
+tier spilling into the disk tier), on a cache stand-in that holds no data — a block's contents
+are only their size. The simulator (perf/simulate.py) gives it to the engine's `Scheduler` as
+the engine does (`tiers=`, `BlockPool.on_evict` / `on_register`), so the same prefix keys,
+budgets, eviction order and load-or-recompute rule (`KVTiers.worth_loading`) decide what is
+loaded, what is recomputed and what falls out.
+
+Costs, in seconds of the engine thread, added to the step that pays them (the engine loads at
+admission, in `schedule`, and saves as the pool evicts or registers a block):
+- a load: the block's bytes / the tier's read bandwidth (these modeled seconds are also what
+  `worth_loading` measures the tier's bandwidth from);
+- a save: the block's bytes / the bandwidth of each tier it enters (a host tier's spill writes
+  the disk tier; write-through writes every tier);
+- a recompute: nothing here — the step computes those tokens, and the rule's prefill cost per
+  token is the engine's (engine/backlog.py `StepCost`, a moving average of the step costs, fed
+  the simulated steps: perf/simulate.py).
+Bandwidths, bytes/s per device (each device holds its share of a block, over its own link):
+- host: the flag (`infergen predict --host-bandwidth`), else the hardware row's
+  `host_bandwidth` (cpu-local: measured by `infergen perf calibrate`, a memory copy), else
+  DEFAULT_HOST_BANDWIDTH;
+- disk: the flag (`--disk-bandwidth`), else DEFAULT_DISK_BANDWIDTH, for reads and writes.
+Budgets are per device too (the engine's tiers serve one device).
+
+Not modeled: the disk tier's file headers (~100 bytes a block) and per-file costs (open,
+checksum, fsync), blocks a disk tier holds from an earlier run (a simulated tier starts
+empty), I/O faults, per-block Python overheads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from infergen.config.sections import CacheConfig
+from infergen.engine.request import Sequence
+from infergen.errors import ConfigError
+from infergen.kvcache.tiers.host import HostTier
+from infergen.kvcache.tiers.loader import LoadJob
+from infergen.kvcache.tiers.tiered import KVTiers
+from infergen.perf.hardware import Hardware
+
+# Assumed, not measured: about 40 % of a PCIe Gen5 x16 link's 64 GB/s per direction, what a
+# copy from pageable (not pinned) host memory reaches; the engine's host tier keeps plain CPU
+# tensors. A row's host_bandwidth (cpu-local: calibrated) or --host-bandwidth replaces it.
+DEFAULT_HOST_BANDWIDTH = 25e9
+# Assumed, not measured: a datacenter NVMe SSD reads 3-7 GB/s sequentially; one file per
+# block, checksummed, reaches less (bench_kv_tiers measured 1.1-1.5 GB/s on a shared VM's
+# disk). --disk-bandwidth replaces it.
+DEFAULT_DISK_BANDWIDTH = 2e9
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """The KV tiers of a deployment, per device: a host-memory budget (None: no host tier),
+    a disk budget (None: no disk tier), write-through, read/write bandwidths in bytes/s (None:
+    not chosen yet: `for_hardware` fills them) and where each bandwidth came from."""
+
+    memory_bytes: int | None = None
+    disk_bytes: int | None = None
+    write_through: bool = False
+    host_bandwidth: float | None = None
+    disk_bandwidth: float | None = None
+    sources: tuple[tuple[str, str], ...] = ()  # (tier, where its bandwidth came from)
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes is None and self.disk_bytes is None:
+            raise ConfigError(
+                "KV offload needs a tier",
+                where="--kv-offload-memory / --kv-offload-dir",
+                expected="a host-memory budget, a disk directory, or both",
+            )
+        for name, value in (("--kv-offload-memory", self.memory_bytes),
+                            ("--kv-offload-disk", self.disk_bytes)):  # fmt: skip
+            if value is not None and value < 0:
+                raise ConfigError("a tier budget must be >= 0 bytes", where=name, found=value)
+        for name, value in (("--host-bandwidth", self.host_bandwidth),
+                            ("--disk-bandwidth", self.disk_bandwidth)):  # fmt: skip
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ConfigError(
+                    "a bandwidth must be a positive number of bytes/s", where=name, found=value
+                )
+
+    @classmethod
+    def from_cache(
+        cls,
+        cache: CacheConfig,
+        host_bandwidth: float | None = None,
+        disk_bandwidth: float | None = None,
+    ) -> TierSpec | None:
+        """The tiers an engine of `cache` would build (engine/build.py `_tiers`: a disk tier
+        when it has a directory); None without any."""
+        if cache.offload_memory_bytes is None and cache.offload_dir is None:
+            return None
+        disk = cache.offload_disk_bytes if cache.offload_dir is not None else None
+        return cls(cache.offload_memory_bytes, disk, cache.offload_write_through,
+                   host_bandwidth, disk_bandwidth)  # fmt: skip
+
+    def for_hardware(self, hw: Hardware) -> TierSpec:
+        """Bandwidths chosen: the given ones, else the row's host copy rate, else defaults."""
+        if self.sources:
+            return self
+        host, host_from = self.host_bandwidth, "--host-bandwidth"
+        if host is None and hw.host_bandwidth is not None:
+            host, host_from = hw.host_bandwidth, f"hardware row {hw.name}"
+        if host is None:
+            host, host_from = DEFAULT_HOST_BANDWIDTH, "default (assumed)"
+        disk, disk_from = self.disk_bandwidth, "--disk-bandwidth"
+        if disk is None:
+            disk, disk_from = DEFAULT_DISK_BANDWIDTH, "default (assumed)"
+        return replace(self, host_bandwidth=host, disk_bandwidth=disk,
+                       sources=(("host", host_from), ("disk", disk_from)))  # fmt: skip
+
+    def as_dict(self) -> dict:
+        sources = dict(self.sources)
+        tiers = {}
+        if self.memory_bytes is not None:
+            tiers["host"] = {"budget_bytes": self.memory_bytes, "bandwidth": self.host_bandwidth,
+                             "bandwidth_from": sources.get("host")}  # fmt: skip
+        if self.disk_bytes is not None:
+            tiers["disk"] = {"budget_bytes": self.disk_bytes, "bandwidth": self.disk_bandwidth,
+                             "bandwidth_from": sources.get("disk")}  # fmt: skip
+        return {"tiers": tiers, "write_through": self.write_through}
+
+
+class _Contents:
+    """A block's contents as the simulated tiers keep them: a size and no data (what HostTier
+    and KVTiers ask of a tensor: numel, element_size, shape, dtype, detach, to)."""
+
+    __slots__ = ("nbytes",)
+    dtype = torch.uint8
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.nbytes,)
+
+    def numel(self) -> int:
+        return self.nbytes
+
+    def element_size(self) -> int:
+        return 1
+
+    def detach(self) -> _Contents:
+        return self
+
+    def to(self, *args, **kwargs) -> _Contents:
+        return self
+
+
+class _DatalessCache:
+    """What KVTiers asks of a PagedKVCache, without data: a block's bytes and tokens."""
+
+    device = torch.device("cpu")
+    summaries: list = []  # (no per-block key summaries: swaps are possible)
+
+    def __init__(self, block_bytes: int, block_size: int):
+        self.block_bytes, self.block_size = block_bytes, block_size
+        self._contents = _Contents(block_bytes)
+        self.storage = self  # KVTiers reads a page as storage[:, :, block]
+
+    def __getitem__(self, index) -> _Contents:
+        return self._contents
+
+    def block_data(self, block: int) -> _Contents:
+        return self._contents
+
+    def write_block(self, block: int, data: _Contents) -> None:
+        pass
+
+
+class _DiskTier(HostTier):
+    """The disk tier as the engine keeps it (DiskTier: a byte budget, least recently used
+    leaves deleted first, nothing below it), without files."""
+
+    name = "disk"
+    in_memory = False  # (a load is I/O: the engine's rule sends it to the background)
+
+
+class SimulatedTiers(KVTiers):
+    """`KVTiers` over data-less tiers of `spec` (bandwidths chosen: `TierSpec.for_hardware`)
+    for a pool of `block_bytes`-byte blocks. `admitting()`: the sequence the scheduler is
+    admitting (the head of its queue: `Scheduler.schedule` admits `waiting[0]`), whose loads
+    before its first admission are counted per tier in `first_loads` (a preempted sequence's
+    reloads are not). `take_seconds()`: the load and save seconds since the last call."""
+
+    def __init__(
+        self,
+        spec: TierSpec,
+        block_bytes: int,
+        block_size: int,
+        admitting: Callable[[], Sequence],
+    ):
+        if spec.host_bandwidth is None or spec.disk_bandwidth is None:
+            raise ValueError("choose the tiers' bandwidths first (TierSpec.for_hardware)")
+        disk = _DiskTier(spec.disk_bytes) if spec.disk_bytes is not None else None
+        tiers: list = []  # as engine/build.py `_tiers`: host (spilling to disk), then disk
+        if spec.memory_bytes is not None:
+            tiers.append(HostTier(spec.memory_bytes, disk.put if disk is not None else None))
+        if disk is not None:
+            tiers.append(disk)
+        super().__init__(_DatalessCache(block_bytes, block_size), tiers, spec.write_through)
+        self.seconds_per_byte = {"host": 1 / spec.host_bandwidth, "disk": 1 / spec.disk_bandwidth}
+        self.admitting = admitting
+        self.first_loads: dict[Sequence, dict[str, int]] = {}
+        self._pending = 0.0
+        self._written = {tier.name: 0 for tier in tiers}
+
+    def load(self, key: bytes, block: int) -> bool:
+        """KVTiers.load, timed by the model instead of the clock."""
+        for tier in self.tiers:
+            if key in tier:
+                data = tier.get(key)
+                if data is not None:
+                    nbytes = data.numel() * data.element_size()
+                    seconds = nbytes * self.seconds_per_byte[tier.name]
+                    read = self._read[tier.name]
+                    read[0] += nbytes
+                    read[1] += seconds
+                    self.loaded += 1
+                    self._pending += seconds
+                    seq = self.admitting()
+                    if seq.num_cached_prompt_tokens is None:
+                        counts = self.first_loads.setdefault(seq, {})
+                        counts[tier.name] = counts.get(tier.name, 0) + 1
+                    return True
+        return False
+
+    def load_async(self, keys: list[bytes], blocks: list[int]) -> LoadJob:
+        """A background load (the engine's rule, `loads_inline`, chose it): done by the next
+        schedule(), as the engine's loader is when its copies take less than a step (a disk
+        block: under a millisecond here); its seconds overlap the steps (not added to one)."""
+        pending = self._pending
+        job = LoadJob(list(keys), list(blocks))
+        for key, block in zip(keys, blocks, strict=True):
+            if not self.load(key, block):
+                job.failed = True
+                break
+            job.loaded += 1
+        job.seconds, self._pending = self._pending - pending, pending
+        job.future.set_result(None)
+        return job
+
+    def take_seconds(self) -> float:
+        """Seconds of the loads and saves since the last call."""
+        seconds, self._pending = self._pending, 0.0
+        for tier in self.tiers:
+            written = tier.stats["bytes_written"]
+            seconds += (written - self._written[tier.name]) * self.seconds_per_byte[tier.name]
+            self._written[tier.name] = written
+        return seconds
