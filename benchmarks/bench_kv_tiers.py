@@ -1,39 +1,52 @@
 """What the KV tiers below the paged pool (issue 23) buy on agentic conversations, in process.
 
-Default model (SmolLM2-135M) on the CPU, fp32, 2 threads; the engine's own step loop, one fresh
-engine per configuration (warmed up with an unrelated prompt before timing). Workload:
-`sessions` sessions of `turns` turns; every session starts with the same system prompt
-(`system` tokens) plus a "tool output" (`tool` tokens); each later turn resends the whole
-conversation + the model's answer (`answer` tokens, greedy, EOS ignored) + a new tool output.
-All token windows are cut from data/ text (token ids, the engine's tokenizer). Sessions
-interleave: every session's turn k is submitted at once (continuous batching), then turn k+1.
-The pool holds `pool_share` (25 %) of the working set (the sum of every session's final
-context, in blocks of 16), at least the longest request + 1 block.
+Workload (benchmarks/kv_tiers_workload.py): the shape of `infergen bench serve --workload
+agentic` — sessions resending their whole conversation every turn, a closed loop of
+`concurrency` turns in flight — plus the tool time between a session's turns that bench serve
+leaves out: 8 sessions of 8 turns (a shared 200-token system prompt, each turn adding a
+100-token tool output, 16-token greedy answers), 2 turns in flight, a session with its answer
+queueing behind the waiting ones for its next turn. The pool holds 25 % of the working set:
+about the two sessions in flight; the six waiting ones' contexts live in the tiers (or are
+recomputed without them).
 
-Configurations (each its own engine, in this order per round):
+Every model row (`--models`, benchmarks/kv_tiers_models.py: the default model, Gemma-3-270M
+with its sliding windows, a random-weights Falcon-H1 hybrid) on the CPU, fp32, 2 threads, the
+engine's own step loop, one fresh engine per configuration (warmed up with an unrelated prompt):
   no tiers      recompute what the pool evicted (the peer of every ratio);
   host          kv_offload_memory = twice the working set (nothing leaves it);
   host + disk   a host tier of `pool_share` of the working set spilling to a disk tier in a
                 temporary directory, kv_offload_write_through=True (whole prefixes go down
-                as they are computed, so that they can outlive a restart);
+                as they are computed, so that they outlive a restart);
   restart       a fresh engine of host + disk's options on the same directory after its run:
                 every session resumes (its next turn: the whole conversation + a new tool
-                output), against a cold engine (no tiers) given the same requests.
+                output, through the same closed loop), against a cold engine (no tiers) given
+                the same requests.
 Metrics per configuration: p50 TTFT from the second turn on (submission to the step that
-returns the request's first token), throughput (answer tokens / wall time of all turns), the
-share of reusable prompt tokens served from cache (num_cached_prompt_tokens / the full blocks
-an earlier turn of the session computed: its prompt + answer) and the share loaded from a tier
-(blocks loaded x block size / the same), KVTiers.stats(). Greedy answers must be equal across
-configurations (checked; the run fails after writing its lines if they differ).
-Control "random prompts (no reuse)": as many requests of unrelated prompts, no tiers vs host
-tier, alternated twice on the same two engines (fresh prompts each time), best of each.
-Output: JSON lines to --out (result, ratio vs "no tiers", target lines of issue 23); a table.
-A benchmark: it reports what it measures; the targets are reported, not asserted.
+returns the request's first token) and where it went (scheduling — tier loads and write-back
+copies —, forward, the rest of the steps, outside them); throughput (answer tokens / wall time
+of all turns); of the reusable prompt tokens (full blocks of the session's previous prompt +
+answer), the share served from the cache hierarchy (pool or tier: not recomputed) and the share
+loaded from a tier (blocks loaded / blocks the reused prefixes need over the cache groups);
+KVTiers.stats(). Greedy answers must be equal across configurations (checked; the run fails
+after writing its lines if they differ).
+Control "random prompts (no reuse)": `control_requests` unrelated prompts through the same
+closed loop, no tiers vs host tier on the conversations' engines, alternated `control_rounds`
+times (the order flipped every round): median, spread and best of each, with the blocks the
+host tier was written (write-back of blocks never reused) and the engine's seconds per phase.
+The Falcon-H1 row's full run halves every length (kv_tiers_models.py). Takes about 5 minutes
+for the default model's row on 2 quiet cores.
+Peer (default model only; skipped with the reason when its binary is absent): llama.cpp's
+llama-server (benchmarks/kv_tiers_llama.py) on the same trace with its prompt cache.
+Predicted vs measured TTFT gain: a line only when `predicted_gain` has a prediction.
+Output: JSON lines to --out (results, ratios vs "no tiers" and vs llama-server, issue 23's
+target lines); a table per model. A benchmark: it reports what it measures; the targets are
+reported, not asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import math
@@ -42,7 +55,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -51,217 +64,225 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
 from bench_generate import git_state, machine_info  # noqa: E402
 from cpu_contention import OtherCpu  # noqa: E402
-from kv_tiers_lines import (  # noqa: E402
+from kv_tiers_lines import COLD, DISK, HOST, NONE, RESTART, build_lines, print_table  # noqa: E402
+from kv_tiers_models import ROWS, ModelRow  # noqa: E402
+from kv_tiers_prediction import predicted_ttft_gain  # noqa: E402
+from kv_tiers_workload import (  # noqa: E402
     BLOCK,
-    COLD,
-    DISK,
-    HOST,
-    NONE,
-    RESTART,
-    build_lines,
-    print_table,  # noqa: E402
+    FULL,
+    QUICK,
+    WARMUP,
+    Conversations,
+    Corpus,
+    Sizes,
+    Unrelated,
+    make_workload,
+    run_closed_loop,
+    working_set_blocks,
 )
-from kv_tiers_prediction import print_prediction  # noqa: E402  (the perf model's prediction)
 from results_file import write_lines  # noqa: E402
 
-
-@dataclass(frozen=True)
-class Sizes:
-    sessions: int = 6
-    turns: int = 8
-    system: int = 200
-    tool: int = 100
-    answer: int = 16
-    random_prompt: int = 200  # control: prompt tokens of each unrelated request
-    pool_share: float = 0.25
+CHUNK = 512  # the engine's max_num_batched_tokens (its default)
 
 
-WARMUP = list(range(1000, 1040))  # unrelated token ids: every engine's first request
-FULL = Sizes()
-QUICK = Sizes(sessions=2, turns=3, system=48, tool=24, answer=4, random_prompt=48)
+def predicted_gain(sizes: Sizes, model: str | None, options: dict) -> float | None:
+    """The performance model's predicted p50 TTFT gain (no tiers / host + disk, from the
+    second turn) on this workload: `model` the row's model (None: the default one), `options`
+    host + disk's engine options. The perf model's `predicted_tier_gain` (infergen/perf/
+    offload.py, through kv_tiers_prediction.py) simulates the lockstep shape (`--lockstep`);
+    the closed loop with tool time (a session re-queued behind the waiting ones) is not one of
+    its simulator's loops, so there it is None. A "predicted vs measured" line is written only
+    when this returns a value."""
+    if not sizes.lockstep:
+        return None
+    return predicted_ttft_gain(sizes, model, options)
 
 
-class Corpus:
-    """Distinct token windows of data/ (never reused: every cut starts past the last one)."""
-
-    def __init__(self, engine):
-        self.tokens: list[int] = []
-        for name in ("python_docs.txt", "shakespeare.txt"):
-            self.tokens += engine.encode((ROOT / "data" / name).read_text())
-        self.at = 0
-
-    def take(self, length: int) -> list[int]:
-        if self.at + length > len(self.tokens):
-            raise SystemExit(f"data/ text too short for another {length}-token window")
-        window = self.tokens[self.at : self.at + length]
-        self.at += length + 7
-        return window
-
-
-def make_workload(corpus: Corpus, sizes: Sizes) -> dict:
-    """The system prompt, every session's tool outputs (turns + 1: the last one resumes after
-    the restart), the control's prompts (two sets) and the warm-up prompt."""
-    return {
-        "system": corpus.take(sizes.system),
-        "tools": [
-            [corpus.take(sizes.tool) for _ in range(sizes.turns + 1)] for _ in range(sizes.sessions)
-        ],  # fmt: skip
-        "random": [
-            [corpus.take(sizes.random_prompt) for _ in range(sizes.sessions * sizes.turns)]
-            for _ in range(4)
-        ],  # fmt: skip
-        "warmup": WARMUP,
-    }
-
-
-def working_set_blocks(sizes: Sizes) -> tuple[int, int]:
-    """(blocks of every session's final context summed, blocks of the longest request)."""
-    final = sizes.system + sizes.turns * sizes.tool + (sizes.turns - 1) * sizes.answer
-    final_with_answer = final + sizes.answer
-    resume = final_with_answer + sizes.tool + sizes.answer  # the request after the restart
-    return sizes.sessions * math.ceil(final_with_answer / BLOCK), math.ceil(resume / BLOCK)
-
-
-def build(sizes: Sizes, config: str, directory: pathlib.Path, warmup: list[int], block_bytes: int):
-    """A fresh engine of `config` (`block_bytes`: a KV block's bytes, to size the host tier),
-    warmed up with an unrelated prompt; and its options."""
-    from infergen import LLM, SamplingParams
-
-    working, longest = working_set_blocks(sizes)
-    blocks = max(math.ceil(sizes.pool_share * working), longest + 1)
-    options: dict = dict(num_kv_blocks=blocks, block_size=BLOCK, num_threads=2)
-    if config not in (NONE, COLD):
-        if config == HOST:
-            options["kv_offload_memory"] = 2 * working * block_bytes
-        else:  # host + disk, and its restart
-            options["kv_offload_memory"] = math.ceil(sizes.pool_share * working) * block_bytes
-            options["kv_offload_dir"] = str(directory)
-            options["kv_offload_write_through"] = True
-    llm = LLM(model=None, **options)
-    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
-    llm.generate([warmup], params)
-    return llm, {k: v for k, v in options.items() if k != "kv_offload_dir"}
-
-
-def _greedy(sizes: Sizes):
+def _params(sizes: Sizes):
     from infergen import SamplingParams
 
     return SamplingParams(max_tokens=sizes.answer, temperature=0, ignore_eos=True)
 
 
-def run_batch(engine, prompts: list[list[int]], params) -> list[dict]:
-    """Submit `prompts` together, step until done; per request its TTFT, answer and cache."""
-    starts, ids = [], []
-    for prompt in prompts:
-        starts.append(time.perf_counter())
-        ids.append(engine.add_request(prompt, params))
-    first: dict[str, float] = {}
-    while engine.has_unfinished():
-        deltas = engine.step()
-        now = time.perf_counter()
-        for d in deltas:
-            if d.token_ids and d.request_id not in first:
-                first[d.request_id] = now
-    out = []
-    for rid, start, prompt in zip(ids, starts, prompts, strict=True):
-        result = engine.output(rid)
-        out.append({
-            "ttft_s": first[rid] - start,
-            "answer": list(result.token_ids),
-            "prompt_tokens": len(prompt),
-            "cached": result.num_cached_prompt_tokens,
-        })  # fmt: skip
-        engine.release(rid)
-    return out
+class Model:
+    """One row's model: its argument to LLM, config, cache groups, corpus and pool sizes."""
+
+    def __init__(self, row: ModelRow, sizes: Sizes, directory: pathlib.Path):
+        from infergen.io.checkpoint import load_checkpoint
+        from infergen.io.default_model import default_model_path
+        from infergen.kvcache.groups import cache_groups, sequence_blocks
+
+        self.row, self.sizes = row, sizes
+        self.model = row.model(directory)
+        checkpoint = load_checkpoint(self.model, load_weights=False)
+        self.config = checkpoint.config
+        self.name = pathlib.Path(self.model or default_model_path()).name
+        groups = cache_groups(self.config)
+        self.working, self.longest = working_set_blocks(
+            sizes, lambda tokens: sequence_blocks(groups, tokens, CHUNK, BLOCK)
+        )
+        self.pool = max(math.ceil(sizes.pool_share * self.working), self.longest + 1)
+        if row.own_tokenizer:
+            self.corpus = Corpus.of(checkpoint.tokenizer.encode)
+        else:
+            default = load_checkpoint(None, load_weights=False).tokenizer
+            self.corpus = Corpus.of(default.encode, self.config.vocab_size)
+        self.block_bytes = 0  # one pool block's bytes (set from the first engine)
+
+    def options(self, config: str, directory: pathlib.Path) -> dict:
+        options: dict = dict(num_kv_blocks=self.pool, block_size=BLOCK, num_threads=2)
+        if config == HOST:
+            options["kv_offload_memory"] = 2 * self.working * self.block_bytes
+        elif config in (DISK, RESTART):  # host + disk, and its restart
+            options["kv_offload_memory"] = math.ceil(
+                self.sizes.pool_share * self.working * self.block_bytes
+            )
+            options["kv_offload_dir"] = str(directory)
+            options["kv_offload_write_through"] = True
+        return options
+
+    def build(self, config: str, directory: pathlib.Path):
+        """A fresh engine of `config`, warmed up with an unrelated prompt; and its options
+        (without the directory)."""
+        from infergen import LLM, SamplingParams
+
+        options = self.options(config, directory)
+        llm = LLM(model=self.model, **options)
+        self.block_bytes = self.block_bytes or llm.engine.kv_cache.block_bytes
+        warmup = [t % self.config.vocab_size for t in WARMUP]
+        llm.generate([warmup], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+        return llm, {k: v for k, v in options.items() if k != "kv_offload_dir"}
 
 
-def run_conversations(engine, work: dict, sizes: Sizes) -> dict:
-    """Every session's turns, interleaved; the conversations after the last turn (to resume)."""
-    params = _greedy(sizes)
-    conv = [work["system"] + tools[0] for tools in work["tools"]]
-    computed = [0] * sizes.sessions  # tokens whose KV an earlier turn of the session computed
-    turns: list[list[dict]] = []
+def run_conversations(llm, work: dict, sizes: Sizes) -> dict:
+    """Every session's turns through the closed loop; the conversations to resume after."""
+    sessions = Conversations(work, sizes)
     start = time.perf_counter()
     with OtherCpu() as other:
-        for k in range(sizes.turns):
-            results = run_batch(engine, conv, params)
-            for s, r in enumerate(results):
-                full = min(computed[s], len(conv[s]) - 1) // BLOCK * BLOCK
-                r["reusable"] = full if k else 0
-                computed[s] = len(conv[s]) + len(r["answer"]) - 1
-                conv[s] = conv[s] + r["answer"] + work["tools"][s][k + 1]
-            turns.append(results)
+        requests, engine = run_closed_loop(
+            llm.engine, sessions, sizes.concurrency, _params(sizes), sizes.lockstep
+        )
     seconds = time.perf_counter() - start
-    tiers = engine.kv_tiers
+    return _run(llm, requests, engine, seconds, other.cores, sessions.state())
+
+
+def _run(llm, requests: list[dict], engine: dict, seconds: float, other, resume=None) -> dict:
+    tiers = llm.engine.kv_tiers
     return {
-        "turns": turns,
+        "requests": sorted(requests, key=lambda r: (r["turn"], r["session"])),
+        "engine_seconds": engine,
         "seconds": seconds,
-        "other_cpu_cores": other.cores,
-        "resume": conv,
+        "other_cpu_cores": other,
+        "resume": resume,
+        "preemptions": llm.engine.scheduler.num_preemptions,
         "stats": tiers.stats() if tiers is not None else None,
     }
 
 
+def run_resume(llm, work: dict, sizes: Sizes, resume: dict) -> dict:
+    """Every session's next turn after the restart, through the same closed loop."""
+    sessions = Conversations(work, sizes, turns=sizes.turns + 1, resume=resume)
+    start = time.perf_counter()
+    with OtherCpu() as other:
+        requests, engine = run_closed_loop(
+            llm.engine, sessions, sizes.concurrency, _params(sizes), sizes.lockstep
+        )
+    return _run(llm, requests, engine, time.perf_counter() - start, other.cores)
+
+
 def run_control(sizes: Sizes, work: dict, engines: dict) -> dict:
-    """Unrelated prompts in groups of `sessions`: no tiers vs host (the conversations'
-    engines: no prompt here shares a block with them), alternated twice."""
-    params = _greedy(sizes)
-    best: dict[str, dict] = {}
-    for rep in range(2):
-        for i, (config, llm) in enumerate(engines.items()):
-            prompts = work["random"][2 * rep + i]
+    """Unrelated prompts through the closed loop: no tiers vs host (the conversations'
+    engines: no prompt here shares a block with them), alternated, the order flipped every
+    round. Per configuration every round's throughput and its engine seconds."""
+    params, runs = _params(sizes), {config: [] for config in engines}
+    order = list(engines)
+    for rnd in range(sizes.control_rounds):
+        for config in order if rnd % 2 == 0 else order[::-1]:
+            llm = engines[config]
+            prompts = work["random"][rnd]
+            saved = llm.engine.kv_tiers.saved if llm.engine.kv_tiers is not None else 0
             start = time.perf_counter()
             with OtherCpu() as other:
-                answers = 0
-                for g in range(0, len(prompts), sizes.sessions):
-                    group = run_batch(llm.engine, prompts[g : g + sizes.sessions], params)
-                    answers += sum(len(r["answer"]) for r in group)
-            rate = answers / (time.perf_counter() - start)
-            if rate > best.get(config, {}).get("value", 0):
-                best[config] = {"value": rate, "other_cpu_cores": other.cores}
-    stats = engines[HOST].engine.kv_tiers.stats()
-    return {"throughput": best, "host_stats": stats}
+                requests, engine = run_closed_loop(llm.engine, Unrelated(prompts),
+                                                   sizes.concurrency, params)  # fmt: skip
+            seconds = time.perf_counter() - start
+            tiers = llm.engine.kv_tiers
+            runs[config].append({
+                "value": sum(len(r["answer"]) for r in requests) / seconds,
+                "seconds": seconds, "other_cpu_cores": other.cores,
+                "saved_blocks": (tiers.saved - saved) if tiers is not None else 0,
+                **engine,
+            })  # fmt: skip
+    return runs
 
 
-def run_round(sizes: Sizes, work: dict, block_bytes: int, first=None) -> dict:
-    """Every configuration once, in order, each on a fresh engine (and a fresh directory);
-    `first`: an engine without tiers to use (fresh, warmed up) instead of building one."""
+def run_round(model: Model, work: dict, first) -> dict:
+    """Every configuration once, each on a fresh engine (and a fresh directory); `first`: the
+    warmed-up engine without tiers (and its options) to use for no tiers."""
     found: dict = {}
     kept: dict = {}  # no tiers and host: the control's engines afterwards
+    sizes = model.sizes
     with tempfile.TemporaryDirectory(prefix="bench_kv_tiers_") as tmp:
         directory = pathlib.Path(tmp) / "kv"
         for config in (NONE, HOST, DISK):
             started = time.perf_counter()
-            if config == NONE and first is not None:
-                llm, options = first
-            else:
-                llm, options = build(sizes, config, directory, work["warmup"], block_bytes)
-            found[config] = run_conversations(llm.engine, work, sizes)
+            llm, options = first if config == NONE and first else model.build(config, directory)
+            found[config] = run_conversations(llm, work, sizes)
             found[config]["options"] = options
-            print(f"[{config}] {time.perf_counter() - started:.0f} s", flush=True)
+            print(f"[{model.row.name}: {config}] {time.perf_counter() - started:.0f} s", flush=True)
             if config in (NONE, HOST):
                 kept[config] = llm
             del llm
             gc.collect()
-        resume = found[DISK]["resume"]
         for config in (RESTART, COLD):
-            llm, options = build(sizes, config, directory, work["warmup"], block_bytes)
-            with OtherCpu() as other:
-                results = run_batch(llm.engine, resume, _greedy(sizes))
-            tiers = llm.engine.kv_tiers
-            found[config] = {
-                "results": results,
-                "other_cpu_cores": other.cores,
-                "stats": tiers.stats() if tiers is not None else None,
-                "options": options,
-            }
-            print(f"[{config}] first turn after the restart done", flush=True)
+            llm, options = model.build(config, directory)
+            found[config] = run_resume(llm, work, sizes, found[DISK]["resume"])
+            found[config]["options"] = options
+            print(f"[{model.row.name}: {config}] first turn after the restart done", flush=True)
             del llm
             gc.collect()
         found["control"] = run_control(sizes, work, kept)
-        print("[control] done", flush=True)
+        found["control_stats"] = kept[HOST].engine.kv_tiers.stats()
+        print(f"[{model.row.name}: control] done", flush=True)
+        del kept
+        gc.collect()
         shutil.rmtree(directory, ignore_errors=True)
     return found
+
+
+def run_model(row: ModelRow, sizes: Sizes, rounds: int, peer: bool, base: dict) -> list[dict]:
+    """One model row: its rounds, the peer, its lines (printed as a table)."""
+    with tempfile.TemporaryDirectory(prefix="bench_kv_tiers_model_") as tmp:
+        try:
+            model = Model(row, sizes, pathlib.Path(tmp))
+        except Exception as error:  # noqa: BLE001 - a row this machine cannot build
+            reason = f"{type(error).__name__}: {error}"
+            print(f"[{row.name}] skipped: {reason}", flush=True)
+            return [{**base, "kind": "skipped", "metric": f"kv_tiers [{row.name}]",
+                     "engine": "infergen", "reason": reason}]  # fmt: skip
+        first = model.build(NONE, pathlib.Path())
+        work = make_workload(model.corpus, sizes)
+        found = []
+        for r in range(1, rounds + 1):
+            print(f"== {row.name}: round {r} of {rounds}", flush=True)
+            found.append(run_round(model, work, first if r == 1 else None))
+            first = None
+            gc.collect()
+        llama = None
+        if peer and row.peer:
+            from kv_tiers_llama import run_llama_server
+
+            llama = run_llama_server(model.model, work, sizes)
+        options = found[-1][DISK]["options"]
+        row_base = {**base, "model": model.name, "row": row.name,
+                    "working_set_blocks": model.working, "pool_blocks": model.pool,
+                    "block_bytes": model.block_bytes}  # fmt: skip
+        predicted = predicted_gain(sizes, model.model, options)
+        lines, bad = build_lines(found, row_base, llama, predicted)
+    print_table(lines)
+    if bad:
+        print(f"[{row.name}] greedy answers differ across configurations: {bad}", flush=True)
+    return lines
 
 
 def main() -> None:
@@ -269,6 +290,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {asdict(QUICK)}")
+    parser.add_argument("--models", nargs="+", choices=list(ROWS), default=list(ROWS),
+                        help="model rows (default: all)")  # fmt: skip
+    parser.add_argument("--no-peer", action="store_true", help="skip the llama-server peer")
+    parser.add_argument("--lockstep", action="store_true", help="every session's turn k "
+                        "submitted together once turn k-1 has finished, all sessions in flight "
+                        "(the previous shape; the perf model predicts it)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every configuration, "
                         "in turn; each metric the best round's (default 1)")  # fmt: skip
     parser.add_argument(
@@ -279,37 +306,26 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
-    git = git_state()
-    from infergen.io.default_model import default_model_path
-
-    first = build(sizes, NONE, pathlib.Path(), WARMUP, 0)  # no tiers: its tokenizer, its block
-    work = make_workload(Corpus(first[0].engine), sizes)
-    block_bytes = first[0].engine.kv_cache.block_bytes
-    rounds = []
-    for r in range(1, args.rounds + 1):
-        print(f"== round {r} of {args.rounds}", flush=True)
-        rounds.append(run_round(sizes, work, block_bytes, first if r == 1 else None))
-        first = None
-        gc.collect()
-    working, longest = working_set_blocks(sizes)
+    if args.lockstep:
+        sizes = dataclasses.replace(sizes, lockstep=True, concurrency=sizes.sessions)
     base = {
         "bench": "kv_tiers",
         "quick": args.quick,
-        "model": default_model_path().name,
         "dtype": "fp32",
-        "sizes": asdict(sizes),
-        "working_set_blocks": working,
-        "block_bytes": block_bytes,
-        "git": git,
+        "git": git_state(),
         "machine": machine_info(2),
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    lines, mismatches = build_lines(rounds, base)
+    lines: list[dict] = []
+    for name in args.models:
+        row = ROWS[name]
+        row_sizes = sizes if args.quick else dataclasses.replace(sizes, **row.full)
+        lines += run_model(row, row_sizes, args.rounds, not args.no_peer,
+                           {**base, "sizes": asdict(row_sizes)})  # fmt: skip
     write_lines(args.out, lines)
-    print_table(lines)
-    print_prediction(lines, sizes)  # predicted vs measured gains (kv_tiers_prediction.py)
-    if mismatches:
-        raise SystemExit(f"greedy answers differ across configurations: {mismatches}")
+    bad = [m for ln in lines if ln["kind"] == "agreement" for m in ln["mismatches"]]
+    if bad:
+        raise SystemExit(f"greedy answers differ across configurations: {bad}")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,39 @@ def server(cmd: list[str], port: int, name: str, log: pathlib.Path):
                 proc.kill()
 
 
+def llama_server_cmd(
+    gguf: pathlib.Path, port: int, slots: int, ctx: int, threads: int, extra: tuple = ()
+) -> list[str]:
+    """llama-server on `gguf` with `slots` slots of `ctx` tokens each (non-unified KV), an F32
+    KV cache (infergen's precision; llama.cpp's default is F16), `threads` threads for decode
+    and prompt batches, continuous batching; `extra`: more flags."""
+    return [
+        str(LLAMA_SERVER),
+        "--model",
+        str(gguf),
+        "--threads",
+        str(threads),
+        "--threads-batch",
+        str(threads),
+        # one slot per concurrent client, batched continuously; --ctx-size is split evenly
+        # between the slots (no unified KV cache when --parallel is given)
+        "--parallel",
+        str(slots),
+        "--cont-batching",
+        "--ctx-size",
+        str(slots * ctx),
+        "--cache-type-k",
+        "f32",
+        "--cache-type-v",
+        "f32",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
+
+
 def slot_context(requests, count_tokens, max_context: int) -> int:
     """Per-slot context for llama-server: the longest request of the workload (an agentic
     session's last turn: its prompt, the earlier answers and user turns, and its own answer),
@@ -151,31 +184,7 @@ def main() -> None:
             "--kv-cache-memory",
             "1GiB",
         ],
-        PEER: lambda port, slots, ctx: [
-            str(LLAMA_SERVER),
-            "--model",
-            str(llama_gguf),
-            "--threads",
-            str(args.threads),
-            "--threads-batch",
-            str(args.threads),
-            # one slot per concurrent client, batched continuously; --ctx-size is split
-            # evenly between the slots (no unified KV cache when --parallel is given)
-            "--parallel",
-            str(slots),
-            "--cont-batching",
-            "--ctx-size",
-            str(slots * ctx),
-            # the KV cache at infergen's precision (llama.cpp's default is F16)
-            "--cache-type-k",
-            "f32",
-            "--cache-type-v",
-            "f32",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
+        PEER: lambda port, slots, ctx: llama_server_cmd(llama_gguf, port, slots, ctx, args.threads),
     }
     jobs = []  # (workload, concurrency, requests): the same requests for both servers
     for w, workload in enumerate(args.workloads):
@@ -213,7 +222,7 @@ def main() -> None:
         "quick": False,
         "git": git_state(),
         "machine": machine_info(args.threads),
-        "peer_versions": {PEER: _llama_server_version()},
+        "peer_versions": {PEER: llama_server_version()},
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     lines = []
@@ -305,7 +314,7 @@ def main() -> None:
     write_lines(args.out, lines)
 
 
-def _llama_server_version() -> str:
+def llama_server_version() -> str:
     """E.g. "b11312 (llama.cpp 0c1e57098, llama-cpp-python 0.3.36 sources)": llama-server's
     build number and commit (`--version`), and the sdist setup_peers.sh built it from."""
     out = subprocess.run([str(LLAMA_SERVER), "--version"], capture_output=True, text=True)

@@ -1,71 +1,98 @@
-"""JSON lines of bench_kv_tiers.py: per-configuration results, ratios against the configuration
-without tiers (a cold engine for the restart), the tiers' stats, the greedy-agreement check and
-issue 23's targets; plus the table printed to stdout.
+"""JSON lines of bench_kv_tiers.py for one model row: per-configuration results, ratios against
+the configuration without tiers (a cold engine for the restart) and against llama-server, where
+TTFT went, the tiers' stats, the greedy-agreement check and issue 23's targets; plus the table
+printed to stdout.
 
-Every configuration is infergen: result lines carry engine "infergen", the configuration in
-`config` and in the metric's name (`ttft_p50_s_turn2on [host + disk]`), so report.py's main
-table finds each ratio's unit. Over rounds: the lowest TTFT, the highest throughput; shares and
-tier stats from the last round (the same workload: they barely move).
+Result lines carry the engine ("infergen", or "llama-server" for the peer), the configuration in
+`config` and both in the metric's name (`smollm2-135m: ttft_p50_s_turn2on [host + disk]`), so
+report.py's main table finds each ratio's unit. Over rounds: the lowest TTFT, the highest
+throughput; shares, breakdowns and tier stats from the last round (the same workload: they
+barely move). The random-prompt control: the median of its alternations (spread and best
+beside it).
 """
 
 from __future__ import annotations
 
 import statistics
 
-BLOCK = 16  # tokens per KV block (the engine's default)
 NONE, HOST, DISK, RESTART, COLD = "no tiers", "host", "host + disk", "restart", "cold start"
+PEER = "llama-server"
 
 UNITS = {
     "ttft_p50_s_turn2on": "s",
     "throughput_tok_s": "tok/s",
-    "reused_share": "fraction",
+    "cache_served_share": "fraction",
     "tier_loaded_share": "fraction",
     "ttft_p50_s_first_turn": "s",
     "throughput_tok_s_random": "tok/s",
+    "restore_s_p50": "s",
 }
 DEFINITIONS = {
     "ttft_p50_s_turn2on": "median over every request from the second turn on: submission to the "
-    "step returning its first token (all sessions' turn k submitted together)",
+    "step returning its first token (closed loop of `concurrency` turns in flight)",
     "throughput_tok_s": "answer tokens of all turns / wall time of all turns",
-    "reused_share": "num_cached_prompt_tokens / reusable prompt tokens (the full blocks of the "
-    "session's previous prompt + answer), turns 2+",
-    "tier_loaded_share": "blocks loaded from a tier x block size / reusable prompt tokens, turns "
-    "2+ (a preempted sequence's reloaded blocks count too)",
+    "cache_served_share": "turns 2+: prompt tokens served from the cache hierarchy (pool or a "
+    "tier: not recomputed; num_cached_prompt_tokens, at most the reusable ones) / reusable "
+    "prompt tokens (the full blocks of the session's previous prompt + answer)",
+    "tier_loaded_share": "blocks loaded from a lower tier over the run (KVTiers.stats loaded: "
+    "what a load runs for is not told per request) / blocks the reusable prefixes of every "
+    "request need over the cache groups (a windowed group: its window; a first turn: the "
+    "system prompt once a turn has finished)",
     "ttft_p50_s_first_turn": "median TTFT of every session's first request to a fresh engine "
-    "(each resumes: the whole conversation + a new tool output), all submitted together",
-    "throughput_tok_s_random": "unrelated prompts (no reuse), groups of `sessions` requests: "
-    "answer tokens / wall time; best of 2 alternations",
+    "(each resumes: the whole conversation + a new tool output), same closed loop",
+    "throughput_tok_s_random": "unrelated prompts (no reuse) through the same closed loop: "
+    "answer tokens / wall time; median of the alternations (runs, spread and best beside it)",
+    "restore_s_p50": "median seconds of restoring a session's slot from its file (llama-server "
+    "/slots action=restore), part of that session's first-turn TTFT",
 }
 # (name, config, metric, at least): the ratio lines of issue 23's targets
 TARGETS = [
     ("host + disk: p50 TTFT from turn 2 >= 5x lower than no tiers", DISK,
      "ttft_p50_s_turn2on", 5.0),
     ("host + disk: throughput >= 1.5x no tiers", DISK, "throughput_tok_s", 1.5),
-    ("random prompts (no reuse): host tier throughput within 3 % of no tiers", HOST,
+    ("random prompts (no reuse): host tier throughput within 3 % of no tiers (median)", HOST,
      "throughput_tok_s_random", 0.97),
     ("restart with the disk tier: first-turn TTFT >= 3x lower than a cold start", RESTART,
      "ttft_p50_s_first_turn", 3.0),
 ]  # fmt: skip
+SHARE_TARGETS = [
+    ("host + disk: >= 80 % of reusable prompt tokens served from a lower tier (value: the "
+     "share, not a ratio)", "tier_loaded_share"),
+    ("host + disk: >= 80 % of reusable prompt tokens served from the cache hierarchy, pool or "
+     "tier (value: the share, not a ratio)", "cache_served_share"),
+]  # fmt: skip
+PHASES = ("schedule_s", "forward_s", "after_s", "outside_s")
+
+
+def _later(run: dict) -> list[dict]:
+    return [r for r in run["requests"] if r["turn"] >= 1]
 
 
 def summarize(run: dict) -> dict:
-    later = [r for results in run["turns"][1:] for r in results]
+    later = _later(run)
     reusable = sum(r["reusable"] for r in later)
-    stats = run["stats"]
-    loaded = stats["loaded"] * BLOCK if stats else 0
-    answers = sum(len(r["answer"]) for results in run["turns"] for r in results)
+    needed = sum(r["needed_blocks"] for r in run["requests"])
+    answers = sum(len(r["answer"]) for r in run["requests"])
     return {
         "ttft_p50_s_turn2on": statistics.median(r["ttft_s"] for r in later),
         "throughput_tok_s": answers / run["seconds"],
-        "reused_share": sum(r["cached"] for r in later) / reusable if reusable else None,
-        "tier_loaded_share": loaded / reusable if reusable and stats else None,
-    }
+        "cache_served_share": sum(min(r["cached"], r["reusable"]) for r in later) / reusable
+        if reusable else None,
+        "tier_loaded_share": run["stats"]["loaded"] / needed if needed and run["stats"] else None,
+    }  # fmt: skip
 
 
-def _answers(found: dict, config: str) -> list[list[int]]:
-    if "turns" in found[config]:
-        return [r["answer"] for results in found[config]["turns"] for r in results]
-    return [r["answer"] for r in found[config]["results"]]
+def breakdown(requests: list[dict]) -> dict:
+    """Mean seconds of each part of TTFT, the mean TTFT, prompt and computed tokens."""
+    n = len(requests)
+    out = {k: sum(r[k] for r in requests) / n for k in ("ttft_s", *PHASES, "steps")}
+    out["prompt_tokens"] = sum(r["prompt_tokens"] for r in requests) / n
+    out["computed_tokens"] = sum(r["prompt_tokens"] - r["cached"] for r in requests) / n
+    return out
+
+
+def _answers(run: dict) -> dict[tuple[int, int], list[int]]:
+    return {(r["session"], r["turn"]): r["answer"] for r in run["requests"]}
 
 
 def mismatches(rounds: list[dict]) -> list[str]:
@@ -74,15 +101,15 @@ def mismatches(rounds: list[dict]) -> list[str]:
     bad = []
     for n, found in enumerate(rounds, 1):
         for config, peer in ((HOST, NONE), (DISK, NONE), (RESTART, COLD)):
-            ours, theirs = _answers(found, config), _answers(found, peer)
-            differ = sum(a != b for a, b in zip(ours, theirs, strict=True))
-            if differ:
+            ours, theirs = _answers(found[config]), _answers(found[peer])
+            differ = sum(ours[k] != theirs.get(k) for k in ours)
+            if differ or ours.keys() != theirs.keys():
                 bad.append(f"round {n}: {config} vs {peer}: {differ} of {len(ours)} answers")
     return bad
 
 
 def _collect(rounds: list[dict]) -> dict[str, dict[str, dict]]:
-    """{config: {metric: {"value", "runs", "other_cpu_cores"}}} over rounds."""
+    """{config: {metric: {"value", "runs", "other_cpu_cores", ...}}} over rounds."""
     out: dict[str, dict[str, dict]] = {}
 
     def add(config: str, metric: str, value, other) -> None:
@@ -95,10 +122,8 @@ def _collect(rounds: list[dict]) -> dict[str, dict[str, dict]]:
             for metric, value in summarize(found[config]).items():
                 add(config, metric, value, found[config]["other_cpu_cores"])
         for config in (RESTART, COLD):
-            ttft = statistics.median(r["ttft_s"] for r in found[config]["results"])
+            ttft = statistics.median(r["ttft_s"] for r in found[config]["requests"])
             add(config, "ttft_p50_s_first_turn", ttft, found[config]["other_cpu_cores"])
-        for config, m in found["control"]["throughput"].items():
-            add(config, "throughput_tok_s_random", m["value"], m["other_cpu_cores"])
     for metrics in out.values():
         for metric, m in metrics.items():
             if UNITS[metric] == "fraction" or None in m["runs"]:
@@ -106,83 +131,194 @@ def _collect(rounds: list[dict]) -> dict[str, dict[str, dict]]:
             else:
                 pick = min if UNITS[metric] == "s" else max
                 best = pick(range(len(m["runs"])), key=m["runs"].__getitem__)
-            m.update(value=m["runs"][best], other_cpu_cores=m.pop("others")[best])
+            m.update(value=m["runs"][best], other_cpu_cores=m.pop("others")[best],
+                     stat=f"best of {len(m['runs'])}")  # fmt: skip
+    control = {config: [] for config in (NONE, HOST)}
+    for found in rounds:
+        for config, runs in found["control"].items():
+            control[config] += runs
+    for config, runs in control.items():
+        values = [r["value"] for r in runs]
+        out[config]["throughput_tok_s_random"] = {
+            "value": statistics.median(values), "runs": values, "best": max(values),
+            "spread": (max(values) - min(values)) / statistics.median(values),
+            "other_cpu_cores": max((r["other_cpu_cores"] or 0) for r in runs),
+            "stat": f"median of {len(values)} (alternated)", "detail": runs,
+        }  # fmt: skip
     return out
 
 
-def build_lines(rounds: list[dict], base: dict) -> tuple[list[dict], list[str]]:
-    """The run's lines, and the greedy mismatches (empty: every configuration agreed)."""
-    found, last = _collect(rounds), rounds[-1]
+def _name(row: str, metric: str, config: str) -> str:
+    return f"{row}: {metric} [{config}]"
+
+
+def _ratio(base: dict, metric: str, config: str, peer: str, a: dict, b: dict, **extra) -> dict:
+    seconds = UNITS[metric] == "s"
+    return {
+        **base, "kind": "ratio", "metric": _name(base["row"], metric, config),
+        "engine": "infergen", "config": config, "peer": peer, "infergen_value": a["value"],
+        "peer_value": b["value"], "value": b["value"] / a["value"] if seconds
+        else a["value"] / b["value"], "unit": "x",
+        "definition": f"{peer}/{config} (seconds)" if seconds else f"{config}/{peer} (tok/s)",
+        "other_cpu_cores": {config: a["other_cpu_cores"], peer: b["other_cpu_cores"]}, **extra,
+    }  # fmt: skip
+
+
+def build_lines(
+    rounds: list[dict], base: dict, llama: dict | None, predicted: float | None
+) -> tuple[list[dict], list[str]]:
+    """The row's lines, and the greedy mismatches (empty: every configuration agreed);
+    `llama`: the peer's run (kv_tiers_llama.py) or None; `predicted`: the perf model's
+    predicted TTFT gain or None."""
+    found, last, row = _collect(rounds), rounds[-1], base["row"]
     lines: list[dict] = []
     for config, metrics in found.items():
-        options = (last.get(config) or last["control"]).get("options")
+        options = (last.get(config) or {}).get("options") or last[NONE]["options"]
         for metric, m in metrics.items():
             lines.append({
-                **base, "kind": "result", "metric": f"{metric} [{config}]", "engine": "infergen",
-                "config": config, "unit": UNITS[metric], "value": m["value"], "runs": m["runs"],
-                "stat": f"best of {len(m['runs'])}", "other_cpu_cores": m["other_cpu_cores"],
-                "definition": DEFINITIONS[metric], **({"options": options} if options else {}),
+                **base, "kind": "result", "metric": _name(row, metric, config),
+                "engine": "infergen", "config": config, "unit": UNITS[metric],
+                "definition": DEFINITIONS[metric], "options": options,
+                **{k: v for k, v in m.items() if k != "detail"},
             })  # fmt: skip
+    for config in (NONE, HOST, DISK, RESTART, COLD):
+        later = _later(last[config]) if config in (NONE, HOST, DISK) else last[config]["requests"]
+        lines.append({**base, "kind": "breakdown", "metric": _name(row, "ttft_breakdown", config),
+                      "engine": "infergen", "config": config, "preemptions":
+                      last[config]["preemptions"], "engine_seconds":
+                      last[config]["engine_seconds"], **breakdown(later)})  # fmt: skip
+    for config, runs in last["control"].items():
+        lines.append({**base, "kind": "control", "metric": _name(row, "control_runs", config),
+                      "engine": "infergen", "config": config, "runs": runs})  # fmt: skip
     for config, metric in [(HOST, "ttft_p50_s_turn2on"), (HOST, "throughput_tok_s"),
                            (DISK, "ttft_p50_s_turn2on"), (DISK, "throughput_tok_s"),
                            (HOST, "throughput_tok_s_random"),
                            (RESTART, "ttft_p50_s_first_turn")]:  # fmt: skip
         peer = COLD if config == RESTART else NONE
         a, b = found[config][metric], found[peer][metric]
-        seconds = UNITS[metric] == "s"
-        lines.append({
-            **base, "kind": "ratio", "metric": f"{metric} [{config}]", "engine": "infergen",
-            "config": config, "peer": peer, "infergen_value": a["value"],
-            "peer_value": b["value"], "value": b["value"] / a["value"] if seconds
-            else a["value"] / b["value"], "unit": "x",
-            "definition": f"{peer}/{config} (seconds)" if seconds else f"{config}/{peer} (tok/s)",
-            "other_cpu_cores": {config: a["other_cpu_cores"], peer: b["other_cpu_cores"]},
-        })  # fmt: skip
+        extra = {}
+        if metric == "ttft_p50_s_turn2on":  # what the gain would be were TTFT ∝ computed tokens
+            computed = [breakdown(_later(last[c]))["computed_tokens"] for c in (peer, config)]
+            extra = {"computed_tokens_ratio": computed[0] / computed[1] if computed[1] else None}
+        if metric == "throughput_tok_s_random":
+            extra = {"best_ratio": a["best"] / b["best"], "spread": {config: a["spread"],
+                     peer: b["spread"]}}  # fmt: skip
+        lines.append(_ratio(base, metric, config, peer, a, b, **extra))
+    lines += _peer_lines(base, found, llama)
     stats = {c: last[c]["stats"] for c in (HOST, DISK, RESTART)}
-    stats["host (random prompts)"] = last["control"]["host_stats"]
+    stats["host (random prompts)"] = last["control_stats"]
     for config, s in stats.items():
-        lines.append({**base, "kind": "tiers", "metric": "kv_tiers_stats", "config": config,
-                      "engine": "infergen", **s})  # fmt: skip
+        lines.append({**base, "kind": "tiers", "metric": _name(row, "kv_tiers_stats", config),
+                      "config": config, "engine": "infergen", **s})  # fmt: skip
     bad = mismatches(rounds)
-    lines.append({**base, "kind": "agreement", "metric": "greedy_answers_equal",
+    lines.append({**base, "kind": "agreement", "metric": _name(row, "greedy_answers_equal", "all"),
                   "engine": "infergen", "equal": not bad, "mismatches": bad})  # fmt: skip
-    ratios = {ln["metric"]: ln["value"] for ln in lines if ln["kind"] == "ratio"}
+    ratios = {ln["metric"]: ln["value"] for ln in lines
+              if ln["kind"] == "ratio" and ln["peer"] in (NONE, COLD)}  # fmt: skip
     for name, config, metric, least in TARGETS:
-        value = ratios[f"{metric} [{config}]"]
-        lines.append({**base, "kind": "target", "metric": name, "engine": "infergen",
+        value = ratios[_name(row, metric, config)]
+        lines.append({**base, "kind": "target", "metric": f"{row}: {name}", "engine": "infergen",
                       "threshold": least, "value": value, "met": value >= least})  # fmt: skip
-    share = found[DISK]["tier_loaded_share"]["value"]
-    lines.append({
-        **base, "kind": "target", "engine": "infergen", "threshold": 0.8, "value": share,
-        "metric": "host + disk: >= 80 % of reusable prompt tokens served from a tier (value: "
-        "the share, not a ratio)", "met": share is not None and share >= 0.8,
-    })  # fmt: skip
+    for name, metric in SHARE_TARGETS:
+        share = found[DISK][metric]["value"]
+        lines.append({**base, "kind": "target", "engine": "infergen", "threshold": 0.8,
+                      "value": share, "metric": f"{row}: {name}",
+                      "met": share is not None and share >= 0.8})  # fmt: skip
+    if predicted is not None:
+        measured = ratios[_name(row, "ttft_p50_s_turn2on", DISK)]
+        error = abs(predicted - measured) / measured
+        lines.append({**base, "kind": "target", "engine": "infergen", "threshold": 0.25,
+                      "metric": f"{row}: predicted vs measured TTFT gain (host + disk) within "
+                      "25 % (value: the relative error)", "value": error, "met": error <= 0.25,
+                      "at_most": True,
+                      "predicted": predicted, "measured": measured})  # fmt: skip
     return lines, bad
+
+
+def _peer_lines(base: dict, found: dict, llama: dict | None) -> list[dict]:
+    """llama-server's results and infergen's ratios against them (or why it was skipped)."""
+    row = base["row"]
+    if llama is None:
+        return []
+    if "skipped" in llama:
+        return [{**base, "kind": "skipped", "metric": _name(row, "peer", PEER), "engine": PEER,
+                 "reason": llama["skipped"]}]  # fmt: skip
+    peer_base = {**base, "peer_versions": {PEER: llama["version"]}}
+    lines = []
+    for metric, config, m in llama["results"]:
+        lines.append({**peer_base, "kind": "result", "metric": _name(row, metric, config),
+                      "engine": PEER, "config": config, "unit": UNITS[metric], **m,
+                      "definition": DEFINITIONS[metric], "setup": llama["setup"]})  # fmt: skip
+    peer = {(metric, config): m for metric, config, m in llama["results"]}
+    for ours, theirs, metric in (
+        (DISK, f"{PEER} (prompt cache)", "ttft_p50_s_turn2on"),
+        (DISK, f"{PEER} (prompt cache)", "throughput_tok_s"),
+        (RESTART, f"{PEER} (slot restore)", "ttft_p50_s_first_turn"),
+    ):
+        if (metric, theirs) in peer:
+            a, b = found[ours][metric], peer[(metric, theirs)]
+            # (the metric of infergen's result: report.py finds its unit; the peer column names
+            # llama-server, `peer_config` its setup)
+            lines.append(_ratio(peer_base, metric, ours, PEER, a, b, peer_config=theirs))
+    return lines
+
+
+def _seconds(m: dict) -> str:
+    return (f"schedule {m['schedule_s']:.2f} forward {m['forward_s']:.2f} after "
+            f"{m['after_s']:.2f} s over {m['steps']} steps")  # fmt: skip
 
 
 def print_table(lines: list[dict]) -> None:
     results = {ln["metric"]: ln for ln in lines if ln["kind"] == "result"}
+    if not results:
+        return
+    row = next(iter(results.values()))["row"]
     configs = list(dict.fromkeys(ln["config"] for ln in results.values()))
-    metrics = list(dict.fromkeys(ln["metric"].split(" [")[0] for ln in results.values()))
-    print(f"\n{'metric':<26}" + "".join(f"{c:>14}" for c in configs))
+    metrics = list(dict.fromkeys(ln["metric"].split(": ", 1)[1].split(" [")[0]
+                                 for ln in results.values()))  # fmt: skip
+    print(f"\n== {row} ({next(iter(results.values()))['model']})")
+    print(f"{'metric':<26}" + "".join(f"{c[:22]:>24}" for c in configs))
     for metric in metrics:
         cells = []
         for c in configs:
-            ln = results.get(f"{metric} [{c}]")
+            ln = results.get(_name(row, metric, c))
             cells.append("–" if ln is None or ln["value"] is None else f"{ln['value']:.4g}")
-        print(f"{metric:<26}" + "".join(f"{v:>14}" for v in cells))
+        print(f"{metric:<26}" + "".join(f"{v:>24}" for v in cells))
     print()
     for ln in lines:
         if ln["kind"] == "ratio":
-            print(f"{ln['metric']:<42} {ln['value']:6.2f}x  ({ln['definition']})")
+            bound = ln.get("computed_tokens_ratio")
+            bound = f"; computed prompt tokens {bound:.2f}x fewer" if bound else ""
+            name = f"{ln['metric']} vs {ln['peer_config']}" if "peer_config" in ln else ln["metric"]
+            print(f"{name:<60} {ln['value']:6.2f}x  ({ln['definition']}{bound})")
+        elif ln["kind"] == "breakdown":
+            parts = " ".join(f"{k[:-2]} {ln[k]:.3f}" for k in PHASES)
+            print(
+                f"TTFT [{ln['config']}]: mean {ln['ttft_s']:.3f} s = {parts} s; "
+                f"{ln['steps']:.1f} steps, prompt {ln['prompt_tokens']:.0f} computed "
+                f"{ln['computed_tokens']:.0f} tokens; "
+                f"preemptions {ln['preemptions']}; all steps: {_seconds(ln['engine_seconds'])}"
+            )
+        elif ln["kind"] == "control":
+            for run in ln["runs"]:
+                print(f"control [{ln['config']}]: {run['value']:.4g} tok/s, write-back "
+                      f"{run['saved_blocks']} blocks; {_seconds(run)}")  # fmt: skip
         elif ln["kind"] == "tiers":
             tiers = {n: {k: t[k] for k in ("hits", "misses", "puts")} for n, t in
                      ln["tiers"].items()}  # fmt: skip
             print(f"tiers [{ln['config']}]: loaded {ln['loaded']} saved {ln['saved']} "
+                  f"states {ln['states_saved']}/{ln['states_loaded']} "
                   f"decisions {ln['decisions']} {tiers}")  # fmt: skip
         elif ln["kind"] == "agreement":
             print(f"greedy answers equal across configurations: {ln['equal']} {ln['mismatches']}")
+        elif ln["kind"] == "skipped":
+            print(f"skipped: {ln['metric']}: {ln['reason']}")
         elif ln["kind"] == "target":
             value = "–" if ln["value"] is None else f"{ln['value']:.2f}"
             met = "yes" if ln["met"] else "NO"
-            print(f"target: {ln['metric']}: {value} (>= {ln['threshold']}) met: {met}")
+            bound = "<=" if ln.get("at_most") else ">="
+            print(f"target: {ln['metric']}: {value} ({bound} {ln['threshold']}) met: {met}")
+    for ln in lines:
+        if ln["kind"] == "result" and "spread" in ln and ln["engine"] == "infergen":
+            runs = ", ".join(f"{v:.4g}" for v in ln["runs"])
+            print(f"control [{ln['config']}]: {runs} tok/s (spread {ln['spread']:.1%})")
