@@ -400,6 +400,7 @@ def _state_checkpoints(built: Built) -> StateCheckpoints | None:
         cache.state_checkpoint_bytes,
         spill=tiers.save_state if tiers is not None else None,
         fetch=tiers.load_state if tiers is not None else None,
+        through=tiers.save_state_through if tiers is not None and tiers.write_through else None,
     )
 
 

@@ -149,9 +149,10 @@ OPTIONS: tuple[Option, ...] = (
            help="the disk tier's budget"),
     Option("kv_offload_write_through", "cache.offload_write_through", False, parse=_switch,
            commands=RUN + PREDICT, metavar="on|off",
-           help="copy each computed prefix block to the tiers as soon as it is complete "
-           "(write-through), not only when the pool evicts it: whole prefixes reach the disk "
-           "tier and outlive a restart, at the cost of a copy per block"),
+           help="copy each computed prefix block to the disk tier (the host tier without "
+           "one) as soon as it is complete (write-through), not only when the pool evicts it: "
+           "whole prefixes reach the disk tier and outlive a restart, at the cost of a write "
+           "per block (the host tier is still filled by the pool's evictions)"),
     Option("kv_offload_format", "cache.offload_format", None, commands=RUN,
            choices=tuple(OFFLOAD_FORMATS),
            help="how the KV tiers store a block: 'fp8_e4m3' as FP8 E4M3 codes with one scale "

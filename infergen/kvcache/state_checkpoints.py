@@ -20,7 +20,8 @@ deepest position whose checkpoint exists and whose full blocks are available.
 
 Budget: the checkpoints held here never exceed `budget_bytes`; least recently used go first —
 to the KV tiers (the host tier, then disk: `spill`) when there are, where a later lookup
-finds them again (and, on disk, after a restart).
+finds them again (and, on disk, after a restart). With the tiers' write-through, each new
+checkpoint is also copied to the disk tier at once (`through`), as the KV blocks are.
 
 A checkpoint is one flat byte tensor on the cache's device: the position (int64), then each
 recurrent layer's state tensors of one slot (layers and names in a fixed order), then — when
@@ -58,12 +59,14 @@ class StateCheckpoints:
         budget_bytes: int,
         spill: Spill | None = None,
         fetch: Fetch | None = None,
+        through: Spill | None = None,
     ):
         assert kv_cache.states is not None, "state checkpoints need recurrent layers"
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.budget_bytes = budget_bytes
         self.spill, self.fetch = spill, fetch
+        self.through = through  # each new checkpoint copied down at once (write-through)
         self._tensors = [
             (layer, name, tensor)
             for layer, states in sorted(kv_cache.states.states.items())
@@ -109,6 +112,8 @@ class StateCheckpoints:
         flat = torch.cat([p.detach().contiguous().view(torch.uint8).flatten() for p in parts])
         size = flat.numel()
         self.stats["saved"] += 1
+        if self.through is not None:
+            self.through(key, flat.to("cpu"))
         if size > self.budget_bytes:  # larger than the budget: straight to the tiers
             if self.spill is not None:
                 self.spill(key, flat.to("cpu"))

@@ -200,10 +200,11 @@ def test_a_restarted_engine_serves_prefix_hits_from_disk(llama, tmp_path):
     prompt = _turns()[-1]
     first = LLM(llama, kv_offload_memory="1MiB", kv_offload_dir=str(tmp_path),
                 kv_offload_write_through=True, **options)  # fmt: skip
-    first.generate(prompt, GREEDY)  # every full block of the prompt written to both tiers
+    first.generate(prompt, GREEDY)  # every full block written through to the disk tier
     stats = first.engine.kv_tiers.stats()
     full_blocks = (len(prompt) + GREEDY.max_tokens - 1) // 4
-    assert stats["tiers"]["disk"]["puts"] == stats["tiers"]["host"]["puts"] == full_blocks
+    # the host tier is filled by the pool's evictions (nothing evicted here: it stays empty)
+    assert stats["tiers"]["disk"]["puts"] == full_blocks and stats["tiers"]["host"]["puts"] == 0
     assert stats["saved"] == full_blocks
     del first
     cold = LLM(llama, **options).generate(prompt, GREEDY)[0]

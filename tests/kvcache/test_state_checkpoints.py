@@ -118,13 +118,14 @@ def test_states_spill_to_the_tiers_and_survive_a_restart(model, tmp_path):
     assert llm.engine.kv_tiers.states_loaded >= 1
     _assert_same(out, ref)
 
-    options = dict(state_checkpoint_memory="1B", kv_offload_dir=str(tmp_path),
-                   kv_offload_write_through=True)  # fmt: skip
-    _llm(path, **options).generate(prompt, SamplingParams(max_tokens=1, temperature=0))
-    restarted = _llm(path, **options)
-    out = restarted.generate(turn, GREEDY)[0]
-    assert out.num_cached_prompt_tokens == len(prompt)
-    _assert_same(out, ref)
+    for memory in ("1B", "1GiB"):  # spilled at once / kept, and written through to disk
+        options = dict(state_checkpoint_memory=memory, kv_offload_dir=str(tmp_path / memory),
+                       kv_offload_write_through=True)  # fmt: skip
+        _llm(path, **options).generate(prompt, SamplingParams(max_tokens=1, temperature=0))
+        restarted = _llm(path, **options)
+        out = restarted.generate(turn, GREEDY)[0]
+        assert out.num_cached_prompt_tokens == len(prompt), memory
+        _assert_same(out, ref)
 
 
 def test_no_checkpoint_memory_means_no_reuse(model):

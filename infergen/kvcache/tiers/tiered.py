@@ -120,17 +120,24 @@ class KVTiers:
 
     def save(self, block: int, key: bytes, parent: bytes | None) -> None:
         """The pool is about to reuse `block` (holding `key`): keep its contents below, in
-        the first tier that takes it (unless a tier holds it already: written through)."""
-        if not self.tiers or key in self:
-            return
-        data = self._stored(block)
-        if any(tier.put(key, parent, data) for tier in self.tiers):
-            self.saved += 1
+        the first tier from the top that takes it — down to a tier that holds it already
+        (written through to disk: the host tier still takes a copy, it reads faster)."""
+        data = None
+        for tier in self.tiers:
+            if key in tier:
+                return
+            data = self._stored(block) if data is None else data
+            if tier.put(key, parent, data):
+                self.saved += 1
+                return
 
     def save_through(self, block: int, key: bytes, parent: bytes | None) -> None:
-        """`block` was just computed and registered: a copy into every tier (the disk tier
-        too, so whole prefixes outlive a restart)."""
-        missing = [tier for tier in self.tiers if key not in tier]
+        """`block` was just computed and registered: a copy into the tiers that persist (the
+        disk tier, so whole prefixes outlive a restart; the host tier alone when there is no
+        disk). The host tier is filled by the pool's evictions (`save`): written through, it
+        would only mirror the pool."""
+        persistent = [tier for tier in self.tiers if not tier.in_memory] or self.tiers[:1]
+        missing = [tier for tier in persistent if key not in tier]
         if not missing:
             return
         data = self._stored(block)
@@ -158,6 +165,13 @@ class KVTiers:
         """A recurrent-state checkpoint (kvcache/state_checkpoints.py) the store evicts: kept
         in the first tier that takes it, as a chain of its own (no parent)."""
         if self.tiers and key not in self and any(t.put(key, None, data) for t in self.tiers):
+            self.states_saved += 1
+
+    def save_state_through(self, key: bytes, data: torch.Tensor) -> None:
+        """A checkpoint just taken, with write-through: a copy into the tiers that persist
+        (as `save_through` does for blocks), so a restarted engine resumes from it."""
+        persistent = [tier for tier in self.tiers if not tier.in_memory] or self.tiers[:1]
+        if sum(tier.put(key, None, data) for tier in persistent if key not in tier):
             self.states_saved += 1
 
     def load_state(self, key: bytes) -> torch.Tensor | None:
