@@ -256,7 +256,7 @@ class Scheduler:
         seq.num_computed_tokens = n * self.block_size
         seq.num_registered_blocks = n
         if resume is not None:
-            self._resume(seq, resume[1])
+            self._resume(seq, *resume)
 
     # ---- recurrent-state checkpoints --------------------------------------------------------
     def _checkpoint(self, seq: Sequence) -> None:
@@ -288,17 +288,17 @@ class Scheduler:
             idle = sum(1 for b in set(needed) if self.pool.refcount(b) == 0)
             return not inside or self.pool.num_free - idle >= len(hits)
 
-        found = self.checkpoints.find(seq.token_ids, seq.block_hashes, seq.num_tokens - 1, usable)
-        return found
+        return self.checkpoints.find(seq.token_ids, seq.block_hashes, seq.num_tokens - 1, usable)
 
-    def _resume(self, seq: Sequence, data) -> None:
-        """Restore a found checkpoint into `seq`: a state slot, its partial block per group."""
+    def _resume(self, seq: Sequence, position: int, data) -> None:
+        """Restore the checkpoint found at `position` into `seq`: a state slot, and a fresh
+        block per group for its partial block when the position is inside one."""
         seq.state_slot = self.states.allocate()
-        inside = self.checkpoints.position(data) % self.block_size
-        partial = [self.pool.allocate() for _ in seq.blocks] if inside else []
+        partial = [self.pool.allocate() for _ in seq.blocks] if position % self.block_size else []
         for blocks, block in zip(seq.blocks, partial, strict=False):  # (none: at a boundary)
             blocks.append(block)
-        seq.num_computed_tokens = self.checkpoints.restore(data, seq.state_slot, partial)
+        self.checkpoints.restore(data, seq.state_slot, partial)
+        seq.num_computed_tokens = position
 
     def _load_from_tiers(self, seq: Sequence, hits: list[list[int | None]], limit: int) -> None:
         """Fill pool misses from the tiers: the longest prefix whose needed blocks (every
