@@ -9,6 +9,7 @@ opens (no timing): meanwhile the running sequences must step and later ones be a
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -225,3 +226,37 @@ def test_many_disk_hits_into_a_small_pool(llama, tmp_path):
     stats = llm.engine.kv_tiers.stats()
     assert stats["loads"]["background"] >= 2 and stats["loaded"] >= 20
     assert sum(o.num_cached_prompt_tokens for o in got) >= 2 * 36
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_cpu_background_load_places_its_blocks_on_the_engine_thread(llama, tmp_path):
+    """On the CPU the loader thread only reads: a torch copy there would run an OpenMP
+    parallel region and leave a thread team of its own alive, which slows every later step
+    (tiers/loader.py). Blocks of 49152 elements (copied in parallel by torch) load in the
+    background: the process gains the loader's one thread and no team, the pool blocks are
+    untouched until the job is settled, and equal the saved blocks after."""
+    llm = LLM(llama, block_size=256, num_kv_blocks=8, num_threads=2,
+              kv_offload_dir=str(tmp_path))  # fmt: skip
+    llm.generate(_prompts(10, (500,)), GREEDY)  # fills blocks 0-1 with real KV
+    tiers, cache = llm.engine.kv_tiers, llm.engine.kv_cache
+    assert cache.page(0).numel() > 32768  # (above torch's grain size: a parallel copy)
+    keys = [bytes([i]) * 16 for i in range(2)]
+    for block, key in enumerate(keys):
+        tiers.save(block, key, keys[block - 1] if block else None)
+    want = [cache.block_data(block) for block in range(2)]
+    targets = [5, 6]
+    for block in targets:
+        cache.write_block(block, torch.zeros_like(want[0]))
+    before = _threads()
+    job = tiers.load_async(keys, targets)
+    assert tiers.wait_any([job], GATE_S)
+    assert _threads() == before + 1  # the loader's worker, no OpenMP team
+    assert all(cache.block_data(block).abs().sum() == 0 for block in targets)
+    assert tiers.settle(job) == 2
+    for block, data in zip(targets, want, strict=True):
+        assert torch.equal(cache.block_data(block), data)
+    assert _threads() == before + 1

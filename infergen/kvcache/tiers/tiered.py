@@ -48,8 +48,8 @@ between the pool's device and the host tier are the cache's `copies` (copies.py:
 memory on a side stream on a GPU, the compute stream waiting on events for what it reads).
 Recurrent-state checkpoints the store evicts (kvcache/state_checkpoints.py) are kept here too
 (`save_state` / `load_state`: flat byte tensors, each a chain of its own).
-Threads: the engine thread calls everything but `load` and the counters it updates, which the
-background loader calls too (the tiers and the counters are locked).
+Threads: the engine thread calls everything but `read` (and `place` on a GPU) and the counters
+they update, which the background loader calls too (the tiers and the counters are locked).
 """
 
 from __future__ import annotations
@@ -146,20 +146,33 @@ class KVTiers:
 
     def load(self, key: bytes, block: int) -> bool:
         """Copy `key`'s contents into pool block `block`; False when no tier has a good copy."""
+        data = self.read(key)
+        if data is not None:
+            self.place(block, data)
+        return data is not None
+
+    def read(self, key: bytes) -> torch.Tensor | None:
+        """`key`'s contents as the first tier holding it stores them (None: no tier has a good
+        copy); timed for the tier's read bandwidth. Any thread."""
         for tier in self.tiers:
             if key in tier:
                 start = time.perf_counter()
                 data = tier.get(key)
                 if data is not None:
-                    page = self.codec.decode(self.copies.to_device(data), *self._page)
-                    self.kv_cache.write_block(block, page)
                     with self._lock:
                         read = self._read[tier.name]
                         read[0] += data.numel() * data.element_size()
                         read[1] += time.perf_counter() - start
-                        self.loaded += 1
-                    return True
-        return False
+                    return data
+        return None
+
+    def place(self, block: int, data: torch.Tensor) -> None:
+        """What `read` returned, decoded into pool block `block` (the engine thread, or the
+        background loader's on a GPU: tiers/loader.py)."""
+        page = self.codec.decode(self.copies.to_device(data), *self._page)
+        self.kv_cache.write_block(block, page)
+        with self._lock:
+            self.loaded += 1
 
     def save_state(self, key: bytes, data: torch.Tensor) -> None:
         """A recurrent-state checkpoint (kvcache/state_checkpoints.py) the store evicts: kept
@@ -201,13 +214,17 @@ class KVTiers:
         """Load `keys` into `blocks` in the background (tiers/loader.py); the caller holds the
         blocks until the job is done and then `settle`s it."""
         if self._loader is None:
-            self._loader = BackgroundLoader(self.load, self.kv_cache.device)
+            self._loader = BackgroundLoader(self.read, self.place, self.kv_cache.device)
         return self._loader.submit(keys, blocks)
 
     def settle(self, job: LoadJob) -> int:
-        """A finished background job counted; how many of its blocks were loaded (raises what
-        the loader raised)."""
+        """A finished background job counted, the blocks it read placed (on the CPU, here:
+        tiers/loader.py); how many of its blocks were loaded (raises what the loader
+        raised)."""
         job.result()
+        for block, data in zip(job.blocks, job.read, strict=False):
+            self.place(block, data)
+        job.read.clear()
         self.loads["background"] += 1
         self.loads["failed"] += job.failed
         self.loads["cancelled"] += job.cancelled and job.loaded < len(job.keys)
