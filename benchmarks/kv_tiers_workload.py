@@ -52,7 +52,7 @@ class Sizes:
     answer: int = 16
     random_prompt: int = 200  # control: prompt tokens of each unrelated request
     control_requests: int = 32  # control: unrelated requests per run
-    control_rounds: int = 3  # control: alternations of no tiers / host
+    control_rounds: int = 5  # control: alternations of no tiers / host (median: noise)
     pool_share: float = 0.25
     # every session's turn k submitted together once turn k-1 has finished, concurrency =
     # sessions (the previous shape; what the perf model's predicted_tier_gain simulates)

@@ -36,7 +36,7 @@ Bandwidths, bytes/s per device (each device holds its share of a block, over its
 Budgets are per device too (the engine's tiers serve one device).
 
 Not modeled: the disk tier's file headers (~100 bytes a block) and per-file costs (open,
-checksum, fsync), blocks a disk tier holds from an earlier run (a simulated tier starts
+checksum), blocks a disk tier holds from an earlier run (a simulated tier starts
 empty), I/O faults (no simulated load fails but for a block gone from the tiers), per-block
 Python overheads, a background copy slowing the steps it overlaps (shared links, the GIL).
 """
@@ -255,9 +255,7 @@ class SimulatedTiers(KVTiers):
                 if data is not None:
                     nbytes = data.numel() * data.element_size()
                     seconds = nbytes * self.seconds_per_byte[tier.name]
-                    read = self._read[tier.name]
-                    read[0] += nbytes
-                    read[1] += seconds
+                    self._count_read(tier.name, nbytes, seconds, 0.0, 0.0)  # (as I/O)
                     self.loaded += 1
                     self._pending += seconds
                     seq = self.admitting()

@@ -265,3 +265,32 @@ def test_generation_with_tiers_equals_without(name, blocks, tmp_path):
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
     tiers = tiered.engine.kv_tiers
     assert tiers.loaded > 0 or tiers.states_loaded > 0
+
+
+@pytest.mark.parametrize("overlaps", [False, True])
+def test_inline_or_background_by_what_the_background_hides(llama, tmp_path, monkeypatch, overlaps):
+    """The rule (KVTiers.loads_inline) on measured read times: within a tenth of a decode
+    step → inline; more, but on a CPU whose cores all run the forward (no overlap) and with
+    reads that wait on no I/O → inline up to one step (a background load would take the same
+    cores and delay its sequence a step); reads that wait on I/O, or a loader that overlaps
+    (a GPU, a spare core) → background; over a step → background."""
+    llm = LLM(llama, block_size=4, num_kv_blocks=64, kv_offload_memory="1MiB",
+              kv_offload_dir=str(tmp_path))  # fmt: skip
+    tiers = llm.engine.kv_tiers
+    monkeypatch.setattr(type(tiers), "overlaps", property(lambda self: overlaps))
+    host, disk = tiers.tiers
+    keys = [bytes([i]) * 16 for i in range(40)]
+    for i, key in enumerate(keys):
+        assert disk.put(key, keys[i - 1] if i else None, tiers._stored(0))
+    tiers.step_seconds = 0.020
+    n = tiers.block_bytes
+    tiers._count_read("disk", 10 * n, wall=0.040, run=0.040, queued=0.0)  # 4 ms a block, CPU
+    assert tiers.loads_inline(keys[:3]) is not overlaps  # 12 ms: hides nothing without overlap
+    assert tiers.loads_inline(keys[:6]) is False  # 24 ms: over a step
+    tiers._count_read("disk", 10 * n, wall=0.540, run=0.040, queued=0.500)  # waited for a core
+    assert tiers.bandwidth("disk") == pytest.approx(20 * n / 0.080)  # (the wait left out)
+    assert tiers.loads_inline(keys[:3]) is not overlaps
+    tiers._count_read("disk", 10 * n, wall=0.040, run=0.004, queued=0.0)  # mostly I/O waits
+    # now 4 ms a block, 1.2 ms of it I/O: 3 blocks hide 3.6 ms (over 2 ms), 1 block 1.2 ms
+    assert tiers.loads_inline(keys[:3]) is False
+    assert tiers.loads_inline(keys[:1]) is not overlaps

@@ -20,10 +20,14 @@ File format, version 1 (all integers little-endian):
     …       4           u32 CRC32 of the header bytes before it
     header_len          payload_len bytes: the tensor's bytes (contiguous, viewed as uint8)
 
-Atomicity: a block is written to `.<name>.<pid>.<random>.tmp` in the same directory, flushed,
-fsynced, then `os.replace`d onto its name, so a final name always holds a complete file. A
+Atomicity: a block is written to `.<name>.<pid>.<random>.tmp` in the same directory (one
+writev), then `os.replace`d onto its name, so a final name always holds a complete file. A
 process killed mid-write leaves only a temp file; a later start removes the temp files of its
-fingerprint whose writer is no longer running (or that are older than STALE_TEMP_S).
+fingerprint whose writer is no longer running (or that are older than STALE_TEMP_S). No
+fsync: what a process wrote survives the process (the kernel writes it back), and a cache
+needs no durability beyond that — a machine crash may leave a final name with lost contents,
+which the payload's CRC catches (the block is recomputed). An fsync cost 0.8–1.3 ms per 737 KB
+block here, on the engine thread, for every block written through.
 
 Persistence: a new tier on the same directory with the same fingerprint indexes the existing
 files at start (headers only; recency = the files' write times). Files of another fingerprint
@@ -337,11 +341,11 @@ class DiskTier:
         final = self._path(key)
         temp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
         try:
-            with open(temp, "xb") as f:
-                f.write(header)
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                _write_all(fd, [memoryview(header), memoryview(payload).cast("B")])
+            finally:
+                os.close(fd)
             os.replace(temp, final)
         except OSError:
             with contextlib.suppress(OSError):
@@ -425,6 +429,17 @@ class DiskTier:
             self._path(key).unlink()  # any other OSError: a write fault, the entry stays
         self._drop(key)
         self.stats["evictions"] += 1
+
+
+def _write_all(fd: int, buffers: list[memoryview]) -> None:
+    """Write every byte of `buffers` to `fd` (writev until done; a short write goes on)."""
+    while buffers:
+        written = os.writev(fd, buffers)
+        while buffers and written >= len(buffers[0]):
+            written -= len(buffers[0])
+            buffers.pop(0)
+        if buffers:
+            buffers[0] = buffers[0][written:]
 
 
 def _check_key(key: object, what: str) -> None:

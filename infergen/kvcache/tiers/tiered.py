@@ -17,18 +17,21 @@ engine's measured prefill cost per token (`recompute_seconds_per_token`, set by 
 its step costs; None: not measured yet → load). Each decision is counted.
 
 Inline or in the background (`loads_inline`, issue 23 item 2): a load runs in the engine thread
-(`load_now`) only while it is expected to stall the running sequences' next step by at most
-INLINE_STEP_SHARE of a step — its blocks' bytes at the holding tiers' measured read bandwidth
-against the engine's measured decode step (`step_seconds`); before those are measured, only
-loads wholly from memory tiers (the host tier: a memcpy) run inline. Otherwise `load_async`
-hands the copies to the background loader (tiers/loader.py) and the sequence waits while the
-others step. Measured on the CPU this was built on (SmolLM2-135M, 16-token blocks of 737 KB,
-2 cores): a host-tier block loads in 0.23 ms, a disk-tier block in 0.84 ms (page cache: the
-read, its checksum, the copy), a decode step takes 30–130 ms; a background load delays its
-own sequence's admission to the next step. So a host hit of up to a few dozen blocks loads
-inline (a few ms: the running sequences barely notice, the sequence starts a step sooner); a
-longer host hit, or a disk hit of more than a handful of blocks (any, before the disk's
-bandwidth is measured), in the background.
+(`load_now`) while it is expected to stall the running sequences' next step by at most
+INLINE_STEP_SHARE of a decode step (the engine's measured `step_seconds`) — its blocks' bytes
+at the holding tiers' measured bandwidths, each tier's reads timed without the reading
+thread's waits for a core (`ReadTimes`, thread_clock.py). Otherwise `load_async` hands it to
+the background loader (tiers/loader.py) and the sequence waits at least a step while the
+others step — unless a background load would hide little: on a CPU whose cores all run the
+forward (`overlaps` False) the loader's reads take those cores from the steps, and only the
+reads' I/O waits (wall time neither running nor queued) are hidden; a load whose hidden part
+is within that share runs inline too, up to one decode step. Before the measures, only loads
+wholly from memory tiers run inline. Measured on the CPU this was built on (SmolLM2-135M,
+16-token blocks of 737 KB, 2 cores, both running the forward): a host-tier block loads in
+0.04–0.2 ms, a disk-tier block in 0.25 ms uncontended (page cache: the read, its checksum, the
+copy; no I/O wait), a decode step of two sequences takes 20 ms; so a 48-block disk hit loads
+inline in 12 ms where the background took it a step later and its reads stole about as much
+from the steps. On a GPU, or from a disk that makes reads wait, the background takes them.
 
 Preemption by swap (issue 23 item 3; the scheduler's rule, engine/tier_moves.py): `swap_out`
 copies a preempted sequence's blocks into the first tier (host memory) at once; `can_swap` /
@@ -54,9 +57,11 @@ they update, which the background loader calls too (the tiers and the counters a
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -65,9 +70,31 @@ from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.tiers.compact import AS_STORED, AsStored, ScaledBlocks
 from infergen.kvcache.tiers.copies import HostCopies, host_copies
 from infergen.kvcache.tiers.loader import BackgroundLoader, LoadJob
+from infergen.kvcache.tiers.thread_clock import thread_times
 
 # an inline load may stall the running sequences' next step by this share of a step at most
 INLINE_STEP_SHARE = 0.1
+
+
+@dataclass
+class ReadTimes:
+    """A tier's reads so far: bytes, wall seconds, and of those the reading threads' seconds
+    on a core (`run`) and runnable but waiting for one (`queued`; thread_clock.py)."""
+
+    nbytes: int = 0
+    wall: float = 0.0
+    run: float = 0.0
+    queued: float = 0.0
+
+    @property
+    def own(self) -> float:
+        """What the reads took, the waits for a core left out (what they take uncontended)."""
+        return self.wall - self.queued
+
+    @property
+    def io(self) -> float:
+        """What the reads spent blocked on the device (neither running nor queued)."""
+        return max(0.0, self.wall - self.run - self.queued)
 
 
 class KVTier(Protocol):
@@ -111,7 +138,7 @@ class KVTiers:
         self.loads = {"inline": 0, "background": 0, "failed": 0, "cancelled": 0}  # jobs
         self.load_seconds = {"inline": 0.0, "background": 0.0}  # background: overlapped
         self.preemptions = {"swap": 0, "recompute": 0}  # counted by the scheduler
-        self._read = {tier.name: [0, 0.0] for tier in tiers}  # bytes, seconds of gets
+        self._read = {tier.name: ReadTimes() for tier in tiers}  # of the tiers' gets
         self._lock = threading.Lock()  # the counters the background loader updates too
         self._loader: BackgroundLoader | None = None  # started by the first background load
 
@@ -156,15 +183,22 @@ class KVTiers:
         copy); timed for the tier's read bandwidth. Any thread."""
         for tier in self.tiers:
             if key in tier:
-                start = time.perf_counter()
+                start, (run, queued) = time.perf_counter(), thread_times()
                 data = tier.get(key)
                 if data is not None:
-                    with self._lock:
-                        read = self._read[tier.name]
-                        read[0] += data.numel() * data.element_size()
-                        read[1] += time.perf_counter() - start
+                    end, (run_end, queued_end) = time.perf_counter(), thread_times()
+                    self._count_read(tier.name, data.numel() * data.element_size(),
+                                     end - start, run_end - run, queued_end - queued)  # fmt: skip
                     return data
         return None
+
+    def _count_read(self, tier: str, nbytes: int, wall: float, run: float, queued: float) -> None:
+        with self._lock:
+            times = self._read[tier]
+            times.nbytes += nbytes
+            times.wall += wall
+            times.run += run
+            times.queued += queued
 
     def place(self, block: int, data: torch.Tensor) -> None:
         """What `read` returned, decoded into pool block `block` (the engine thread, or the
@@ -237,15 +271,32 @@ class KVTiers:
         return BackgroundLoader.wait_any(jobs, timeout)
 
     def loads_inline(self, keys: list[bytes]) -> bool:
-        """Whether loading `keys` should run in the engine thread: expected to take at most
-        INLINE_STEP_SHARE of a decode step at the measured bandwidths; before measures, only
-        when every key is in a memory tier (the module's docstring has the numbers)."""
+        """Whether loading `keys` should run in the engine thread (the module's docstring has
+        the rule and the numbers): its expected seconds (each block at the measured own
+        bandwidth of the tier holding it) within INLINE_STEP_SHARE of a decode step, or, when
+        a background load would hide little of them (`hidden`), within one step. Before
+        measures: only when every key is in a memory tier."""
         holders = [tier for key in keys if (tier := self._holder(key)) is not None]
-        bandwidths = [self.bandwidth(tier.name) for tier in holders]
-        if self.step_seconds is None or None in bandwidths:
-            return all(tier.in_memory for tier in holders)
-        seconds = sum(self.block_bytes / bandwidth for bandwidth in bandwidths)
-        return seconds <= INLINE_STEP_SHARE * self.step_seconds
+        with self._lock:
+            times = [self._read[tier.name] for tier in holders]
+            if self.step_seconds is None or any(t.own <= 0 or not t.nbytes for t in times):
+                return all(tier.in_memory for tier in holders)
+            seconds = sum(self.block_bytes * t.own / t.nbytes for t in times)
+            io = sum(self.block_bytes * t.io / t.nbytes for t in times)
+        bound = INLINE_STEP_SHARE * self.step_seconds
+        hidden = seconds if self.overlaps else io
+        return seconds <= bound or (hidden <= bound and seconds <= self.step_seconds)
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether a background load runs beside the steps whole: on a GPU (copies on a side
+        stream), or on a CPU with a core the forward leaves free. Else the loader's reads take
+        the cores from the forward, and only their I/O waits are hidden."""
+        if self.kv_cache.device.type != "cpu":
+            return True
+        affinity = getattr(os, "sched_getaffinity", None)  # (Linux)
+        cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+        return cores > torch.get_num_threads()
 
     def worth_loading(self, keys: list[bytes]) -> bool:
         """Whether to load these blocks (a prefix hit's blocks found in the tiers) rather
@@ -301,14 +352,12 @@ class KVTiers:
     def _load_beats_recompute(self, tier: KVTier, tokens: int) -> bool:
         """Reading `tokens` tokens' blocks from `tier` at its measured bandwidth takes less
         time than recomputing them at the measured prefill cost (True until measured)."""
-        with self._lock:
-            bytes_read, seconds = self._read[tier.name]
+        bandwidth = self.bandwidth(tier.name)
         per_token = self.recompute_seconds_per_token
-        if per_token is None or not bytes_read or seconds <= 0:
+        if per_token is None or bandwidth is None:
             return True
         blocks = tokens / self.kv_cache.block_size
-        load_seconds = blocks * self.block_bytes * seconds / bytes_read
-        return load_seconds < tokens * per_token
+        return blocks * self.block_bytes / bandwidth < tokens * per_token
 
     def _stored(self, block: int) -> torch.Tensor:
         """What the tiers get for pool block `block`: its page (a view where the pool
@@ -316,10 +365,11 @@ class KVTiers:
         return self.codec.encode(self.kv_cache.storage[:, :, block])
 
     def bandwidth(self, tier: str) -> float | None:
-        """The tier's measured read bandwidth in bytes / s (None before any read)."""
+        """The tier's measured read bandwidth in bytes / s, the reading threads' waits for a
+        core left out (None before any read)."""
         with self._lock:
-            bytes_read, seconds = self._read[tier]
-        return bytes_read / seconds if seconds > 0 else None
+            times = self._read[tier]
+            return times.nbytes / times.own if times.own > 0 and times.nbytes else None
 
     def stats(self) -> dict:
         """Per tier: hits, misses, puts, evictions, bytes read / written, bytes held, read
