@@ -161,6 +161,8 @@ class Conversations:
 class Unrelated:
     """Unrelated prompts (the control) as one-turn sessions of the closed loop."""
 
+    system = 0  # (no shared prompt)
+
     def __init__(self, prompts: list[list[int]]):
         self.conv, self.turn = prompts, [0] * len(prompts)
 
@@ -223,6 +225,7 @@ def _submit(engine, sessions, s: int, params, groups) -> tuple[str, dict]:
     prompt, reusable = sessions.prompt(s), sessions.reusable(s)
     r = {"session": s, "turn": sessions.turn[s], "prompt_tokens": len(prompt),
          "reusable": reusable, "needed_blocks": blocks_needed(groups, reusable // BLOCK),
+         "shared": min(sessions.system // BLOCK * BLOCK, reusable),  # the system prompt's
          "submitted": time.perf_counter()}  # fmt: skip
     return engine.add_request(prompt, params), r
 
