@@ -37,7 +37,8 @@ The Falcon-H1 row's full run halves every length (kv_tiers_models.py). Takes abo
 for the default model's row on 2 quiet cores.
 Peer (default model only; skipped with the reason when its binary is absent): llama.cpp's
 llama-server (benchmarks/kv_tiers_llama.py) on the same trace with its prompt cache.
-Predicted vs measured TTFT gain: a line only when `predicted_gain` has a prediction.
+Predicted vs measured TTFT gain: the perf model's simulator in the same loop on the calibrated
+`cpu-local` row (`infergen perf calibrate` first); a line only when it has a prediction.
 Output: JSON lines to --out (results, ratios vs "no tiers" and vs llama-server, issue 23's
 target lines); a table per model. A benchmark: it reports what it measures; the targets are
 reported, not asserted.
@@ -88,13 +89,9 @@ CHUNK = 512  # the engine's max_num_batched_tokens (its default)
 def predicted_gain(sizes: Sizes, model: str | None, options: dict) -> float | None:
     """The performance model's predicted p50 TTFT gain (no tiers / host + disk, from the
     second turn) on this workload: `model` the row's model (None: the default one), `options`
-    host + disk's engine options. The perf model's `predicted_tier_gain` (infergen/perf/
-    offload.py, through kv_tiers_prediction.py) simulates the lockstep shape (`--lockstep`);
-    the closed loop with tool time (a session re-queued behind the waiting ones) is not one of
-    its simulator's loops, so there it is None. A "predicted vs measured" line is written only
-    when this returns a value."""
-    if not sizes.lockstep:
-        return None
+    host + disk's engine options (kv_tiers_prediction.py: the perf model's simulator in this
+    loop; None, with the reason printed, where it cannot predict). A "predicted vs measured"
+    line is written only when this returns a value."""
     return predicted_ttft_gain(sizes, model, options)
 
 

@@ -1,9 +1,11 @@
 """What the performance model predicts for bench_kv_tiers.py's own runs (issue 23, item 7):
 `infergen.perf.offload.predicted_tier_gain` on the benchmark's workload sizes and host + disk's
 options (pool blocks, host budget, write-through; the disk tier at the engine's default
-budget), on the `cpu-local` hardware row (`infergen perf calibrate` first). It simulates the
-lockstep shape (every session's turn k submitted together): bench_kv_tiers.py asks only with
-`--lockstep`, and writes its "predicted vs measured TTFT gain" line (target: within 25 %).
+budget), on the `cpu-local` hardware row (`infergen perf calibrate` first), in the
+benchmark's loop: `concurrency` turns in flight, a session re-queued behind the waiting ones
+(the simulator's `rotate`), or with `--lockstep` every session's turn k submitted together.
+bench_kv_tiers.py writes its "predicted vs measured TTFT gain" line from it (target: within
+25 %).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def predicted_ttft_gain(sizes, model: str | None, options: dict) -> float | None
             host_bytes=options.get("kv_offload_memory"),
             disk_bytes=disk_default.value(disk_default.default), model=model,
             write_through=bool(options.get("kv_offload_write_through")),
+            concurrency=None if sizes.lockstep else sizes.concurrency,
         )  # fmt: skip
     except Exception as error:  # noqa: BLE001 - reported, the measurement goes on
         print(f"predicted TTFT gain: not predicted ({type(error).__name__}: {error})",

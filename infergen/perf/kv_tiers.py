@@ -8,9 +8,14 @@ loaded, what is recomputed and what falls out.
 
 Loads run inline or in the background as the engine's rule says (`KVTiers.loads_inline`, fed
 the simulated decode step and the modeled bandwidths: inline when the copy takes at most a
-tenth of a decode step; before measures, only from the host tier). A block's load takes its
-bytes / the read bandwidth of the tier holding it (these modeled seconds are also what
-`worth_loading` and `loads_inline` measure the tier's bandwidth from).
+tenth of a decode step, or, where a background load would not overlap the steps, up to one
+step; before measures, only from the host tier). A block's load takes its bytes / the read
+bandwidth of the tier holding it (these modeled seconds are also what `worth_loading` and
+`loads_inline` measure the tier's bandwidth from). Whether a background load overlaps
+(`TierSpec.loads_overlap`): on a GPU row, yes (copies on a side stream, all of a load's time
+hidden); on `cpu-local`, no: the engine's forward uses every core, so a read there is CPU
+work that a background thread would take from the steps (its seconds count as run time, no
+I/O wait, as the engine measures page-cache reads).
 - An inline load adds its seconds to the step that admits its sequence (the engine loads at
   admission, in `schedule`, on the engine thread).
 - A background load runs on one simulated loader thread, jobs one after another: it is done
@@ -55,7 +60,7 @@ from infergen.errors import ConfigError
 from infergen.kvcache.tiers.host import HostTier
 from infergen.kvcache.tiers.loader import LoadJob
 from infergen.kvcache.tiers.tiered import KVTiers
-from infergen.perf.hardware import Hardware
+from infergen.perf.hardware import CPU_LOCAL, Hardware
 
 # Assumed, not measured: about 40 % of a PCIe Gen5 x16 link's 64 GB/s per direction, what a
 # copy from pageable (not pinned) host memory reaches; the engine's host tier keeps plain CPU
@@ -79,6 +84,7 @@ class TierSpec:
     host_bandwidth: float | None = None
     disk_bandwidth: float | None = None
     sources: tuple[tuple[str, str], ...] = ()  # (tier, where its bandwidth came from)
+    loads_overlap: bool = True  # a background load runs beside the steps (`for_hardware`)
 
     def __post_init__(self) -> None:
         if self.memory_bytes is None and self.disk_bytes is None:
@@ -126,7 +132,8 @@ class TierSpec:
         if disk is None:
             disk, disk_from = DEFAULT_DISK_BANDWIDTH, "default (assumed)"
         return replace(self, host_bandwidth=host, disk_bandwidth=disk,
-                       sources=(("host", host_from), ("disk", disk_from)))  # fmt: skip
+                       sources=(("host", host_from), ("disk", disk_from)),
+                       loads_overlap=hw.name != CPU_LOCAL)  # fmt: skip
 
     def as_dict(self) -> dict:
         sources = dict(self.sources)
@@ -238,6 +245,7 @@ class SimulatedTiers(KVTiers):
         if disk is not None:
             tiers.append(disk)
         super().__init__(_DatalessCache(block_bytes, block_size), tiers, spec.write_through)
+        self.spec = spec
         self.seconds_per_byte = {"host": 1 / spec.host_bandwidth, "disk": 1 / spec.disk_bandwidth}
         self.admitting = admitting
         self.clock = clock
@@ -255,7 +263,8 @@ class SimulatedTiers(KVTiers):
                 if data is not None:
                     nbytes = data.numel() * data.element_size()
                     seconds = nbytes * self.seconds_per_byte[tier.name]
-                    self._count_read(tier.name, nbytes, seconds, 0.0, 0.0)  # (as I/O)
+                    run = 0.0 if self.spec.loads_overlap else seconds  # (else: I/O waits)
+                    self._count_read(tier.name, nbytes, seconds, run, 0.0)
                     self.loaded += 1
                     self._pending += seconds
                     seq = self.admitting()
@@ -264,6 +273,11 @@ class SimulatedTiers(KVTiers):
                         counts[tier.name] = counts.get(tier.name, 0) + 1
                     return True
         return False
+
+    @property
+    def overlaps(self) -> bool:
+        """The modeled hardware's (TierSpec.loads_overlap), not this machine's."""
+        return self.spec.loads_overlap
 
     def load_now(self, keys: list[bytes], blocks: list[int]) -> int:
         """KVTiers.load_now, its seconds the model's (added to the admitting step)."""

@@ -156,11 +156,14 @@ def predicted_tier_gain(
     compute_format: str = "fp32",
     host_bandwidth: float | None = None,
     disk_bandwidth: float | None = None,
+    concurrency: int | None = None,
 ) -> dict:
     """The predicted gains of KV tiers on benchmarks/bench_kv_tiers.py's workload: `sessions`
     sessions of `turns` turns, all opening with the same `system`-token prompt plus a
     `tool`-token output; each later turn resends the conversation + the `answer`-token answer
-    + a new tool output; every session's turn k submitted together (lockstep). A pool of
+    + a new tool output. `concurrency` turns in flight, a session whose turn finished queuing
+    behind the waiting ones (the benchmark's closed loop); None: every session's turn k
+    submitted together once turn k-1 has finished (its `--lockstep`). A pool of
     `pool_blocks` blocks of `block_size` tokens; a host tier of `host_bytes` (None: none), a
     disk tier of `disk_bytes` (None: none). `model`: a config / GGUF path (default: the
     default model); `hardware`: a row name or a Hardware (default cpu-local: run `infergen perf
@@ -184,6 +187,10 @@ def predicted_tier_gain(
         tiers=TierSpec(host_bytes, disk_bytes, write_through, host_bandwidth, disk_bandwidth),
     )
     shapes = [Shape(system + tool, answer, (tool,) * (turns - 1), f"s{s}") for s in range(sessions)]
-    result = compare(dep, shapes, concurrency=sessions, lockstep=True, shared_prefix=system)
+    if concurrency is None:
+        load = dict(concurrency=sessions, lockstep=True)
+    else:
+        load = dict(concurrency=concurrency, rotate=True)
+    result = compare(dep, shapes, shared_prefix=system, **load)
     section = result["kv_offload"]
     return {**section["gain"], "kv_offload": section}

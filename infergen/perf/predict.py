@@ -123,12 +123,13 @@ def predict(
     warmup: int = 0,
     lockstep: bool = False,
     shared_prefix: int = 0,
+    rotate: bool = False,
 ) -> dict:
     """Simulate the load and summarize it as `infergen predict --json` prints it; the first
-    `warmup` requests (sessions) are simulated but not counted. `lockstep`, `shared_prefix`:
-    as `Simulator.run`."""
+    `warmup` requests (sessions) are simulated but not counted. `lockstep`, `shared_prefix`,
+    `rotate`: as `Simulator.run`."""
     sim = dep.simulator(seed)
-    _, _, stats = sim.run(shapes, concurrency, rate, seed, lockstep, shared_prefix)
+    _, _, stats = sim.run(shapes, concurrency, rate, seed, lockstep, shared_prefix, rotate)
     results, wall = sim.steady_state(warmup)
     summary = summarize(results, wall)
     later = summarize([r for r in results if r.turn > 0], wall)["ttft_s"]

@@ -30,7 +30,9 @@ prediction:
 A step takes `step_time(chunks)` (plus its inline tier loads and saves); tokens a step emits
 leave at its end. Arrivals come from a closed loop (N clients, each sending its next request or turn
 when the last one finished; `lockstep`: every session's turn k together, once all of turn k-1
-finished) or an open loop (Poisson arrivals of requests / sessions at a rate), as
+finished; `rotate`: sessions take turns, a session whose turn finished queuing behind the
+waiting ones for its next turn — the time a tool runs between a session's turns, as
+benchmarks/bench_kv_tiers.py's loop) or an open loop (Poisson arrivals of requests / sessions at a rate), as
 `infergen bench`. `shared_prefix` tokens open every session alike (a system prompt).
 
 Reuse accounting (`SimStats.as_dict()["reuse"]`): for every turn from the second on, the
@@ -44,6 +46,7 @@ The result is the same `RequestResult` list the load generator measures, so the 
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 import random
@@ -171,12 +174,15 @@ class Simulator:
         seed: int = 0,
         lockstep: bool = False,
         shared_prefix: int = 0,
+        rotate: bool = False,
     ) -> tuple[list[RequestResult], float, SimStats]:
         """Simulate the workload; returns (per-request results, wall seconds, stats)."""
         if (concurrency is None) == (rate is None):
             raise ValueError("give exactly one of concurrency and rate")
         if lockstep and (concurrency is None or concurrency < len(shapes)):
             raise ValueError("lockstep turns need every session at once (concurrency >= jobs)")
+        if rotate and (concurrency is None or lockstep):
+            raise ValueError("rotating sessions need a closed loop (concurrency) without lockstep")
         if any(s.prompt_tokens <= shared_prefix for s in shapes):
             raise ValueError("every first prompt must be longer than the shared prefix")
         shape = self.pool_shape
@@ -193,12 +199,19 @@ class Simulator:
         self.stats = SimStats()
         self.shared_prefix = shared_prefix
         self.lockstep, self.held, self.round_left = lockstep, [], 0
+        self.rotate = rotate
+        self.ready: collections.deque[tuple[int, int, int]] = collections.deque()  # rotate
         self.clock, self.results = 0.0, []
         self.log: list[tuple[RequestResult, int, float]] = []  # result, job, arrival
         self.arrivals: list[tuple[float, int, int, int, int]] = []  # time, order, job, turn, ctx
         self.shapes, self.order = shapes, 0
         self.closed_loop = concurrency is not None
-        if concurrency is not None:
+        if rotate:
+            self.ready.extend((job, 0, 0) for job in range(len(shapes)))
+            self.next_job = len(shapes)
+            for _ in range(min(concurrency, len(shapes))):
+                self._arrive(0.0, *self.ready.popleft())
+        elif concurrency is not None:
             self.next_job = min(concurrency, len(shapes))
             self.round_left = self.next_job
             for job in range(self.next_job):
@@ -308,9 +321,15 @@ class Simulator:
 
     def _job_done(self, req: _Request, context: int, at: float) -> None:
         """The request is over: the session's next turn, or (closed loop) the next job; in
-        lockstep the next turns wait for the round's last request."""
+        lockstep the next turns wait for the round's last request; rotating, the session
+        queues for its next turn and the first waiting session's turn comes in."""
         shape = self.shapes[req.job]
-        if self.lockstep:
+        if self.rotate:
+            if req.result.ok and req.turn < len(shape.follow_up_tokens):
+                self.ready.append((req.job, req.turn + 1, context))
+            if self.ready:
+                self._arrive(at, *self.ready.popleft())
+        elif self.lockstep:
             if req.result.ok and req.turn < len(shape.follow_up_tokens):
                 self.held.append((req.job, req.turn + 1, context))
             self.round_left -= 1

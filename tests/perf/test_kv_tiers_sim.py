@@ -7,6 +7,8 @@ bigger host budget never finding fewer reusable tokens where no load failed (met
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import random
 
 import pytest
@@ -144,6 +146,27 @@ def test_inline_loads_and_saves_add_to_the_steps_and_background_loads_delay_admi
     assert slow - fast == pytest.approx(moved / 1e6 - moved / 1e7, rel=1e-9)
 
 
+def test_loads_that_would_not_overlap_run_inline_up_to_a_step():
+    """Where a background load would not overlap the steps (TierSpec.loads_overlap False: the
+    cpu-local row, whose forward takes every core), the engine's rule loads inline whatever
+    takes up to one decode step. The workload above (a step about 1.1 ms; hits of 2-4 blocks
+    of 1000 bytes): at 4e6 B/s (0.25 ms a block) every hit after the first (inline: nothing
+    measured yet) goes to the background with overlapping tiers and loads inline without;
+    at 1e6 B/s (1 ms a block: over a step) both send them to the background."""
+    shapes = [Shape(40, 8, (12, 12), f"s{i}") for i in range(3)]
+
+    def loads(bandwidth: float, overlap: bool) -> dict:
+        spec = dataclasses.replace(tiers(100, bandwidth=bandwidth), loads_overlap=overlap)
+        sim, results, *_ = run(shapes, 8, spec, linear_step, block_size=16)
+        assert all(r.ok for r in results)
+        found = sim.tiers.stats()["loads"]
+        return {"inline": found["inline"], "background": found["background"]}
+
+    assert loads(4e6, True) == {"inline": 1, "background": 4}
+    assert loads(4e6, False) == {"inline": 5, "background": 0}
+    assert loads(1e6, True) == loads(1e6, False) == {"inline": 1, "background": 4}
+
+
 def test_a_bigger_host_budget_never_finds_fewer_reusable_tokens():
     """Metamorphic, one request at a time over random multi-turn sessions in lockstep: among
     the runs where no load failed, a bigger host budget never finds fewer reusable tokens; a
@@ -223,12 +246,37 @@ def test_predicted_gain_on_the_benchmark_workload():
     assert section["pool_blocks"] == 23 and on["failed"] == off["failed"] == 0
 
 
-@pytest.mark.parametrize("host_blocks, disk_blocks", [(100, None), (3, None), (2, 8)])
-def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blocks, tmp_path):
+def _rotate(engine, conversations: list[list[int]], turns: int, params, follow, rng) -> int:
+    """Every session's turns, `concurrency` 2 in flight, a session whose turn finished queued
+    behind the waiting ones (Simulator.run(rotate=True), benchmarks/bench_kv_tiers.py's
+    loop); the prompt tokens found cached."""
+    ready, flight, done, cached = collections.deque(range(len(conversations))), {}, {}, 0
+    while ready or flight:
+        while ready and len(flight) < 2:
+            s = ready.popleft()
+            flight[engine.add_request(conversations[s], params)] = s
+        for delta in engine.step():
+            if delta.finished:
+                s, out = flight.pop(delta.request_id), engine.output(delta.request_id)
+                cached += out.num_cached_prompt_tokens
+                engine.release(delta.request_id)
+                done[s] = done.get(s, 0) + 1
+                if done[s] < turns:
+                    new = [rng.randrange(0, 200) for _ in range(follow)]
+                    conversations[s] = conversations[s] + list(out.token_ids) + new
+                    ready.append(s)
+    return cached
+
+
+@pytest.mark.parametrize("host_blocks, disk_blocks, rotate", [
+    (100, None, False), (3, None, False), (2, 8, False), (3, None, True), (2, 8, True)])
+def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blocks, rotate,
+                                                          tmp_path):  # fmt: skip
     """The engine (a tiny model, a 12-block pool, real host / disk tiers) and the simulator
-    serve 3 sessions of 4 turns in lockstep: the same prompt tokens found cached, the same
-    hits, puts and evictions per tier, the same load decisions. (The disk budget leaves
-    room for the files' headers, which the simulation does not count.)"""
+    serve 3 sessions of 4 turns in lockstep, or rotating with 2 in flight: the same prompt
+    tokens found cached, the same hits, puts and evictions per tier, the same load
+    decisions. (The disk budget leaves room for the files' headers, which the simulation does
+    not count.)"""
     from infergen import LLM, SamplingParams
     from tests.hf_models import build_hf_model
 
@@ -250,7 +298,7 @@ def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blo
     conversations = [[rng.randrange(0, 200) for _ in range(first)] for _ in range(sessions)]
     params = SamplingParams(max_tokens=answer, temperature=0, ignore_eos=True)
     cached = 0
-    for _ in range(turns):  # every session's turn together, as Simulator.run(lockstep=True)
+    for _ in range(0 if rotate else turns):  # every session's turn together (lockstep)
         ids = [engine.add_request(prompt, params) for prompt in conversations]
         while engine.has_unfinished():
             engine.step()
@@ -260,11 +308,15 @@ def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blo
             new = [rng.randrange(0, 200) for _ in range(follow)]
             conversations[s] = conversations[s] + list(out.token_ids) + new
             engine.release(request)
+    if rotate:
+        cached = _rotate(engine, conversations, turns, params, follow, rng)
     shape = PoolShape(12, engine.kv_cache.groups, 16, page_bytes=block_bytes)
     sim = Simulator(linear_step, shape, SchedulerConfig(**limits),
                     tiers=TierSpec(host, disk, False, 1e12, 1e12))  # fmt: skip
     shapes = [Shape(first, answer, (follow,) * (turns - 1), f"s{i}") for i in range(sessions)]
-    *_, stats = sim.run(shapes, concurrency=sessions, lockstep=True)
+    load = dict(concurrency=2, rotate=True) if rotate else dict(concurrency=sessions,
+                                                                 lockstep=True)  # fmt: skip
+    *_, stats = sim.run(shapes, **load)
 
     def counters(kv_tiers) -> dict:
         found = kv_tiers.stats()
