@@ -32,8 +32,9 @@ leave at its end. Arrivals come from a closed loop (N clients, each sending its 
 when the last one finished; `lockstep`: every session's turn k together, once all of turn k-1
 finished; `rotate`: sessions take turns, a session whose turn finished queuing behind the
 waiting ones for its next turn — the time a tool runs between a session's turns, as
-benchmarks/bench_kv_tiers.py's loop) or an open loop (Poisson arrivals of requests / sessions at a rate), as
-`infergen bench`. `shared_prefix` tokens open every session alike (a system prompt).
+benchmarks/bench_kv_tiers.py's loop) or an open loop (Poisson arrivals of requests /
+sessions at a rate), as `infergen bench`. `shared_prefix` tokens open every session alike
+(a system prompt).
 
 Reuse accounting (`SimStats.as_dict()["reuse"]`): for every turn from the second on, the
 reusable prompt tokens (the full blocks of what the session's earlier turns computed: their

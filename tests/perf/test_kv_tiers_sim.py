@@ -268,8 +268,10 @@ def _rotate(engine, conversations: list[list[int]], turns: int, params, follow, 
     return cached
 
 
-@pytest.mark.parametrize("host_blocks, disk_blocks, rotate", [
-    (100, None, False), (3, None, False), (2, 8, False), (3, None, True), (2, 8, True)])
+@pytest.mark.parametrize(
+    "host_blocks, disk_blocks, rotate",
+    [(100, None, False), (3, None, False), (2, 8, False), (3, None, True), (2, 8, True)],
+)
 def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blocks, rotate,
                                                           tmp_path):  # fmt: skip
     """The engine (a tiny model, a 12-block pool, real host / disk tiers) and the simulator
