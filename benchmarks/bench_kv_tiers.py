@@ -33,8 +33,8 @@ Control "random prompts (no reuse)": `control_requests` unrelated prompts throug
 closed loop, no tiers vs host tier on the conversations' engines, alternated `control_rounds`
 times (the order flipped every round): median, spread and best of each, with the blocks the
 host tier was written (write-back of blocks never reused) and the engine's seconds per phase.
-The Falcon-H1 row's full run halves every length (kv_tiers_models.py). Takes about 5 minutes
-for the default model's row on 2 quiet cores.
+Takes about 9 minutes for the default model's row (the peer included), 5 for Gemma-3-270M's,
+4 for Falcon-H1's, on 2 quiet cores.
 Peer (default model only; skipped with the reason when its binary is absent): llama.cpp's
 llama-server (benchmarks/kv_tiers_llama.py) on the same trace with its prompt cache.
 Predicted vs measured TTFT gain: the perf model's simulator in the same loop on the calibrated
