@@ -15,13 +15,17 @@ def add_parser(sub) -> None:
     cal = perf_sub.add_parser(
         "calibrate",
         help="measure this machine's peaks (GEMM FLOP/s by row count, read bandwidth, host "
-        "copy bandwidth, launch cost, decode and prefill attention efficiency) as the "
-        "`cpu-local` hardware row",
+        "copy bandwidth, launch cost, decode and prefill attention efficiency, the KV disk "
+        "tier's per-block costs) as the `cpu-local` hardware row",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     cal.add_argument("--threads", type=int, default=None, help="threads (default: torch's)")
     cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
     cal.add_argument("--out", default=None, help="JSON file (default: the cache directory)")
+    cal.add_argument("--disk-dir", default=None, help="where to time the KV disk tier: a "
+                     "directory on the filesystem --kv-offload-dir will use (a temporary "
+                     "directory is made inside it and removed; default: the system's "
+                     "temporary directory)")  # fmt: skip
     cal.set_defaults(func=cmd_perf_calibrate)
     step = perf_sub.add_parser(
         "step",
@@ -48,12 +52,17 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    hw = measure(args.threads, quick=args.quick)
+    hw = measure(args.threads, quick=args.quick, disk_dir=args.disk_dir)
     path = save(hw, pathlib.Path(args.out) if args.out else default_path())
     print(f"GEMM fp32      {hw.flops['fp32'] / 1e9:8.1f} GFLOP/s")
     print(f"read bandwidth {hw.bandwidth / 1e9:8.1f} GB/s")
     print(f"host copy      {hw.host_bandwidth / 1e9:8.1f} GB/s (KV host tier loads)")
     print(f"launch cost    {hw.launch_overhead_s * 1e6:8.1f} us")
+    disk = hw.disk
+    print(f"disk read      {disk.read_file_s * 1e6:8.1f} us a file + "
+          f"{disk.read_bandwidth / 1e9:.2f} GB/s (KV disk tier blocks)")  # fmt: skip
+    print(f"disk write     {disk.write_file_s * 1e6:8.1f} us a file + "
+          f"{disk.write_bandwidth / 1e9:.2f} GB/s")  # fmt: skip
     for kind, share in hw.memory_efficiency_by_kind.items():
         print(f"{kind:<14} {100 * share:8.1f} % of the bandwidth (decode)")
     for kind, share in hw.compute_efficiency_by_kind.items():

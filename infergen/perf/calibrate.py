@@ -7,8 +7,11 @@ buffers, in bytes copied per second: what the KV host tier's loads reach here, w
 device memory are one), the fixed cost of one parallel op launch
 (a native op on a tiny tensor), the GEMM's efficiency by row count on a stack of model-sized
 weights, the fraction of the bandwidth the decode-attention kernel reaches and the fraction of
-the GEMM peak the prefill attention reaches. Best of
-several repeats: the peaks a careful kernel reaches,
+the GEMM peak the prefill attention reaches, and the KV disk tier's costs per block (the
+engine's own DiskTier writing then reading blocks of two sizes in a temporary directory — on
+the filesystem of `disk_dir`, default the system's temporary directory: a fixed time per file
+and a bandwidth, each way; the reads come from the page cache, as a tier's reads of blocks it
+wrote recently do). Best of several repeats: the peaks a careful kernel reaches,
 which is what a roofline divides by. Written as a hardware JSON row (`load_file` reads it).
 """
 
@@ -18,19 +21,24 @@ import datetime
 import json
 import os
 import pathlib
-from dataclasses import replace
+import tempfile
+import time
+from dataclasses import asdict, replace
 
 import torch
 
+from infergen.kvcache.tiers.disk import DiskTier
 from infergen.ops import linear
 from infergen.ops.paged_attention import DECODE_BACKENDS, paged_attention, plan
-from infergen.perf.hardware import CPU_LOCAL, Hardware
+from infergen.perf.hardware import CPU_LOCAL, FileCosts, Hardware
 from infergen.perf.step_cost import Chunk, attended_keys
 from infergen.process import configure_process
 from infergen.timing import best_seconds, best_seconds_each
 
 
-def measure(threads: int | None = None, quick: bool = False) -> Hardware:
+def measure(
+    threads: int | None = None, quick: bool = False, disk_dir: str | None = None
+) -> Hardware:
 
     configure_process(threads)
     repeats = 3 if quick else 7
@@ -61,6 +69,7 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
     curve = {rows: flops / peak for rows, flops in achieved.items()}
     attention = _attention_efficiency(bandwidth, repeats, layers=4 if quick else 16)
     prefill_attention = _prefill_attention_efficiency(peak, repeats, 256 if quick else 512)
+    disk = _disk_costs(repeats, 16 if quick else 48, disk_dir)
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(
         name=CPU_LOCAL,
@@ -68,6 +77,7 @@ def measure(threads: int | None = None, quick: bool = False) -> Hardware:
         memory_bytes=float(total_ram),
         bandwidth=bandwidth,
         host_bandwidth=host_copy,
+        disk=disk,
         flops={"fp32": peak},
         launch_overhead_s=overhead,
         gemm_efficiency=curve,
@@ -92,11 +102,17 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
         }
 
     copies = [hw.host_bandwidth for hw in (a, b) if hw.host_bandwidth is not None]
+    disks = [hw.disk for hw in (a, b) if hw.disk is not None]
+    disk = FileCosts(
+        *(min(d.read_file_s for d in disks), max(d.read_bandwidth for d in disks),
+          min(d.write_file_s for d in disks), max(d.write_bandwidth for d in disks))
+    ) if disks else None  # fmt: skip
     return replace(
         a,
         flops=flops,
         bandwidth=bandwidth,
         host_bandwidth=max(copies) if copies else None,
+        disk=disk,
         launch_overhead_s=min(a.launch_overhead_s, b.launch_overhead_s),
         gemm_efficiency=rates(a.gemm_efficiency, b.gemm_efficiency, peak_a, peak_b, peak),
         memory_efficiency_by_kind=rates(
@@ -168,6 +184,41 @@ def _prefill_attention_efficiency(peak: float, repeats: int, tokens: int) -> flo
     return min(1.0, flops / seconds / peak)
 
 
+SMALL, LARGE = 16 << 10, 1 << 20  # the two block sizes the disk tier is timed with
+
+
+def _disk_costs(repeats: int, blocks: int, directory: str | None) -> FileCosts:
+    """The KV disk tier's per-block costs: `blocks` blocks of SMALL and of LARGE bytes put
+    and then got through a DiskTier in a fresh temporary directory, best of `repeats` rounds
+    per size and way; the two sizes' seconds per block give a fixed time per file and a
+    bandwidth (a line through both; the time per file at least 0)."""
+    seconds: dict[tuple[str, int], float] = {}
+    with tempfile.TemporaryDirectory(prefix="infergen-calibrate-", dir=directory) as tmp:
+        for size in (SMALL, LARGE):
+            data = torch.randint(0, 256, (size,), dtype=torch.uint8)
+            for rnd in range(repeats):
+                tier = DiskTier(pathlib.Path(tmp) / f"{size}-{rnd}", blocks * (size + 4096),
+                                "calibrate")  # fmt: skip
+                keys = [os.urandom(16) for _ in range(blocks)]
+                start = time.perf_counter()
+                for key in keys:
+                    tier.put(key, None, data)
+                wrote = time.perf_counter()
+                for key in keys:
+                    tier.get(key)
+                read = time.perf_counter()
+                for way, took in (("write", wrote - start), ("read", read - wrote)):
+                    best = seconds.get((way, size), float("inf"))
+                    seconds[way, size] = min(best, took / blocks)
+    costs = {}
+    for way in ("read", "write"):
+        small, large = seconds[way, SMALL], seconds[way, LARGE]
+        per_byte = max(large - small, 1e-12) / (LARGE - SMALL)
+        costs[f"{way}_file_s"] = max(0.0, small - SMALL * per_byte)
+        costs[f"{way}_bandwidth"] = 1 / per_byte
+    return FileCosts(**costs)
+
+
 def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     row = {
@@ -176,6 +227,7 @@ def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
         "bandwidth": hw.bandwidth,
         "flops": hw.flops,
         **({"host_bandwidth": hw.host_bandwidth} if hw.host_bandwidth else {}),
+        **({"disk": asdict(hw.disk)} if hw.disk else {}),
         "launch_overhead_s": hw.launch_overhead_s,
         "gemm_efficiency": hw.gemm_efficiency,
         "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,

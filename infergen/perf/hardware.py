@@ -46,6 +46,38 @@ TABLE = pathlib.Path(__file__).with_name("hardware.json")
 
 
 @dataclass(frozen=True)
+class FileCosts:
+    """What a tier of one file per block costs a block: a fixed time per file (open, header,
+    checksum setup, rename) plus its bytes at a bandwidth, reading and writing (the KV disk
+    tier, as `infergen perf calibrate` measures it through the engine's own DiskTier)."""
+
+    read_file_s: float
+    read_bandwidth: float  # bytes/s
+    write_file_s: float
+    write_bandwidth: float  # bytes/s
+
+    def read_seconds(self, nbytes: float) -> float:
+        return self.read_file_s + nbytes / self.read_bandwidth
+
+    def write_seconds(self, nbytes: float) -> float:
+        return self.write_file_s + nbytes / self.write_bandwidth
+
+    @classmethod
+    def from_dict(cls, row: dict, name: str, where: str) -> FileCosts:
+        keys = [f.name for f in fields(cls)]
+        if not isinstance(row, dict) or sorted(row) != sorted(keys):
+            raise ConfigError(f"hardware {name!r}: disk must map exactly {keys} to numbers",
+                              where=where, found=row)  # fmt: skip
+        for key, value in row.items():
+            low = 0 if key.endswith("_s") else None
+            if not _number(value) or value < 0 or (low is None and value <= 0):
+                raise ConfigError(f"hardware {name!r}: disk {key} must be a number "
+                                  f"{'>= 0' if low == 0 else '> 0'}", where=where,
+                                  found=value)  # fmt: skip
+        return cls(**{key: float(row[key]) for key in keys})
+
+
+@dataclass(frozen=True)
 class Hardware:
     name: str
     description: str
@@ -58,6 +90,9 @@ class Hardware:
     # bytes/s of a copy from host memory into the device's memory (the KV host tier's loads);
     # None: not known, perf/kv_tiers.py's documented default
     host_bandwidth: float | None = None
+    # the KV disk tier's per-block costs on this machine (cpu-local: calibrated); None: not
+    # known, perf/kv_tiers.py's documented default bandwidth and no per-file cost
+    disk: FileCosts | None = None
     launch_overhead_s: float = 0.0  # fixed cost per op launch (kernel / parallel region)
     # per op launch of a step that runs op by op (one with a chunk of several tokens: the
     # engine's fused decode, like a GPU's captured graph, covers decode-only steps); 0: the
@@ -178,7 +213,8 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             expected=f"keys {list(_REQUIRED)} (plus optional l2_bytes, sms, interconnect, "
             "host_bandwidth)",
         )
-    known = {"description", "l2_bytes", "sms", "interconnect", "host_bandwidth", "calibrated"}
+    known = {"description", "l2_bytes", "sms", "interconnect", "host_bandwidth", "calibrated",
+             "disk"}  # fmt: skip
     known |= {"efficiencies_from", *FRACTIONS, *SECONDS, *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
@@ -224,6 +260,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         sms=row.get("sms"),
         interconnect=row.get("interconnect"),
         host_bandwidth=float(numbers["host_bandwidth"]) if "host_bandwidth" in numbers else None,
+        disk=FileCosts.from_dict(row["disk"], name, where) if row.get("disk") else None,
         **{key: float(row[key]) for key in SECONDS if key in row},
         memory_efficiency=float(memory),
         gemm_efficiency={int(m): e for m, e in curve.items()},

@@ -37,12 +37,14 @@ Bandwidths, bytes/s per device (each device holds its share of a block, over its
 - host: the flag (`infergen predict --host-bandwidth`), else the hardware row's
   `host_bandwidth` (cpu-local: measured by `infergen perf calibrate`, a memory copy), else
   DEFAULT_HOST_BANDWIDTH;
-- disk: the flag (`--disk-bandwidth`), else DEFAULT_DISK_BANDWIDTH, for reads and writes.
+- disk: the flag (`--disk-bandwidth`), else the row's measured costs (cpu-local: `infergen perf
+  calibrate` times the engine's own DiskTier: a fixed time per file plus the bytes at a
+  bandwidth, each way; `TierSpec.costs`), else DEFAULT_DISK_BANDWIDTH, for reads and writes.
 Budgets are per device too (the engine's tiers serve one device).
 
-Not modeled: the disk tier's file headers (~100 bytes a block) and per-file costs (open,
-checksum), blocks a disk tier holds from an earlier run (a simulated tier starts
-empty), I/O faults (no simulated load fails but for a block gone from the tiers), per-block
+Not modeled: the disk tier's file headers (~100 bytes a block), the engine's work around a
+tier write (the pool page's copy and encoding), blocks a disk tier holds from an earlier run
+(a simulated tier starts empty), I/O faults (no simulated load fails but for a block gone from the tiers), per-block
 Python overheads, a background copy slowing the steps it overlaps (shared links, the GIL).
 """
 
@@ -50,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -60,7 +62,7 @@ from infergen.errors import ConfigError
 from infergen.kvcache.tiers.host import HostTier
 from infergen.kvcache.tiers.loader import LoadJob
 from infergen.kvcache.tiers.tiered import KVTiers
-from infergen.perf.hardware import CPU_LOCAL, Hardware
+from infergen.perf.hardware import CPU_LOCAL, FileCosts, Hardware
 
 # Assumed, not measured: about 40 % of a PCIe Gen5 x16 link's 64 GB/s per direction, what a
 # copy from pageable (not pinned) host memory reaches; the engine's host tier keeps plain CPU
@@ -85,6 +87,7 @@ class TierSpec:
     disk_bandwidth: float | None = None
     sources: tuple[tuple[str, str], ...] = ()  # (tier, where its bandwidth came from)
     loads_overlap: bool = True  # a background load runs beside the steps (`for_hardware`)
+    disk_costs: FileCosts | None = None  # the row's measured disk tier costs (`for_hardware`)
 
     def __post_init__(self) -> None:
         if self.memory_bytes is None and self.disk_bytes is None:
@@ -128,12 +131,23 @@ class TierSpec:
             host, host_from = hw.host_bandwidth, f"hardware row {hw.name}"
         if host is None:
             host, host_from = DEFAULT_HOST_BANDWIDTH, "default (assumed)"
-        disk, disk_from = self.disk_bandwidth, "--disk-bandwidth"
+        disk, disk_from, costs = self.disk_bandwidth, "--disk-bandwidth", None
+        if disk is None and hw.disk is not None:
+            costs, disk = hw.disk, hw.disk.read_bandwidth
+            disk_from = f"hardware row {hw.name} (per-file costs too)"
         if disk is None:
             disk, disk_from = DEFAULT_DISK_BANDWIDTH, "default (assumed)"
-        return replace(self, host_bandwidth=host, disk_bandwidth=disk,
+        return replace(self, host_bandwidth=host, disk_bandwidth=disk, disk_costs=costs,
                        sources=(("host", host_from), ("disk", disk_from)),
                        loads_overlap=hw.name != CPU_LOCAL)  # fmt: skip
+
+    def costs(self) -> dict[str, FileCosts]:
+        """Per tier, what a block costs to read and write (bandwidths chosen first): the host
+        tier its bytes at host_bandwidth; the disk tier the row's measured per-file costs, else
+        its bytes at disk_bandwidth both ways."""
+        host, disk = self.host_bandwidth, self.disk_bandwidth
+        return {"host": FileCosts(0.0, host, 0.0, host),
+                "disk": self.disk_costs or FileCosts(0.0, disk, 0.0, disk)}  # fmt: skip
 
     def as_dict(self) -> dict:
         sources = dict(self.sources)
@@ -144,6 +158,8 @@ class TierSpec:
         if self.disk_bytes is not None:
             tiers["disk"] = {"budget_bytes": self.disk_bytes, "bandwidth": self.disk_bandwidth,
                              "bandwidth_from": sources.get("disk")}  # fmt: skip
+            if self.disk_costs is not None:
+                tiers["disk"]["costs"] = asdict(self.disk_costs)
         return {"tiers": tiers, "write_through": self.write_through}
 
 
@@ -246,12 +262,12 @@ class SimulatedTiers(KVTiers):
             tiers.append(disk)
         super().__init__(_DatalessCache(block_bytes, block_size), tiers, spec.write_through)
         self.spec = spec
-        self.seconds_per_byte = {"host": 1 / spec.host_bandwidth, "disk": 1 / spec.disk_bandwidth}
+        self.costs = spec.costs()  # per tier: a block's read and write seconds
         self.admitting = admitting
         self.clock = clock
         self.first_loads: dict[Sequence, dict[str, int]] = {}
         self._pending = 0.0
-        self._written = {tier.name: 0 for tier in tiers}
+        self._written = {tier.name: (0, 0) for tier in tiers}  # puts, bytes written
         self._loader_free = 0.0  # when the simulated loader thread finishes its last job
         self._jobs: list[_TimedJob] = []  # background jobs not done at the last look
 
@@ -262,7 +278,7 @@ class SimulatedTiers(KVTiers):
                 data = tier.get(key)
                 if data is not None:
                     nbytes = data.numel() * data.element_size()
-                    seconds = nbytes * self.seconds_per_byte[tier.name]
+                    seconds = self.costs[tier.name].read_seconds(nbytes)
                     run = 0.0 if self.spec.loads_overlap else seconds  # (else: I/O waits)
                     self._count_read(tier.name, nbytes, seconds, run, 0.0)
                     self.loaded += 1
@@ -314,7 +330,9 @@ class SimulatedTiers(KVTiers):
         """Seconds of the inline loads and the saves since the last call."""
         seconds, self._pending = self._pending, 0.0
         for tier in self.tiers:
-            written = tier.stats["bytes_written"]
-            seconds += (written - self._written[tier.name]) * self.seconds_per_byte[tier.name]
-            self._written[tier.name] = written
+            puts, written = tier.stats["puts"], tier.stats["bytes_written"]
+            costs, (puts_before, written_before) = self.costs[tier.name], self._written[tier.name]
+            seconds += (puts - puts_before) * costs.write_file_s
+            seconds += (written - written_before) / costs.write_bandwidth
+            self._written[tier.name] = puts, written
         return seconds

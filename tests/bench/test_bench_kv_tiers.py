@@ -37,7 +37,8 @@ def test_bench_kv_tiers_quick(tmp_path):
     tiers = {ln["config"]: ln for ln in lines if ln["kind"] == "tiers"}
     assert tiers["host"]["saved"] > 0 and tiers["host + disk"]["tiers"]["disk"]["puts"] > 0
     assert tiers["restart"]["tiers"]["disk"]["hits"] > 0
-    assert len([ln for ln in lines if ln["kind"] == "target"]) == 6
+    predicted = [ln for ln in lines if ln["kind"] == "target" and "predicted" in ln["metric"]]
+    assert len([ln for ln in lines if ln["kind"] == "target"]) == 5 + len(predicted)
     shares = {ln["config"]: ln["value"] for ln in lines if "cache_served_share" in ln["metric"]
               and ln["kind"] == "result"}  # fmt: skip
     assert shares["host"] == shares["host + disk"] == 1.0  # nothing reusable is recomputed
@@ -47,7 +48,7 @@ def test_bench_kv_tiers_quick(tmp_path):
 
 
 def _request(turn: int, ttft: float) -> dict:
-    return dict(session=0, turn=turn, reusable=32, needed_blocks=2, cached=32,
+    return dict(session=0, turn=turn, reusable=32, needed_blocks=2, cached=32, shared=16,
                 answer=[1, 2], prompt_tokens=40, ttft_s=ttft, schedule_s=0.0, forward_s=ttft,
                 after_s=0.0, outside_s=0.0, steps=1)  # fmt: skip
 
@@ -81,7 +82,10 @@ def test_kv_tiers_targets_against_no_tiers_not_the_peer():
     restart = "restart with the disk tier: first-turn TTFT >= 3x lower than a cold start"
     assert targets[restart] == 1.0 / 0.75  # medians of (1.0, 1.0) over (1.0, 0.5)
     shares = [v for k, v in targets.items() if "served from" in k]
-    assert shares == [0.25, 1.0]  # one block loaded of the 2 + 2 needed; 32 of 32 tokens cached
+    assert shares == [1.0]  # 32 of 32 reusable tokens cached
+    reported = {ln["metric"]: ln["value"] for ln in lines if ln["kind"] == "result"}
+    assert reported["r: tier_loaded_share [host + disk]"] == 0.25  # 1 block of the 2 + 2 needed
+    assert reported["r: pool_resident_share [host + disk]"] == 0.5  # 16 of the 32 reusable
     (predicted,) = [ln for ln in lines if ln["kind"] == "target" and "predicted" in ln["metric"]]
     assert predicted["value"] == 0.25 and predicted["met"]  # |3 - 4| / 4
     peer = [ln for ln in lines if ln["kind"] == "ratio" and ln["peer"] == "llama-server"]

@@ -38,6 +38,36 @@ def test_user_file_adds_a_gpu(tmp_path):
         ({"bad3": {"memory_bytes": 1e9, "bandwidth": 1, "flops": {}, "clock": 3}}, "unknown keys"),
         ({"bad4": {"memory_bytes": 1, "bandwidth": 1, "flops": {}, "host_bandwidth": 0}}, "host_b"),
         ({"h200": {"memory_bytes": 1e9, "bandwidth": 1, "flops": {"bf16": 1}}}, "already defined"),
+        (
+            {"bad5": {"memory_bytes": 1, "bandwidth": 1, "flops": {}, "disk": {"read_file_s": 1}}},
+            "disk must map exactly",
+        ),
+        (
+            {
+                "bad6": {
+                    "memory_bytes": 1,
+                    "bandwidth": 1,
+                    "flops": {},
+                    "disk": dict(
+                        read_file_s=-1, read_bandwidth=1, write_file_s=0, write_bandwidth=1
+                    ),
+                }
+            },
+            "disk read_file_s must be a number >= 0",
+        ),
+        (
+            {
+                "bad7": {
+                    "memory_bytes": 1,
+                    "bandwidth": 1,
+                    "flops": {},
+                    "disk": dict(
+                        read_file_s=0, read_bandwidth=0, write_file_s=0, write_bandwidth=1
+                    ),
+                }
+            },
+            "disk read_bandwidth must be a number > 0",
+        ),
     ],
 )
 def test_bad_hardware_files_name_the_problem(tmp_path, content, message):

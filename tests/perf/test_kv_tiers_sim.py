@@ -327,3 +327,33 @@ def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blo
 
     assert counters(sim.tiers) == counters(engine.kv_tiers)
     assert stats.prefix_hit_tokens == cached > 0
+
+
+def test_a_calibrated_disk_costs_each_block_a_file_and_its_bytes():
+    """A hardware row's measured disk costs (`infergen perf calibrate`: a fixed time per file
+    and a bandwidth, each way) price every simulated disk read and write; --disk-bandwidth
+    replaces them with a bandwidth alone."""
+    from infergen.perf.hardware import HARDWARE, FileCosts
+    from infergen.perf.kv_tiers import SimulatedTiers, _Contents
+
+    costs = FileCosts(read_file_s=1e-3, read_bandwidth=1e9, write_file_s=2e-3,
+                      write_bandwidth=5e8)  # fmt: skip
+    hw = dataclasses.replace(HARDWARE.get("h200"), disk=costs)
+    spec = TierSpec(None, 100 * BLOCK_BYTES).for_hardware(hw)
+    assert spec.disk_costs == costs and spec.disk_bandwidth == 1e9
+    assert spec.as_dict()["tiers"]["disk"]["costs"]["write_file_s"] == 2e-3
+    flagged = TierSpec(None, 100 * BLOCK_BYTES, disk_bandwidth=3e9).for_hardware(hw)
+    assert flagged.disk_costs is None and flagged.costs()["disk"].read_seconds(3000) == 1e-6
+    tiers = SimulatedTiers(spec, BLOCK_BYTES, 4, lambda: None, lambda: 0.0)
+    (disk,) = tiers.tiers
+    keys = [bytes([i]) * 16 for i in range(3)]
+    for i, key in enumerate(keys):
+        assert disk.put(key, keys[i - 1] if i else None, _Contents(BLOCK_BYTES))
+    assert tiers.take_seconds() == pytest.approx(3 * (2e-3 + BLOCK_BYTES / 5e8))
+    assert tiers.take_seconds() == 0.0
+    shapes = [Shape(40, 8, (12, 12), f"s{i}") for i in range(3)]
+    sim, results, *_ = run(shapes, 8, spec, linear_step, block_size=16)
+    stats = sim.tiers.stats()
+    assert all(r.ok for r in results) and stats["tiers"]["disk"]["hits"] > 0
+    loads = stats["load_seconds"]["inline"] + stats["load_seconds"]["background"]
+    assert loads == pytest.approx(stats["tiers"]["disk"]["hits"] * (1e-3 + BLOCK_BYTES / 1e9))

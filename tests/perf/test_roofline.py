@@ -48,8 +48,12 @@ def test_calibration_round_trips_as_a_hardware_row(tmp_path, capsys):
     assert main(["perf", "calibrate", "--quick", "--out", str(tmp_path / "c.json")]) == 0
     out = capsys.readouterr().out
     assert "% of the bandwidth (decode)" in out and "% of the GEMM peak (prefill)" in out
+    assert "disk read" in out and "disk write" in out
     (hw,) = load_file(tmp_path / "c.json")
     assert hw.flops["fp32"] > 1e9 and hw.bandwidth > 1e8 and 0 < hw.launch_overhead_s < 1e-2
+    disk = hw.disk  # the KV disk tier's costs: a file takes time, a larger one more
+    assert 0 < disk.read_seconds(16 << 10) < disk.read_seconds(1 << 20) < 1.0
+    assert 0 < disk.write_seconds(16 << 10) < disk.write_seconds(1 << 20) < 1.0
     for by_kind in ("memory_efficiency_by_kind", "compute_efficiency_by_kind"):
         assert 0 < getattr(hw, by_kind)["attention"] <= 1
     (row,) = load_file(save(dataclasses.replace(hw, name="cpu-test"), tmp_path / "t.json"))
