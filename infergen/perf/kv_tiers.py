@@ -44,8 +44,9 @@ Budgets are per device too (the engine's tiers serve one device).
 
 Not modeled: the disk tier's file headers (~100 bytes a block), the engine's work around a
 tier write (the pool page's copy and encoding), blocks a disk tier holds from an earlier run
-(a simulated tier starts empty), I/O faults (no simulated load fails but for a block gone from the tiers), per-block
-Python overheads, a background copy slowing the steps it overlaps (shared links, the GIL).
+(a simulated tier starts empty), I/O faults (no simulated load fails but for a block gone
+from the tiers), per-block Python overheads, a background copy slowing the steps it overlaps
+(shared links, the GIL).
 """
 
 from __future__ import annotations
