@@ -44,3 +44,23 @@ def test_a_sleeping_thread_neither_runs_nor_queues():
     wall, ran, queued, _ = _measure(lambda: time.sleep(0.2))
     assert wall >= 0.2 and ran < 0.02 and queued < 0.05
     assert wall - ran - queued >= 0.15  # what KVTiers counts as I/O waits
+
+
+def test_a_forked_child_reads_its_own_thread():
+    """After a fork the child's times are its own (not the parent thread's, whose descriptor
+    it inherited): a child that has barely run reports far less run time than the parent."""
+    import os
+
+    _spin(0.3)
+    parent_ran, _ = thread_times()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its run time and leave at once
+        ran, _ = thread_times()
+        os.write(write, repr(ran).encode())
+        os._exit(0)
+    os.close(write)
+    child_ran = float(os.read(read, 64))
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert parent_ran >= 0.25 and child_ran < parent_ran / 2

@@ -21,6 +21,7 @@ class _Schedstat:
     """This thread's schedstat file (closed when the thread's locals are dropped)."""
 
     def __init__(self) -> None:
+        self.pid = os.getpid()  # (a forked child opens its own: this one names the parent's)
         try:
             self.fd = os.open(SCHEDSTAT, os.O_RDONLY)
         except OSError:
@@ -47,7 +48,7 @@ def thread_times() -> tuple[float, float]:
     """(seconds this thread has run on a core, seconds it has waited runnable for one), both
     since the thread started: take differences."""
     stat = getattr(_local, "schedstat", None)
-    if stat is None:
+    if stat is None or stat.pid != os.getpid():
         stat = _local.schedstat = _Schedstat()
     times = stat.read()
     return times if times is not None else (time.thread_time(), 0.0)
