@@ -227,6 +227,8 @@ def run_round(model: Model, work: dict, first) -> dict:
             found[config] = run_conversations(llm, work, sizes)
             found[config]["options"] = options
             print(f"[{model.row.name}: {config}] {time.perf_counter() - started:.0f} s", flush=True)
+            if config == DISK:  # the blocks still queued for writing through, before restart
+                llm.engine.kv_tiers.flush()
             if config in (NONE, HOST):
                 kept[config] = llm
             del llm

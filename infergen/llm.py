@@ -67,6 +67,8 @@ class LLM:
         outputs = [self.engine.output(i) for i in ids]
         for i in ids:
             self.engine.release(i)
+        if self.engine.kv_tiers is not None:  # its blocks written through are on disk now
+            self.engine.kv_tiers.flush()
         return outputs
 
     def chat(

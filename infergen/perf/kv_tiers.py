@@ -245,6 +245,11 @@ class SimulatedTiers(KVTiers):
     not). `clock()`: the simulator's time, which background loads complete by (`ready_at`).
     `take_seconds()`: the inline load and the save seconds since the last call."""
 
+    # (writes through in the step that registers the block, priced there: on cpu-local the
+    # engine's writer thread takes the same cores from the steps; on a GPU this overstates
+    # what the steps pay)
+    background_writes = False
+
     def __init__(
         self,
         spec: TierSpec,

@@ -282,6 +282,8 @@ class AsyncEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
+        if self.engine.kv_tiers is not None:  # blocks queued for writing through: on disk
+            self.engine.kv_tiers.flush()
 
     # ---- requests ---------------------------------------------------------------------------
     async def submit(

@@ -71,6 +71,7 @@ from infergen.kvcache.tiers.compact import AS_STORED, AsStored, ScaledBlocks
 from infergen.kvcache.tiers.copies import HostCopies, host_copies
 from infergen.kvcache.tiers.loader import BackgroundLoader, LoadJob
 from infergen.kvcache.tiers.thread_clock import thread_times
+from infergen.kvcache.tiers.writer import ThroughWriter
 
 # an inline load may stall the running sequences' next step by this share of a step at most
 INLINE_STEP_SHARE = 0.1
@@ -111,6 +112,8 @@ class KVTier(Protocol):
 
 
 class KVTiers:
+    background_writes = True  # write-through off the engine thread (writer.py)
+
     def __init__(
         self,
         kv_cache: PagedKVCache,
@@ -141,6 +144,9 @@ class KVTiers:
         self._read = {tier.name: ReadTimes() for tier in tiers}  # of the tiers' gets
         self._lock = threading.Lock()  # the counters the background loader updates too
         self._loader: BackgroundLoader | None = None  # started by the first background load
+        persistent = [tier for tier in tiers if not tier.in_memory]
+        self._writer = ThroughWriter(lambda key, parent, data: self._put_through(
+            key, parent, data, persistent))  # fmt: skip
 
     def __contains__(self, key: bytes) -> bool:
         return any(key in tier for tier in self.tiers)
@@ -155,21 +161,32 @@ class KVTiers:
                 return
             data = self._stored(block) if data is None else data
             if tier.put(key, parent, data):
-                self.saved += 1
+                with self._lock:  # (the writer thread counts too)
+                    self.saved += 1
                 return
 
     def save_through(self, block: int, key: bytes, parent: bytes | None) -> None:
         """`block` was just computed and registered: a copy into the tiers that persist (the
         disk tier, so whole prefixes outlive a restart; the host tier alone when there is no
         disk). The host tier is filled by the pool's evictions (`save`): written through, it
-        would only mirror the pool."""
-        persistent = [tier for tier in self.tiers if not tier.in_memory] or self.tiers[:1]
-        missing = [tier for tier in persistent if key not in tier]
-        if not missing:
-            return
-        data = self._stored(block)
-        if sum(tier.put(key, parent, data) for tier in missing):
-            self.saved += 1
+        would only mirror the pool. Disk writes go through the `ThroughWriter` (writer.py: off
+        the engine thread; `flush` waits for them)."""
+        persistent = [tier for tier in self.tiers if not tier.in_memory]
+        if not persistent or not self.background_writes:
+            self._put_through(key, parent, self._stored(block), persistent or self.tiers[:1])
+        elif any(key not in tier for tier in persistent) and not self._writer.pending(key):
+            self._writer.save(key, parent, self._stored(block))
+
+    def _put_through(self, key: bytes, parent: bytes | None, data, tiers: list) -> None:
+        """Put `data` into those of `tiers` that lack `key` (any thread); counted once."""
+        if sum(tier.put(key, parent, data) for tier in tiers if key not in tier):
+            with self._lock:
+                self.saved += 1
+
+    def flush(self) -> None:
+        """Return once every block queued for writing through is in its tiers (before another
+        engine opens the same disk directory)."""
+        self._writer.flush()
 
     def load(self, key: bytes, block: int) -> bool:
         """Copy `key`'s contents into pool block `block`; False when no tier has a good copy."""
