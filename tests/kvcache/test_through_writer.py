@@ -4,6 +4,7 @@ save returns while its write waits; no timing), and the engine's own steps."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -109,3 +110,23 @@ def test_a_prefill_step_does_not_wait_for_its_blocks_files(tmp_path):
     restarted = LLM(model, **options)
     out = restarted.generate(prompt, params)[0]
     assert out.num_cached_prompt_tokens >= 36
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_the_writer_thread_starts_no_openmp_team(tmp_path):
+    """The writer only writes files: blocks of 49152 elements (which torch copies in parallel)
+    written through add the writer's one thread to the process and no OpenMP team (which
+    would slow every later step: tiers/loader.py). (A first prompt shorter than a block
+    starts the engine thread's own team and writes nothing.)"""
+    build_hf_model("llama_gqa", tmp_path / "model")
+    llm = LLM(str(tmp_path / "model"), block_size=256, num_kv_blocks=8, num_threads=2,
+              kv_offload_dir=str(tmp_path / "kv"), kv_offload_write_through=True)  # fmt: skip
+    assert llm.engine.kv_cache.page(0).numel() > 32768
+    prompt = torch.randint(3, 200, (500,), generator=torch.Generator().manual_seed(4)).tolist()
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    llm.generate(prompt[:10], params)
+    before = len(os.listdir("/proc/self/task"))
+    llm.generate(prompt, params)
+    (disk,) = llm.engine.kv_tiers.tiers
+    assert disk.stats["puts"] >= 1
+    assert len(os.listdir("/proc/self/task")) == before + 1

@@ -75,7 +75,8 @@ class ThroughWriter:
     def flush(self) -> None:
         """Return once every save queued before this call is written (one worker, in order);
         re-raise an error the worker met (a bug: it must not pass silently)."""
-        self._executor.submit(lambda: None).result()
+        if self.queued:  # (else no worker was ever started)
+            self._executor.submit(lambda: None).result()
         error, self._error = self._error, None
         if error is not None:
             raise error
