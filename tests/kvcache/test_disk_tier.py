@@ -448,3 +448,35 @@ def test_short_writes_still_write_whole_files(tmp_path, monkeypatch):
     monkeypatch.undo()
     again = DiskTier(tmp_path, 1 << 20, FP)  # (read from the file, not a cache)
     assert torch.equal(_bits(again.get(_key(0))), _bits(_block(0, numel=5000)))
+
+
+def test_a_get_does_not_wait_for_a_put_writing_its_file(tmp_path, monkeypatch):
+    """A put writes its file outside the tier's lock (its bytes reserved first): a get of
+    another block returns while the write is held at a gate; the new key appears once its
+    file is complete."""
+    tier = DiskTier(tmp_path, 1 << 20, FP)
+    assert tier.put(_key(0), None, _block(0))
+    held = tier.nbytes
+    gate, entered, real = threading.Event(), threading.Event(), tier._write
+
+    def gated(key, header, payload):
+        entered.set()
+        if not gate.wait(60):
+            raise OSError("the test never opened the gate")
+        real(key, header, payload)
+
+    monkeypatch.setattr(tier, "_write", gated)
+    writer = threading.Thread(target=tier.put, args=(_key(1), _key(0), _block(1)))
+    writer.start()
+    assert entered.wait(60)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(tier.get(_key(0))))
+    reader.start()
+    reader.join(timeout=10)
+    finished = not reader.is_alive()
+    gate.set()
+    writer.join()
+    reader.join()
+    assert finished  # the get did not wait for the write
+    assert torch.equal(_bits(got[0]), _bits(_block(0)))
+    assert _key(1) in tier and tier.nbytes > held

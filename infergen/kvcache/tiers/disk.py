@@ -49,7 +49,10 @@ keep separate budgets.
 
 Threads: the engine thread puts, the KV tiers' background loader (tiers/loader.py) gets. The
 index, the eviction order and the counters change under one lock; a get reads and checks its
-file outside it (the slow part), so a put never waits for a read. A file evicted while it is
+file outside it (the slow part), so a put never waits for a read, and a put writes its file
+outside it too (room made and its bytes reserved first; the key is in the index once the file
+is complete), so a get never waits for a write (the write-through worker, writer.py, puts while
+the loader reads). A file evicted while it is
 being read is a miss; a read whose entry was replaced meanwhile leaves the new entry alone.
 """
 
@@ -198,7 +201,8 @@ class DiskTier:
         self.disabled = False  # set by the first write error: puts stop, gets go on
         self._index: dict[bytes, _Entry] = {}
         self._order = LeafLRU()  # least recently used leaves first (leaf_lru.py)
-        self._nbytes = 0
+        self._nbytes = 0  # the stored files' bytes and those being written (reserved)
+        self._writing: set[bytes] = set()  # keys whose file a put writes (outside the lock)
         self._lock = threading.Lock()  # the index, the order, the counters (see Threads)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -233,19 +237,43 @@ class DiskTier:
         if parent == key:
             parent = None
         with self._lock:
-            return self._put(key, parent, data)
-
-    def _put(self, key: bytes, parent: bytes | None, data: torch.Tensor) -> bool:
-        if self.disabled:
+            if self.disabled:
+                return False
+            if key in self._index:
+                self._order.touch(key)
+                return True
+        flat = data.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+        header = encode_header(key, parent, self.fingerprint, data, zlib.crc32(flat))
+        size = len(header) + flat.nbytes
+        with self._lock:
+            if not self._reserve(key, parent, size):
+                return key in self._index or key in self._writing
+            self._writing.add(key)
+        try:  # the file is written outside the lock: gets and other puts go on meanwhile
+            self._write(key, header, flat)
+        except OSError as err:
+            with self._lock:
+                self._writing.discard(key)
+                self._nbytes -= size
+                self._order.unlink(key, parent)
+                self._fault(err)
             return False
+        with self._lock:
+            self._writing.discard(key)
+            self._index[key] = _Entry(parent, size)
+            self._order.add(key, parent)
+            self.stats["puts"] += 1
+            self.stats["bytes_written"] += size
+        return True
+
+    def _reserve(self, key: bytes, parent: bytes | None, size: int) -> bool:
+        """Under the lock: make room for `size` more bytes (least recently used leaves first)
+        and count them, `key` linked under `parent`; False (nothing reserved) when the tier
+        holds or writes `key` already (then refreshed), is disabled, or has no room."""
         if key in self._index:
             self._order.touch(key)
-            return True
-        flat = data.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
-        payload_crc = zlib.crc32(flat)
-        header = encode_header(key, parent, self.fingerprint, data, payload_crc)
-        size = len(header) + flat.nbytes
-        if size > self.budget_bytes:
+            return False
+        if key in self._writing or self.disabled or size > self.budget_bytes:
             return False
         self._order.link(key, parent)  # the parent is no leaf now: never evicted for `key`
         try:
@@ -255,16 +283,11 @@ class DiskTier:
                     self._order.unlink(key, parent)
                     return False
                 self._evict(victim)
-            self._write(key, header, flat)
         except OSError as err:
             self._order.unlink(key, parent)
             self._fault(err)
             return False
-        self._index[key] = _Entry(parent, size)
-        self._nbytes += size
-        self._order.add(key, parent)
-        self.stats["puts"] += 1
-        self.stats["bytes_written"] += size
+        self._nbytes += size  # reserved: the file is written next, outside the lock
         return True
 
     def get(self, key: bytes) -> torch.Tensor | None:

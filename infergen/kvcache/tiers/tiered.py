@@ -4,7 +4,8 @@ moves between them and the pool (issue 23, items 1–2):
 - `save(block, key, parent)`: a block the pool evicts (write-back) — its contents copied to
   the first tier that takes it (one too small for it passes it on), which spills its own
   least recently used leaves to the next; with write-through (`save_through`), every block
-  is copied to every tier as it is registered, so the disk tier holds whole prefixes;
+  is copied to the disk tier as it is registered (by the ThroughWriter's thread, writer.py),
+  so the disk tier holds whole prefixes;
 - `load(key, block)`: a prefix block found in a tier copied into a pool block (the first tier
   holding it serves it; a tier that finds its copy corrupt answers None and the block is
   recomputed instead).
