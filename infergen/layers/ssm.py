@@ -91,8 +91,9 @@ class Mamba2Mixer(nn.Module):
             if s.rms_norm
             else None
         )
-        self.scan = SSD_SCAN_BACKENDS.get(op_backend, where="kernels")
-        self.conv = CAUSAL_CONV1D_BACKENDS.get(op_backend, where="kernels")
+        # a kernel set without its own row of an op ("triton") runs the torch row
+        self.scan = SSD_SCAN_BACKENDS.get(op_backend, where="kernels", fallback="torch")
+        self.conv = CAUSAL_CONV1D_BACKENDS.get(op_backend, where="kernels", fallback="torch")
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         """Per-sequence state shapes (the engine allocates [num_slots, *shape] of each)."""

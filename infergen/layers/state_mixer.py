@@ -17,14 +17,14 @@ from infergen.layers.forward_batch import ForwardBatch
 def _mamba(config: ModelConfig, dtype: torch.dtype, backend: str) -> nn.Module:
     from infergen.layers.ssm import Mamba2Mixer
 
-    return Mamba2Mixer(config.ssm, dtype, backend)
+    return Mamba2Mixer(config.ssm, dtype, backend, op_backend=backend)
 
 
 def _deltanet(config: ModelConfig, dtype: torch.dtype, backend: str) -> nn.Module:
     from infergen.layers.linear_attention import GatedDeltaNet
 
     return GatedDeltaNet(config.linear_attention, dtype, linear_backend=backend,
-                         norm_backend=backend)  # fmt: skip
+                         conv_backend=backend, norm_backend=backend)  # fmt: skip
 
 
 # layer type → (mixer factory, checkpoint prefix of its tensors inside the layer)

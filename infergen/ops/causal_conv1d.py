@@ -15,7 +15,8 @@ N·C·(W-1) state (N sequences, T tokens, C channels, W width).
 
 Backends (CAUSAL_CONV1D_BACKENDS): "torch" (gathers into a buffer with each sequence's state
 rows in front of its tokens, then W shifted multiply-adds: no Python loop over tokens or
-sequences).
+sequences); "native" (kernels/causal_conv1d_f32.c: one pass per sequence and block of
+channels, the state in registers; fp32 inputs and state, width ≤ 8, else the torch row).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from infergen.kernels.build import I, L, P, kernel
 from infergen.ops.state_slots import read_states, write_states
 from infergen.registry import Registry
 
+NATIVE_MAX_WIDTH = 8  # kernels/causal_conv1d_f32.c MAX_WIDTH
 CausalConv1dFn = Callable[..., torch.Tensor]
 CAUSAL_CONV1D_BACKENDS: Registry[CausalConv1dFn] = Registry("causal_conv1d backend")
 
@@ -180,3 +183,50 @@ def causal_conv1d(
         new_state = ext[last_rows.reshape(-1)].reshape(num_seqs, hist, channels)
         conv_state.index_copy_(0, slots, new_state.transpose(1, 2).to(conv_state.dtype))
     return y.to(x.dtype)
+
+
+@CAUSAL_CONV1D_BACKENDS.decorator("native")
+def causal_conv1d_native(
+    x: torch.Tensor,  # [tokens, channels]
+    weight: torch.Tensor,  # [channels, width]
+    bias: torch.Tensor | None,  # [channels]
+    conv_state: torch.Tensor,  # [slots, channels, width-1], updated in place
+    query_start_loc: list[int],
+    state_slots: torch.Tensor,  # [seqs] int64
+    fresh: torch.Tensor,  # [seqs] bool
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """The torch row's contract, computed by kernels/causal_conv1d_f32.c; the torch row off
+    the CPU, without a compiler, or for what the kernel does not take."""
+    fn = kernel("causal_conv1d_f32", P, L, P, P, P, P, P, P, P, L, L, L, I, I)
+    f32 = torch.float32
+    native = (
+        fn is not None
+        and x.device.type == "cpu"
+        and all(t.dtype == f32 for t in (x, weight, conv_state))
+        and (bias is None or bias.dtype == f32)
+        and conv_state.is_contiguous()
+        and x.dim() == 2
+        and 1 <= weight.shape[1] <= NATIVE_MAX_WIDTH
+        and (x.shape[0] == 0 or x.stride(1) == 1)
+    )
+    if native:
+        _check(x, weight, conv_state, query_start_loc, state_slots, fresh, activation)
+        channels, width = weight.shape
+        weight = weight.contiguous()
+        bias = bias.contiguous() if bias is not None else None
+        starts = torch.tensor(query_start_loc, dtype=torch.int64)
+        slots = state_slots.to("cpu", torch.int64).contiguous()
+        fresh_bytes = fresh.to("cpu", torch.uint8).contiguous()
+        y = torch.empty(x.shape, dtype=f32)
+        fn(
+            x.data_ptr(), x.stride(0) if x.shape[0] > 1 else channels, weight.data_ptr(),
+            bias.data_ptr() if bias is not None else None, conv_state.data_ptr(),
+            starts.data_ptr(), slots.data_ptr(), fresh_bytes.data_ptr(), y.data_ptr(),
+            len(query_start_loc) - 1, channels, width, int(activation == "silu"),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+    return causal_conv1d(
+        x, weight, bias, conv_state, query_start_loc, state_slots, fresh, activation
+    )

@@ -30,7 +30,10 @@ and each sequence's state read + written (2·S·heads·head_dim·state). FLOPs: 
 ~6·T·heads·head_dim·state; chunked adds the Q×Q intra-chunk block, ~2·T·Q·heads·(state +
 head_dim), and holds a [chunks, heads, Q, Q] fp32 temporary (bound the prefill chunk size).
 
-Backends (SSD_SCAN_BACKENDS): "torch" (the forms above in plain torch).
+Backends (SSD_SCAN_BACKENDS): "torch" (the forms above in plain torch); "native"
+(kernels/ssd_scan_f32.c: the per-token recurrence for every sequence, one (sequence, head) per
+work item with its state in cache — about 10× the torch forms at a step's sizes on a CPU; fp32
+inputs and state, else the torch row).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from infergen.kernels.build import I, L, P, kernel
 from infergen.ops.state_slots import read_states, write_states
 from infergen.registry import Registry
 
@@ -315,3 +319,72 @@ def ssd_scan(
         )  # fmt: skip
         out[rows] = y.to(x.dtype)
     return out
+
+
+def _rows(t: torch.Tensor, width: int) -> int | None:
+    """The token stride of t [T, ...] whose trailing dims hold `width` contiguous floats, or
+    None when they do not (the caller then copies)."""
+    inner = t[0] if t.shape[0] else t
+    if inner.numel() and not inner.is_contiguous():
+        return None
+    return t.stride(0) if t.shape[0] > 1 else width
+
+
+@SSD_SCAN_BACKENDS.decorator("native")
+def ssd_scan_native(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    ssm_state: torch.Tensor,
+    query_start_loc: list[int],
+    state_slots: torch.Tensor,
+    fresh: torch.Tensor,
+    chunk_size: int = 256,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: DtLimit = NO_LIMIT,
+) -> torch.Tensor:
+    """The torch row's contract, computed by kernels/ssd_scan_f32.c (chunk_size unused: the
+    recurrence has no chunks). Falls back to the torch row off the CPU, without a compiler, or
+    for inputs or a state that are not fp32."""
+    fn = kernel("ssd_scan_f32", P, L, P, P, P, P, L, P, P, P, P, P, P, L, L, L, L, L, I)
+    f32 = torch.float32
+    if (
+        fn is None
+        or x.device.type != "cpu"
+        or ssm_state.dtype != f32
+        or not ssm_state.is_contiguous()
+        or any(t.dtype != f32 for t in (x, B, C))
+    ):
+        return ssd_scan(
+            x, dt, A, B, C, D, ssm_state, query_start_loc, state_slots, fresh, chunk_size,
+            dt_bias, dt_softplus, dt_limit,
+        )  # fmt: skip
+    _check(x, dt, A, B, C, ssm_state, query_start_loc, state_slots, fresh)
+    tokens, heads, head_dim = x.shape
+    groups, state = B.shape[1], B.shape[2]
+    x_rows = _rows(x, heads * head_dim)
+    if x_rows is None:
+        x = x.contiguous()
+        x_rows = heads * head_dim
+    bc_rows = _rows(B, groups * state)
+    if bc_rows is None or _rows(C, groups * state) != bc_rows:
+        B, C = B.contiguous(), C.contiguous()
+        bc_rows = groups * state
+    delta = discretize_dt(dt, dt_bias, dt_softplus, dt_limit).contiguous()
+    starts = torch.tensor(query_start_loc, dtype=torch.int64)
+    slots = state_slots.to("cpu", torch.int64).contiguous()
+    fresh_bytes = fresh.to("cpu", torch.uint8).contiguous()
+    A32 = A.float().contiguous()
+    D32 = D.float().contiguous() if D is not None else None
+    y = torch.empty(tokens, heads, head_dim, dtype=f32)
+    fn(
+        x.data_ptr(), x_rows, delta.data_ptr(), A32.data_ptr(), B.data_ptr(), C.data_ptr(),
+        bc_rows, D32.data_ptr() if D32 is not None else None, ssm_state.data_ptr(),
+        starts.data_ptr(), slots.data_ptr(), fresh_bytes.data_ptr(), y.data_ptr(),
+        len(query_start_loc) - 1, heads, head_dim, state, groups, torch.get_num_threads(),
+    )  # fmt: skip
+    return y

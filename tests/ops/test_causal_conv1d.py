@@ -35,7 +35,10 @@ def _case(lengths, channels, width, slots_total, seed, bias=True):
     "lengths",
     [[1], [2], [1, 1, 1, 1, 1], [5, 1, 17, 1, 3], [1, 70, 2, 1], [3, 0, 4]],
 )
-@pytest.mark.parametrize("channels,width", [(1, 1), (1, 4), (5, 2), (33, 4), (7, 5)])
+# (3, 9): wider than the native kernel takes (its torch fallback); 70 channels: two blocks
+@pytest.mark.parametrize(
+    "channels,width", [(1, 1), (1, 4), (5, 2), (33, 4), (7, 5), (3, 9), (70, 4)]
+)
 @pytest.mark.parametrize("activation", ["silu", None])
 def test_against_reference(backend, lengths, channels, width, activation):
     x, weight, bias, state, slots = _case(lengths, channels, width, len(lengths) + 3, seed=7)
@@ -50,6 +53,24 @@ def test_against_reference(backend, lengths, channels, width, activation):
     torch.testing.assert_close(state_got, state_ref, rtol=0, atol=0)
     unused = [s for s in range(state.shape[0]) if s not in slots.tolist()]
     torch.testing.assert_close(state_got[unused], state[unused], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_rows_as_the_mixer_passes_them(backend):
+    """x is a column slice of a wider projection (Mamba2Mixer's xBC out of in_proj)."""
+    lengths, channels = [6, 1, 3], 9
+    x, weight, bias, state, slots = _case(lengths, channels, 4, 5, seed=11)
+    wide = torch.cat([torch.randn(len(x), 5), x, torch.randn(len(x), 2)], dim=1)
+    view = wide[:, 5 : 5 + channels]
+    assert view.stride(0) == wide.shape[1]
+    fresh = torch.tensor([False, True, False])
+    state_ref, state_got = state.clone(), state.clone()
+    want = cc.reference(x, weight, bias, state_ref, _starts(lengths), slots, fresh)
+    got = cc.CAUSAL_CONV1D_BACKENDS.get(backend)(
+        view, weight, bias, state_got, _starts(lengths), slots, fresh
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state_got, state_ref, rtol=0, atol=0)
 
 
 def test_reference_matches_conv1d():

@@ -154,3 +154,73 @@ def test_chunk_size_invariance():
     for y, st in results[1:]:
         _close(y, results[0][0])
         _close(st, results[0][1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_views_as_the_mixer_passes_them(backend):
+    """x, B and C are column slices of one [T, I + 2·G·N] tensor (the conv's output split as
+    Mamba2Mixer splits it): rows strided, each row's own values contiguous."""
+    lengths, heads, head_dim, groups, state = [9, 1, 4], 4, 3, 2, 5
+    inputs = _inputs(lengths, heads, head_dim, groups, state)
+    tokens, gn = sum(lengths), groups * state
+    packed = torch.cat(
+        [t.reshape(tokens, -1) for t in (inputs["x"], inputs["B"], inputs["C"])], dim=1
+    )
+    xs, B, C = packed.split([heads * head_dim, gn, gn], dim=1)
+    views = dict(
+        inputs,
+        x=xs.view(tokens, heads, head_dim),
+        B=B.view(tokens, groups, state),
+        C=C.view(tokens, groups, state),
+    )
+    assert views["x"].stride(0) == packed.shape[1]  # the case under test: strided rows
+    fn = ssd_scan.SSD_SCAN_BACKENDS.get(backend)
+    y, st = _run(fn, views, [3, 0, 5], [True, False, False], chunk_size=4)
+    y_ref, st_ref = _run(ssd_scan.reference, inputs, [3, 0, 5], [True, False, False])
+    _close(y, y_ref)
+    _close(st, st_ref)
+
+
+_PORTABLE_CHECK = """
+import torch
+from infergen.kernels.build import try_load
+from infergen.ops import causal_conv1d as cc, ssd_scan
+assert try_load("ssd_scan_f32") is not None and try_load("causal_conv1d_f32") is not None
+g = torch.Generator().manual_seed(1)
+T, H, Pd, G, N = 23, 4, 8, 2, 16
+x, dt, B, C = (torch.randn(*s, generator=g) for s in ((T, H, Pd), (T, H), (T, G, N), (T, G, N)))
+A, D = -torch.rand(H, generator=g) - 0.1, torch.randn(H, generator=g)
+state = torch.randn(4, H, Pd, N, generator=g)
+args = (x, dt, A, B, C, D)
+qsl, slots, fresh = [0, 17, 18, 23], torch.tensor([2, 0, 3]), torch.tensor([True, False, False])
+outs = []
+for fn in (ssd_scan.ssd_scan_native, ssd_scan.reference):
+    st = state.clone()
+    outs.append((fn(*args, st, qsl, slots, fresh, dt_softplus=True), st))
+for got, want in zip(outs[0], outs[1]):
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
+xc, w, b = torch.randn(T, 40, generator=g), torch.randn(40, 4, generator=g), torch.randn(40)
+outs = []
+for fn in (cc.causal_conv1d_native, cc.reference):
+    st = torch.randn(4, 40, 3, generator=torch.Generator().manual_seed(2))
+    outs.append((fn(xc, w, b, st, qsl, slots, fresh), st))
+for got, want in zip(outs[0], outs[1]):
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+def test_portable_kernels(tmp_path):
+    """The scan's and the conv's C kernels built for the portable scalar path
+    (INFERGEN_KERNEL_ISA=generic: no AVX) agree with the float64 references too."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "INFERGEN_KERNEL_ISA": "generic", "XDG_CACHE_HOME": str(tmp_path)}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _PORTABLE_CHECK], env=env, cwd=root, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
