@@ -50,6 +50,7 @@ import argparse
 import dataclasses
 import datetime
 import gc
+import json
 import math
 import pathlib
 import shutil
@@ -275,6 +276,14 @@ def run_model(row: ModelRow, sizes: Sizes, rounds: int, peer: bool, base: dict) 
     return lines
 
 
+def kept_lines(path: pathlib.Path, rows: list[str]) -> list[dict]:
+    """The lines of `path` of model rows other than `rows` (an earlier run's, kept)."""
+    if not path.exists():
+        return []
+    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [ln for ln in found if ln.get("row") is not None and ln["row"] not in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -292,7 +301,8 @@ def main() -> None:
         "--out",
         type=pathlib.Path,
         default=ROOT / "benchmarks" / "results" / "kv_tiers.jsonl",
-        help="JSON-lines output, overwritten (default: %(default)s)",
+        help="JSON-lines output: the lines of the rows run replace theirs; those of rows not "
+        "run this time (each line names its row and machine) are kept (default: %(default)s)",
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
@@ -312,7 +322,7 @@ def main() -> None:
         row_sizes = sizes if args.quick else dataclasses.replace(sizes, **row.full)
         lines += run_model(row, row_sizes, args.rounds, not args.no_peer,
                            {**base, "sizes": asdict(row_sizes)})  # fmt: skip
-    write_lines(args.out, lines)
+    write_lines(args.out, kept_lines(args.out, args.models) + lines)
     bad = [m for ln in lines if ln["kind"] == "agreement" for m in ln["mismatches"]]
     if bad:
         raise SystemExit(f"greedy answers differ across configurations: {bad}")

@@ -105,11 +105,7 @@ class StateCheckpoints:
         if key in self._held:
             self._held.move_to_end(key)
             return
-        parts = [torch.tensor([position], dtype=torch.int64, device=self.kv_cache.device)]
-        parts += [tensor[slot] for _, _, tensor in self._tensors]
-        if position % self.block_size:
-            parts += [self.kv_cache.page(block) for block in partial_blocks]
-        flat = torch.cat([p.detach().contiguous().view(torch.uint8).flatten() for p in parts])
+        flat = self._pack(slot, position, partial_blocks)
         size = flat.numel()
         self.stats["saved"] += 1
         if self.through is not None:
@@ -123,6 +119,14 @@ class StateCheckpoints:
             self._evict()
         self._held[key] = flat
         self.nbytes += size
+
+    def _pack(self, slot: int, position: int, partial_blocks: Sequence[int]) -> torch.Tensor:
+        """The flat checkpoint of the module docstring (its bytes, on the cache's device)."""
+        parts = [torch.tensor([position], dtype=torch.int64, device=self.kv_cache.device)]
+        parts += [tensor[slot] for _, _, tensor in self._tensors]
+        if position % self.block_size:
+            parts += [self.kv_cache.page(block) for block in partial_blocks]
+        return torch.cat([p.detach().contiguous().view(torch.uint8).flatten() for p in parts])
 
     def _evict(self) -> None:
         key, flat = self._held.popitem(last=False)

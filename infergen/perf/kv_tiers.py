@@ -296,6 +296,15 @@ class SimulatedTiers(KVTiers):
                     return True
         return False
 
+    def load_state(self, key: bytes) -> _Contents | None:
+        """KVTiers.load_state (a spilled recurrent-state checkpoint, read on the engine thread
+        as the scheduler looks it up), its read seconds the model's, added to the step."""
+        data = super().load_state(key)
+        if data is not None:
+            name = next(tier.name for tier in self.tiers if key in tier)
+            self._pending += self.costs[name].read_seconds(data.numel() * data.element_size())
+        return data
+
     @property
     def overlaps(self) -> bool:
         """The modeled hardware's (TierSpec.loads_overlap), not this machine's."""

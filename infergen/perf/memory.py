@@ -88,6 +88,7 @@ class PoolShape:
     block_size: int = 16
     state_slots: int | None = None  # None: no recurrent layers
     page_bytes: float = 0.0  # bytes of one page (what a KV tier stores per block)
+    state_bytes: float = 0.0  # one sequence's recurrent state (fp32) on this device
 
 
 def kv_pool(
@@ -113,11 +114,11 @@ def kv_pool(
     per_token = desc.kv_bytes_per_token(fmt.kv_bits / 8) * kv_share(desc, par)
     per_page = page_bytes(groups, per_token, block_size) if groups else 0.0
     if num_blocks is not None:
-        return PoolShape(num_blocks, groups, block_size, slots, per_page)
+        return PoolShape(num_blocks, groups, block_size, slots, per_page, state)
     num_blocks = int(budget // per_page) if per_page else 1  # no attention: one unused block
     if budget <= 0 or num_blocks < 1:
         raise _no_block(capacity, per_page, state, slots)
-    return PoolShape(num_blocks, groups, block_size, slots, per_page)
+    return PoolShape(num_blocks, groups, block_size, slots, per_page, state)
 
 
 def _no_block(capacity: float, per_page: float, state: float, slots: int | None) -> ConfigError:

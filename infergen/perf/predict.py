@@ -15,7 +15,7 @@ from functools import cached_property
 
 from infergen.bench.report import summarize
 from infergen.bench.workloads import Shape
-from infergen.config import SchedulerConfig
+from infergen.config import CacheConfig, SchedulerConfig
 from infergen.config.description import ModelDesc
 from infergen.kvcache.groups import sequence_blocks
 from infergen.perf import memory, roofline
@@ -42,6 +42,8 @@ class Deployment:
     draft: ModelDesc | None = None
     tiers: TierSpec | None = None  # KV tiers below the pool (perf/kv_tiers.py), per device
     kv_blocks: int | None = None  # the pool's exact blocks (the engine's num_kv_blocks)
+    # recurrent-state checkpoints' budget (the engine's state_checkpoint_bytes; 0: none kept)
+    state_checkpoint_bytes: int = CacheConfig.state_checkpoint_bytes
 
     @property
     def devices(self) -> int:
@@ -95,7 +97,7 @@ class Deployment:
         tiers = self.tiers.for_hardware(self.hw) if self.tiers is not None else None
         return Simulator(
             self.step_seconds, self.kv_pool, self.scheduler, self.prefix_caching, spec, seed,
-            tiers,
+            tiers, self.state_checkpoint_bytes,
         )  # fmt: skip
 
     def max_concurrency(self, tokens: int) -> int:

@@ -26,7 +26,11 @@ prediction:
   and its sequence is admitted at the first schedule after that (others step meanwhile;
   when nothing can run, the clock jumps to the load's end or the next arrival, as the
   engine's `Scheduler.wait_for_loads`). The rules' prefill cost per token and decode step are
-  the engine's moving averages (engine/backlog.py `StepCost`) of the simulated steps.
+  the engine's moving averages (engine/backlog.py `StepCost`) of the simulated steps;
+- recurrent layers (Mamba2, Falcon-H1, Qwen3-Next): the engine's state checkpoints
+  (perf/checkpoints.py: kvcache/state_checkpoints.py over sizes, no data) under the
+  deployment's budget, spilling to the tiers, so a prefix resumes where the engine's would;
+  a spilled checkpoint read back adds its tier's read seconds to the step.
 A step takes `step_time(chunks)` (plus its inline tier loads and saves); tokens a step emits
 leave at its end. Arrivals come from a closed loop (N clients, each sending its next request or turn
 when the last one finished; `lockstep`: every session's turn k together, once all of turn k-1
@@ -61,9 +65,9 @@ from infergen.engine.backlog import StepCost
 from infergen.engine.request import Sequence
 from infergen.engine.sampling_params import SamplingParams
 from infergen.engine.scheduler import ScheduledBatch, Scheduler
-from infergen.errors import ConfigError
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.state_cache import SlotPool
+from infergen.perf.checkpoints import SimulatedCheckpoints
 from infergen.perf.kv_tiers import SimulatedTiers, TierSpec
 from infergen.perf.memory import PoolShape
 from infergen.perf.step_cost import Chunk
@@ -159,8 +163,10 @@ class Simulator:
         spec: SpecDecode | None = None,
         seed: int = 0,
         tiers: TierSpec | None = None,
+        checkpoint_bytes: int = 0,  # recurrent-state checkpoints' budget (0: none kept)
     ):
         self.step_time, self.pool_shape = step_time, pool
+        self.checkpoint_bytes = checkpoint_bytes
         self.limits = scheduler or SchedulerConfig()
         self.prefix_caching, self.spec = prefix_caching, spec
         self.rng = random.Random(seed)
@@ -193,7 +199,7 @@ class Simulator:
         self.tiers = self._tiers() if self.tier_spec is not None else None
         self.sched = Scheduler(
             self.limits, self.pool, shape.block_size, shape.groups, states, lookahead=lookahead,
-            tiers=self.tiers,
+            tiers=self.tiers, checkpoints=self._checkpoints(),
         )  # fmt: skip
         self.step_cost = StepCost()  # the engine's measure of a prefill token (tiers' rule)
         self.requests: dict[Sequence, _Request] = {}
@@ -267,13 +273,6 @@ class Simulator:
     def _tiers(self) -> SimulatedTiers:
         """The tiers below the pool, wired as engine/scoring.py `serving_parts` wires them."""
         shape = self.pool_shape
-        if shape.state_slots is not None:
-            raise ConfigError(
-                "the performance model does not simulate recurrent-state checkpoints yet, "
-                "which a model with recurrent layers needs to reuse a prefix from the tiers",
-                where="--kv-offload-memory / --kv-offload-dir",
-                expected="a model without recurrent layers",
-            )
         tiers = SimulatedTiers(
             self.tier_spec, math.ceil(shape.page_bytes), shape.block_size,
             self._considered, lambda: self.clock,
@@ -282,6 +281,21 @@ class Simulator:
         if tiers.write_through:
             self.pool.on_register = tiers.save_through
         return tiers
+
+    def _checkpoints(self) -> SimulatedCheckpoints | None:
+        """Recurrent-state checkpoints as engine/build.py keeps them: for a model with
+        recurrent layers, prefix caching on and a budget; spilling to the tiers, and written
+        through with them, when there are tiers."""
+        shape, tiers = self.pool_shape, self.tiers
+        if shape.state_slots is None or not self.prefix_caching or not self.checkpoint_bytes:
+            return None
+        return SimulatedCheckpoints(
+            shape.state_bytes, shape.page_bytes, shape.block_size, self.checkpoint_bytes,
+            spill=tiers.save_state if tiers is not None else None,
+            fetch=tiers.load_state if tiers is not None else None,
+            through=tiers.save_state_through if tiers is not None and tiers.write_through
+            else None,
+        )  # fmt: skip
 
     # ---- arrivals --------------------------------------------------------------------------
     def _arrive(self, at: float, job: int, turn: int, context: int) -> None:
@@ -366,6 +380,10 @@ class Simulator:
         self.stats.sequences += len(pairs)
         self.stats.peak_running = max(self.stats.peak_running, len(self.sched.running))
         self.clock += seconds
+        # as engine.py's step: every sequence's tokens committed, then the new tokens emitted
+        # and the finished sequences let go (their checkpoints and freed blocks come after the
+        # step's registrations)
+        sampled = []
         for seq, n in pairs:
             req = self.requests[seq]
             if n > 1 and seq.num_uncomputed == 1:  # a verify step: 1 + accepted drafts
@@ -376,7 +394,11 @@ class Simulator:
             else:
                 self.sched.commit(seq, n)
                 if seq.num_uncomputed == 0:
-                    self._emit(seq, req, 1)
+                    sampled.append((seq, req))
+        for seq, req in sampled:
+            self._emit(seq, req, 1)
+        for seq, _ in pairs:
+            req = self.requests[seq]
             if req.generated >= req.output:
                 self._finish(seq, req)
 

@@ -130,3 +130,38 @@ def test_the_writer_thread_starts_no_openmp_team(tmp_path):
     (disk,) = llm.engine.kv_tiers.tiers
     assert disk.stats["puts"] >= 1
     assert len(os.listdir("/proc/self/task")) == before + 1
+
+
+def test_a_hybrids_state_checkpoints_are_written_through_off_the_engine_thread(tmp_path):
+    """A hybrid (Falcon-H1) with write-through: the prompt's step returns while its state
+    checkpoint's file (and its blocks') wait at the gate; once flushed, a restarted engine
+    resumes the prompt from the checkpoint on disk."""
+    build_hf_model("falcon_h1", tmp_path / "model")
+    model, options = str(tmp_path / "model"), dict(block_size=4, num_kv_blocks=64,
+        kv_offload_dir=str(tmp_path / "kv"), kv_offload_write_through=True)  # fmt: skip
+    llm = LLM(model, **options)
+    tiers = llm.engine.kv_tiers
+    (disk,) = tiers.tiers
+    gate, put = Gate(), disk.put
+
+    def gated_put(key, parent, data):
+        gate()
+        return put(key, parent, data)
+
+    disk.put = gated_put
+    prompt = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    request = llm.engine.add_request(prompt, params)
+    deltas = llm.engine.step()  # the prompt: its blocks and its end's checkpoint written through
+    assert [d.request_id for d in deltas] == [request]
+    assert llm.engine.scheduler.checkpoints.stats["saved"] >= 1
+    assert gate.entered.wait(GATE_S) and tiers.states_saved == 0
+    gate.open.set()
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    tiers.flush()
+    assert tiers.states_saved >= 1
+    restarted = LLM(model, **options)
+    out = restarted.generate(prompt + [7, 8, 9], params)[0]
+    assert out.num_cached_prompt_tokens >= 36
+    assert restarted.engine.kv_tiers.states_loaded >= 1

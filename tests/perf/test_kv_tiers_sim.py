@@ -17,7 +17,12 @@ from infergen.bench.workloads import Shape
 from infergen.config import SchedulerConfig
 from infergen.errors import ConfigError
 from infergen.kvcache.groups import CacheGroup
-from infergen.perf.kv_tiers import DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH, TierSpec
+from infergen.perf.kv_tiers import (
+    DEFAULT_DISK_BANDWIDTH,
+    DEFAULT_HOST_BANDWIDTH,
+    SimulatedTiers,
+    TierSpec,
+)
 from infergen.perf.memory import PoolShape
 from infergen.perf.offload import predicted_tier_gain
 from infergen.perf.simulate import Simulator
@@ -216,11 +221,58 @@ def test_tier_spec_checks_and_bandwidth_sources():
     assert TierSpec(10, host_bandwidth=5e9).for_hardware(row).host_bandwidth == 5e9
 
 
-def test_recurrent_models_are_refused_as_the_engine_refuses_them():
-    shape = PoolShape(10, (CacheGroup((0,)),), 16, state_slots=4, page_bytes=BLOCK_BYTES)
-    sim = Simulator(linear_step, shape, tiers=tiers(10))
-    with pytest.raises(ConfigError, match="recurrent"):
-        sim.run([Shape(20, 4)], concurrency=1)
+@pytest.mark.parametrize("checkpoint_blocks", [100, 2])
+def test_a_hybrid_resumes_from_the_same_checkpoints_as_the_engine(checkpoint_blocks, tmp_path,
+                                                                  monkeypatch):  # fmt: skip
+    """A hybrid (Falcon-H1: attention and Mamba-2 in every layer, tiny random weights) served
+    by the engine and by the simulator, 3 sessions of 4 turns rotating 2 in flight over a
+    12-block pool with host + disk tiers: the same prompt tokens found cached, the same
+    recurrent-state checkpoints saved, found (in the store or a tier) and spilled, the same
+    tier counters. With a store of 2 checkpoints (in state-bytes), most spill to the tiers and
+    are found there."""
+    from infergen import LLM, SamplingParams
+    from infergen.kvcache.state_cache import slots_for
+    from tests.hf_models import build_hf_model
+
+    build_hf_model("falcon_h1", tmp_path / "model")
+    sessions, turns, first, answer, follow = 3, 4, 40, 6, 20
+    limits = dict(max_num_seqs=4, max_num_batched_tokens=64)
+    probe = LLM(str(tmp_path / "model"), num_kv_blocks=12).engine
+    block_bytes = probe.kv_cache.block_bytes
+    state_bytes = probe.scheduler.checkpoints.state_bytes
+    del probe
+    host, disk = 3 * block_bytes + 2 * state_bytes, 40 * (block_bytes + state_bytes)
+    budget = checkpoint_blocks * (state_bytes + 8)
+    engine = LLM(str(tmp_path / "model"), block_size=16, num_kv_blocks=12, **limits,
+                 kv_offload_memory=host, kv_offload_dir=str(tmp_path / "kv"),
+                 kv_offload_disk=disk + 10_000, state_checkpoint_memory=budget).engine  # fmt: skip
+    # every load inline on both sides (the engine's first disk load, before it has measured
+    # a read, would go to the background; its later choices depend on real-time speeds)
+    engine.kv_tiers.loads_inline = lambda keys: True
+    monkeypatch.setattr(SimulatedTiers, "loads_inline", lambda self, keys: True)
+    rng = random.Random(0)
+    conversations = [[rng.randrange(0, 200) for _ in range(first)] for _ in range(sessions)]
+    params = SamplingParams(max_tokens=answer, temperature=0, ignore_eos=True)
+    cached = _rotate(engine, conversations, turns, params, follow, rng)
+    shape = PoolShape(12, engine.kv_cache.groups, 16, slots_for(limits["max_num_seqs"]),
+                      block_bytes, state_bytes)  # fmt: skip
+    spec = TierSpec(host, disk, False, 1e12, 1e12)
+    sim = Simulator(linear_step, shape, SchedulerConfig(**limits), tiers=spec,
+                    checkpoint_bytes=budget)  # fmt: skip
+    shapes = [Shape(first, answer, (follow,) * (turns - 1), f"s{i}") for i in range(sessions)]
+    *_, stats = sim.run(shapes, concurrency=2, rotate=True)
+
+    def counters(kv_tiers, checkpoints) -> dict:
+        found = kv_tiers.stats()
+        tiers = {name: (t["hits"], t["puts"], t["evictions"]) for name, t in found["tiers"].items()}
+        states = {k: found[k] for k in ("states_saved", "states_loaded")}
+        return {"tiers": tiers, "loaded": found["loaded"], **states, **checkpoints.stats}
+
+    want = counters(engine.kv_tiers, engine.scheduler.checkpoints)
+    assert counters(sim.tiers, sim.sched.checkpoints) == want
+    assert stats.prefix_hit_tokens == cached > 0 and want["hits"] > 0
+    if checkpoint_blocks == 2:
+        assert want["spilled"] > 0 and want["tier_hits"] > 0
 
 
 def test_predicted_gain_on_the_benchmark_workload():

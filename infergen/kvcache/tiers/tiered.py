@@ -234,14 +234,25 @@ class KVTiers:
         """A recurrent-state checkpoint (kvcache/state_checkpoints.py) the store evicts: kept
         in the first tier that takes it, as a chain of its own (no parent)."""
         if self.tiers and key not in self and any(t.put(key, None, data) for t in self.tiers):
-            self.states_saved += 1
+            with self._lock:  # (the writer thread counts write-through saves)
+                self.states_saved += 1
 
     def save_state_through(self, key: bytes, data: torch.Tensor) -> None:
         """A checkpoint just taken, with write-through: a copy into the tiers that persist
-        (as `save_through` does for blocks), so a restarted engine resumes from it."""
-        persistent = self._persistent or self.tiers[:1]
-        if sum(tier.put(key, None, data) for tier in persistent if key not in tier):
-            self.states_saved += 1
+        (as `save_through` does for blocks, off the engine thread), so a restarted engine
+        resumes from it."""
+        persistent = self._persistent
+        if not persistent or not self.background_writes:
+            self._put_state(key, data, persistent or self.tiers[:1])
+        elif any(key not in tier for tier in persistent):
+            self._writer.save(key, None, data, lambda k, _, copy: self._put_state(
+                k, copy, self._persistent))  # fmt: skip
+
+    def _put_state(self, key: bytes, data: torch.Tensor, tiers: list) -> None:
+        """Put a checkpoint into those of `tiers` that lack it (any thread); counted once."""
+        if sum(tier.put(key, None, data) for tier in tiers if key not in tier):
+            with self._lock:
+                self.states_saved += 1
 
     def load_state(self, key: bytes) -> torch.Tensor | None:
         """A spilled checkpoint's bytes (None: no tier holds a good copy)."""

@@ -46,9 +46,13 @@ class ThroughWriter:
         with self._lock:
             return key in self._pending
 
-    def save(self, key: bytes, parent: bytes | None, data: torch.Tensor) -> None:
+    def save(
+        self, key: bytes, parent: bytes | None, data: torch.Tensor, write: Write | None = None
+    ) -> None:
         """Write `data` (a view the caller may overwrite after this returns) under `key`: a
-        host copy queued for the worker, or written now when `max_pending` are waiting."""
+        host copy queued for the worker, or written now when `max_pending` are waiting.
+        `write`: this save's writer (default: the one the writer was made with)."""
+        write = write or self._write
         with self._lock:
             if key in self._pending:
                 return
@@ -58,14 +62,14 @@ class ThroughWriter:
         copy = data.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
         if full:
             self.inline += 1
-            self._write(key, parent, copy)
+            write(key, parent, copy)
             return
         self.queued += 1
-        self._executor.submit(self._run, key, parent, copy)
+        self._executor.submit(self._run, key, parent, copy, write)
 
-    def _run(self, key: bytes, parent: bytes | None, copy: torch.Tensor) -> None:
+    def _run(self, key: bytes, parent: bytes | None, copy: torch.Tensor, write: Write) -> None:
         try:
-            self._write(key, parent, copy)
+            write(key, parent, copy)
         except BaseException as error:  # noqa: BLE001 - re-raised by flush
             self._error = error
         finally:
