@@ -36,6 +36,18 @@ def _gated_writer(tier: DiskTier, gate: Gate, max_pending: int = 4) -> ThroughWr
     return ThroughWriter(write, max_pending)
 
 
+def _gate_puts(tier: DiskTier) -> Gate:
+    """Hold every put of `tier` at a gate (returned) until the test opens it."""
+    gate, put = Gate(), tier.put
+
+    def gated_put(key, parent, data):
+        gate()
+        return put(key, parent, data)
+
+    tier.put = gated_put
+    return gate
+
+
 def test_saves_return_at_once_and_flush_waits_for_the_files(tmp_path):
     tier, gate = DiskTier(tmp_path, 1 << 20, "fp"), Gate()
     writer = _gated_writer(tier, gate)
@@ -89,13 +101,7 @@ def test_a_prefill_step_does_not_wait_for_its_blocks_files(tmp_path):
         kv_offload_dir=str(tmp_path / "kv"), kv_offload_write_through=True)  # fmt: skip
     llm = LLM(model, **options)
     (disk,) = llm.engine.kv_tiers.tiers
-    gate, put = Gate(), disk.put
-
-    def gated_put(key, parent, data):
-        gate()
-        return put(key, parent, data)
-
-    disk.put = gated_put
+    gate = _gate_puts(disk)
     prompt = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
     request = llm.engine.add_request(prompt, params)
@@ -142,13 +148,7 @@ def test_a_hybrids_state_checkpoints_are_written_through_off_the_engine_thread(t
     llm = LLM(model, **options)
     tiers = llm.engine.kv_tiers
     (disk,) = tiers.tiers
-    gate, put = Gate(), disk.put
-
-    def gated_put(key, parent, data):
-        gate()
-        return put(key, parent, data)
-
-    disk.put = gated_put
+    gate = _gate_puts(disk)
     prompt = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(5)).tolist()
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
     request = llm.engine.add_request(prompt, params)
