@@ -146,8 +146,10 @@ def test_a_request_past_its_time_limit_stops_with_what_it_generated(
 
 def test_a_stream_past_its_time_limit_ends_with_finish_reason_timeout(timed):
     server, _ = timed
+    # 2 s: several tokens even on a slow or contended machine (0.5 s once gave one), far
+    # short of 600 tokens
     body = {"messages": [{"role": "user", "content": "Talk"}], "max_tokens": 600,
-            "ignore_eos": True, "stream": True, "timeout": 0.5}  # fmt: skip
+            "ignore_eos": True, "stream": True, "timeout": 2.0}  # fmt: skip
     with httpx.stream(
         "POST", f"{server.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60
     ) as resp:
