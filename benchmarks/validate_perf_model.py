@@ -1,6 +1,6 @@
 """Validate the performance model: predict, then compare with measurement (issue 5).
 
-Three parts (`--parts`, default all):
+Four parts (`--parts`, default all):
 
 steps      our engine in process on the default model (fp32, 2 threads), one step at a time:
            decode_step_ms_bN (mean forward time of a decode-only step with N sequences,
@@ -12,15 +12,18 @@ serving    `infergen serve` driven by `infergen bench`'s client (closed loop, ra
            against `infergen predict`'s simulation of the same request shapes with the
            engine's scheduler limits and KV capacity. Metrics: mean ITL, output tok/s, p90
            TTFT (the issue's bars: 15 %, 15 %, 25 %).
+architectures  every architecture of bench_architectures (random weights, ~55M parameters)
+           in process: a decode step of two sequences and a 2-token prefill
+           (benchmarks/arch_steps.py), the steps the fused decode does not cover; no target
+           (issue 23 needs the hybrid's steps for its TTFT-gain prediction).
 published  REFERENCES §5: TensorRT-LLM's max-load throughput rows (H200, FP8) and NVIDIA
            NIM's TTFT/ITL rows (2 x H100, TP2, FP8), predicted with the Hopper calibration of
            hardware.json (bar: within +-20 %). No engine run; seconds.
 
 Everything is measured first, then predicted. The `cpu-local` hardware row is calibrated in
 this run (`infergen perf calibrate`'s measurement, before and after the measured runs, each
-rate the faster of the two: another tenant's load on this shared machine only slows it down),
-plus two engine host times measured on their own inputs: the cost per op launch of a step run
-op by op (a 2-token prefill in process: see `eager_launch_overhead`) and, for the serving
+rate the faster of the two: another tenant's load on this shared machine only slows it down;
+it includes the engine's layers run op by op, perf/eager_measure.py), plus, for the serving
 part, the served engine's host time per step (a + b x sequences, from two calibration loads
 with their own prompts: see `calibrate_host`). The server traces its steps (`--step-trace`):
 each served load's own steps, replayed through the step model, give diagnostic rows
@@ -49,6 +52,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from arch_steps import measure_architectures, predict_architectures  # noqa: E402
 from bench_generate import git_state, machine_info  # noqa: E402
 from bench_serving import free_port, server  # noqa: E402
 from profile_decode import profile  # noqa: E402
@@ -85,37 +89,6 @@ NIM = [
 
 def predict_ms(desc, hw, chunks: list[Chunk]) -> float:
     return roofline.step_seconds(roofline.predict_step(desc, hw, chunks, FP32, "fp32")) * 1e3
-
-
-def two_token_forward_s(llm) -> float:
-    """The forward of a 2-token prompt (best of 5, in process): a step the engine runs op by
-    op (a prefill; the fused decode covers decode-only steps) whose compute is negligible."""
-    from infergen import SamplingParams
-    from infergen.models.transformer import Transformer
-
-    forward, seconds = Transformer.forward, []
-
-    def timed(self, *args, **kwargs):
-        start = time.perf_counter()
-        out = forward(self, *args, **kwargs)
-        seconds.append(time.perf_counter() - start)
-        return out
-
-    rng, params = random.Random(5), SamplingParams(max_tokens=1, temperature=0.0)
-    Transformer.forward = timed
-    try:
-        for _ in range(5):
-            llm.generate([[rng.randrange(100, 40000) for _ in range(2)]], params)
-    finally:
-        Transformer.forward = forward
-    return min(seconds)
-
-
-def eager_launch_overhead(forward_s: float, desc, hw) -> float:
-    """Seconds per op launch of a step run op by op: the 2-token forward minus its
-    prediction, spread over the step's launches."""
-    gap = forward_s - predict_ms(desc, hw, [Chunk(2, 2)]) / 1e3
-    return hw.launch_overhead_s + max(0.0, gap) / roofline.launches(desc)
 
 
 STEP_BATCHES = (1, 8, 16)
@@ -331,26 +304,23 @@ def local_run(parts: list[str], threads: int) -> tuple[list[tuple], dict]:
     desc = llm.config.describe()
     profile(llm, 2, 32, 8, seed=99)  # warm-up
     steps = measure_steps(llm) if "steps" in parts else None
-    two_token_s = two_token_forward_s(llm)
     del llm
     loads = measure_serving(threads) if "serving" in parts else None
+    archs = measure_architectures(threads) if "architectures" in parts else None
     hw = best_of(hw, measure(threads))
-    hw = dataclasses.replace(
-        hw, eager_launch_overhead_s=eager_launch_overhead(two_token_s, desc, hw)
-    )
     used = {
         "flops": hw.flops,
         "bandwidth": hw.bandwidth,
         "launch": hw.launch_overhead_s,
-        "eager_launch": hw.eager_launch_overhead_s,
+        "eager_layer_s": hw.eager_layer_s,
         "gemm_efficiency": hw.gemm_efficiency,
         "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
         "compute_efficiency_by_kind": hw.compute_efficiency_by_kind,
     }
     print(
         f"cpu-local: {hw.flops['fp32'] / 1e9:.1f} GFLOP/s, {hw.bandwidth / 1e9:.1f} GB/s, "
-        f"launch {hw.launch_overhead_s * 1e6:.1f} us (op by op "
-        f"{hw.eager_launch_overhead_s * 1e6:.1f} us), decode attention at "
+        f"launch {hw.launch_overhead_s * 1e6:.1f} us (a layer op by op: "
+        f"{sum(hw.eager_layer_s['attention']) / 2 * 1e6:.0f} us attention), decode attention at "
         f"{hw.memory_efficiency_by_kind['attention']:.0%} of the bandwidth, prefill "
         f"attention at {hw.compute_efficiency_by_kind['attention']:.0%} of the peak",
         flush=True,
@@ -361,6 +331,10 @@ def local_run(parts: list[str], threads: int) -> tuple[list[tuple], dict]:
     if loads is not None:
         serving, used["host"] = predict_serving(desc, hw, loads)
         rows += [("serving", *r, hw.efficiency_source()) for r in serving]
+    if archs is not None:
+        rows += [
+            ("architectures", *r, hw.efficiency_source()) for r in predict_architectures(hw, archs)
+        ]
     return rows, used
 
 
@@ -369,7 +343,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--parts", nargs="+", default=["steps", "serving", "published"], metavar="PART"
+        "--parts",
+        nargs="+",
+        default=["steps", "serving", "architectures", "published"],
+        metavar="PART",
     )
     parser.add_argument(
         "--runs",
@@ -391,7 +368,7 @@ def main() -> None:
     }
     runs: list[list[tuple]] = []  # per pass: (part, metric, predicted, measured, target,
     # the hardware row's efficiency source)
-    if "steps" in args.parts or "serving" in args.parts:
+    if {"steps", "serving", "architectures"} & set(args.parts):
         base["hardware_runs"] = []
         for i in range(args.runs):
             print(f"-- local pass {i + 1} of {args.runs}", flush=True)

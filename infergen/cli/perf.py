@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
         "calibrate",
         help="measure this machine's peaks (GEMM FLOP/s by row count, read bandwidth, host "
         "copy bandwidth, launch cost, decode and prefill attention efficiency, the KV disk "
-        "tier's per-block costs) as the `cpu-local` hardware row",
+        "tier's per-block costs, the engine's layers run op by op, by part) as the "
+        "`cpu-local` hardware row",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     cal.add_argument("--threads", type=int, default=None, help="threads (default: torch's)")
@@ -48,7 +49,7 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
     from infergen.perf.hardware import default_path
 
     print(
-        "measuring GEMM FLOP/s, read bandwidth, launch cost, attention ...",
+        "measuring GEMM FLOP/s, read bandwidth, launch cost, attention, layers op by op ...",
         file=sys.stderr,
         flush=True,
     )
@@ -67,6 +68,9 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
         print(f"{kind:<14} {100 * share:8.1f} % of the bandwidth (decode)")
     for kind, share in hw.compute_efficiency_by_kind.items():
         print(f"{kind:<14} {100 * share:8.1f} % of the GEMM peak (prefill)")
+    for part, (decode, prefill) in hw.eager_layer_s.items():
+        print(f"{part:<14} {decode * 1e6:8.1f} us a decode, {prefill * 1e6:.1f} us a prefill "
+              "(op by op)")  # fmt: skip
     print(f"wrote {path} (hardware row {hw.name!r})")
     return 0
 

@@ -199,6 +199,7 @@ def mixer_parts(mixer: Mixer) -> tuple[Attention | MLA | SSM | LinearAttention, 
 
 @dataclass(frozen=True)
 class Dense:
+    kind: ClassVar[str] = "dense"
     intermediate: int
     bias: bool = False
     gated: bool = True  # gate and up projections (SwiGLU); False: one up projection
@@ -218,6 +219,7 @@ class MoE:
     """Routed experts (and shared ones). `router_bias`: the router's own bias (gpt-oss);
     DeepSeek-V3's routing correction bias is a buffer, not counted."""
 
+    kind: ClassVar[str] = "moe"
     experts: int
     top_k: int
     intermediate: int  # per routed expert

@@ -11,8 +11,10 @@ the GEMM peak the prefill attention reaches, and the KV disk tier's costs per bl
 engine's own DiskTier writing then reading blocks of two sizes in a temporary directory — on
 the filesystem of `disk_dir`, default the system's temporary directory: a fixed time per file
 and a bandwidth, each way; the reads come from the page cache, as a tier's reads of blocks it
-wrote recently do). Best of several repeats: the peaks a careful kernel reaches,
-which is what a roofline divides by. Written as a hardware JSON row (`load_file` reads it).
+wrote recently do), and the engine's layers run op by op, part by part, on tiny models
+(perf/eager_measure.py: what a step the fused decode does not cover costs on the host). Best
+of several repeats: the peaks a careful kernel reaches, which is what a roofline divides by.
+Written as a hardware JSON row (`load_file` reads it).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from infergen.kvcache.tiers.disk import DiskTier
 from infergen.ops import linear
 from infergen.ops.paged_attention import DECODE_BACKENDS, paged_attention, plan
+from infergen.perf.eager_measure import measure_eager_layers
 from infergen.perf.hardware import CPU_LOCAL, FileCosts, Hardware
 from infergen.perf.step_cost import Chunk, attended_keys
 from infergen.process import configure_process
@@ -70,6 +73,7 @@ def measure(
     attention = _attention_efficiency(bandwidth, repeats, layers=4 if quick else 16)
     prefill_attention = _prefill_attention_efficiency(peak, repeats, 256 if quick else 512)
     disk = _disk_costs(repeats, 16 if quick else 48, disk_dir)
+    eager = measure_eager_layers(repeats)
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(
         name=CPU_LOCAL,
@@ -83,6 +87,7 @@ def measure(
         gemm_efficiency=curve,
         memory_efficiency_by_kind={"attention": attention},
         compute_efficiency_by_kind={"attention": prefill_attention},
+        eager_layer_s=eager,
         calibrated=f"{datetime.date.today().isoformat()}: measured by infergen perf calibrate",
     )
 
@@ -114,6 +119,7 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
         host_bandwidth=max(copies) if copies else None,
         disk=disk,
         launch_overhead_s=min(a.launch_overhead_s, b.launch_overhead_s),
+        eager_layer_s=_faster_parts(a.eager_layer_s, b.eager_layer_s),
         gemm_efficiency=rates(a.gemm_efficiency, b.gemm_efficiency, peak_a, peak_b, peak),
         memory_efficiency_by_kind=rates(
             a.memory_efficiency_by_kind,
@@ -126,6 +132,15 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
             a.compute_efficiency_by_kind, b.compute_efficiency_by_kind, peak_a, peak_b, peak
         ),
     )
+
+
+def _faster_parts(a: dict, b: dict) -> dict[str, tuple[float, float]]:
+    """{part: the faster (decode, prefill) of two eager_layer_s tables}."""
+    unset = (float("inf"), float("inf"))
+    return {
+        part: tuple(map(min, a.get(part, unset), b.get(part, unset)))
+        for part in sorted(a.keys() | b.keys())
+    }
 
 
 def _gemm_achieved(row, repeats: int, layers: int) -> dict[int, float]:
@@ -232,6 +247,7 @@ def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
         "gemm_efficiency": hw.gemm_efficiency,
         "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
         "compute_efficiency_by_kind": hw.compute_efficiency_by_kind,
+        "eager_layer_s": {part: list(seconds) for part, seconds in hw.eager_layer_s.items()},
         **({"calibrated": hw.calibrated} if hw.calibrated else {}),
     }
     path.write_text(json.dumps({hw.name: row}, indent=1))

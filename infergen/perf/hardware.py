@@ -15,9 +15,12 @@ measured (or fitted):
     memory_efficiency_by_kind   of the bandwidth, per op kind where it differs
     gemm_efficiency             of the FLOP/s, a GEMM's by row count ({rows: fraction})
   absolute seconds, >= 0
-    launch_overhead_s, eager_launch_overhead_s   per op launch (graphed / op by op)
-    step_overhead_s, sequence_overhead_s         host time per step / per sequence of a step
-    link_latency_s                               per collective over the interconnect
+    launch_overhead_s                     per op launch
+    step_overhead_s, sequence_overhead_s  host time per step / per sequence of a step
+    link_latency_s                        per collective over the interconnect
+    eager_layer_s                         per layer part of a step the engine runs op by op,
+                                          {part: [decode, prefill]} (perf/eager.py; cpu-local:
+                                          measured by `infergen perf calibrate`; never borrowed)
 
 A row that gives none of the fractions is uncalibrated: it borrows every factor it does not
 give from a calibrated row (`efficiencies_from`, default DEFAULT_DONOR), and a row may name a
@@ -94,10 +97,11 @@ class Hardware:
     # known, perf/kv_tiers.py's documented default bandwidth and no per-file cost
     disk: FileCosts | None = None
     launch_overhead_s: float = 0.0  # fixed cost per op launch (kernel / parallel region)
-    # per op launch of a step that runs op by op (one with a chunk of several tokens: the
-    # engine's fused decode, like a GPU's captured graph, covers decode-only steps); 0: the
-    # same as launch_overhead_s
-    eager_launch_overhead_s: float = 0.0
+    # seconds of one layer part (a mixer kind, a feed-forward kind or "norm") in a step the
+    # engine runs op by op — one with a chunk of several tokens, or a decode its fast path
+    # does not cover (perf/eager.py) — as (decode step, prefill step); empty: such a step
+    # costs launches x launch_overhead_s like any other
+    eager_layer_s: dict[str, tuple[float, float]] = field(default_factory=dict)
     step_overhead_s: float = 0.0  # host time per engine step (scheduling, sampling)
     sequence_overhead_s: float = 0.0  # host time per sequence of a step (sampling, streaming)
     link_latency_s: float = 0.0  # per collective over the interconnect
@@ -194,7 +198,6 @@ _BY_KIND = ("memory_efficiency_by_kind", "compute_efficiency_by_kind")
 FRACTIONS = ("compute_efficiency", "memory_efficiency", *_BY_KIND, "gemm_efficiency")
 SECONDS = (
     "launch_overhead_s",
-    "eager_launch_overhead_s",
     "step_overhead_s",
     "sequence_overhead_s",
     "link_latency_s",
@@ -214,7 +217,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             "host_bandwidth)",
         )
     known = {"description", "l2_bytes", "sms", "interconnect", "host_bandwidth", "calibrated",
-             "disk"}  # fmt: skip
+             "disk", "eager_layer_s"}  # fmt: skip
     known |= {"efficiencies_from", *FRACTIONS, *SECONDS, *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
@@ -266,6 +269,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         gemm_efficiency={int(m): e for m, e in curve.items()},
         compute_efficiency=_per_format(row.get("compute_efficiency", {}), name, where),
         **{key: _by_kind(row, key, name, where) for key in _BY_KIND},
+        eager_layer_s=_eager_layers(row.get("eager_layer_s", {}), name, where),
         calibrated=row.get("calibrated") or ("undated (the row's own factors)" if own else None),
     )
     donor = row.get("efficiencies_from") or (None if own else DEFAULT_DONOR)
@@ -337,7 +341,8 @@ def peaks_only(hw: Hardware) -> Hardware:
 def _defaults() -> dict:
     """Every efficiency factor at its default: fractions 1 (none given), 0 seconds."""
     defaults = {f.name: f.default for f in fields(Hardware) if f.name in (*FRACTIONS, *SECONDS)}
-    return defaults | {key: {} for key in ("compute_efficiency", *_BY_KIND, "gemm_efficiency")}
+    tables = ("compute_efficiency", *_BY_KIND, "gemm_efficiency", "eager_layer_s")
+    return defaults | {key: {} for key in tables}
 
 
 def _fractions(table, name: str, where: str, what: str, expected: str) -> dict[str, float]:
@@ -345,6 +350,23 @@ def _fractions(table, name: str, where: str, what: str, expected: str) -> dict[s
     if not isinstance(table, dict) or not all(_number(v) and 0 < v <= 1 for v in table.values()):
         raise ConfigError(f"hardware {name!r}: {what}", where=where, found=table, expected=expected)
     return {k: float(v) for k, v in table.items()}
+
+
+def _eager_layers(table, name: str, where: str) -> dict[str, tuple[float, float]]:
+    """eager_layer_s: {part: [decode seconds, prefill seconds]}, each >= 0."""
+    ok = isinstance(table, dict) and all(
+        isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(x) and x >= 0 for x in v)
+        for v in table.values()
+    )
+    if not ok:
+        raise ConfigError(
+            f"hardware {name!r}: eager_layer_s must map layer parts to [decode, prefill] "
+            "seconds >= 0",
+            where=where,
+            found=table,
+            expected='{"attention": [0.0004, 0.0005], "dense": [...], "norm": [...]}',
+        )
+    return {k: (float(v[0]), float(v[1])) for k, v in table.items()}
 
 
 def _by_kind(row: dict, key: str, name: str, where: str) -> dict[str, float]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from infergen.config.description import ModelDesc
 from infergen.errors import ConfigError
+from infergen.perf.eager import eager_seconds, fused_decode_covers
 from infergen.perf.hardware import Hardware
 from infergen.perf.step_cost import Chunk, Formats, OpCost, Parallel, step_ops
 
@@ -38,14 +39,11 @@ class Efficiency:
         )
 
     @classmethod
-    def of_hardware(cls, hw: Hardware, compute_format: str, eager: bool = False) -> Efficiency:
-        """`eager`: the step runs op by op (see Hardware.eager_launch_overhead_s; unset, a
-        launch costs launch_overhead_s either way)."""
-        eager_cost = hw.eager_launch_overhead_s if eager else 0.0
+    def of_hardware(cls, hw: Hardware, compute_format: str) -> Efficiency:
         return cls(
             compute=dict(hw.compute_efficiency_by_kind),
             memory=dict(hw.memory_efficiency_by_kind),
-            overhead_s=eager_cost or hw.launch_overhead_s,
+            overhead_s=hw.launch_overhead_s,
             default_compute=hw.compute_efficiency_for(compute_format),
             default_memory=hw.memory_efficiency,
         )
@@ -112,11 +110,14 @@ def _link_seconds(o: OpCost, hw: Hardware) -> float:
     return o.bytes / (hw.interconnect / 2) + o.calls * hw.link_latency_s
 
 
+HEAD_LAUNCHES = 2  # embedding and LM head
+
+
 def launches(desc: ModelDesc) -> int:
     """Op launches of a step: one per op of each layer (norm, qkv, attention, o, norm, up,
     activation, down: the fused decode's parallel regions are about six), plus embedding and
     LM head."""
-    return 6 * len(desc.layers) + 2
+    return 6 * len(desc.layers) + HEAD_LAUNCHES
 
 
 def predict_step(
@@ -129,11 +130,19 @@ def predict_step(
 ) -> list[OpTime]:
     """Op times of one step of `desc` on `hw` (per device of `par`) for the batch `chunks`,
     with the engine's host time (per step, plus per sequence) as a last line. A step with a
-    chunk of several tokens (prefill, speculative verification) launches its ops eagerly."""
+    chunk of several tokens (prefill, speculative verification), or a decode the fused decode
+    does not cover, runs op by op: where `hw` measured that (eager_layer_s), its layers cost
+    that time ("op by op" line: perf/eager.py) plus the head's launches, instead of a
+    launch count."""
     ops = step_ops(desc, chunks, fmt, par or Parallel())
-    eager = any(c.new > 1 for c in chunks)
-    eff = Efficiency.of_hardware(hw, compute_format, eager)
-    times = op_times(ops, hw, compute_format, eff, launches(desc))
+    decode = all(c.new == 1 for c in chunks)
+    eff = Efficiency.of_hardware(hw, compute_format)
+    if hw.eager_layer_s and not (decode and fused_decode_covers(desc)):
+        times = op_times(ops, hw, compute_format, eff, HEAD_LAUNCHES)
+        seconds = eager_seconds(desc, hw.eager_layer_s, decode)
+        times.append(OpTime("op by op", "overhead", 0.0, 0.0, seconds))
+    else:
+        times = op_times(ops, hw, compute_format, eff, launches(desc))
     host = hw.step_overhead_s + hw.sequence_overhead_s * len(chunks)
     if host:
         times.append(OpTime("host overhead", "overhead", 0.0, 0.0, host))

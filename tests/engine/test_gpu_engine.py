@@ -3,7 +3,7 @@
 tests/models/test_cuda_graphs.py the graph path's buckets and padding).
 
 The GPU machine has no transformers and no model files, so the models are built here from
-random tensors (tests/random_checkpoint.py; test_random_checkpoint.py checks them against
+random tensors (infergen/io/random_checkpoint.py; test_random_checkpoint.py checks them against
 transformers on the CPU):
 
 - the default model on the corpus (where its file is installed; else a random model of its
@@ -29,8 +29,8 @@ from infergen.engine.options import engine_config
 from infergen.engine.sampling_params import SamplingParams
 from infergen.errors import CheckpointError
 from infergen.io.checkpoint import load_checkpoint
+from infergen.io.random_checkpoint import CONFIGS, SMOLLM2_135M, random_checkpoint
 from tests.engine.greedy import assert_greedy_equivalent
-from tests.random_checkpoint import CONFIGS, SMOLLM2_135M, random_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TIGHT_BLOCKS = {"llama_gqa": 24, "qwen2_qkv_bias": 24, "qwen3_qk_norm": 24, "mistral_window": 12,

@@ -18,6 +18,7 @@ from infergen.config import ModelConfig
 from infergen.engine.engine import Engine
 from infergen.engine.options import engine_config
 from infergen.engine.sampling_params import SamplingParams
+from infergen.io.random_checkpoint import random_checkpoint
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.prefix import block_hash
 from infergen.kvcache.tiers.compact import AS_STORED, OFFLOAD_FORMATS
@@ -27,7 +28,6 @@ from infergen.kvcache.tiers.host import HostTier
 from infergen.kvcache.tiers.tiered import KVTiers
 from tests.engine.greedy import assert_greedy_equivalent
 from tests.hf_models import BASE
-from tests.random_checkpoint import random_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SPIN = 100_000_000  # GPU clock cycles of torch.cuda._sleep: tens of milliseconds

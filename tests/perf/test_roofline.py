@@ -154,29 +154,6 @@ def test_hardware_rows_reject_bad_efficiencies(tmp_path):
         load_file(path)
 
 
-def test_steps_with_a_multi_token_chunk_pay_the_eager_launch_cost():
-    from infergen.config import ModelConfig
-    from infergen.perf.roofline import launches, predict_step
-    from infergen.perf.step_cost import Chunk, Formats
-
-    desc = ModelConfig.from_hf_dict(TINY, source="tiny").describe()
-    hw = dataclasses.replace(HW, launch_overhead_s=2e-6, eager_launch_overhead_s=5e-5)
-
-    def launch_line(chunks):  # the step's launch overhead line on `hw`
-        (line,) = [
-            t
-            for t in predict_step(desc, hw, chunks, Formats(), "bf16")
-            if t.name == "launch overhead"
-        ]
-        return line.seconds
-
-    assert launch_line([Chunk(1, 10)] * 4) == pytest.approx(launches(desc) * 2e-6)
-    for mixed in ([Chunk(7, 7)], [Chunk(1, 10), Chunk(3, 30)]):
-        assert launch_line(mixed) == pytest.approx(launches(desc) * 5e-5)
-    hw = dataclasses.replace(hw, eager_launch_overhead_s=0.0)  # unset: one launch cost
-    assert launch_line([Chunk(7, 7)]) == pytest.approx(launches(desc) * 2e-6)
-
-
 def test_best_of_two_calibrations_keeps_each_faster_rate():
     from infergen.perf.calibrate import best_of
 

@@ -1,6 +1,7 @@
 """Random checkpoints built without transformers or a model file (the GPU machine of the
-device check has neither): a tiny model's config from tests/data/tiny_configs.json
-(transformers' own config dicts of tests/hf_models.py's models, saved; tests/engine/
+device check has neither; `infergen perf calibrate` times the engine's layers on them): a tiny
+model's config from tiny_configs.json beside this file (transformers' own config dicts of
+tests/hf_models.py's models, one per layer family, saved; tests/engine/
 test_random_checkpoint.py checks they still match) or the default model's shapes, with
 random tensors of every name and shape the generic decoder reads
 (models/tensor_names.expected_tensors). Deterministic by seed; a fresh Checkpoint per
@@ -17,9 +18,7 @@ from infergen.config import ModelConfig
 from infergen.io.checkpoint import Checkpoint
 from infergen.models.tensor_names import expected_tensors
 
-CONFIGS: dict[str, dict] = json.loads(
-    (Path(__file__).parent / "data" / "tiny_configs.json").read_text()
-)
+CONFIGS: dict[str, dict] = json.loads((Path(__file__).parent / "tiny_configs.json").read_text())
 # the default model's (SmolLM2-135M-Instruct) shapes, as its GGUF file gives them
 SMOLLM2_135M = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=576,
