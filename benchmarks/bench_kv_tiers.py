@@ -4,7 +4,8 @@ Workload (benchmarks/kv_tiers_workload.py): the shape of `infergen bench serve -
 agentic` — sessions resending their whole conversation every turn, a closed loop of
 `concurrency` turns in flight — plus the tool time between a session's turns that bench serve
 leaves out: 8 sessions of 8 turns (a shared 200-token system prompt, each turn adding a
-100-token tool output, 16-token greedy answers), 2 turns in flight, a session with its answer
+100-token tool output; greedy answers of 12, 16 or 20 tokens by session, so the turns in
+flight do not decode in lockstep), 2 turns in flight, a session with its answer
 queueing behind the waiting ones for its next turn. The pool holds 25 % of the working set:
 about the two sessions in flight; the six waiting ones' contexts live in the tiers (or are
 recomputed without them).
@@ -192,7 +193,7 @@ def run_control(sizes: Sizes, work: dict, engines: dict) -> dict:
             saved = llm.engine.kv_tiers.saved if llm.engine.kv_tiers is not None else 0
             start = time.perf_counter()
             with OtherCpu() as other:
-                requests, engine = run_closed_loop(llm.engine, Unrelated(prompts),
+                requests, engine = run_closed_loop(llm.engine, Unrelated(prompts, sizes.answer),
                                                    sizes.concurrency, params)  # fmt: skip
             seconds = time.perf_counter() - start
             tiers = llm.engine.kv_tiers

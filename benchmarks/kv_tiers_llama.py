@@ -35,15 +35,15 @@ from bench_serving import LLAMA_SERVER, free_port, llama_server_cmd, llama_serve
 from cpu_contention import OtherCpu
 from gguf_f32 import cached_f32_gguf
 from kv_tiers_lines import PEER
-from kv_tiers_workload import Conversations, Sizes, final_context
+from kv_tiers_workload import Conversations, Sizes, longest_request
 
 CACHE = f"{PEER} (prompt cache)"
 RESTORE = f"{PEER} (slot restore)"
 COLD = f"{PEER} (cold start)"
 
 
-async def _one(client: httpx.AsyncClient, prompt: list[int], slot: int, sizes: Sizes) -> dict:
-    body = {"prompt": prompt, "n_predict": sizes.answer, "cache_prompt": True,
+async def _one(client: httpx.AsyncClient, prompt: list[int], slot: int, answer: int) -> dict:
+    body = {"prompt": prompt, "n_predict": answer, "cache_prompt": True,
             "id_slot": slot, "temperature": 0, "ignore_eos": True, "stream": True,
             "return_tokens": True}  # fmt: skip
     start, first, answer, final = time.perf_counter(), None, [], {}
@@ -90,7 +90,7 @@ async def _closed_loop(url: str, sessions: Conversations, sizes: Sizes, restore:
                 if resp.status_code != 200:
                     raise SystemExit(f"{PEER}: slot restore failed: {resp.text[:200]}")
                 r["restore_s"] = time.perf_counter() - start
-            r.update(await _one(client, sessions.prompt(s), s, sizes))
+            r.update(await _one(client, sessions.prompt(s), s, sessions.answer(s)))
             r["ttft_s"] += r["restore_s"]
             out.append(r)
             return sessions.finish(s, r["answer"])
@@ -130,7 +130,7 @@ def _warm_up(url: str, sizes: Sizes) -> None:
 
 async def _warm(url: str, sizes: Sizes) -> None:
     async with _client(url) as client:
-        await _one(client, list(range(1000, 1040)), sizes.sessions - 1, sizes)
+        await _one(client, list(range(1000, 1040)), sizes.sessions - 1, sizes.answer)
 
 
 def _m(value: float, other) -> dict:
@@ -148,7 +148,7 @@ def run_llama_server(model: str | None, work: dict, sizes: Sizes) -> dict:
     from infergen.io.default_model import default_model_path
 
     gguf = cached_f32_gguf(pathlib.Path(default_model_path()), PEERS_DIR)
-    longest = final_context(sizes) + sizes.tool + sizes.answer
+    longest = longest_request(sizes)
     ctx = -(-(longest + 32) // 256) * 256
     logs = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
     results = []

@@ -24,7 +24,7 @@ def predicted_ttft_gain(sizes, model: str | None, options: dict) -> float | None
     try:
         gain = predicted_tier_gain(
             sessions=sizes.sessions, turns=sizes.turns, system=sizes.system, tool=sizes.tool,
-            answer=sizes.answer, pool_blocks=options["num_kv_blocks"],
+            answer=sizes.answers, pool_blocks=options["num_kv_blocks"],
             host_bytes=options.get("kv_offload_memory"),
             disk_bytes=disk_default.value(disk_default.default), model=model,
             write_through=bool(options.get("kv_offload_write_through")),

@@ -10,8 +10,13 @@ benchmark keeps bench serve's closed loop and adds the gap:
 
 - `sessions` sessions, all open from the start, each of `turns` turns: turn 1 is a system
   prompt shared by every session (`system` tokens) + a tool output (`tool` tokens); turn k+1
-  resends turn k's prompt + the model's answer (`answer` tokens, greedy, EOS ignored) + a new
-  tool output. Every window is cut from data/ text (token ids).
+  resends turn k's prompt + the model's answer (greedy, EOS ignored) + a new tool output.
+  Every window is cut from data/ text (token ids). Answers are `answer` - `answer_spread`,
+  `answer` or `answer` + `answer_spread` tokens long, by session (0, 1, 2, 0, ...): with one
+  length for all, the turns in flight decoded in lockstep, so the next ones were submitted in
+  the same step and prefilled together, every time, or never — whichever way an early
+  background tier load happened to set the phase; the TTFTs of the engine and of the
+  performance model's simulation of it followed that accident.
 - `concurrency` turns are in flight at once (closed loop). A session whose answer came back
   runs its tool and queues for its next turn behind the sessions already waiting (first in,
   first out); a finished turn lets the queue's head in. So the first turns are staggered
@@ -36,7 +41,7 @@ import pathlib
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BLOCK = 16  # tokens per KV block (the engine's default)
@@ -49,7 +54,8 @@ class Sizes:
     turns: int = 8
     system: int = 200
     tool: int = 100
-    answer: int = 16
+    answer: int = 16  # answer tokens: this, less or more answer_spread by session (answer_of)
+    answer_spread: int = 4
     random_prompt: int = 200  # control: prompt tokens of each unrelated request
     control_requests: int = 32  # control: unrelated requests per run
     control_rounds: int = 5  # control: alternations of no tiers / host (median: noise)
@@ -58,10 +64,18 @@ class Sizes:
     # sessions (the previous shape; what the perf model's predicted_tier_gain simulates)
     lockstep: bool = False
 
+    def answer_of(self, session: int) -> int:
+        """Answer tokens of every turn of `session`: 12, 16, 20, 12, ... at the defaults."""
+        return self.answer + self.answer_spread * (session % 3 - 1)
+
+    @property
+    def answers(self) -> list[int]:
+        return [self.answer_of(s) for s in range(self.sessions)]
+
 
 FULL = Sizes()
-QUICK = Sizes(sessions=4, concurrency=1, turns=3, system=48, tool=24, answer=4, random_prompt=48,
-              control_requests=6, control_rounds=2)  # fmt: skip
+QUICK = Sizes(sessions=4, concurrency=1, turns=3, system=48, tool=24, answer=4, answer_spread=1,
+              random_prompt=48, control_requests=6, control_rounds=2)  # fmt: skip
 WARMUP = list(range(1000, 1040))  # unrelated token ids: every engine's first request
 
 
@@ -105,17 +119,24 @@ def make_workload(corpus: Corpus, sizes: Sizes) -> dict:
     }
 
 
-def final_context(sizes: Sizes) -> int:
-    """Tokens of a session after its last turn's answer."""
-    return sizes.system + sizes.turns * (sizes.tool + sizes.answer)
+def final_context(sizes: Sizes, session: int) -> int:
+    """Tokens of `session` after its last turn's answer."""
+    return sizes.system + sizes.turns * (sizes.tool + sizes.answer_of(session))
+
+
+def longest_request(sizes: Sizes) -> int:
+    """Tokens of the longest request (a session's turn after the restart, with its answer)."""
+    return max(
+        final_context(sizes, s) + sizes.tool + sizes.answer_of(s) for s in range(sizes.sessions)
+    )
 
 
 def working_set_blocks(sizes: Sizes, blocks_for_tokens: Callable[[int], int]) -> tuple[int, int]:
     """(pool blocks of every session's final context summed, of the longest request);
     `blocks_for_tokens`: the pool blocks one sequence of that many tokens holds (over the
     model's cache groups: a windowed group only its window)."""
-    resume = final_context(sizes) + sizes.tool + sizes.answer  # the request after the restart
-    return sizes.sessions * blocks_for_tokens(final_context(sizes)), blocks_for_tokens(resume)
+    finals = [blocks_for_tokens(final_context(sizes, s)) for s in range(sizes.sessions)]
+    return sum(finals), blocks_for_tokens(longest_request(sizes))
 
 
 class Conversations:
@@ -138,6 +159,9 @@ class Conversations:
 
     def prompt(self, s: int) -> list[int]:
         return self.conv[s]
+
+    def answer(self, s: int) -> int:
+        return self.sizes.answer_of(s)
 
     def reusable(self, s: int) -> int:
         """Full blocks of the prompt of `s` an earlier request computed (as it is submitted)."""
@@ -163,11 +187,14 @@ class Unrelated:
 
     system = 0  # (no shared prompt)
 
-    def __init__(self, prompts: list[list[int]]):
-        self.conv, self.turn = prompts, [0] * len(prompts)
+    def __init__(self, prompts: list[list[int]], answer: int):
+        self.conv, self.turn, self.answer_tokens = prompts, [0] * len(prompts), answer
 
     def prompt(self, s: int) -> list[int]:
         return self.conv[s]
+
+    def answer(self, s: int) -> int:
+        return self.answer_tokens
 
     def reusable(self, s: int) -> int:
         return 0
@@ -179,9 +206,10 @@ class Unrelated:
 def run_closed_loop(
     engine, sessions, concurrency: int, params, lockstep: bool = False
 ) -> tuple[list[dict], dict]:
-    """Run every session's turns (`sessions`: Conversations or Unrelated), `concurrency` in
-    flight, a session re-queued (behind those waiting) when its answer is in (`lockstep`: the
-    queue let in only once nothing is in flight: every session's next turn together). Per
+    """Run every session's turns (`sessions`: Conversations or Unrelated; `params` with each
+    session's answer length), `concurrency` in flight, a session re-queued (behind those
+    waiting) when its answer is in (`lockstep`: the queue let in only once nothing is in
+    flight: every session's next turn together). Per
     request: session, turn, TTFT and its breakdown, answer, cached and reusable prompt tokens
     and the blocks its reusable part needs (over the cache groups); and the engine's seconds
     over all steps (schedule, forward, after) and their number. (Which request a tier's block
@@ -227,7 +255,7 @@ def _submit(engine, sessions, s: int, params, groups) -> tuple[str, dict]:
          "reusable": reusable, "needed_blocks": blocks_needed(groups, reusable // BLOCK),
          "shared": min(sessions.system // BLOCK * BLOCK, reusable),  # the system prompt's
          "submitted": time.perf_counter()}  # fmt: skip
-    return engine.add_request(prompt, params), r
+    return engine.add_request(prompt, replace(params, max_tokens=sessions.answer(s))), r
 
 
 def ttft_breakdown(steps: list, submitted: float, first: float) -> dict:

@@ -15,6 +15,7 @@ workload of benchmarks/bench_kv_tiers.py from its parameters, to set beside what
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from infergen.bench.workloads import Shape
 from infergen.config import SchedulerConfig
@@ -143,7 +144,7 @@ def predicted_tier_gain(
     turns: int,
     system: int,
     tool: int,
-    answer: int,
+    answer: int | Sequence[int],
     pool_blocks: int,
     host_bytes: int | None,
     disk_bytes: int | None = None,
@@ -161,8 +162,9 @@ def predicted_tier_gain(
     """The predicted gains of KV tiers on benchmarks/bench_kv_tiers.py's workload: `sessions`
     sessions of `turns` turns, all opening with the same `system`-token prompt plus a
     `tool`-token output; each later turn resends the conversation + the `answer`-token answer
-    + a new tool output. `concurrency` turns in flight, a session whose turn finished queuing
-    behind the waiting ones (the benchmark's closed loop); None: every session's turn k
+    (one length, or one per session) + a new tool output. `concurrency` turns in flight, a
+    session whose turn finished queuing behind the waiting ones (the benchmark's closed
+    loop); None: every session's turn k
     submitted together once turn k-1 has finished (its `--lockstep`). A pool of
     `pool_blocks` blocks of `block_size` tokens; a host tier of `host_bytes` (None: none), a
     disk tier of `disk_bytes` (None: none). `model`: a config / GGUF path (default: the
@@ -186,7 +188,11 @@ def predicted_tier_gain(
         kv_blocks=pool_blocks,
         tiers=TierSpec(host_bytes, disk_bytes, write_through, host_bandwidth, disk_bandwidth),
     )
-    shapes = [Shape(system + tool, answer, (tool,) * (turns - 1), f"s{s}") for s in range(sessions)]
+    answers = [answer] * sessions if isinstance(answer, int) else list(answer)
+    if len(answers) != sessions:
+        raise ValueError(f"answer: one length per session ({sessions}), got {len(answers)}")
+    shapes = [Shape(system + tool, answers[s], (tool,) * (turns - 1), f"s{s}")
+              for s in range(sessions)]  # fmt: skip
     if concurrency is None:
         load = dict(concurrency=sessions, lockstep=True)
     else:

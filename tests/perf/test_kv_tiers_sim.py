@@ -409,3 +409,20 @@ def test_a_calibrated_disk_costs_each_block_a_file_and_its_bytes():
     assert all(r.ok for r in results) and stats["tiers"]["disk"]["hits"] > 0
     loads = stats["load_seconds"]["inline"] + stats["load_seconds"]["background"]
     assert loads == pytest.approx(stats["tiers"]["disk"]["hits"] * (1e-3 + BLOCK_BYTES / 1e9))
+
+
+def test_answer_lengths_by_session():
+    """One answer length per session (bench_kv_tiers' 12 / 16 / 20): the same prediction as
+    one length when they are all equal; a list of another length is refused."""
+    from infergen.perf.hardware import Hardware
+
+    cpu = Hardware(name="cpu-like", description="a CPU", memory_bytes=32e9, bandwidth=25e9,
+                   flops={"fp32": 2e11}, host_bandwidth=1e10)  # fmt: skip
+    shape = dict(sessions=3, turns=3, system=64, tool=48, pool_blocks=23,
+                 host_bytes=2 * 54 * 2**22, model=LLAMA_8B, hardware=cpu)  # fmt: skip
+    same = predicted_tier_gain(answer=[8, 8, 8], **shape)
+    assert same == predicted_tier_gain(answer=8, **shape)
+    spread = predicted_tier_gain(answer=[4, 8, 12], **shape)
+    assert spread["kv_offload"]["with_tiers"] != same["kv_offload"]["with_tiers"]
+    with pytest.raises(ValueError, match="one length per session"):
+        predicted_tier_gain(answer=[8, 8], **shape)
