@@ -136,21 +136,22 @@ def test_compute_class_of_activation_formats():
     assert got == ["fp32", "bf16", "fp8", "fp8", "fp4", "int8"]
 
 
-def test_hardware_rows_reject_bad_efficiencies(tmp_path):
+@pytest.mark.parametrize(
+    "factor, message",
+    [
+        ('"compute_efficiency": {"bf16": 1.5}', "compute_efficiency"),
+        ('"compute_efficiency_by_kind": {"attention": 0}', "compute_efficiency_by_kind must map"),
+        ('"eager_layer_s": {"norm": [1e-5]}', "eager_layer_s must map layer parts"),
+    ],
+)
+def test_hardware_rows_reject_bad_efficiencies(tmp_path, factor, message):
     from infergen.errors import ConfigError
 
     path = tmp_path / "bad.json"
     path.write_text(
-        '{"x1": {"memory_bytes": 1e9, "bandwidth": 1e9, "flops": {"bf16": 1e12}, '
-        '"compute_efficiency": {"bf16": 1.5}}}'
+        '{"bad": {"memory_bytes": 1e9, "bandwidth": 1e9, "flops": {"bf16": 1e12}, ' + factor + "}}"
     )
-    with pytest.raises(ConfigError, match="compute_efficiency"):
-        load_file(path)
-    path.write_text(
-        '{"x2": {"memory_bytes": 1e9, "bandwidth": 1e9, "flops": {"bf16": 1e12}, '
-        '"compute_efficiency_by_kind": {"attention": 0}}}'
-    )
-    with pytest.raises(ConfigError, match="compute_efficiency_by_kind must map op kinds"):
+    with pytest.raises(ConfigError, match=message):
         load_file(path)
 
 
