@@ -84,8 +84,6 @@ def test_the_measured_table_times_every_part_kind():
     table = measure_eager_layers(repeats=2)
     assert set(table) == MIXERS | {"dense", "moe", "norm"}
     assert all(decode > 0 and prefill > 0 for decode, prefill in table.values())
-    # a layer of Llama's parts is more than its norm alone
-    assert table["attention"][0] > table["norm"][0]
 
 
 def test_the_table_round_trips_through_the_row_file_and_best_of_keeps_the_faster(tmp_path):
