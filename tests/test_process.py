@@ -1,9 +1,10 @@
 """infergen/process.py: with glibc's thresholds raised, a large buffer freed and allocated
-again is reused instead of being unmapped and faulted in afresh (the kernel's own minor-fault
-counter is the oracle; each case runs in a fresh interpreter)."""
+again is reused instead of being unmapped and faulted in afresh. glibc's own accounting
+(mallinfo2) is the oracle for where the buffer lives; each case runs in a fresh interpreter."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -11,33 +12,50 @@ import threading
 import pytest
 
 SCRIPT = """
-import resource, sys, torch
+import ctypes, json, resource, sys, torch
 if sys.argv[1] == "configured":
     from infergen.process import configure_process, keep_large_allocations
     configure_process(1)
     assert keep_large_allocations()
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+    _fields_ = [(name, ctypes.c_size_t) for name in names.split()]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
 torch.empty(16 << 20).fill_(1.0)  # 64 MiB, once to warm up
-faults = []
+out = {"mmapped_alive": [], "heap_after_free": [], "faults": []}
 for _ in range(5):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    torch.empty(16 << 20).fill_(1.0)
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(sorted(faults)[2])  # the median allocation
+    t = torch.empty(16 << 20).fill_(1.0)
+    out["faults"].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    out["mmapped_alive"].append(libc.mallinfo2().hblkhd)
+    del t
+    out["heap_after_free"].append(libc.mallinfo2().arena)
+print(json.dumps(out))
 """
 
+BUFFER = 64 << 20
 
-def _faults_per_allocation(mode: str) -> int:
+
+def _allocations(mode: str) -> dict[str, list[int]]:
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True
     )
-    return int(out.stdout.split()[-1])
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc is Linux's")
 def test_large_buffers_are_reused_after_configure_process():
-    pages = (64 << 20) // 4096
-    assert _faults_per_allocation("default") > pages // 2  # fresh mmap pages every time
-    assert _faults_per_allocation("configured") < pages // 20
+    """By default glibc serves the 64 MiB buffer with its own mmap (counted in hblkhd while it
+    lives) and unmaps it on free, so every allocation faults its pages in afresh; configured,
+    the buffer comes from the heap (hblkhd stays below its size) and the heap keeps it after
+    free (arena stays at least its size). The page faults of each allocation are in the failure
+    message, not asserted: the kernel, not glibc, decides those (a CI host once counted every
+    page of the configured case as faulted afresh; here it counts none)."""
+    default, configured = _allocations("default"), _allocations("configured")
+    assert min(default["mmapped_alive"]) >= BUFFER, default
+    assert max(configured["mmapped_alive"]) < BUFFER, configured
+    assert min(configured["heap_after_free"]) >= BUFFER, configured
 
 
 POOL_SCRIPT = """
