@@ -386,13 +386,17 @@ def _tiers(built: Built) -> KVTiers | None:
 
 
 def _state_checkpoints(built: Built) -> StateCheckpoints | None:
-    """The recurrent layers' state checkpoints (a model with such layers, prefix caching on, a
-    budget, and a KV format whose blocks can be copied: the partial block goes with a state);
-    their evictions spill to the KV tiers."""
+    """The prefix checkpoints (kvcache/state_checkpoints.py): recurrent layers' states, and
+    partial blocks (an attention-only model's tails). With prefix caching on, a budget, and a
+    KV format whose blocks can be copied (the partial block goes with a checkpoint); tails
+    also not with per-block key summaries (sparse decode: a restored block's would be empty).
+    Their evictions spill to the KV tiers."""
     cache, kv_cache = built.config.cache, built.kv_cache
-    if kv_cache.states is None or not cache.enable_prefix_caching:
+    if not cache.enable_prefix_caching or not cache.state_checkpoint_bytes:
         return None
-    if not cache.state_checkpoint_bytes or (kv_cache.groups and not kv_cache.pages_movable):
+    if kv_cache.groups and not kv_cache.pages_movable:
+        return None
+    if kv_cache.states is None and kv_cache.summaries:
         return None
     tiers = built.kv_tiers
     return StateCheckpoints(

@@ -162,10 +162,12 @@ OPTIONS: tuple[Option, ...] = (
            "stores them"),
     Option("state_checkpoint_memory", "cache.state_checkpoint_bytes", "1GiB",
            convert=_bytes("state_checkpoint_memory"), commands=RUN,
-           help="models with recurrent layers (Mamba2, Qwen3-Next, Falcon-H1): memory for "
-           "copies of their layers' states at block boundaries, prompt ends and finished "
-           "turns, so prompts sharing a prefix resume there instead of recomputing it (least "
-           "recently used go first, to the KV offload tiers when there are); 0: off"),
+           help="memory for prefix checkpoints: with recurrent layers (Mamba2, Qwen3-Next, "
+           "Falcon-H1) copies of their states at block boundaries, prompt ends and finished "
+           "turns, so prompts sharing a prefix resume there instead of recomputing it; for "
+           "every model the partial last block where a prompt ends or a turn finishes, so a "
+           "conversation's next turn reuses every computed token, not only full blocks "
+           "(least recently used go first, to the KV offload tiers when there are); 0: off"),
     Option("num_kv_blocks", "cache.num_blocks", None, parse=int, commands=(),
            help="exact number of KV blocks (tests use tiny pools to force preemption)"),
     Option("block_size", "cache.block_size", 16, parse=int, commands=(),

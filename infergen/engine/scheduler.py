@@ -30,7 +30,10 @@ its prompts resume from the prefix cache only where a state checkpoint exists
 (kvcache/state_checkpoints.py): taken at block boundaries where a prefill chunk ends (the first
 chunk of a prompt is cut at the end of the part earlier prompts computed), at a prompt's end,
 and where a sequence finishes or is preempted; a hit resumes from the deepest checkpoint whose
-full blocks are available, its partial block's KV restored from the checkpoint.
+full blocks are available, its partial block's KV restored from the checkpoint. An
+attention-only model with the same store keeps "tails": the partial block where a prompt ends
+or a sequence finishes inside a block, so the next turn of a conversation (prompt + answer +
+new tokens) resumes after the last computed token, not at the last full block.
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ class Scheduler:
         # the KV tiers below the pool (kvcache/tiers/): prefix blocks missing from the pool are
         # loaded back from there at admission
         self.tiers = tiers
-        # recurrent layers' states at chosen positions (None: their prompts never resume)
+        # recurrent layers' states, and partial blocks, at chosen positions (None: none kept;
+        # then a model with recurrent layers never resumes a prompt)
         self.checkpoints = checkpoints
         self.moves = TierMoves(
             tiers, pool, block_size, len(self.groups), self._key,
@@ -124,11 +128,15 @@ class Scheduler:
         seq.num_computed_tokens += num_computed
         registered = seq.num_registered_blocks
         self.register_full_blocks(seq)
-        if self.checkpoints is not None and seq.state_slot is not None:
+        if self.checkpoints is None:
+            return
+        done, prompt = seq.num_computed_tokens, len(seq.prompt_token_ids)
+        if seq.state_slot is not None:
             self.checkpoints.note(seq.block_hashes[registered : seq.num_registered_blocks])
-            done, prompt = seq.num_computed_tokens, len(seq.prompt_token_ids)
             if done <= prompt and (done % self.block_size == 0 or done == prompt):
                 self._checkpoint(seq)  # a prefill chunk's end on a boundary, the prompt's end
+        elif self.states is None and done == prompt:
+            self._checkpoint(seq)  # the prompt's tail (attention only)
 
     # ---- block accounting -------------------------------------------------------------------
     def grow(self, seq: Sequence, num_new: int) -> bool:
@@ -203,7 +211,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self._checkpoint(seq)  # (recurrent layers: a next turn extends prompt + answer)
+        self._checkpoint(seq)  # (a next turn extends prompt + answer)
         self.release_blocks(seq)
         self.moves.forget(seq)  # (a background load cancelled, a swapped copy dropped)
         seq.status = Status.FINISHED
@@ -247,6 +255,8 @@ class Scheduler:
         if self.states is not None and limit:
             resume = self._find_checkpoint(seq, hits)
             n = 0 if resume is None else resume[0] // self.block_size
+        elif self.checkpoints is not None:  # attention only: a tail past the n full blocks
+            resume = self._find_checkpoint(seq, hits, tail_of=n)
         seq.blocks = []
         for group, hit in enumerate(hits):
             needed = set(self._needed(group, list(range(n)), n))
@@ -261,10 +271,15 @@ class Scheduler:
     # ---- recurrent-state checkpoints --------------------------------------------------------
     def _checkpoint(self, seq: Sequence) -> None:
         """Keep the state of `seq` after its computed tokens (recurrent layers), with its
-        partial block's pages when that position is inside a block."""
+        partial block's pages when that position is inside a block (attention only: that
+        tail alone, and only there)."""
         done = seq.num_computed_tokens
-        if self.checkpoints is None or seq.state_slot is None or not done:
+        if self.checkpoints is None or not done:
             return
+        if self.states is not None and seq.state_slot is None:
+            return  # (recurrent layers: no state to keep)
+        if self.states is None and done % self.block_size == 0:
+            return  # (attention only: the full blocks say it all)
         q, r = divmod(done, self.block_size)
         extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, q)
         key = checkpoint_key(
@@ -273,11 +288,14 @@ class Scheduler:
         partial = [blocks[q] for blocks in seq.blocks] if r else []
         self.checkpoints.save(seq.state_slot, done, key, partial)
 
-    def _find_checkpoint(self, seq: Sequence, hits: list[list[int | None]]):
+    def _find_checkpoint(
+        self, seq: Sequence, hits: list[list[int | None]], tail_of: int | None = None
+    ):
         """(position, checkpoint) of the deepest checkpoint of `seq` whose full blocks are in
         the pool (`hits`) and, inside a block, for which a state slot and a fresh block per
-        group are free; None when there is none."""
-        if self.states.num_free == 0:
+        group are free; None when there is none. `tail_of` n (attention only): a tail inside
+        block n, after the n full blocks the prefix reuses."""
+        if self.states is not None and self.states.num_free == 0:
             return None
         groups = range(len(hits))
 
@@ -288,12 +306,15 @@ class Scheduler:
             idle = sum(1 for b in set(needed) if self.pool.refcount(b) == 0)
             return not inside or self.pool.num_free - idle >= len(hits)
 
-        return self.checkpoints.find(seq.token_ids, seq.block_hashes, seq.num_tokens - 1, usable)
+        return self.checkpoints.find(
+            seq.token_ids, seq.block_hashes, seq.num_tokens - 1, usable, block=tail_of
+        )
 
     def _resume(self, seq: Sequence, position: int, data) -> None:
         """Restore the checkpoint found at `position` into `seq`: a state slot, and a fresh
         block per group for its partial block when the position is inside one."""
-        seq.state_slot = self.states.allocate()
+        if self.states is not None:
+            seq.state_slot = self.states.allocate()
         partial = [self.pool.allocate() for _ in seq.blocks] if position % self.block_size else []
         for blocks, block in zip(seq.blocks, partial, strict=False):  # (none: at a boundary)
             blocks.append(block)
@@ -375,7 +396,8 @@ class Scheduler:
                 continue
             self.moves.swap_in(seq)
             num_new = seq.num_uncomputed
-            if self.checkpoints is not None:  # end the chunk where earlier prompts' part ends
+            if self.states is not None and self.checkpoints is not None:
+                # (recurrent layers) end the chunk where earlier prompts' part ends
                 end = self.checkpoints.shared_end(
                     seq.block_hashes, seq.num_computed_tokens, seq.num_tokens
                 )

@@ -1,22 +1,28 @@
-"""Recurrent-state checkpoints: prefix reuse for models with SSM / DeltaNet layers (issue 23,
-item 5).
+"""Prefix checkpoints: reuse past the full blocks of the prefix index (issue 23, item 5).
 
-KV blocks alone cannot resume such a model's prompt: its recurrent layers need their state
-after the shared tokens. This store keeps copies of a sequence's state (every recurrent layer's
-tensors of its slot, state_cache.py) at chosen positions, and for a position inside a block
-the partial block's contents in each attention group (hybrids such as Falcon-H1 and
-Qwen3-Next) — the prefix index registers full blocks only. Full blocks before the position
-come from the prefix index (the pool or the KV tiers), as for any model.
+KV blocks alone cannot resume a prompt of a model with recurrent (SSM / DeltaNet) layers: those
+need their state after the shared tokens. And the prefix index registers full blocks only, so
+any model recomputes the tokens of a shared part's last, partial block — a conversation's next
+turn recomputes up to block_size - 1 tokens of the previous prompt + answer before its new
+ones (SGLang's radix cache reuses at token granularity). This store keeps, at chosen positions,
+a copy of what resuming there needs beyond the full blocks before it: a sequence's state
+(every recurrent layer's tensors of its slot, state_cache.py; none for an attention-only
+model), and for a position inside a block the partial block's contents in each attention
+group. Full blocks before the position come from the prefix index (the pool or the KV tiers),
+as for any model.
 
 Key of position p: BLAKE2b over b"state", the chained hash of the full blocks before p
 (kvcache/prefix.py; none at the first block) and the token ids of the partial block — two
 sequences share a key only if they share tokens[:p].
 
 The scheduler takes checkpoints (engine/scheduler.py) where a later request is likely to
-resume: at block boundaries where a prefill chunk ends (a chunk is cut at the end of the part
-a prompt shares with earlier ones), at the end of each prompt, and where a sequence finishes
-or is preempted (a conversation's next turn extends prompt + answer). A lookup takes the
-deepest position whose checkpoint exists and whose full blocks are available.
+resume: with recurrent layers at block boundaries where a prefill chunk ends (a chunk is cut
+at the end of the part a prompt shares with earlier ones), at the end of each prompt, and where
+a sequence finishes or is preempted (a conversation's next turn extends prompt + answer); an
+attention-only model only where a prompt ends or a sequence finishes inside a block (a
+partial block's "tail"; at a boundary the full blocks say it all). A lookup takes the deepest
+position whose checkpoint exists and whose full blocks are available (attention-only: a tail
+just past the prefix's full blocks).
 
 Budget: the checkpoints held here never exceed `budget_bytes`; least recently used go first —
 to the KV tiers (the host tier, then disk: `spill`) when there are, where a later lookup
@@ -24,8 +30,9 @@ finds them again (and, on disk, after a restart). With the tiers' write-through,
 checkpoint is also copied to the disk tier at once (`through`), as the KV blocks are.
 
 A checkpoint is one flat byte tensor on the cache's device: the position (int64), then each
-recurrent layer's state tensors of one slot (layers and names in a fixed order), then — when
-the position is inside a block — the partial block's page of each attention group.
+recurrent layer's state tensors of one slot (layers and names in a fixed order; none without
+recurrent layers), then — when the position is inside a block — the partial block's page of
+each attention group.
 """
 
 from __future__ import annotations
@@ -61,16 +68,16 @@ class StateCheckpoints:
         fetch: Fetch | None = None,
         through: Spill | None = None,
     ):
-        assert kv_cache.states is not None, "state checkpoints need recurrent layers"
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.budget_bytes = budget_bytes
         self.spill, self.fetch = spill, fetch
         self.through = through  # each new checkpoint copied down at once (write-through)
-        self._tensors = [
+        states = kv_cache.states.states if kv_cache.states is not None else {}
+        self._tensors = [  # (none: an attention-only model's checkpoints are tails)
             (layer, name, tensor)
-            for layer, states in sorted(kv_cache.states.states.items())
-            for name, tensor in sorted(states.items())
+            for layer, layer_states in sorted(states.items())
+            for name, tensor in sorted(layer_states.items())
         ]
         self.state_bytes = sum(t[0].numel() * t.element_size() for _, _, t in self._tensors)
         self._held: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # LRU first
@@ -99,9 +106,12 @@ class StateCheckpoints:
         return None
 
     # ---- save -----------------------------------------------------------------------------
-    def save(self, slot: int, position: int, key: bytes, partial_blocks: Sequence[int]) -> None:
-        """Keep the state of `slot` (after `position` tokens) under `key`, with the pages of
-        `partial_blocks` (one per attention group) when `position` is inside a block."""
+    def save(
+        self, slot: int | None, position: int, key: bytes, partial_blocks: Sequence[int]
+    ) -> None:
+        """Keep the state of `slot` (after `position` tokens; None: no recurrent layers) under
+        `key`, with the pages of `partial_blocks` (one per attention group) when `position` is
+        inside a block."""
         if key in self._held:
             self._held.move_to_end(key)
             return
@@ -120,10 +130,10 @@ class StateCheckpoints:
         self._held[key] = flat
         self.nbytes += size
 
-    def _pack(self, slot: int, position: int, partial_blocks: Sequence[int]) -> torch.Tensor:
+    def _pack(self, slot: int | None, position: int, partial_blocks: Sequence[int]) -> torch.Tensor:
         """The flat checkpoint of the module docstring (its bytes, on the cache's device)."""
         parts = [torch.tensor([position], dtype=torch.int64, device=self.kv_cache.device)]
-        parts += [tensor[slot] for _, _, tensor in self._tensors]
+        parts += [tensor[slot] for _, _, tensor in self._tensors]  # (none: slot None)
         if position % self.block_size:
             parts += [self.kv_cache.page(block) for block in partial_blocks]
         return torch.cat([p.detach().contiguous().view(torch.uint8).flatten() for p in parts])
@@ -143,15 +153,20 @@ class StateCheckpoints:
         block_hashes: Sequence[bytes],
         last: int,
         usable: Callable[[int, bool], bool],
+        block: int | None = None,
     ) -> tuple[int, torch.Tensor] | None:
         """The deepest checkpoint at a position p ≤ `last` of these tokens whose full blocks
-        are available (`usable(p // block_size, p inside a block)`): (p, its data) or None."""
+        are available (`usable(p // block_size, p inside a block)`): (p, its data) or None.
+        `block` q: only positions inside block q (a tail after q full blocks)."""
         size = self.block_size
-        for q in range(min(last // size, len(block_hashes)), -1, -1):
+        deepest = min(last // size, len(block_hashes))
+        depths = range(deepest, -1, -1) if block is None else [block] if block <= deepest else []
+        for q in depths:
             anchor = block_hashes[q - 1] if q else None
             top = min(size - 1, last - q * size)
             whole, inside = usable(q, False), usable(q, True)
-            for r in range(top, -1 if q else 0, -1):  # (position 0 is no checkpoint)
+            stop = -1 if q and block is None else 0  # (position 0 is no checkpoint; a tail r > 0)
+            for r in range(top, stop, -1):
                 if not (inside if r else whole):
                     continue
                 key = checkpoint_key(anchor, token_ids[q * size : q * size + r])
@@ -180,9 +195,10 @@ class StateCheckpoints:
         """The position a checkpoint's state is after (its tokens)."""
         return int(data[:8].view(torch.int64).item())
 
-    def restore(self, data: torch.Tensor, slot: int, partial_blocks: Sequence[int]) -> int:
-        """Write a checkpoint's state into `slot` and its partial pages into `partial_blocks`
-        (one per attention group, when its position is inside a block); returns the position."""
+    def restore(self, data: torch.Tensor, slot: int | None, partial_blocks: Sequence[int]) -> int:
+        """Write a checkpoint's state into `slot` (None: no recurrent layers) and its partial
+        pages into `partial_blocks` (one per attention group, when its position is inside a
+        block); returns the position."""
         position = self.position(data)
         offset = 8
         for _, _, tensor in self._tensors:

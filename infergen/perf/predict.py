@@ -42,7 +42,7 @@ class Deployment:
     draft: ModelDesc | None = None
     tiers: TierSpec | None = None  # KV tiers below the pool (perf/kv_tiers.py), per device
     kv_blocks: int | None = None  # the pool's exact blocks (the engine's num_kv_blocks)
-    # recurrent-state checkpoints' budget (the engine's state_checkpoint_bytes; 0: none kept)
+    # prefix checkpoints' budget (the engine's state_checkpoint_bytes; 0: none kept)
     state_checkpoint_bytes: int = CacheConfig.state_checkpoint_bytes
 
     @property

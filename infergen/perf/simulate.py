@@ -27,7 +27,8 @@ prediction:
   when nothing can run, the clock jumps to the load's end or the next arrival, as the
   engine's `Scheduler.wait_for_loads`). The rules' prefill cost per token and decode step are
   the engine's moving averages (engine/backlog.py `StepCost`) of the simulated steps;
-- recurrent layers (Mamba2, Falcon-H1, Qwen3-Next): the engine's state checkpoints
+- prefix checkpoints: for recurrent layers (Mamba2, Falcon-H1, Qwen3-Next) the engine's state
+  checkpoints, for attention-only models its partial-block tails
   (perf/checkpoints.py: kvcache/state_checkpoints.py over sizes, no data) under the
   deployment's budget, spilling to the tiers, so a prefix resumes where the engine's would;
   a spilled checkpoint read back adds its tier's read seconds to the step.
@@ -163,7 +164,7 @@ class Simulator:
         spec: SpecDecode | None = None,
         seed: int = 0,
         tiers: TierSpec | None = None,
-        checkpoint_bytes: int = 0,  # recurrent-state checkpoints' budget (0: none kept)
+        checkpoint_bytes: int = 0,  # prefix checkpoints' budget (0: none kept)
     ):
         self.step_time, self.pool_shape = step_time, pool
         self.checkpoint_bytes = checkpoint_bytes
@@ -283,11 +284,13 @@ class Simulator:
         return tiers
 
     def _checkpoints(self) -> SimulatedCheckpoints | None:
-        """Recurrent-state checkpoints as engine/build.py keeps them: for a model with
-        recurrent layers, prefix caching on and a budget; spilling to the tiers, and written
-        through with them, when there are tiers."""
+        """Prefix checkpoints as engine/build.py keeps them (recurrent states; an
+        attention-only model's partial-block tails): prefix caching on and a budget; spilling
+        to the tiers, and written through with them, when there are tiers. (The engine keeps
+        no tails for a block-quantized KV format or with sparse decode; the pool's shape does
+        not say, so give such a deployment checkpoint_bytes 0.)"""
         shape, tiers = self.pool_shape, self.tiers
-        if shape.state_slots is None or not self.prefix_caching or not self.checkpoint_bytes:
+        if not self.prefix_caching or not self.checkpoint_bytes:
             return None
         return SimulatedCheckpoints(
             shape.state_bytes, shape.page_bytes, shape.block_size, self.checkpoint_bytes,

@@ -128,10 +128,12 @@ def test_the_writer_thread_starts_no_openmp_team(tmp_path):
     """The writer only writes files: blocks of 49152 elements (which torch copies in parallel)
     written through add the writer's one thread to the process and no OpenMP team (which
     would slow every later step: tiers/loader.py). (A first prompt shorter than a block
-    starts the engine thread's own team and writes nothing.)"""
+    starts the engine thread's own team and writes nothing: no prefix checkpoints, which
+    would write its partial block.)"""
     build_hf_model("llama_gqa", tmp_path / "model")
     llm = LLM(str(tmp_path / "model"), block_size=256, num_kv_blocks=8, num_threads=2,
-              kv_offload_dir=str(tmp_path / "kv"), kv_offload_write_through=True)  # fmt: skip
+              kv_offload_dir=str(tmp_path / "kv"), kv_offload_write_through=True,
+              state_checkpoint_memory="0")  # fmt: skip
     assert llm.engine.kv_cache.page(0).numel() > 32768
     prompt = torch.randint(3, 200, (500,), generator=torch.Generator().manual_seed(4)).tolist()
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)

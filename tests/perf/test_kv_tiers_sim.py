@@ -14,7 +14,7 @@ import random
 import pytest
 
 from infergen.bench.workloads import Shape
-from infergen.config import SchedulerConfig
+from infergen.config import CacheConfig, SchedulerConfig
 from infergen.errors import ConfigError
 from infergen.kvcache.groups import CacheGroup
 from infergen.perf.kv_tiers import (
@@ -320,17 +320,23 @@ def _rotate(engine, conversations: list[list[int]], turns: int, params, follow, 
     return cached
 
 
+DEFAULT_TAILS = CacheConfig.state_checkpoint_bytes
+
+
 @pytest.mark.parametrize(
-    "host_blocks, disk_blocks, rotate",
-    [(100, None, False), (3, None, False), (2, 8, False), (3, None, True), (2, 8, True)],
-)
+    "host_blocks, disk_blocks, rotate, tails",
+    [(100, None, False, DEFAULT_TAILS), (3, None, False, DEFAULT_TAILS),
+     (2, 8, False, DEFAULT_TAILS), (3, None, True, DEFAULT_TAILS), (2, 8, True, DEFAULT_TAILS),
+     (2, 8, True, 0), (3, None, True, 1)],
+)  # fmt: skip
 def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blocks, rotate,
-                                                          tmp_path):  # fmt: skip
+                                                          tails, tmp_path):  # fmt: skip
     """The engine (a tiny model, a 12-block pool, real host / disk tiers) and the simulator
     serve 3 sessions of 4 turns in lockstep, or rotating with 2 in flight: the same prompt
     tokens found cached, the same hits, puts and evictions per tier, the same load
-    decisions. (The disk budget leaves room for the files' headers, which the simulation does
-    not count.)"""
+    decisions. `tails`: the prefix checkpoints' budget (partial blocks; 0: none, 1 byte:
+    every one straight to the tiers). (The disk budget leaves room for the files' headers,
+    which the simulation does not count.)"""
     from infergen import LLM, SamplingParams
     from tests.hf_models import build_hf_model
 
@@ -339,7 +345,7 @@ def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blo
     limits = dict(max_num_seqs=4, max_num_batched_tokens=64)
     block_bytes = LLM(str(tmp_path / "model"), num_kv_blocks=12).engine.kv_cache.block_bytes
     host, disk = host_blocks * block_bytes, None
-    options = dict(kv_offload_memory=host)
+    options = dict(kv_offload_memory=host, state_checkpoint_memory=f"{tails}B")
     if disk_blocks is not None:
         disk = disk_blocks * block_bytes + 10_000
         options.update(kv_offload_dir=str(tmp_path / "kv"), kv_offload_disk=disk)
@@ -366,7 +372,8 @@ def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blo
         cached = _rotate(engine, conversations, turns, params, follow, rng)
     shape = PoolShape(12, engine.kv_cache.groups, 16, page_bytes=block_bytes)
     sim = Simulator(linear_step, shape, SchedulerConfig(**limits),
-                    tiers=TierSpec(host, disk, False, 1e12, 1e12))  # fmt: skip
+                    tiers=TierSpec(host, disk, False, 1e12, 1e12),
+                    checkpoint_bytes=tails)  # fmt: skip
     shapes = [Shape(first, answer, (follow,) * (turns - 1), f"s{i}") for i in range(sessions)]
     load = dict(concurrency=2, rotate=True) if rotate else dict(concurrency=sessions,
                                                                  lockstep=True)  # fmt: skip
@@ -375,7 +382,12 @@ def test_tier_counters_equal_the_engines_on_the_same_turns(host_blocks, disk_blo
     def counters(kv_tiers) -> dict:
         found = kv_tiers.stats()
         tiers = {name: (t["hits"], t["puts"], t["evictions"]) for name, t in found["tiers"].items()}
-        return {"tiers": tiers, "loaded": found["loaded"], "decisions": found["decisions"]}
+        return {
+            "tiers": tiers,
+            "loaded": found["loaded"],
+            "decisions": found["decisions"],
+            "states": (found["states_saved"], found["states_loaded"]),
+        }
 
     assert counters(sim.tiers) == counters(engine.kv_tiers)
     assert stats.prefix_hit_tokens == cached > 0
