@@ -5,7 +5,9 @@ Oracle: the same engine with prefix caching off (a cold, full run, itself checke
 transformers in tests/models/test_architectures_hf.py): greedy tokens identical and logprobs
 within 1e-5, for Mamba2 (no attention), Qwen3-Next and Falcon-H1 (hybrids), resumed at block
 boundaries and inside a block, at the end of a part two earlier prompts shared, after a finished
-turn, from the KV tiers (host, disk, and disk after a restart)."""
+turn, from the KV tiers (host, disk, and disk after a restart). The tests on `any_model` run
+on attention-only models too, whose checkpoints are partial-block tails (Llama, Gemma-3 with
+sliding and full groups, DeepSeek-V2's MLA; tests/kvcache/test_prefix_tails.py has the rest)."""
 
 from __future__ import annotations
 
@@ -17,15 +19,25 @@ from tests.hf_models import build_hf_model
 
 BLOCK = 4
 HYBRIDS = ("mamba2", "qwen3_next", "falcon_h1")
+ATTENTION = ("llama_gqa", "gemma3", "deepseek_v2")
 GREEDY = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=2)
+
+
+def _model_and_cold_run(name: str, tmp_path_factory) -> tuple[str, LLM]:
+    directory = tmp_path_factory.mktemp(name)
+    build_hf_model(name, directory)
+    cold = LLM(str(directory), block_size=BLOCK, enable_prefix_caching=False)
+    return str(directory), cold
 
 
 @pytest.fixture(scope="module", params=HYBRIDS)
 def model(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(request.param)
-    build_hf_model(request.param, directory)
-    cold = LLM(str(directory), block_size=BLOCK, enable_prefix_caching=False)
-    return str(directory), cold
+    return _model_and_cold_run(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=HYBRIDS + ATTENTION)
+def any_model(request, tmp_path_factory):
+    return _model_and_cold_run(request.param, tmp_path_factory)
 
 
 def _llm(path: str, **options) -> LLM:
@@ -45,10 +57,10 @@ def _assert_same(out, ref) -> None:
 
 
 @pytest.mark.parametrize("shared", [BLOCK * 3, BLOCK * 3 + 1, BLOCK * 3 + 3, 3])
-def test_resume_at_a_prompt_end_equals_a_full_run(model, shared):
+def test_resume_at_a_prompt_end_equals_a_full_run(any_model, shared):
     """A prompt's end is checkpointed (a block boundary, inside a block, or inside the first
     block); a longer prompt resumes there with the same tokens and logprobs as a cold run."""
-    path, cold = model
+    path, cold = any_model
     llm = _llm(path)
     first = _tokens(shared, 1)
     llm.generate(first, SamplingParams(max_tokens=1, temperature=0))
@@ -58,10 +70,10 @@ def test_resume_at_a_prompt_end_equals_a_full_run(model, shared):
     _assert_same(out, cold.generate(prompt, GREEDY)[0])
 
 
-def test_the_next_turn_resumes_after_the_answer(model):
+def test_the_next_turn_resumes_after_the_answer(any_model):
     """A finished sequence is checkpointed after its last computed token: the next turn
     (prompt + answer + new tokens) resumes there."""
-    path, cold = model
+    path, cold = any_model
     llm = _llm(path)
     prompt = _tokens(9, 3)
     answer = llm.generate(prompt, GREEDY)[0].token_ids
@@ -103,10 +115,10 @@ def test_preempted_sequences_resume_from_their_state(model, options):
         _assert_same(out, ref)
 
 
-def test_states_spill_to_the_tiers_and_survive_a_restart(model, tmp_path):
+def test_states_spill_to_the_tiers_and_survive_a_restart(any_model, tmp_path):
     """With no memory of their own (every checkpoint goes straight down) the states are found
     in the host tier; with a disk tier written through, a restarted engine resumes from disk."""
-    path, cold = model
+    path, cold = any_model
     prompt = _tokens(11, 9)
     turn = prompt + _tokens(5, 10)
     ref = cold.generate(turn, GREEDY)[0]
