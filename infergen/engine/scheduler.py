@@ -255,7 +255,7 @@ class Scheduler:
         if self.states is not None and limit:
             resume = self._find_checkpoint(seq, hits)
             n = 0 if resume is None else resume[0] // self.block_size
-        elif self.checkpoints is not None:  # attention only: a tail past the n full blocks
+        elif self.states is None and self.checkpoints is not None:  # a tail past n blocks
             resume = self._find_checkpoint(seq, hits, tail_of=n)
         seq.blocks = []
         for group, hit in enumerate(hits):

@@ -164,8 +164,8 @@ class StateCheckpoints:
         for q in depths:
             anchor = block_hashes[q - 1] if q else None
             top = min(size - 1, last - q * size)
-            whole, inside = usable(q, False), usable(q, True)
             stop = -1 if q and block is None else 0  # (position 0 is no checkpoint; a tail r > 0)
+            whole, inside = stop < 0 and usable(q, False), usable(q, True)  # (whole: r = 0)
             for r in range(top, stop, -1):
                 if not (inside if r else whole):
                     continue
