@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from infergen.errors import ConfigError
 from infergen.kvcache.prefix import block_hash
-from infergen.kvcache.tiers.disk import DiskTier
+from infergen.kvcache.tiers.disk import VERSION, DiskTier
 
 FP = "tiny-llama|fp8_e4m3|block16"
 
@@ -111,7 +111,7 @@ def test_persistence_across_instances_and_fingerprints(tmp_path):
     # a file of another format version (a newer infergen's): skipped, not deleted
     future = small._path(_key(7))
     raw = bytearray(small._path(_key(0)).read_bytes())
-    raw[4] = 2
+    raw[4] = VERSION + 1
     future.write_bytes(bytes(raw))
     assert _key(7) not in DiskTier(tmp_path, 1 << 20, FP) and future.exists()
 

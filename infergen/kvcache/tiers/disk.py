@@ -4,21 +4,27 @@ One file per block in `directory`, named `<key hex>-<tag>.kv`, where `tag` is th
 of BLAKE2b(fingerprint) in hex: the key (a chained block hash, kvcache/prefix.py) covers only
 token ids, so two models sharing the directory would otherwise write the same name.
 
-File format, version 1 (all integers little-endian):
+File format, version 2 (all integers little-endian):
 
     offset  size        field
     0       4           magic b"IGKV"
-    4       2           u16 version (1)
-    6       4           u32 header_len: bytes from offset 0 to the payload (the header CRC too)
+    4       2           u16 version (2)
+    6       4           u32 header_len: bytes from offset 0 to the payload (the header checksum
+                        too)
     10      1 + k       u8 key length, key bytes (16, or 20 for a cache group's key)
     …       1 + p       u8 parent length (0: a chain's first block), parent bytes
     …       2 + f       u16 fingerprint length, fingerprint (UTF-8)
     …       1 + d       u8 dtype name length, dtype name (ASCII, e.g. "float8_e4m3fn")
     …       1 + 8·n     u8 ndim, n × u64 shape
     …       8           u64 payload_len (= numel × element size)
-    …       4           u32 CRC32 (zlib) of the payload
-    …       4           u32 CRC32 of the header bytes before it
+    …       8           u64 XXH3-64 of the payload
+    …       8           u64 XXH3-64 of the header bytes before it
     header_len          payload_len bytes: the tensor's bytes (contiguous, viewed as uint8)
+
+Checksum: XXH3-64 (the xxhash package), ~47 GB/s on one core here against zlib's CRC32 at
+4.7 GB/s: 0.016 ms instead of 0.16 ms per 737 KB block, paid on every write and every read
+(version 1 used CRC32; its files are another version's: skipped). A flipped bit, a truncated or
+a foreign payload changes it (a 64-bit hash: a random corruption passes with probability 2^-64).
 
 Atomicity: a block is written to `.<name>.<pid>.<random>.tmp` in the same directory (one
 writev), then `os.replace`d onto its name, so a final name always holds a complete file. A
@@ -26,7 +32,7 @@ process killed mid-write leaves only a temp file; a later start removes the temp
 fingerprint whose writer is no longer running (or that are older than STALE_TEMP_S). No
 fsync: what a process wrote survives the process (the kernel writes it back), and a cache
 needs no durability beyond that — a machine crash may leave a final name with lost contents,
-which the payload's CRC catches (the block is recomputed). An fsync cost 0.8–1.3 ms per 737 KB
+which the payload's checksum catches (the block is recomputed). An fsync cost 0.8–1.3 ms per 737 KB
 block here, on the engine thread, for every block written through.
 
 Persistence: a new tier on the same directory with the same fingerprint indexes the existing
@@ -41,7 +47,7 @@ Putting a key the tier holds only refreshes its recency (a key names its content
 
 I/O faults (never an exception, never wrong data): a write that fails (disk full, directory made
 read-only at run time, …) makes `put` False, counts `write_errors`, warns once, and disables
-puts for good (`get` still serves what the tier holds). A payload whose CRC does not match, a
+puts for good (`get` still serves what the tier holds). A payload whose checksum does not match, a
 truncated file or a malformed header makes `get` None; the file is deleted and counted in
 `corrupt`. A file that cannot be read, or of another format version, is a miss and leaves
 the index (the file stays). A tier of one directory and fingerprint per process: two would
@@ -68,17 +74,17 @@ import struct
 import threading
 import time
 import warnings
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import xxhash
 
 from infergen.errors import ConfigError
 from infergen.kvcache.tiers.leaf_lru import LeafLRU
 
 MAGIC = b"IGKV"
-VERSION = 1
+VERSION = 2
 SUFFIX = ".kv"
 TEMP_SUFFIX = ".tmp"
 STALE_TEMP_S = 600.0  # a temp file this old is a dead writer's, whatever its pid says
@@ -86,6 +92,10 @@ MAX_KEY_BYTES = 64
 MAX_FINGERPRINT_BYTES = 4096
 _PREFIX = struct.Struct("<4sHI")  # magic, version, header_len
 _MAX_HEADER = 1 << 16
+
+
+_checksum = xxhash.xxh3_64_intdigest  # of a bytes-like object; releases the GIL
+_SUM = struct.Struct("<Q")
 
 
 class CorruptFile(Exception):
@@ -110,12 +120,12 @@ class Header:
     dtype: torch.dtype
     shape: tuple[int, ...]
     payload_len: int
-    payload_crc: int
+    payload_sum: int
     header_len: int
 
 
 def encode_header(
-    key: bytes, parent: bytes | None, fingerprint: str, data: torch.Tensor, payload_crc: int
+    key: bytes, parent: bytes | None, fingerprint: str, data: torch.Tensor, payload_sum: int
 ) -> bytes:
     dtype = str(data.dtype).removeprefix("torch.").encode("ascii")
     fp = fingerprint.encode()
@@ -127,11 +137,11 @@ def encode_header(
             struct.pack("<H", len(fp)) + fp,
             struct.pack("<B", len(dtype)) + dtype,
             struct.pack(f"<B{data.dim()}Q", data.dim(), *data.shape),
-            struct.pack("<QI", data.numel() * data.element_size(), payload_crc),
+            struct.pack("<QQ", data.numel() * data.element_size(), payload_sum),
         ]
     )
-    head = _PREFIX.pack(MAGIC, VERSION, _PREFIX.size + len(body) + 4) + body
-    return head + struct.pack("<I", zlib.crc32(head))
+    head = _PREFIX.pack(MAGIC, VERSION, _PREFIX.size + len(body) + _SUM.size) + body
+    return head + _SUM.pack(_checksum(head))
 
 
 def read_header(f) -> Header:
@@ -142,13 +152,13 @@ def read_header(f) -> Header:
     magic, version, header_len = _PREFIX.unpack(prefix)
     if magic == MAGIC and version != VERSION:
         raise ForeignFile(f"IGKV version {version}")
-    if magic != MAGIC or not _PREFIX.size + 4 < header_len <= _MAX_HEADER:
+    if magic != MAGIC or not _PREFIX.size + _SUM.size < header_len <= _MAX_HEADER:
         raise CorruptFile("not an IGKV file")
     rest = f.read(header_len - _PREFIX.size)
     if len(rest) < header_len - _PREFIX.size:
         raise CorruptFile("truncated header")
-    body, (crc,) = rest[:-4], struct.unpack("<I", rest[-4:])
-    if zlib.crc32(prefix + body) != crc:
+    body, (check,) = rest[: -_SUM.size], _SUM.unpack(rest[-_SUM.size :])
+    if _checksum(prefix + body) != check:
         raise CorruptFile("header checksum mismatch")
     pos = 0
 
@@ -170,14 +180,14 @@ def read_header(f) -> Header:
         dtype = getattr(torch, take_bytes(*take("<B")).decode("ascii"), None)
         (ndim,) = take("<B")
         shape = take(f"<{ndim}Q")
-        payload_len, payload_crc = take("<QI")
+        payload_len, payload_sum = take("<QQ")
     except (struct.error, UnicodeDecodeError) as err:
         raise CorruptFile(f"malformed header: {err}") from err
     if pos != len(body) or not isinstance(dtype, torch.dtype):
         raise CorruptFile("malformed header")
     if math.prod(shape) * dtype.itemsize != payload_len:
         raise CorruptFile("payload length does not match dtype and shape")
-    return Header(key, parent, fingerprint, dtype, shape, payload_len, payload_crc, header_len)
+    return Header(key, parent, fingerprint, dtype, shape, payload_len, payload_sum, header_len)
 
 
 class DiskTier:
@@ -243,7 +253,7 @@ class DiskTier:
                 self._order.touch(key)
                 return True
         flat = data.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
-        header = encode_header(key, parent, self.fingerprint, data, zlib.crc32(flat))
+        header = encode_header(key, parent, self.fingerprint, data, _checksum(flat))
         size = len(header) + flat.nbytes
         with self._lock:
             if not self._reserve(key, parent, size):
@@ -356,7 +366,7 @@ class DiskTier:
             payload = bytearray(header.payload_len)
             if f.readinto(payload) != header.payload_len or f.read(1):
                 raise CorruptFile("the payload's length does not match the header")
-        if zlib.crc32(payload) != header.payload_crc:
+        if _checksum(payload) != header.payload_sum:
             raise CorruptFile("payload checksum mismatch")
         return header, payload
 
