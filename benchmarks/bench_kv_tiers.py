@@ -38,6 +38,13 @@ Takes about 9 minutes for the default model's row (the peer included), 5 for Gem
 4 for Falcon-H1's, on 2 quiet cores.
 Peer (default model only; skipped with the reason when its binary is absent): llama.cpp's
 llama-server (benchmarks/kv_tiers_llama.py) on the same trace with its prompt cache.
+Memory warm-up (`--warm-memory`, 4 GiB by default): these VMs back guest memory on first touch
+(measured ~14 µs a 4 KiB page here, against ~0.1 µs for a page touched before), so a fresh
+machine's first pages of page cache cost a disk tier's writes 2-3 ms a 737 KB block instead of
+~0.3-0.5 ms, and a host tier's first copies likewise; a server that has run a while has touched
+its memory. Before its runs the benchmark touches and frees that much anonymous memory once
+(the kernel hands those pages out again), and reports the first-touch cost it saw
+(`memory_warmup` in every line).
 Predicted vs measured TTFT gain: the perf model's simulator in the same loop on the calibrated
 `cpu-local` row (`infergen perf calibrate` first); a line only when it has a prediction.
 Output: JSON lines to --out (results, ratios vs "no tiers" and vs llama-server, issue 23's
@@ -277,6 +284,23 @@ def run_model(row: ModelRow, sizes: Sizes, rounds: int, peer: bool, base: dict) 
     return lines
 
 
+def warm_memory(nbytes: int) -> dict:
+    """Touch `nbytes` of fresh anonymous memory once, page by page, and free it (module
+    docstring: memory warm-up); the seconds it took per 4 KiB page."""
+    import numpy as np
+
+    if nbytes <= 0:
+        return {"bytes": 0}
+    start = time.perf_counter()
+    pages = np.empty(nbytes, dtype=np.uint8)
+    pages[::4096] = 1
+    seconds = time.perf_counter() - start
+    del pages
+    per_page_us = seconds / (nbytes / 4096) * 1e6
+    print(f"memory warm-up: {nbytes / 2**30:.1f} GiB touched, {per_page_us:.2f} us a page")
+    return {"bytes": nbytes, "first_touch_us_per_page": per_page_us}
+
+
 def kept_lines(path: pathlib.Path, rows: list[str]) -> list[dict]:
     """The lines of `path` of model rows other than `rows` (an earlier run's, kept)."""
     if not path.exists():
@@ -298,6 +322,9 @@ def main() -> None:
                         "(the previous shape; the perf model predicts it)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every configuration, "
                         "in turn; each metric the best round's (default 1)")  # fmt: skip
+    parser.add_argument("--warm-memory", default=None, help="anonymous memory touched and "
+                        "freed once before the runs (module docstring; 0: none; default 4GiB, "
+                        "0 with --quick)")  # fmt: skip
     parser.add_argument(
         "--out",
         type=pathlib.Path,
@@ -306,6 +333,10 @@ def main() -> None:
         "run this time (each line names its row and machine) are kept (default: %(default)s)",
     )
     args = parser.parse_args()
+    from infergen.config.sections import parse_bytes
+
+    warm = args.warm_memory or ("0" if args.quick else "4GiB")
+    warmup = warm_memory(parse_bytes(warm, where="--warm-memory"))
     sizes = QUICK if args.quick else FULL
     if args.lockstep:
         sizes = dataclasses.replace(sizes, lockstep=True, concurrency=sizes.sessions)
@@ -315,6 +346,7 @@ def main() -> None:
         "dtype": "fp32",
         "git": git_state(),
         "machine": machine_info(2),
+        "memory_warmup": warmup,
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     lines: list[dict] = []
