@@ -27,6 +27,12 @@
 
 #define NR 24
 
+/* y[0..cols) = a row's accumulated columns + bias: the bias added last, as every micro-kernel
+ * does (their results stay bitwise equal) */
+static inline void finish_row(const float *tmp, float *y, const float *bias, int cols) {
+    for (int j = 0; j < cols; ++j) y[j] = tmp[j] + (bias ? bias[j] : 0.0f);
+}
+
 #ifdef __AVX2__
 /* Row r of the micro-kernel: three accumulators for the 24 columns (named registers; an
  * accumulator array made GCC spill every accumulator to the stack on every k). */
@@ -43,8 +49,7 @@
         _mm256_storeu_ps(tmp, c##r##0);                                                        \
         _mm256_storeu_ps(tmp + 8, c##r##1);                                                    \
         _mm256_storeu_ps(tmp + 16, c##r##2);                                                   \
-        float *y = Y + r * ldy;                                                                \
-        for (int j = 0; j < cols; ++j) y[j] = tmp[j] + (bias ? bias[j] : 0.0f);                \
+        finish_row(tmp, Y + r * ldy, bias, cols);                                              \
     }
 
 /* Y[r, 0..cols) = sum_k X[r, k] * Wp[k, 0..cols) (+ bias) for r < MR. */
@@ -102,8 +107,7 @@ static const micro_fn MICROS[5] = {0, micro_1, micro_2, micro_3, micro_4};
         float tmp[NR];                                                                         \
         _mm512_storeu_ps(tmp, a##r);                                                           \
         _mm256_storeu_ps(tmp + 16, b##r);                                                      \
-        float *y = Y + r * ldy;                                                                \
-        for (int j = 0; j < cols; ++j) y[j] = tmp[j] + (bias ? bias[j] : 0.0f);                \
+        finish_row(tmp, Y + r * ldy, bias, cols);                                              \
     }
 #define MICRO8(MR)                                                                             \
     static void micro8_##MR(const float *wp, const float *X, long K, float *Y, long ldy,       \
