@@ -21,12 +21,14 @@ torch.set_flush_denormal(True)
 os.chdir(pathlib.Path(__file__).resolve().parent.parent)
 
 
-# An engine's KV pool is 1 GiB of touched memory on the CPU by default, and an engine lives in
-# reference cycles (its tiers' writer callback, step hooks) that only Python's cyclic collector
-# frees; that collector runs by allocation counts of Python objects, which tensors barely
-# move, so dozens of finished tests' engines piled up (test_state_checkpoints.py alone peaked
-# at 19.7 GB RSS, and the suite was OOM-killed on a 24 GiB host). After a test whose process
-# holds more than this much resident memory, collect the cycles.
+# An engine's KV pool is 1 GiB of touched memory on the CPU by default. Without collections
+# between tests, memory of finished tests piled up: tests/kvcache/test_state_checkpoints.py
+# alone peaked at 19.7 GB RSS, and the full suite was OOM-killed on a 24 GiB host. After a
+# test that leaves the process above this much resident memory, Python's cyclic collector
+# runs (that module's peak: 8.0 GB; the rest is its module fixtures' live engines). The Engine
+# object itself goes with its last reference, but its PagedKVCache (the pool) sits in
+# reference cycles — the BlockPool's `block_freed` callback, the Scheduler's bound methods
+# held by TierMoves / StateCheckpoints — that only the collector frees.
 _COLLECT_ABOVE_BYTES = 4 << 30
 
 
