@@ -214,12 +214,10 @@ def build_lines(
             paired = [x / y for x, y in zip(a["runs"], b["runs"], strict=True)]
             extra = {"best_ratio": a["best"] / b["best"], "spread": {config: a["spread"],
                      peer: b["spread"]}, "ratio_of_medians": a["value"] / b["value"],
-                     "paired_ratios": paired}  # fmt: skip
+                     "paired_ratios": paired, "value": statistics.median(paired),
+                     "definition": f"{config}/{peer} (tok/s): the median over rounds of the "
+                     "ratio within a round, whose two runs ran back to back"}  # fmt: skip
         lines.append(_ratio(base, metric, config, peer, a, b, **extra))
-        if metric == "throughput_tok_s_random":
-            lines[-1].update(value=statistics.median(paired), definition=f"{config}/{peer} "
-                             "(tok/s): the median over rounds of the ratio within a round, "
-                             "whose two runs ran back to back")  # fmt: skip
     lines += _peer_lines(base, found, llama)
     stats = {c: last[c]["stats"] for c in (HOST, DISK, RESTART)}
     stats["host (random prompts)"] = last["control_stats"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pathlib
 
@@ -44,8 +45,6 @@ def _resident_bytes() -> int:
 def _collect_finished_engines():
     yield
     if _resident_bytes() > _COLLECT_ABOVE_BYTES:
-        import gc
-
         gc.collect()
 
 

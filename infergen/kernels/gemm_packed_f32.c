@@ -10,8 +10,8 @@
  * With AVX-512 (compiled with -mavx512f: kernels/build.py) the micro-kernel is 8 x 24 instead:
  * per row one 16-float and one 8-float accumulator (16 registers of the 32), 16 FMAs per 2
  * loads + 8 broadcasts, 192 multiply-adds per k where the AVX2 one does 96. Measured on a
- * Xeon with AVX-512 (2 cores, SmolLM2-135M's shapes): ~150 -> ~230 GF/s at 100-500 tokens,
- * where MKL's sgemm ran ~230-280 and the 4 x 24 AVX2 kernel ~150 (benchmarks/bench_linear.py).
+ * Xeon with AVX-512 (2 cores, SmolLM2-135M's shapes): ~145 -> ~200-214 GF/s at 64-512 tokens,
+ * where MKL's sgemm ran ~140-235 (benchmarks/bench_linear.py).
  * Both accumulate every output with the same FMAs in the same k order and add the bias last,
  * so their results are bitwise equal (the grouped kernels, gemm_packed_g_f32.c, run the
  * 4-row one on dequantized panels and are checked bitwise against this one).

@@ -20,7 +20,7 @@ ops/linear_triton_rows.py, registered only with kernels="triton"), else the row 
 (`pack_panels`) for kernels/gemm_packed_f32.c, an outer-product micro-kernel that serves every
 token count: one token streams W at memory bandwidth; on an AVX2 EPYC 16 tokens ran at ~2x
 MKL's speed, 512 tokens ~1.1x; on an AVX-512 Xeon (its 8-row micro-kernel) 16 tokens 1.7x,
-128 tokens 1.1x, 512 tokens 0.84x (benchmarks/bench_linear.py, 2 cores).
+128 tokens 1.1x, 512 tokens 0.84-0.96x over two runs (benchmarks/bench_linear.py, 2 cores).
 """
 
 from __future__ import annotations
