@@ -28,6 +28,7 @@ from infergen.ops.paged_attention import (
     decode_attention,
     paged_attention,
 )
+from infergen.ops.paged_prefill_native import prefill_attention_native  # noqa: F401 - its row
 from infergen.ops.rope import ROPE_BACKENDS
 from infergen.ops.rope_kv_store import ROPE_STORE_BACKENDS
 from infergen.ops.sparse_decode import QuestDecode

@@ -31,7 +31,8 @@ import torch
 
 from infergen.kvcache.tiers.disk import DiskTier
 from infergen.ops import linear
-from infergen.ops.paged_attention import DECODE_BACKENDS, paged_attention, plan
+from infergen.ops.paged_attention import DECODE_BACKENDS, PREFILL_BACKENDS, paged_attention, plan
+from infergen.ops.paged_prefill_native import prefill_attention_native  # noqa: F401 - its row
 from infergen.perf.eager_measure import measure_eager_layers
 from infergen.perf.hardware import CPU_LOCAL, FileCosts, Hardware
 from infergen.perf.step_cost import Chunk, attended_keys
@@ -184,16 +185,22 @@ def _attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
 
 def _prefill_attention_efficiency(peak: float, repeats: int, tokens: int) -> float:
     """Fraction of the GEMM peak the engine's prefill attention reaches: one cold causal
-    prompt of `tokens` tokens (8 heads, 2 KV heads, head_dim 64) through `paged_attention`,
-    FLOPs counted as the cost model counts them (4 x heads x head_dim per attended key)."""
+    prompt of `tokens` tokens (8 heads, 2 KV heads, head_dim 64) through `paged_attention`
+    and the CPU's prefill row (the native kernel, reading K / V from the pool), FLOPs counted
+    as the cost model counts them (4 x heads x head_dim per attended key)."""
     heads, kv_heads, dim, block = 8, 2, 64, 16
     tables = torch.arange(tokens // block).view(1, -1)
     attn_plan = plan([0, tokens], [tokens], tables, block, None)
     q = torch.randn(tokens, heads, dim)
-    k, v = torch.randn(tokens, kv_heads, dim), torch.randn(tokens, kv_heads, dim)
-    cache = torch.empty(tokens // block, block, kv_heads, dim)
+    k_cache = torch.randn(tokens // block, block, kv_heads, dim)
+    v_cache = torch.randn(tokens // block, block, kv_heads, dim)
+    k, v = k_cache.view(tokens, kv_heads, dim), v_cache.view(tokens, kv_heads, dim)
+    row = PREFILL_BACKENDS.get("native")
     seconds = best_seconds(
-        lambda: paged_attention(q, k, v, cache, cache, attn_plan, dim**-0.5), repeats
+        lambda: paged_attention(
+            q, k, v, k_cache, v_cache, attn_plan, dim**-0.5, prefill_fn=row
+        ),  # fmt: skip
+        repeats,
     )
     flops = 4 * heads * dim * attended_keys(Chunk(tokens, tokens), None)
     return min(1.0, flops / seconds / peak)
