@@ -38,6 +38,7 @@ new tokens) resumes after the last computed token, not at the last full block.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
@@ -47,8 +48,14 @@ from infergen.engine.admission import ADMISSION
 from infergen.engine.request import Sequence, Status
 from infergen.engine.tier_moves import TierMoves
 from infergen.kvcache.block_pool import BlockPool
-from infergen.kvcache.groups import NO_BLOCK, CacheGroup, sequence_blocks
-from infergen.kvcache.prefix import extend_hashes
+from infergen.kvcache.groups import (
+    NO_BLOCK,
+    CacheGroup,
+    needed_entries,
+    needed_positions,
+    sequence_blocks,
+)
+from infergen.kvcache.prefix import extend_hashes, group_key
 from infergen.kvcache.state_cache import SlotPool
 from infergen.kvcache.state_checkpoints import StateCheckpoints, checkpoint_key
 from infergen.kvcache.tiers.tiered import KVTiers
@@ -91,8 +98,8 @@ class Scheduler:
         # then a model with recurrent layers never resumes a prompt)
         self.checkpoints = checkpoints
         self.moves = TierMoves(
-            tiers, pool, block_size, len(self.groups), self._key,
-            lambda g, n: self._needed(g, list(range(n)), n), config.preemption_mode,
+            tiers, pool, block_size, len(self.groups), group_key,
+            functools.partial(needed_positions, self.groups, block_size), config.preemption_mode,
         )  # fmt: skip
         self.admission = ADMISSION.get(config.admission, where="scheduler.admission")
         self.reserved_blocks = 0  # the running sequences' reservations (admission policy)
@@ -218,15 +225,10 @@ class Scheduler:
 
     # ---- prefix cache -----------------------------------------------------------------------
     def _needed(self, group: int, blocks: list, n: int) -> list:
-        """The entries of `blocks` (a group's first n) that a query at position n·block_size
-        still reads: all of them, or a windowed group's sink blocks and window."""
-        grp, size = self.groups[group], self.block_size
-        first = grp.first_needed_block(n * size, size)
-        return blocks[: min(grp.sink_blocks(size), first)] + blocks[first:n]
+        return needed_entries(self.groups, self.block_size, group, blocks, n)
 
     def _key(self, group: int, block_hash: bytes) -> bytes:
-        """Prefix-cache key of a block of one group (groups hold different layers' KV)."""
-        return block_hash if group == 0 else block_hash + group.to_bytes(4, "little")
+        return group_key(group, block_hash)
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         """Attach cached blocks for the longest shared prefix (at least one token stays

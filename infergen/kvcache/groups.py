@@ -74,6 +74,21 @@ def group_layers(windows: dict[int, int | None], sinks: int = 0) -> tuple[CacheG
     )
 
 
+def needed_entries(groups: tuple[CacheGroup, ...], block_size: int, group: int, blocks: list,
+                   n: int) -> list:  # fmt: skip
+    """The entries of `blocks` (group `group`'s first n) that a query at position
+    n·block_size still reads: all of them, or a windowed group's sink blocks and window."""
+    grp = groups[group]
+    first = grp.first_needed_block(n * block_size, block_size)
+    return blocks[: min(grp.sink_blocks(block_size), first)] + blocks[first:n]
+
+
+def needed_positions(groups: tuple[CacheGroup, ...], block_size: int, group: int,
+                     n: int) -> list[int]:  # fmt: skip
+    """needed_entries of the positions 0 .. n-1 themselves."""
+    return needed_entries(groups, block_size, group, list(range(n)), n)
+
+
 def sequence_blocks(
     groups: tuple[CacheGroup, ...], tokens: int, chunk: int, block_size: int
 ) -> int:

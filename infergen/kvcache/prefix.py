@@ -12,6 +12,11 @@ from array import array
 from collections.abc import Sequence
 
 
+def group_key(group: int, block_hash: bytes) -> bytes:
+    """Prefix-cache key of a block of one cache group (groups hold different layers' KV)."""
+    return block_hash if group == 0 else block_hash + group.to_bytes(4, "little")
+
+
 def block_hash(parent: bytes | None, tokens: Sequence[int]) -> bytes:
     digest = hashlib.blake2b(parent or b"root", digest_size=16)
     digest.update(array("q", tokens).tobytes())

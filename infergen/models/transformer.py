@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -231,7 +232,10 @@ class Transformer(nn.Module):
         if not path.supports(self):
             return None
         if self._runner is None or self._runner.kv_cache is not kv_cache:
-            self._runner = path.build(self, kv_cache)
+            # the runner sees this model through a weak proxy: it is the model's, and a
+            # strong reference back would keep the model and its cache in a reference cycle
+            # (their memory freed only when the cyclic collector ran)
+            self._runner = path.build(weakref.proxy(self), kv_cache)
         return self._runner
 
     @torch.no_grad()

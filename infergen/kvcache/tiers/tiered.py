@@ -145,8 +145,9 @@ class KVTiers:
         self._read = {tier.name: ReadTimes() for tier in tiers}  # of the tiers' gets
         self._lock = threading.Lock()  # the counters the background loader updates too
         self._loader: BackgroundLoader | None = None  # started by the first background load
-        self._writer = ThroughWriter(lambda key, parent, data: self._put_through(
-            key, parent, data, self._persistent))  # fmt: skip
+        # (each save names its writer: one kept here would tie this object into a reference
+        # cycle, and the pool's pages with it, until the cyclic collector ran)
+        self._writer = ThroughWriter()
 
     def __contains__(self, key: bytes) -> bool:
         return any(key in tier for tier in self.tiers)
@@ -175,12 +176,15 @@ class KVTiers:
         if not persistent or not self.background_writes:
             self._put_through(key, parent, self._stored(block), persistent or self.tiers[:1])
         elif any(key not in tier for tier in persistent):  # (the writer skips a pending key)
-            self._writer.save(key, parent, self._stored(block))
+            self._writer.save(key, parent, self._stored(block), self._write_through)
 
     @property
     def _persistent(self) -> list[KVTier]:
         """The tiers that outlive the process (the disk tier), which write-through fills."""
         return [tier for tier in self.tiers if not tier.in_memory]
+
+    def _write_through(self, key: bytes, parent: bytes | None, data) -> None:
+        self._put_through(key, parent, data, self._persistent)
 
     def _put_through(self, key: bytes, parent: bytes | None, data, tiers: list) -> None:
         """Put `data` into those of `tiers` that lack `key` (any thread); counted once."""

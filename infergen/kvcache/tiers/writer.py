@@ -33,7 +33,7 @@ Write = Callable[[bytes, bytes | None, torch.Tensor], None]  # (key, parent, hos
 
 
 class ThroughWriter:
-    def __init__(self, write: Write, max_pending: int = MAX_PENDING):
+    def __init__(self, write: Write | None = None, max_pending: int = MAX_PENDING):
         self._write = write
         self.max_pending = max_pending
         self._pending: set[bytes] = set()
@@ -51,8 +51,12 @@ class ThroughWriter:
     ) -> None:
         """Write `data` (a view the caller may overwrite after this returns) under `key`: a
         host copy queued for the worker, or written now when `max_pending` are waiting.
-        `write`: this save's writer (default: the one the writer was made with)."""
+        `write`: this save's writer (default: the one the writer was made with; one of them
+        must be given).
+        """
         write = write or self._write
+        if write is None:
+            raise TypeError("ThroughWriter.save needs a writer: none given, none made with")
         with self._lock:
             if key in self._pending:
                 return
