@@ -62,7 +62,27 @@ static inline vf vsel(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)
 static inline vf vmax(vf a, vf b) { return vsel(a > b, a, b); }
 
 /* e^x per lane (the scheme of common.h's exp8: x = n ln2 + r, Cephes polynomial, 2^n in the
- * exponent bits); lanes below -87 (e^x under the smallest normal float, -inf included) are 0. */
+ * exponent bits); lanes below -87 (e^x under the smallest normal float, -inf included) are 0.
+ * With AVX-512, rounding and the 2^n scaling are one instruction each (vrndscaleps,
+ * vscalefps: an n below the normal range gives 0 under flush-to-zero). */
+#if defined(__AVX512F__)
+static inline vf vexp(vf x) {
+    vi dead = x < splat(-87.0f);
+    __m512 v = _mm512_min_ps(_mm512_max_ps((__m512)x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf nf = (vf)n, r = (vf)v - nf * 0.693359375f;
+    r = r + nf * 2.12194440e-4f;
+    vf p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = (p * r) * r + (r + 1.0f);
+    return (vf)((vi)(vf)_mm512_scalef_ps((__m512)p, n) & ~dead);
+}
+#else
 static inline vf vexp(vf x) {
     vi dead = x < splat(-87.0f);
     x = vmax(vsel(x > splat(88.0f), splat(88.0f), x), splat(-87.0f));
@@ -84,6 +104,7 @@ static inline vf vexp(vf x) {
     vf scale = (vf)((n + 127) << 23);
     return (vf)((vi)(p * scale) & ~dead);
 }
+#endif
 
 /* Cache slot of position p (block sizes are powers of two in practice: shift and mask). */
 static inline long slot_of(const int32_t *table, long p, long block_size) {
