@@ -1,0 +1,135 @@
+"""`suffix`: SuffixDecoding-style drafting (Oliaro et al., 2024) — frequency-counted suffix
+tries over the request's own tokens and over recent requests' outputs; the draft follows the
+most frequent continuation of the longest match of the sequence's ending.
+
+A `SuffixTrie` holds every substring of length <= depth of the sequences inserted into it, as
+paths from the root, each node counting the occurrences through it. Drafting: the longest
+ending of the current sequence (at most depth - 1 tokens) that is a path with a continuation,
+then the most frequent child step by step while the product of the steps' frequencies
+(count / siblings' counts: the estimated chance the draft survives verification so far) stays
+at or above `min_probability`.
+
+Per request: a trie over its prompt and output, extended token by token (O(depth) per
+token). Across requests: a trie over the outputs of the last `max_outputs` finished requests
+(agentic loops repeat their own earlier answers); the oldest output leaves it (its counts
+removed) as a new one enters. The draft from either trie with more tokens wins (the request's
+own on a tie).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from infergen.engine.spec.proposer import PROPOSERS
+
+
+class _Node:
+    __slots__ = ("children", "count")
+
+    def __init__(self) -> None:
+        self.children: dict[int, _Node] = {}
+        self.count = 0
+
+
+class SuffixTrie:
+    def __init__(self, depth: int):
+        self.depth = depth
+        self.root = _Node()
+        self._open: list[_Node] = []  # extend(): the nodes of the suffixes still < depth long
+
+    def extend(self, token: int) -> None:
+        """Append `token` to the sequence inserted token by token (every suffix of it that is
+        shorter than depth grows by one node; a new one starts at the root)."""
+        grown = []
+        for node in [*self._open, self.root]:
+            child = node.children.get(token)
+            if child is None:
+                child = node.children[token] = _Node()
+            child.count += 1
+            grown.append(child)
+        self._open = grown[-(self.depth - 1) :] if self.depth > 1 else []
+
+    def add(self, tokens: Sequence[int], sign: int = 1) -> None:
+        """Insert (sign 1) or remove (-1) every substring of `tokens` up to depth long."""
+        for i in range(len(tokens)):
+            node = self.root
+            for token in tokens[i : i + self.depth]:
+                child = node.children.get(token)
+                if child is None:
+                    child = node.children[token] = _Node()
+                child.count += sign
+                if child.count == 0:
+                    del node.children[token]
+                    break  # (its subtree counted this substring only)
+                node = child
+
+    def draft(self, context: Sequence[int], k: int, min_probability: float) -> list[int]:
+        """Up to k tokens following the longest ending of `context` that is a path here with
+        a continuation (module docstring)."""
+        longest = min(len(context), self.depth - 1)
+        for m in range(longest, 0, -1):
+            node = self.root
+            for token in context[len(context) - m :]:
+                node = node.children.get(token)
+                if node is None:
+                    break
+            if node is None or not node.children:
+                continue
+            out: list[int] = []
+            probability = 1.0
+            while node.children and len(out) < k:
+                token, child = max(node.children.items(), key=lambda item: item[1].count)
+                probability *= child.count / sum(c.count for c in node.children.values())
+                if probability < min_probability:
+                    break
+                out.append(token)
+                node = child
+            return out
+        return []
+
+
+class SuffixProposer:
+    name = "suffix"
+
+    def __init__(self, depth: int = 24, max_outputs: int = 256, min_probability: float = 0.1):
+        if depth < 2:
+            raise ValueError(f"suffix proposer: depth must be >= 2, got {depth}")
+        self.depth, self.min_probability = depth, min_probability
+        self.max_outputs = max_outputs
+        self.recent = SuffixTrie(depth)  # the outputs of the last max_outputs requests
+        self._outputs: deque[list[int]] = deque()
+        self._requests: dict[str, tuple[SuffixTrie, list[int], int]] = {}
+
+    def start(self, request_id: str, prompt: Sequence[int]) -> None:
+        trie = SuffixTrie(self.depth)
+        self._requests[request_id] = (trie, [], len(prompt))
+        self.extend(request_id, prompt)
+
+    def extend(self, request_id: str, tokens: Sequence[int]) -> None:
+        trie, seq, _ = self._requests[request_id]
+        for token in tokens:
+            trie.extend(token)
+            seq.append(token)
+
+    def propose(self, request_id: str, k: int) -> list[int]:
+        trie, seq, _ = self._requests[request_id]
+        own = trie.draft(seq, k, self.min_probability)
+        other = self.recent.draft(seq, k, self.min_probability)
+        return other if len(other) > len(own) else own
+
+    def finish(self, request_id: str) -> None:
+        entry = self._requests.pop(request_id, None)
+        if entry is None:
+            return
+        _, seq, prompt_len = entry
+        output = seq[prompt_len:]
+        if not output or self.max_outputs <= 0:
+            return
+        self.recent.add(output)
+        self._outputs.append(output)
+        if len(self._outputs) > self.max_outputs:
+            self.recent.add(self._outputs.popleft(), sign=-1)
+
+
+PROPOSERS.register("suffix", SuffixProposer)

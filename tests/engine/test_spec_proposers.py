@@ -1,0 +1,158 @@
+"""Speculative decoding's proposers (engine/spec/, issue 24) against brute-force oracles:
+`ngram` (prompt lookup) against a scan for the latest earlier occurrence of the sequence's
+ending; the suffix trie's counts against a Counter of every substring; `suffix` drafts against
+the same greedy walk over those counts; fed at once or token by token alike; the recent
+outputs' trie forgetting the oldest output."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from infergen.engine.spec.ngram import NgramProposer
+from infergen.engine.spec.proposer import PROPOSERS
+from infergen.engine.spec.suffix import SuffixProposer, SuffixTrie
+
+
+def _ngram_oracle(seq: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    for n in range(min(max_n, len(seq)), min_n - 1, -1):
+        ending = seq[len(seq) - n :]
+        for i in range(len(seq) - n - 1, -1, -1):  # occurrences with a token after them
+            if seq[i : i + n] == ending:
+                return seq[i + n : i + n + k]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("min_n, max_n", [(1, 4), (2, 3), (3, 3)])
+def test_ngram_drafts_what_followed_the_latest_occurrence(seed, min_n, max_n):
+    rng = random.Random(seed)
+    vocab = rng.choice([3, 5, 12])
+    seq = [rng.randrange(vocab) for _ in range(rng.randrange(1, 120))]
+    proposer = NgramProposer(min_n, max_n)
+    proposer.start("a", seq[:7])
+    for i in range(7, len(seq), 5):  # fed in pieces, as tokens are accepted
+        proposer.extend("a", seq[i : i + 5])
+    for k in (1, 4, 9):
+        assert proposer.propose("a", k) == _ngram_oracle(seq, k, min_n, max_n)
+    proposer.finish("a")
+
+
+def test_ngram_copies_a_quoted_span():
+    text = list(range(100, 140))
+    proposer = NgramProposer()
+    proposer.start("r", [1, 2] + text + [3, 4] + text[:10])
+    assert proposer.propose("r", 5) == text[10:15]
+
+
+def _substrings(seqs: list[list[int]], depth: int) -> Counter:
+    counts: Counter = Counter()
+    for seq in seqs:
+        for i in range(len(seq)):
+            for j in range(i + 1, min(i + depth, len(seq)) + 1):
+                counts[tuple(seq[i:j])] += 1
+    return counts
+
+
+def _trie_counts(trie: SuffixTrie) -> Counter:
+    counts: Counter = Counter()
+    stack = [((), trie.root)]
+    while stack:
+        path, node = stack.pop()
+        for token, child in node.children.items():
+            counts[(*path, token)] = child.count
+            stack.append(((*path, token), child))
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_trie_counts_every_substring_up_to_its_depth(seed):
+    rng = random.Random(seed)
+    seqs = [[rng.randrange(4) for _ in range(rng.randrange(1, 40))] for _ in range(3)]
+    depth = rng.choice([2, 5, 9])
+    added = SuffixTrie(depth)
+    for seq in seqs:
+        added.add(seq)
+    assert _trie_counts(added) == _substrings(seqs, depth)
+    streamed = SuffixTrie(depth)  # one sequence, token by token
+    for token in seqs[0]:
+        streamed.extend(token)
+    assert _trie_counts(streamed) == _substrings(seqs[:1], depth)
+    for seq in seqs:  # removal leaves nothing behind
+        added.add(seq, sign=-1)
+    assert added.root.children == {}
+
+
+def _continuations(counts: Counter, path: tuple) -> dict[int, int]:
+    return {p[-1]: c for p, c in counts.items() if len(p) == len(path) + 1 and p[:-1] == path}
+
+
+def _check_draft(got: list[int], counts: Counter, context: list[int], k: int, depth: int,
+                 min_p: float) -> None:  # fmt: skip
+    """`got` is the greedy walk over the substring counts from the longest ending of
+    `context` (at most depth - 1 tokens) that has a continuation: each token a most frequent
+    continuation (ties: any), the product of the steps' frequencies >= min_p, stopping only at
+    k tokens, without a continuation, or where the next step would fall below min_p."""
+    endings = [
+        tuple(context[len(context) - m :]) for m in range(min(len(context), depth - 1), 0, -1)
+    ]
+    matched = next((e for e in endings if counts.get(e) and _continuations(counts, e)), None)
+    if matched is None:
+        assert got == []
+        return
+    path, probability = matched, 1.0
+    for token in got:
+        nexts = _continuations(counts, path)
+        assert nexts.get(token) == max(nexts.values())
+        probability *= nexts[token] / sum(nexts.values())
+        assert probability >= min_p
+        path = (*path, token)
+    nexts = _continuations(counts, path)
+    assert (len(got) == k or not nexts
+            or probability * max(nexts.values()) / sum(nexts.values()) < min_p)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_suffix_drafts_follow_the_most_frequent_continuation(seed):
+    rng = random.Random(seed)
+    depth, min_p = rng.choice([(4, 0.0), (8, 0.1), (12, 0.3)])
+    pattern = [rng.randrange(50) for _ in range(6)]
+    seqs = [[*pattern, *[rng.randrange(3) for _ in range(5)], *pattern] for _ in range(3)]
+    trie = SuffixTrie(depth)
+    for seq in seqs:
+        trie.add(seq)
+    counts = _substrings(seqs, depth)
+    drafted = 0
+    for context in ([*pattern[:3]], [7, 7, *pattern[:4]], [1], [99, 98], seqs[0][:9]):
+        got = trie.draft(context, 6, min_p)
+        _check_draft(got, counts, context, 6, depth, min_p)
+        drafted += len(got)
+    assert drafted > 0
+
+
+def test_suffix_drafts_an_earlier_requests_answer_and_forgets_the_oldest():
+    proposer = SuffixProposer(depth=8, max_outputs=1)
+    answer = [500, 501, 502, 503, 504, 505]
+    proposer.start("first", [1, 2, 3])
+    proposer.extend("first", answer)
+    proposer.finish("first")
+    proposer.start("second", [9, 9, 500, 501])  # the same answer starts again
+    assert proposer.propose("second", 3) == [502, 503, 504]
+    proposer.finish("second")  # its output ([]) adds nothing: the first answer stays
+    proposer.start("third", [7])
+    proposer.extend("third", [600, 601, 602])
+    proposer.finish("third")  # max_outputs=1: the first answer leaves the recent trie
+    proposer.start("fourth", [500, 501])
+    assert proposer.propose("fourth", 3) == []
+    assert _trie_counts(proposer.recent) == _substrings([[600, 601, 602]], 8)
+
+
+def test_proposer_rows_and_bad_options():
+    assert isinstance(PROPOSERS.get("ngram")(), NgramProposer)
+    assert isinstance(PROPOSERS.get("suffix")(depth=4), SuffixProposer)
+    with pytest.raises(ValueError, match="min_n <= max_n"):
+        NgramProposer(3, 2)
+    with pytest.raises(ValueError, match="depth must be >= 2"):
+        SuffixProposer(depth=1)
