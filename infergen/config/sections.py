@@ -121,8 +121,17 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     admission: str = "optimistic"  # an engine/admission.py ADMISSION row
     preemption_mode: str = "auto"  # one of PREEMPTION_MODES
+    speculative: str | None = None  # an engine/spec PROPOSERS row (None: no speculation)
+    num_speculative_tokens: int = 4  # tokens a proposer drafts per decode step at most
 
     def __post_init__(self) -> None:
+        require(
+            self.num_speculative_tokens >= 1,
+            "num_speculative_tokens must be at least 1",
+            where="num_speculative_tokens",
+            found=self.num_speculative_tokens,
+            expected=">= 1 (speculative=None turns speculation off)",
+        )
         require(
             self.preemption_mode in PREEMPTION_MODES,
             "unknown preemption mode",

@@ -27,6 +27,8 @@ from infergen.config import ModelConfig
 from infergen.engine.config import EngineConfig
 from infergen.engine.device import gpu_kv_budget, has_triton, resolve
 from infergen.engine.scoring import scratch_runner
+from infergen.engine.spec.rows import PROPOSERS
+from infergen.engine.spec.speculator import Speculator
 from infergen.errors import ConfigError
 from infergen.formats.block_weight import BlockWeight
 from infergen.io.checkpoint import Checkpoint, load_checkpoint
@@ -76,6 +78,7 @@ class Built:
     kv_tiers: KVTiers | None = None  # host / disk tiers below the KV pool (kv_offload_*)
     # recurrent layers' state checkpoints for prefix reuse (state_checkpoint_memory)
     state_checkpoints: StateCheckpoints | None = None
+    speculator: Speculator | None = None  # speculative decoding (engine/spec/speculator.py)
 
 
 class GraphCapture(NamedTuple):
@@ -142,9 +145,27 @@ def build(
     built.kv_cache = _cache(built, dtype, scales)
     built.kv_tiers = _tiers(built)
     built.state_checkpoints = _state_checkpoints(built)
+    built.speculator = _speculator(built)
     _compile(built)
     _capture(built)
     return built
+
+
+def _speculator(built: Built) -> Speculator | None:
+    """speculative: the proposer's row, with num_speculative_tokens drafts a step at most;
+    refused for models with recurrent layers (a rejected draft's state needs a rollback)."""
+    sched = built.config.scheduler
+    if sched.speculative is None:
+        return None
+    if built.model.state_layers:
+        raise ConfigError(
+            "speculative decoding does not support models with recurrent layers yet",
+            where="speculative",
+            found=sched.speculative,
+            expected=f"None for {built.model_config.architecture}",
+        )
+    proposer = PROPOSERS.get(sched.speculative, where="speculative")()
+    return Speculator(proposer, sched.num_speculative_tokens)
 
 
 def _capture(built: Built) -> None:

@@ -20,6 +20,7 @@ from infergen.config.sections import (
 )
 from infergen.config.specs import require
 from infergen.engine.admission import ADMISSION
+from infergen.engine.spec.rows import PROPOSERS
 from infergen.kvcache.kv_format import KV_FORMATS
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.quant.activations import ACTIVATION_SCHEMES
@@ -83,6 +84,8 @@ class EngineConfig:
         )
         self._check_cache()
         ADMISSION.get(self.scheduler.admission, where="admission")  # unknown → error now
+        if self.scheduler.speculative is not None:
+            PROPOSERS.get(self.scheduler.speculative, where="speculative")
         self._check_preemption()
         self._check_weights()
         self._check_calibration()

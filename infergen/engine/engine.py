@@ -29,6 +29,12 @@ from infergen.io.checkpoint import Checkpoint
 from infergen.io.tokenizer import IncrementalDetokenizer
 from infergen.ops.sparse_decode import QuestDecode
 
+
+def pairs(batch) -> zip:
+    """(sequence, tokens scheduled) of each sequence of a scheduled batch."""
+    return zip(batch.seqs, batch.num_tokens, strict=True)
+
+
 # with nothing to step but sequences waiting on background KV tier loads, step() waits this
 # long for one to complete before it returns empty-handed (no busy loop; a server drains its
 # inbox in between)
@@ -67,6 +73,7 @@ class Engine:
         )
         self.kv_tiers = built.kv_tiers  # host / disk tiers below the pool (kv_offload_*)
         self.sampler = Sampler(self.config.kernels)
+        self.speculator = built.speculator  # speculative decoding's drafts (None: off)
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
@@ -126,6 +133,8 @@ class Engine:
             arrival=index,
         )
         self._requests[request_id] = seq
+        if self.speculator is not None:
+            self.speculator.start(seq)
         self.scheduler.add(seq)
         return request_id
 
@@ -170,7 +179,7 @@ class Engine:
         if seq is None or seq.finished:
             return None
         seq.finish_reason = reason
-        self.scheduler.finish(seq)
+        self._finish(seq)
         return self._delta(seq)
 
     def has_unfinished(self) -> bool:
@@ -186,6 +195,8 @@ class Engine:
     # ---- one step ---------------------------------------------------------------------------
     def step(self) -> list[StreamDelta]:
         start = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.draft(self.scheduler.running)
         batch = self.scheduler.schedule()
         if not batch and self.scheduler.wait_for_loads(LOAD_WAIT_S):
             start = time.perf_counter()
@@ -195,17 +206,30 @@ class Engine:
         scheduled = time.perf_counter()
         logits, sampling = self.runner.run(batch)
         forward_end = time.perf_counter()
-        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            self.scheduler.commit(seq, n)
         sampled = [batch.seqs[i] for i in sampling]
-        result = self.sampler(logits, [seq.sampling for seq in sampled])
-        for k, seq in enumerate(sampled):
-            self._append_token(seq, result.token_ids[k], result.logprobs[k])
+        # logits rows per sampling sequence: 1, or 1 + the drafts it verifies (runner.py)
+        rows = [
+            batch.seqs[i].num_computed_tokens + batch.num_tokens[i] - batch.seqs[i].num_tokens + 1
+            for i in sampling
+        ]
+        verifying = {batch.seqs[i] for i, r in zip(sampling, rows, strict=True) if r > 1}
+        for seq, n in pairs(batch):
+            if seq not in verifying:  # (a verifying decode commits what it accepted, below)
+                self.scheduler.commit(seq, n)
+        states = [seq.sampling for seq, r in zip(sampled, rows, strict=True) for _ in range(r)]
+        result = self.sampler(logits, states)
+        first = 0
+        for seq, r in zip(sampled, rows, strict=True):
+            if seq in verifying:
+                self._append_verified(seq, result.token_ids[first : first + r])
+            else:
+                self._append_token(seq, result.token_ids[first], result.logprobs[first])
+            first += r
         deltas = [self._delta(seq) for seq in sampled]
-        self._measure(start, batch.num_tokens)
+        # (a decode verifying drafts is no prefill: the step cost's prefill rate leaves it out)
+        self._measure(start, [1 if seq in verifying else n for seq, n in pairs(batch)])
         if self.on_step is not None:
-            pairs = zip(batch.seqs, batch.num_tokens, strict=True)
-            chunks = [(n, seq.num_computed_tokens) for seq, n in pairs]
+            chunks = [(n, seq.num_computed_tokens) for seq, n in pairs(batch)]
             self.on_step(
                 StepRecord(
                     start,
@@ -229,7 +253,22 @@ class Engine:
             self.kv_tiers.recompute_seconds_per_token = self.step_cost.prefill_token
             self.kv_tiers.step_seconds = self.step_cost.decode_step  # (inline loads' bound)
 
+    def _append_verified(self, seq: Sequence, targets: list[int]) -> None:
+        """A decode that verified drafts: the tokens it keeps (spec/speculator.py), appended
+        one by one through the stop checks, then its computed tokens (its last token and the
+        accepted drafts) committed — after the appends, whose token ids the prefix cache
+        hashes."""
+        tokens = self.speculator.verified(seq, targets)
+        computed = len(tokens)  # the last token + the accepted drafts
+        for token in tokens:
+            self._append_token(seq, token, None)
+            if seq.finished:
+                return
+        self.scheduler.commit(seq, computed)
+
     def _append_token(self, seq: Sequence, token: int, logprobs: object) -> None:
+        if self.speculator is not None:
+            self.speculator.extend(seq, token)
         seq.token_ids.append(token)
         seq.sampling.append(token)
         if seq.params.logprobs is not None:
@@ -246,9 +285,14 @@ class Engine:
             if seq.detokenizer is not None and not truncated:
                 seq.text += seq.detokenizer.flush()  # bytes of an unfinished character
             seq.finish_reason = reason
-            self.scheduler.finish(seq)
+            self._finish(seq)
             if not seq.params.ignore_eos:  # (an ignore_eos length says nothing of the rest)
                 self.output_lengths.add(len(seq.token_ids) - len(seq.prompt_token_ids))
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if self.speculator is not None:
+            self.speculator.finish(seq)
 
     def _delta(self, seq: Sequence) -> StreamDelta:
         hold = 0 if seq.finished else seq.stop_checker.max_stop_len

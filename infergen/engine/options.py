@@ -37,6 +37,7 @@ from infergen.config.sections import (
 )
 from infergen.engine.admission import ADMISSION
 from infergen.engine.config import DTYPES, KERNELS, EngineConfig
+from infergen.engine.spec.rows import PROPOSERS
 from infergen.errors import ConfigError
 from infergen.kvcache.tiers.compact import OFFLOAD_FORMATS
 
@@ -211,6 +212,15 @@ OPTIONS: tuple[Option, ...] = (
            "pool or a tier still holds are found again, the rest is recomputed); 'auto' swaps "
            "when a host tier exists and its measured read bandwidth makes loading cheaper "
            "than the measured prefill, else recomputes"),
+    Option("speculative", "scheduler.speculative", None, commands=RUN,
+           choices=tuple(PROPOSERS),
+           help="speculative decoding: a proposer drafts tokens that each decode step "
+           "verifies with the target model (greedy requests without penalties or logprobs; "
+           "the output is token-identical): 'ngram' (prompt lookup: what followed the last "
+           "earlier occurrence of the sequence's ending), 'suffix' (suffix tries over the "
+           "request and recent outputs). Default: off"),
+    Option("num_speculative_tokens", "scheduler.num_speculative_tokens", 4, parse=int,
+           commands=RUN, help="speculative decoding: the most tokens drafted per step"),
     # ---- quantization --------------------------------------------------------------------
     Option("weights", "quant.weights", None,
            help="weight-only quantization as the weights load: 'int8' (a scale per output "

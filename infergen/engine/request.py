@@ -48,6 +48,9 @@ class Sequence:
     logprobs: list[Any] = field(default_factory=list)
     streamed_chars: int = 0
     streamed_tokens: int = 0
+    # speculative decoding: the tokens a proposer drafted for this step (None: the engine drafts
+    # nothing, e.g. the performance model's simulator, which schedules the full lookahead)
+    drafts: list[int] | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

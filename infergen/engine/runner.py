@@ -28,7 +28,9 @@ class ModelRunner:
 
     def prepare(self, batch: ScheduledBatch) -> tuple[ForwardBatch, list[int]]:
         """Pack the batch. Returns the ForwardBatch and the indices (into batch.seqs) of the
-        sequences that sample a token after this step."""
+        sequences that sample a token after this step. A decode verifying drafts (scheduled
+        past its last token: the first n - 1 of `seq.drafts`) feeds them as its next inputs and
+        gets a logits row per position: its last token's and each draft's."""
         input_ids: list[int] = []
         positions: list[int] = []
         query_start_loc = [0]
@@ -39,11 +41,15 @@ class ModelRunner:
             start = seq.num_computed_tokens
             end = start + n
             input_ids.extend(seq.token_ids[start:end])
+            drafted = end - seq.num_tokens  # > 0: a decode verifying that many drafts
+            if drafted > 0:
+                input_ids.extend(seq.drafts[:drafted])
             positions.extend(range(start, end))
             query_start_loc.append(query_start_loc[-1] + n)
             seq_lens.append(end)
-            if end == seq.num_tokens:
-                logits_rows.append(query_start_loc[-1] - 1)
+            if end >= seq.num_tokens:  # its last token's logits (and each draft's)
+                last = query_start_loc[-1] - 1
+                logits_rows.extend(range(last - max(0, drafted), last + 1))
                 sampling.append(i)
         position_tensor = torch.tensor(positions, dtype=torch.int64)
         slot_mappings, plans = [], []

@@ -348,7 +348,8 @@ class Scheduler:
     # ---- the step ---------------------------------------------------------------------------
     def _wanted(self, seq: Sequence) -> int:
         """Tokens a running sequence computes next: what is uncomputed, or when it decodes
-        with a lookahead, its last token + the drafts it may still use."""
+        with a lookahead, its last token + the drafts it may still use (the engine's drafts
+        for this step, `seq.drafts`; the whole lookahead when none are given)."""
         if not self.lookahead:
             return seq.num_uncomputed
         generated = seq.num_tokens - len(seq.prompt_token_ids)
@@ -357,7 +358,8 @@ class Scheduler:
         left = seq.params.max_tokens - generated
         if self.max_model_len is not None:
             left = min(left, self.max_model_len - seq.num_tokens)
-        return 1 + max(0, min(self.lookahead, left - 1))
+        drafted = self.lookahead if seq.drafts is None else min(self.lookahead, len(seq.drafts))
+        return 1 + max(0, min(drafted, left - 1))
 
     def schedule(self) -> ScheduledBatch:
         budget = self.config.max_num_batched_tokens

@@ -68,9 +68,10 @@ def serving_parts(
         pool.on_evict = tiers.save
         if tiers.write_through:
             pool.on_register = tiers.save_through
+    lookahead = scheduler.num_speculative_tokens if scheduler.speculative else 0
     sched = Scheduler(
         scheduler, pool, kv_cache.block_size, kv_cache.groups, kv_cache.states, max_model_len,
-        tiers=tiers, checkpoints=checkpoints,
+        lookahead, tiers=tiers, checkpoints=checkpoints,
     )  # fmt: skip
     return pool, sched, ModelRunner(model, kv_cache)
 
