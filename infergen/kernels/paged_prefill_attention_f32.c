@@ -65,13 +65,9 @@ static inline vf vmax(vf a, vf b) { return vsel(a > b, a, b); }
  * exponent bits); lanes below -87 (e^x under the smallest normal float, -inf included) are 0.
  * With AVX-512, rounding and the 2^n scaling are one instruction each (vrndscaleps,
  * vscalefps: an n below the normal range gives 0 under flush-to-zero). */
-#if defined(__AVX512F__)
-static inline vf vexp(vf x) {
-    vi dead = x < splat(-87.0f);
-    __m512 v = _mm512_min_ps(_mm512_max_ps((__m512)x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf nf = (vf)n, r = (vf)v - nf * 0.693359375f;
+/* e^r for the reduced argument: r = x - n ln2 (ln2 in two parts), Cephes' polynomial. */
+static inline vf exp_reduced(vf x, vf nf) {
+    vf r = x - nf * 0.693359375f;
     r = r + nf * 2.12194440e-4f;
     vf p = splat(1.9875691500e-4f);
     p = p * r + 1.3981999507e-3f;
@@ -79,7 +75,16 @@ static inline vf vexp(vf x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = (p * r) * r + (r + 1.0f);
+    return (p * r) * r + (r + 1.0f);
+}
+
+#if defined(__AVX512F__)
+static inline vf vexp(vf x) {
+    vi dead = x < splat(-87.0f);
+    __m512 v = _mm512_min_ps(_mm512_max_ps((__m512)x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf p = exp_reduced((vf)v, (vf)n);
     return (vf)((vi)(vf)_mm512_scalef_ps((__m512)p, n) & ~dead);
 }
 #else
@@ -92,17 +97,8 @@ static inline vf vexp(vf x) {
     vi over = nf > t; /* ... then down: floor */
     n += over;
     nf += __builtin_convertvector(over, vf);
-    vf r = x - nf * 0.693359375f;
-    r = r + nf * 2.12194440e-4f;
-    vf p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = (p * r) * r + (r + 1.0f);
     vf scale = (vf)((n + 127) << 23);
-    return (vf)((vi)(p * scale) & ~dead);
+    return (vf)((vi)(exp_reduced(x, nf) * scale) & ~dead);
 }
 #endif
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from infergen.kvcache.kv_format import KV_FORMATS, encode
 from infergen.kvcache.paged_cache import KVLayer
 from infergen.ops import paged_attention as pa
 from infergen.ops.attention_sinks import sink_attention
 from infergen.ops.paged_prefill_native import native_prefill_serves
+from tests.ops.prefill_fallback import assert_falls_back_to_torch
 from tests.ops.scattered_pool import scattered_pool
 
 NATIVE_ROW = pa.PREFILL_BACKENDS.get("native")
@@ -132,17 +132,7 @@ def test_the_row_falls_back_to_torch_where_the_kernel_cannot_serve():
     scale = pa.default_scale(dim)
     core = functools.partial(sink_attention, sinks=torch.randn(1, kv_heads * group, 1, 1))
     assert not native_prefill_serves(q, KVLayer(k, v), core, plan)
-    want = pa.paged_attention(q, k_new, v_new, k, v, plan, scale, core=core)
-    got = pa.paged_attention(q, k_new, v_new, k, v, plan, scale, core=core, prefill_fn=NATIVE_ROW)
-    assert not torch.allclose(want, pa.paged_attention(q, k_new, v_new, k, v, plan, scale))
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    fp8 = KV_FORMATS.get("fp8_e4m3")
-    k_scale, v_scale = torch.full((kv_heads,), 0.01), torch.full((kv_heads,), 0.02)
-    kv = KVLayer(encode(k, k_scale, fp8), encode(v, v_scale, fp8), k_scale, v_scale, fp8)
-    want = pa.paged_attention(q, k_new, v_new, kv.k, kv.v, plan, scale, kv=kv)
-    got = pa.paged_attention(q, k_new, v_new, kv.k, kv.v, plan, scale, kv=kv,
-                             prefill_fn=NATIVE_ROW)  # fmt: skip
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_falls_back_to_torch(NATIVE_ROW, q, k_new, v_new, k, v, plan, scale)
     sinks_plan = pa.plan(starts, seq_lens, tables, 4, 5, sinks=2)
     assert not native_prefill_serves(q, KVLayer(k, v), pa.F.scaled_dot_product_attention,
                                      sinks_plan)  # fmt: skip

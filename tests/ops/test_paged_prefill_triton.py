@@ -10,16 +10,12 @@ with TRITON_INTERPRET=0 (benchmarks/device_check.sh)."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
-from infergen.kvcache.kv_format import KV_FORMATS, encode
-from infergen.kvcache.paged_cache import KVLayer
 from infergen.ops import paged_attention as pa
-from infergen.ops.attention_sinks import sink_attention
 from infergen.ops.paged_prefill_triton import paged_prefill_triton
+from tests.ops.prefill_fallback import assert_falls_back_to_torch
 from tests.ops.scattered_pool import scattered_pool
 from tests.triton_env import DEVICE, runnable
 
@@ -165,17 +161,5 @@ def test_the_row_falls_back_to_torch_where_the_kernel_cannot_serve():
     q, k, v, tables, starts = _case(query_lens, seq_lens, kv_heads, group, dim, 4, seed=4)
     plan = pa.plan(starts, seq_lens, tables, 4, None)
     scale = pa.default_scale(dim)
-    sinks = torch.randn(1, kv_heads * group, 1, 1)
-    core = functools.partial(sink_attention, sinks=sinks)
     k_new, v_new = _new_kv(k, tables, starts, seq_lens), _new_kv(v, tables, starts, seq_lens)
-    want = pa.paged_attention(q, k_new, v_new, k, v, plan, scale, core=core)
-    got = pa.paged_attention(q, k_new, v_new, k, v, plan, scale, core=core, prefill_fn=TRITON_ROW)
-    assert not torch.allclose(want, pa.paged_attention(q, k_new, v_new, k, v, plan, scale))
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    fp8 = KV_FORMATS.get("fp8_e4m3")
-    k_scale, v_scale = torch.full((kv_heads,), 0.01), torch.full((kv_heads,), 0.02)
-    kv = KVLayer(encode(k, k_scale, fp8), encode(v, v_scale, fp8), k_scale, v_scale, fp8)
-    want = pa.paged_attention(q, k_new, v_new, kv.k, kv.v, plan, scale, kv=kv)
-    got = pa.paged_attention(q, k_new, v_new, kv.k, kv.v, plan, scale, kv=kv,
-                             prefill_fn=TRITON_ROW)  # fmt: skip
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_falls_back_to_torch(TRITON_ROW, q, k_new, v_new, k, v, plan, scale)
