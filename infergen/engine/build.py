@@ -26,6 +26,7 @@ from infergen.compiler import runtime  # noqa: F401  (registers the compiled fas
 from infergen.config import ModelConfig
 from infergen.engine.config import EngineConfig
 from infergen.engine.device import gpu_kv_budget, has_triton, resolve
+from infergen.engine.sampler import Sampler
 from infergen.engine.scoring import scratch_runner
 from infergen.engine.spec.rows import PROPOSERS
 from infergen.engine.spec.speculator import Speculator
@@ -165,7 +166,9 @@ def _speculator(built: Built) -> Speculator | None:
             expected=f"None for {built.model_config.architecture}",
         )
     proposer = PROPOSERS.get(sched.speculative, where="speculative")()
-    return Speculator(proposer, sched.num_speculative_tokens)
+    # sampled requests speculate with the generator-path sampler (spec/speculator.py)
+    sampled = Sampler(built.config.kernels).batched is None
+    return Speculator(proposer, sched.num_speculative_tokens, sampled)
 
 
 def _capture(built: Built) -> None:

@@ -216,15 +216,26 @@ class Engine:
         for seq, n in pairs(batch):
             if seq not in verifying:  # (a verifying decode commits what it accepted, below)
                 self.scheduler.commit(seq, n)
-        states = [seq.sampling for seq, r in zip(sampled, rows, strict=True) for _ in range(r)]
-        result = self.sampler(logits, states)
-        first = 0
-        for seq, r in zip(sampled, rows, strict=True):
-            if seq in verifying:
-                self._append_verified(seq, result.token_ids[first : first + r])
+        firsts = list(itertools.accumulate(rows, initial=0))  # each one's first logits row
+        # the sampler draws every row but those of sampled requests verifying drafts
+        # (speculative sampling draws theirs: spec/rejection.py)
+        drawn = [seq in verifying and not seq.params.is_greedy for seq in sampled]
+        picked = [k for k in range(len(sampled)) if not drawn[k]]
+        index = [j for k in picked for j in range(firsts[k], firsts[k + 1])]
+        states = [sampled[k].sampling for k in picked for _ in range(rows[k])]
+        subset = logits if len(index) == logits.shape[0] else logits[index]
+        result = self.sampler(subset, states)
+        starts = itertools.accumulate([rows[k] for k in picked], initial=0)
+        at = dict(zip(picked, starts, strict=False))  # (starts has one more: the end)
+        for k, seq in enumerate(sampled):
+            if drawn[k]:
+                kept = self.speculator.verified_sampled(seq, logits[firsts[k] : firsts[k + 1]])
+                self._append_verified(seq, kept)
+            elif seq in verifying:
+                targets = result.token_ids[at[k] : at[k] + rows[k]]
+                self._append_verified(seq, self.speculator.verified(seq, targets))
             else:
-                self._append_token(seq, result.token_ids[first], result.logprobs[first])
-            first += r
+                self._append_token(seq, result.token_ids[at[k]], result.logprobs[at[k]])
         deltas = [self._delta(seq) for seq in sampled]
         # (a decode verifying drafts is no prefill: the step cost's prefill rate leaves it out)
         self._measure(start, [1 if seq in verifying else n for seq, n in pairs(batch)])
@@ -253,12 +264,11 @@ class Engine:
             self.kv_tiers.recompute_seconds_per_token = self.step_cost.prefill_token
             self.kv_tiers.step_seconds = self.step_cost.decode_step  # (inline loads' bound)
 
-    def _append_verified(self, seq: Sequence, targets: list[int]) -> None:
+    def _append_verified(self, seq: Sequence, tokens: list[int]) -> None:
         """A decode that verified drafts: the tokens it keeps (spec/speculator.py), appended
         one by one through the stop checks, then its computed tokens (its last token and the
         accepted drafts) committed — after the appends, whose token ids the prefix cache
         hashes."""
-        tokens = self.speculator.verified(seq, targets)
         computed = len(tokens)  # the last token + the accepted drafts
         for token in tokens:
             self._append_token(seq, token, None)

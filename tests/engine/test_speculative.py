@@ -10,6 +10,8 @@ split is accepted only at a near-tie of the reference run's top two tokens (`tie
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from infergen import LLM, SamplingParams
@@ -96,14 +98,48 @@ def test_mixed_with_sampled_requests_and_through_preemption(tmp_path):
     ref = LLM(str(tmp_path), **options).generate(prompts, params(2))
     llm = LLM(str(tmp_path), speculative="ngram", **options)
     got = llm.generate(prompts, params(None))
+    again = LLM(str(tmp_path), speculative="ngram", **options).generate(prompts, params(None))
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.speculator.stats["steps"] > 0
     for i, (g, r) in enumerate(zip(got, ref, strict=True)):
-        if i % 2:  # sampled: the same draws
-            assert g.token_ids == r.token_ids
+        if i % 2:  # sampled (speculative sampling): seeded runs repeat
+            assert g.token_ids == again[i].token_ids and len(g.token_ids) == 30
         else:
             _assert_same_or_tie(g, r)
     _assert_no_block_held(llm)
+
+
+def _chi2_critical(df: int, z: float = 3.719) -> float:
+    """chi-square's quantile at 1 - 1e-4 (z: the normal's), Wilson-Hilferty's approximation."""
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + z * a**0.5) ** 3
+
+
+def test_sampled_requests_keep_the_target_distribution(tmp_path):
+    """Speculative sampling is lossless: the joint distribution of three sampled tokens (top-3
+    at temperature 1, 1,500 seeded requests) with drafts verified equals that of decoding
+    token by token (a chi-square test of homogeneity of the two samples, false alarm 1e-4)."""
+    vocab = build_hf_model("llama_gqa", tmp_path).config.vocab_size
+    prompt = _copy_prompts(vocab)[0][:60]
+    n = 1500
+    params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=3, seed=i, ignore_eos=True)
+              for i in range(n)]  # fmt: skip
+    plain = LLM(str(tmp_path), block_size=4).generate([prompt] * n, params)
+    # suffix: the drafts follow earlier requests' answers, so both ways are taken — drafts kept
+    # (the target likes them) and rejected (a residual draw)
+    llm = LLM(str(tmp_path), block_size=4, speculative="suffix", num_speculative_tokens=2)
+    spec = llm.generate([prompt] * n, params)
+    stats = llm.engine.speculator.stats
+    assert stats["steps"] > 500 and 0.1 < stats["accepted"] / stats["drafted"] < 0.9
+    a = Counter(tuple(o.token_ids) for o in plain)
+    b = Counter(tuple(o.token_ids) for o in spec)
+    cells = sorted(set(a) | set(b))
+    stat = sum(
+        (a[c] - (a[c] + b[c]) / 2) ** 2 / ((a[c] + b[c]) / 2)
+        + (b[c] - (a[c] + b[c]) / 2) ** 2 / ((a[c] + b[c]) / 2)
+        for c in cells
+    )
+    assert len(cells) > 3 and stat < _chi2_critical(len(cells) - 1), (stat, len(cells))
 
 
 def test_stop_tokens_end_a_verified_run_of_tokens(tmp_path):
