@@ -30,13 +30,15 @@ class ModelRunner:
         """Pack the batch. Returns the ForwardBatch and the indices (into batch.seqs) of the
         sequences that sample a token after this step. A decode verifying drafts (scheduled
         past its last token: the first n - 1 of `seq.drafts`) feeds them as its next inputs and
-        gets a logits row per position: its last token's and each draft's."""
+        gets a logits row per position: its last token's and each draft's; its tokens attend as
+        decode rows (ops/paged_attention.plan), so a verifying step is still a decode step."""
         input_ids: list[int] = []
         positions: list[int] = []
         query_start_loc = [0]
         seq_lens: list[int] = []
         logits_rows: list[int] = []
         sampling: list[int] = []
+        verifying: set[int] = set()  # decodes verifying drafts: a decode row per token
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
             start = seq.num_computed_tokens
             end = start + n
@@ -44,6 +46,7 @@ class ModelRunner:
             drafted = end - seq.num_tokens  # > 0: a decode verifying that many drafts
             if drafted > 0:
                 input_ids.extend(seq.drafts[:drafted])
+                verifying.add(i)
             positions.extend(range(start, end))
             query_start_loc.append(query_start_loc[-1] + n)
             seq_lens.append(end)
@@ -58,7 +61,15 @@ class ModelRunner:
             slots = _new_slots(tables, batch.num_tokens, position_tensor, self.block_size)
             slot_mappings.append(slots)
             plans.append(
-                plan(query_start_loc, seq_lens, tables, self.block_size, group.window, group.sinks)
+                plan(
+                    query_start_loc,
+                    seq_lens,
+                    tables,
+                    self.block_size,
+                    group.window,
+                    group.sinks,
+                    verifying,
+                )  # fmt: skip
             )
         if slot_mappings:
             self.kv_cache.begin_step(slot_mappings[0])

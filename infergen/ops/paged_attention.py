@@ -19,7 +19,7 @@ launch for every prefill sequence of the step, reading K/V through the block tab
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -190,33 +190,43 @@ def plan(
     block_size: int,
     window: int | None,
     sinks: int = 0,
+    as_decodes: Collection[int] = (),
 ) -> AttentionPlan:
     """Gather indices and masks for one step (shared by every layer); with a window, the
-    first `sinks` positions stay visible too. Its tensors are on the block tables' device."""
+    first `sinks` positions stay visible too. Its tensors are on the block tables' device.
+
+    A one-token sequence is a decode row. So is each query token of the sequences in
+    `as_decodes` (speculative verification: a decode's last token and its drafts): row j of
+    n reads the first seq_len − n + j + 1 positions, exactly what decoding that token alone
+    reads — a verifying step stays a decode step (the decode kernels, the fused decode path)
+    and each row's attention is the one decoding would compute."""
     dev = block_tables.device
-    decode_ids = [
-        i for i in range(len(seq_lens)) if query_start_loc[i + 1] - query_start_loc[i] == 1
-    ]
-    prefills = [
-        PrefillItem(query_start_loc[i], query_start_loc[i + 1], seq_lens[i], i,
-                    block_tables[i : i + 1], block_size, window, sinks)
-        for i in range(len(seq_lens))
-        if query_start_loc[i + 1] - query_start_loc[i] > 1
-    ]  # fmt: skip
+    decode_ids: list[int] = []  # the sequence of each decode row
+    decode_starts: list[int] = []  # its token row
+    decode_lens: list[int] = []  # the positions it reads
+    prefills = []
+    for i, ctx in enumerate(seq_lens):
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        if end - start == 1 or i in as_decodes:
+            decode_ids += [i] * (end - start)
+            decode_starts += range(start, end)
+            decode_lens += range(ctx - (end - start) + 1, ctx + 1)
+        else:
+            prefills.append(PrefillItem(start, end, ctx, i, block_tables[i : i + 1], block_size,
+                                        window, sinks))  # fmt: skip
     windowed = dict(window=window or 0, sinks=sinks if window else 0, block_tables=block_tables,
                     block_size=block_size)  # fmt: skip
     if not decode_ids:
         return AttentionPlan(None, prefills, **windowed)
     ids = torch.tensor(decode_ids, device=dev)
-    rows = torch.tensor([query_start_loc[i] for i in decode_ids], device=dev)
     return AttentionPlan(
-        decode_rows=rows,
+        decode_rows=torch.tensor(decode_starts, device=dev),
         prefills=prefills,
         decode_only=not prefills,
         decode_block_tables=block_tables[ids].contiguous(),
-        decode_seq_lens=torch.tensor([seq_lens[i] for i in decode_ids], device=dev),
+        decode_seq_lens=torch.tensor(decode_lens, device=dev),
         **windowed,
-        decode_max_context=max(seq_lens[i] for i in decode_ids),
+        decode_max_context=max(decode_lens),
     )
 
 

@@ -66,6 +66,32 @@ def test_matches_reference(case, heads, kv_heads, window, backend):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize(
+    "query_lens,seq_lens,as_decodes",
+    [
+        ([5], [5], {0}),  # a whole (tiny) context verified
+        ([5, 1, 3], [40, 17, 9], {0, 2}),  # verifying decodes beside a plain one
+        ([4, 16, 1, 2], [30, 16, 64, 23], {0, 3}),  # and beside a prefill chunk
+    ],
+)
+def test_multi_token_rows_as_decodes_match_reference(query_lens, seq_lens, as_decodes,
+                                                     window, backend):  # fmt: skip
+    """Speculative verification's plan: each token of the `as_decodes` sequences is a decode
+    row reading its causal prefix; the step is still decode-only when nothing else is in it."""
+    q, k_new, v_new, kc, vc, qsl, tables, _ = _scatter_batch(
+        query_lens, seq_lens, 6, 2, 8, 4, window
+    )
+    plan = pa.plan(qsl, seq_lens, tables, 4, window, as_decodes=as_decodes)
+    plain = sum(1 for n in query_lens if n > 1) - len(as_decodes)
+    assert plan.decode_only == (plain == 0) and len(plan.prefills) == plain
+    scale = pa.default_scale(8)
+    got = pa.paged_attention(q, k_new, v_new, kc, vc, plan, scale, pa.DECODE_BACKENDS.get(backend))
+    want = pa.reference(q, kc, vc, qsl, seq_lens, tables, scale, window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dim", [12, 64, 80, 128])
 @pytest.mark.parametrize("window", [None, 21])
 @pytest.mark.parametrize("heads", [6, 8, 12])
