@@ -111,6 +111,9 @@ class CacheConfig:
 PREEMPTION_MODES = ("auto", "swap", "recompute")
 
 
+AUTO_DRAFTS = 8  # the most drafts a step verifies with num_speculative_tokens="auto"
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Continuous batching limits: at most `max_num_seqs` running sequences and
@@ -122,15 +125,19 @@ class SchedulerConfig:
     admission: str = "optimistic"  # an engine/admission.py ADMISSION row
     preemption_mode: str = "auto"  # one of PREEMPTION_MODES
     speculative: str | None = None  # an engine/spec PROPOSERS row (None: no speculation)
-    num_speculative_tokens: int = 4  # tokens a proposer drafts per decode step at most
+    # drafts a decode step verifies: k (each step up to k, as the proposer gives them) or
+    # "auto" (up to AUTO_DRAFTS, as many per sequence as the cost model finds worth it,
+    # engine/spec/cost.py; none when they would not pay)
+    num_speculative_tokens: int | str = "auto"
 
     def __post_init__(self) -> None:
+        k = self.num_speculative_tokens
         require(
-            self.num_speculative_tokens >= 1,
-            "num_speculative_tokens must be at least 1",
+            k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 1),
+            "num_speculative_tokens is a number of drafts or 'auto'",
             where="num_speculative_tokens",
-            found=self.num_speculative_tokens,
-            expected=">= 1 (speculative=None turns speculation off)",
+            found=k,
+            expected="an integer >= 1, or 'auto' (speculative=None turns speculation off)",
         )
         require(
             self.preemption_mode in PREEMPTION_MODES,
@@ -153,6 +160,12 @@ class SchedulerConfig:
             found=self.max_num_batched_tokens,
             expected=">= 1",
         )
+
+    @property
+    def max_drafts(self) -> int:
+        """The most drafts a decode step verifies (the scheduler's lookahead)."""
+        k = self.num_speculative_tokens
+        return AUTO_DRAFTS if k == "auto" else k
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from infergen.compiler import runtime  # noqa: F401  (registers the compiled fas
 from infergen.config import ModelConfig
 from infergen.engine.config import EngineConfig
 from infergen.engine.device import gpu_kv_budget, has_triton, resolve
-from infergen.engine.sampler import Sampler
 from infergen.engine.scoring import scratch_runner
 from infergen.engine.spec.rows import PROPOSERS
 from infergen.engine.spec.speculator import Speculator
@@ -153,7 +152,8 @@ def build(
 
 
 def _speculator(built: Built) -> Speculator | None:
-    """speculative: the proposer's row, with num_speculative_tokens drafts a step at most;
+    """speculative: the proposer's row, with num_speculative_tokens drafts a step (at most,
+    or "auto": the cost model's choice);
     refused for models with recurrent layers (a rejected draft's state needs a rollback)."""
     sched = built.config.scheduler
     if sched.speculative is None:
@@ -166,9 +166,7 @@ def _speculator(built: Built) -> Speculator | None:
             expected=f"None for {built.model_config.architecture}",
         )
     proposer = PROPOSERS.get(sched.speculative, where="speculative")()
-    # sampled requests speculate with the generator-path sampler (spec/speculator.py)
-    sampled = Sampler(built.config.kernels).batched is None
-    return Speculator(proposer, sched.num_speculative_tokens, sampled)
+    return Speculator(proposer, sched.max_drafts, sched.num_speculative_tokens == "auto")
 
 
 def _capture(built: Built) -> None:

@@ -196,7 +196,8 @@ class Engine:
     def step(self) -> list[StreamDelta]:
         start = time.perf_counter()
         if self.speculator is not None:
-            self.speculator.draft(self.scheduler.running)
+            budget = self.config.scheduler.max_num_batched_tokens
+            self.speculator.draft(self.scheduler.running, self.step_cost.prefill_token, budget)
         batch = self.scheduler.schedule()
         if not batch and self.scheduler.wait_for_loads(LOAD_WAIT_S):
             start = time.perf_counter()
@@ -217,26 +218,23 @@ class Engine:
             if seq not in verifying:  # (a verifying decode commits what it accepted, below)
                 self.scheduler.commit(seq, n)
         firsts = list(itertools.accumulate(rows, initial=0))  # each one's first logits row
-        # the sampler draws every row but those of sampled requests verifying drafts
-        # (speculative sampling draws theirs: spec/rejection.py)
-        drawn = [seq in verifying and not seq.params.is_greedy for seq in sampled]
-        picked = [k for k in range(len(sampled)) if not drawn[k]]
-        index = [j for k in picked for j in range(firsts[k], firsts[k + 1])]
-        states = [sampled[k].sampling for k in picked for _ in range(rows[k])]
+        # one sampler call for the one-row sequences; each verifying one's rows go to the
+        # speculator (the target's sample at each position, matched against the drafts)
+        plain = [k for k, seq in enumerate(sampled) if seq not in verifying]
+        index = [firsts[k] for k in plain]
         subset = logits if len(index) == logits.shape[0] else logits[index]
-        result = self.sampler(subset, states)
-        starts = itertools.accumulate([rows[k] for k in picked], initial=0)
-        at = dict(zip(picked, starts, strict=False))  # (starts has one more: the end)
+        result = self.sampler(subset, [sampled[k].sampling for k in plain]) if plain else None
+        at = {k: j for j, k in enumerate(plain)}
         for k, seq in enumerate(sampled):
-            if drawn[k]:
-                kept = self.speculator.verified_sampled(seq, logits[firsts[k] : firsts[k + 1]])
-                self._append_verified(seq, kept)
-            elif seq in verifying:
-                targets = result.token_ids[at[k] : at[k] + rows[k]]
-                self._append_verified(seq, self.speculator.verified(seq, targets))
+            if seq in verifying:
+                kept = self.speculator.verify(self.sampler, seq, logits[firsts[k] : firsts[k + 1]])
+                self._append_verified(seq, kept.token_ids, kept.logprobs)
             else:
                 self._append_token(seq, result.token_ids[at[k]], result.logprobs[at[k]])
         deltas = [self._delta(seq) for seq in sampled]
+        if self.speculator is not None and all(n == 1 or s in verifying for s, n in pairs(batch)):
+            # the cost model's t(n): a decode-only step, drafts or not (spec/cost.py)
+            self.speculator.observe_step(sum(batch.num_tokens), time.perf_counter() - start)
         # (a decode verifying drafts is no prefill: the step cost's prefill rate leaves it out)
         self._measure(start, [1 if seq in verifying else n for seq, n in pairs(batch)])
         if self.on_step is not None:
@@ -264,14 +262,14 @@ class Engine:
             self.kv_tiers.recompute_seconds_per_token = self.step_cost.prefill_token
             self.kv_tiers.step_seconds = self.step_cost.decode_step  # (inline loads' bound)
 
-    def _append_verified(self, seq: Sequence, tokens: list[int]) -> None:
+    def _append_verified(self, seq: Sequence, tokens: list[int], logprobs: list) -> None:
         """A decode that verified drafts: the tokens it keeps (spec/speculator.py), appended
         one by one through the stop checks, then its computed tokens (its last token and the
         accepted drafts) committed — after the appends, whose token ids the prefix cache
         hashes."""
         computed = len(tokens)  # the last token + the accepted drafts
-        for token in tokens:
-            self._append_token(seq, token, None)
+        for token, logprob in zip(tokens, logprobs, strict=True):
+            self._append_token(seq, token, logprob)
             if seq.finished:
                 return
         self.scheduler.commit(seq, computed)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infergen.config.sections import (
+    AUTO_DRAFTS,
     COMPILE_MODES,
     PREEMPTION_MODES,
     AttentionPolicy,
@@ -88,6 +89,16 @@ class Option:
 def _bytes(option: str) -> Callable[[str | int], int]:
     """A byte size's converter ("8GiB" → bytes), its errors naming `option`."""
     return lambda value: parse_bytes(value, where=option)
+
+
+def _drafts(text: str) -> int | str:
+    """num_speculative_tokens from the command line: 'auto' or a number."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
 
 
 def _switch(text: str) -> bool:
@@ -212,15 +223,20 @@ OPTIONS: tuple[Option, ...] = (
            "pool or a tier still holds are found again, the rest is recomputed); 'auto' swaps "
            "when a host tier exists and its measured read bandwidth makes loading cheaper "
            "than the measured prefill, else recomputes"),
-    Option("speculative", "scheduler.speculative", None, commands=RUN,
+    Option("speculative", "scheduler.speculative", None, commands=RUN + PREDICT,
            choices=tuple(PROPOSERS),
            help="speculative decoding: a proposer drafts tokens that each decode step "
            "verifies with the target model (greedy requests without penalties or logprobs; "
            "the output is token-identical): 'ngram' (prompt lookup: what followed the last "
            "earlier occurrence of the sequence's ending), 'suffix' (suffix tries over the "
            "request and recent outputs). Default: off"),
-    Option("num_speculative_tokens", "scheduler.num_speculative_tokens", 4, parse=int,
-           commands=RUN, help="speculative decoding: the most tokens drafted per step"),
+    Option("num_speculative_tokens", "scheduler.num_speculative_tokens", "auto",
+           parse=_drafts, commands=RUN, metavar="N|auto",
+           help="speculative decoding: drafts verified per decode step. 'auto': up to "
+           f"{AUTO_DRAFTS}, as many per sequence as pay for themselves — the cost model "
+           "weighs each sequence's measured acceptance against the measured time of a step "
+           "of that many more tokens, and turns speculation off when it would not pay (e.g. "
+           "at a large batch); a number k: up to k drafts every step, whatever they cost"),
     # ---- quantization --------------------------------------------------------------------
     Option("weights", "quant.weights", None,
            help="weight-only quantization as the weights load: 'int8' (a scale per output "

@@ -68,7 +68,7 @@ def serving_parts(
         pool.on_evict = tiers.save
         if tiers.write_through:
             pool.on_register = tiers.save_through
-    lookahead = scheduler.num_speculative_tokens if scheduler.speculative else 0
+    lookahead = scheduler.max_drafts if scheduler.speculative else 0
     sched = Scheduler(
         scheduler, pool, kv_cache.block_size, kv_cache.groups, kv_cache.states, max_model_len,
         lookahead, tiers=tiers, checkpoints=checkpoints,

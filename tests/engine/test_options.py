@@ -99,6 +99,8 @@ def _argv(option) -> list[str]:
         text = "cpu"
     elif option.metavar == "on|off":
         text = "on"
+    elif option.metavar == "N|auto":
+        text = "auto"
     else:
         text = "x"
     return [option.flag, text]

@@ -1,22 +1,23 @@
-"""Speculative decoding in the engine (issue 24: engine/spec/speculator.py): greedy outputs with
-drafts verified equal those decoded one token at a time — the default model on copy-heavy
-prompts (drafts are accepted: the check is not vacuous), tiny random models of the attention
-families (GQA, sliding windows, MLA), mixed with sampled requests, through preemption — and
-no KV block is left held; models with recurrent layers are refused.
+"""Speculative decoding in the engine (issue 24: engine/spec/speculator.py): outputs with drafts
+verified equal those decoded one token at a time — greedy ones on the default model on
+copy-heavy prompts (drafts are accepted: the check is not vacuous), with a fixed k and the
+cost model's choice; sampled, penalised and logprob requests token for token (their seeded
+draws are the same); tiny random models of the attention families (GQA, sliding windows,
+MLA), mixed sampled and greedy requests, through preemption — and no KV block is left held;
+models with recurrent layers are refused.
 
-The two runs compute the same positions in different batch shapes (a verifying step is a
-(k + 1)-token chunk; one at a time, decodes), which round differently in the last bits: a
-split is accepted only at a near-tie of the reference run's top two tokens (`tie`)."""
+The two runs compute the same positions in different batch shapes (a verifying step has
+k + 1 rows a sequence; one at a time, one), which may round differently in the last bits: a
+greedy split is accepted only at a near-tie of the reference run's top two tokens (`tie`)."""
 
 from __future__ import annotations
-
-from collections import Counter
 
 import pytest
 
 from infergen import LLM, SamplingParams
 from infergen.errors import ConfigError
 from tests.hf_models import build_hf_model
+from tests.triton_env import HAS_TRITON, INTERPRETED
 
 TIE = 1e-3
 
@@ -41,11 +42,11 @@ def _copy_prompts(vocab: int) -> list[list[int]]:
     return [passage * 3, [7, 8, 9] + passage[:25] + [3] + passage[:30], passage[::-1] * 2]
 
 
-def _run_both(path, proposer: str, prompts, max_tokens: int = 24, **options):
+def _run_both(path, proposer: str, prompts, k=4, max_tokens: int = 24, **options):
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     ref_params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=2)
     ref = LLM(path, **options).generate(prompts, ref_params)
-    llm = LLM(path, speculative=proposer, num_speculative_tokens=4, **options)
+    llm = LLM(path, speculative=proposer, num_speculative_tokens=k, **options)
     got = llm.generate(prompts, greedy)
     return llm, got, ref
 
@@ -56,10 +57,10 @@ def _assert_no_block_held(llm: LLM) -> None:
     assert not llm.engine.scheduler.running and not llm.engine.scheduler.waiting
 
 
-@pytest.mark.parametrize("proposer", ["ngram", "suffix"])
-def test_default_model_greedy_outputs_are_unchanged_and_drafts_accepted(proposer):
+@pytest.mark.parametrize("proposer,k", [("ngram", 4), ("suffix", 4), ("ngram", "auto")])
+def test_default_model_greedy_outputs_are_unchanged_and_drafts_accepted(proposer, k):
     vocab = 49152
-    llm, got, ref = _run_both(None, proposer, _copy_prompts(vocab), num_kv_blocks=128)
+    llm, got, ref = _run_both(None, proposer, _copy_prompts(vocab), k, num_kv_blocks=128)
     for g, r in zip(got, ref, strict=True):
         _assert_same_or_tie(g, r)
         assert len(g.token_ids) == 24  # max_tokens exactly, however many a step accepted
@@ -80,9 +81,36 @@ def test_tiny_models_of_each_attention_family(name, tmp_path):
     _assert_no_block_held(llm)
 
 
+def test_default_model_sampled_penalised_and_logprob_requests_are_unchanged():
+    """Sampled requests (top-p, a repetition penalty, logprobs) speculate too: each emitted
+    token is the target's own seeded draw at its position, so the output equals decoding one
+    token at a time token for token — and so do the logprobs (the target's, per token)."""
+    prompts = _copy_prompts(49152)
+    params = [
+        SamplingParams(max_tokens=30, temperature=0.8, top_p=0.95, seed=7, ignore_eos=True),
+        SamplingParams(max_tokens=30, temperature=0.5, seed=8, logprobs=3, ignore_eos=True,
+                       repetition_penalty=1.1),
+        SamplingParams(max_tokens=30, temperature=0, frequency_penalty=0.3, logprobs=1,
+                       ignore_eos=True),
+    ]  # fmt: skip
+    ref = LLM(num_kv_blocks=128).generate(prompts, params)
+    llm = LLM(num_kv_blocks=128, speculative="ngram", num_speculative_tokens=4)
+    got = llm.generate(prompts, params)
+    for g, r in zip(got, ref, strict=True):
+        assert g.token_ids == r.token_ids
+        if r.logprobs is not None:
+            assert [x.token_id for x in g.logprobs] == r.token_ids
+            for x, y in zip(g.logprobs, r.logprobs, strict=True):
+                assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+                assert [t for t, _ in x.top] == [t for t, _ in y.top]
+    stats = llm.engine.speculator.summary()
+    assert stats["accepted"] > 10 and stats["tokens_per_step"] > 1.5
+    _assert_no_block_held(llm)
+
+
 def test_mixed_with_sampled_requests_and_through_preemption(tmp_path):
-    """A tiny pool preempts sequences mid-speculation; sampled requests beside them keep their
-    seeded streams (they take no drafts)."""
+    """A tiny pool preempts sequences mid-speculation; sampled requests beside them are
+    reproducible and equal decoding one token at a time."""
     vocab = build_hf_model("llama_gqa", tmp_path).config.vocab_size
     prompts = _copy_prompts(vocab) * 2
 
@@ -102,44 +130,29 @@ def test_mixed_with_sampled_requests_and_through_preemption(tmp_path):
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.speculator.stats["steps"] > 0
     for i, (g, r) in enumerate(zip(got, ref, strict=True)):
-        if i % 2:  # sampled (speculative sampling): seeded runs repeat
-            assert g.token_ids == again[i].token_ids and len(g.token_ids) == 30
+        if i % 2:  # sampled: seeded runs repeat, the target's own draws
+            assert g.token_ids == again[i].token_ids == r.token_ids and len(g.token_ids) == 30
         else:
             _assert_same_or_tie(g, r)
     _assert_no_block_held(llm)
 
 
-def _chi2_critical(df: int, z: float = 3.719) -> float:
-    """chi-square's quantile at 1 - 1e-4 (z: the normal's), Wilson-Hilferty's approximation."""
-    a = 2.0 / (9.0 * df)
-    return df * (1.0 - a + z * a**0.5) ** 3
-
-
-def test_sampled_requests_keep_the_target_distribution(tmp_path):
-    """Speculative sampling is lossless: the joint distribution of three sampled tokens (top-3
-    at temperature 1, 1,500 seeded requests) with drafts verified equals that of decoding
-    token by token (a chi-square test of homogeneity of the two samples, false alarm 1e-4)."""
+def test_sampled_requests_are_the_targets_own_draws(tmp_path):
+    """Lossless and reproducible: 400 seeded sampled requests (top-3 at temperature 1) with
+    drafts verified give the tokens decoding one at a time gives, request for request — with
+    drafts both kept and rejected (the suffix proposer follows earlier requests' answers)."""
     vocab = build_hf_model("llama_gqa", tmp_path).config.vocab_size
     prompt = _copy_prompts(vocab)[0][:60]
-    n = 1500
+    n = 400
     params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=3, seed=i, ignore_eos=True)
               for i in range(n)]  # fmt: skip
     plain = LLM(str(tmp_path), block_size=4).generate([prompt] * n, params)
-    # suffix: the drafts follow earlier requests' answers, so both ways are taken — drafts kept
-    # (the target likes them) and rejected (a residual draw)
     llm = LLM(str(tmp_path), block_size=4, speculative="suffix", num_speculative_tokens=2)
     spec = llm.generate([prompt] * n, params)
     stats = llm.engine.speculator.stats
-    assert stats["steps"] > 500 and 0.1 < stats["accepted"] / stats["drafted"] < 0.9
-    a = Counter(tuple(o.token_ids) for o in plain)
-    b = Counter(tuple(o.token_ids) for o in spec)
-    cells = sorted(set(a) | set(b))
-    stat = sum(
-        (a[c] - (a[c] + b[c]) / 2) ** 2 / ((a[c] + b[c]) / 2)
-        + (b[c] - (a[c] + b[c]) / 2) ** 2 / ((a[c] + b[c]) / 2)
-        for c in cells
-    )
-    assert len(cells) > 3 and stat < _chi2_critical(len(cells) - 1), (stat, len(cells))
+    assert stats["steps"] > 100 and 0.1 < stats["accepted"] / stats["drafted"] < 0.9
+    assert len({tuple(o.token_ids) for o in plain}) > 3  # the draws differ between seeds
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
 
 
 def test_stop_tokens_end_a_verified_run_of_tokens(tmp_path):
@@ -162,3 +175,23 @@ def test_recurrent_models_are_refused(tmp_path):
     build_hf_model("mamba2", tmp_path)
     with pytest.raises(ConfigError, match="recurrent layers"):
         LLM(str(tmp_path), speculative="ngram")
+
+
+@pytest.mark.skipif(not INTERPRETED or not HAS_TRITON, reason="needs Triton's interpreter")
+def test_batched_triton_sampler_draws_the_same_tokens(tmp_path):
+    """With kernels="triton" the batched sampler's Philox stream is keyed by the draw count:
+    verification draws each row at its position's count, so a seeded request's tokens equal
+    the same engine's without speculation."""
+    vocab = build_hf_model("llama_gqa", tmp_path).config.vocab_size
+    prompts = [_copy_prompts(vocab)[0][:40]] * 6  # in waves of 2: later ones draft from earlier
+    params = [
+        SamplingParams(max_tokens=8, temperature=0.3, seed=i % 2, ignore_eos=True,
+                       repetition_penalty=1.05 if i % 3 else 1.0)
+        for i in range(6)
+    ]  # fmt: skip
+    options = dict(kernels="triton", block_size=4, max_num_seqs=2)
+    ref = LLM(str(tmp_path), **options).generate(prompts, params)
+    llm = LLM(str(tmp_path), speculative="suffix", num_speculative_tokens=3, **options)
+    got = llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert llm.engine.speculator.stats["accepted"] > 0  # rows past the first were drawn

@@ -1,34 +1,44 @@
 """`Speculator`: speculative decoding inside the engine's step loop (issue 24).
 
 Before a step, every decoding sequence that speculates gets the proposer's drafts
-(`seq.drafts`, at most k); the scheduler gives it 1 + len(drafts) tokens (its last token and
-the drafts), the runner feeds them and returns a logits row per position. After the step the
-target's own choice at each position verifies the drafts: greedy verification keeps the
-longest prefix of drafts equal to the target's choices, then the target's token after it —
-1 to k + 1 tokens a step, exactly the tokens decoding one at a time would produce. The KV of
-the rejected drafts' positions stays in slots past the sequence's computed tokens: never
-registered in the prefix cache, overwritten by the next steps.
+(`seq.drafts`, at most k; with num_speculative_tokens="auto", as many of them as the cost
+model finds worth verifying this step — spec/cost.py, from the acceptance each sequence's
+proposals have shown, spec/acceptance.py, and the measured step times); the scheduler
+gives it 1 + len(drafts) tokens (its last token and the drafts), the runner feeds them and
+returns a logits row per position. After the step the target's own choice at each position
+verifies the drafts: greedy verification keeps the longest prefix of drafts equal to the
+target's choices, then the target's token after it — 1 to k + 1 tokens a step, exactly the
+tokens decoding one at a time would produce. The KV of the rejected drafts' positions stays
+in slots past the sequence's computed tokens: never registered in the prefix cache,
+overwritten by the next steps.
 
-Which requests speculate: those without penalties or logprobs. Greedy ones keep the drafts
-equal to the target's argmax; sampled ones are verified by speculative sampling
-(spec/rejection.py: each emitted token distributed exactly as the target's sample), on the
-sampler's generator path only (`sampled`: not with the batched Triton sampler, whose Philox
-stream is keyed by token count).
+Sampled requests are verified the same way, against the target's own sample at each
+position: the sampler draws row j as decoding would draw that token (its penalties see the
+drafts before j as output, its noise is the request's next draw — the generator's next
+exponentials, or the batched sampler's Philox stream at that draw count), so a draft is kept
+when the target's sample equals it. Each emitted token is the target's sample, so the output
+is the one decoding one token at a time gives for the same seed: lossless, and reproducible
+whatever was drafted. A deterministic draft d is kept with probability p(d), what speculative
+sampling's min(1, p(d) / q(d)) gives with q(d) = 1. On the generator path the rows are drawn
+one at a time and the drawing stops at the first mismatch, so the generator advances once per
+emitted token. Penalties and logprobs (the target's, per emitted token) work unchanged.
 Models with recurrent layers are refused at build (their state would need a checkpoint to
 roll back a rejection).
 """
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from infergen.engine.request import Sequence as Seq
-from infergen.engine.sampler import process_logits
+from infergen.engine.sampler import Sampler, SamplerOutput, SamplingState
+from infergen.engine.spec.acceptance import Acceptance
+from infergen.engine.spec.cost import StepTimes, choose
 from infergen.engine.spec.proposer import Proposer
-from infergen.engine.spec.rejection import verify_drafts
 
 
 def accepted(drafts: Sequence[int], targets: Sequence[int]) -> int:
@@ -39,70 +49,119 @@ def accepted(drafts: Sequence[int], targets: Sequence[int]) -> int:
     return a
 
 
-class Speculator:
-    def __init__(self, proposer: Proposer, k: int, sampled: bool = True):
-        self.proposer, self.k = proposer, k
-        self.sampled = sampled  # sampled requests speculate too (the generator path's sampler)
-        # steps: decodes that verified drafts; drafted / accepted: tokens
-        self.stats = {"steps": 0, "drafted": 0, "accepted": 0, "proposer_s": 0.0}
+def _after(state: SamplingState, drafts: list[int]) -> SamplingState:
+    """`state` as it will be once `drafts` are appended: what the sampler sees at the
+    position after them (its penalties count them; the batched path's draw count is its
+    output length). The generator is the request's own."""
+    if not drafts:
+        return state
+    view = copy.copy(state)
+    view.output_token_ids = state.output_token_ids + list(drafts)
+    return view
 
-    def speculates(self, seq: Seq) -> bool:
-        """Whether `seq` takes drafts (module docstring)."""
-        params = seq.params
-        plain = not params.has_penalties and params.logprobs is None
-        return plain and (params.is_greedy or self.sampled)
+
+class Speculator:
+    """`max_drafts` drafts a step at most; with `auto`, as many per sequence as the cost
+    model finds worth verifying (spec/cost.py), else all the proposer gives."""
+
+    def __init__(self, proposer: Proposer, max_drafts: int, auto: bool = False):
+        self.proposer, self.max_drafts, self.auto = proposer, max_drafts, auto
+        self.acceptance = Acceptance()  # of the proposer's drafts, per sequence
+        self.times = StepTimes()  # t(n) of decode-only steps (the engine's measurements)
+        # steps: decodes that verified drafts; proposed / drafted / accepted: tokens (drafted:
+        # those verified, after the cost model's choice); observed_kept / _rejected: draft
+        # tokens compared with the tokens that followed, verified or not (spec/acceptance.py)
+        self.stats = {"steps": 0, "proposed": 0, "drafted": 0, "accepted": 0, "proposer_s": 0.0,
+                      "observed_kept": 0, "observed_rejected": 0}  # fmt: skip
 
     def start(self, seq: Seq) -> None:
-        if self.speculates(seq):
-            self.proposer.start(seq.request_id, seq.token_ids)
+        self.proposer.start(seq.request_id, seq.token_ids)
 
     def extend(self, seq: Seq, token: int) -> None:
-        if self.speculates(seq):
-            self.proposer.extend(seq.request_id, (token,))
+        self.proposer.extend(seq.request_id, (token,))
+        kept = self.acceptance.appended(seq.request_id, token)
+        if kept is not None:
+            self.stats["observed_kept" if kept else "observed_rejected"] += 1
 
     def finish(self, seq: Seq) -> None:
-        if self.speculates(seq):
-            self.proposer.finish(seq.request_id)
+        self.proposer.finish(seq.request_id)
+        self.acceptance.finish(seq.request_id)
 
-    def draft(self, running: Iterable[Seq]) -> None:
-        """Drafts for this step's decodes (the others: none)."""
+    def draft(self, running: Sequence[Seq], slope: float | None = None, budget: int = 0) -> None:
+        """Drafts for this step's decodes (the others: none). With `auto`, trimmed by the cost
+        model: `slope` the seconds a token adds to a step beyond those measured (the engine's
+        prefill cost per token), `budget` the step's token budget."""
         began = time.perf_counter()
+        drafting: list[Seq] = []
+        decodes = prefill = 0
         for seq in running:
             decoding = seq.num_uncomputed == 1 and seq.num_tokens > len(seq.prompt_token_ids)
-            seq.drafts = (
-                self.proposer.propose(seq.request_id, self.k)
-                if decoding and self.speculates(seq)
-                else []
+            seq.drafts = []
+            if not decoding:
+                prefill += seq.num_uncomputed
+                continue
+            decodes += 1
+            seq.drafts = self.proposer.propose(seq.request_id, self.max_drafts)
+            self.acceptance.proposed(seq.request_id, seq.drafts)
+            self.stats["proposed"] += len(seq.drafts)
+            if seq.drafts:
+                drafting.append(seq)
+        if self.auto and drafting:
+            base = decodes + min(prefill, max(0, budget - decodes)) if budget else decodes
+            step = self.times.seconds(base, 0.0)
+            slope = slope if slope is not None else (step or 0.0) / max(1, base)
+            counts = choose(
+                [len(seq.drafts) for seq in drafting],
+                [self.acceptance.rate(seq.request_id) for seq in drafting],
+                decodes,
+                base,
+                self.times,
+                slope,
             )
+            for seq, n in zip(drafting, counts, strict=True):
+                seq.drafts = seq.drafts[:n]
         self.stats["proposer_s"] += time.perf_counter() - began
 
-    def verified(self, seq: Seq, targets: Sequence[int]) -> list[int]:
-        """The tokens a greedy `seq` keeps from a step that verified its drafts: `targets` are
-        the target's tokens at its last token's and each draft's position."""
-        drafts = seq.drafts[: len(targets) - 1]
-        return self._count(drafts, list(targets[: accepted(drafts, targets) + 1]))
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """A decode-only step (verifying drafts or not) computed `tokens` in `seconds`."""
+        self.times.observe(tokens, seconds)
 
-    def verified_sampled(self, seq: Seq, logits: torch.Tensor) -> list[int]:
-        """The tokens a sampled `seq` keeps: `logits` [1 + drafts, vocab] the target's raw
-        logits at its last token's and each draft's position, verified by speculative
-        sampling (spec/rejection.py) on the sampler's processed distribution."""
-        rows = logits.shape[0]
-        state = seq.sampling
-        probs = process_logits(logits, [state] * rows).softmax(dim=-1)
-        drafts = seq.drafts[: rows - 1]
-        return self._count(drafts, verify_drafts(probs, drafts, state.generator))
+    def verify(self, sampler: Sampler, seq: Seq, logits: torch.Tensor) -> SamplerOutput:
+        """The tokens `seq` keeps from a step that verified its drafts, with their logprobs:
+        `logits` [1 + drafts, vocab] the target's raw logits at its last token's position and
+        each draft's (module docstring)."""
+        drafts = seq.drafts[: logits.shape[0] - 1]
+        states = [_after(seq.sampling, drafts[:j]) for j in range(len(drafts) + 1)]
+        if seq.params.is_greedy or sampler.batched is not None:  # all rows in one call
+            drawn = sampler(logits, states)
+            kept = accepted(drafts, drawn.token_ids) + 1
+            return self._count(drafts, drawn.token_ids[:kept], drawn.logprobs[:kept])
+        tokens, logprobs = [], []  # the generator path: a draw per row until a mismatch
+        for j, state in enumerate(states):
+            drawn = sampler(logits[j : j + 1], [state])
+            tokens.append(drawn.token_ids[0])
+            logprobs.append(drawn.logprobs[0])
+            if j == len(drafts) or tokens[-1] != drafts[j]:
+                break
+        return self._count(drafts, tokens, logprobs)
 
-    def _count(self, drafts: list[int], kept: list[int]) -> list[int]:
+    def _count(self, drafts: list[int], tokens: list[int], logprobs: list) -> SamplerOutput:
         self.stats["steps"] += 1
         self.stats["drafted"] += len(drafts)
-        self.stats["accepted"] += len(kept) - 1
-        return kept
+        self.stats["accepted"] += len(tokens) - 1
+        return SamplerOutput(tokens, logprobs)
 
     def summary(self) -> dict:
-        """Acceptance rate (accepted / drafted) and mean tokens per verifying step."""
+        """The counts, with the acceptance rate (accepted / drafted), the mean tokens a
+        verifying step emits (the accepted drafts + the target's own), the per-token
+        acceptance α (kept / compared: the chance a draft token is kept when those before it
+        were, the performance model's acceptance) and the proposer's name."""
         s = self.stats
+        compared = s["observed_kept"] + s["observed_rejected"]
         return {
+            "proposer": self.proposer.name,
             **s,
             "acceptance_rate": s["accepted"] / s["drafted"] if s["drafted"] else None,
             "tokens_per_step": (s["accepted"] + s["steps"]) / s["steps"] if s["steps"] else None,
+            "per_token_acceptance": s["observed_kept"] / compared if compared else None,
         }

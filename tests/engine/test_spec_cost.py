@@ -1,0 +1,108 @@
+"""The cost model of num_speculative_tokens="auto" (engine/spec/cost.py) against a brute-force
+search over every choice of drafts, and the running acceptance estimates it reads
+(engine/spec/acceptance.py)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from infergen.engine.spec.acceptance import DECAY, PRIOR, PRIOR_WEIGHT, Acceptance
+from infergen.engine.spec.cost import StepTimes, choose
+
+
+def _times(t) -> StepTimes:
+    times = StepTimes()
+    for n, seconds in t.items():
+        times.observe(n, seconds)
+    return times
+
+
+def test_step_times_measured_interpolated_and_extrapolated():
+    times = StepTimes()
+    assert times.seconds(4, 1.0) is None
+    times = _times({2: 10.0, 6: 18.0})
+    assert times.seconds(2, 1.0) == 10.0
+    assert times.seconds(3, 1.0) == pytest.approx(12.0)  # on the line between 2 and 6
+    assert times.seconds(9, 1.5) == pytest.approx(18.0 + 3 * 1.5)  # the slope beyond
+    assert times.seconds(1, 1.0) == pytest.approx(9.0)  # below the smallest: minus the slope
+    assert times.seconds(1, 8.0) == pytest.approx(5.0)  # but not below half of it
+    times.observe(2, 20.0)  # a moving average: the newest step weighs 0.2
+    assert times.seconds(2, 1.0) == pytest.approx(10.0 + 0.2 * 10.0)
+
+
+def _expected_rate(counts, rates, decodes, base, times, slope) -> float:
+    """Tokens per second of a step with `counts` drafts: the geometric model's expectation."""
+    pairs = zip(counts, rates, strict=True)
+    emitted = decodes + sum(sum(r**j for j in range(1, k + 1)) for k, r in pairs)
+    return emitted / times.seconds(base + sum(counts), slope)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_choice_is_the_best_of_every_choice(seed):
+    """Whatever the step-time curve (measured at every count, concave or not), the drafts
+    chosen give the highest expected tokens per second of all choices of prefixes."""
+    rng = random.Random(seed)
+    seqs = rng.randint(1, 4)
+    drafts = [rng.randint(0, 4) for _ in range(seqs)]
+    rates = [rng.choice([0.0, 0.05, rng.random(), 0.9, 1.0]) for _ in range(seqs)]
+    decodes = seqs + rng.randint(0, 3)  # decodes without drafts emit a token too
+    base = decodes + rng.choice([0, 0, 17])  # a prefill chunk in the step
+    t, total = {}, 10.0 * rng.random() + 1.0
+    for n in range(base, base + sum(drafts) + 1):
+        t[n] = total
+        total += rng.choice([0.0, 0.1, 1.0, 5.0]) * rng.random()
+    times = _times(t)
+    got = choose(drafts, rates, decodes, base, times, slope=1.0)
+    assert all(0 <= g <= d for g, d in zip(got, drafts, strict=True))
+    best = max(
+        _expected_rate(c, rates, decodes, base, times, 1.0)
+        for c in itertools.product(*[range(d + 1) for d in drafts])
+    )
+    assert _expected_rate(got, rates, decodes, base, times, 1.0) == pytest.approx(best)
+
+
+def test_batch_one_speculates_and_a_large_batch_turns_itself_off():
+    """Measured on this kind of host (fp32, 2 threads): a batch-1 step of 5 tokens costs 1.25×
+    one of 1, so 4 drafts at α = 0.6 pay (2.3 tokens a step); at batch 16 each token adds
+    the compute rate, and drafts at α = 0.3 cost more than they give."""
+    single = _times({1: 0.020, 2: 0.022, 5: 0.025})
+    assert choose([4], [0.6], 1, 1, single, slope=0.0014) == [4]
+    assert choose([4], [0.02], 1, 1, single, slope=0.0014) == [0]  # nothing kept: off
+    batch = _times({16: 0.040})
+    assert choose([4] * 16, [0.3] * 16, 16, 16, batch, slope=0.0014) == [0] * 16
+    # sequences that copy (α = 0.95) still verify a draft or more beside those that do not
+    mixed = choose([4] * 16, [0.95] * 4 + [0.3] * 12, 16, 16, batch, slope=0.0014)
+    assert all(k > 0 for k in mixed[:4]) and mixed[4:] == [0] * 12
+
+
+def test_nothing_measured_means_no_drafts():
+    assert choose([4, 2], [0.9, 0.9], 2, 2, StepTimes(), slope=0.001) == [0, 0]
+
+
+def test_acceptance_counts_matches_until_the_first_mismatch():
+    acc = Acceptance()
+    assert acc.rate("a") == PRIOR
+    acc.proposed("a", [5, 6, 7])
+    for token in (5, 6, 9, 7):  # kept, kept, rejected (the proposal ends there), ignored
+        acc.appended("a", token)
+    kept = (1.0 * DECAY + 1.0) * DECAY  # decayed per observation: 5 kept, 6 kept, 9 rejected
+    overall = (kept + PRIOR_WEIGHT * PRIOR) / (kept + 1.0 + PRIOR_WEIGHT)
+    assert acc.rate("b") == pytest.approx(overall)  # a new sequence: the proposer's rate
+    assert acc.rate("a") == pytest.approx((kept + PRIOR_WEIGHT * overall) / (kept + 1.0 + 2.0))
+    acc.finish("a")
+    assert acc.rate("a") == pytest.approx(overall)
+
+
+def test_acceptance_follows_a_sequence_that_stops_copying():
+    acc = Acceptance()
+    for _ in range(30):
+        acc.proposed("a", [1])
+        acc.appended("a", 1)
+    high = acc.rate("a")
+    for _ in range(30):
+        acc.proposed("a", [1])
+        acc.appended("a", 2)
+    assert high > 0.9 and acc.rate("a") < 0.1
