@@ -138,8 +138,28 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--memory-util", type=float, default=0.9, help="fraction of device memory")
     p.add_argument("--kv-memory", default=None, help="KV cache size per device (e.g. 40GiB)")
-    p.add_argument("--spec-tokens", type=int, default=0, help="speculative: drafted tokens")
-    p.add_argument("--spec-acceptance", type=float, default=0.7, help="per-token acceptance")
+    p.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=None,
+        help="speculative: drafted tokens a decode step verifies (default: 4 with "
+        "--speculative, else 0: off)",
+    )
+    p.add_argument(
+        "--spec-acceptance",
+        type=float,
+        default=0.7,
+        help="speculative: the chance a draft token is kept when those before it were",
+    )
+    p.add_argument(
+        "--acceptance-from",
+        default=None,
+        metavar="FILE",
+        help="speculative: the per-token acceptance measured by the engine instead of "
+        "--spec-acceptance: a JSON object with per_token_acceptance (Speculator.summary()) "
+        "or JSON lines (benchmarks/bench_spec.py's results), those of --speculative's "
+        "proposer when given, averaged",
+    )
     p.add_argument("--draft-model", default=None, help="draft config (default: free n-gram)")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.0, help="price of one GPU-hour")
     p.add_argument("--seed", type=int, default=0, help="workload, arrivals and acceptance")
@@ -206,11 +226,25 @@ def deployment(args: argparse.Namespace):
         prefix_caching=not args.no_prefix_caching,
         memory_utilization=args.memory_util,
         kv_capacity=parse_bytes(args.kv_memory, where="--kv-memory") if args.kv_memory else None,
-        spec_tokens=args.spec_tokens,
-        spec_acceptance=args.spec_acceptance,
+        spec_tokens=_spec_tokens(args),
+        spec_acceptance=_spec_acceptance(args),
         draft=describe_model(args.draft_model) if args.draft_model else None,
         tiers=_tiers(args),
     )
+
+
+def _spec_tokens(args: argparse.Namespace) -> int:
+    if args.spec_tokens is not None:
+        return args.spec_tokens
+    return 4 if args.speculative or args.acceptance_from else 0
+
+
+def _spec_acceptance(args: argparse.Namespace) -> float:
+    if args.acceptance_from is None:
+        return args.spec_acceptance
+    from infergen.perf.measured_acceptance import measured_acceptance
+
+    return measured_acceptance(args.acceptance_from, args.speculative)
 
 
 def _tiers(args: argparse.Namespace):

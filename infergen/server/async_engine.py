@@ -220,6 +220,8 @@ class AsyncEngine:
         checkpoints = self.engine.scheduler.checkpoints
         if checkpoints is not None:
             m.set_checkpoints(dict(checkpoints.stats, nbytes=checkpoints.nbytes))
+        if self.engine.speculator is not None:
+            m.set_speculation(self.engine.speculator.summary())
         m.set_load(
             waiting=len(scheduler.waiting),
             running=len(scheduler.running),

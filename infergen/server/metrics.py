@@ -1,7 +1,8 @@
 """Server metrics for GET /metrics, through the prometheus_client library.
 
 Counters: requests by outcome, aborts and rejections by reason, prompt / generated tokens,
-cached prompt tokens. Gauges, set
+cached prompt tokens; with KV tiers, state checkpoints or speculative decoding, their own
+families (snapshots the engine thread sets after every step). Gauges, set
 by the engine thread after every step: requests waiting and running, KV blocks used / free;
 and the prefix-cache hit rate (cached / all prompt tokens, since start), derived from the two
 counters at scrape time. Histograms: time to first token and inter-token latency
@@ -123,6 +124,7 @@ class ServerMetrics:
         )
         self.tiers: dict | None = None  # the KV tiers' stats (KVTiers.stats), None: no tiers
         self.checkpoints: dict | None = None  # StateCheckpoints.stats + nbytes, None: none
+        self.speculation: dict | None = None  # Speculator.summary(), None: no speculation
         self.registry = CollectorRegistry()
         self.registry.register(_Exposition(self))
 
@@ -162,6 +164,11 @@ class ServerMetrics:
         """The recurrent-state checkpoints' counters (kvcache/state_checkpoints.py)."""
         with self.lock:
             self.checkpoints = stats
+
+    def set_speculation(self, summary: dict | None) -> None:
+        """Speculative decoding's counters (engine/spec/speculator.Speculator.summary)."""
+        with self.lock:
+            self.speculation = summary
 
     def set_load(self, waiting: int, running: int, blocks_used: int, blocks_free: int) -> None:
         self.waiting.set(waiting)
@@ -220,6 +227,8 @@ class _Exposition(Collector):
             yield from _tier_families(m.tiers)
         if m.checkpoints is not None:
             yield from _checkpoint_families(m.checkpoints)
+        if m.speculation is not None:
+            yield from _speculation_families(m.speculation)
 
 
 def _tier_families(stats: dict) -> Iterator[Metric]:
@@ -313,3 +322,36 @@ def _without_created(metric: Counter | Gauge | Histogram) -> Metric:
 def _value(family: Metric) -> float:
     (sample,) = family.samples
     return sample.value
+
+
+def _speculation_families(summary: dict) -> Iterator[Metric]:
+    """Speculative decoding, by proposer: draft tokens proposed / verified / accepted,
+    verifying steps, the proposer's seconds, the acceptance rate (accepted / verified) and
+    the mean tokens a verifying step emits (the accepted drafts + the target's own)."""
+    proposer = [summary["proposer"]]
+    drafts = CounterMetricFamily(
+        "infergen_spec_draft_tokens", "draft tokens: proposed, verified (the cost model's "
+        "choice), accepted", labels=["proposer", "kind"],
+    )  # fmt: skip
+    for kind in ("proposed", "drafted", "accepted"):
+        drafts.add_metric([*proposer, "verified" if kind == "drafted" else kind], summary[kind])
+    steps = CounterMetricFamily(
+        "infergen_spec_verify_steps", "decodes that verified drafts", labels=["proposer"]
+    )
+    steps.add_metric(proposer, summary["steps"])
+    seconds = CounterMetricFamily(
+        "infergen_spec_proposer_seconds", "seconds spent drafting", labels=["proposer"]
+    )
+    seconds.add_metric(proposer, summary["proposer_s"])
+    rate = GaugeMetricFamily(
+        "infergen_spec_acceptance_rate", "accepted / verified draft tokens, since start",
+        labels=["proposer"],
+    )  # fmt: skip
+    rate.add_metric(proposer, summary["acceptance_rate"] or 0.0)
+    length = GaugeMetricFamily(
+        "infergen_spec_tokens_per_verify_step",
+        "tokens a verifying decode emitted on average (accepted drafts + 1), since start",
+        labels=["proposer"],
+    )
+    length.add_metric(proposer, summary["tokens_per_step"] or 0.0)
+    yield from (drafts, steps, seconds, rate, length)

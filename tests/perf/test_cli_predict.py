@@ -198,3 +198,38 @@ def test_kv_offload_json_with_a_disk_tier(capsys, tmp_path):
     assert on["reuse"]["disk"] > 0 and off["reuse"]["disk"] == 0
     assert section["gain"]["output_tok_s"] == on["output_tok_s"] / off["output_tok_s"]
     assert set(r["kv_tiers"]["tiers"]) == {"host", "disk"}
+
+
+def test_measured_acceptance_from_the_engine_or_a_benchmark(capsys, tmp_path):
+    """--acceptance-from takes the engine's per-token acceptance: a Speculator.summary() object
+    equals giving the same number to --spec-acceptance; JSON lines are filtered by
+    --speculative's proposer and averaged; a file without one is a clear error."""
+    from infergen import LLM, SamplingParams
+
+    llm = LLM(speculative="ngram", num_speculative_tokens=4)
+    text = "one two three four five six seven eight nine ten " * 8
+    llm.generate([text], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    summary = llm.engine.speculator.summary()
+    alpha = summary["per_token_acceptance"]
+    assert 0 < alpha < 1
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    argv = ["-m", "tests/perf/configs/llama-3.1-8b.json", "--isl", "500", "--osl", "64",
+            "--num-requests", "8", "--concurrency", "1"]  # fmt: skip
+    measured = run_json(capsys, *argv, "--acceptance-from", str(tmp_path / "summary.json"))
+    typed = run_json(capsys, *argv, "--spec-tokens", "4", "--spec-acceptance", str(alpha))
+    plain = run_json(capsys, *argv)
+    assert measured == typed and measured["output_tok_s"] > plain["output_tok_s"]
+    lines = [{"proposer": "ngram", "per_token_acceptance": 0.2},
+             {"proposer": "suffix", "per_token_acceptance": 0.9},
+             {"proposer": "ngram", "per_token_acceptance": 0.4}, {"metric": "other"}]  # fmt: skip
+    bench = tmp_path / "spec.jsonl"
+    bench.write_text("\n".join(json.dumps(x) for x in lines))
+    chosen = run_json(capsys, *argv, "--speculative", "ngram", "--acceptance-from", str(bench))
+    assert chosen == run_json(capsys, *argv, "--spec-tokens", "4", "--spec-acceptance", "0.3")
+    with pytest.raises(SystemExit):  # argparse: not a proposer
+        main(["predict", *argv, "--speculative", "draft-x", "--acceptance-from", str(bench)])
+    assert "draft-x" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"metric": "other"}\n')
+    assert main(["predict", *argv, "--acceptance-from", str(empty)]) != 0
+    assert "per_token_acceptance" in capsys.readouterr().err

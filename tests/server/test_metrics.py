@@ -9,11 +9,12 @@ import time
 
 import httpx
 import prometheus_client
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infergen.server.metrics import ITL_BUCKETS, TTFT_BUCKETS, ServerMetrics
 
-from .conftest import API_KEY
+from .conftest import API_KEY, LiveServer
 
 TTFT = "infergen_time_to_first_token_seconds"
 ITL = "infergen_inter_token_latency_seconds"
@@ -153,3 +154,42 @@ def test_live_histograms_are_cumulative_and_count_the_requests_sent(live, served
         assert min(grew) >= 0 and grew[-1] == delta(f"{name}_count")
     assert value(after, "infergen_requests_running") == 0
     assert value(after, "infergen_requests_waiting") == 0
+
+
+def test_speculation_counters_by_proposer(default_model_path):
+    """A server speculating with the ngram proposer: /metrics' speculation families carry the
+    engine's own counts (Speculator.summary), the streamed answer is the one the engine gives
+    without speculation, and a copy-heavy prompt gets drafts accepted."""
+    import openai
+
+    from infergen import LLM, SamplingParams
+
+    text = "The quick brown fox jumps over the lazy dog near the river bank. " * 6
+    llm = LLM(default_model_path, kv_cache_memory="32MiB", speculative="ngram")
+    want = (
+        LLM(default_model_path, kv_cache_memory="32MiB")
+        .generate([text], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
+        .text
+    )
+    server = LiveServer(llm)
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+        stream = client.completions.create(
+            model="tiny", prompt=text, max_tokens=24, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        got = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+        families = parse(httpx.get(f"{server.url}/metrics").text)
+    finally:
+        server.stop()
+    assert got == want
+    summary = llm.engine.speculator.summary()
+    assert summary["accepted"] > 0
+    for kind, key in (("proposed", "proposed"), ("verified", "drafted"), ("accepted", "accepted")):
+        name = "infergen_spec_draft_tokens_total"
+        assert value(families, name, proposer="ngram", kind=kind) == summary[key]
+    assert value(families, "infergen_spec_verify_steps_total", proposer="ngram") == summary["steps"]
+    rate = value(families, "infergen_spec_acceptance_rate", proposer="ngram")
+    assert rate == pytest.approx(summary["accepted"] / summary["drafted"])
+    per_step = value(families, "infergen_spec_tokens_per_verify_step", proposer="ngram")
+    assert per_step == pytest.approx(summary["tokens_per_step"]) and per_step > 1
