@@ -129,6 +129,7 @@ class SchedulerConfig:
     # "auto" (up to AUTO_DRAFTS, as many per sequence as the cost model finds worth it,
     # engine/spec/cost.py; none when they would not pay)
     num_speculative_tokens: int | str = "auto"
+    draft_layers: int | None = None  # layerskip: the target's first N layers draft (None: half)
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -138,6 +139,13 @@ class SchedulerConfig:
             where="num_speculative_tokens",
             found=k,
             expected="an integer >= 1, or 'auto' (speculative=None turns speculation off)",
+        )
+        require(
+            self.draft_layers is None or self.draft_layers >= 1,
+            "draft_layers must be at least 1",
+            where="draft_layers",
+            found=self.draft_layers,
+            expected=">= 1, fewer than the model's layers (None: half of them)",
         )
         require(
             self.preemption_mode in PREEMPTION_MODES,

@@ -27,6 +27,8 @@ from infergen.config import ModelConfig
 from infergen.engine.config import EngineConfig
 from infergen.engine.device import gpu_kv_budget, has_triton, resolve
 from infergen.engine.scoring import scratch_runner
+from infergen.engine.spec.proposer import DraftContext
+from infergen.engine.spec.rollback import StateRollback
 from infergen.engine.spec.rows import PROPOSERS
 from infergen.engine.spec.speculator import Speculator
 from infergen.errors import ConfigError
@@ -153,20 +155,16 @@ def build(
 
 def _speculator(built: Built) -> Speculator | None:
     """speculative: the proposer's row, with num_speculative_tokens drafts a step (at most,
-    or "auto": the cost model's choice);
-    refused for models with recurrent layers (a rejected draft's state needs a rollback)."""
+    or "auto": the cost model's choice); with recurrent layers, their states rolled back
+    after a rejection."""
     sched = built.config.scheduler
     if sched.speculative is None:
         return None
-    if built.model.state_layers:
-        raise ConfigError(
-            "speculative decoding does not support models with recurrent layers yet",
-            where="speculative",
-            found=sched.speculative,
-            expected=f"None for {built.model_config.architecture}",
-        )
-    proposer = PROPOSERS.get(sched.speculative, where="speculative")()
-    return Speculator(proposer, sched.max_drafts, sched.num_speculative_tokens == "auto")
+    context = DraftContext(built.model, built.kv_cache, sched.draft_layers)
+    proposer = PROPOSERS.get(sched.speculative, where="speculative")(context)
+    states = built.kv_cache.states  # recurrent layers: their state rolled back on rejection
+    rollback = StateRollback(states) if states is not None else None
+    return Speculator(proposer, sched.max_drafts, sched.num_speculative_tokens == "auto", rollback)
 
 
 def _capture(built: Built) -> None:

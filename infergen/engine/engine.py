@@ -205,6 +205,8 @@ class Engine:
         if not batch:
             return []
         scheduled = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.before_step(batch.seqs, batch.num_tokens)
         logits, sampling = self.runner.run(batch)
         forward_end = time.perf_counter()
         sampled = [batch.seqs[i] for i in sampling]
@@ -228,7 +230,7 @@ class Engine:
         for k, seq in enumerate(sampled):
             if seq in verifying:
                 kept = self.speculator.verify(self.sampler, seq, logits[firsts[k] : firsts[k + 1]])
-                self._append_verified(seq, kept.token_ids, kept.logprobs)
+                self._append_verified(seq, kept.token_ids, kept.logprobs, rows[k] - 1)
             else:
                 self._append_token(seq, result.token_ids[at[k]], result.logprobs[at[k]])
         deltas = [self._delta(seq) for seq in sampled]
@@ -262,17 +264,20 @@ class Engine:
             self.kv_tiers.recompute_seconds_per_token = self.step_cost.prefill_token
             self.kv_tiers.step_seconds = self.step_cost.decode_step  # (inline loads' bound)
 
-    def _append_verified(self, seq: Sequence, tokens: list[int], logprobs: list) -> None:
-        """A decode that verified drafts: the tokens it keeps (spec/speculator.py), appended
-        one by one through the stop checks, then its computed tokens (its last token and the
-        accepted drafts) committed — after the appends, whose token ids the prefix cache
-        hashes."""
+    def _append_verified(
+        self, seq: Sequence, tokens: list[int], logprobs: list, verified: int
+    ) -> None:
+        """A decode that verified `verified` drafts: the tokens it keeps (spec/speculator.py),
+        appended one by one through the stop checks, then its computed tokens (its last token
+        and the accepted drafts) committed — after the appends, whose token ids the prefix
+        cache hashes; none when its recurrent state was rolled back (spec/rollback.py)."""
         computed = len(tokens)  # the last token + the accepted drafts
         for token, logprob in zip(tokens, logprobs, strict=True):
             self._append_token(seq, token, logprob)
             if seq.finished:
-                return
-        self.scheduler.commit(seq, computed)
+                break
+        if self.speculator.settle(seq, computed, verified) and not seq.finished:
+            self.scheduler.commit(seq, computed)
 
     def _append_token(self, seq: Sequence, token: int, logprobs: object) -> None:
         if self.speculator is not None:

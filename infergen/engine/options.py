@@ -226,10 +226,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("speculative", "scheduler.speculative", None, commands=RUN + PREDICT,
            choices=tuple(PROPOSERS),
            help="speculative decoding: a proposer drafts tokens that each decode step "
-           "verifies with the target model (greedy requests without penalties or logprobs; "
-           "the output is token-identical): 'ngram' (prompt lookup: what followed the last "
-           "earlier occurrence of the sequence's ending), 'suffix' (suffix tries over the "
-           "request and recent outputs). Default: off"),
+           "verifies with the target model (every request; the output is the one decoding "
+           "a token at a time gives, seeded samples included): 'ngram' (prompt lookup: what "
+           "followed the last earlier occurrence of the sequence's ending), 'suffix' (suffix "
+           "tries over the "
+           "request and recent outputs), 'layerskip' (the target's first --draft-layers "
+           "layers and its LM head). Default: off"),
     Option("num_speculative_tokens", "scheduler.num_speculative_tokens", "auto",
            parse=_drafts, commands=RUN, metavar="N|auto",
            help="speculative decoding: drafts verified per decode step. 'auto': up to "
@@ -237,6 +239,9 @@ OPTIONS: tuple[Option, ...] = (
            "weighs each sequence's measured acceptance against the measured time of a step "
            "of that many more tokens, and turns speculation off when it would not pay (e.g. "
            "at a large batch); a number k: up to k drafts every step, whatever they cost"),
+    Option("draft_layers", "scheduler.draft_layers", None, parse=int, commands=RUN,
+           help="speculative decoding with 'layerskip': the target's first N layers, its "
+           "final norm and LM head draft (default: half of the layers)"),
     # ---- quantization --------------------------------------------------------------------
     Option("weights", "quant.weights", None,
            help="weight-only quantization as the weights load: 'int8' (a scale per output "

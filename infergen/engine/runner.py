@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from infergen.config import ModelConfig
+from infergen.engine.request import Sequence
 from infergen.engine.scheduler import ScheduledBatch
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.forward_batch import ForwardBatch
@@ -57,7 +58,7 @@ class ModelRunner:
         position_tensor = torch.tensor(positions, dtype=torch.int64)
         slot_mappings, plans = [], []
         for g, group in enumerate(self.kv_cache.groups):  # each group has its block tables
-            tables = self._block_tables(batch, g)
+            tables = self._block_tables(batch.seqs, g)
             slots = _new_slots(tables, batch.num_tokens, position_tensor, self.block_size)
             slot_mappings.append(slots)
             plans.append(
@@ -93,14 +94,47 @@ class ModelRunner:
         return forward_batch, sampling
 
     @staticmethod
-    def _block_tables(batch: ScheduledBatch, group: int) -> torch.Tensor:
+    def _block_tables(seqs: list[Sequence], group: int) -> torch.Tensor:
         """[seqs, max_blocks] int64 block table of one cache group (blocks that left a window
         read as block 0: nothing reads them)."""
-        max_blocks = max(len(seq.blocks[group]) for seq in batch.seqs)
-        tables = torch.zeros(len(batch.seqs), max_blocks, dtype=torch.int64)
-        for i, seq in enumerate(batch.seqs):
+        max_blocks = max(len(seq.blocks[group]) for seq in seqs)
+        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.int64)
+        for i, seq in enumerate(seqs):
             tables[i, : len(seq.blocks[group])] = torch.tensor(seq.blocks[group])
         return tables.clamp_(min=0)
+
+    @torch.no_grad()
+    def run_prefix(
+        self, seqs: list[Sequence], tokens: list[int], positions: list[int], num_layers: int
+    ) -> torch.Tensor:
+        """Logits [seqs, vocab] fp32 of one token per sequence — `tokens[i]` at
+        `positions[i]`, a decode row over its prefix — through the model's first
+        `num_layers` layers, its final norm and LM head (self-speculation's drafts,
+        engine/spec/layerskip.py). Those layers' KV of the positions is written to the
+        sequences' slots, which must be allocated (the verifying step rewrites them)."""
+        position_tensor = torch.tensor(positions, dtype=torch.int64)
+        query_start_loc = list(range(len(seqs) + 1))
+        seq_lens = [p + 1 for p in positions]
+        slot_mappings, plans = [], []
+        for g, group in enumerate(self.kv_cache.groups):
+            tables = self._block_tables(seqs, g)
+            slot_mappings.append(
+                _new_slots(tables, [1] * len(seqs), position_tensor, self.block_size)
+            )
+            plans.append(
+                plan(query_start_loc, seq_lens, tables, self.block_size, group.window, group.sinks)
+            )
+        self.kv_cache.begin_step(slot_mappings[0])
+        forward_batch = ForwardBatch(
+            input_ids=torch.tensor(tokens, dtype=torch.int64),
+            positions=position_tensor,
+            slot_mappings=slot_mappings,
+            attn_plans=plans,
+            logits_indices=torch.arange(len(seqs)),
+        )
+        if self.device.type != "cpu":
+            forward_batch = to_device(forward_batch, self.device)
+        return self.model(forward_batch, self.kv_cache, num_layers=num_layers)
 
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
         """Forward one step; returns (logits [sampling, vocab] fp32, sampling indices)."""

@@ -123,7 +123,15 @@ class FusedDecode:
     def available(self) -> bool:
         return self.layers is not None
 
-    def run(self, h: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def run_prefix(
+        self, h: torch.Tensor, batch: ForwardBatch, num_layers: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`run` over the first `num_layers` layers only (self-speculation's drafts)."""
+        return self.run(h, batch, num_layers)
+
+    def run(
+        self, h: torch.Tensor, batch: ForwardBatch, num_layers: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(h, the last layer's pending delta) of a decode-only step (h updated in place);
         None for other steps, or when a layer is outside what the driver does."""
         plan = batch.attn_plan
@@ -154,7 +162,7 @@ class FusedDecode:
         delta = torch.empty_like(h)
         self.fn(
             self.layers,
-            len(self.model.layers),
+            len(self.model.layers) if num_layers is None else num_layers,
             ctypes.byref(args),
             h.data_ptr(),
             delta.data_ptr(),

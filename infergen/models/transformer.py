@@ -239,8 +239,11 @@ class Transformer(nn.Module):
         return self._runner
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
-        """Returns logits [len(batch.logits_indices), vocab] in fp32."""
+    def forward(
+        self, batch: ForwardBatch, kv_cache: PagedKVCache, num_layers: int | None = None
+    ) -> torch.Tensor:
+        """Returns logits [len(batch.logits_indices), vocab] in fp32; with `num_layers`, of
+        the first that many layers only (then the final norm and head: self-speculation)."""
         if batch.ropes is None:
             batch.ropes = [RopeInputs(batch.positions, table) for table in self.rope_tables]
         ids = batch.input_ids
@@ -249,23 +252,32 @@ class Transformer(nn.Module):
         if self.embed_scale is not None:
             h.mul_(self.embed_scale)
         runner = self.fast_path_for(kv_cache)
-        done = runner.run(h, batch) if runner is not None else None
+        done = None
+        if runner is not None and num_layers is None:
+            done = runner.run(h, batch)
+        elif runner is not None and hasattr(runner, "run_prefix"):  # a fast path's first layers
+            done = runner.run_prefix(h, batch, num_layers)
         if done is not None:
             h, delta = done
         else:  # the per-op path: every step the fast path does not cover
-            h, delta = self.run_layers(h, batch, kv_cache)
+            h, delta = self.run_layers(h, batch, kv_cache, num_layers)
         rows = batch.logits_indices
         if rows.numel() == 0:  # only unfinished prefill chunks this step: nothing to sample
             return torch.empty(0, self.config.vocab_size, device=h.device)
         return self.head(h.index_select(0, rows), delta.index_select(0, rows))
 
     def run_layers(
-        self, h: torch.Tensor, batch: ForwardBatch, kv_cache: PagedKVCache
+        self,
+        h: torch.Tensor,
+        batch: ForwardBatch,
+        kv_cache: PagedKVCache,
+        num_layers: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every decoder layer op by op on h [tokens, hidden] (updated in place): the residual
-        stream and the last layer's pending delta (what the head adds before its norm)."""
+        """Every decoder layer (or the first `num_layers`) op by op on h [tokens, hidden]
+        (updated in place): the residual stream and the last layer's pending delta (what the
+        head adds before its norm)."""
         delta = None
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers[:num_layers]):
             view = batch.view(layer.attn.group, layer.attn.rope_index)
             delta = layer(h, delta, view, kv_cache.layer(i))
         return h, delta

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from infergen.engine.spec.ngram import NgramProposer
-from infergen.engine.spec.proposer import PROPOSERS
+from infergen.engine.spec.proposer import PROPOSERS, DraftContext
 from infergen.engine.spec.suffix import SuffixProposer, SuffixTrie
 
 
@@ -150,8 +150,8 @@ def test_suffix_drafts_an_earlier_requests_answer_and_forgets_the_oldest():
 
 
 def test_proposer_rows_and_bad_options():
-    assert isinstance(PROPOSERS.get("ngram")(), NgramProposer)
-    assert isinstance(PROPOSERS.get("suffix")(depth=4), SuffixProposer)
+    assert isinstance(PROPOSERS.get("ngram")(DraftContext()), NgramProposer)
+    assert isinstance(PROPOSERS.get("suffix")(DraftContext()), SuffixProposer)
     with pytest.raises(ValueError, match="min_n <= max_n"):
         NgramProposer(3, 2)
     with pytest.raises(ValueError, match="depth must be >= 2"):

@@ -3,8 +3,8 @@ verified equal those decoded one token at a time — greedy ones on the default 
 copy-heavy prompts (drafts are accepted: the check is not vacuous), with a fixed k and the
 cost model's choice; sampled, penalised and logprob requests token for token (their seeded
 draws are the same); tiny random models of the attention families (GQA, sliding windows,
-MLA), mixed sampled and greedy requests, through preemption — and no KV block is left held;
-models with recurrent layers are refused.
+MLA), hybrid and recurrent models (their state rolled back after a rejection), mixed sampled
+and greedy requests, through preemption — and no KV block is left held.
 
 The two runs compute the same positions in different batch shapes (a verifying step has
 k + 1 rows a sequence; one at a time, one), which may round differently in the last bits: a
@@ -13,6 +13,7 @@ greedy split is accepted only at a near-tie of the reference run's top two token
 from __future__ import annotations
 
 import pytest
+import torch
 
 from infergen import LLM, SamplingParams
 from infergen.errors import ConfigError
@@ -171,10 +172,22 @@ def test_stop_tokens_end_a_verified_run_of_tokens(tmp_path):
     _assert_no_block_held(llm)
 
 
-def test_recurrent_models_are_refused(tmp_path):
-    build_hf_model("mamba2", tmp_path)
-    with pytest.raises(ConfigError, match="recurrent layers"):
-        LLM(str(tmp_path), speculative="ngram")
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2", "falcon_h1"])
+def test_recurrent_states_roll_back_after_a_rejection(name, tmp_path):
+    """Hybrid and recurrent models speculate: a step that rejects a draft restores the
+    sequence's recurrent state (spec/rollback.py) and its tokens are computed again; greedy
+    outputs equal decoding one token at a time, both paths taken (kept and rolled back)."""
+    vocab = build_hf_model(name, tmp_path).config.vocab_size
+    # two at a time: the later requests repeat earlier prompts, so the suffix proposer drafts
+    # their answers (kept), beside its drafts from the requests' own tokens (often rejected)
+    prompts = _copy_prompts(vocab) * 2
+    llm, got, ref = _run_both(str(tmp_path), "suffix", prompts, max_tokens=30, block_size=4,
+                              num_kv_blocks=256, max_num_seqs=2)  # fmt: skip
+    for g, r in zip(got, ref, strict=True):
+        _assert_same_or_tie(g, r)
+    stats = llm.engine.speculator.stats
+    assert stats["rollbacks"] > 0 and stats["accepted"] > 0, stats
+    _assert_no_block_held(llm)
 
 
 @pytest.mark.skipif(not INTERPRETED or not HAS_TRITON, reason="needs Triton's interpreter")
@@ -195,3 +208,54 @@ def test_batched_triton_sampler_draws_the_same_tokens(tmp_path):
     got = llm.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in ref]
     assert llm.engine.speculator.stats["accepted"] > 0  # rows past the first were drawn
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gemma3", "deepseek_v2"])
+def test_layerskip_drafts_are_the_first_layers_argmax(name, tmp_path):
+    """layerskip's drafts are the greedy tokens of the target's first L layers, final norm and
+    LM head: equal to transformers' model cut to L layers (the oracle) at the same positions;
+    the outputs equal decoding one token at a time."""
+    hf = build_hf_model(name, tmp_path)
+    vocab = hf.config.vocab_size
+    prompts = _copy_prompts(vocab)[:2]
+    llm, got, ref = _run_both(str(tmp_path), "layerskip", prompts, k=2, max_tokens=8,
+                              block_size=4, draft_layers=1)  # fmt: skip
+    for g, r in zip(got, ref, strict=True):
+        _assert_same_or_tie(g, r)
+    # the drafts of a fresh run, recorded, against the cut model on the same tokens
+    llm = LLM(str(tmp_path), block_size=4, speculative="layerskip", num_speculative_tokens=2,
+              draft_layers=1)  # fmt: skip
+    proposer, seen = llm.engine.speculator.proposer, []
+    draft = proposer.draft
+
+    def recording(seqs, counts):
+        drafts = draft(seqs, counts)
+        seen.extend((list(s.token_ids), d) for s, d in zip(seqs, drafts, strict=True))
+        return drafts
+
+    proposer.draft = recording
+    llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert seen and llm.engine.speculator.stats["drafted"] > 0
+    hf.model.layers = hf.model.layers[:1]
+    hf.config.num_hidden_layers = 1
+    for tokens, drafts in seen:
+        with torch.no_grad():
+            ids = torch.tensor([tokens + drafts[:-1]])
+            logits = hf(ids).logits[0, len(tokens) - 1 :]
+        assert logits.argmax(dim=-1).tolist() == drafts
+
+
+def test_layerskip_on_the_default_model_and_its_errors(tmp_path):
+    """The default model (the fused decode's first layers): outputs unchanged, drafts kept;
+    a recurrent model and a draft depth that is not one are refused."""
+    llm, got, ref = _run_both(None, "layerskip", _copy_prompts(49152), k=3, draft_layers=20,
+                              num_kv_blocks=128)  # fmt: skip
+    for g, r in zip(got, ref, strict=True):
+        _assert_same_or_tie(g, r)
+    assert llm.engine.speculator.stats["accepted"] > 0
+    _assert_no_block_held(llm)
+    build_hf_model("mamba2", tmp_path)
+    with pytest.raises(ConfigError, match="recurrent"):
+        LLM(str(tmp_path), speculative="layerskip")
+    with pytest.raises(ConfigError, match="draft_layers"):
+        LLM(speculative="layerskip", draft_layers=30)

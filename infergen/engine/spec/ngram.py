@@ -26,6 +26,7 @@ class _Request:
 
 class NgramProposer:
     name = "ngram"
+    after_schedule = False
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         if not 1 <= min_n <= max_n:
@@ -59,4 +60,4 @@ class NgramProposer:
         self._requests.pop(request_id, None)
 
 
-PROPOSERS.register("ngram", NgramProposer)
+PROPOSERS.register("ngram", lambda context: NgramProposer())

@@ -9,20 +9,38 @@ engine side). Proposers are stateful per request and fed incrementally, the engi
     propose(request_id, k)       up to k drafted token ids (possibly none)
     finish(request_id)           the request is done (a proposer may keep what it generated)
 
-One PROPOSERS row per kind (`speculative` = "ngram" | "suffix" | ...), each a factory taking
-the proposer's keyword options.
+Proposers that draft with a model (`after_schedule = True`: `layerskip`) cannot draft
+before the step is scheduled — their drafts' KV needs the slots the scheduler allocates — so
+the engine asks them once the batch is known:
+
+    draft(seqs, counts)          counts[i] drafted token ids for each scheduled sequence
+
+(their `propose` is not called). One PROPOSERS row per kind (`speculative` = "ngram" |
+"suffix" | "layerskip"), each a factory taking a `DraftContext`: what a model-based proposer
+builds on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from infergen.registry import Registry
 
 
+@dataclass(frozen=True)
+class DraftContext:
+    """The target model and its KV cache, and the options of model-based proposers."""
+
+    model: Any = None  # models/transformer.Transformer
+    kv_cache: Any = None  # kvcache/paged_cache.PagedKVCache
+    draft_layers: int | None = None  # layerskip: the target's first layers that draft
+
+
 class Proposer(Protocol):
     name: str
+    after_schedule: bool  # drafts with a model, once the step is scheduled (`draft`)
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None: ...
 
@@ -33,4 +51,4 @@ class Proposer(Protocol):
     def finish(self, request_id: str) -> None: ...
 
 
-PROPOSERS: Registry[Callable[..., Proposer]] = Registry("speculative proposer")
+PROPOSERS: Registry[Callable[[DraftContext], Proposer]] = Registry("speculative proposer")

@@ -22,8 +22,8 @@ whatever was drafted. A deterministic draft d is kept with probability p(d), wha
 sampling's min(1, p(d) / q(d)) gives with q(d) = 1. On the generator path the rows are drawn
 one at a time and the drawing stops at the first mismatch, so the generator advances once per
 emitted token. Penalties and logprobs (the target's, per emitted token) work unchanged.
-Models with recurrent layers are refused at build (their state would need a checkpoint to
-roll back a rejection).
+Models with recurrent layers speculate with their state saved before a verifying step and
+restored after a rejection (spec/rollback.py).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from infergen.engine.sampler import Sampler, SamplerOutput, SamplingState
 from infergen.engine.spec.acceptance import Acceptance
 from infergen.engine.spec.cost import StepTimes, choose
 from infergen.engine.spec.proposer import Proposer
+from infergen.engine.spec.rollback import StateRollback
 
 
 def accepted(drafts: Sequence[int], targets: Sequence[int]) -> int:
@@ -60,19 +61,25 @@ def _after(state: SamplingState, drafts: list[int]) -> SamplingState:
     return view
 
 
+PENDING = -1  # a draft a model-based proposer fills in once the step is scheduled
+
+
 class Speculator:
     """`max_drafts` drafts a step at most; with `auto`, as many per sequence as the cost
     model finds worth verifying (spec/cost.py), else all the proposer gives."""
 
-    def __init__(self, proposer: Proposer, max_drafts: int, auto: bool = False):
+    def __init__(self, proposer: Proposer, max_drafts: int, auto: bool = False,
+                 rollback: StateRollback | None = None):  # fmt: skip
         self.proposer, self.max_drafts, self.auto = proposer, max_drafts, auto
+        self.rollback = rollback  # recurrent states: restored after a rejection (rollback.py)
         self.acceptance = Acceptance()  # of the proposer's drafts, per sequence
         self.times = StepTimes()  # t(n) of decode-only steps (the engine's measurements)
         # steps: decodes that verified drafts; proposed / drafted / accepted: tokens (drafted:
         # those verified, after the cost model's choice); observed_kept / _rejected: draft
-        # tokens compared with the tokens that followed, verified or not (spec/acceptance.py)
+        # tokens compared with the tokens that followed, verified or not (spec/acceptance.py);
+        # rollbacks: recurrent states restored after a rejection (spec/rollback.py)
         self.stats = {"steps": 0, "proposed": 0, "drafted": 0, "accepted": 0, "proposer_s": 0.0,
-                      "observed_kept": 0, "observed_rejected": 0}  # fmt: skip
+                      "observed_kept": 0, "observed_rejected": 0, "rollbacks": 0}  # fmt: skip
 
     def start(self, seq: Seq) -> None:
         self.proposer.start(seq.request_id, seq.token_ids)
@@ -101,9 +108,11 @@ class Speculator:
                 prefill += seq.num_uncomputed
                 continue
             decodes += 1
-            seq.drafts = self.proposer.propose(seq.request_id, self.max_drafts)
-            self.acceptance.proposed(seq.request_id, seq.drafts)
-            self.stats["proposed"] += len(seq.drafts)
+            if self.proposer.after_schedule:  # placeholders: drafted once scheduled
+                seq.drafts = [PENDING] * self.max_drafts
+            else:
+                seq.drafts = self.proposer.propose(seq.request_id, self.max_drafts)
+                self._proposed(seq)
             if seq.drafts:
                 drafting.append(seq)
         if self.auto and drafting:
@@ -121,6 +130,41 @@ class Speculator:
             for seq, n in zip(drafting, counts, strict=True):
                 seq.drafts = seq.drafts[:n]
         self.stats["proposer_s"] += time.perf_counter() - began
+
+    def _proposed(self, seq: Seq) -> None:
+        self.acceptance.proposed(seq.request_id, seq.drafts)
+        self.stats["proposed"] += len(seq.drafts)
+
+    def before_step(self, seqs: Sequence[Seq], num_tokens: Sequence[int]) -> None:
+        """The scheduled batch, before it runs: a model-based proposer drafts for every
+        sequence scheduled past its last token (as many drafts as it was scheduled); with
+        recurrent layers, their states are saved (spec/rollback.py)."""
+        pairs = zip(seqs, num_tokens, strict=True)  # (drafts it verifies: scheduled past its end)
+        verifying = [(s, s.num_computed_tokens + n - s.num_tokens) for s, n in pairs]
+        verifying = [(seq, c) for seq, c in verifying if c > 0]
+        if self.proposer.after_schedule and verifying:
+            began = time.perf_counter()
+            drafted = self.proposer.draft([s for s, _ in verifying], [c for _, c in verifying])
+            for (seq, _), drafts in zip(verifying, drafted, strict=True):
+                seq.drafts = drafts
+                self._proposed(seq)
+            self.stats["proposer_s"] += time.perf_counter() - began
+        if self.rollback is not None:
+            for seq, _ in verifying:
+                self.rollback.save(seq.request_id, seq.state_slot)
+
+    def settle(self, seq: Seq, kept: int, verified: int) -> bool:
+        """After `seq` kept `kept` tokens of a step that verified `verified` drafts: whether
+        the step's computed tokens stand — False when a recurrent state was rolled back
+        (some draft rejected), the kept tokens then to be computed again."""
+        if self.rollback is None:
+            return True
+        if kept - 1 < verified and not seq.finished:
+            self.rollback.restore(seq.request_id, seq.state_slot)
+            self.stats["rollbacks"] += 1
+            return False
+        self.rollback.drop(seq.request_id)
+        return True
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         """A decode-only step (verifying drafts or not) computed `tokens` in `seconds`."""

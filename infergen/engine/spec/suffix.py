@@ -91,6 +91,7 @@ class SuffixTrie:
 
 class SuffixProposer:
     name = "suffix"
+    after_schedule = False
 
     def __init__(self, depth: int = 24, max_outputs: int = 256, min_probability: float = 0.1):
         if depth < 2:
@@ -132,4 +133,4 @@ class SuffixProposer:
             self.recent.add(self._outputs.popleft(), sign=-1)
 
 
-PROPOSERS.register("suffix", SuffixProposer)
+PROPOSERS.register("suffix", lambda context: SuffixProposer())
