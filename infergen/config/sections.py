@@ -130,6 +130,7 @@ class SchedulerConfig:
     # engine/spec/cost.py; none when they would not pay)
     num_speculative_tokens: int | str = "auto"
     draft_layers: int | None = None  # layerskip: the target's first N layers draft (None: half)
+    draft_model: str | None = None  # draft: a checkpoint with the target's tokenizer, "self:int4"
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

@@ -12,6 +12,7 @@ calibrated), the cache sized from the memory budget, sparse decode, and the comp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import os
@@ -24,9 +25,11 @@ import torch
 
 from infergen.compiler import runtime  # noqa: F401  (registers the compiled fast paths)
 from infergen.config import ModelConfig
+from infergen.config.sections import QuantConfig
 from infergen.engine.config import EngineConfig
 from infergen.engine.device import gpu_kv_budget, has_triton, resolve
 from infergen.engine.scoring import scratch_runner
+from infergen.engine.spec.draft import SELF
 from infergen.engine.spec.proposer import DraftContext
 from infergen.engine.spec.rollback import StateRollback
 from infergen.engine.spec.rows import PROPOSERS
@@ -160,11 +163,37 @@ def _speculator(built: Built) -> Speculator | None:
     sched = built.config.scheduler
     if sched.speculative is None:
         return None
-    context = DraftContext(built.model, built.kv_cache, sched.draft_layers)
+    context = DraftContext(built.model, built.kv_cache, sched.draft_layers, sched.draft_model,
+                           functools.partial(_draft_engine, built))  # fmt: skip
     proposer = PROPOSERS.get(sched.speculative, where="speculative")(context)
     states = built.kv_cache.states  # recurrent layers: their state rolled back on rejection
     rollback = StateRollback(states) if states is not None else None
     return Speculator(proposer, sched.max_drafts, sched.num_speculative_tokens == "auto", rollback)
+
+
+def _draft_engine(built: Built, name: str) -> tuple[Transformer, PagedKVCache]:
+    """The `draft` proposer's model and KV cache (engine/spec/draft.py): the checkpoint
+    `name`, or the target's own in the weight scheme after "self:", built as an engine is,
+    with the target's number of blocks and no tiers, speculation or quantization of its own
+    beyond the scheme."""
+    config = built.config
+    path, weights = name, None
+    if name.startswith(SELF):
+        path, weights = str(built.checkpoint_path), name[len(SELF) :]
+    cache = dataclasses.replace(
+        config.cache, num_blocks=built.kv_cache.num_blocks, offload_memory_bytes=None,
+        offload_dir=None, kv_format=None, sparse_decode_blocks=None,
+    )  # fmt: skip
+    draft = build(
+        dataclasses.replace(
+            config,
+            model=path,
+            cache=cache,
+            scheduler=dataclasses.replace(config.scheduler, speculative=None),
+            quant=QuantConfig(weights=weights),
+        )
+    )
+    return draft.model, draft.kv_cache
 
 
 def _capture(built: Built) -> None:

@@ -231,7 +231,7 @@ OPTIONS: tuple[Option, ...] = (
            "followed the last earlier occurrence of the sequence's ending), 'suffix' (suffix "
            "tries over the "
            "request and recent outputs), 'layerskip' (the target's first --draft-layers "
-           "layers and its LM head). Default: off"),
+           "layers and its LM head), 'draft' (--draft-model). Default: off"),
     Option("num_speculative_tokens", "scheduler.num_speculative_tokens", "auto",
            parse=_drafts, commands=RUN, metavar="N|auto",
            help="speculative decoding: drafts verified per decode step. 'auto': up to "
@@ -242,6 +242,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("draft_layers", "scheduler.draft_layers", None, parse=int, commands=RUN,
            help="speculative decoding with 'layerskip': the target's first N layers, its "
            "final norm and LM head draft (default: half of the layers)"),
+    Option("draft_model", "scheduler.draft_model", None, commands=RUN,
+           help="speculative decoding with 'draft': the draft model — a checkpoint with the "
+           "target's tokenizer, or 'self:SCHEME' (the target's own weights in a weight "
+           "scheme, e.g. self:int4); its KV cache has as many blocks as the target's"),
     # ---- quantization --------------------------------------------------------------------
     Option("weights", "quant.weights", None,
            help="weight-only quantization as the weights load: 'int8' (a scale per output "

@@ -105,12 +105,16 @@ class ModelRunner:
 
     @torch.no_grad()
     def run_prefix(
-        self, seqs: list[Sequence], tokens: list[int], positions: list[int], num_layers: int
+        self,
+        seqs: list[Sequence],
+        tokens: list[int],
+        positions: list[int],
+        num_layers: int | None = None,
     ) -> torch.Tensor:
         """Logits [seqs, vocab] fp32 of one token per sequence — `tokens[i]` at
         `positions[i]`, a decode row over its prefix — through the model's first
-        `num_layers` layers, its final norm and LM head (self-speculation's drafts,
-        engine/spec/layerskip.py). Those layers' KV of the positions is written to the
+        `num_layers` layers (None: all), its final norm and LM head (the drafts of
+        engine/spec/layerskip.py and draft.py). Those layers' KV of the positions is written to the
         sequences' slots, which must be allocated (the verifying step rewrites them)."""
         position_tensor = torch.tensor(positions, dtype=torch.int64)
         query_start_loc = list(range(len(seqs) + 1))

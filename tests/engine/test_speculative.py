@@ -259,3 +259,50 @@ def test_layerskip_on_the_default_model_and_its_errors(tmp_path):
         LLM(str(tmp_path), speculative="layerskip")
     with pytest.raises(ConfigError, match="draft_layers"):
         LLM(speculative="layerskip", draft_layers=30)
+
+
+def test_a_draft_model_drafts_its_own_greedy_tokens(tmp_path):
+    """`draft` with another checkpoint (same vocabulary): its KV cache follows every position
+    the target computes (prefill chunks, plain decodes, drafting passes), so each draft is the
+    draft model's own greedy token — transformers' draft model on the same tokens is the
+    oracle; the outputs equal the target decoding one token at a time."""
+    target, draft_dir = tmp_path / "target", tmp_path / "draft"
+    build_hf_model("llama_gqa", target)
+    hf_draft = build_hf_model("llama_mha", draft_dir, seed=1)
+    prompts = _copy_prompts(hf_draft.config.vocab_size)
+    options = dict(block_size=4, max_num_batched_tokens=32, draft_model=str(draft_dir))
+    llm, got, ref = _run_both(str(target), "draft", prompts, k=3, max_tokens=12, **options)
+    for g, r in zip(got, ref, strict=True):
+        _assert_same_or_tie(g, r)
+    _assert_no_block_held(llm)
+    proposer, seen = llm.engine.speculator.proposer, []
+    draft = proposer.draft
+
+    def recording(seqs, counts):
+        drafts = draft(seqs, counts)
+        seen.extend((list(s.token_ids), d) for s, d in zip(seqs, drafts, strict=True))
+        return drafts
+
+    proposer.draft = recording
+    llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    assert len(seen) > 5
+    for tokens, drafts in seen:
+        with torch.no_grad():
+            logits = hf_draft(torch.tensor([tokens + drafts[:-1]])).logits[0, len(tokens) - 1 :]
+        assert logits.argmax(dim=-1).tolist() == drafts
+
+
+def test_the_target_int4_as_its_own_draft_and_the_errors(tmp_path):
+    """draft_model="self:int4" on the default model: drafts kept, outputs unchanged; no draft
+    model, or one with another vocabulary, is a clear error."""
+    llm, got, ref = _run_both(None, "draft", _copy_prompts(49152), k=3, num_kv_blocks=128,
+                              draft_model="self:int4")  # fmt: skip
+    for g, r in zip(got, ref, strict=True):
+        _assert_same_or_tie(g, r)
+    assert llm.engine.speculator.summary()["per_token_acceptance"] > 0.5
+    _assert_no_block_held(llm)
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        LLM(speculative="draft")
+    build_hf_model("llama_gqa", tmp_path / "small", vocab_size=300)
+    with pytest.raises(ConfigError, match="vocabulary"):
+        LLM(speculative="draft", draft_model=str(tmp_path / "small"))

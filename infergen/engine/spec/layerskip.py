@@ -69,22 +69,44 @@ class LayerSkipProposer:
     def finish(self, request_id: str) -> None:
         pass
 
+    def catch_up(self, seqs: Sequence[Seq], num_tokens: Sequence[int]) -> None:
+        pass  # (the target's own first layers' KV is the draft's)
+
     def draft(self, seqs: Sequence[Seq], counts: Sequence[int]) -> list[list[int]]:
         """counts[i] greedy drafts for each decoding sequence (module docstring)."""
-        drafts: list[list[int]] = [[] for _ in seqs]
-        tokens = [seq.token_ids[-1] for seq in seqs]  # its last token: position computed
-        for j in range(max(counts, default=0)):
-            rows = [i for i, n in enumerate(counts) if n > j]
-            logits = self.runner.run_prefix(
-                [seqs[i] for i in rows],
-                [tokens[i] for i in rows],
-                [seqs[i].num_computed_tokens + j for i in rows],
-                self.num_layers,
-            )
-            for i, token in zip(rows, logits.argmax(dim=-1).tolist(), strict=True):
+        return greedy_drafts(self.runner, seqs, counts, self.num_layers)
+
+
+def greedy_drafts(
+    runner: ModelRunner,
+    seqs: Sequence[Seq],
+    counts: Sequence[int],
+    num_layers: int | None = None,
+    write_last: bool = False,
+) -> list[list[int]]:
+    """counts[i] greedy drafts of each sequence from `runner`'s model (its first `num_layers`
+    layers): pass j feeds each sequence still drafting its last token (j = 0) or its draft
+    j − 1 at position computed + j, one decode row each, and takes the argmax. With
+    `write_last`, one more pass feeds the last draft, only to write its KV (a draft model
+    keeps its own cache of every position: spec/draft.py)."""
+    drafts: list[list[int]] = [[] for _ in seqs]
+    tokens = [seq.token_ids[-1] for seq in seqs]  # its last token: position computed
+    passes = max(counts, default=0) + (1 if write_last else 0)
+    for j in range(passes):
+        rows = [i for i, n in enumerate(counts) if n > j or (write_last and n == j and n)]
+        if not rows:
+            break
+        logits = runner.run_prefix(
+            [seqs[i] for i in rows],
+            [tokens[i] for i in rows],
+            [seqs[i].num_computed_tokens + j for i in rows],
+            num_layers,
+        )
+        for i, token in zip(rows, logits.argmax(dim=-1).tolist(), strict=True):
+            if len(drafts[i]) < counts[i]:
                 drafts[i].append(token)
                 tokens[i] = token
-        return drafts
+    return drafts
 
 
 PROPOSERS.register("layerskip", LayerSkipProposer.from_context)

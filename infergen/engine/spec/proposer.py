@@ -13,11 +13,13 @@ Proposers that draft with a model (`after_schedule = True`: `layerskip`) cannot 
 before the step is scheduled — their drafts' KV needs the slots the scheduler allocates — so
 the engine asks them once the batch is known:
 
+    catch_up(seqs, num_tokens)   the step's sequences, before it runs (a draft model computes
+                                 the tokens of those verifying nothing: its own KV)
     draft(seqs, counts)          counts[i] drafted token ids for each scheduled sequence
 
 (their `propose` is not called). One PROPOSERS row per kind (`speculative` = "ngram" |
-"suffix" | "layerskip"), each a factory taking a `DraftContext`: what a model-based proposer
-builds on.
+"suffix" | "layerskip" | "draft"), each a factory taking a `DraftContext`: what a
+model-based proposer builds on.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class DraftContext:
     model: Any = None  # models/transformer.Transformer
     kv_cache: Any = None  # kvcache/paged_cache.PagedKVCache
     draft_layers: int | None = None  # layerskip: the target's first layers that draft
+    draft_model: str | None = None  # draft: a checkpoint, or "self:SCHEME"
+    # draft: builds the draft model and its KV cache (blocks as the target's) from its name
+    build_draft: Callable[[str], tuple[Any, Any]] | None = None
 
 
 class Proposer(Protocol):

@@ -142,12 +142,14 @@ class Speculator:
         pairs = zip(seqs, num_tokens, strict=True)  # (drafts it verifies: scheduled past its end)
         verifying = [(s, s.num_computed_tokens + n - s.num_tokens) for s, n in pairs]
         verifying = [(seq, c) for seq, c in verifying if c > 0]
-        if self.proposer.after_schedule and verifying:
+        if self.proposer.after_schedule:
             began = time.perf_counter()
-            drafted = self.proposer.draft([s for s, _ in verifying], [c for _, c in verifying])
-            for (seq, _), drafts in zip(verifying, drafted, strict=True):
-                seq.drafts = drafts
-                self._proposed(seq)
+            self.proposer.catch_up(seqs, num_tokens)
+            if verifying:
+                drafted = self.proposer.draft([s for s, _ in verifying], [c for _, c in verifying])
+                for (seq, _), drafts in zip(verifying, drafted, strict=True):
+                    seq.drafts = drafts
+                    self._proposed(seq)
             self.stats["proposer_s"] += time.perf_counter() - began
         if self.rollback is not None:
             for seq, _ in verifying:
