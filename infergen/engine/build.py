@@ -37,12 +37,13 @@ from infergen.engine.spec.speculator import Speculator
 from infergen.errors import ConfigError
 from infergen.formats.block_weight import BlockWeight
 from infergen.io.checkpoint import Checkpoint, load_checkpoint
+from infergen.io.model_config import read_model_config
 from infergen.kernels.build import build_all
 from infergen.kvcache.calibrate import calibrate_kv_scales
-from infergen.kvcache.groups import cache_groups
+from infergen.kvcache.groups import cache_groups, page_bytes
 from infergen.kvcache.kv_format import kv_format_of
 from infergen.kvcache.paged_cache import PagedKVCache
-from infergen.kvcache.sizing import blocks_for
+from infergen.kvcache.sizing import blocks_for, bytes_per_token
 from infergen.kvcache.state_cache import StateCache, slots_for
 from infergen.kvcache.state_checkpoints import StateCheckpoints
 from infergen.kvcache.tiers.compact import offload_format_of
@@ -171,6 +172,21 @@ def _speculator(built: Built) -> Speculator | None:
     return Speculator(proposer, sched.max_drafts, sched.num_speculative_tokens == "auto", rollback)
 
 
+def _draft_block_bytes(built: Built, dtype_bytes: int) -> float:
+    """A draft model's KV bytes per block (draft_model: its cache has the target's blocks,
+    inside the same budget), 0 without one."""
+    sched, cache = built.config.scheduler, built.config.cache
+    if sched.draft_model is None:
+        return 0.0
+    if sched.draft_model.startswith(SELF):
+        draft = built.model_config
+    else:
+        draft = read_model_config(sched.draft_model)
+    plain = dataclasses.replace(cache, kv_format=None)  # (the draft's cache: the dtype's)
+    return page_bytes(cache_groups(draft), bytes_per_token(plain, draft, dtype_bytes),
+                      cache.block_size)  # fmt: skip
+
+
 def _draft_engine(built: Built, name: str) -> tuple[Transformer, PagedKVCache]:
     """The `draft` proposer's model and KV cache (engine/spec/draft.py): the checkpoint
     `name`, or the target's own in the weight scheme after "self:", built as an engine is,
@@ -189,7 +205,7 @@ def _draft_engine(built: Built, name: str) -> tuple[Transformer, PagedKVCache]:
             config,
             model=path,
             cache=cache,
-            scheduler=dataclasses.replace(config.scheduler, speculative=None),
+            scheduler=dataclasses.replace(config.scheduler, speculative=None, draft_model=None),
             quant=QuantConfig(weights=weights),
         )
     )
@@ -372,9 +388,11 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
     tails = sched.max_num_seqs + sched.max_num_batched_tokens // cache.block_size + 2
     slots = slots_for(sched.max_num_seqs) if model.state_layers else 0
     state_bytes = slots * StateCache.bytes_per_slot(model.state_layers)
+    dtype_bytes = torch.finfo(dtype).bits // 8
     num_blocks = blocks_for(
-        cache, built.model_config, torch.finfo(dtype).bits // 8, tails, reserved_bytes=state_bytes
-    )
+        cache, built.model_config, dtype_bytes, tails, reserved_bytes=state_bytes,
+        extra_block_bytes=_draft_block_bytes(built, dtype_bytes),
+    )  # fmt: skip
     spare = records_graphs(config)  # a block for the padded rows of captured steps
     if spare and cache.num_blocks is None:
         num_blocks -= 1  # ... inside the budget

@@ -86,6 +86,13 @@ class EngineConfig:
         ADMISSION.get(self.scheduler.admission, where="admission")  # unknown → error now
         if self.scheduler.speculative is not None:
             PROPOSERS.get(self.scheduler.speculative, where="speculative")
+        require(  # (its KV takes a share of the cache budget: only for the draft proposer)
+            self.scheduler.draft_model is None or self.scheduler.speculative == "draft",
+            "draft_model is the draft proposer's",
+            where="draft_model",
+            found=self.scheduler.draft_model,
+            expected="speculative='draft' with it (or no draft_model)",
+        )
         self._check_preemption()
         self._check_weights()
         self._check_calibration()

@@ -22,12 +22,15 @@ def blocks_for(
     dtype_bytes: int,
     tail_blocks: int = 0,
     reserved_bytes: int = 0,
+    extra_block_bytes: float = 0.0,
 ) -> int:
     """Blocks in the pool: `num_blocks`, or as many as `memory_bytes` holds at this format's
     bytes per token (the per-head scales of a scaled format are not counted: a few bytes a
     layer) after `reserved_bytes` (recurrent layers' state slots) and what the format sets
     aside for `tail_blocks` blocks being filled (a block-quantized format keeps them in fp32:
-    KVCacheFormat.tail_bytes). A model without attention layers gets one (unused) block."""
+    KVCacheFormat.tail_bytes); `extra_block_bytes`: what each block costs besides (a draft
+    model's KV of the same block). A model without attention layers gets one (unused)
+    block."""
     if cache.num_blocks is not None:
         return cache.num_blocks
     groups = cache_groups(model)
@@ -37,6 +40,7 @@ def blocks_for(
     memory = DEFAULT_KV_MEMORY if cache.memory_bytes is None else cache.memory_bytes
     budget = memory - reserved_bytes - tails
     per_block = page_bytes(groups, bytes_per_token(cache, model, dtype_bytes), cache.block_size)
+    per_block += extra_block_bytes
     if cache.sparse_decode_blocks is not None:  # + each block's key min / max per layer
         kv_layers = len(groups[0].layers)
         per_block += kv_layers * model.num_key_value_heads * 2 * model.head_dim * 4

@@ -46,7 +46,8 @@ def _copy_prompts(vocab: int) -> list[list[int]]:
 def _run_both(path, proposer: str, prompts, k=4, max_tokens: int = 24, **options):
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     ref_params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=2)
-    ref = LLM(path, **options).generate(prompts, ref_params)
+    plain = {k: v for k, v in options.items() if k != "draft_model"}  # (the draft proposer's)
+    ref = LLM(path, **plain).generate(prompts, ref_params)
     llm = LLM(path, speculative=proposer, num_speculative_tokens=k, **options)
     got = llm.generate(prompts, greedy)
     return llm, got, ref
@@ -306,3 +307,16 @@ def test_the_target_int4_as_its_own_draft_and_the_errors(tmp_path):
     build_hf_model("llama_gqa", tmp_path / "small", vocab_size=300)
     with pytest.raises(ConfigError, match="vocabulary"):
         LLM(speculative="draft", draft_model=str(tmp_path / "small"))
+
+
+def test_the_draft_models_kv_shares_the_cache_budget():
+    """The draft model's cache has the target's blocks, both inside kv_cache_memory: with the
+    target's own shape as draft ("self:int4"), half the blocks of the budget alone."""
+    alone = LLM(kv_cache_memory="48MiB").engine.kv_cache
+    llm = LLM(kv_cache_memory="48MiB", speculative="draft", draft_model="self:int4")
+    target = llm.engine.kv_cache
+    draft = llm.engine.speculator.proposer.runner.kv_cache
+    assert draft.num_blocks == target.num_blocks == alone.num_blocks // 2
+    assert target.nbytes + draft.nbytes <= 48 * 2**20
+    with pytest.raises(ConfigError, match="draft proposer"):
+        LLM(speculative="ngram", draft_model="self:int4")
