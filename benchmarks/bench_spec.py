@@ -1,56 +1,258 @@
-"""Speculative decoding (issue 24), first cut: tokens per second with each proposer against the
-same engine without speculation, same run, batch 1, greedy, the default model (fp32).
+"""Speculative decoding (issue 24): decode tokens per second with each proposer against the same
+engine without speculation, and against the peers' own prompt-lookup speculation, same run,
+greedy, the default model (fp32).
 
-Workloads (from data/python_docs.txt, the shipped corpus):
-  copy     "repeat the passage": a 1,200-character passage, then its first 200 characters
-           again; the continuation copies the rest (edits and quotes look like this)
-  open     a passage to continue freely (little to copy: speculation should not pay)
-Each (workload, configuration) generates --tokens tokens, the configurations alternating,
-best of --repeats; a fresh engine per configuration, warmed up. JSON lines to --out: a result
-per configuration, a ratio per proposer against no speculation, with the acceptance rate and
-tokens per verifying step. Peers still to add (issue 24): transformers' prompt-lookup and
-assisted generation, llama.cpp's prompt-lookup decoding; batch 16.
+Workloads (batch 1 unless named):
+  copy      "repeat the passage": a 1,200-character passage of data/python_docs.txt, then its
+            first 200 characters again; the continuation copies the rest (quotes)
+  edit      a chat turn: a ~300-token function of this repository and "rename one variable
+            and show the whole function" (an edit that copies the code back)
+  agentic   a multi-turn agent trace: the user's task, the assistant's tool call, the tool's
+            output (a file of this repository), and "print function X as it is in the file"
+  open      a passage to continue freely (little to copy: speculation should not pay)
+  copy x16, open x16   16 such requests at once (different passages): throughput, where
+            verifying drafts costs compute and the cost model should turn itself off
+
+Configurations: no speculation; ngram and suffix with num_speculative_tokens="auto" (the cost
+model picks the drafts); ngram with a fixed k = --k; at batch 1 also layerskip (the first
+half of the layers draft) and a draft model (the target's own weights as int4: "self:int4"),
+both "auto". Each (workload, configuration) generates
+--tokens tokens a request, configurations alternating, best of --repeats; a fresh engine per
+configuration, warmed up. Each speculating configuration's ratio is against its own engine
+with the speculation detached, measured alternately in the same run: engines built in one
+process differ by several % here (the first by ~12 %; a spare one is built first), which a
+ratio across engines would count as speed-up. Batch 1 rates are decode rates (after the
+first token: the prompt's prefill is not in them, as the peers report theirs); batch 16 rates
+(--tokens / 2 a request) count every output token over the whole run (prefill included, the
+same for every configuration).
+Peers at batch 1 (benchmarks/spec_peers.py): transformers with and without prompt lookup,
+llama-server with and without its ngram speculation. JSON lines to --out: a result per
+(workload, configuration), a ratio per proposer against no speculation and against each
+peer's speculative mode, with the acceptance rate and tokens per verifying step; and the
+performance model's predicted speed-up of the fixed-k configuration (batch 1, `infergen
+predict --gpu cpu-local` with the per-token acceptance measured here) against the measured
+one.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import json
 import pathlib
+import subprocess
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 sys.path.insert(0, str(ROOT))
 
 from bench_generate import git_state, machine_info  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
 from results_file import write_lines  # noqa: E402
+from spec_workloads import batch_prompts, single_prompts  # noqa: E402
 
-CONFIGS = (None, "ngram", "suffix")
+NONE = "no speculation"
 
 
-def workloads() -> dict[str, str]:
-    text = (ROOT / "data" / "python_docs.txt").read_text()
-    passage = text[20000:21200]
+def configs(k: int) -> dict[str, dict]:
     return {
-        "copy": "Repeat the following text exactly.\n\n"
-        + f"{passage}\n\nRepeated text:\n{passage[:200]}",
-        "open": text[40000:41200],
+        NONE: {},
+        "ngram auto": {"speculative": "ngram", "num_speculative_tokens": "auto"},
+        "suffix auto": {"speculative": "suffix", "num_speculative_tokens": "auto"},
+        f"ngram k={k}": {"speculative": "ngram", "num_speculative_tokens": k},
+        "layerskip auto": {"speculative": "layerskip", "num_speculative_tokens": "auto"},
+        "draft self:int4 auto": {
+            "speculative": "draft",
+            "draft_model": "self:int4",
+            "num_speculative_tokens": "auto",
+        },
     }
+
+
+# the batch rows leave out the model-based proposers (their drafting passes are batch-1 tools)
+BATCH_CONFIGS = 4
+
+
+def decode_rate(llm, prompts: list[list[int]], tokens: int, single: bool) -> tuple[float, list]:
+    """(tok/s, outputs): batch 1, tokens after the first over the time since it came; else
+    every output token over the whole run."""
+    from infergen import SamplingParams
+
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    engine = llm.engine
+    ids = [engine.add_request(p, params) for p in prompts]
+    start, first = time.perf_counter(), None
+    while engine.has_unfinished():
+        deltas = engine.step()
+        if first is None and any(d.token_ids for d in deltas):
+            first = time.perf_counter()
+    end = time.perf_counter()
+    outputs = [engine.output(i).token_ids for i in ids]
+    for i in ids:
+        engine.release(i)
+    if single:
+        return (len(outputs[0]) - 1) / (end - first), outputs
+    return sum(len(o) for o in outputs) / (end - start), outputs
+
+
+@contextlib.contextmanager
+def without_speculation(engine):
+    """The engine decoding one token a step while inside: its speculator and the scheduler's
+    lookahead detached (the baseline measured on the very engine, weights and cache where
+    they are: engines built in one process differ by several % here, see run_infergen)."""
+    speculator, lookahead = engine.speculator, engine.scheduler.lookahead
+    engine.speculator, engine.scheduler.lookahead = None, 0
+    try:
+        yield
+    finally:
+        engine.speculator, engine.scheduler.lookahead = speculator, lookahead
+
+
+def run_infergen(work: dict, args, base: dict) -> tuple[list[dict], dict]:
+    from infergen import LLM, SamplingParams
+
+    table = configs(args.k)
+    # the first engine a process builds decodes ~12 % slower on these VMs (its GEMMs: the
+    # memory its weights land in; copying them in place does not help): one is built and
+    # kept first, so that the measured engines are alike
+    spare = LLM(num_threads=2)
+    engines = {name: LLM(num_threads=2, **options) for name, options in table.items()}
+    lines, rates = [], {}
+    for name_work, (prompts, single) in work.items():
+        table = configs(args.k) if single else dict(list(configs(args.k).items())[:BATCH_CONFIGS])
+        for llm in engines.values():
+            llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+        best: dict = {}
+        outputs: dict = {}
+        plain: dict = {}  # each speculating engine's own rate with its speculation detached
+        tokens = args.tokens if single else args.tokens // 2
+        for i in range(args.repeats):
+            for name in table if i % 2 == 0 else list(table)[::-1]:
+                llm = engines[name]
+                spec = llm.engine.speculator
+                before = dict(spec.stats) if spec else {}
+                with OtherCpu() as other:
+                    rate, outputs[name] = decode_rate(llm, prompts, tokens, single)
+                if rate > best.get(name, (0,))[0]:
+                    delta = {k: spec.stats[k] - before[k] for k in before} if spec else {}
+                    best[name] = (rate, other.cores, delta)
+                if spec is not None:
+                    with without_speculation(llm.engine):
+                        alone, _ = decode_rate(llm, prompts, tokens, single)
+                    plain[name] = max(plain.get(name, 0.0), alone)
+        batch = "batch 1" if single else f"batch {len(prompts)}"
+        metric = f"decode_tok_s [{name_work}, {batch}]"
+        for name in table:
+            rate, cores, delta = best[name]
+            rates[(name_work, name)] = rate
+            baseline = plain.get(name, best[NONE][0])
+            rates[(name_work, name, "plain")] = baseline
+            extra = {}
+            if delta:
+                drafted, steps = delta["drafted"], delta["steps"]
+                compared = delta["observed_kept"] + delta["observed_rejected"]
+                extra = {
+                    "proposer": table[name]["speculative"],
+                    "per_token_acceptance": delta["observed_kept"] / compared if compared else None,
+                    "acceptance_rate": delta["accepted"] / drafted if drafted else None,
+                    "tokens_per_verify_step": (delta["accepted"] + steps) / steps
+                    if steps
+                    else None,
+                    "verify_steps": steps,
+                    "same_tokens_as_no_speculation": outputs[name] == outputs[NONE],
+                }
+            lines.append({**base, "kind": "result", "metric": metric, "engine": "infergen",
+                          "config": name, "value": rate, "unit": "tok/s",
+                          "stat": f"best of {args.repeats}", "other_cpu_cores": cores,
+                          "params": {"tokens": tokens, "requests": len(prompts)},
+                          **extra})  # fmt: skip
+            if name != NONE:
+                lines.append({**base, "kind": "ratio", "metric": metric, "engine": "infergen",
+                              "config": name, "peer": NONE, "infergen_value": rate,
+                              "peer_value": baseline, "value": rate / baseline,
+                              "unit": "x", "definition": "tok/s with the proposer / the same "
+                              "engine's with its speculation detached", **extra})  # fmt: skip
+            ratio = f"{rate / baseline:5.2f}x (plain {baseline:.1f})" if name != NONE else ""
+            print(f"{name_work:8} {batch:8} {name:13} {rate:7.1f} tok/s {ratio} {extra}")
+    del spare  # (kept until every engine was measured)
+    return lines, rates
+
+
+def predicted_lines(work: dict, rates: dict, lines: list[dict], base: dict, args) -> list[dict]:
+    """The performance model's decode speed-up of the fixed-k configuration at batch 1
+    (`infergen predict --gpu cpu-local`, fp32, this host's calibration) with the acceptance
+    measured here, against the measured one: TPOT without speculation / with."""
+    name = f"ngram k={args.k}"
+    out = []
+    for line in lines:
+        work_name = line["metric"].split("[")[1].split(",")[0]
+        if line["kind"] != "result" or line["config"] != name or not work[work_name][1]:
+            continue
+        alpha = line["per_token_acceptance"]
+        prompt = len(work[work_name][0][0])
+        argv = [sys.executable, "-m", "infergen.cli", "predict", "--gpu", "cpu-local",
+                "--weights", "fp32", "--activations", "fp32", "--kv", "fp32",
+                "--isl", str(prompt), "--osl", str(args.tokens), "--num-requests", "2",
+                "--concurrency", "1", "--json"]  # fmt: skip
+        tpot = []
+        for spec in ([], ["--spec-tokens", str(args.k), "--spec-acceptance", str(alpha)]):
+            run = subprocess.run(argv + spec, capture_output=True, text=True, check=True)
+            tpot.append(json.loads(run.stdout.strip().splitlines()[-1])["tpot_ms"]["mean"])
+        predicted = tpot[0] / tpot[1]
+        measured = rates[(work_name, name)] / rates[(work_name, name, "plain")]
+        out.append({**base, "kind": "prediction", "metric": line["metric"], "config": name,
+                    "per_token_acceptance": alpha, "predicted_speedup": predicted,
+                    "measured_speedup": measured, "value": predicted / measured - 1,
+                    "unit": "relative error", "definition": "predicted / measured decode "
+                    "speed-up - 1 (infergen predict --gpu cpu-local, this host's "
+                    "calibration)"})  # fmt: skip
+        print(f"{work_name:8} {name}: predicted {predicted:.2f}x, measured {measured:.2f}x "
+              f"({predicted / measured - 1:+.0%}) at alpha {alpha:.2f}")  # fmt: skip
+    return out
+
+
+def peer_lines(name: str, out: dict, rates: dict, base: dict, args) -> list[dict]:
+    """The peer's results, and infergen's best speculative configuration against each of
+    the peer's modes per workload."""
+    if "error" in out:
+        print(f"[{name}] {out['error']}")
+        return [{**base, "kind": "skipped", "engine": name, "why": out["error"][:500]}]
+    lines = []
+    ours = [c for c in configs(args.k) if c != NONE]
+    for (work, mode), rate in out["rates"].items():
+        metric = f"decode_tok_s [{work}, batch 1]"
+        lines.append({**base, "kind": "result", "metric": metric, "engine": name,
+                      "version": out["version"], "config": mode, "value": rate,
+                      "unit": "tok/s", "stat": f"best of {args.repeats}"})  # fmt: skip
+        best = max(ours, key=lambda c: rates[(work, c)])
+        lines.append({**base, "kind": "ratio", "metric": metric, "engine": "infergen",
+                      "config": best, "peer": f"{name} {mode}",
+                      "peer_version": f"{name} {out['version']}",
+                      "infergen_value": rates[(work, best)], "peer_value": rate,
+                      "value": rates[(work, best)] / rate, "unit": "x",
+                      "definition": "infergen's best speculative tok/s / the peer's"})  # fmt: skip
+        print(f"{work:8} {name} {mode:22} {rate:7.1f} tok/s  (infergen {best}: "
+              f"{rates[(work, best)] / rate:.2f}x)")  # fmt: skip
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=int, default=128, help="tokens generated per run")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens generated per request")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration")
-    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--k", type=int, default=4, help="the fixed-k configuration's k")
+    parser.add_argument("--batch", type=int, default=16, help="requests of the batch rows")
+    parser.add_argument("--no-peers", action="store_true", help="infergen only")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks/results/spec.jsonl")
     args = parser.parse_args()
-    from infergen import LLM, SamplingParams
+    from infergen import LLM
+    from infergen.io.default_model import default_model_path
 
     base = {
         "bench": "spec",
@@ -60,55 +262,23 @@ def main() -> None:
         "machine": machine_info(2),
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    engines = {c: LLM(num_threads=2, speculative=c, num_speculative_tokens=args.k)
-               for c in CONFIGS}  # fmt: skip
-    params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
-    lines = []
-    for work, prompt in workloads().items():
-        for llm in engines.values():
-            llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0))  # warm-up
-        best: dict = {}
-        outputs: dict = {}
-        for i in range(args.repeats):
-            for config in CONFIGS if i % 2 == 0 else CONFIGS[::-1]:
-                llm = engines[config]
-                before = dict(llm.engine.speculator.stats) if config else {}
-                with OtherCpu() as other:
-                    start = time.perf_counter()
-                    out = llm.generate([prompt], params)[0]
-                    seconds = time.perf_counter() - start
-                rate = len(out.token_ids) / seconds
-                outputs[config] = out.token_ids
-                if rate > best.get(config, (0,))[0]:
-                    after = llm.engine.speculator.stats if config else {}
-                    delta = {k: after[k] - before[k] for k in after}
-                    best[config] = (rate, other.cores, delta)
-        for config in CONFIGS:
-            rate, cores, delta = best[config]
-            name = config or "no speculation"
-            extra = {}
-            if config:
-                drafted, steps = delta["drafted"], delta["steps"]
-                extra = {
-                    "acceptance_rate": delta["accepted"] / drafted if drafted else None,
-                    "tokens_per_verify_step": (delta["accepted"] + steps) / steps
-                    if steps
-                    else None,
-                    "same_tokens_as_no_speculation": outputs[config] == outputs[None],
-                }
-            lines.append({**base, "kind": "result", "metric": f"decode_tok_s [{work}, batch 1]",
-                          "engine": "infergen", "config": name, "value": rate, "unit": "tok/s",
-                          "stat": f"best of {args.repeats}", "other_cpu_cores": cores,
-                          "params": {"k": args.k, "tokens": args.tokens}, **extra})  # fmt: skip
-            if config:
-                lines.append({**base, "kind": "ratio", "metric": f"decode_tok_s [{work}, batch 1]",
-                              "engine": "infergen", "config": name, "peer": "no speculation",
-                              "infergen_value": rate, "peer_value": best[None][0],
-                              "value": rate / best[None][0], "unit": "x",
-                              "definition": "tok/s with the proposer / without speculation",
-                              **extra})  # fmt: skip
-            print(f"{work:5} {name:15} {rate:6.1f} tok/s "
-                  + (f"{rate / best[None][0]:5.2f}x  {extra}" if config else ""))  # fmt: skip
+    llm = LLM(num_threads=2)  # the prompts' token ids (chat templates)
+    singles = single_prompts(llm, ROOT)
+    work = {w: ([p], True) for w, p in singles.items()}
+    work |= {f"{w} x{args.batch}": (ps, False)
+             for w, ps in batch_prompts(llm, ROOT, args.batch).items()}  # fmt: skip
+    del llm
+    lines, rates = run_infergen(work, args, base)
+    lines += predicted_lines(work, rates, lines, base, args)
+    if not args.no_peers:
+        from spec_peers import llama_server_peer, transformers_peer
+
+        print("[transformers] loading the GGUF (~45 s), then each workload twice")
+        out = transformers_peer(pathlib.Path(default_model_path()), singles, args.tokens,
+                                args.repeats)  # fmt: skip
+        lines += peer_lines("transformers", out, rates, base, args)
+        out = llama_server_peer(singles, args.tokens, args.repeats, args.k)
+        lines += peer_lines("llama-server", out, rates, base, args)
     write_lines(args.out, lines)
 
 

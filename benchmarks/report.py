@@ -57,6 +57,8 @@ def _machine(line: dict) -> str:
 
 
 def _peer_version(line: dict) -> str:
+    if line.get("peer_version"):  # the line's own (a peer measured with its version)
+        return line["peer_version"]
     versions = line.get("peer_versions") or {}
     key = {"llama.cpp": "llama-cpp-python", "eager torch": "torch", "torch.compile": "torch"}.get(
         line.get("peer", ""), line.get("peer", "")
@@ -82,8 +84,9 @@ def render(lines: list[dict]) -> str:
         quick = " (quick)" if ln.get("quick") else ""
         others = (ln.get("other_cpu_cores") or {}).values()
         noisy = " ⚠" if any(c is not None and c > CONTENDED for c in others) else ""
+        config = f" {ln['config']}" if ln["bench"] == "spec" else ""  # (which proposer)
         rows.append(
-            f"| {ln['bench']}: {ln['metric']}{quick} | {_num(ln['infergen_value'], unit)} "
+            f"| {ln['bench']}: {ln['metric']}{config}{quick} | {_num(ln['infergen_value'], unit)} "
             f"| {ln['peer']} | {_num(ln['peer_value'], unit)} | {_num(ln['value'])}×{noisy} "
             f"| {_machine(ln)} | {_peer_version(ln)} |"
         )

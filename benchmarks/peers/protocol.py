@@ -6,7 +6,8 @@ A runner has three methods, each timing one thing and returning a dict:
     run_prefill(prompt)                 -> {"seconds", "tokens"}
     run_concurrent(prompts, max_tokens) -> {"seconds", "output_tokens", "outputs"}
 Tasks (JSON):
-    {"kind": "decode", "prompt": [ids], "max_tokens": n, "repeats": r}
+    {"kind": "decode", "prompt": [ids], "max_tokens": n, "repeats": r, "options": {...}}
+        (options: keywords of that runner's run_decode, e.g. transformers' generate options)
     {"kind": "prefill", "prompts": [[ids], ...]}            (one run per prompt)
     {"kind": "concurrent", "prompts": [[ids], ...], "max_tokens": n, "repeats": r}
 Each task's result: {"kind", "runs": [...]}; every run carries "other_cpu_cores" (CPU used by
@@ -52,8 +53,8 @@ def run_tasks(runner, tasks: list[dict], retries: int = 0) -> list[dict]:
         kind, repeats = task["kind"], int(task.get("repeats", 1))
         max_tokens = task.get("max_tokens")
         if kind == "decode":
-            prompt = task["prompt"]
-            calls = [lambda: runner.run_decode(prompt, max_tokens)] * repeats  # noqa: B023
+            prompt, options = task["prompt"], task.get("options", {})  # options: the runner's
+            calls = [lambda: runner.run_decode(prompt, max_tokens, **options)] * repeats  # noqa: B023
         elif kind == "prefill":
             calls = [lambda p=p: runner.run_prefill(p) for p in task["prompts"]]
         elif kind == "concurrent":

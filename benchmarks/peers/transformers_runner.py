@@ -60,11 +60,13 @@ class Runner:
                 **kw,
             )
 
-    def run_decode(self, prompt: list[int], max_tokens: int) -> dict:
+    def run_decode(self, prompt: list[int], max_tokens: int, **options) -> dict:
+        """`options`: more `generate` keywords (e.g. prompt_lookup_num_tokens: its prompt
+        lookup decoding)."""
         ids = torch.tensor([prompt])
         streamer = _TimingStreamer()
         start = time.perf_counter()
-        out = self._generate(ids, torch.ones_like(ids), max_tokens, streamer=streamer)
+        out = self._generate(ids, torch.ones_like(ids), max_tokens, streamer=streamer, **options)
         end = time.perf_counter()
         first = streamer.times[1]  # times[0]: the prompt
         tokens = out[0, len(prompt) :].tolist()

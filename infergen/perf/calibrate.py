@@ -66,7 +66,7 @@ def measure(
         )
         / calls
     )
-    achieved = _gemm_achieved(row, repeats, layers=8 if quick else 24)
+    achieved = _gemm_achieved(row, repeats, layers=8 if quick else _streaming_layers())
     # the peak is the best any measurement reached (one contended window cannot lower it
     # below the others), and the curve is relative to it
     peak = max(native, torch_mm, *achieved.values())
@@ -144,6 +144,29 @@ def _faster_parts(a: dict, b: dict) -> dict[str, tuple[float, float]]:
     }
 
 
+LAYER_BYTES = 1536 * 576 * 4  # one weight of _gemm_achieved's stack
+
+
+def _last_level_cache_bytes() -> int:
+    """The largest CPU cache (sysfs; 0 when unknown)."""
+    sizes = []
+    for entry in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
+
+
+def _streaming_layers() -> int:
+    """Weights in the GEMM stack: twice the last-level cache (some hosts have hundreds of MB:
+    a stack that fits would time cached weights, not streamed ones), at least 24, at most
+    1.5 GB."""
+    wanted = -(-2 * _last_level_cache_bytes() // LAYER_BYTES)
+    return int(min(max(24, wanted), (3 << 29) // LAYER_BYTES))
+
+
 def _gemm_achieved(row, repeats: int, layers: int) -> dict[int, float]:
     """FLOP/s by row count (1 .. 512) of a stack of `layers` model-sized weights (1536 x 576,
     3.5 MiB each, together larger than the caches) run one after another, as a forward pass
@@ -155,7 +178,10 @@ def _gemm_achieved(row, repeats: int, layers: int) -> dict[int, float]:
         x = torch.randn(rows, k)
         return lambda: [row.apply(x, w, None, n) for w in stack]
 
-    runs = {rows: pass_of(rows) for rows in (1, 2, 4, 8, 16, 32, 64, 128, 512)}
+    # every row count up to 9 (speculative verification: 1 + k rows a sequence; the micro-
+    # kernels change at 4 and 8 rows, interpolating between them would be wrong)
+    counts = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 32, 64, 128, 512)
+    runs = {rows: pass_of(rows) for rows in counts}
     seconds = best_seconds_each(runs, repeats)
     return {rows: 2 * rows * k * n * layers / s for rows, s in seconds.items()}
 

@@ -130,12 +130,12 @@ def predict_step(
 ) -> list[OpTime]:
     """Op times of one step of `desc` on `hw` (per device of `par`) for the batch `chunks`,
     with the engine's host time (per step, plus per sequence) as a last line. A step with a
-    chunk of several tokens (prefill, speculative verification), or a decode the fused decode
-    does not cover, runs op by op: where `hw` measured that (eager_layer_s), its layers cost
-    that time ("op by op" line: perf/eager.py) plus the head's launches, instead of a
-    launch count."""
+    chunk of several tokens (prefill; not a speculative verification, whose tokens are
+    decode rows), or a decode the fused decode does not cover, runs op by op: where `hw`
+    measured that (eager_layer_s), its layers cost that time ("op by op" line:
+    perf/eager.py) plus the head's launches, instead of a launch count."""
     ops = step_ops(desc, chunks, fmt, par or Parallel())
-    decode = all(c.new == 1 for c in chunks)
+    decode = all(c.new == 1 or c.verify for c in chunks)
     eff = Efficiency.of_hardware(hw, compute_format)
     if hw.eager_layer_s and not (decode and fused_decode_covers(desc)):
         times = op_times(ops, hw, compute_format, eff, HEAD_LAUNCHES)

@@ -364,11 +364,11 @@ class Simulator:
     # ---- one step --------------------------------------------------------------------------
     def _step(self, batch: ScheduledBatch) -> None:
         pairs = list(zip(batch.seqs, batch.num_tokens, strict=True))
-        chunks = [Chunk(n, seq.num_computed_tokens + n) for seq, n in pairs]
+        verifying = [seq for seq, n in pairs if n > 1 and seq.num_uncomputed == 1]
+        chunks = [Chunk(n, seq.num_computed_tokens + n, seq in verifying) for seq, n in pairs]
         seconds = self.step_time(chunks)
         if self.tiers is not None:  # loads at admission, saves as blocks leave or register
             seconds += self.tiers.take_seconds()
-        verifying = [seq for seq, n in pairs if n > 1 and seq.num_uncomputed == 1]
         if self.spec and self.spec.draft_step_time and verifying:
             drafts = [Chunk(1, seq.num_computed_tokens + 1) for seq in verifying]
             seconds += self.spec.tokens * self.spec.draft_step_time(drafts)

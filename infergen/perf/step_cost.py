@@ -49,10 +49,13 @@ from infergen.config.description import (
 
 @dataclass(frozen=True)
 class Chunk:
-    """`new` tokens of one sequence whose length after this step is `context`."""
+    """`new` tokens of one sequence whose length after this step is `context`; `verify`: a
+    decode verifying new − 1 drafts, whose tokens attend as decode rows (the engine's
+    ops/paged_attention.plan: each reads its own prefix, and the fused decode covers it)."""
 
     new: int
     context: int
+    verify: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.new <= self.context:
@@ -120,7 +123,10 @@ def attended_keys(chunk: Chunk, window: int | None) -> int:
 
 
 def keys_read(chunk: Chunk, window: int | None) -> int:
-    """Distinct cached positions the chunk's attention reads."""
+    """Cached positions the chunk's attention reads: the distinct ones, or for a verifying
+    decode (a decode row per token) each row's own."""
+    if chunk.verify:
+        return attended_keys(chunk, window)
     return chunk.context if window is None else min(chunk.context, window + chunk.new - 1)
 
 

@@ -71,6 +71,10 @@ def test_steps_run_op_by_op_cost_their_measured_layers():
         eager_seconds(llama, TABLE, decode=False)
     )
     assert _line(llama, hw, prefill, "launch overhead") == pytest.approx(HEAD_LAUNCHES * 1e-5)
+    # a decode verifying drafts: decode rows, the fused decode (engine runner.py), launches
+    verify = [Chunk(1, 10), Chunk(5, 12, verify=True)]
+    assert _line(llama, hw, verify, "op by op") == 0
+    assert _line(llama, hw, verify, "launch overhead") == pytest.approx(launches(llama) * 1e-5)
     # a hybrid's decode runs op by op too
     assert _line(hybrid, hw, decode, "op by op") == pytest.approx(
         eager_seconds(hybrid, TABLE, decode=True)

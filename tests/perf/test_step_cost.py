@@ -131,6 +131,20 @@ def test_sliding_window_caps_the_keys_read():
     assert kv == desc.kv_bytes_for_context(1000, 1) == 2 * 2 * 2 * 16 * 16
 
 
+def test_a_verifying_decode_reads_each_rows_prefix():
+    """A decode verifying drafts attends as decode rows (engine runner.py): row j of n reads
+    the positions up to its own, the KV read is the attended keys', not the context once."""
+    desc = describe_dict(TINY)
+
+    def kv_read(chunk):
+        (attn,) = [o for o in step_ops(desc, [chunk], Formats(kv_bits=8)) if o.name == "attention"]
+        return attn.bytes
+
+    plain, verify = kv_read(Chunk(5, 100)), kv_read(Chunk(5, 100, verify=True))
+    per_key = desc.kv_bytes_for_context(1, 1)
+    assert verify - plain == pytest.approx(per_key * (attended_keys(Chunk(5, 100), None) - 100))
+
+
 def test_expected_distinct_experts():
     assert expected_experts(256, 8, 1) == pytest.approx(8)
     assert expected_experts(256, 8, 10_000) == pytest.approx(256)
