@@ -26,6 +26,7 @@ OWN_FLAGS = {
         "admission",
         "weights",
         "activations",
+        "draft_model",  # (its own: the performance model's draft config)
     ),  # fmt: skip
     "quantize": ("weights",),
     "eval": ("weights", "kv_format"),

@@ -53,6 +53,21 @@ def _run_both(path, proposer: str, prompts, k=4, max_tokens: int = 24, **options
     return llm, got, ref
 
 
+def _record_drafts(llm: LLM) -> list[tuple[list[int], list[int]]]:
+    """(the sequence's tokens, the drafts) of every drafting pass the model-based proposer
+    makes from now on."""
+    proposer, seen = llm.engine.speculator.proposer, []
+    draft = proposer.draft
+
+    def recording(seqs, counts):
+        drafts = draft(seqs, counts)
+        seen.extend((list(s.token_ids), d) for s, d in zip(seqs, drafts, strict=True))
+        return drafts
+
+    proposer.draft = recording
+    return seen
+
+
 def _assert_no_block_held(llm: LLM) -> None:
     pool = llm.engine.scheduler.pool
     assert all(pool.refcount(b) == 0 for b in range(pool.num_blocks))
@@ -226,15 +241,7 @@ def test_layerskip_drafts_are_the_first_layers_argmax(name, tmp_path):
     # the drafts of a fresh run, recorded, against the cut model on the same tokens
     llm = LLM(str(tmp_path), block_size=4, speculative="layerskip", num_speculative_tokens=2,
               draft_layers=1)  # fmt: skip
-    proposer, seen = llm.engine.speculator.proposer, []
-    draft = proposer.draft
-
-    def recording(seqs, counts):
-        drafts = draft(seqs, counts)
-        seen.extend((list(s.token_ids), d) for s, d in zip(seqs, drafts, strict=True))
-        return drafts
-
-    proposer.draft = recording
+    seen = _record_drafts(llm)
     llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     assert seen and llm.engine.speculator.stats["drafted"] > 0
     hf.model.layers = hf.model.layers[:1]
@@ -276,15 +283,7 @@ def test_a_draft_model_drafts_its_own_greedy_tokens(tmp_path):
     for g, r in zip(got, ref, strict=True):
         _assert_same_or_tie(g, r)
     _assert_no_block_held(llm)
-    proposer, seen = llm.engine.speculator.proposer, []
-    draft = proposer.draft
-
-    def recording(seqs, counts):
-        drafts = draft(seqs, counts)
-        seen.extend((list(s.token_ids), d) for s, d in zip(seqs, drafts, strict=True))
-        return drafts
-
-    proposer.draft = recording
+    seen = _record_drafts(llm)
     llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
     assert len(seen) > 5
     for tokens, drafts in seen:

@@ -28,15 +28,14 @@ from infergen.engine.request import Sequence as Seq
 from infergen.engine.runner import ModelRunner
 from infergen.engine.scheduler import ScheduledBatch
 from infergen.engine.spec.layerskip import greedy_drafts
-from infergen.engine.spec.proposer import PROPOSERS, DraftContext
+from infergen.engine.spec.proposer import PROPOSERS, DraftContext, ModelProposer
 from infergen.errors import ConfigError
 
 SELF = "self:"  # draft_model="self:SCHEME": the target's checkpoint in weight format SCHEME
 
 
-class DraftModelProposer:
+class DraftModelProposer(ModelProposer):
     name = "draft"
-    after_schedule = True
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
@@ -75,19 +74,6 @@ class DraftModelProposer:
                 expected="the target's groups: its blocks are indexed by the target's tables",
             )
         return cls(ModelRunner(model, kv_cache))
-
-    # (nothing to follow per request: the drafts come from the model)
-    def start(self, request_id: str, prompt: Sequence[int]) -> None:
-        pass
-
-    def extend(self, request_id: str, tokens: Sequence[int]) -> None:
-        pass
-
-    def propose(self, request_id: str, k: int) -> list[int]:
-        return []
-
-    def finish(self, request_id: str) -> None:
-        pass
 
     def catch_up(self, seqs: Sequence[Seq], num_tokens: Sequence[int]) -> None:
         """The draft model computes the step's tokens of the sequences that verify nothing

@@ -23,13 +23,12 @@ from collections.abc import Sequence
 
 from infergen.engine.request import Sequence as Seq
 from infergen.engine.runner import ModelRunner
-from infergen.engine.spec.proposer import PROPOSERS, DraftContext
+from infergen.engine.spec.proposer import PROPOSERS, DraftContext, ModelProposer
 from infergen.errors import ConfigError
 
 
-class LayerSkipProposer:
+class LayerSkipProposer(ModelProposer):
     name = "layerskip"
-    after_schedule = True
 
     def __init__(self, runner: ModelRunner, num_layers: int):
         self.runner, self.num_layers = runner, num_layers
@@ -55,22 +54,6 @@ class LayerSkipProposer:
                 expected=f"1 to {layers - 1} (the model has {layers} layers)",
             )
         return cls(ModelRunner(model, context.kv_cache), num_layers)
-
-    # (nothing to follow per request: the drafts come from the model)
-    def start(self, request_id: str, prompt: Sequence[int]) -> None:
-        pass
-
-    def extend(self, request_id: str, tokens: Sequence[int]) -> None:
-        pass
-
-    def propose(self, request_id: str, k: int) -> list[int]:
-        return []
-
-    def finish(self, request_id: str) -> None:
-        pass
-
-    def catch_up(self, seqs: Sequence[Seq], num_tokens: Sequence[int]) -> None:
-        pass  # (the target's own first layers' KV is the draft's)
 
     def draft(self, seqs: Sequence[Seq], counts: Sequence[int]) -> list[list[int]]:
         """counts[i] greedy drafts for each decoding sequence (module docstring)."""

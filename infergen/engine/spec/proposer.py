@@ -57,3 +57,25 @@ class Proposer(Protocol):
 
 
 PROPOSERS: Registry[Callable[[DraftContext], Proposer]] = Registry("speculative proposer")
+
+
+class ModelProposer:
+    """A proposer that drafts with a model once the step is scheduled (`draft`): nothing to
+    follow per request (its drafts come from the model's KV, not the request's tokens)."""
+
+    after_schedule = True
+
+    def start(self, request_id: str, prompt: Sequence[int]) -> None:
+        pass
+
+    def extend(self, request_id: str, tokens: Sequence[int]) -> None:
+        pass
+
+    def propose(self, request_id: str, k: int) -> list[int]:
+        return []
+
+    def finish(self, request_id: str) -> None:
+        pass
+
+    def catch_up(self, seqs: Sequence[Any], num_tokens: Sequence[int]) -> None:
+        pass  # (a proposer whose drafts need no KV of its own)
