@@ -116,9 +116,9 @@ def run_infergen(work: dict, args, base: dict) -> tuple[list[dict], dict]:
     from infergen import LLM, SamplingParams
 
     table = configs(args.k)
-    # the first engine a process builds decodes ~12 % slower on these VMs (its GEMMs: the
-    # memory its weights land in; copying them in place does not help): one is built and
-    # kept first, so that the measured engines are alike
+    # the first engine a process built decoded ~12 % slower on these VMs (its weights in 4 KB
+    # pages; infergen now asks PyTorch for huge pages, which evens them out): one is still
+    # built and kept first, so that the measured engines are alike whatever the host does
     spare = LLM(num_threads=2)
     engines = {name: LLM(num_threads=2, **options) for name, options in table.items()}
     lines, rates = [], {}
