@@ -211,10 +211,7 @@ class Engine:
         forward_end = time.perf_counter()
         sampled = [batch.seqs[i] for i in sampling]
         # logits rows per sampling sequence: 1, or 1 + the drafts it verifies (runner.py)
-        rows = [
-            batch.seqs[i].num_computed_tokens + batch.num_tokens[i] - batch.seqs[i].num_tokens + 1
-            for i in sampling
-        ]
+        rows = [1 + batch.seqs[i].drafts_verified(batch.num_tokens[i]) for i in sampling]
         verifying = {batch.seqs[i] for i, r in zip(sampling, rows, strict=True) if r > 1}
         for seq, n in pairs(batch):
             if seq not in verifying:  # (a verifying decode commits what it accepted, below)

@@ -68,6 +68,11 @@ class Sequence:
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
+    def drafts_verified(self, num_new: int) -> int:
+        """Drafts a step that computes `num_new` of its tokens verifies: how far it reaches
+        past the sequence's last token (0: none — a prefill chunk or a plain decode)."""
+        return max(0, self.num_computed_tokens + num_new - self.num_tokens)
+
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED

@@ -44,8 +44,8 @@ class ModelRunner:
             start = seq.num_computed_tokens
             end = start + n
             input_ids.extend(seq.token_ids[start:end])
-            drafted = end - seq.num_tokens  # > 0: a decode verifying that many drafts
-            if drafted > 0:
+            drafted = seq.drafts_verified(n)  # > 0: a decode verifying that many drafts
+            if drafted:
                 input_ids.extend(seq.drafts[:drafted])
                 verifying.add(i)
             positions.extend(range(start, end))
@@ -53,7 +53,7 @@ class ModelRunner:
             seq_lens.append(end)
             if end >= seq.num_tokens:  # its last token's logits (and each draft's)
                 last = query_start_loc[-1] - 1
-                logits_rows.extend(range(last - max(0, drafted), last + 1))
+                logits_rows.extend(range(last - drafted, last + 1))
                 sampling.append(i)
         position_tensor = torch.tensor(positions, dtype=torch.int64)
         slot_mappings, plans = [], []

@@ -76,13 +76,15 @@ class DraftModelProposer(ModelProposer):
         return cls(ModelRunner(model, kv_cache))
 
     def catch_up(self, seqs: Sequence[Seq], num_tokens: Sequence[int]) -> None:
-        """The draft model computes the step's tokens of the sequences that verify nothing
-        (their KV into its cache; the logits are dropped)."""
-        pairs = [(s, n) for s, n in zip(seqs, num_tokens, strict=True)
-                 if s.num_computed_tokens + n <= s.num_tokens]  # fmt: skip
+        """The draft model computes the step's tokens of the sequences that verify nothing:
+        their KV into its cache, no LM head (no logits are wanted)."""
+        pairs = [(s, n) for s, n in zip(seqs, num_tokens, strict=True) if not s.drafts_verified(n)]
         if pairs:
-            batch = ScheduledBatch([s for s, _ in pairs], [n for _, n in pairs])
-            self.runner.run(batch)
+            batch, _ = self.runner.prepare(
+                ScheduledBatch([s for s, _ in pairs], [n for _, n in pairs])
+            )
+            batch.logits_indices = batch.logits_indices[:0]
+            self.runner.model(batch, self.runner.kv_cache)
 
     def draft(self, seqs: Sequence[Seq], counts: Sequence[int]) -> list[list[int]]:
         return greedy_drafts(self.runner, seqs, counts, write_last=True)

@@ -117,8 +117,8 @@ class Speculator:
                 drafting.append(seq)
         if self.auto and drafting:
             base = decodes + min(prefill, max(0, budget - decodes)) if budget else decodes
-            step = self.times.seconds(base, 0.0)
-            slope = slope if slope is not None else (step or 0.0) / max(1, base)
+            if slope is None:  # (no prefill measured yet: this step's cost per token)
+                slope = (self.times.seconds(base, 0.0) or 0.0) / max(1, base)
             counts = choose(
                 [len(seq.drafts) for seq in drafting],
                 [self.acceptance.rate(seq.request_id) for seq in drafting],
@@ -139,9 +139,8 @@ class Speculator:
         """The scheduled batch, before it runs: a model-based proposer drafts for every
         sequence scheduled past its last token (as many drafts as it was scheduled); with
         recurrent layers, their states are saved (spec/rollback.py)."""
-        pairs = zip(seqs, num_tokens, strict=True)  # (drafts it verifies: scheduled past its end)
-        verifying = [(s, s.num_computed_tokens + n - s.num_tokens) for s, n in pairs]
-        verifying = [(seq, c) for seq, c in verifying if c > 0]
+        counts = [(s, s.drafts_verified(n)) for s, n in zip(seqs, num_tokens, strict=True)]
+        verifying = [(seq, c) for seq, c in counts if c > 0]
         if self.proposer.after_schedule:
             began = time.perf_counter()
             self.proposer.catch_up(seqs, num_tokens)
