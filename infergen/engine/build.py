@@ -54,6 +54,7 @@ from infergen.kvcache.tiers.tiered import KVTiers
 from infergen.layers.probe import check_kv_scales
 from infergen.models.cuda_graphs import buckets
 from infergen.models.fast_paths import FAST_PATHS
+from infergen.models.mtp import mtp_cache_config, mtp_layers
 from infergen.models.transformer import Transformer
 from infergen.ops.triton_modules import TRITON_MODULES
 from infergen.process import configure_process
@@ -128,6 +129,8 @@ def build(
     model_config = _streaming(checkpoint.config, config)
     dtype = DTYPES[config.dtype]
     model = Transformer(model_config, dtype, config.kernels)
+    if config.scheduler.speculative == "mtp":  # its layers load with the weights
+        model.mtp = mtp_layers(model_config, dtype, config.kernels)
     if config.attention.operands is not None:
         for layer in model.layers:
             layer.attn.set_operands(config.attention.operands)
@@ -173,12 +176,14 @@ def _speculator(built: Built) -> Speculator | None:
 
 
 def _draft_block_bytes(built: Built, dtype_bytes: int) -> float:
-    """A draft model's KV bytes per block (draft_model: its cache has the target's blocks,
-    inside the same budget), 0 without one."""
+    """A draft model's or MTP layer's KV bytes per block (draft_model, speculative="mtp":
+    its cache has the target's blocks, inside the same budget), 0 without one."""
     sched, cache = built.config.scheduler, built.config.cache
-    if sched.draft_model is None:
+    if sched.speculative == "mtp":
+        draft = mtp_cache_config(built.model_config)
+    elif sched.draft_model is None:
         return 0.0
-    if sched.draft_model.startswith(SELF):
+    elif sched.draft_model.startswith(SELF):
         draft = built.model_config
     else:
         draft = read_model_config(sched.draft_model)

@@ -231,6 +231,8 @@ class Engine:
             else:
                 self._append_token(seq, result.token_ids[at[k]], result.logprobs[at[k]])
         deltas = [self._delta(seq) for seq in sampled]
+        if self.speculator is not None:
+            self.speculator.after_step(batch.seqs, batch.num_tokens)
         if self.speculator is not None and all(n == 1 or s in verifying for s, n in pairs(batch)):
             # the cost model's t(n): a decode-only step, drafts or not (spec/cost.py)
             self.speculator.observe_step(sum(batch.num_tokens), time.perf_counter() - start)

@@ -231,7 +231,8 @@ OPTIONS: tuple[Option, ...] = (
            "followed the last earlier occurrence of the sequence's ending), 'suffix' (suffix "
            "tries over the "
            "request and recent outputs), 'layerskip' (the target's first --draft-layers "
-           "layers and its LM head), 'draft' (--draft-model). Default: off"),
+           "layers and its LM head), 'draft' (--draft-model), 'mtp' (the checkpoint's "
+           "multi-token-prediction layer, DeepSeek-V3 style). Default: off"),
     Option("num_speculative_tokens", "scheduler.num_speculative_tokens", "auto",
            parse=_drafts, commands=RUN, metavar="N|auto",
            help="speculative decoding: drafts verified per decode step. 'auto': up to "

@@ -7,6 +7,8 @@ host from the scheduler's lists and moved to the cache's device once per step.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from infergen.config import ModelConfig
@@ -116,28 +118,9 @@ class ModelRunner:
         `num_layers` layers (None: all), its final norm and LM head (the drafts of
         engine/spec/layerskip.py and draft.py). Those layers' KV of the positions is written to the
         sequences' slots, which must be allocated (the verifying step rewrites them)."""
-        position_tensor = torch.tensor(positions, dtype=torch.int64)
-        query_start_loc = list(range(len(seqs) + 1))
-        seq_lens = [p + 1 for p in positions]
-        slot_mappings, plans = [], []
-        for g, group in enumerate(self.kv_cache.groups):
-            tables = self._block_tables(seqs, g)
-            slot_mappings.append(
-                _new_slots(tables, [1] * len(seqs), position_tensor, self.block_size)
-            )
-            plans.append(
-                plan(query_start_loc, seq_lens, tables, self.block_size, group.window, group.sinks)
-            )
-        self.kv_cache.begin_step(slot_mappings[0])
-        forward_batch = ForwardBatch(
-            input_ids=torch.tensor(tokens, dtype=torch.int64),
-            positions=position_tensor,
-            slot_mappings=slot_mappings,
-            attn_plans=plans,
-            logits_indices=torch.arange(len(seqs)),
+        forward_batch = rows_batch(
+            self.kv_cache, seqs, [[t] for t in tokens], positions, list(range(len(seqs)))
         )
-        if self.device.type != "cpu":
-            forward_batch = to_device(forward_batch, self.device)
         return self.model(forward_batch, self.kv_cache, num_layers=num_layers)
 
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
@@ -145,6 +128,44 @@ class ModelRunner:
         forward_batch, sampling = self.prepare(batch)
         logits = self.model(forward_batch, self.kv_cache)
         return logits, sampling
+
+
+def rows_batch(
+    kv_cache: PagedKVCache,
+    seqs: list[Sequence],
+    tokens: list[list[int]],
+    starts: list[int],
+    logits_rows: list[int],
+) -> ForwardBatch:
+    """A ForwardBatch of `tokens[i]` at positions starts[i], starts[i] + 1, ... of `seqs[i]`,
+    each attending over its sequence's positions up to itself through the sequences' block
+    tables of `kv_cache`'s groups (their KV written to those slots, which must be allocated);
+    logits for rows `logits_rows`. On the cache's device."""
+    counts = [len(t) for t in tokens]
+    position_tensor = torch.tensor(
+        [p for start, n in zip(starts, counts, strict=True) for p in range(start, start + n)],
+        dtype=torch.int64,
+    )
+    query_start_loc = list(itertools.accumulate(counts, initial=0))
+    seq_lens = [start + n for start, n in zip(starts, counts, strict=True)]
+    slot_mappings, plans = [], []
+    for g, group in enumerate(kv_cache.groups):
+        tables = ModelRunner._block_tables(seqs, g)
+        slot_mappings.append(_new_slots(tables, counts, position_tensor, kv_cache.block_size))
+        plans.append(
+            plan(query_start_loc, seq_lens, tables, kv_cache.block_size, group.window, group.sinks)
+        )
+    kv_cache.begin_step(slot_mappings[0])
+    forward_batch = ForwardBatch(
+        input_ids=torch.tensor([t for row in tokens for t in row], dtype=torch.int64),
+        positions=position_tensor,
+        slot_mappings=slot_mappings,
+        attn_plans=plans,
+        logits_indices=torch.tensor(logits_rows, dtype=torch.int64),
+    )
+    if kv_cache.device.type != "cpu":
+        forward_batch = to_device(forward_batch, kv_cache.device)
+    return forward_batch
 
 
 def _new_slots(

@@ -16,7 +16,7 @@ import torch
 from infergen.config import ModelConfig
 from infergen.errors import CheckpointError, ConfigError
 from infergen.io.model_config import config_from_gguf, config_from_json, gguf_in_directory
-from infergen.models.tensor_names import expected_tensors
+from infergen.models.tensor_names import expected_tensors, mtp_optional_names, mtp_tensor_names
 
 
 @dataclass
@@ -150,8 +150,15 @@ _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def validate_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Every expected tensor present with the right shape; nothing unexplained left over."""
+    """Every expected tensor present with the right shape; nothing unexplained left over.
+    Multi-token-prediction layers (models/tensor_names.mtp_tensor_names) are optional: all of
+    their tensors or none."""
     expected = expected_tensors(config)
+    mtp = mtp_tensor_names(config)
+    if any(name in tensors for name in mtp):
+        expected = {**expected, **mtp, **{
+            name: shape for name, shape in mtp_optional_names(config).items() if name in tensors
+        }}  # fmt: skip
     for name, shape in expected.items():
         if name not in tensors:
             raise CheckpointError(

@@ -164,6 +164,44 @@ MOE_TENSORS = {
 }
 
 
+def mtp_tensor_names(config: Any) -> dict[str, tuple[int, ...]]:
+    """The tensors of the multi-token-prediction layers a checkpoint may carry beside the
+    decoder (`config.mtp_layers`; DeepSeek-V3's layout: layer N + j after the N decoder
+    layers is a decoder layer of its own, plus the norms of its two inputs, their projection
+    and a shared head — models/mtp.py). Optional: checkpoints often drop them. The layer's
+    own copy of the embedding (DeepSeek-V3 stores one; the target's is used) is in
+    `mtp_optional_names`."""
+    if not config.mtp_layers or config.architecture not in MTP_ARCHITECTURES:
+        return {}
+    h, names = config.hidden_size, {}
+    for j in range(config.mtp_layers):
+        p = f"model.layers.{config.num_hidden_layers + j}."
+        names.update(layer_tensor_names(config, config.num_hidden_layers + j))
+        names.update({
+            p + "enorm.weight": (h,),
+            p + "hnorm.weight": (h,),
+            p + "eh_proj.weight": (h, 2 * h),
+            p + "shared_head.norm.weight": (h,),
+            p + "shared_head.head.weight": (config.vocab_size, h),
+        })  # fmt: skip
+    return names
+
+
+# architectures whose checkpoints lay out multi-token-prediction layers as mtp_tensor_names
+# reads them (Qwen3-Next's `mtp.*` layout is not read)
+MTP_ARCHITECTURES = ("deepseek_v2", "deepseek_v3")
+
+
+def mtp_optional_names(config: Any) -> dict[str, tuple[int, ...]]:
+    """Tensors a checkpoint's multi-token-prediction layers may carry that are not read: each
+    layer's copy of the shared embedding."""
+    shape = (config.vocab_size, config.hidden_size)
+    return {
+        f"model.layers.{config.num_hidden_layers + j}.embed_tokens.weight": shape
+        for j in range(config.mtp_layers if mtp_tensor_names(config) else 0)
+    }
+
+
 def expected_tensors(config: Any) -> dict[str, tuple[int, ...]]:
     """Every tensor the generic decoder needs, with its shape."""
     names: dict[str, tuple[int, ...]] = {

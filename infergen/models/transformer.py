@@ -170,6 +170,13 @@ class Transformer(nn.Module):
         # the engine option `compile`; None: every step op by op (tests compare the two)
         self.fast_path: str | None = "fused"
         self._runner: FastPathRunner | None = None  # the path built for one KV cache
+        # multi-token-prediction layers (models/mtp.py), attached by the build step when the
+        # `mtp` proposer drafts with them; loaded with the weights
+        self.mtp: nn.ModuleList | None = None
+        # with `keep_hidden`, each forward keeps `hidden`: the final hidden state (after the
+        # final norm) of every token of the step — what the `mtp` proposer's layers read
+        self.keep_hidden = False
+        self.hidden: torch.Tensor | None = None
 
     @torch.no_grad()
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -199,6 +206,16 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             layer.load(get, f"model.layers.{i}.", spec.norm_offset, spec.mlp_norm_name)
         self.norm.weight.copy_(get("model.norm.weight") + spec.norm_offset)
+        for j, layer in enumerate(self.mtp or ()):
+            prefix = f"model.layers.{len(self.layers) + j}."
+            if prefix + "eh_proj.weight" not in tensors:
+                raise ConfigError(
+                    "the checkpoint declares multi-token-prediction layers but does not carry "
+                    "their tensors (many conversions drop them)",
+                    where=f"{self.config.source}: {prefix}*",
+                    expected="a checkpoint with its MTP layers, or another proposer",
+                )
+            layer.load(get, prefix, spec.norm_offset, spec.mlp_norm_name)
 
     @property
     def rope_tables(self) -> list[torch.Tensor]:
@@ -246,11 +263,7 @@ class Transformer(nn.Module):
         the first that many layers only (then the final norm and head: self-speculation)."""
         if batch.ropes is None:
             batch.ropes = [RopeInputs(batch.positions, table) for table in self.rope_tables]
-        ids = batch.input_ids
-        h = self.lm_head.rows(ids) if self.embed is None else self.embed.index_select(0, ids)
-        # h [tokens, hidden] is a fresh tensor: the layers update it in place
-        if self.embed_scale is not None:
-            h.mul_(self.embed_scale)
+        h = self.embed_rows(batch.input_ids)  # a fresh tensor: the layers update it in place
         runner = self.fast_path_for(kv_cache)
         done = None
         if runner is not None and num_layers is None:
@@ -262,9 +275,18 @@ class Transformer(nn.Module):
         else:  # the per-op path: every step the fast path does not cover
             h, delta = self.run_layers(h, batch, kv_cache, num_layers)
         rows = batch.logits_indices
+        if self.keep_hidden:  # every token's final hidden state, the sampled rows' logits
+            self.hidden = self.norm(h, delta)
+            return self.logits(self.hidden.index_select(0, rows))
         if rows.numel() == 0:  # only unfinished prefill chunks this step: nothing to sample
             return torch.empty(0, self.config.vocab_size, device=h.device)
         return self.head(h.index_select(0, rows), delta.index_select(0, rows))
+
+    def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings [len(ids), hidden] of token ids (scaled as the architecture does), a
+        fresh tensor."""
+        h = self.lm_head.rows(ids) if self.embed is None else self.embed.index_select(0, ids)
+        return h if self.embed_scale is None else h.mul_(self.embed_scale)
 
     def run_layers(
         self,
@@ -284,6 +306,10 @@ class Transformer(nn.Module):
 
     def head(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] in fp32 of the rows h [rows, hidden] (+ their pending delta)."""
-        logits = self.lm_head(self.norm(h, delta)).float()
+        return self.logits(self.norm(h, delta))
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] in fp32 of final hidden states (after the final norm)."""
+        logits = self.lm_head(normed).float()
         multiplier = self.config.logits_multiplier  # Falcon-H1
         return logits if multiplier == 1.0 else logits.mul_(multiplier)

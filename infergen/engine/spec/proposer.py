@@ -16,9 +16,13 @@ the engine asks them once the batch is known:
     catch_up(seqs, num_tokens)   the step's sequences, before it runs (a draft model computes
                                  the tokens of those verifying nothing: its own KV)
     draft(seqs, counts)          counts[i] drafted token ids for each scheduled sequence
+    after_step(seqs, num_tokens, starts)
+                                 the step ran and its tokens are kept: num_tokens[i] rows of
+                                 seqs[i] from position starts[i] (`mtp` reads the target's
+                                 hidden states of the kept positions)
 
 (their `propose` is not called). One PROPOSERS row per kind (`speculative` = "ngram" |
-"suffix" | "layerskip" | "draft"), each a factory taking a `DraftContext`: what a
+"suffix" | "layerskip" | "draft" | "mtp"), each a factory taking a `DraftContext`: what a
 model-based proposer builds on.
 """
 
@@ -60,8 +64,9 @@ PROPOSERS: Registry[Callable[[DraftContext], Proposer]] = Registry("speculative 
 
 
 class ModelProposer:
-    """A proposer that drafts with a model once the step is scheduled (`draft`): nothing to
-    follow per request (its drafts come from the model's KV, not the request's tokens)."""
+    """A proposer that drafts with a model once the step is scheduled (`layerskip`, `draft`,
+    `mtp`): nothing to follow per request (its drafts come from the model's KV, not the
+    request's tokens)."""
 
     after_schedule = True
 
@@ -79,3 +84,7 @@ class ModelProposer:
 
     def catch_up(self, seqs: Sequence[Any], num_tokens: Sequence[int]) -> None:
         pass  # (a proposer whose drafts need no KV of its own)
+
+    def after_step(self, seqs: Sequence[Any], num_tokens: Sequence[int],
+                   starts: Sequence[int]) -> None:  # fmt: skip
+        pass  # (a proposer that reads nothing of the target's step)

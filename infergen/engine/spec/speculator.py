@@ -73,6 +73,7 @@ class Speculator:
         self.proposer, self.max_drafts, self.auto = proposer, max_drafts, auto
         self.rollback = rollback  # recurrent states: restored after a rejection (rollback.py)
         self.acceptance = Acceptance()  # of the proposer's drafts, per sequence
+        self._starts: list[int] = []  # the scheduled step's first positions (before_step)
         self.times = StepTimes()  # t(n) of decode-only steps (the engine's measurements)
         # steps: decodes that verified drafts; proposed / drafted / accepted: tokens (drafted:
         # those verified, after the cost model's choice); observed_kept / _rejected: draft
@@ -139,6 +140,7 @@ class Speculator:
         """The scheduled batch, before it runs: a model-based proposer drafts for every
         sequence scheduled past its last token (as many drafts as it was scheduled); with
         recurrent layers, their states are saved (spec/rollback.py)."""
+        self._starts = [seq.num_computed_tokens for seq in seqs]  # (for after_step)
         counts = [(s, s.drafts_verified(n)) for s, n in zip(seqs, num_tokens, strict=True)]
         verifying = [(seq, c) for seq, c in counts if c > 0]
         if self.proposer.after_schedule:
@@ -153,6 +155,14 @@ class Speculator:
         if self.rollback is not None:
             for seq, _ in verifying:
                 self.rollback.save(seq.request_id, seq.state_slot)
+
+    def after_step(self, seqs: Sequence[Seq], num_tokens: Sequence[int]) -> None:
+        """The step `before_step` saw ran and its kept tokens are committed: a model-based
+        proposer reads what it computed (`mtp`: the target's hidden states)."""
+        if self.proposer.after_schedule:
+            began = time.perf_counter()
+            self.proposer.after_step(seqs, num_tokens, self._starts)
+            self.stats["proposer_s"] += time.perf_counter() - began
 
     def settle(self, seq: Seq, kept: int, verified: int) -> bool:
         """After `seq` kept `kept` tokens of a step that verified `verified` drafts: whether
