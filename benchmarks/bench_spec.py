@@ -29,8 +29,8 @@ Peers at batch 1 (benchmarks/spec_peers.py): transformers with and without promp
 llama-server with and without its ngram speculation. JSON lines to --out: a result per
 (workload, configuration), a ratio per proposer against no speculation and against each
 peer's speculative mode, with the acceptance rate and tokens per verifying step; and the
-performance model's predicted speed-up of the fixed-k configuration (batch 1, `infergen
-predict --gpu cpu-local` with the per-token acceptance measured here) against the measured
+performance model's predicted speed-up of the n-gram and suffix configurations (batch 1,
+`infergen predict --gpu cpu-local --acceptance-from` the measured line) against the measured
 one.
 """
 
@@ -43,6 +43,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -163,6 +164,8 @@ def run_infergen(work: dict, args, base: dict) -> tuple[list[dict], dict]:
                     if steps
                     else None,
                     "verify_steps": steps,
+                    "drafts_per_verify_step": drafted / steps if steps else None,
+                    "verify_fraction": steps / delta["decodes"] if delta["decodes"] else None,
                     "same_tokens_as_no_speculation": outputs[name] == outputs[NONE],
                 }
             lines.append({**base, "kind": "result", "metric": metric, "engine": "infergen",
@@ -182,36 +185,51 @@ def run_infergen(work: dict, args, base: dict) -> tuple[list[dict], dict]:
     return lines, rates
 
 
+PREDICTED = ("ngram auto", "suffix auto")  # (and the fixed-k configuration)
+
+
 def predicted_lines(work: dict, rates: dict, lines: list[dict], base: dict, args) -> list[dict]:
-    """The performance model's decode speed-up of the fixed-k configuration at batch 1
-    (`infergen predict --gpu cpu-local`, fp32, this host's calibration) with the acceptance
-    measured here, against the measured one: TPOT without speculation / with."""
-    name = f"ngram k={args.k}"
+    """The performance model's decode speed-up of the n-gram and suffix configurations at
+    batch 1 (`infergen predict --gpu cpu-local`, fp32, this host's calibration) with the
+    acceptance measured here (`--acceptance-from` the configuration's result line: its tokens
+    per verifying step, drafts per verifying step and share of decodes that verified; with
+    `auto`, the drafts per verifying step rounded as the model's fixed k), against the
+    measured one: TPOT without speculation / with."""
+    names = (f"ngram k={args.k}", *PREDICTED)
     out = []
     for line in lines:
         work_name = line["metric"].split("[")[1].split(",")[0]
-        if line["kind"] != "result" or line["config"] != name or not work[work_name][1]:
+        name = line.get("config")
+        if line["kind"] != "result" or name not in names or not work[work_name][1]:
             continue
-        alpha = line["per_token_acceptance"]
+        drafts = line["drafts_per_verify_step"]
+        k = args.k if name == names[0] or drafts is None else max(1, round(drafts))
         prompt = len(work[work_name][0][0])
         argv = [sys.executable, "-m", "infergen.cli", "predict", "--gpu", "cpu-local",
                 "--weights", "fp32", "--activations", "fp32", "--kv", "fp32",
                 "--isl", str(prompt), "--osl", str(args.tokens), "--num-requests", "2",
                 "--concurrency", "1", "--json"]  # fmt: skip
         tpot = []
-        for spec in ([], ["--spec-tokens", str(args.k), "--spec-acceptance", str(alpha)]):
-            run = subprocess.run(argv + spec, capture_output=True, text=True, check=True)
-            tpot.append(json.loads(run.stdout.strip().splitlines()[-1])["tpot_ms"]["mean"])
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as measured_file:
+            json.dump(line, measured_file)
+            measured_file.flush()
+            for spec in ([], ["--spec-tokens", str(k), "--acceptance-from", measured_file.name]):
+                run = subprocess.run(argv + spec, capture_output=True, text=True, check=True)
+                tpot.append(json.loads(run.stdout.strip().splitlines()[-1])["tpot_ms"]["mean"])
         predicted = tpot[0] / tpot[1]
         measured = rates[(work_name, name)] / rates[(work_name, name, "plain")]
         out.append({**base, "kind": "prediction", "metric": line["metric"], "config": name,
-                    "per_token_acceptance": alpha, "predicted_speedup": predicted,
+                    "spec_tokens": k, "per_token_acceptance": line["per_token_acceptance"],
+                    "tokens_per_verify_step": line["tokens_per_verify_step"],
+                    "verify_fraction": line["verify_fraction"], "predicted_speedup": predicted,
                     "measured_speedup": measured, "value": predicted / measured - 1,
                     "unit": "relative error", "definition": "predicted / measured decode "
-                    "speed-up - 1 (infergen predict --gpu cpu-local, this host's "
-                    "calibration)"})  # fmt: skip
+                    "speed-up - 1 (infergen predict --gpu cpu-local --acceptance-from the "
+                    "measured line, this host's calibration)"})  # fmt: skip
         print(f"{work_name:8} {name}: predicted {predicted:.2f}x, measured {measured:.2f}x "
-              f"({predicted / measured - 1:+.0%}) at alpha {alpha:.2f}")  # fmt: skip
+              f"({predicted / measured - 1:+.0%}), k {k}, "
+              f"{line['tokens_per_verify_step']} tokens/verify step, "
+              f"verify fraction {line['verify_fraction']}")  # fmt: skip
     return out
 
 

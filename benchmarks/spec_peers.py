@@ -1,15 +1,18 @@
 """The peers of bench_spec.py, each without and with its own prompt-lookup speculation, batch 1,
 greedy, on the same prompts (token ids) and the default model:
 
-  transformers   `generate(prompt_lookup_num_tokens=K)` (its prompt lookup decoding) on the
-                 GGUF dequantized to fp32, in its own process (peers/transformers_runner.py)
+  transformers   `generate(prompt_lookup_num_tokens=K)` (its prompt lookup decoding) and
+                 `generate(assistant_early_exit=L)` (assisted generation, the first L layers
+                 as the assistant) on the GGUF dequantized to fp32, in its own process
+                 (peers/transformers_runner.py)
   llama-server   llama.cpp's C++ server (built by `bash benchmarks/setup_peers.sh
                  llama-server`) on the fp32 GGUF with an f32 KV cache, `--spec-type
                  ngram-simple` (its prompt-lookup drafts; --spec-draft-n-max K)
 
 Each returns decode tokens per second (after the first token: the prompt's prefill is not in
-it) per (workload, mode), best of `repeats`. transformers' assisted generation needs a smaller
-model with the same tokenizer, and none is available offline (REFERENCES.md §1).
+it) per (workload, mode), best of `repeats`. transformers' assisted generation with another
+model needs a smaller one with the same tokenizer, and none is available offline
+(REFERENCES.md §1): its early-exit assistant is the one it runs here.
 """
 
 from __future__ import annotations
@@ -26,26 +29,36 @@ from gguf_f32 import cached_f32_gguf
 
 # transformers' own suggestion for prompt lookup (its docs' example): 10 drafted tokens
 TRANSFORMERS_LOOKUP = 10
+# its assisted generation with the target's first layers as the assistant (LayerSkip-style
+# early exit), half of SmolLM2's 30: what infergen's `layerskip` does by default
+TRANSFORMERS_EARLY_EXIT = 15
+TRANSFORMERS_MODES = {
+    "plain": {},
+    f"prompt lookup {TRANSFORMERS_LOOKUP}": {"prompt_lookup_num_tokens": TRANSFORMERS_LOOKUP},
+    f"assisted early exit {TRANSFORMERS_EARLY_EXIT}": {
+        "assistant_early_exit": TRANSFORMERS_EARLY_EXIT
+    },
+}
 
 
 def transformers_peer(model: pathlib.Path, prompts: dict, tokens: int, repeats: int) -> dict:
-    """{(workload, mode): tok/s} for mode "plain" / "prompt lookup", with "version"; or
+    """{(workload, mode): tok/s} for each TRANSFORMERS_MODES mode, with "version"; or
     {"error": ...}."""
     tasks = [
         {"kind": "decode", "prompt": prompt, "max_tokens": tokens, "repeats": repeats,
          "options": options}
         for prompt in prompts.values()
-        for options in ({}, {"prompt_lookup_num_tokens": TRANSFORMERS_LOOKUP})
+        for options in TRANSFORMERS_MODES.values()
     ]  # fmt: skip
     warmup = [{"kind": "decode", "prompt": [1, 2, 3], "max_tokens": 4}]
     out = run_peer(sys.executable, "transformers_runner.py", "transformers_spec", model, 2,
                    warmup, tasks)  # fmt: skip
     if "error" in out:
         return out
-    rates = {}
-    for i, work in enumerate(prompts):
-        for j, mode in enumerate(("plain", f"prompt lookup {TRANSFORMERS_LOOKUP}")):
-            runs = out["results"][2 * i + j]["runs"]
+    rates, results = {}, iter(out["results"])
+    for work in prompts:
+        for mode in TRANSFORMERS_MODES:
+            runs = next(results)["runs"]
             rates[(work, mode)] = max((len(r["tokens"]) - 1) / r["decode_s"] for r in runs)
     return {"version": out["version"], "rates": rates}
 

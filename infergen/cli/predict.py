@@ -32,6 +32,7 @@ SWEEPABLE = {
     "max_num_batched_tokens": int,
     "spec_tokens": int,
     "spec_acceptance": float,
+    "spec_verify_fraction": float,
     "num_requests": int,
 }
 
@@ -152,13 +153,22 @@ def add_parser(sub) -> None:
         help="speculative: the chance a draft token is kept when those before it were",
     )
     p.add_argument(
+        "--spec-verify-fraction",
+        type=float,
+        default=1.0,
+        help="speculative: the share of decodes that have drafts to verify (the others "
+        "decode one token)",
+    )
+    p.add_argument(
         "--acceptance-from",
         default=None,
         metavar="FILE",
-        help="speculative: the per-token acceptance measured by the engine instead of "
-        "--spec-acceptance: a JSON object with per_token_acceptance (Speculator.summary()) "
-        "or JSON lines (benchmarks/bench_spec.py's results), those of --speculative's "
-        "proposer when given, averaged",
+        help="speculative: the acceptance measured by the engine instead of "
+        "--spec-acceptance and --spec-verify-fraction: a JSON object (Speculator.summary(): "
+        "the tokens a verifying step emitted and the drafts it verified give the per-token "
+        "acceptance, verify_fraction the share of decodes that verified) or JSON lines "
+        "(benchmarks/bench_spec.py's results), those of --speculative's proposer when given, "
+        "averaged",
     )
     p.add_argument("--draft-model", default=None, help="draft config (default: free n-gram)")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.0, help="price of one GPU-hour")
@@ -227,7 +237,7 @@ def deployment(args: argparse.Namespace):
         memory_utilization=args.memory_util,
         kv_capacity=parse_bytes(args.kv_memory, where="--kv-memory") if args.kv_memory else None,
         spec_tokens=_spec_tokens(args),
-        spec_acceptance=_spec_acceptance(args),
+        **_spec_acceptance(args),
         draft=describe_model(args.draft_model) if args.draft_model else None,
         tiers=_tiers(args),
     )
@@ -239,12 +249,14 @@ def _spec_tokens(args: argparse.Namespace) -> int:
     return 4 if args.speculative or args.acceptance_from else 0
 
 
-def _spec_acceptance(args: argparse.Namespace) -> float:
+def _spec_acceptance(args: argparse.Namespace) -> dict:
     if args.acceptance_from is None:
-        return args.spec_acceptance
+        return dict(spec_acceptance=args.spec_acceptance,
+                    spec_verify_fraction=args.spec_verify_fraction)  # fmt: skip
     from infergen.perf.measured_acceptance import measured_acceptance
 
-    return measured_acceptance(args.acceptance_from, args.speculative)
+    measured = measured_acceptance(args.acceptance_from, args.speculative)
+    return dict(spec_acceptance=measured.alpha, spec_verify_fraction=measured.verify_fraction)
 
 
 def _tiers(args: argparse.Namespace):

@@ -77,18 +77,21 @@ from infergen.perf.step_cost import Chunk
 @dataclass(frozen=True)
 class SpecDecode:
     """k drafted tokens per decode step, each accepted with probability `acceptance` given
-    the previous ones were; `draft_step_time(chunks)` is one draft decode step (None: a free
-    proposer such as n-gram lookup)."""
+    the previous ones were; a decode has drafts to verify with probability `verify_fraction`
+    (else it decodes one token); `draft_step_time(chunks)` is one draft decode step (None: a
+    free proposer such as n-gram lookup)."""
 
     tokens: int
     acceptance: float
     draft_step_time: Callable[[list[Chunk]], float] | None = None
+    verify_fraction: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.tokens < 1 or not 0.0 <= self.acceptance <= 1.0:
+        if (self.tokens < 1 or not 0.0 <= self.acceptance <= 1.0
+                or not 0.0 <= self.verify_fraction <= 1.0):  # fmt: skip
             raise ValueError(
-                f"speculative decoding needs tokens >= 1 and 0 <= acceptance <= 1, got "
-                f"{self.tokens}, {self.acceptance}"
+                f"speculative decoding needs tokens >= 1 and 0 <= acceptance, verify_fraction "
+                f"<= 1, got {self.tokens}, {self.acceptance}, {self.verify_fraction}"
             )
 
     def expected_tokens(self) -> float:
@@ -236,6 +239,9 @@ class Simulator:
                 if self.arrivals:  # (none left: every remaining request was refused)
                     self.clock = self.arrivals[0][0]
                 continue
+            if self.spec is not None and self.spec.verify_fraction < 1.0:
+                for seq in self.sched.running:  # None: the whole lookahead, []: no drafts
+                    seq.drafts = None if self.rng.random() < self.spec.verify_fraction else []
             batch = self.sched.schedule()
             if not batch:
                 self._wait_for_loads()

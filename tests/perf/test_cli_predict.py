@@ -10,6 +10,7 @@ import pytest
 
 from infergen.cli import main
 from infergen.io.model_config import read_model_config
+from infergen.perf.measured_acceptance import chain_acceptance
 
 LLAMA_70B = "tests/perf/configs/llama-3.1-70b.json"
 GPT_OSS = "tests/perf/configs/gpt-oss-20b.json"
@@ -201,22 +202,26 @@ def test_kv_offload_json_with_a_disk_tier(capsys, tmp_path):
 
 
 def test_measured_acceptance_from_the_engine_or_a_benchmark(capsys, tmp_path):
-    """--acceptance-from takes the engine's per-token acceptance: a Speculator.summary() object
-    equals giving the same number to --spec-acceptance; JSON lines are filtered by
-    --speculative's proposer and averaged; a file without one is a clear error."""
+    """--acceptance-from takes the engine's measurements: a Speculator.summary() object equals
+    giving --spec-acceptance the α whose chain of d drafts emits the measured tokens per
+    verifying step, and --spec-verify-fraction the share of decodes that verified; JSON lines
+    without those are filtered by --speculative's proposer and their per-token acceptance
+    averaged; a file without one is a clear error."""
     from infergen import LLM, SamplingParams
 
     llm = LLM(speculative="ngram", num_speculative_tokens=4)
     text = "one two three four five six seven eight nine ten " * 8
-    llm.generate([text], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    llm.generate([text, "Write a poem about the sea."],
+                 SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))  # fmt: skip
     summary = llm.engine.speculator.summary()
-    alpha = summary["per_token_acceptance"]
-    assert 0 < alpha < 1
+    alpha = chain_acceptance(summary["tokens_per_step"], summary["drafts_per_verify_step"])
+    assert 0 < alpha < 1 and 0 < summary["verify_fraction"] < 1
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     argv = ["-m", "tests/perf/configs/llama-3.1-8b.json", "--isl", "500", "--osl", "64",
             "--num-requests", "8", "--concurrency", "1"]  # fmt: skip
     measured = run_json(capsys, *argv, "--acceptance-from", str(tmp_path / "summary.json"))
-    typed = run_json(capsys, *argv, "--spec-tokens", "4", "--spec-acceptance", str(alpha))
+    typed = run_json(capsys, *argv, "--spec-tokens", "4", "--spec-acceptance", str(alpha),
+                     "--spec-verify-fraction", str(summary["verify_fraction"]))  # fmt: skip
     plain = run_json(capsys, *argv)
     assert measured == typed and measured["output_tok_s"] > plain["output_tok_s"]
     lines = [{"proposer": "ngram", "per_token_acceptance": 0.2},

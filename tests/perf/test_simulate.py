@@ -203,6 +203,24 @@ def test_speculative_decoding_emits_the_expected_tokens_per_step(acceptance):
         assert decode_steps == -(-(output - 1) // (k + 1))
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 1.0])
+def test_a_share_of_decodes_without_drafts(fraction):
+    """verify_fraction f: a decode verifies its drafts with probability f, else emits one
+    token — f·E + (1 − f) tokens per decode step, and verifying steps f of them."""
+    k, output = 4, 3000
+    spec = SpecDecode(k, 0.6, verify_fraction=fraction)
+    sizes = []
+    sim = Simulator(lambda chunks: sizes.append(chunks[0].new) or 1e-3, pool(), spec=spec,
+                    seed=3)  # fmt: skip
+    results, _, stats = sim.run([Shape(10, output)], concurrency=1)
+    assert results[0].output_tokens == output
+    decodes = sizes[1:]  # (the first step: the prefill)
+    per_step = (output - 1) / len(decodes)
+    expected = fraction * spec.expected_tokens() + (1 - fraction)
+    assert per_step == pytest.approx(expected, rel=0.05)
+    assert sum(n > 1 for n in decodes) / len(decodes) == pytest.approx(fraction, abs=0.04)
+
+
 def test_predict_reports_the_issue_fields():
     dep = Deployment(read_model_config(LLAMA_8B).describe(), HARDWARE.get("h200"))
     r = predict(dep, fixed_shapes(256, 64, 64), concurrency=16)

@@ -79,8 +79,10 @@ class Speculator:
         # those verified, after the cost model's choice); observed_kept / _rejected: draft
         # tokens compared with the tokens that followed, verified or not (spec/acceptance.py);
         # rollbacks: recurrent states restored after a rejection (spec/rollback.py)
+        # decodes: decoding sequences met before a step (verifying or not)
         self.stats = {"steps": 0, "proposed": 0, "drafted": 0, "accepted": 0, "proposer_s": 0.0,
-                      "observed_kept": 0, "observed_rejected": 0, "rollbacks": 0}  # fmt: skip
+                      "observed_kept": 0, "observed_rejected": 0, "rollbacks": 0,
+                      "decodes": 0}  # fmt: skip
 
     def start(self, seq: Seq) -> None:
         self.proposer.start(seq.request_id, seq.token_ids)
@@ -116,6 +118,7 @@ class Speculator:
                 self._proposed(seq)
             if seq.drafts:
                 drafting.append(seq)
+        self.stats["decodes"] += decodes
         if self.auto and drafting:
             base = decodes + min(prefill, max(0, budget - decodes)) if budget else decodes
             if slope is None:  # (no prefill measured yet: this step's cost per token)
@@ -208,15 +211,19 @@ class Speculator:
 
     def summary(self) -> dict:
         """The counts, with the acceptance rate (accepted / drafted), the mean tokens a
-        verifying step emits (the accepted drafts + the target's own), the per-token
-        acceptance α (kept / compared: the chance a draft token is kept when those before it
-        were, the performance model's acceptance) and the proposer's name."""
+        verifying step emits (the accepted drafts + the target's own) and drafts it verifies,
+        the share of decodes that verified drafts, the per-token acceptance α (kept /
+        compared: the chance a draft token is kept when those before it were) and the
+        proposer's name — what the performance model reads (perf/measured_acceptance.py)."""
         s = self.stats
         compared = s["observed_kept"] + s["observed_rejected"]
+        steps = s["steps"]
         return {
             "proposer": self.proposer.name,
             **s,
             "acceptance_rate": s["accepted"] / s["drafted"] if s["drafted"] else None,
-            "tokens_per_step": (s["accepted"] + s["steps"]) / s["steps"] if s["steps"] else None,
+            "tokens_per_step": (s["accepted"] + steps) / steps if steps else None,
+            "drafts_per_verify_step": s["drafted"] / steps if steps else None,
+            "verify_fraction": steps / s["decodes"] if s["decodes"] else None,
             "per_token_acceptance": s["observed_kept"] / compared if compared else None,
         }
