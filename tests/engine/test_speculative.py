@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from infergen import LLM, SamplingParams
+from infergen.engine.spec.speculator import EXPLORE
 from infergen.errors import ConfigError
 from tests.hf_models import build_hf_model
 from tests.triton_env import HAS_TRITON, INTERPRETED
@@ -253,6 +254,20 @@ def test_layerskip_drafts_are_the_first_layers_argmax(name, tmp_path):
         assert logits.argmax(dim=-1).tolist() == drafts
 
 
+def test_a_model_proposer_turned_off_still_verifies_a_draft_now_and_then():
+    """With "auto", a model-based proposer's sequence that the cost model gave no drafts for
+    EXPLORE decodes in a row verifies one (its acceptance is measured only from drafts it
+    made): layerskip with the default model's first 4 layers (drafts never kept) drafts at
+    that rate, one draft at a time."""
+    llm = LLM(speculative="layerskip", draft_layers=4)
+    llm.generate(["Write a short story about a lighthouse keeper."],
+                 SamplingParams(max_tokens=160, temperature=0, ignore_eos=True))  # fmt: skip
+    stats = llm.engine.speculator.summary()
+    assert stats["per_token_acceptance"] < 0.1  # (drafting does not pay: turned off)
+    assert stats["decodes"] // EXPLORE - 1 <= stats["steps"] <= stats["decodes"] // EXPLORE + 2
+    assert stats["drafted"] < 2 * stats["steps"]
+
+
 def test_layerskip_on_the_default_model_and_its_errors(tmp_path):
     """The default model (the fused decode's first layers): outputs unchanged, drafts kept;
     a recurrent model and a draft depth that is not one are refused."""
@@ -286,6 +301,20 @@ def test_a_draft_model_drafts_its_own_greedy_tokens(tmp_path):
     seen = _record_drafts(llm)
     llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
     assert len(seen) > 5
+    # steps without drafts (every other one here, as the cost model may choose): the draft
+    # model computes nothing then, and catches up on those positions when it drafts again
+    speculator, steps = llm.engine.speculator, iter(range(10**6))
+    choose = speculator.draft
+
+    def every_other_step(running, *args):
+        choose(running, *args)
+        if next(steps) % 2:
+            for seq in running:
+                seq.drafts = []
+
+    speculator.draft = every_other_step
+    llm.generate(prompts, SamplingParams(max_tokens=14, temperature=0, ignore_eos=True))
+    assert len(seen) > 10
     for tokens, drafts in seen:
         with torch.no_grad():
             logits = hf_draft(torch.tensor([tokens + drafts[:-1]])).logits[0, len(tokens) - 1 :]

@@ -5,19 +5,24 @@ cheaper format (`draft_model="self:int4"`: any weight scheme after "self:").
 The draft model is built as an engine is (engine/build.py, through `DraftContext.build_draft`)
 with a KV cache of its own whose blocks are the target's: the same number, indexed by the same
 block tables, so the scheduler's allocation serves both and a prefix-cache hit is one for
-the draft too. It keeps the KV of every position the target computes:
+the draft too. Its KV follows the positions the target computes, lazily:
 
-- `catch_up`, before each step: the draft model computes what the target computes in it for
-  the sequences that verify nothing — prefill chunks and plain decodes;
-- `draft`, once the step is scheduled: k passes of one decode row per drafting sequence
-  (its last token, then each draft; spec/layerskip.greedy_drafts), and one more that writes
-  the last draft's KV. After verification the kept drafts' draft KV is already right; the
-  next pass over the rest rewrites it.
+- `draft`, once a step is scheduled, for the sequences that draft in it: first the positions
+  the target computed since this sequence last drafted (a prefill chunk of the draft model,
+  no logits: its own KV), then k passes of one decode row per drafting sequence (its last
+  token, then each draft; spec/layerskip.greedy_drafts) and one more that writes the last
+  draft's KV;
+- `after_step`: a sequence that drafted has exact draft KV up to its computed tokens (the
+  kept drafts' KV was written with the tokens kept); one the target computed without it
+  drafting lags behind until it drafts again.
 
-Blocks a KV tier loads back carry the target's KV only: their draft KV is stale, which makes
-drafts worse (fewer kept), never outputs wrong (verification decides). The drafts are greedy
-(deterministic drafts, verified against the target's own draw). Models with recurrent layers
-are refused as drafts (their drafting passes would advance the state).
+So a sequence whose drafts the cost model turns off costs the draft model nothing (it only
+catches up when it drafts again: the cost model's exploration, or its acceptance coming
+back). Blocks a KV tier loads back, and prefix-cache blocks computed while their sequence
+was not drafting, carry no draft KV of theirs: stale draft KV makes drafts worse (fewer
+kept), never outputs wrong (verification decides). The drafts are greedy (deterministic
+drafts, verified against the target's own draw). Models with recurrent layers are refused as
+drafts (their drafting passes would advance the state).
 """
 
 from __future__ import annotations
@@ -25,8 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from infergen.engine.request import Sequence as Seq
-from infergen.engine.runner import ModelRunner
-from infergen.engine.scheduler import ScheduledBatch
+from infergen.engine.runner import ModelRunner, rows_batch
 from infergen.engine.spec.layerskip import greedy_drafts
 from infergen.engine.spec.proposer import PROPOSERS, DraftContext, ModelProposer
 from infergen.errors import ConfigError
@@ -39,6 +43,8 @@ class DraftModelProposer(ModelProposer):
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
+        self.done: dict[str, int] = {}  # request id → positions with exact draft KV
+        self.drafted: set[str] = set()  # the sequences that drafted in this step
 
     @classmethod
     def from_context(cls, context: DraftContext) -> DraftModelProposer:
@@ -75,18 +81,35 @@ class DraftModelProposer(ModelProposer):
             )
         return cls(ModelRunner(model, kv_cache))
 
-    def catch_up(self, seqs: Sequence[Seq], num_tokens: Sequence[int]) -> None:
-        """The draft model computes the step's tokens of the sequences that verify nothing:
-        their KV into its cache, no LM head (no logits are wanted)."""
-        pairs = [(s, n) for s, n in zip(seqs, num_tokens, strict=True) if not s.drafts_verified(n)]
-        if pairs:
-            batch, _ = self.runner.prepare(
-                ScheduledBatch([s for s, _ in pairs], [n for _, n in pairs])
-            )
-            batch.logits_indices = batch.logits_indices[:0]
-            self.runner.model(batch, self.runner.kv_cache)
+    def after_step(self, seqs: Sequence[Seq], num_tokens: Sequence[int],
+                   starts: Sequence[int]) -> None:  # fmt: skip
+        """Where each sequence's draft KV is exact: up to its computed tokens after a step it
+        drafted in, else where it was (or the step's start, for a sequence met for the first
+        time — its prefix-cache hit — or computed again after a preemption)."""
+        for seq, start in zip(seqs, starts, strict=True):
+            rid = seq.request_id
+            if seq.finished:  # (finish() came first)
+                continue
+            self.done[rid] = min(self.done.get(rid, start), start)
+            if rid in self.drafted:
+                self.done[rid] = seq.num_computed_tokens
+        self.drafted.clear()
+
+    def finish(self, request_id: str) -> None:
+        self.done.pop(request_id, None)
 
     def draft(self, seqs: Sequence[Seq], counts: Sequence[int]) -> list[list[int]]:
+        lagging = [(s, self.done.get(s.request_id, s.num_computed_tokens)) for s in seqs]
+        lagging = [(s, done) for s, done in lagging if done < s.num_computed_tokens]
+        if lagging:  # the positions computed since they last drafted: the draft's own KV
+            self.runner.model(rows_batch(
+                self.runner.kv_cache,
+                [s for s, _ in lagging],
+                [s.token_ids[done : s.num_computed_tokens] for s, done in lagging],
+                [done for _, done in lagging],
+                [],
+            ), self.runner.kv_cache)  # fmt: skip
+        self.drafted.update(s.request_id for s in seqs)
         return greedy_drafts(self.runner, seqs, counts, write_last=True)
 
 

@@ -65,6 +65,12 @@ class MTPProposer(ModelProposer):
                              target.block_size, target.dtype, device=target.device)  # fmt: skip
         return cls(model, cache)
 
+    def known(self, seq: Seq) -> list[int]:
+        """The first draft, computed by `after_step` (observed even when the cost model verifies
+        none: this proposer's acceptance keeps being measured for free)."""
+        computed, token, _ = self.next.get(seq.request_id, (-1, 0, None))
+        return [token] if computed == seq.num_computed_tokens else []
+
     def finish(self, request_id: str) -> None:
         self.next.pop(request_id, None)
 

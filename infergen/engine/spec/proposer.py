@@ -9,17 +9,18 @@ engine side). Proposers are stateful per request and fed incrementally, the engi
     propose(request_id, k)       up to k drafted token ids (possibly none)
     finish(request_id)           the request is done (a proposer may keep what it generated)
 
-Proposers that draft with a model (`after_schedule = True`: `layerskip`) cannot draft
-before the step is scheduled — their drafts' KV needs the slots the scheduler allocates — so
-the engine asks them once the batch is known:
+Proposers that draft with a model (`after_schedule = True`: `layerskip`, `draft`, `mtp`)
+cannot draft before the step is scheduled — their drafts' KV needs the slots the scheduler
+allocates — so the engine asks them once the batch is known:
 
-    catch_up(seqs, num_tokens)   the step's sequences, before it runs (a draft model computes
-                                 the tokens of those verifying nothing: its own KV)
     draft(seqs, counts)          counts[i] drafted token ids for each scheduled sequence
+    known(seq)                   drafts already known before scheduling (observed, verified
+                                 or not: `mtp`'s first)
     after_step(seqs, num_tokens, starts)
                                  the step ran and its tokens are kept: num_tokens[i] rows of
                                  seqs[i] from position starts[i] (`mtp` reads the target's
-                                 hidden states of the kept positions)
+                                 hidden states of the kept positions; `draft` notes how far
+                                 its own KV is exact)
 
 (their `propose` is not called). One PROPOSERS row per kind (`speculative` = "ngram" |
 "suffix" | "layerskip" | "draft" | "mtp"), each a factory taking a `DraftContext`: what a
@@ -82,8 +83,10 @@ class ModelProposer:
     def finish(self, request_id: str) -> None:
         pass
 
-    def catch_up(self, seqs: Sequence[Any], num_tokens: Sequence[int]) -> None:
-        pass  # (a proposer whose drafts need no KV of its own)
+    def known(self, seq: Any) -> list[int]:
+        """Drafts of `seq` known before the step is scheduled (`mtp`'s first): the speculator
+        compares them with the tokens that follow even when none are verified."""
+        return []
 
     def after_step(self, seqs: Sequence[Any], num_tokens: Sequence[int],
                    starts: Sequence[int]) -> None:  # fmt: skip

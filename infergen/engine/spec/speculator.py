@@ -62,6 +62,10 @@ def _after(state: SamplingState, drafts: list[int]) -> SamplingState:
 
 
 PENDING = -1  # a draft a model-based proposer fills in once the step is scheduled
+# a model-based proposer's acceptance is measured only from drafts it made (and, for `mtp`,
+# its first draft, known before scheduling): a sequence the cost model gave no drafts for
+# EXPLORE decodes in a row verifies one, so that speculation can come back on
+EXPLORE = 16
 
 
 class Speculator:
@@ -74,6 +78,7 @@ class Speculator:
         self.rollback = rollback  # recurrent states: restored after a rejection (rollback.py)
         self.acceptance = Acceptance()  # of the proposer's drafts, per sequence
         self._starts: list[int] = []  # the scheduled step's first positions (before_step)
+        self._idle: dict[str, int] = {}  # decodes without drafts in a row (model-based)
         self.times = StepTimes()  # t(n) of decode-only steps (the engine's measurements)
         # steps: decodes that verified drafts; proposed / drafted / accepted: tokens (drafted:
         # those verified, after the cost model's choice); observed_kept / _rejected: draft
@@ -96,6 +101,7 @@ class Speculator:
     def finish(self, seq: Seq) -> None:
         self.proposer.finish(seq.request_id)
         self.acceptance.finish(seq.request_id)
+        self._idle.pop(seq.request_id, None)
 
     def draft(self, running: Sequence[Seq], slope: float | None = None, budget: int = 0) -> None:
         """Drafts for this step's decodes (the others: none). With `auto`, trimmed by the cost
@@ -113,6 +119,9 @@ class Speculator:
             decodes += 1
             if self.proposer.after_schedule:  # placeholders: drafted once scheduled
                 seq.drafts = [PENDING] * self.max_drafts
+                known = self.proposer.known(seq)
+                if known:  # compared with what follows, verified or not
+                    self.acceptance.proposed(seq.request_id, known)
             else:
                 seq.drafts = self.proposer.propose(seq.request_id, self.max_drafts)
                 self._proposed(seq)
@@ -132,8 +141,18 @@ class Speculator:
                 slope,
             )
             for seq, n in zip(drafting, counts, strict=True):
-                seq.drafts = seq.drafts[:n]
+                seq.drafts = seq.drafts[: self._explore(seq, n)]
         self.stats["proposer_s"] += time.perf_counter() - began
+
+    def _explore(self, seq: Seq, n: int) -> int:
+        """The cost model's n drafts, or one for a model-based proposer's sequence that had
+        none for EXPLORE decodes (EXPLORE above)."""
+        if n or not self.proposer.after_schedule:
+            self._idle.pop(seq.request_id, None)
+            return n
+        idle = self._idle.get(seq.request_id, 0) + 1
+        self._idle[seq.request_id] = idle % EXPLORE
+        return 1 if idle == EXPLORE else 0
 
     def _proposed(self, seq: Seq) -> None:
         self.acceptance.proposed(seq.request_id, seq.drafts)
@@ -148,7 +167,6 @@ class Speculator:
         verifying = [(seq, c) for seq, c in counts if c > 0]
         if self.proposer.after_schedule:
             began = time.perf_counter()
-            self.proposer.catch_up(seqs, num_tokens)
             if verifying:
                 drafted = self.proposer.draft([s for s, _ in verifying], [c for _, c in verifying])
                 for (seq, _), drafts in zip(verifying, drafted, strict=True):
