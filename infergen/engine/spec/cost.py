@@ -72,11 +72,15 @@ def choose(
     base: int,
     times: StepTimes,
     slope: float,
+    recompute: bool = False,
 ) -> list[int]:
     """How many of its drafts each sequence verifies this step: `drafts[s]` proposed,
     `rates[s]` its acceptance α, `decodes` the tokens the step emits without drafts (a token
     per decode), `base` the tokens it computes anyway (a token per decode, the prefill
-    chunks), `slope` seconds per token beyond the measured counts."""
+    chunks), `slope` seconds per token beyond the measured counts. With `recompute`
+    (recurrent layers, spec/rollback.py), a rejection costs the kept tokens computed again
+    at the next step: with j drafts, Σ_{a<j} α^a (1 − α) (a + 1) tokens on average, at
+    `slope` each — counted in the step's time."""
     chosen = [0] * len(drafts)
     if times.seconds(base, slope) is None:  # nothing measured yet: a plain step first
         return chosen
@@ -85,12 +89,15 @@ def choose(
         *[[(-(rate**j), s) for j in range(1, n + 1)] for s, (n, rate) in enumerate(
             zip(drafts, rates, strict=True))],
     )  # fmt: skip
-    emitted = float(decodes)
+    emitted, extra = float(decodes), 0.0
     best, best_rate, taken = 0, emitted / times.seconds(base, slope), []
     for m, (gain, s) in enumerate(gains, start=1):
         taken.append(s)
         emitted -= gain
-        rate = emitted / times.seconds(base + m, slope)
+        if recompute:  # the j-th draft's share of the expected recomputation
+            j, rate = taken.count(s), rates[s]
+            extra += slope * rate ** (j - 1) * (1.0 - rate) * j
+        rate = emitted / (times.seconds(base + m, slope) + extra)
         if rate > best_rate:
             best, best_rate = m, rate
     for s in taken[:best]:

@@ -139,6 +139,7 @@ class Speculator:
                 base,
                 self.times,
                 slope,
+                recompute=self.rollback is not None,
             )
             for seq, n in zip(drafting, counts, strict=True):
                 seq.drafts = seq.drafts[: self._explore(seq, n)]
