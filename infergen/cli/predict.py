@@ -238,9 +238,32 @@ def deployment(args: argparse.Namespace):
         kv_capacity=parse_bytes(args.kv_memory, where="--kv-memory") if args.kv_memory else None,
         spec_tokens=_spec_tokens(args),
         **_spec_acceptance(args),
-        draft=describe_model(args.draft_model) if args.draft_model else None,
+        draft=_draft(args, desc),
         tiers=_tiers(args),
     )
+
+
+def _draft(args: argparse.Namespace, desc):
+    """What a draft costs: --draft-model's config; with --speculative mtp, the checkpoint's
+    multi-token-prediction layer — a decoder layer (as its last) and the LM head; None: free
+    (n-gram lookup)."""
+    if args.draft_model:
+        return describe_model(args.draft_model)
+    if args.speculative != "mtp":
+        return None
+    import dataclasses
+
+    from infergen.io.model_config import read_model_config
+
+    if not read_model_config(args.model).mtp_layers:
+        raise ConfigError(
+            "--speculative mtp drafts with the checkpoint's multi-token-prediction layers, and "
+            "this model has none",
+            where="--speculative",
+            found=args.model,
+            expected="a config with num_nextn_predict_layers ≥ 1 (DeepSeek-V3)",
+        )
+    return dataclasses.replace(desc, layers=desc.layers[-1:])
 
 
 def _spec_tokens(args: argparse.Namespace) -> int:

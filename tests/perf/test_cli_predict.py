@@ -238,3 +238,18 @@ def test_measured_acceptance_from_the_engine_or_a_benchmark(capsys, tmp_path):
     empty.write_text('{"metric": "other"}\n')
     assert main(["predict", *argv, "--acceptance-from", str(empty)]) != 0
     assert "per_token_acceptance" in capsys.readouterr().err
+
+
+def test_mtp_drafts_cost_a_layer_and_the_head(capsys):
+    """--speculative mtp: each draft costs the model's MTP layer (a decoder layer and the LM
+    head) — slower than free n-gram drafts at the same acceptance, faster than no
+    speculation; a model without MTP layers is a clear error."""
+    argv = ["-m", "tests/perf/configs/deepseek-v3.json", "--tp", "8", "--isl", "500", "--osl", "64",
+            "--num-requests", "4", "--concurrency", "1", "--spec-acceptance", "0.8"]  # fmt: skip
+    plain = run_json(capsys, *argv)
+    mtp = run_json(capsys, *argv, "--speculative", "mtp", "--spec-tokens", "2")
+    free = run_json(capsys, *argv, "--speculative", "ngram", "--spec-tokens", "2")
+    assert plain["output_tok_s"] < mtp["output_tok_s"] < free["output_tok_s"]
+    llama = ["-m", "tests/perf/configs/llama-3.1-8b.json", "--isl", "500", "--osl", "64"]
+    assert main(["predict", *llama, "--speculative", "mtp"]) == 2
+    assert "multi-token-prediction" in capsys.readouterr().err
