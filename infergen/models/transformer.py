@@ -275,11 +275,12 @@ class Transformer(nn.Module):
         else:  # the per-op path: every step the fast path does not cover
             h, delta = self.run_layers(h, batch, kv_cache, num_layers)
         rows = batch.logits_indices
-        if self.keep_hidden:  # every token's final hidden state, the sampled rows' logits
+        if self.keep_hidden:  # every token's final hidden state (models/mtp.py reads them)
             self.hidden = self.norm(h, delta)
-            return self.logits(self.hidden.index_select(0, rows))
         if rows.numel() == 0:  # only unfinished prefill chunks this step: nothing to sample
             return torch.empty(0, self.config.vocab_size, device=h.device)
+        if self.keep_hidden:
+            return self.logits(self.hidden.index_select(0, rows))
         return self.head(h.index_select(0, rows), delta.index_select(0, rows))
 
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:

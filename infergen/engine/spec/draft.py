@@ -18,11 +18,13 @@ the draft too. Its KV follows the positions the target computes, lazily:
 
 So a sequence whose drafts the cost model turns off costs the draft model nothing (it only
 catches up when it drafts again: the cost model's exploration, or its acceptance coming
-back). Blocks a KV tier loads back, and prefix-cache blocks computed while their sequence
-was not drafting, carry no draft KV of theirs: stale draft KV makes drafts worse (fewer
-kept), never outputs wrong (verification decides). The drafts are greedy (deterministic
-drafts, verified against the target's own draw). Models with recurrent layers are refused as
-drafts (their drafting passes would advance the state).
+back). A block's draft KV is known good for the content it was computed for: `valid` maps a
+block to the prefix cache's chained hash of the tokens its draft KV holds. A sequence that
+starts on prefix-cache hits (or KV tier loads) trusts the leading hit blocks whose hash
+matches and catches up from the first that does not (a block a sequence filled without
+drafting, one reused since, one a tier loaded into another block). The drafts are greedy
+(deterministic drafts, verified against the target's own draw). Models with recurrent
+layers are refused as drafts (their drafting passes would advance the state).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class DraftModelProposer(ModelProposer):
         self.runner = runner
         self.done: dict[str, int] = {}  # request id → positions with exact draft KV
         self.drafted: set[str] = set()  # the sequences that drafted in this step
+        self.valid: dict[int, bytes] = {}  # block → the tokens' hash its draft KV is for
 
     @classmethod
     def from_context(cls, context: DraftContext) -> DraftModelProposer:
@@ -86,14 +89,31 @@ class DraftModelProposer(ModelProposer):
         """Where each sequence's draft KV is exact: up to its computed tokens after a step it
         drafted in, else where it was (or the step's start, for a sequence met for the first
         time — its prefix-cache hit — or computed again after a preemption)."""
+        size = self.runner.kv_cache.block_size
         for seq, start in zip(seqs, starts, strict=True):
             rid = seq.request_id
             if seq.finished:  # (finish() came first)
                 continue
-            self.done[rid] = min(self.done.get(rid, start), start)
+            if start < self.done.get(rid, start + 1):  # met first, or computed again
+                self.done[rid] = self._valid_prefix(seq, start)
             if rid in self.drafted:
                 self.done[rid] = seq.num_computed_tokens
+                full = min(seq.num_computed_tokens // size, len(seq.block_hashes))
+                for block, key in zip(seq.blocks[0][:full], seq.block_hashes[:full], strict=True):
+                    self.valid[block] = key
         self.drafted.clear()
+
+    def _valid_prefix(self, seq: Seq, upto: int) -> int:
+        """How many of the sequence's first `upto` positions have good draft KV: its leading
+        blocks whose draft KV was computed for their tokens (`valid`, module docstring)."""
+        size = self.runner.kv_cache.block_size
+        for i in range(-(-upto // size)):
+            if (
+                i >= len(seq.block_hashes)
+                or self.valid.get(seq.blocks[0][i]) != seq.block_hashes[i]
+            ):
+                return min(upto, i * size)
+        return upto
 
     def finish(self, request_id: str) -> None:
         self.done.pop(request_id, None)

@@ -64,8 +64,9 @@ def _after(state: SamplingState, drafts: list[int]) -> SamplingState:
 PENDING = -1  # a draft a model-based proposer fills in once the step is scheduled
 # a model-based proposer's acceptance is measured only from drafts it made (and, for `mtp`,
 # its first draft, known before scheduling): a sequence the cost model gave no drafts for
-# EXPLORE decodes in a row verifies one, so that speculation can come back on
-EXPLORE = 16
+# EXPLORE decodes in a row verifies one, so that speculation can come back on; after each
+# such draft rejected, the sequence waits twice as long, up to MAX_EXPLORE decodes
+EXPLORE, MAX_EXPLORE = 16, 256
 
 
 class Speculator:
@@ -78,7 +79,11 @@ class Speculator:
         self.rollback = rollback  # recurrent states: restored after a rejection (rollback.py)
         self.acceptance = Acceptance()  # of the proposer's drafts, per sequence
         self._starts: list[int] = []  # the scheduled step's first positions (before_step)
-        self._idle: dict[str, int] = {}  # decodes without drafts in a row (model-based)
+        # model-based proposers: decodes without drafts in a row, the decodes a sequence
+        # waits before its next exploring draft, the sequences verifying one (EXPLORE)
+        self._idle: dict[str, int] = {}
+        self._every: dict[str, int] = {}
+        self._exploring: set[str] = set()
         self.times = StepTimes()  # t(n) of decode-only steps (the engine's measurements)
         # steps: decodes that verified drafts; proposed / drafted / accepted: tokens (drafted:
         # those verified, after the cost model's choice); observed_kept / _rejected: draft
@@ -101,7 +106,9 @@ class Speculator:
     def finish(self, seq: Seq) -> None:
         self.proposer.finish(seq.request_id)
         self.acceptance.finish(seq.request_id)
-        self._idle.pop(seq.request_id, None)
+        for waits in (self._idle, self._every):
+            waits.pop(seq.request_id, None)
+        self._exploring.discard(seq.request_id)
 
     def draft(self, running: Sequence[Seq], slope: float | None = None, budget: int = 0) -> None:
         """Drafts for this step's decodes (the others: none). With `auto`, trimmed by the cost
@@ -147,13 +154,25 @@ class Speculator:
 
     def _explore(self, seq: Seq, n: int) -> int:
         """The cost model's n drafts, or one for a model-based proposer's sequence that had
-        none for EXPLORE decodes (EXPLORE above)."""
+        none for as many decodes as it waits (EXPLORE above)."""
+        rid = seq.request_id
         if n or not self.proposer.after_schedule:
-            self._idle.pop(seq.request_id, None)
+            self._idle.pop(rid, None)
+            self._every.pop(rid, None)  # (drafting pays again: waits start over)
             return n
-        idle = self._idle.get(seq.request_id, 0) + 1
-        self._idle[seq.request_id] = idle % EXPLORE
-        return 1 if idle == EXPLORE else 0
+        idle = self._idle.get(rid, 0) + 1
+        if idle < self._every.get(rid, EXPLORE):
+            self._idle[rid] = idle
+            return 0
+        self._idle[rid] = 0
+        self._exploring.add(rid)
+        return 1
+
+    def _explored(self, rid: str, kept: int) -> None:
+        """An exploring draft was verified: kept, the waits start over; else they double."""
+        self._exploring.discard(rid)
+        every = self._every.get(rid, EXPLORE)
+        self._every[rid] = EXPLORE if kept else min(2 * every, MAX_EXPLORE)
 
     def _proposed(self, seq: Seq) -> None:
         self.acceptance.proposed(seq.request_id, seq.drafts)
@@ -207,6 +226,12 @@ class Speculator:
         """The tokens `seq` keeps from a step that verified its drafts, with their logprobs:
         `logits` [1 + drafts, vocab] the target's raw logits at its last token's position and
         each draft's (module docstring)."""
+        out = self._verify(sampler, seq, logits)
+        if seq.request_id in self._exploring:
+            self._explored(seq.request_id, len(out.token_ids) - 1)
+        return out
+
+    def _verify(self, sampler: Sampler, seq: Seq, logits: torch.Tensor) -> SamplerOutput:
         drafts = seq.drafts[: logits.shape[0] - 1]
         states = [_after(seq.sampling, drafts[:j]) for j in range(len(drafts) + 1)]
         if seq.params.is_greedy or sampler.batched is not None:  # all rows in one call
