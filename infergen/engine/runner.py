@@ -35,64 +35,32 @@ class ModelRunner:
         past its last token: the first n - 1 of `seq.drafts`) feeds them as its next inputs and
         gets a logits row per position: its last token's and each draft's; its tokens attend as
         decode rows (ops/paged_attention.plan), so a verifying step is still a decode step."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        query_start_loc = [0]
-        seq_lens: list[int] = []
+        tokens: list[list[int]] = []
         logits_rows: list[int] = []
         sampling: list[int] = []
         verifying: set[int] = set()  # decodes verifying drafts: a decode row per token
+        row = 0
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
             start = seq.num_computed_tokens
             end = start + n
-            input_ids.extend(seq.token_ids[start:end])
             drafted = seq.drafts_verified(n)  # > 0: a decode verifying that many drafts
+            tokens.append(seq.token_ids[start:end] + seq.drafts[:drafted] if drafted
+                          else seq.token_ids[start:end])  # fmt: skip
             if drafted:
-                input_ids.extend(seq.drafts[:drafted])
                 verifying.add(i)
-            positions.extend(range(start, end))
-            query_start_loc.append(query_start_loc[-1] + n)
-            seq_lens.append(end)
+            row += n
             if end >= seq.num_tokens:  # its last token's logits (and each draft's)
-                last = query_start_loc[-1] - 1
-                logits_rows.extend(range(last - drafted, last + 1))
+                logits_rows.extend(range(row - 1 - drafted, row))
                 sampling.append(i)
-        position_tensor = torch.tensor(positions, dtype=torch.int64)
-        slot_mappings, plans = [], []
-        for g, group in enumerate(self.kv_cache.groups):  # each group has its block tables
-            tables = self._block_tables(batch.seqs, g)
-            slots = _new_slots(tables, batch.num_tokens, position_tensor, self.block_size)
-            slot_mappings.append(slots)
-            plans.append(
-                plan(
-                    query_start_loc,
-                    seq_lens,
-                    tables,
-                    self.block_size,
-                    group.window,
-                    group.sinks,
-                    verifying,
-                )  # fmt: skip
-            )
-        if slot_mappings:
-            self.kv_cache.begin_step(slot_mappings[0])
-        states = {}
+        states = None
         if self.kv_cache.states is not None:
             states = dict(
-                query_start_loc=query_start_loc,
                 state_slots=torch.tensor([seq.state_slot for seq in batch.seqs]),
                 fresh=torch.tensor([seq.num_computed_tokens == 0 for seq in batch.seqs]),
             )
-        forward_batch = ForwardBatch(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64),
-            positions=position_tensor,
-            slot_mappings=slot_mappings,
-            attn_plans=plans,
-            logits_indices=torch.tensor(logits_rows, dtype=torch.int64),
-            **states,
-        )
-        if self.device.type != "cpu":
-            forward_batch = to_device(forward_batch, self.device)
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
+        forward_batch = rows_batch(self.kv_cache, batch.seqs, tokens, starts, logits_rows,
+                                   verifying, states)  # fmt: skip
         return forward_batch, sampling
 
     @staticmethod
@@ -136,11 +104,15 @@ def rows_batch(
     tokens: list[list[int]],
     starts: list[int],
     logits_rows: list[int],
+    as_decodes: set[int] = frozenset(),
+    states: dict | None = None,
 ) -> ForwardBatch:
     """A ForwardBatch of `tokens[i]` at positions starts[i], starts[i] + 1, ... of `seqs[i]`,
     each attending over its sequence's positions up to itself through the sequences' block
     tables of `kv_cache`'s groups (their KV written to those slots, which must be allocated);
-    logits for rows `logits_rows`. On the cache's device."""
+    logits for rows `logits_rows`. The sequences `as_decodes` attend as decode rows
+    (ops/paged_attention.plan); `states`: the recurrent layers' state slots and fresh flags
+    (ForwardBatch). On the cache's device."""
     counts = [len(t) for t in tokens]
     position_tensor = torch.tensor(
         [p for start, n in zip(starts, counts, strict=True) for p in range(start, start + n)],
@@ -152,16 +124,17 @@ def rows_batch(
     for g, group in enumerate(kv_cache.groups):
         tables = ModelRunner._block_tables(seqs, g)
         slot_mappings.append(_new_slots(tables, counts, position_tensor, kv_cache.block_size))
-        plans.append(
-            plan(query_start_loc, seq_lens, tables, kv_cache.block_size, group.window, group.sinks)
-        )
-    kv_cache.begin_step(slot_mappings[0])
+        plans.append(plan(query_start_loc, seq_lens, tables, kv_cache.block_size, group.window,
+                          group.sinks, as_decodes))  # fmt: skip
+    if slot_mappings:  # (a model without attention layers has none)
+        kv_cache.begin_step(slot_mappings[0])
     forward_batch = ForwardBatch(
         input_ids=torch.tensor([t for row in tokens for t in row], dtype=torch.int64),
         positions=position_tensor,
         slot_mappings=slot_mappings,
         attn_plans=plans,
         logits_indices=torch.tensor(logits_rows, dtype=torch.int64),
+        **({} if states is None else dict(query_start_loc=query_start_loc, **states)),
     )
     if kv_cache.device.type != "cpu":
         forward_batch = to_device(forward_batch, kv_cache.device)

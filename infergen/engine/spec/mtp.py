@@ -104,6 +104,7 @@ class MTPProposer(ModelProposer):
         for j, (seq, token) in enumerate(zip(drafting, firsts, strict=True)):
             self.next[seq.request_id] = (seq.num_computed_tokens, token, out[at[j]])
 
+    @torch.no_grad()
     def _forward(self, batch, hidden: torch.Tensor) -> torch.Tensor:
         batch.ropes = [RopeInputs(batch.positions, table) for table in self.model.rope_tables]
         embeds = self.model.embed_rows(batch.input_ids)

@@ -65,7 +65,8 @@ PENDING = -1  # a draft a model-based proposer fills in once the step is schedul
 # a model-based proposer's acceptance is measured only from drafts it made (and, for `mtp`,
 # its first draft, known before scheduling): a sequence the cost model gave no drafts for
 # EXPLORE decodes in a row verifies one, so that speculation can come back on; after each
-# such draft rejected, the sequence waits twice as long, up to MAX_EXPLORE decodes
+# such draft the sequence waits twice as long, up to MAX_EXPLORE decodes, until the cost
+# model gives it drafts again (drafts kept but too dear to pay are explored ever less often)
 EXPLORE, MAX_EXPLORE = 16, 256
 
 
@@ -79,11 +80,10 @@ class Speculator:
         self.rollback = rollback  # recurrent states: restored after a rejection (rollback.py)
         self.acceptance = Acceptance()  # of the proposer's drafts, per sequence
         self._starts: list[int] = []  # the scheduled step's first positions (before_step)
-        # model-based proposers: decodes without drafts in a row, the decodes a sequence
-        # waits before its next exploring draft, the sequences verifying one (EXPLORE)
+        # model-based proposers: decodes without drafts in a row, and the decodes a sequence
+        # waits before its next exploring draft (EXPLORE)
         self._idle: dict[str, int] = {}
         self._every: dict[str, int] = {}
-        self._exploring: set[str] = set()
         self.times = StepTimes()  # t(n) of decode-only steps (the engine's measurements)
         # steps: decodes that verified drafts; proposed / drafted / accepted: tokens (drafted:
         # those verified, after the cost model's choice); observed_kept / _rejected: draft
@@ -108,7 +108,6 @@ class Speculator:
         self.acceptance.finish(seq.request_id)
         for waits in (self._idle, self._every):
             waits.pop(seq.request_id, None)
-        self._exploring.discard(seq.request_id)
 
     def draft(self, running: Sequence[Seq], slope: float | None = None, budget: int = 0) -> None:
         """Drafts for this step's decodes (the others: none). With `auto`, trimmed by the cost
@@ -160,19 +159,12 @@ class Speculator:
             self._idle.pop(rid, None)
             self._every.pop(rid, None)  # (drafting pays again: waits start over)
             return n
-        idle = self._idle.get(rid, 0) + 1
-        if idle < self._every.get(rid, EXPLORE):
+        idle, every = self._idle.get(rid, 0) + 1, self._every.get(rid, EXPLORE)
+        if idle < every:
             self._idle[rid] = idle
             return 0
-        self._idle[rid] = 0
-        self._exploring.add(rid)
+        self._idle[rid], self._every[rid] = 0, min(2 * every, MAX_EXPLORE)
         return 1
-
-    def _explored(self, rid: str, kept: int) -> None:
-        """An exploring draft was verified: kept, the waits start over; else they double."""
-        self._exploring.discard(rid)
-        every = self._every.get(rid, EXPLORE)
-        self._every[rid] = EXPLORE if kept else min(2 * every, MAX_EXPLORE)
 
     def _proposed(self, seq: Seq) -> None:
         self.acceptance.proposed(seq.request_id, seq.drafts)
@@ -226,12 +218,6 @@ class Speculator:
         """The tokens `seq` keeps from a step that verified its drafts, with their logprobs:
         `logits` [1 + drafts, vocab] the target's raw logits at its last token's position and
         each draft's (module docstring)."""
-        out = self._verify(sampler, seq, logits)
-        if seq.request_id in self._exploring:
-            self._explored(seq.request_id, len(out.token_ids) - 1)
-        return out
-
-    def _verify(self, sampler: Sampler, seq: Seq, logits: torch.Tensor) -> SamplerOutput:
         drafts = seq.drafts[: logits.shape[0] - 1]
         states = [_after(seq.sampling, drafts[:j]) for j in range(len(drafts) + 1)]
         if seq.params.is_greedy or sampler.batched is not None:  # all rows in one call
