@@ -321,8 +321,22 @@ def test_a_model_proposer_turned_off_still_verifies_a_draft_now_and_then():
                  SamplingParams(max_tokens=160, temperature=0, ignore_eos=True))  # fmt: skip
     stats = llm.engine.speculator.summary()
     assert stats["per_token_acceptance"] < 0.1  # (drafting does not pay: turned off)
-    assert stats["decodes"] > 16 + 32 + 64 and 3 <= stats["steps"] <= 5
+    assert stats["decodes"] > 16 + 32 + 64 and 2 <= stats["steps"] <= 6  # (not every 16)
     assert stats["drafted"] < 2 * stats["steps"]
+
+
+def test_no_exploring_while_drafts_could_not_pay():
+    """Measured step times that make any draft dearer than what it could emit, even kept
+    every time (a draft model too slow for the host): no exploring draft is verified."""
+    llm = LLM(speculative="layerskip", draft_layers=4)
+    times = llm.engine.speculator.times
+    times.observe(1, 0.02)  # (decode-only steps of one token keep being measured)
+    for n in range(2, 10):
+        times.observe(n, 10.0)
+    llm.generate(["Write a short story about a lighthouse keeper."],
+                 SamplingParams(max_tokens=80, temperature=0, ignore_eos=True))  # fmt: skip
+    stats = llm.engine.speculator.summary()
+    assert stats["decodes"] > 64 and stats["steps"] == 0
 
 
 def test_layerskip_on_the_default_model_and_its_errors(tmp_path):

@@ -29,6 +29,7 @@ layers are refused as drafts (their drafting passes would advance the state).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from infergen.engine.request import Sequence as Seq
@@ -127,6 +128,7 @@ class DraftModelProposer(ModelProposer):
                 self.valid.pop(block, None)
         lagging = [(s, self.done.get(s.request_id, s.num_computed_tokens)) for s in seqs]
         lagging = [(s, done) for s, done in lagging if done < s.num_computed_tokens]
+        began = time.perf_counter()
         if lagging:  # the positions computed since they last drafted: the draft's own KV
             self.runner.model(rows_batch(
                 self.runner.kv_cache,
@@ -135,6 +137,7 @@ class DraftModelProposer(ModelProposer):
                 [done for _, done in lagging],
                 [],
             ), self.runner.kv_cache)  # fmt: skip
+        self.catch_up_s = time.perf_counter() - began
         self.drafted.update(s.request_id for s in seqs)
         return greedy_drafts(self.runner, seqs, counts, write_last=True)
 

@@ -70,6 +70,9 @@ class ModelProposer:
     request's tokens)."""
 
     after_schedule = True
+    # seconds the last `draft` call spent catching up on positions computed without it (a
+    # one-off cost: the step times the cost model reads leave it out, spec/speculator.py)
+    catch_up_s = 0.0
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
         pass

@@ -29,8 +29,9 @@ restored after a rejection (spec/rollback.py).
 from __future__ import annotations
 
 import copy
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -66,7 +67,8 @@ PENDING = -1  # a draft a model-based proposer fills in once the step is schedul
 # its first draft, known before scheduling): a sequence the cost model gave no drafts for
 # EXPLORE decodes in a row verifies one, so that speculation can come back on; after each
 # such draft the sequence waits twice as long, up to MAX_EXPLORE decodes, until the cost
-# model gives it drafts again (drafts kept but too dear to pay are explored ever less often)
+# model gives it drafts again; none while the measured step times say that drafts would not
+# pay even if every one were kept (a draft model too dear for this host)
 EXPLORE, MAX_EXPLORE = 16, 256
 
 
@@ -80,6 +82,7 @@ class Speculator:
         self.rollback = rollback  # recurrent states: restored after a rejection (rollback.py)
         self.acceptance = Acceptance()  # of the proposer's drafts, per sequence
         self._starts: list[int] = []  # the scheduled step's first positions (before_step)
+        self._one_off = 0.0  # the step's proposer catch-up seconds (ModelProposer.catch_up_s)
         # model-based proposers: decodes without drafts in a row, and the decodes a sequence
         # waits before its next exploring draft (EXPLORE)
         self._idle: dict[str, int] = {}
@@ -138,6 +141,7 @@ class Speculator:
             base = decodes + min(prefill, max(0, budget - decodes)) if budget else decodes
             if slope is None:  # (no prefill measured yet: this step's cost per token)
                 slope = (self.times.seconds(base, 0.0) or 0.0) / max(1, base)
+            recompute = self.rollback is not None
             counts = choose(
                 [len(seq.drafts) for seq in drafting],
                 [self.acceptance.rate(seq.request_id) for seq in drafting],
@@ -145,22 +149,27 @@ class Speculator:
                 base,
                 self.times,
                 slope,
-                recompute=self.rollback is not None,
+                recompute,
             )
+            # whether drafts could pay at all — every one kept — this step (else exploring
+            # cannot turn speculation back on: drafts too dear whatever their acceptance)
+            could_pay = functools.cache(lambda: choose(
+                [self.max_drafts], [1.0], decodes, base, self.times, slope, recompute)[0] > 0
+            )  # fmt: skip
             for seq, n in zip(drafting, counts, strict=True):
-                seq.drafts = seq.drafts[: self._explore(seq, n)]
+                seq.drafts = seq.drafts[: self._explore(seq, n, could_pay)]
         self.stats["proposer_s"] += time.perf_counter() - began
 
-    def _explore(self, seq: Seq, n: int) -> int:
+    def _explore(self, seq: Seq, n: int, could_pay: Callable[[], bool]) -> int:
         """The cost model's n drafts, or one for a model-based proposer's sequence that had
-        none for as many decodes as it waits (EXPLORE above)."""
+        none for as many decodes as it waits (EXPLORE above), if drafts kept could pay."""
         rid = seq.request_id
         if n or not self.proposer.after_schedule:
             self._idle.pop(rid, None)
             self._every.pop(rid, None)  # (drafting pays again: waits start over)
             return n
         idle, every = self._idle.get(rid, 0) + 1, self._every.get(rid, EXPLORE)
-        if idle < every:
+        if idle < every or not could_pay():
             self._idle[rid] = idle
             return 0
         self._idle[rid], self._every[rid] = 0, min(2 * every, MAX_EXPLORE)
@@ -175,6 +184,7 @@ class Speculator:
         sequence scheduled past its last token (as many drafts as it was scheduled); with
         recurrent layers, their states are saved (spec/rollback.py)."""
         self._starts = [seq.num_computed_tokens for seq in seqs]  # (for after_step)
+        self._one_off = 0.0
         counts = [(s, s.drafts_verified(n)) for s, n in zip(seqs, num_tokens, strict=True)]
         verifying = [(seq, c) for seq, c in counts if c > 0]
         if self.proposer.after_schedule:
@@ -184,6 +194,7 @@ class Speculator:
                 for (seq, _), drafts in zip(verifying, drafted, strict=True):
                     seq.drafts = drafts
                     self._proposed(seq)
+                self._one_off, self.proposer.catch_up_s = self.proposer.catch_up_s, 0.0
             self.stats["proposer_s"] += time.perf_counter() - began
         if self.rollback is not None:
             for seq, _ in verifying:
@@ -211,8 +222,10 @@ class Speculator:
         return True
 
     def observe_step(self, tokens: int, seconds: float) -> None:
-        """A decode-only step (verifying drafts or not) computed `tokens` in `seconds`."""
-        self.times.observe(tokens, seconds)
+        """A decode-only step (verifying drafts or not) computed `tokens` in `seconds` (less
+        its proposer's one-off catch-up: t(n) is what drafting every step costs)."""
+        self.times.observe(tokens, seconds - self._one_off)
+        self._one_off = 0.0
 
     def verify(self, sampler: Sampler, seq: Seq, logits: torch.Tensor) -> SamplerOutput:
         """The tokens `seq` keeps from a step that verified its drafts, with their logprobs:
