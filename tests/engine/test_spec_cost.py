@@ -26,7 +26,8 @@ def test_step_times_measured_interpolated_and_extrapolated():
     times = _times({2: 10.0, 6: 18.0})
     assert times.seconds(2, 1.0) == 10.0
     assert times.seconds(3, 1.0) == pytest.approx(12.0)  # on the line between 2 and 6
-    assert times.seconds(9, 1.5) == pytest.approx(18.0 + 3 * 1.5)  # the slope beyond
+    assert times.seconds(9, 1.5) == pytest.approx(18.0 + 3 * 2.0)  # 2 and 6's: 2 a token
+    assert times.seconds(9, 2.5) == pytest.approx(18.0 + 3 * 2.5)  # the slope when more
     assert times.seconds(1, 1.0) == pytest.approx(9.0)  # below the smallest: minus the slope
     assert times.seconds(1, 8.0) == pytest.approx(5.0)  # but not below half of it
     times.observe(2, 20.0)  # a moving average: the newest step weighs 0.2
@@ -88,6 +89,16 @@ def test_a_recurrent_models_recomputation_after_rejections_costs_drafts():
     assert 0 < choose([4], [0.6], 1, 1, single, slope=0.005, recompute=True)[0] < 4
     assert choose([4], [0.6], 1, 1, single, slope=0.04, recompute=True) == [0]
     assert choose([4], [0.95], 1, 1, single, slope=0.04, recompute=True)[0] > 0
+
+
+def test_a_draft_pass_per_draft_is_extrapolated():
+    """Measured at 1 and 2 tokens only, a step that costs twice one more per draft (a draft
+    model's pass) is not assumed cheap at 9 tokens: even drafts always kept do not pay;
+    a cheap second token (a free proposer) still does."""
+    dear = _times({1: 0.020, 2: 0.060})
+    assert choose([8], [1.0], 1, 1, dear, slope=0.0014) == [0]
+    cheap = _times({1: 0.020, 2: 0.0205})
+    assert choose([8], [1.0], 1, 1, cheap, slope=0.0014) == [8]
 
 
 def test_batch_one_speculates_and_a_large_batch_turns_itself_off():

@@ -9,8 +9,9 @@ while the tokens a step emits grow faster than its time.
 `StepTimes` is t(n), measured: the engine reports every step that computed only decodes
 (verifying or not) with its wall time, kept as a moving average per token count. Between two
 measured counts t is interpolated; beyond the largest it grows by the marginal cost `slope`
-per token — the engine's measured prefill cost per token, the compute-bound rate, which is
-the most a token can add (so an unmeasured larger step is never assumed cheap).
+per token — the engine's measured prefill cost per token, the compute-bound rate — or by the
+two largest measured counts' cost per token when that is more (a draft model's pass per
+draft), so an unmeasured larger step is never assumed cheap.
 
 `choose` picks the drafts of one step. Sequence s has its proposer's drafts and an acceptance
 α_s (spec/acceptance.py); its j-th draft adds α_s^j emitted tokens on average, gains that fall
@@ -56,13 +57,22 @@ class StepTimes:
             return self._seconds[tokens]
         if at == len(counts):  # beyond the largest: the marginal cost per token
             top = counts[-1]
-            return self._seconds[top] + slope * (tokens - top)
+            return self._seconds[top] + self._marginal(slope) * (tokens - top)
         if at == 0:  # below the smallest: as much less, but not below a share of it
             low = counts[0]
             return max(self._seconds[low] - slope * (low - tokens), self._seconds[low] / 2)
         lo, hi = counts[at - 1], counts[at]
         t_lo, t_hi = self._seconds[lo], self._seconds[hi]
         return t_lo + (t_hi - t_lo) * (tokens - lo) / (hi - lo)
+
+    def _marginal(self, slope: float) -> float:
+        """Seconds a token adds beyond the largest measured count: `slope`, or more when the
+        two largest measured counts say so (a draft model's pass per draft costs more than a
+        prefill token)."""
+        if len(self._counts) < 2:
+            return slope
+        lo, hi = self._counts[-2], self._counts[-1]
+        return max(slope, (self._seconds[hi] - self._seconds[lo]) / (hi - lo))
 
 
 def choose(
