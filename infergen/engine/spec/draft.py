@@ -121,13 +121,12 @@ class DraftModelProposer(ModelProposer):
 
     def draft(self, seqs: Sequence[Seq], counts: Sequence[int]) -> list[list[int]]:
         size = self.runner.kv_cache.block_size
-        for seq, n in zip(seqs, counts, strict=True):
+        dones = [self.done.get(s.request_id, s.num_computed_tokens) for s in seqs]
+        for seq, n, done in zip(seqs, counts, dones, strict=True):
             # the blocks written below hold no one's good draft KV until after_step marks them
-            done = self.done.get(seq.request_id, seq.num_computed_tokens)
             for block in seq.blocks[0][done // size : (seq.num_computed_tokens + n) // size + 1]:
                 self.valid.pop(block, None)
-        lagging = [(s, self.done.get(s.request_id, s.num_computed_tokens)) for s in seqs]
-        lagging = [(s, done) for s, done in lagging if done < s.num_computed_tokens]
+        lagging = [(s, d) for s, d in zip(seqs, dones, strict=True) if d < s.num_computed_tokens]
         began = time.perf_counter()
         if lagging:  # the positions computed since they last drafted: the draft's own KV
             self.runner.model(rows_batch(
