@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from infergen import LLM, SamplingParams
+from infergen.engine.spec.cost import StepTimes
 from infergen.errors import ConfigError
 from tests.hf_models import build_hf_model
 from tests.triton_env import HAS_TRITON, INTERPRETED
@@ -72,6 +73,20 @@ def _record_drafts(llm: LLM) -> list[tuple[list[int], list[int]]]:
 
     proposer.draft = recording
     return seen
+
+
+class _FixedTimes(StepTimes):
+    """Step times the engine's measurements leave alone."""
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+def _fixed_times(seconds: dict[int, float]) -> StepTimes:
+    times = _FixedTimes()
+    for tokens, t in seconds.items():
+        StepTimes.observe(times, tokens, t)
+    return times
 
 
 def _assert_no_block_held(llm: LLM) -> None:
@@ -313,8 +328,11 @@ def test_a_model_proposer_turned_off_still_verifies_a_draft_now_and_then():
     EXPLORE decodes in a row verifies one (its acceptance is measured only from drafts it
     made), then waits twice as long after each: layerskip with the default
     model's first 4 layers (drafts never kept) drafts after 16, 32, 64 decodes — one draft
-    at a time."""
+    at a time. The step times are fixed (a draft adds 60 % to a step: it pays only when kept
+    more often than that), not measured: on a host where the step's fixed overhead dwarfs
+    the 4 layers a draft costs, even a rarely kept draft pays and drafting stays on."""
     llm = LLM(speculative="layerskip", draft_layers=4)
+    llm.engine.speculator.times = _fixed_times({n: 1.0 + 0.6 * (n - 1) for n in range(1, 10)})
     llm.generate(["Write a short story about a lighthouse keeper."],
                  SamplingParams(max_tokens=160, temperature=0, ignore_eos=True))  # fmt: skip
     stats = llm.engine.speculator.summary()
