@@ -64,8 +64,19 @@ class CacheConfig:
     # the rest the best by a min/max block-summary bound of q·k. None: dense decode
     sparse_decode_blocks: int | None = None
     sparse_keep_first: int = 1
+    # KV press (kvcache/presses/, engine/kv_press.py): a PRESSES row run at each prefill's end,
+    # removing `kv_press_ratio` of the sequence's cached tokens per layer and KV head
+    kv_press: str | None = None
+    kv_press_ratio: float = 0.5
 
     def __post_init__(self) -> None:
+        require(
+            0 <= self.kv_press_ratio < 1,
+            "kv_press_ratio is the share of a sequence's cached tokens the press removes",
+            where="kv_press_ratio",
+            found=self.kv_press_ratio,
+            expected="a number in [0, 1), e.g. 0.5",
+        )
         if self.sparse_decode_blocks is not None:
             require(
                 self.sparse_decode_blocks > self.sparse_keep_first >= 0,

@@ -155,6 +155,7 @@ def build(
     built.kv_tiers = _tiers(built)
     built.state_checkpoints = _state_checkpoints(built)
     built.speculator = _speculator(built)
+    _check_press(built)
     _compile(built)
     _capture(built)
     return built
@@ -173,6 +174,39 @@ def _speculator(built: Built) -> Speculator | None:
     states = built.kv_cache.states  # recurrent layers: their state rolled back on rejection
     rollback = StateRollback(states) if states is not None else None
     return Speculator(proposer, sched.max_drafts, sched.num_speculative_tokens == "auto", rollback)
+
+
+def _check_press(built: Built) -> None:
+    """kv_press: the cache it compacts must hold per-head K and V pages it can move (not a
+    latent MLA entry, not a block-quantized format's own stores), no recurrent states, no
+    sparse-decode summaries, and no draft cache following the target's positions."""
+    cache = built.config.cache
+    if cache.kv_press is None:
+        return
+    kv_cache, speculator = built.kv_cache, built.speculator
+    problems = [
+        what
+        for what, bad in (
+            ("recurrent layers", kv_cache.states is not None),
+            ("a latent (MLA) cache", built.model_config.cache_shape[0] == 1),
+            (f"kv_format {cache.kv_format!r} (its own block stores)", not kv_cache.pages_movable),
+            ("sparse_decode_blocks", cache.sparse_decode_blocks is not None),
+            (
+                f"speculative={built.config.scheduler.speculative!r} (a draft KV cache)",
+                speculator is not None and speculator.proposer.own_cache,
+            ),
+        )
+        if bad
+    ]
+    if problems:
+        raise ConfigError(
+            "the KV press cannot run with " + ", ".join(problems),
+            where="kv_press",
+            found=cache.kv_press,
+            expected="an attention model (MHA / GQA / MQA) with the engine dtype's or "
+            "fp8_e4m3 KV cache, dense decode, and no draft model or MTP speculation; or "
+            "kv_press None",
+        )
 
 
 def _draft_block_bytes(built: Built, dtype_bytes: int) -> float:

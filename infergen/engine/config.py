@@ -22,6 +22,7 @@ from infergen.config.specs import require
 from infergen.engine.admission import ADMISSION
 from infergen.engine.spec.rows import PROPOSERS
 from infergen.kvcache.kv_format import KV_FORMATS
+from infergen.kvcache.presses import PRESSES
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.quant.activations import ACTIVATION_SCHEMES
 from infergen.quant.clipping import CLIP_METHODS
@@ -101,6 +102,8 @@ class EngineConfig:
     def _check_cache(self) -> None:
         """The KV format is a KV_FORMATS row; its blocks are at least its min_block_size (a
         block-quantized one needs multi-token blocks)."""
+        if self.cache.kv_press is not None:
+            PRESSES.get(self.cache.kv_press, where="kv_press")  # unknown → error now
         if self.cache.kv_format is None:
             return
         fmt = KV_FORMATS.get(self.cache.kv_format, where="kv_format")  # unknown → error now

@@ -18,6 +18,7 @@ from infergen.config import ModelConfig
 from infergen.engine.backlog import OutputLengths, StepCost, seconds_until_admitted
 from infergen.engine.build import build
 from infergen.engine.config import EngineConfig
+from infergen.engine.kv_press import KVPresser
 from infergen.engine.request import RequestOutput, Sequence, Status, StreamDelta
 from infergen.engine.sampler import Sampler, SamplingState
 from infergen.engine.sampling_params import SamplingParams
@@ -27,6 +28,7 @@ from infergen.engine.stopping import StopChecker
 from infergen.errors import RequestError
 from infergen.io.checkpoint import Checkpoint
 from infergen.io.tokenizer import IncrementalDetokenizer
+from infergen.kvcache.presses import PRESSES
 from infergen.ops.sparse_decode import QuestDecode
 
 
@@ -70,10 +72,18 @@ class Engine:
             self.max_model_len,
             built.kv_tiers,
             built.state_checkpoints,
-        )
+            # (a query-aware KV press reads the queries of a prompt's last tokens: computed)
+            0 if built.config.cache.kv_press is None
+            else PRESSES.get(built.config.cache.kv_press).window,
+        )  # fmt: skip
         self.kv_tiers = built.kv_tiers  # host / disk tiers below the pool (kv_offload_*)
         self.sampler = Sampler(self.config.kernels)
         self.speculator = built.speculator  # speculative decoding's drafts (None: off)
+        cache = self.config.cache  # the KV press at each prefill's end (None: off)
+        self.kv_press = None if cache.kv_press is None else KVPresser(
+            PRESSES.get(cache.kv_press, where="kv_press"), cache.kv_press_ratio, self.kv_cache,
+            self.pool, self.model_config.attention_scale,
+        )  # fmt: skip
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
@@ -207,7 +217,10 @@ class Engine:
         scheduled = time.perf_counter()
         if self.speculator is not None:
             self.speculator.before_step(batch.seqs, batch.num_tokens)
-        logits, sampling = self.runner.run(batch)
+        capture = (
+            None if self.kv_press is None else self.kv_press.capture(batch.seqs, batch.num_tokens)
+        )
+        logits, sampling = self.runner.run(batch, capture)
         forward_end = time.perf_counter()
         sampled = [batch.seqs[i] for i in sampling]
         # logits rows per sampling sequence: 1, or 1 + the drafts it verifies (runner.py)
@@ -231,6 +244,8 @@ class Engine:
             else:
                 self._append_token(seq, result.token_ids[at[k]], result.logprobs[at[k]])
         deltas = [self._delta(seq) for seq in sampled]
+        if self.kv_press is not None:  # (the prefills that ended: their cache pressed)
+            self.kv_press.after_step()
         if self.speculator is not None:
             self.speculator.after_step(batch.seqs, batch.num_tokens)
         if self.speculator is not None and all(n == 1 or s in verifying for s, n in pairs(batch)):

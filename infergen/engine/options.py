@@ -40,6 +40,7 @@ from infergen.engine.admission import ADMISSION
 from infergen.engine.config import DTYPES, KERNELS, EngineConfig
 from infergen.engine.spec.rows import PROPOSERS
 from infergen.errors import ConfigError
+from infergen.kvcache.presses import PRESSES
 from infergen.kvcache.tiers.compact import OFFLOAD_FORMATS
 
 # the commands that build an engine from a checkpoint, by what they do with it
@@ -198,6 +199,15 @@ OPTIONS: tuple[Option, ...] = (
            "(the last, the first, the best by a key min/max bound of q·k) instead of the whole "
            "context; prefill stays dense. `engine.sparse_read_fraction()` reports the share "
            "read. Default: dense"),
+    Option("kv_press", "cache.kv_press", None, commands=RUN, choices=tuple(PRESSES),
+           help="KV compression that frees memory: when a prompt has been computed, a press "
+           "scores its cached tokens per layer and KV head and the lowest-scored "
+           "--kv-press-ratio of them leave the cache; the rest move into fewer blocks and the "
+           "freed ones go back to the pool. 'snapkv' (the attention of the prompt's last 32 "
+           "queries), 'knorm' (query-agnostic: small-norm keys kept), 'streaming' (the first 4 "
+           "and the most recent tokens), 'random'. Default: off"),
+    Option("kv_press_ratio", "cache.kv_press_ratio", 0.5, parse=float, commands=RUN,
+           help="KV press: the share of each prompt's cached tokens removed (0.5: half)"),
     Option("sparse_keep_first", "cache.sparse_keep_first", 1, parse=int, commands=(),
            help="sparse decode: the first blocks always read"),
     # ---- scheduler -----------------------------------------------------------------------

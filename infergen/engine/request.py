@@ -51,6 +51,10 @@ class Sequence:
     # speculative decoding: the tokens a proposer drafted for this step (None: the engine drafts
     # nothing, e.g. the performance model's simulator, which schedules the full lookahead)
     drafts: list[int] | None = None
+    # KV press (engine/kv_press.py): per KV cache group, the positions the press removed from
+    # the cache — a position p's KV then lives at cache index p − kv_removed[g] (its RoPE
+    # position unchanged). Empty: nothing removed (never pressed)
+    kv_removed: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -67,6 +71,16 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    def removed(self, group: int) -> int:
+        """Positions of cache group `group` the KV press removed (0 when never pressed)."""
+        return self.kv_removed[group] if self.kv_removed else 0
+
+    @property
+    def pressed(self) -> bool:
+        """Its cache was compacted by a KV press: its blocks no longer follow positions (they
+        are not hashed into the prefix cache, not swapped, not kept as a tail)."""
+        return bool(self.kv_removed)
 
     def drafts_verified(self, num_new: int) -> int:
         """Drafts a step that computes `num_new` of its tokens verifies: how far it reaches

@@ -15,7 +15,7 @@ from infergen.config import ModelConfig
 from infergen.engine.request import Sequence
 from infergen.engine.scheduler import ScheduledBatch
 from infergen.kvcache.paged_cache import PagedKVCache
-from infergen.layers.forward_batch import ForwardBatch
+from infergen.layers.forward_batch import ForwardBatch, QueryCapture
 from infergen.models.transformer import Transformer
 from infergen.ops.paged_attention import plan
 from infergen.ops.to_device import to_device
@@ -91,9 +91,13 @@ class ModelRunner:
         )
         return self.model(forward_batch, self.kv_cache, num_layers=num_layers)
 
-    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int]]:
-        """Forward one step; returns (logits [sampling, vocab] fp32, sampling indices)."""
+    def run(
+        self, batch: ScheduledBatch, capture: QueryCapture | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Forward one step; returns (logits [sampling, vocab] fp32, sampling indices).
+        `capture`: the rows whose queries the attention layers keep (engine/kv_press.py)."""
         forward_batch, sampling = self.prepare(batch)
+        forward_batch.capture = capture
         logits = self.model(forward_batch, self.kv_cache)
         return logits, sampling
 
@@ -123,8 +127,16 @@ def rows_batch(
     slot_mappings, plans = [], []
     for g, group in enumerate(kv_cache.groups):
         tables = ModelRunner._block_tables(seqs, g)
-        slot_mappings.append(_new_slots(tables, counts, position_tensor, kv_cache.block_size))
-        plans.append(plan(query_start_loc, seq_lens, tables, kv_cache.block_size, group.window,
+        # a pressed sequence's cache index of position p: p − removed (engine/kv_press.py)
+        removed = [seq.removed(g) for seq in seqs]
+        indices, lens = position_tensor, seq_lens
+        if any(removed):
+            indices = position_tensor - torch.repeat_interleave(
+                torch.tensor(removed), torch.tensor(counts)
+            )
+            lens = [n - r for n, r in zip(seq_lens, removed, strict=True)]
+        slot_mappings.append(_new_slots(tables, counts, indices, kv_cache.block_size))
+        plans.append(plan(query_start_loc, lens, tables, kv_cache.block_size, group.window,
                           group.sinks, as_decodes))  # fmt: skip
     if slot_mappings:  # (a model without attention layers has none)
         kv_cache.begin_step(slot_mappings[0])

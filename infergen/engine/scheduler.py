@@ -82,6 +82,7 @@ class Scheduler:
         lookahead: int = 0,
         tiers: KVTiers | None = None,
         checkpoints: StateCheckpoints | None = None,
+        recompute_last: int = 0,
     ):
         self.config = config
         self.pool = pool
@@ -97,6 +98,9 @@ class Scheduler:
         # recurrent layers' states, and partial blocks, at chosen positions (None: none kept;
         # then a model with recurrent layers never resumes a prompt)
         self.checkpoints = checkpoints
+        # the last tokens of a prompt computed even when the prefix cache holds them: a
+        # query-aware KV press reads their queries (engine/kv_press.py); at least the last
+        self.recompute_last = max(1, recompute_last)
         self.moves = TierMoves(
             tiers, pool, block_size, len(self.groups), group_key,
             functools.partial(needed_positions, self.groups, block_size), config.preemption_mode,
@@ -153,11 +157,12 @@ class Scheduler:
             seq.blocks = [[] for _ in self.groups]
         if self._windowed:
             self._drop_out_of_window(seq)
-        total = -(-(seq.num_computed_tokens + num_new) // self.block_size)
-        needed = 0
-        for blocks in seq.blocks:
-            if total > len(blocks):
-                needed += total - len(blocks)
+        end = seq.num_computed_tokens + num_new
+        # blocks per group (a pressed sequence's: fewer, engine/kv_press.py)
+        totals = [-(-(end - seq.removed(g)) // self.block_size) for g in range(len(seq.blocks))]
+        needed = sum(
+            max(0, total - len(blocks)) for total, blocks in zip(totals, seq.blocks, strict=True)
+        )
         if needed > self.pool.num_free:
             return False
         if self.states is not None and seq.state_slot is None:
@@ -165,7 +170,7 @@ class Scheduler:
             if seq.state_slot is None:
                 return False
         if needed:
-            for blocks in seq.blocks:
+            for total, blocks in zip(totals, seq.blocks, strict=True):
                 blocks.extend(self.pool.allocate() for _ in range(total - len(blocks)))
         return True
 
@@ -207,6 +212,7 @@ class Scheduler:
         self.release_blocks(seq)
         seq.num_computed_tokens = 0
         seq.num_registered_blocks = 0
+        seq.kv_removed = []  # (recomputed in full, then pressed again)
         seq.num_preemptions += 1
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
@@ -235,7 +241,8 @@ class Scheduler:
         uncomputed so the step produces logits): n blocks hit when every full-attention group
         has blocks 0..n-1 cached and every windowed group those its window still reads. With
         recurrent layers, the deepest state checkpoint over available blocks (none: 0)."""
-        limit = (seq.num_tokens - 1) // self.block_size
+        last = max(0, seq.num_tokens - self.recompute_last)  # (the prefix may reach up to it)
+        limit = last // self.block_size
         if self.states is not None and self.checkpoints is None:
             limit = 0  # no state kept: no prefix to resume from
         extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, limit)
@@ -255,10 +262,10 @@ class Scheduler:
             n -= 1
         resume = None
         if self.states is not None and limit:
-            resume = self._find_checkpoint(seq, hits)
+            resume = self._find_checkpoint(seq, hits, last)
             n = 0 if resume is None else resume[0] // self.block_size
         elif self.states is None and self.checkpoints is not None:  # a tail past n blocks
-            resume = self._find_checkpoint(seq, hits, tail_of=n)
+            resume = self._find_checkpoint(seq, hits, last, tail_of=n)
         seq.blocks = []
         for group, hit in enumerate(hits):
             needed = set(self._needed(group, list(range(n)), n))
@@ -276,7 +283,7 @@ class Scheduler:
         partial block's pages when that position is inside a block (attention only: that
         tail alone, and only there)."""
         done = seq.num_computed_tokens
-        if self.checkpoints is None or not done:
+        if self.checkpoints is None or not done or seq.pressed:
             return
         if self.states is not None and seq.state_slot is None:
             return  # (recurrent layers: no state to keep)
@@ -291,12 +298,12 @@ class Scheduler:
         self.checkpoints.save(seq.state_slot, done, key, partial)
 
     def _find_checkpoint(
-        self, seq: Sequence, hits: list[list[int | None]], tail_of: int | None = None
+        self, seq: Sequence, hits: list[list[int | None]], last: int, tail_of: int | None = None
     ):
-        """(position, checkpoint) of the deepest checkpoint of `seq` whose full blocks are in
-        the pool (`hits`) and, inside a block, for which a state slot and a fresh block per
-        group are free; None when there is none. `tail_of` n (attention only): a tail inside
-        block n, after the n full blocks the prefix reuses."""
+        """(position ≤ `last`, checkpoint) of the deepest checkpoint of `seq` whose full
+        blocks are in the pool (`hits`) and, inside a block, for which a state slot and a
+        fresh block per group are free; None when there is none. `tail_of` n (attention
+        only): a tail inside block n, after the n full blocks the prefix reuses."""
         if self.states is not None and self.states.num_free == 0:
             return None
         groups = range(len(hits))
@@ -308,9 +315,7 @@ class Scheduler:
             idle = sum(1 for b in set(needed) if self.pool.refcount(b) == 0)
             return not inside or self.pool.num_free - idle >= len(hits)
 
-        return self.checkpoints.find(
-            seq.token_ids, seq.block_hashes, seq.num_tokens - 1, usable, block=tail_of
-        )
+        return self.checkpoints.find(seq.token_ids, seq.block_hashes, last, usable, block=tail_of)
 
     def _resume(self, seq: Sequence, position: int, data) -> None:
         """Restore the checkpoint found at `position` into `seq`: a state slot, and a fresh
@@ -335,7 +340,7 @@ class Scheduler:
     def register_full_blocks(self, seq: Sequence) -> None:
         """After a step: publish the sequence's newly completed blocks to the prefix cache."""
         full = seq.num_computed_tokens // self.block_size
-        if full <= seq.num_registered_blocks:
+        if full <= seq.num_registered_blocks or seq.pressed:  # (pressed: blocks ≠ positions)
             return
         extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, full)
         for g, blocks in enumerate(seq.blocks):

@@ -255,7 +255,7 @@ class TierMoves:
             return
         computed = seq.num_computed_tokens
         swap = self.mode == "swap" or (self.mode == "auto" and self.tiers.worth_swapping(computed))
-        if not swap or not computed:
+        if not swap or not computed or seq.pressed:  # (pressed: its blocks ≠ positions)
             self.tiers.preemptions["recompute"] += 1
             return
         full, partial = divmod(computed, self.block_size)

@@ -146,6 +146,16 @@ class Attention(nn.Module):
             out = out * torch.sigmoid(qkv[:, kv_end:])
         return self.o(out)
 
+    def queries(self, x: torch.Tensor, rope) -> torch.Tensor:
+        """The queries [tokens, heads, head_dim] of normed inputs x [tokens, hidden] at the
+        positions of `rope` (after QK-norm and RoPE), as forward computes them: what a KV
+        press's observation window reads (engine/kv_press.py), without touching the cache."""
+        tokens = x.shape[0]
+        q = self.qkv(x)[:, : self.q_size].reshape(tokens, self.num_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return self._rope(q.contiguous(), rope)
+
     def _rope(self, x: torch.Tensor, rope) -> torch.Tensor:
         """RoPE on x [tokens, heads, head_dim], on its first rotary_dim dims when partial."""
         if self.rotary_dim == self.head_dim:

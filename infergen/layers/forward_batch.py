@@ -34,6 +34,9 @@ class ForwardBatch:
     query_start_loc: list[int] | None = None
     state_slots: torch.Tensor | None = None  # [seqs] int64
     fresh: torch.Tensor | None = None  # [seqs] bool
+    # the KV press's observation window (engine/kv_press.py): the rows whose queries each
+    # attention layer keeps, None: none
+    capture: QueryCapture | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -64,6 +67,20 @@ class ForwardBatch:
             self.attn_plans[group],
             self.ropes[rope_index],
         )
+
+
+class QueryCapture:
+    """The queries (after norm and RoPE) of chosen token rows, kept for every attention layer
+    as the layers run (models/transformer.run_layers), in layer order: a query-aware KV press's
+    observation window."""
+
+    def __init__(self, rows: torch.Tensor):
+        self.rows = rows  # [n] int64 token rows of the step
+        self.queries: list[torch.Tensor] = []  # per attention layer run: [n, heads, head_dim]
+
+    def keep(self, q: torch.Tensor) -> None:
+        """q [n, heads, head_dim]: this layer's queries of the rows."""
+        self.queries.append(q.float())
 
 
 class LayerView(NamedTuple):

@@ -106,6 +106,15 @@ class DecoderLayer(nn.Module):
             out = self.post_mlp_norm(out)
         return out  # the new pending delta
 
+    def queries(
+        self, h: torch.Tensor, delta: torch.Tensor | None, rows: torch.Tensor, rope: RopeInputs
+    ) -> torch.Tensor:
+        """The attention's queries [rows, heads, head_dim] of token rows `rows` of the
+        residual stream h (+ its pending delta; neither is changed), before the layer runs."""
+        pending = None if delta is None else delta.index_select(0, rows)
+        x = self.attn_norm(h.index_select(0, rows), pending)  # (on copies: h stays as it is)
+        return self.attn.queries(x, RopeInputs(rope.positions.index_select(0, rows), rope.cache))
+
     def load(self, get: callable, prefix: str, norm_offset: float, mlp_norm: str) -> None:
         """Checkpoint tensors by Hugging Face name; norm weights plus `norm_offset`."""
         norms = [(self.attn_norm, "input_layernorm")]
@@ -264,7 +273,8 @@ class Transformer(nn.Module):
         if batch.ropes is None:
             batch.ropes = [RopeInputs(batch.positions, table) for table in self.rope_tables]
         h = self.embed_rows(batch.input_ids)  # a fresh tensor: the layers update it in place
-        runner = self.fast_path_for(kv_cache)
+        # (a KV press's observation window is captured by the per-op layers)
+        runner = self.fast_path_for(kv_cache) if batch.capture is None else None
         done = None
         if runner is not None and num_layers is None:
             done = runner.run(h, batch)
@@ -300,8 +310,11 @@ class Transformer(nn.Module):
         (updated in place): the residual stream and the last layer's pending delta (what the
         head adds before its norm)."""
         delta = None
+        capture = batch.capture  # a KV press's observation window (engine/kv_press.py)
         for i, layer in enumerate(self.layers[:num_layers]):
             view = batch.view(layer.attn.group, layer.attn.rope_index)
+            if capture is not None and isinstance(layer.attn, Attention):
+                capture.keep(layer.queries(h, delta, capture.rows, view.rope))
             delta = layer(h, delta, view, kv_cache.layer(i))
         return h, delta
 

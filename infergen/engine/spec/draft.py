@@ -43,6 +43,7 @@ SELF = "self:"  # draft_model="self:SCHEME": the target's checkpoint in weight f
 
 class DraftModelProposer(ModelProposer):
     name = "draft"
+    own_cache = True
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner

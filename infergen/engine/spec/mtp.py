@@ -41,6 +41,7 @@ from infergen.ops.rope import RopeInputs
 
 class MTPProposer(ModelProposer):
     name = "mtp"
+    own_cache = True
 
     def __init__(self, model: Transformer, kv_cache: PagedKVCache):
         self.model, self.kv_cache = model, kv_cache  # the target; the MTP layer's own cache

@@ -27,6 +27,7 @@ class _Request:
 class NgramProposer:
     name = "ngram"
     after_schedule = False
+    own_cache = False
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         if not 1 <= min_n <= max_n:

@@ -51,6 +51,9 @@ class DraftContext:
 class Proposer(Protocol):
     name: str
     after_schedule: bool  # drafts with a model, once the step is scheduled (`draft`)
+    # keeps a KV cache of its own that follows the target's positions (`draft`, `mtp`): a KV
+    # press, which moves the target's tokens to other cache indices, cannot run beside it
+    own_cache: bool
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None: ...
 
@@ -70,6 +73,7 @@ class ModelProposer:
     request's tokens)."""
 
     after_schedule = True
+    own_cache = False
     # seconds the last `draft` call spent catching up on positions computed without it (a
     # one-off cost: the step times the cost model reads leave it out, spec/speculator.py)
     catch_up_s = 0.0

@@ -92,6 +92,7 @@ class SuffixTrie:
 class SuffixProposer:
     name = "suffix"
     after_schedule = False
+    own_cache = False
 
     def __init__(self, depth: int = 24, max_outputs: int = 256, min_probability: float = 0.1):
         if depth < 2:

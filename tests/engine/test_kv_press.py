@@ -1,0 +1,194 @@
+"""The KV press in the engine (engine/kv_press.py) against transformers: SnapKV's and KNorm's
+scores from the engine's captured queries and cached keys equal those computed on transformers'
+attention weights and keys; after a press, decoding equals transformers decoding with the
+removed positions masked out; ratio 0 equals no press; freed blocks, prefix hits, preemption,
+speculation and the FP8 cache keep working; unsupported models are clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from infergen import LLM, SamplingParams
+from infergen.errors import ConfigError
+from infergen.kvcache.presses.snapkv import KERNEL, WINDOW
+from tests.hf_models import build_hf_model
+
+
+def _prompt(vocab: int, n: int, seed: int = 3) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _record_scores(llm: LLM) -> list[tuple]:
+    """Every press call's (layer, keys, queries, scores)."""
+    press, seen = llm.engine.kv_press.press, []
+
+    class Recording(type(press)):
+        def scores(self, keys, queries, scale, layer):
+            out = press.scores(keys, queries, scale, layer)
+            seen.append((layer, keys.clone(), queries, out.clone()))
+            return out
+
+    recording = Recording.__new__(Recording)
+    recording.__dict__.update(press.__dict__)
+    llm.engine.kv_press.press = recording
+    return seen
+
+
+def _assert_no_block_held(llm: LLM) -> None:
+    pool = llm.engine.scheduler.pool
+    assert all(pool.refcount(b) == 0 for b in range(pool.num_blocks))
+
+
+def test_snapkv_and_knorm_scores_equal_transformers(tmp_path):
+    """SnapKV: transformers' attention weights of the prompt's last 32 queries, averaged over
+    the window and each KV head's two query heads, max-pooled over 7 positions; KNorm:
+    −‖k‖ of transformers' cached (rotated) keys. Within 1e-5, every layer."""
+    hf = build_hf_model("llama_gqa", tmp_path)
+    prompt = _prompt(211, 60)
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt]), output_attentions=True, use_cache=True)
+    for name in ("snapkv", "knorm"):
+        llm = LLM(str(tmp_path), block_size=4, kv_press=name, kv_press_ratio=0.5)
+        seen = _record_scores(llm)
+        llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0))
+        assert [layer for layer, *_ in seen] == [0, 1, 2]
+        for layer, keys, _, scores in seen:
+            hf_keys = out.past_key_values.layers[layer].keys[0].transpose(0, 1)  # [n, kv, d]
+            torch.testing.assert_close(keys, hf_keys, atol=1e-5, rtol=1e-5)
+            if name == "knorm":
+                want = -hf_keys.norm(dim=-1).t()
+            else:
+                weights = out.attentions[layer][0, :, -WINDOW:, :].mean(dim=1)  # [heads, n]
+                per_kv = weights.view(2, 2, -1).mean(dim=1)[:, : 60 - WINDOW]
+                want = F.max_pool1d(per_kv[:, None], KERNEL, 1, KERNEL // 2)[:, 0]
+                assert torch.isinf(scores[:, 60 - WINDOW :]).all()  # the window: kept
+                scores = scores[:, : 60 - WINDOW]
+            torch.testing.assert_close(scores, want, atol=1e-5, rtol=1e-5)
+        _assert_no_block_held(llm)
+
+
+def _hf_masked_greedy(hf, prompt: list[int], removed: range, steps: int):
+    """transformers' greedy tokens and their log-probabilities after `prompt`, each decode
+    attending to every earlier position but `removed` (a 2-D attention mask over the cache)."""
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt]), use_cache=True)
+        for step in range(steps):
+            logp = out.logits[0, -1].log_softmax(-1)
+            token = int(logp.argmax())
+            tokens.append(token)
+            logprobs.append(float(logp[token]))
+            position = len(prompt) + step
+            mask = torch.ones(1, position + 1, dtype=torch.long)
+            mask[0, removed.start : removed.stop] = 0
+            out = hf(
+                torch.tensor([[token]]),
+                past_key_values=out.past_key_values,
+                attention_mask=mask,
+                position_ids=torch.tensor([[position]]),
+                cache_position=torch.tensor([position]),
+                use_cache=True,
+            )
+    return tokens, logprobs
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gemma3"])
+def test_decoding_after_a_press_equals_transformers_with_the_removed_positions_masked(
+    name, tmp_path
+):
+    """`streaming` at 0.5 keeps the 4 sinks and the last 16 of 40 prompt tokens in every
+    layer and head: the kept keys move to the first cache indices of new blocks, the decodes
+    after them are written past them, and their logits equal transformers' with positions
+    4..23 masked (RoPE positions unchanged; Gemma-3's sliding-window layers keep their own
+    window, which the press leaves alone). Greedy tokens equal, log-probabilities within 1e-4;
+    half the prompt's blocks go back to the pool."""
+    hf = build_hf_model(name, tmp_path)
+    prompt = _prompt(hf.config.vocab_size, 40)
+    llm = LLM(str(tmp_path), block_size=4, kv_press="streaming", kv_press_ratio=0.5)
+    got = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, logprobs=1))[0]
+    tokens, logprobs = _hf_masked_greedy(hf, prompt, range(4, 24), 8)
+    assert got.token_ids == tokens
+    assert [x.logprob for x in got.logprobs] == pytest.approx(logprobs, abs=1e-4)
+    stats = llm.engine.kv_press.stats
+    assert stats["pressed"] == 1 and stats["tokens_removed"] == 20
+    full_groups = sum(group.window is None for group in llm.engine.kv_cache.groups)
+    assert stats["blocks_freed"] == 5 * full_groups  # 10 prompt blocks → 5 per full group
+    _assert_no_block_held(llm)
+
+
+def test_ratio_zero_equals_no_press_and_fp8_codes_move_exactly(tmp_path):
+    """Ratio 0 runs the whole press (capture, scores, compaction into new blocks) keeping every
+    token: the outputs equal the engine's without a press, log-probabilities exactly, for the
+    engine dtype and the FP8 KV cache (its codes move as they are)."""
+    hf = build_hf_model("llama_gqa", tmp_path)
+    prompts = [_prompt(hf.config.vocab_size, n, seed=n) for n in (37, 50)]
+    params = SamplingParams(max_tokens=10, temperature=0, logprobs=1)
+    for kv_format in (None, "fp8_e4m3"):
+        plain = LLM(str(tmp_path), block_size=4, kv_format=kv_format).generate(prompts, params)
+        llm = LLM(str(tmp_path), block_size=4, kv_format=kv_format, kv_press="snapkv",
+                  kv_press_ratio=0.0)  # fmt: skip
+        pressed = llm.generate(prompts, params)
+        assert llm.engine.kv_press.stats["pressed"] == 2
+        for a, b in zip(pressed, plain, strict=True):
+            assert a.token_ids == b.token_ids
+            assert [x.logprob for x in a.logprobs] == [x.logprob for x in b.logprobs]
+        _assert_no_block_held(llm)
+
+
+def test_freed_blocks_prefix_hits_and_speculation(tmp_path):
+    """At 0.5, each 64-token prompt gives back 8 of its 16 blocks (≥ 45 %). A second request
+    sharing the first's prompt hits its uncompressed blocks (released, not rewritten, by the
+    press) up to SnapKV's window, which is computed again for its queries, and equals the
+    same request on a fresh engine; a pressed sequence's own blocks are
+    never hashed. ngram speculation (verify rows past the press's cache indices) leaves greedy
+    outputs unchanged."""
+    hf = build_hf_model("llama_gqa", tmp_path)
+    vocab = hf.config.vocab_size
+    prompts = [_prompt(vocab, 64, seed=s) for s in range(4)]
+    params = SamplingParams(max_tokens=12, temperature=0)
+    options = dict(block_size=4, kv_press="snapkv", kv_press_ratio=0.5)
+    llm = LLM(str(tmp_path), **options)
+    first = llm.generate(prompts, params)
+    stats = llm.engine.kv_press.stats
+    assert stats["pressed"] == 4 and stats["blocks_freed"] == 4 * 8
+    longer = prompts[0] + _prompt(vocab, 9, seed=9)
+    hit = llm.generate([longer], params)[0]
+    # (the window's 32 tokens at the prompt's end are computed: their queries are read)
+    assert hit.num_cached_prompt_tokens == (len(longer) - WINDOW) // 4 * 4 > 0
+    assert hit.token_ids == LLM(str(tmp_path), **options).generate([longer], params)[0].token_ids
+    _assert_no_block_held(llm)
+    spec = LLM(str(tmp_path), speculative="ngram", num_speculative_tokens=3, **options)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == [o.token_ids for o in first]
+    _assert_no_block_held(spec)
+
+
+def test_preemption_of_pressed_sequences(tmp_path):
+    """A pool too small for every sequence at once preempts pressed sequences: recomputed in
+    full and pressed again, every request still gets all its tokens, no block left held."""
+    hf = build_hf_model("llama_gqa", tmp_path)
+    prompts = [_prompt(hf.config.vocab_size, 48, seed=s) for s in range(6)]
+    llm = LLM(str(tmp_path), block_size=4, num_kv_blocks=60, max_num_batched_tokens=64,
+              kv_press="snapkv", kv_press_ratio=0.5)  # fmt: skip
+    outs = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    assert all(len(o.token_ids) == 40 for o in outs)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.kv_press.stats["pressed"] > len(prompts)  # (again after recomputing)
+    _assert_no_block_held(llm)
+
+
+def test_what_the_press_refuses(tmp_path):
+    build_hf_model("llama_gqa", tmp_path / "llama")
+    with pytest.raises(ConfigError, match="kv_press"):
+        LLM(str(tmp_path / "llama"), kv_press="nope")
+    with pytest.raises(ConfigError, match="kv_press_ratio"):
+        LLM(str(tmp_path / "llama"), kv_press="snapkv", kv_press_ratio=1.0)
+    with pytest.raises(ConfigError, match="own block stores"):
+        LLM(str(tmp_path / "llama"), kv_press="snapkv", kv_format="int4_kivi", block_size=16)
+    build_hf_model("mamba2", tmp_path / "mamba")
+    with pytest.raises(ConfigError, match="recurrent"):
+        LLM(str(tmp_path / "mamba"), kv_press="snapkv")
+    build_hf_model("deepseek_v2", tmp_path / "mla")
+    with pytest.raises(ConfigError, match="latent"):
+        LLM(str(tmp_path / "mla"), kv_press="snapkv")
