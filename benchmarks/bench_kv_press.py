@@ -5,8 +5,10 @@ in the same run.
 
 - **Freed blocks**: the share of a pressed sequence's prompt blocks that go back to the pool.
 - **Concurrency**: --concurrent-prompts requests of --concurrent-length tokens (64 new each)
-  on a pool sized for 4 of them unpressed; the most sequences running at once and the
-  wall-clock throughput, pressed against the full cache.
+  on a pool sized for --pool-for of them unpressed, prefix caching off (the prompts share
+  filler; a new one is admitted while its whole prompt fits: the press needs it all first);
+  the most sequences running at once and the wall-clock throughput, pressed against the
+  full cache.
 - **Decode at 4k**: 32 greedy tokens after one 4096-token prompt, time after the first token,
   the full cache and each press interleaved over --rounds rounds (the best of each).
 - **Passkey** (infergen/eval/passkey.py): a five-digit key at --samples depths in filler of
@@ -53,7 +55,8 @@ def _kv_bytes_per_token(llm: LLM) -> float:
 
 def concurrency(press: str | None, ratio: float, prompts: list[list[int]], memory: int) -> dict:
     """Peak running sequences and throughput of `prompts` on a pool of `memory` bytes."""
-    llm = _engine(press, ratio, kv_cache_memory=str(memory))
+    # (no prefix caching: the passkey prompts share their filler, which would share blocks)
+    llm = _engine(press, ratio, kv_cache_memory=str(memory), enable_prefix_caching=False)
     peak = []
     llm.engine.on_step = lambda record: peak.append(len(llm.engine.scheduler.running))
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
@@ -66,7 +69,7 @@ def concurrency(press: str | None, ratio: float, prompts: list[list[int]], memor
         "tok_s": round(sum(len(o.token_ids) for o in outputs) / seconds, 2),
         "seconds": round(seconds, 2),
         "preemptions": llm.engine.scheduler.num_preemptions,
-        **({"blocks_freed": stats["blocks_freed"], "skipped": stats["skipped"]} if stats else {}),
+        **({k: stats[k] for k in ("blocks_freed", "skipped", "in_place")} if stats else {}),
     }
 
 
@@ -77,7 +80,13 @@ def main() -> None:
     parser.add_argument("--lengths", default="1024,2048", help="passkey prompt lengths")
     parser.add_argument("--samples", type=int, default=4, help="passkey depths per length")
     parser.add_argument("--rounds", type=int, default=2, help="decode speed rounds, best taken")
-    parser.add_argument("--concurrent-prompts", type=int, default=8)
+    parser.add_argument("--concurrent-prompts", type=int, default=16)
+    parser.add_argument(
+        "--pool-for",
+        type=int,
+        default=8,
+        help="the concurrency run's pool holds this many requests unpressed",
+    )
     parser.add_argument("--concurrent-length", type=int, default=2048)
     parser.add_argument(
         "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/kv_press.jsonl"
@@ -99,8 +108,7 @@ def main() -> None:
                 "samples": args.samples}  # fmt: skip
         if press is not None:
             stats = llm.engine.kv_press.stats
-            prompt_blocks = sum(-(-n // 16) for n in lengths) * args.samples
-            line["blocks_freed_share"] = round(stats["blocks_freed"] / prompt_blocks, 3)
+            line["blocks_freed_share"] = round(stats["blocks_freed"] / stats["blocks_pressed"], 3)
         print({k: v for k, v in line.items() if k not in ("machine", "model")}, flush=True)
         lines.append(line)
 
@@ -112,15 +120,16 @@ def main() -> None:
         for i in range(args.concurrent_prompts)
     ]  # fmt: skip
     per_token = _kv_bytes_per_token(_engine(None, 0.0, kv_cache_memory="64MiB"))
-    memory = int(4 * (len(prompts[0]) + NEW_TOKENS + 16) * per_token)
+    memory = int(args.pool_for * (len(prompts[0]) + NEW_TOKENS + 16) * per_token)
     full = concurrency(None, args.ratio, prompts, memory)
     lines.append({**base, "part": "concurrency", "press": "full", **full,
-                  "pool_bytes": memory, "prompts": len(prompts),
+                  "pool_bytes": memory, "pool_for": args.pool_for, "prompts": len(prompts),
                   "prompt_tokens": len(prompts[0])})  # fmt: skip
     print({"press": "full", **full}, flush=True)
     for press in presses[:1]:
         got = concurrency(press, args.ratio, prompts, memory)
         line = {**base, "part": "concurrency", "press": press, **got, "pool_bytes": memory,
+                "pool_for": args.pool_for,
                 "prompts": len(prompts), "prompt_tokens": len(prompts[0]),
                 "concurrency_vs_full": round(got["peak_running"] / full["peak_running"], 2),
                 "throughput_vs_full": round(got["tok_s"] / full["tok_s"], 2),

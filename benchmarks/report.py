@@ -480,6 +480,66 @@ def render_soak(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
+PRESS_START, PRESS_END = "<!-- kv-press:start -->", "<!-- kv-press:end -->"
+
+
+def render_kv_press(lines: list[dict]) -> str | None:
+    """bench_kv_press.py's lines (None: no run): passkey and freed blocks per press, then
+    concurrency and decode speed against the full cache."""
+    press = [ln for ln in lines if ln.get("bench") == "kv_press"]
+    passkey = [ln for ln in press if ln["part"] == "passkey"]
+    if not passkey:
+        return None
+    lengths = list(passkey[0]["passkey"])
+    ratio = passkey[0]["ratio"]
+    rows = [
+        f"| press (removing {ratio:.0%}) | "
+        + " | ".join(f"passkey {int(n) // 1024}k" for n in lengths)
+        + " | prompt blocks back in the pool |",
+        "|---|" + "---|" * (len(lengths) + 1),
+    ]
+    for ln in passkey:
+        freed = ln.get("blocks_freed_share")
+        rows.append(
+            f"| {ln['press']} | "
+            + " | ".join(f"{100 * ln['passkey'][n]:.0f} %" for n in lengths)
+            + f" | {'–' if freed is None else f'{100 * freed:.1f} %'} |"
+        )
+    rows += [
+        "",
+        "| measure | full cache | pressed | ratio | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for ln in press:
+        if ln["part"] == "concurrency" and ln["press"] != "full":
+            full = next(f for f in press if f["part"] == "concurrency" and f["press"] == "full")
+            rows.append(
+                f"| {ln['prompts']} prompts of {ln['prompt_tokens']} tokens, pool for "
+                f"{ln.get('pool_for', 4)}: most running at once ({ln['press']}) "
+                f"| {full['peak_running']} | "
+                f"{ln['peak_running']} | {ln['concurrency_vs_full']:.2f}× | ≥ 1.8× "
+                f"| {'yes' if ln['met'] else '**no**'} |"
+            )
+            rows.append(
+                f"| the same: throughput, tok/s ({ln['preemptions']} preemptions pressed, "
+                f"{full['preemptions']} full) | {full['tok_s']:.1f} | {ln['tok_s']:.1f} "
+                f"| {ln['throughput_vs_full']:.2f}× | – | – |"
+            )
+        if ln["part"] == "decode_4k" and ln["press"] != "full":
+            full = next(f for f in press if f["part"] == "decode_4k" and f["press"] == "full")
+            rows.append(
+                f"| decode at {ln['prompt_tokens']} tokens of context, tok/s ({ln['press']}) "
+                f"| {full['decode_tok_s']:.1f} | {ln['decode_tok_s']:.1f} "
+                f"| {ln['speed_vs_full']:.2f}× | ≥ 1.3× | {'yes' if ln['met'] else '**no**'} |"
+            )
+    rows.append(
+        f"\n{_machine(passkey[0])}, {passkey[0]['date']}, {passkey[0]['model']}, "
+        f"{passkey[0]['samples']} passkey depths per length. Regenerate: "
+        "`python benchmarks/bench_kv_press.py && python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 GPU_START, GPU_END = "<!-- gpu-engine:start -->", "<!-- gpu-engine:end -->"
 # issue 22's targets: (what, the line's case, its filter, the value, at least)
 GPU_TARGETS = (
@@ -565,6 +625,7 @@ SECTIONS = (
     (ARCH_START, ARCH_END, render_architectures),
     (SOAK_START, SOAK_END, render_soak),
     (GPU_START, GPU_END, render_gpu_engine),
+    (PRESS_START, PRESS_END, render_kv_press),
 )
 
 

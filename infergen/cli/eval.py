@@ -20,7 +20,10 @@ def add_parser(sub) -> None:
         description="Scores held-out text (the end of data/shakespeare.txt) teacher-forced "
         "with the unquantized model and with each --weights scheme / --kv-format: perplexity, "
         "mean KL divergence of the next-token distributions (nats per token) and top-1 "
-        "agreement; --task passkey retrieves a key hidden in 1k-7k tokens of filler.",
+        "agreement; --task passkey retrieves a key hidden in 1k-7k tokens of filler; --task "
+        "longctx scores long-context tasks (passkey with the question after or before the "
+        "text, four keys, a two-hop variable chain) with the full KV cache and under each "
+        "--kv-press.",
     )
     add_engine_args(ev, "eval")
     ev.add_argument(
@@ -41,10 +44,32 @@ def add_parser(sub) -> None:
     )
     ev.add_argument(
         "--task",
-        choices=("ppl", "kl", "passkey", "all"),
+        choices=("ppl", "kl", "passkey", "all", "longctx"),
         default="kl",
         help="ppl / kl: perplexity, KL and top-1 from one teacher-forced pass (the default); "
-        "passkey: retrieval of a key hidden in long filler; all: both",
+        "passkey: retrieval of a key hidden in long filler; all: both; longctx: the "
+        "long-context tasks under KV presses (--kv-press)",
+    )
+    ev.add_argument(
+        "--kv-press",
+        action="append",
+        default=None,
+        metavar="NAME:RATIO",
+        help="with --task longctx: a KV press and the share of each prompt's tokens it "
+        "removes, e.g. snapkv:0.5 (repeatable; default: every press at 0.25, 0.5 and 0.75)",
+    )
+    ev.add_argument(
+        "--longctx-tasks",
+        default=None,
+        metavar="NAME,NAME",
+        help="with --task longctx: which tasks (default: passkey,passkey_first,multikey,chain)",
+    )
+    ev.add_argument(
+        "--longctx-lengths",
+        type=_lengths,
+        default=None,
+        metavar="N,N,...",
+        help="with --task longctx: prompt lengths in tokens (default 1024,2048,4096)",
     )
     ev.add_argument(
         "--matrix",
@@ -63,13 +88,20 @@ def add_parser(sub) -> None:
         metavar="N,N,...",
         help="passkey prompt lengths in tokens (default 1024,2048,4096,7168)",
     )
-    ev.add_argument("--passkey-samples", type=positive_count, default=3, help="keys per length (3)")
+    ev.add_argument(
+        "--passkey-samples",
+        type=positive_count,
+        default=3,
+        help="keys per length (3; --task longctx: samples per task and length)",
+    )
     ev.add_argument("--tokens", type=int, default=1024, help="tokens of text scored (1024)")
     ev.add_argument("--json", metavar="FILE", default=None, help="also write the rows as JSON")
     ev.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if args.task == "longctx":
+        return _longctx(args)
     import json
 
     from infergen.eval.quality import evaluate
@@ -120,6 +152,50 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if "kl" in tasks:
             plot(rows, f"{args.matrix}.png")
             print(f"wrote {args.matrix}.png")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _longctx(args: argparse.Namespace) -> int:
+    """--task longctx: the full cache and each --kv-press on the long-context tasks."""
+    import json
+
+    from infergen.eval import press_report
+    from infergen.eval.longctx import TASKS
+    from infergen.kvcache.presses import PRESSES
+
+    try:
+        presses = [press_report.parse_press(p) for p in args.kv_press or []]
+    except ValueError as exc:
+        raise ConfigError(str(exc), where="--kv-press") from None
+    presses = presses or [(n, r) for n in PRESSES.names() for r in press_report.RATIOS]
+    for name, ratio in presses:
+        PRESSES.get(name, where="--kv-press")
+        if not 0 <= ratio < 1:
+            raise ConfigError("a press's ratio is the share of tokens it removes",
+                              where="--kv-press", found=ratio, expected="in [0, 1)")  # fmt: skip
+    tasks = args.longctx_tasks.split(",") if args.longctx_tasks else TASKS.names()
+    for name in tasks:
+        TASKS.get(name, where="--longctx-tasks")
+    lengths = args.longctx_lengths or [1024, 2048, 4096]
+    labels = ["full", *(f"{n}:{r:g}" for n, r in presses)]
+    print(f"{', '.join(tasks)} at {lengths} tokens for: {', '.join(labels)}", file=sys.stderr)
+    done = iter(range(1, len(labels) + 1))
+    rows = press_report.press_rows(
+        args.model, presses, tasks, lengths, args.passkey_samples,
+        progress=lambda name: print(f"[{next(done)}/{len(labels)}] {name}", file=sys.stderr),
+        num_threads=args.num_threads,
+    )  # fmt: skip
+    table = press_report.markdown(rows)
+    print(table)
+    if args.matrix:
+        with open(f"{args.matrix}.md", "w") as f:
+            f.write(table + "\n")
+        press_report.plot(rows, f"{args.matrix}.png")
+        print(f"wrote {args.matrix}.md and {args.matrix}.png")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

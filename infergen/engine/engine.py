@@ -28,7 +28,7 @@ from infergen.engine.stopping import StopChecker
 from infergen.errors import RequestError
 from infergen.io.checkpoint import Checkpoint
 from infergen.io.tokenizer import IncrementalDetokenizer
-from infergen.kvcache.presses import PRESSES
+from infergen.kvcache.presses import PRESSES, kept_count
 from infergen.ops.sparse_decode import QuestDecode
 
 
@@ -75,6 +75,7 @@ class Engine:
             # (a query-aware KV press reads the queries of a prompt's last tokens: computed)
             0 if built.config.cache.kv_press is None
             else PRESSES.get(built.config.cache.kv_press).window,
+            built.config.cache.kv_press is not None,  # (a press runs at each prompt's end)
         )  # fmt: skip
         self.kv_tiers = built.kv_tiers  # host / disk tiers below the pool (kv_offload_*)
         self.sampler = Sampler(self.config.kernels)
@@ -172,6 +173,12 @@ class Engine:
         longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
         block_size = self.kv_cache.block_size
         needed = self.scheduler.blocks_for_tokens(longest)
+        if self.kv_press is not None:  # the whole prompt, then what the press keeps + output
+            kept = kept_count(len(token_ids), self.config.cache.kv_press_ratio)
+            needed = max(
+                self.scheduler.blocks_for_tokens(len(token_ids)),
+                self.scheduler.blocks_for_tokens(longest - len(token_ids) + kept),
+            )
         if needed > self.pool.num_blocks:
             raise RequestError(
                 "request can never fit in the KV cache",

@@ -16,10 +16,15 @@ old blocks go back to the pool — memory, not just reads, is freed.
   released, not rewritten, so they stay valid prefix-cache entries for later requests. The
   new blocks are never hashed (a pressed sequence never serves a hit), never swapped or kept
   as a tail (scheduler.py checks `Sequence.pressed`).
-- **Preemption** recomputes a pressed sequence in full, then presses it again at the end of
-  that prefill (its generated tokens, computed then as prompt, are in the window).
-- **No room.** The new blocks are taken before the old ones go: when the pool cannot give
-  them, the sequence is left unpressed (counted: `stats["skipped"]`), never corrupted.
+- **Preemption** recomputes a pressed sequence as it first ran: the scheduler's chunks stop
+  at the prompt's end (`stop_at_prompt_end`), the press runs there, and the tokens it had
+  generated are computed after it, at the same cache indices as before.
+- **No room.** The kept tokens go to fresh blocks while the pool has them (the old blocks
+  then stay prefix-cache entries); when it does not, they are compacted in place into the
+  sequence's own first blocks — those it alone holds, which stop being prefix-cache entries
+  (handed to the KV tiers first, as an eviction's are) — and fresh blocks only where a first
+  block is shared. Only when even those cannot be had is the sequence left unpressed
+  (counted: `stats["skipped"]`), never corrupted.
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ class KVPresser:
         self._due: list[Sequence] = []  # prefills that end this step
         self._capture: QueryCapture | None = None
         self._owners: list[tuple[Sequence, int]] = []  # (sequence, rows) of the capture
-        self.stats = {"pressed": 0, "skipped": 0, "tokens_removed": 0, "blocks_freed": 0}
+        # pressed / skipped: sequences; blocks_pressed: the blocks they held before the press
+        # in_place: groups compacted into their own blocks (the pool had too few free ones)
+        self.stats = {"pressed": 0, "skipped": 0, "in_place": 0, "tokens_removed": 0,
+                      "blocks_pressed": 0, "blocks_freed": 0}  # fmt: skip
 
     def capture(self, seqs: list[Sequence], num_tokens: list[int]) -> QueryCapture | None:
         """Before a step of `seqs` computing `num_tokens` each: the rows whose queries the
@@ -58,10 +66,11 @@ class KVPresser:
         window = self.press.window
         for seq, n in zip(seqs, num_tokens, strict=True):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            prefill = start < len(seq.prompt_token_ids) and not seq.pressed
-            if prefill and end == seq.num_tokens:
+            prompt = len(seq.prompt_token_ids)  # (the scheduler's chunks stop there)
+            prefill = start < prompt and not seq.pressed
+            if prefill and end == prompt:
                 self._due.append(seq)
-            first = max(start, seq.num_tokens - window) if prefill and window else end
+            first = max(start, prompt - window) if prefill and window else end
             if prefill and first < end:
                 rows.extend(range(row + first - start, row + n))
                 self._owners.append((seq, end - first))
@@ -87,7 +96,9 @@ class KVPresser:
             self._capture = None
         for seq in self._due:
             window = self._windows.pop(seq, None)
-            if seq.status is Status.RUNNING and seq.num_computed_tokens == seq.num_tokens - 1:
+            if seq.status is Status.RUNNING and seq.num_computed_tokens == len(
+                seq.prompt_token_ids
+            ):
                 queries = None if window is None else [torch.cat(q) for q in window]
                 self.press_sequence(seq, queries)
         self._due = []
@@ -103,7 +114,14 @@ class KVPresser:
         if not groups:  # (ratio 0 still compacts: every token kept, moved to new blocks)
             return True
         new_count = -(-keep // size)
-        if self.pool.num_free < new_count * len(groups):
+        in_place = self.pool.num_free < new_count * len(groups)
+        # in place: each group's first blocks it alone holds are rewritten (None: fresh)
+        reused = {
+            g: [b if in_place and self.pool.refcount(b) == 1 else None
+                for b in seq.blocks[g][:new_count]]
+            for g in groups
+        }  # fmt: skip
+        if self.pool.num_free < sum(row.count(None) for row in reused.values()):
             self.stats["skipped"] += 1
             return False
         order = {layer: j for j, layer in enumerate(self.attention_layers)}
@@ -113,7 +131,9 @@ class KVPresser:
             positions = torch.arange(tokens)
             table = torch.tensor(old, dtype=torch.int64)
             slots = (table[positions // size] * size + positions % size).to(self.kv_cache.device)
-            new = [self.pool.allocate() for _ in range(new_count)]
+            for block in filter(None.__ne__, reused[g]):
+                self.pool.unpublish(block)
+            new = [self.pool.allocate() if b is None else b for b in reused[g]]
             new_table = torch.tensor(new, dtype=torch.int64)
             index = torch.arange(keep)
             new_slots = (new_table[index // size] * size + index % size).to(slots.device)
@@ -123,9 +143,12 @@ class KVPresser:
                 q = None if queries is None else queries[order[layer]]
                 chosen = kept_positions(self.press.scores(keys, q, self.scale, layer), keep)
                 compact_layer(kv, slots[chosen], new_slots)
-            self.pool.release(old)
+            kept_blocks = set(new)  # (in place: the rewritten ones stay)
+            self.pool.release([b for b in old if b not in kept_blocks])
             seq.blocks[g] = new
             removed[g] = tokens - keep
+            self.stats["in_place"] += in_place
+            self.stats["blocks_pressed"] += len(old)
             self.stats["blocks_freed"] += len(old) - new_count
         seq.kv_removed = removed
         self.stats["pressed"] += 1

@@ -83,6 +83,7 @@ class Scheduler:
         tiers: KVTiers | None = None,
         checkpoints: StateCheckpoints | None = None,
         recompute_last: int = 0,
+        stop_at_prompt_end: bool = False,
     ):
         self.config = config
         self.pool = pool
@@ -101,6 +102,12 @@ class Scheduler:
         # the last tokens of a prompt computed even when the prefix cache holds them: a
         # query-aware KV press reads their queries (engine/kv_press.py); at least the last
         self.recompute_last = max(1, recompute_last)
+        # a chunk never runs past the prompt's end (a KV press runs there: a preempted
+        # sequence's recompute then reaches it as the first run did, engine/kv_press.py); and
+        # a sequence is admitted only while the blocks of its whole prompt are free (the press
+        # frees most of them at the prompt's end: admitted on its first chunk alone, a
+        # newcomer runs out mid-prompt and is preempted, again and again)
+        self.stop_at_prompt_end = stop_at_prompt_end
         self.moves = TierMoves(
             tiers, pool, block_size, len(self.groups), group_key,
             functools.partial(needed_positions, self.groups, block_size), config.preemption_mode,
@@ -366,6 +373,19 @@ class Scheduler:
         drafted = self.lookahead if seq.drafts is None else min(self.lookahead, len(seq.drafts))
         return 1 + max(0, min(drafted, left - 1))
 
+    def _prompt_blocks(self, seq: Sequence) -> int:
+        """Blocks `seq` still needs for its whole prompt (beyond those it holds; a windowed
+        group only its window)."""
+        held = sum(b != NO_BLOCK for blocks in seq.blocks for b in blocks)
+        return max(0, self.blocks_for_tokens(len(seq.prompt_token_ids)) - held)
+
+    def _to_prompt_end(self, seq: Sequence, num_new: int) -> int:
+        """`num_new`, cut at the prompt's end when chunks stop there (stop_at_prompt_end)."""
+        prompt = len(seq.prompt_token_ids)
+        if self.stop_at_prompt_end and seq.num_computed_tokens < prompt:
+            return min(num_new, prompt - seq.num_computed_tokens)
+        return num_new
+
     def schedule(self) -> ScheduledBatch:
         budget = self.config.max_num_batched_tokens
         batch = ScheduledBatch([], [])
@@ -375,7 +395,7 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(self._wanted(seq), budget)
+            num_new = self._to_prompt_end(seq, min(self._wanted(seq), budget))
             while not self.grow(seq, num_new):
                 victim = self.running[-1]
                 self.preempt(victim)
@@ -404,7 +424,7 @@ class Scheduler:
                 i += 1
                 continue
             self.moves.swap_in(seq)
-            num_new = seq.num_uncomputed
+            num_new = self._to_prompt_end(seq, seq.num_uncomputed)
             if self.states is not None and self.checkpoints is not None:
                 # (recurrent layers) end the chunk where earlier prompts' part ends
                 end = self.checkpoints.shared_end(
@@ -418,6 +438,8 @@ class Scheduler:
                 num_new = budget if self.config.enable_chunked_prefill else num_new
             reserve = self.admission(self, seq)
             fits = self.reserved_blocks + self.moves.held + reserve <= self.pool.num_blocks
+            if fits and self.stop_at_prompt_end and self.running:  # its prompt, a block a decode
+                fits = self._prompt_blocks(seq) + len(self.running) <= self.pool.num_free
             if not fits or not self.grow(seq, num_new):
                 self.release_blocks(seq)
                 seq.num_computed_tokens = 0

@@ -80,6 +80,19 @@ class BlockPool:
                     if self.on_free is not None:
                         self.on_free(block)
 
+    def unpublish(self, block: int) -> None:
+        """Its only holder is about to overwrite `block` (a KV press compacting in place): it
+        stops being a prefix-cache entry, its contents handed to `on_evict` first (the KV
+        tiers keep them) as an eviction's are."""
+        assert self._ref[block] == 1, f"block {block} is shared: it cannot be rewritten"
+        key = self._hash[block]
+        if key is None:
+            return
+        if self.on_evict is not None:
+            self.on_evict(block, key, self._parent[block])
+        del self._by_hash[key]
+        self._hash[block] = self._parent[block] = None
+
     def lookup(self, block_hash: bytes) -> int | None:
         """The block holding this chained hash, or None."""
         if not self.enable_prefix_caching:

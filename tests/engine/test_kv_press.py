@@ -94,25 +94,31 @@ def _hf_masked_greedy(hf, prompt: list[int], removed: range, steps: int):
     return tokens, logprobs
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "gemma3"])
+@pytest.mark.parametrize("name,blocks", [("llama_gqa", None), ("gemma3", None), ("llama_gqa", 11)])
 def test_decoding_after_a_press_equals_transformers_with_the_removed_positions_masked(
-    name, tmp_path
+    name, blocks, tmp_path
 ):
     """`streaming` at 0.5 keeps the 4 sinks and the last 16 of 40 prompt tokens in every
     layer and head: the kept keys move to the first cache indices of new blocks, the decodes
     after them are written past them, and their logits equal transformers' with positions
     4..23 masked (RoPE positions unchanged; Gemma-3's sliding-window layers keep their own
     window, which the press leaves alone). Greedy tokens equal, log-probabilities within 1e-4;
-    half the prompt's blocks go back to the pool."""
+    half the prompt's blocks go back to the pool. With a pool of 11 blocks (one free after
+    the prompt's 10) the kept tokens are compacted in place, into the sequence's own first
+    blocks (no longer prefix-cache entries), with the same result."""
     hf = build_hf_model(name, tmp_path)
     prompt = _prompt(hf.config.vocab_size, 40)
-    llm = LLM(str(tmp_path), block_size=4, kv_press="streaming", kv_press_ratio=0.5)
+    llm = LLM(str(tmp_path), block_size=4, kv_press="streaming", kv_press_ratio=0.5,
+              num_kv_blocks=blocks)  # fmt: skip
     got = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, logprobs=1))[0]
     tokens, logprobs = _hf_masked_greedy(hf, prompt, range(4, 24), 8)
     assert got.token_ids == tokens
     assert [x.logprob for x in got.logprobs] == pytest.approx(logprobs, abs=1e-4)
     stats = llm.engine.kv_press.stats
     assert stats["pressed"] == 1 and stats["tokens_removed"] == 20
+    assert stats["in_place"] == (blocks is not None)
+    if blocks is not None:  # the rewritten blocks left the prefix cache: a new run misses
+        assert llm.generate([prompt], SamplingParams(max_tokens=1))[0].num_cached_prompt_tokens == 0
     full_groups = sum(group.window is None for group in llm.engine.kv_cache.groups)
     assert stats["blocks_freed"] == 5 * full_groups  # 10 prompt blocks → 5 per full group
     _assert_no_block_held(llm)
@@ -165,14 +171,18 @@ def test_freed_blocks_prefix_hits_and_speculation(tmp_path):
 
 
 def test_preemption_of_pressed_sequences(tmp_path):
-    """A pool too small for every sequence at once preempts pressed sequences: recomputed in
-    full and pressed again, every request still gets all its tokens, no block left held."""
+    """A pool too small for every sequence at once preempts pressed sequences: recomputed as
+    they first ran (chunks stop at the prompt's end, the press runs there, the generated
+    tokens follow), every request gets the tokens it gets on a pool that never preempts,
+    no block left held."""
     hf = build_hf_model("llama_gqa", tmp_path)
     prompts = [_prompt(hf.config.vocab_size, 48, seed=s) for s in range(6)]
     llm = LLM(str(tmp_path), block_size=4, num_kv_blocks=60, max_num_batched_tokens=64,
               kv_press="snapkv", kv_press_ratio=0.5)  # fmt: skip
-    outs = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
-    assert all(len(o.token_ids) == 40 for o in outs)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    roomy = LLM(str(tmp_path), block_size=4, kv_press="snapkv", kv_press_ratio=0.5)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in roomy.generate(prompts, params)]
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.kv_press.stats["pressed"] > len(prompts)  # (again after recomputing)
     _assert_no_block_held(llm)

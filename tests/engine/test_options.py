@@ -29,7 +29,7 @@ OWN_FLAGS = {
         "draft_model",  # (its own: the performance model's draft config)
     ),  # fmt: skip
     "quantize": ("weights",),
-    "eval": ("weights", "kv_format"),
+    "eval": ("weights", "kv_format", "kv_press"),  # (eval scores a list of each)
     "generate": ("seed",),
     "chat": ("seed",),
 }
