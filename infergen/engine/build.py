@@ -43,6 +43,7 @@ from infergen.kvcache.calibrate import calibrate_kv_scales
 from infergen.kvcache.groups import cache_groups, page_bytes
 from infergen.kvcache.kv_format import kv_format_of
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.kvcache.presses import PRESSES
 from infergen.kvcache.sizing import blocks_for, bytes_per_token
 from infergen.kvcache.state_cache import StateCache, slots_for
 from infergen.kvcache.state_checkpoints import StateCheckpoints
@@ -194,6 +195,10 @@ def _check_press(built: Built) -> None:
             (
                 f"speculative={built.config.scheduler.speculative!r} (a draft KV cache)",
                 speculator is not None and speculator.proposer.own_cache,
+            ),
+            (  # (its decode-time scores would count drafts' queries that were rejected)
+                "speculative decoding (a press that evicts during decode)",
+                speculator is not None and PRESSES.get(cache.kv_press).budgeted,
             ),
         )
         if bad

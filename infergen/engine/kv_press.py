@@ -19,6 +19,13 @@ old blocks go back to the pool — memory, not just reads, is freed.
 - **Preemption** recomputes a pressed sequence as it first ran: the scheduler's chunks stop
   at the prompt's end (`stop_at_prompt_end`), the press runs there, and the tokens it had
   generated are computed after it, at the same cache indices as before.
+- **Under a budget** (`Press.budgeted`, H2O): after the prompt's press the sequence keeps
+  at most its kept count + a block: each decode's queries are captured, and once the cache
+  has grown a block past the budget, the attention they paid is added to each token's
+  accumulated score and the block's worth of lowest-scored tokens (never the `recent` last)
+  leaves the cache by the same compaction. Decoding steps of such sequences take the per-op
+  path (their queries are captured). A preempted one restarts its budget from the prompt's
+  press (the scores accumulated over its decodes are gone).
 - **No room.** The kept tokens go to fresh blocks while the pool has them (the old blocks
   then stay prefix-cache entries); when it does not, they are compacted in place into the
   sequence's own first blocks — those it alone holds, which stop being prefix-cache entries
@@ -28,6 +35,8 @@ old blocks go back to the pool — memory, not just reads, is freed.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -40,7 +49,8 @@ from infergen.layers.forward_batch import QueryCapture
 
 
 class KVPresser:
-    """Runs `press` removing `ratio` of each sequence's tokens at the end of its prefill."""
+    """Runs `press` removing `ratio` of each sequence's tokens at the end of its prompt (and,
+    for a budgeted press, keeping it at that many during decode)."""
 
     def __init__(self, press: Press, ratio: float, kv_cache: PagedKVCache, pool: BlockPool,
                  scale: float):  # fmt: skip
@@ -52,10 +62,15 @@ class KVPresser:
         self._due: list[Sequence] = []  # prefills that end this step
         self._capture: QueryCapture | None = None
         self._owners: list[tuple[Sequence, int]] = []  # (sequence, rows) of the capture
+        # budgeted presses: each pressed sequence's budget (tokens kept) and, per attention
+        # layer, its cached tokens' accumulated scores [kv_heads, tokens scored]
+        self._budgets: dict[Sequence, int] = {}
+        self._scores: dict[Sequence, list[torch.Tensor]] = {}
         # pressed / skipped: sequences; blocks_pressed: the blocks they held before the press
-        # in_place: groups compacted into their own blocks (the pool had too few free ones)
+        # in_place: groups compacted into their own blocks (the pool had too few free ones);
+        # evictions: a budgeted press's decode-time compactions
         self.stats = {"pressed": 0, "skipped": 0, "in_place": 0, "tokens_removed": 0,
-                      "blocks_pressed": 0, "blocks_freed": 0}  # fmt: skip
+                      "blocks_pressed": 0, "blocks_freed": 0, "evictions": 0}  # fmt: skip
 
     def capture(self, seqs: list[Sequence], num_tokens: list[int]) -> QueryCapture | None:
         """Before a step of `seqs` computing `num_tokens` each: the rows whose queries the
@@ -71,7 +86,9 @@ class KVPresser:
             if prefill and end == prompt:
                 self._due.append(seq)
             first = max(start, prompt - window) if prefill and window else end
-            if prefill and first < end:
+            if seq in self._budgets and start >= prompt:  # a budgeted sequence: every query
+                first = start
+            if (prefill or seq in self._budgets) and first < end:
                 rows.extend(range(row + first - start, row + n))
                 self._owners.append((seq, end - first))
             row += n
@@ -79,8 +96,8 @@ class KVPresser:
         return self._capture
 
     def after_step(self) -> None:
-        """After the step `capture` saw, its tokens committed: keep the window's queries,
-        press the sequences whose prefill ended (those still running)."""
+        """After the step `capture` saw, its tokens committed: keep the captured queries,
+        press the sequences whose prompt ended, evict from those past their budget."""
         if self._capture is not None:
             if len(self._capture.queries) != len(self.attention_layers):
                 raise RuntimeError(  # (a layer kind that does not capture its queries)
@@ -102,16 +119,83 @@ class KVPresser:
                 queries = None if window is None else [torch.cat(q) for q in window]
                 self.press_sequence(seq, queries)
         self._due = []
+        size = self.kv_cache.block_size
+        for seq, budget in list(self._budgets.items()):
+            if seq.status is not Status.RUNNING:  # (finished or preempted: its state goes)
+                del self._budgets[seq], self._scores[seq]
+                self._windows.pop(seq, None)
+            elif self._cached(seq) >= budget + size:
+                window = self._windows.pop(seq, None)
+                self._evict(seq, None if window is None else [torch.cat(q) for q in window])
         for seq in [s for s in self._windows if s.status is not Status.RUNNING]:
             del self._windows[seq]  # (preempted or finished mid-prefill)
+
+    def _cached(self, seq: Sequence) -> int:
+        """Tokens in `seq`'s cache (its first pressed group's: they all press alike)."""
+        g = next(g for g, group in enumerate(self.kv_cache.groups) if group.window is None)
+        return seq.num_computed_tokens - seq.removed(g)
 
     def press_sequence(self, seq: Sequence, queries: list[torch.Tensor] | None) -> bool:
         """Press `seq`'s computed tokens (`queries`: per attention layer in run order, the
         window's [window, heads, head_dim]); False when the pool had no room."""
-        tokens, size = seq.num_computed_tokens, self.kv_cache.block_size
+        tokens = seq.num_computed_tokens
         keep = kept_count(tokens, self.ratio)
+        press = self.press
+        if not press.budgeted:
+            choose = functools.partial(self._choose_once, queries=queries, keep=keep)
+        else:
+            scores = [None] * len(self.attention_layers)
+            choose = functools.partial(self._choose_budgeted, queries=queries, keep=keep,
+                                       accumulated=scores)  # fmt: skip
+        if not self._compact(seq, keep, choose):
+            return False
+        self.stats["pressed"] += 1
+        self.stats["tokens_removed"] += tokens - keep
+        if press.budgeted:
+            self._budgets[seq], self._scores[seq] = keep, scores
+        return True
+
+    def _evict(self, seq: Sequence, queries: list[torch.Tensor] | None) -> None:
+        """A budgeted sequence a block past its budget: the decodes' queries' attention added
+        to the accumulated scores, the lowest-scored tokens out."""
+        keep, cached = self._budgets[seq], self._cached(seq)
+        scores = self._scores[seq]
+        choose = functools.partial(self._choose_budgeted, queries=queries, keep=keep,
+                                   accumulated=scores)  # fmt: skip
+        if self._compact(seq, keep, choose):
+            self.stats["evictions"] += 1
+            self.stats["tokens_removed"] += cached - keep
+
+    def _choose_once(self, j: int, keys: torch.Tensor, queries, keep: int) -> torch.Tensor:
+        """Attention layer j's kept positions [kv_heads, keep] by the press's scores."""
+        q = None if queries is None else queries[j]
+        return kept_positions(self.press.scores(keys, q, self.scale, self.attention_layers[j]),
+                              keep)  # fmt: skip
+
+    def _choose_budgeted(self, j: int, keys: torch.Tensor, queries, keep: int,
+                         accumulated: list) -> torch.Tensor:  # fmt: skip
+        """Layer j's kept positions by accumulated scores: those kept so far (zero for the
+        tokens since) plus what the captured queries paid each token, the `recent` last
+        always kept; `accumulated[j]` becomes the kept tokens' scores."""
+        tokens = keys.shape[0]
+        total = torch.zeros(keys.shape[1], tokens, device=keys.device)
+        if accumulated[j] is not None:
+            total[:, : accumulated[j].shape[1]] = accumulated[j]
+        if queries is not None:
+            total += self.press.accumulated(keys, queries[j], self.scale)
+        ranked = total.clone()
+        ranked[:, max(0, tokens - self.press.recent) :] = float("inf")
+        chosen = kept_positions(ranked, keep)
+        accumulated[j] = total.gather(1, chosen)
+        return chosen
+
+    def _compact(self, seq: Sequence, keep: int, choose) -> bool:
+        """Keep `keep` of each full-attention group's cached tokens, `choose(j, layer, keys)`
+        picking attention layer j's [kv_heads, keep] cache indices; moved to fresh blocks, or
+        in place when the pool has too few; False (nothing changed) when even that fails."""
+        size = self.kv_cache.block_size
         groups = [g for g, group in enumerate(self.kv_cache.groups) if group.window is None]
-        if not groups:  # (ratio 0 still compacts: every token kept, moved to new blocks)
+        if not groups:
             return True
         new_count = -(-keep // size)
         in_place = self.pool.num_free < new_count * len(groups)
@@ -125,12 +209,13 @@ class KVPresser:
             self.stats["skipped"] += 1
             return False
         order = {layer: j for j, layer in enumerate(self.attention_layers)}
-        removed = [0] * len(self.kv_cache.groups)
+        removed = list(seq.kv_removed or [0] * len(self.kv_cache.groups))
         for g in groups:
             old = seq.blocks[g]
-            positions = torch.arange(tokens)
+            cached = seq.num_computed_tokens - removed[g]
+            index = torch.arange(cached)
             table = torch.tensor(old, dtype=torch.int64)
-            slots = (table[positions // size] * size + positions % size).to(self.kv_cache.device)
+            slots = (table[index // size] * size + index % size).to(self.kv_cache.device)
             for block in filter(None.__ne__, reused[g]):
                 self.pool.unpublish(block)
             new = [self.pool.allocate() if b is None else b for b in reused[g]]
@@ -139,18 +224,15 @@ class KVPresser:
             new_slots = (new_table[index // size] * size + index % size).to(slots.device)
             for layer in self.kv_cache.groups[g].layers:
                 kv = self.kv_cache.layer(layer)
-                keys, _ = kv.fmt.read(kv, slots, torch.float32)  # [tokens, kv_heads, head_dim]
-                q = None if queries is None else queries[order[layer]]
-                chosen = kept_positions(self.press.scores(keys, q, self.scale, layer), keep)
+                keys, _ = kv.fmt.read(kv, slots, torch.float32)  # [cached, kv_heads, head_dim]
+                chosen = choose(order[layer], keys)
                 compact_layer(kv, slots[chosen], new_slots)
             kept_blocks = set(new)  # (in place: the rewritten ones stay)
             self.pool.release([b for b in old if b not in kept_blocks])
             seq.blocks[g] = new
-            removed[g] = tokens - keep
+            removed[g] += cached - keep
             self.stats["in_place"] += in_place
             self.stats["blocks_pressed"] += len(old)
             self.stats["blocks_freed"] += len(old) - new_count
         seq.kv_removed = removed
-        self.stats["pressed"] += 1
-        self.stats["tokens_removed"] += tokens - keep
         return True

@@ -21,13 +21,19 @@ def _prompt(vocab: int, n: int, seed: int = 3) -> list[int]:
 
 
 def _record_scores(llm: LLM) -> list[tuple]:
-    """Every press call's (layer, keys, queries, scores)."""
+    """Every press call's (layer, keys, queries, scores); a budgeted press's accumulated
+    scores (its layer: the order of the calls)."""
     press, seen = llm.engine.kv_press.press, []
 
     class Recording(type(press)):
         def scores(self, keys, queries, scale, layer):
             out = press.scores(keys, queries, scale, layer)
             seen.append((layer, keys.clone(), queries, out.clone()))
+            return out
+
+        def accumulated(self, keys, queries, scale):
+            out = press.accumulated(keys, queries, scale)
+            seen.append((len(seen), keys.clone(), queries, out.clone()))
             return out
 
     recording = Recording.__new__(Recording)
@@ -41,15 +47,16 @@ def _assert_no_block_held(llm: LLM) -> None:
     assert all(pool.refcount(b) == 0 for b in range(pool.num_blocks))
 
 
-def test_snapkv_and_knorm_scores_equal_transformers(tmp_path):
+def test_snapkv_h2o_and_knorm_scores_equal_transformers(tmp_path):
     """SnapKV: transformers' attention weights of the prompt's last 32 queries, averaged over
-    the window and each KV head's two query heads, max-pooled over 7 positions; KNorm:
-    −‖k‖ of transformers' cached (rotated) keys. Within 1e-5, every layer."""
+    the window and each KV head's two query heads, max-pooled over 7 positions; H2O: those
+    weights summed over the window, averaged over the query heads, the last 32 tokens kept;
+    KNorm: −‖k‖ of transformers' cached (rotated) keys. Within 1e-5, every layer."""
     hf = build_hf_model("llama_gqa", tmp_path)
     prompt = _prompt(211, 60)
     with torch.no_grad():
         out = hf(torch.tensor([prompt]), output_attentions=True, use_cache=True)
-    for name in ("snapkv", "knorm"):
+    for name in ("snapkv", "h2o", "knorm"):
         llm = LLM(str(tmp_path), block_size=4, kv_press=name, kv_press_ratio=0.5)
         seen = _record_scores(llm)
         llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0))
@@ -59,6 +66,9 @@ def test_snapkv_and_knorm_scores_equal_transformers(tmp_path):
             torch.testing.assert_close(keys, hf_keys, atol=1e-5, rtol=1e-5)
             if name == "knorm":
                 want = -hf_keys.norm(dim=-1).t()
+            elif name == "h2o":  # (the accumulated scores; the last 32 kept whatever they are)
+                weights = out.attentions[layer][0, :, -WINDOW:, :].sum(dim=1)  # [heads, n]
+                want = weights.view(2, 2, -1).mean(dim=1)
             else:
                 weights = out.attentions[layer][0, :, -WINDOW:, :].mean(dim=1)  # [heads, n]
                 per_kv = weights.view(2, 2, -1).mean(dim=1)[:, : 60 - WINDOW]
@@ -188,12 +198,55 @@ def test_preemption_of_pressed_sequences(tmp_path):
     _assert_no_block_held(llm)
 
 
+def test_h2o_holds_the_budget_during_decode(tmp_path):
+    """H2O at 0.5 on a 60-token prompt keeps 30 tokens per head; while 40 tokens are generated
+    the cache never holds more than 30 + a block of 4 (an eviction each time it reaches 34).
+    At each eviction the accumulated scores grow by the attention that the decodes since the
+    last one paid each cached token: a plain-torch loop (one query and head at a time, causal
+    by cache index) is the oracle, within 1e-5."""
+    hf = build_hf_model("llama_gqa", tmp_path)
+    llm = LLM(str(tmp_path), block_size=4, kv_press="h2o", kv_press_ratio=0.5)
+    presser = llm.engine.kv_press
+    calls, accumulated = [], presser.press.accumulated
+
+    def recording(keys, queries, scale):
+        out = accumulated(keys, queries, scale)
+        calls.append((keys, queries, scale, out))
+        return out
+
+    presser.press.accumulated = recording
+    cached = []
+    llm.engine.on_step = lambda record: cached.extend(
+        presser._cached(s) for s in llm.engine.scheduler.running if s.pressed
+    )
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    out = llm.generate([_prompt(hf.config.vocab_size, 60)], params)[0]
+    assert len(out.token_ids) == 40 and max(cached) <= 34 and min(cached) >= 30
+    stats = presser.stats
+    assert stats["pressed"] == 1 and stats["evictions"] >= 8
+    for keys, queries, scale, got in calls[3:]:  # (the decode-time ones: after the prompt's)
+        tokens, kv_heads, _ = keys.shape
+        heads = queries.shape[1]
+        want = torch.zeros(kv_heads, tokens)
+        for i in range(queries.shape[0]):
+            position = tokens - queries.shape[0] + i  # (the last m cache indices, in order)
+            for h in range(heads):
+                k = keys[: position + 1, h // (heads // kv_heads)]
+                p = torch.softmax(k @ queries[i, h] * scale, dim=0)
+                want[h // (heads // kv_heads), : position + 1] += p / (heads // kv_heads)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert len(calls) > 3
+    _assert_no_block_held(llm)
+
+
 def test_what_the_press_refuses(tmp_path):
     build_hf_model("llama_gqa", tmp_path / "llama")
     with pytest.raises(ConfigError, match="kv_press"):
         LLM(str(tmp_path / "llama"), kv_press="nope")
     with pytest.raises(ConfigError, match="kv_press_ratio"):
         LLM(str(tmp_path / "llama"), kv_press="snapkv", kv_press_ratio=1.0)
+    with pytest.raises(ConfigError, match="evicts during decode"):
+        LLM(str(tmp_path / "llama"), kv_press="h2o", speculative="ngram")
     with pytest.raises(ConfigError, match="own block stores"):
         LLM(str(tmp_path / "llama"), kv_press="snapkv", kv_format="int4_kivi", block_size=16)
     build_hf_model("mamba2", tmp_path / "mamba")

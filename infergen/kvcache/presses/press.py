@@ -2,7 +2,8 @@
 layer and KV head, so that the lowest-scored ones can leave the cache and their blocks go back
 to the pool (engine/kv_press.py runs them; compact.py moves the kept tokens together).
 
-A press runs when a sequence's prefill ends (its prompt computed). `window` > 0: it reads the
+A press runs when a sequence's prefill ends (its prompt computed); a budgeted one (H2O) also
+during decode, holding the sequence at the prompt's kept count. `window` > 0: it reads the
 queries of the last `window` computed tokens (post-RoPE, every query head), captured during
 the prefill (query-aware presses: SnapKV); 0: the keys alone (query-agnostic: the scores do
 not depend on what is asked next, so the kept cache stays good for any later question).
@@ -27,6 +28,10 @@ class Press:
     name: str = ""
     description: str = ""
     window: int = 0  # queries of the last `window` tokens it reads (0: query-agnostic)
+    # keeps evicting during decode, holding the sequence at its prompt's kept count (H2O):
+    # `accumulated` scores, the `recent` last tokens always kept
+    budgeted: bool = False
+    recent: int = 0
 
     def scores(
         self,
@@ -35,6 +40,15 @@ class Press:
         scale: float,  # the attention's softmax scale
         layer: int,  # the layer's index (a press may vary by layer)
     ) -> torch.Tensor:  # [kv_heads, tokens] fp32: higher is kept
+        raise NotImplementedError
+
+    def accumulated(
+        self,
+        keys: torch.Tensor,  # [tokens, kv_heads, head_dim] fp32, the cached keys
+        queries: torch.Tensor,  # [m, heads, head_dim] fp32: the last m tokens' queries
+        scale: float,
+    ) -> torch.Tensor:  # [kv_heads, tokens] fp32: what these queries add to each score
+        """A budgeted press's score increments (summed over steps by engine/kv_press.py)."""
         raise NotImplementedError
 
 
