@@ -7,7 +7,9 @@
 #   guidellm          a third-party load generator (crosscheck_guidellm.py), in its own venv
 #   llama-cpp-python  its Python bindings (bench_generate.py, bench_quant.py): no wheel here,
 #                     pip compiles llama.cpp from source (~15 min on 2 cores)
-# Usage: bash benchmarks/setup_peers.sh [PART...]   (default: all three, in this order)
+#   kvpress           NVIDIA's kvpress (KV presses on transformers' cache: bench_kv_press_peer.py)
+#                     in its own venv: it needs transformers < 5.3 (ours is newer)
+# Usage: bash benchmarks/setup_peers.sh [PART...]   (default: all four, in this order)
 set -euo pipefail
 PEERS="${INFERGEN_PEERS_DIR:-$HOME/.cache/infergen/peers}"
 LLAMA_VENV="$PEERS/llama-cpp"
@@ -18,6 +20,9 @@ LLAMA_CPP="$PEERS/llama.cpp"
 declare -A LLAMA_BUILD_NUMBERS=([0c1e57098]=11312)
 GUIDELLM_VENV="$PEERS/guidellm"
 GUIDELLM_VERSION="${GUIDELLM_VERSION:-0.8.1}"
+KVPRESS_VENV="$PEERS/kvpress"
+KVPRESS_VERSION="${KVPRESS_VERSION:-0.5.5}"
+KVPRESS_TRANSFORMERS="${KVPRESS_TRANSFORMERS:-5.2.0}"
 TMP_BUILD=""
 trap 'rm -rf "$TMP_BUILD"' EXIT
 
@@ -71,6 +76,21 @@ build_guidellm() {
   "$GUIDELLM_VENV/bin/guidellm" --version
 }
 
+build_kvpress() {
+  # torch pinned first (the local CPU wheel), then kvpress with the newest transformers it takes
+  if ! "$KVPRESS_VENV/bin/python" -c "import kvpress, importlib.metadata as m; \
+      assert m.version('kvpress') == '$KVPRESS_VERSION'" 2>/dev/null; then
+    mkdir -p "$PEERS"
+    python3 -m venv "$KVPRESS_VENV"
+    "$KVPRESS_VENV/bin/pip" install -q --upgrade pip
+    "$KVPRESS_VENV/bin/pip" install -q torch==2.13.0
+    "$KVPRESS_VENV/bin/pip" install -q "kvpress==$KVPRESS_VERSION" \
+      "transformers==$KVPRESS_TRANSFORMERS"
+  fi
+  "$KVPRESS_VENV/bin/python" -c "import importlib.metadata as m; \
+    print('kvpress', m.version('kvpress'), 'transformers', m.version('transformers'))"
+}
+
 build_llama_cpp_python() {
   if [ -x "$LLAMA_VENV/bin/python" ] \
     && "$LLAMA_VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
@@ -87,12 +107,14 @@ build_llama_cpp_python() {
 }
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(llama-server guidellm llama-cpp-python)
+[ ${#parts[@]} -gt 0 ] || parts=(llama-server guidellm llama-cpp-python kvpress)
 for part in "${parts[@]}"; do
   case "$part" in
     llama-server) build_llama_server ;;
     guidellm) build_guidellm ;;
     llama-cpp-python) build_llama_cpp_python ;;
-    *) echo "unknown part '$part' (llama-server, guidellm, llama-cpp-python)" >&2; exit 2 ;;
+    kvpress) build_kvpress ;;
+    *) echo "unknown part '$part' (llama-server, guidellm, llama-cpp-python, kvpress)" >&2
+       exit 2 ;;
   esac
 done

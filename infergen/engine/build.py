@@ -87,6 +87,8 @@ class Built:
     # recurrent layers' state checkpoints for prefix reuse (state_checkpoint_memory)
     state_checkpoints: StateCheckpoints | None = None
     speculator: Speculator | None = None  # speculative decoding (engine/spec/speculator.py)
+    # why no KV press can run on this engine (empty: presses can, engine-wide or per request)
+    press_blockers: list[str] = field(default_factory=list)
 
 
 class GraphCapture(NamedTuple):
@@ -156,6 +158,7 @@ def build(
     built.kv_tiers = _tiers(built)
     built.state_checkpoints = _state_checkpoints(built)
     built.speculator = _speculator(built)
+    built.press_blockers = press_blockers(built)
     _check_press(built)
     _compile(built)
     _capture(built)
@@ -177,15 +180,16 @@ def _speculator(built: Built) -> Speculator | None:
     return Speculator(proposer, sched.max_drafts, sched.num_speculative_tokens == "auto", rollback)
 
 
-def _check_press(built: Built) -> None:
-    """kv_press: the cache it compacts must hold per-head K and V pages it can move (not a
-    latent MLA entry, not a block-quantized format's own stores), no recurrent states, no
-    sparse-decode summaries, and no draft cache following the target's positions."""
-    cache = built.config.cache
-    if cache.kv_press is None:
-        return
-    kv_cache, speculator = built.kv_cache, built.speculator
-    problems = [
+def press_blockers(built: Built, press: str | None = None) -> list[str]:
+    """Why a KV press (`press`: that row, a budgeted one's rule too) cannot run on this
+    engine: the cache it compacts must hold per-head K and V pages it can move (not a latent
+    MLA entry, not a block-quantized format's own stores), no recurrent states, no
+    sparse-decode summaries, no draft cache following the target's positions, and no
+    speculation under a press that evicts during decode (rejected drafts' queries would
+    count). Empty: it can."""
+    cache, kv_cache, speculator = built.config.cache, built.kv_cache, built.speculator
+    budgeted = press is not None and PRESSES.get(press, where="kv_press").budgeted
+    return [
         what
         for what, bad in (
             ("recurrent layers", kv_cache.states is not None),
@@ -196,13 +200,21 @@ def _check_press(built: Built) -> None:
                 f"speculative={built.config.scheduler.speculative!r} (a draft KV cache)",
                 speculator is not None and speculator.proposer.own_cache,
             ),
-            (  # (its decode-time scores would count drafts' queries that were rejected)
+            (
                 "speculative decoding (a press that evicts during decode)",
-                speculator is not None and PRESSES.get(cache.kv_press).budgeted,
+                speculator is not None and budgeted,
             ),
         )
         if bad
     ]
+
+
+def _check_press(built: Built) -> None:
+    """kv_press set engine-wide: a clear error when it cannot run (press_blockers)."""
+    cache = built.config.cache
+    if cache.kv_press is None:
+        return
+    problems = press_blockers(built, cache.kv_press)
     if problems:
         raise ConfigError(
             "the KV press cannot run with " + ", ".join(problems),

@@ -7,6 +7,7 @@ engine.output(request_id) → RequestOutput
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -16,10 +17,10 @@ import torch
 
 from infergen.config import ModelConfig
 from infergen.engine.backlog import OutputLengths, StepCost, seconds_until_admitted
-from infergen.engine.build import build
+from infergen.engine.build import build, press_blockers
 from infergen.engine.config import EngineConfig
 from infergen.engine.kv_press import KVPresser
-from infergen.engine.request import RequestOutput, Sequence, Status, StreamDelta
+from infergen.engine.request import PressChoice, RequestOutput, Sequence, Status, StreamDelta
 from infergen.engine.sampler import Sampler, SamplingState
 from infergen.engine.sampling_params import SamplingParams
 from infergen.engine.scoring import serving_parts, teacher_forced_logits
@@ -72,18 +73,15 @@ class Engine:
             self.max_model_len,
             built.kv_tiers,
             built.state_checkpoints,
-            # (a query-aware KV press reads the queries of a prompt's last tokens: computed)
-            0 if built.config.cache.kv_press is None
-            else PRESSES.get(built.config.cache.kv_press).window,
-            built.config.cache.kv_press is not None,  # (a press runs at each prompt's end)
-        )  # fmt: skip
+        )
         self.kv_tiers = built.kv_tiers  # host / disk tiers below the pool (kv_offload_*)
         self.sampler = Sampler(self.config.kernels)
         self.speculator = built.speculator  # speculative decoding's drafts (None: off)
-        cache = self.config.cache  # the KV press at each prefill's end (None: off)
-        self.kv_press = None if cache.kv_press is None else KVPresser(
-            PRESSES.get(cache.kv_press, where="kv_press"), cache.kv_press_ratio, self.kv_cache,
-            self.pool, self.model_config.attention_scale,
+        # KV presses at prompts' ends (engine-wide kv_press, or per request): None when this
+        # engine cannot run one (press_blockers names why)
+        self._press_blockers = functools.partial(press_blockers, built)
+        self.kv_press = None if built.press_blockers else KVPresser(
+            self.kv_cache, self.pool, self.model_config.attention_scale
         )  # fmt: skip
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         self._requests: dict[str, Sequence] = {}
@@ -129,7 +127,8 @@ class Engine:
             raise RequestError("duplicate request id", found=request_id, expected="a new id")
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._validate(token_ids, params)
+        press = self._press_choice(params)
+        self._validate(token_ids, params, press)
         detokenizer = None
         if self.tokenizer is not None:
             detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
@@ -142,6 +141,7 @@ class Engine:
             stop_checker=StopChecker(params, self.model_config.eos_token_ids),
             detokenizer=detokenizer,
             arrival=index,
+            press=press,
         )
         self._requests[request_id] = seq
         if self.speculator is not None:
@@ -149,7 +149,29 @@ class Engine:
         self.scheduler.add(seq)
         return request_id
 
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+    def _press_choice(self, params: SamplingParams) -> PressChoice | None:
+        """The request's KV press: its own (kv_press, kv_press_ratio) or the engine's."""
+        cache = self.config.cache
+        name = params.kv_press or cache.kv_press
+        if name is None:
+            return None
+        if name not in PRESSES:
+            raise RequestError(f"unknown KV press {name!r}", where="kv_press",
+                               expected=f"one of {PRESSES.names()}")  # fmt: skip
+        blockers = self._press_blockers(name)
+        if blockers:
+            raise RequestError(
+                "this engine cannot run a KV press: " + ", ".join(blockers),
+                where="kv_press",
+                found=name,
+                expected="no kv_press for this model / engine configuration",
+            )
+        ratio = cache.kv_press_ratio if params.kv_press_ratio is None else params.kv_press_ratio
+        return PressChoice(name, ratio, PRESSES.get(name).window)
+
+    def _validate(
+        self, token_ids: list[int], params: SamplingParams, press: PressChoice | None = None
+    ) -> None:
         vocab = self.model_config.vocab_size
         if not token_ids:
             raise RequestError("prompt is empty", where="prompt", expected="at least one token")
@@ -173,8 +195,8 @@ class Engine:
         longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
         block_size = self.kv_cache.block_size
         needed = self.scheduler.blocks_for_tokens(longest)
-        if self.kv_press is not None:  # the whole prompt, then what the press keeps + output
-            kept = kept_count(len(token_ids), self.config.cache.kv_press_ratio)
+        if press is not None:  # the whole prompt, then what the press keeps + output
+            kept = kept_count(len(token_ids), press.ratio)
             needed = max(
                 self.scheduler.blocks_for_tokens(len(token_ids)),
                 self.scheduler.blocks_for_tokens(longest - len(token_ids) + kept),

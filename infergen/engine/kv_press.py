@@ -43,18 +43,18 @@ import torch
 from infergen.engine.request import Sequence, Status
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
-from infergen.kvcache.presses import Press, kept_count, kept_positions
+from infergen.kvcache.presses import PRESSES, Press, kept_count, kept_positions
 from infergen.kvcache.presses.compact import compact_layer
 from infergen.layers.forward_batch import QueryCapture
 
 
 class KVPresser:
-    """Runs `press` removing `ratio` of each sequence's tokens at the end of its prompt (and,
-    for a budgeted press, keeping it at that many during decode)."""
+    """Runs each sequence's press (`Sequence.press`: its row and ratio), removing that share of
+    its tokens at the end of its prompt (and, for a budgeted press, keeping it at that many
+    during decode)."""
 
-    def __init__(self, press: Press, ratio: float, kv_cache: PagedKVCache, pool: BlockPool,
-                 scale: float):  # fmt: skip
-        self.press, self.ratio, self.kv_cache, self.pool = press, ratio, kv_cache, pool
+    def __init__(self, kv_cache: PagedKVCache, pool: BlockPool, scale: float):
+        self.kv_cache, self.pool = kv_cache, pool
         self.scale = scale  # the attention's softmax scale
         # attention layers in the order they run (the capture's order)
         self.attention_layers = sorted(layer for group in kv_cache.groups for layer in group.layers)
@@ -78,8 +78,11 @@ class KVPresser:
         self._due, self._owners = [], []
         rows: list[int] = []
         row = 0
-        window = self.press.window
         for seq, n in zip(seqs, num_tokens, strict=True):
+            if seq.press is None:
+                row += n
+                continue
+            window = seq.press.window
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             prompt = len(seq.prompt_token_ids)  # (the scheduler's chunks stop there)
             prefill = start < prompt and not seq.pressed
@@ -139,14 +142,14 @@ class KVPresser:
         """Press `seq`'s computed tokens (`queries`: per attention layer in run order, the
         window's [window, heads, head_dim]); False when the pool had no room."""
         tokens = seq.num_computed_tokens
-        keep = kept_count(tokens, self.ratio)
-        press = self.press
+        keep = kept_count(tokens, seq.press.ratio)
+        press = PRESSES.get(seq.press.name)
         if not press.budgeted:
-            choose = functools.partial(self._choose_once, queries=queries, keep=keep)
+            choose = functools.partial(self._choose_once, press=press, queries=queries, keep=keep)
         else:
             scores = [None] * len(self.attention_layers)
-            choose = functools.partial(self._choose_budgeted, queries=queries, keep=keep,
-                                       accumulated=scores)  # fmt: skip
+            choose = functools.partial(self._choose_budgeted, press=press, queries=queries,
+                                       keep=keep, accumulated=scores)  # fmt: skip
         if not self._compact(seq, keep, choose):
             return False
         self.stats["pressed"] += 1
@@ -160,19 +163,19 @@ class KVPresser:
         to the accumulated scores, the lowest-scored tokens out."""
         keep, cached = self._budgets[seq], self._cached(seq)
         scores = self._scores[seq]
-        choose = functools.partial(self._choose_budgeted, queries=queries, keep=keep,
-                                   accumulated=scores)  # fmt: skip
+        choose = functools.partial(self._choose_budgeted, press=PRESSES.get(seq.press.name),
+                                   queries=queries, keep=keep, accumulated=scores)  # fmt: skip
         if self._compact(seq, keep, choose):
             self.stats["evictions"] += 1
             self.stats["tokens_removed"] += cached - keep
 
-    def _choose_once(self, j: int, keys: torch.Tensor, queries, keep: int) -> torch.Tensor:
+    def _choose_once(self, j: int, keys: torch.Tensor, press: Press, queries,
+                     keep: int) -> torch.Tensor:  # fmt: skip
         """Attention layer j's kept positions [kv_heads, keep] by the press's scores."""
         q = None if queries is None else queries[j]
-        return kept_positions(self.press.scores(keys, q, self.scale, self.attention_layers[j]),
-                              keep)  # fmt: skip
+        return kept_positions(press.scores(keys, q, self.scale, self.attention_layers[j]), keep)
 
-    def _choose_budgeted(self, j: int, keys: torch.Tensor, queries, keep: int,
+    def _choose_budgeted(self, j: int, keys: torch.Tensor, press: Press, queries, keep: int,
                          accumulated: list) -> torch.Tensor:  # fmt: skip
         """Layer j's kept positions by accumulated scores: those kept so far (zero for the
         tokens since) plus what the captured queries paid each token, the `recent` last
@@ -182,9 +185,9 @@ class KVPresser:
         if accumulated[j] is not None:
             total[:, : accumulated[j].shape[1]] = accumulated[j]
         if queries is not None:
-            total += self.press.accumulated(keys, queries[j], self.scale)
+            total += press.accumulated(keys, queries[j], self.scale)
         ranked = total.clone()
-        ranked[:, max(0, tokens - self.press.recent) :] = float("inf")
+        ranked[:, max(0, tokens - press.recent) :] = float("inf")
         chosen = kept_positions(ranked, keep)
         accumulated[j] = total.gather(1, chosen)
         return chosen

@@ -21,6 +21,16 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+class PressChoice(NamedTuple):
+    """The KV press a request runs (engine/kv_press.py): a PRESSES row, the share of its
+    prompt's tokens removed, and the observation window (the prompt's last tokens whose
+    queries it reads: computed even when the prefix cache holds them)."""
+
+    name: str
+    ratio: float
+    window: int
+
+
 @dataclass(eq=False)
 class Sequence:
     request_id: str
@@ -51,6 +61,7 @@ class Sequence:
     # speculative decoding: the tokens a proposer drafted for this step (None: the engine drafts
     # nothing, e.g. the performance model's simulator, which schedules the full lookahead)
     drafts: list[int] | None = None
+    press: PressChoice | None = None  # its KV press (None: none)
     # KV press (engine/kv_press.py): per KV cache group, the positions the press removed from
     # the cache — a position p's KV then lives at cache index p − kv_removed[g] (its RoPE
     # position unchanged). Empty: nothing removed (never pressed)

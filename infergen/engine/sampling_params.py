@@ -67,6 +67,10 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # this request's KV press (engine/kv_press.py): a PRESSES row and the share of its prompt's
+    # tokens removed; None: the engine's kv_press / kv_press_ratio
+    kv_press: str | None = None
+    kv_press_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -90,6 +94,10 @@ class SamplingParams:
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             raise _fail("logprobs", self.logprobs, f"None or an integer in [0, {MAX_LOGPROBS}]")
+        if self.kv_press is not None and not isinstance(self.kv_press, str):
+            raise _fail("kv_press", self.kv_press, "None or a KV press's name, e.g. 'snapkv'")
+        if self.kv_press_ratio is not None:
+            self._check_float("kv_press_ratio", lambda v: 0 <= v < 1, "None or a number in [0, 1)")
 
     def _check_float(self, name: str, in_range, expected: str) -> None:
         value = getattr(self, name)

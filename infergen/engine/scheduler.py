@@ -82,8 +82,6 @@ class Scheduler:
         lookahead: int = 0,
         tiers: KVTiers | None = None,
         checkpoints: StateCheckpoints | None = None,
-        recompute_last: int = 0,
-        stop_at_prompt_end: bool = False,
     ):
         self.config = config
         self.pool = pool
@@ -99,15 +97,6 @@ class Scheduler:
         # recurrent layers' states, and partial blocks, at chosen positions (None: none kept;
         # then a model with recurrent layers never resumes a prompt)
         self.checkpoints = checkpoints
-        # the last tokens of a prompt computed even when the prefix cache holds them: a
-        # query-aware KV press reads their queries (engine/kv_press.py); at least the last
-        self.recompute_last = max(1, recompute_last)
-        # a chunk never runs past the prompt's end (a KV press runs there: a preempted
-        # sequence's recompute then reaches it as the first run did, engine/kv_press.py); and
-        # a sequence is admitted only while the blocks of its whole prompt are free (the press
-        # frees most of them at the prompt's end: admitted on its first chunk alone, a
-        # newcomer runs out mid-prompt and is preempted, again and again)
-        self.stop_at_prompt_end = stop_at_prompt_end
         self.moves = TierMoves(
             tiers, pool, block_size, len(self.groups), group_key,
             functools.partial(needed_positions, self.groups, block_size), config.preemption_mode,
@@ -248,7 +237,10 @@ class Scheduler:
         uncomputed so the step produces logits): n blocks hit when every full-attention group
         has blocks 0..n-1 cached and every windowed group those its window still reads. With
         recurrent layers, the deepest state checkpoint over available blocks (none: 0)."""
-        last = max(0, seq.num_tokens - self.recompute_last)  # (the prefix may reach up to it)
+        # the prefix may reach up to `last`: a query-aware KV press reads the queries of the
+        # prompt's last `window` tokens (engine/kv_press.py), computed even when cached
+        window = 1 if seq.press is None else max(1, seq.press.window)
+        last = max(0, seq.num_tokens - window)
         limit = last // self.block_size
         if self.states is not None and self.checkpoints is None:
             limit = 0  # no state kept: no prefix to resume from
@@ -380,9 +372,13 @@ class Scheduler:
         return max(0, self.blocks_for_tokens(len(seq.prompt_token_ids)) - held)
 
     def _to_prompt_end(self, seq: Sequence, num_new: int) -> int:
-        """`num_new`, cut at the prompt's end when chunks stop there (stop_at_prompt_end)."""
+        """`num_new`, cut at the prompt's end for a sequence with a KV press: the press runs
+        there, so a preempted one's recompute reaches it as the first run did. (Such a
+        sequence is also admitted only while its whole prompt's blocks are free: the press
+        frees most of them at the prompt's end, and admitted on its first chunk alone a
+        newcomer would run out mid-prompt and be preempted, again and again.)"""
         prompt = len(seq.prompt_token_ids)
-        if self.stop_at_prompt_end and seq.num_computed_tokens < prompt:
+        if seq.press is not None and seq.num_computed_tokens < prompt:
             return min(num_new, prompt - seq.num_computed_tokens)
         return num_new
 
@@ -438,7 +434,7 @@ class Scheduler:
                 num_new = budget if self.config.enable_chunked_prefill else num_new
             reserve = self.admission(self, seq)
             fits = self.reserved_blocks + self.moves.held + reserve <= self.pool.num_blocks
-            if fits and self.stop_at_prompt_end and self.running:  # its prompt, a block a decode
+            if fits and seq.press is not None and self.running:  # its prompt, a block a decode
                 fits = self._prompt_blocks(seq) + len(self.running) <= self.pool.num_free
             if not fits or not self.grow(seq, num_new):
                 self.release_blocks(seq)

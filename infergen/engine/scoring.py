@@ -57,13 +57,9 @@ def serving_parts(
     max_model_len: int | None = None,
     tiers: KVTiers | None = None,
     checkpoints: StateCheckpoints | None = None,
-    recompute_last: int = 0,
-    stop_at_prompt_end: bool = False,
 ) -> tuple[BlockPool, Scheduler, ModelRunner]:
     """A block pool over `kv_cache`, a scheduler over the pool, a runner writing to it; with
-    `tiers`, the blocks the pool evicts move down to them and prefix hits come back;
-    `recompute_last`: the tokens at a prompt's end computed even when cached, and
-    `stop_at_prompt_end`: no chunk past a prompt's end (Scheduler; a KV press)."""
+    `tiers`, the blocks the pool evicts move down to them and prefix hits come back."""
     pool = BlockPool(kv_cache.num_blocks, prefix_caching)
     pool.on_free = kv_cache.block_freed
     if kv_cache.summaries:
@@ -75,8 +71,7 @@ def serving_parts(
     lookahead = scheduler.max_drafts if scheduler.speculative else 0
     sched = Scheduler(
         scheduler, pool, kv_cache.block_size, kv_cache.groups, kv_cache.states, max_model_len,
-        lookahead, tiers=tiers, checkpoints=checkpoints, recompute_last=recompute_last,
-        stop_at_prompt_end=stop_at_prompt_end,
+        lookahead, tiers=tiers, checkpoints=checkpoints,
     )  # fmt: skip
     return pool, sched, ModelRunner(model, kv_cache)
 

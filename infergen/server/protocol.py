@@ -42,6 +42,10 @@ class _Common(BaseModel):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
+    # this request's KV press and the share of its prompt's cached tokens removed (None: the
+    # server's --kv-press / --kv-press-ratio)
+    kv_press: str | None = None
+    kv_press_ratio: float | None = Field(default=None, ge=0.0, lt=1.0)
     # seconds from submission to the last token; the server's --request-timeout caps it
     timeout: float | None = Field(default=None, gt=0.0)
 
@@ -62,6 +66,8 @@ class _Common(BaseModel):
             stop=stop,
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            kv_press=self.kv_press,
+            kv_press_ratio=self.kv_press_ratio,
         )
 
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from infergen import LLM, SamplingParams
-from infergen.errors import ConfigError
+from infergen.errors import ConfigError, RequestError
+from infergen.kvcache.presses import PRESSES
 from infergen.kvcache.presses.snapkv import KERNEL, WINDOW
 from tests.hf_models import build_hf_model
 
@@ -20,25 +21,24 @@ def _prompt(vocab: int, n: int, seed: int = 3) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _record_scores(llm: LLM) -> list[tuple]:
-    """Every press call's (layer, keys, queries, scores); a budgeted press's accumulated
-    scores (its layer: the order of the calls)."""
-    press, seen = llm.engine.kv_press.press, []
+def _record_scores(monkeypatch, name: str) -> list[tuple]:
+    """Every call of the press row `name`: (layer, keys, queries, scores); a budgeted press's
+    accumulated scores (its layer: the order of the calls)."""
+    press, seen = PRESSES.get(name), []
+    scores, accumulated = press.scores, press.accumulated
 
-    class Recording(type(press)):
-        def scores(self, keys, queries, scale, layer):
-            out = press.scores(keys, queries, scale, layer)
-            seen.append((layer, keys.clone(), queries, out.clone()))
-            return out
+    def scoring(keys, queries, scale, layer):
+        out = scores(keys, queries, scale, layer)
+        seen.append((layer, keys.clone(), queries, out.clone()))
+        return out
 
-        def accumulated(self, keys, queries, scale):
-            out = press.accumulated(keys, queries, scale)
-            seen.append((len(seen), keys.clone(), queries, out.clone()))
-            return out
+    def accumulating(keys, queries, scale):
+        out = accumulated(keys, queries, scale)
+        seen.append((len(seen), keys.clone(), queries, out.clone()))
+        return out
 
-    recording = Recording.__new__(Recording)
-    recording.__dict__.update(press.__dict__)
-    llm.engine.kv_press.press = recording
+    monkeypatch.setattr(press, "scores", scoring)
+    monkeypatch.setattr(press, "accumulated", accumulating)
     return seen
 
 
@@ -47,7 +47,7 @@ def _assert_no_block_held(llm: LLM) -> None:
     assert all(pool.refcount(b) == 0 for b in range(pool.num_blocks))
 
 
-def test_snapkv_h2o_and_knorm_scores_equal_transformers(tmp_path):
+def test_snapkv_h2o_and_knorm_scores_equal_transformers(tmp_path, monkeypatch):
     """SnapKV: transformers' attention weights of the prompt's last 32 queries, averaged over
     the window and each KV head's two query heads, max-pooled over 7 positions; H2O: those
     weights summed over the window, averaged over the query heads, the last 32 tokens kept;
@@ -58,7 +58,7 @@ def test_snapkv_h2o_and_knorm_scores_equal_transformers(tmp_path):
         out = hf(torch.tensor([prompt]), output_attentions=True, use_cache=True)
     for name in ("snapkv", "h2o", "knorm"):
         llm = LLM(str(tmp_path), block_size=4, kv_press=name, kv_press_ratio=0.5)
-        seen = _record_scores(llm)
+        seen = _record_scores(monkeypatch, name)
         llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0))
         assert [layer for layer, *_ in seen] == [0, 1, 2]
         for layer, keys, _, scores in seen:
@@ -198,7 +198,7 @@ def test_preemption_of_pressed_sequences(tmp_path):
     _assert_no_block_held(llm)
 
 
-def test_h2o_holds_the_budget_during_decode(tmp_path):
+def test_h2o_holds_the_budget_during_decode(tmp_path, monkeypatch):
     """H2O at 0.5 on a 60-token prompt keeps 30 tokens per head; while 40 tokens are generated
     the cache never holds more than 30 + a block of 4 (an eviction each time it reaches 34).
     At each eviction the accumulated scores grow by the attention that the decodes since the
@@ -206,15 +206,15 @@ def test_h2o_holds_the_budget_during_decode(tmp_path):
     by cache index) is the oracle, within 1e-5."""
     hf = build_hf_model("llama_gqa", tmp_path)
     llm = LLM(str(tmp_path), block_size=4, kv_press="h2o", kv_press_ratio=0.5)
-    presser = llm.engine.kv_press
-    calls, accumulated = [], presser.press.accumulated
+    presser, press = llm.engine.kv_press, PRESSES.get("h2o")
+    calls, accumulated = [], press.accumulated
 
     def recording(keys, queries, scale):
         out = accumulated(keys, queries, scale)
         calls.append((keys, queries, scale, out))
         return out
 
-    presser.press.accumulated = recording
+    monkeypatch.setattr(press, "accumulated", recording)
     cached = []
     llm.engine.on_step = lambda record: cached.extend(
         presser._cached(s) for s in llm.engine.scheduler.running if s.pressed
@@ -237,6 +237,37 @@ def test_h2o_holds_the_budget_during_decode(tmp_path):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert len(calls) > 3
     _assert_no_block_held(llm)
+
+
+def test_a_press_per_request(tmp_path):
+    """An engine without kv_press runs a request's own press (SamplingParams.kv_press, its
+    ratio) beside requests without one in the same batches: each equals the same request on
+    an engine with that press engine-wide, or with none. Requests naming an unknown press,
+    or a press this model cannot run, are refused."""
+    hf = build_hf_model("llama_gqa", tmp_path / "llama")
+    vocab = hf.config.vocab_size
+    prompts = [_prompt(vocab, 44, seed=s) for s in range(3)]
+    plain = SamplingParams(max_tokens=8, temperature=0, logprobs=1)
+    pressed = SamplingParams(max_tokens=8, temperature=0, logprobs=1, kv_press="snapkv",
+                             kv_press_ratio=0.75)  # fmt: skip
+    llm = LLM(str(tmp_path / "llama"), block_size=4)
+    got = llm.generate(prompts, [pressed, plain, pressed])
+    whole = LLM(str(tmp_path / "llama"), block_size=4, kv_press="snapkv", kv_press_ratio=0.75)
+    want_pressed = whole.generate([prompts[0], prompts[2]], plain)
+    want_plain = LLM(str(tmp_path / "llama"), block_size=4).generate([prompts[1]], plain)
+    for a, b in zip([got[0], got[2], got[1]], [*want_pressed, *want_plain], strict=True):
+        assert a.token_ids == b.token_ids
+        assert [x.logprob for x in a.logprobs] == pytest.approx([x.logprob for x in b.logprobs],
+                                                                abs=1e-5)  # fmt: skip
+    assert llm.engine.kv_press.stats["pressed"] == 2
+    _assert_no_block_held(llm)
+    with pytest.raises(RequestError, match="unknown KV press"):
+        llm.generate(prompts[:1], SamplingParams(kv_press="nope"))
+    with pytest.raises(RequestError, match="kv_press_ratio"):
+        SamplingParams(kv_press="snapkv", kv_press_ratio=1.0)
+    build_hf_model("mamba2", tmp_path / "mamba")
+    with pytest.raises(RequestError, match="recurrent"):
+        LLM(str(tmp_path / "mamba")).generate([[1, 2, 3]], SamplingParams(kv_press="snapkv"))
 
 
 def test_what_the_press_refuses(tmp_path):

@@ -71,6 +71,24 @@ def test_completion_logprobs_and_stop(client, reference_llm):
     assert stopped.choices[0].text == want.text[: want.text.index(cut)]
 
 
+def test_a_kv_press_per_request(client, reference_llm):
+    """The extension fields kv_press / kv_press_ratio press this request's prompt: the answer
+    equals LLM.generate with the same press."""
+    prompt = "Here is a long list of facts. " + " ".join(
+        f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}." for i in range(60)
+    ) + " Question: is the number 7 even or odd? Answer:"  # fmt: skip
+    resp = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"kv_press": "snapkv", "kv_press_ratio": 0.5},
+    )
+    want = _greedy(reference_llm, prompt, max_tokens=8, kv_press="snapkv", kv_press_ratio=0.5)
+    assert resp.choices[0].text == want.text
+    assert reference_llm.engine.kv_press.stats["pressed"] >= 1
+
+
 def test_n_choices_sampled_with_seed(client):
     resp = client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, n=3, seed=7
@@ -146,6 +164,8 @@ def test_async_client_concurrent_streams_equal_sequential(live, reference_llm):
         ({"prompt": 5}, "prompt"),
         ({"prompt": [999999999]}, "prompt"),
         ({"prompt": "x", "logprobs": 50}, "logprobs"),
+        ({"prompt": "x", "kv_press": "nope"}, "kv_press"),
+        ({"prompt": "x", "kv_press": "snapkv", "kv_press_ratio": 1.5}, "kv_press_ratio"),
     ],
 )
 def test_bad_requests_get_400_with_openai_error_body(live, body, param):
