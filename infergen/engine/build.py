@@ -131,7 +131,9 @@ def build(
     checkpoint = _checkpoint(config, checkpoint)
     model_config = _streaming(checkpoint.config, config)
     dtype = DTYPES[config.dtype]
-    model = Transformer(model_config, dtype, config.kernels)
+    press = config.cache.kv_press  # (per-layer budgets: smaller cache groups, PyramidKV)
+    model = Transformer(model_config, dtype, config.kernels,
+                        None if press is None else PRESSES.get(press).group_layers)  # fmt: skip
     if config.scheduler.speculative == "mtp":  # its layers load with the weights
         model.mtp = mtp_layers(model_config, dtype, config.kernels)
     if config.attention.operands is not None:
@@ -447,7 +449,7 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
     dtype_bytes = torch.finfo(dtype).bits // 8
     num_blocks = blocks_for(
         cache, built.model_config, dtype_bytes, tails, reserved_bytes=state_bytes,
-        extra_block_bytes=_draft_block_bytes(built, dtype_bytes),
+        extra_block_bytes=_draft_block_bytes(built, dtype_bytes), groups=model.cache_groups,
     )  # fmt: skip
     spare = records_graphs(config)  # a block for the padded rows of captured steps
     if spare and cache.num_blocks is None:
@@ -464,6 +466,7 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
         cache.sparse_decode_blocks is not None,
         config.device,
         spare,
+        model.cache_groups,
     )  # fmt: skip
     if cache.sparse_decode_blocks is not None:
         for i, layer in enumerate(model.layers):

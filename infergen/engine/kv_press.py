@@ -142,18 +142,23 @@ class KVPresser:
         """Press `seq`'s computed tokens (`queries`: per attention layer in run order, the
         window's [window, heads, head_dim]); False when the pool had no room."""
         tokens = seq.num_computed_tokens
-        keep = kept_count(tokens, seq.press.ratio)
         press = PRESSES.get(seq.press.name)
+        full = [g for g, group in enumerate(self.kv_cache.groups) if group.window is None]
+        keeps = {g: kept_count(tokens, seq.press.ratio, share)
+                 for g, share in zip(full, press.shares(len(full)), strict=True)}  # fmt: skip
+        keep = kept_count(tokens, seq.press.ratio)
         if not press.budgeted:
-            choose = functools.partial(self._choose_once, press=press, queries=queries, keep=keep)
+            choose = functools.partial(self._choose_once, press=press, queries=queries)
         else:
             scores = [None] * len(self.attention_layers)
             choose = functools.partial(self._choose_budgeted, press=press, queries=queries,
-                                       keep=keep, accumulated=scores)  # fmt: skip
-        if not self._compact(seq, keep, choose):
+                                       accumulated=scores)  # fmt: skip
+        if not self._compact(seq, keeps, choose):
             return False
         self.stats["pressed"] += 1
-        self.stats["tokens_removed"] += tokens - keep
+        self.stats["tokens_removed"] += sum(tokens - k for k in keeps.values()) // max(
+            1, len(keeps)
+        )
         if press.budgeted:
             self._budgets[seq], self._scores[seq] = keep, scores
         return True
@@ -164,18 +169,19 @@ class KVPresser:
         keep, cached = self._budgets[seq], self._cached(seq)
         scores = self._scores[seq]
         choose = functools.partial(self._choose_budgeted, press=PRESSES.get(seq.press.name),
-                                   queries=queries, keep=keep, accumulated=scores)  # fmt: skip
-        if self._compact(seq, keep, choose):
+                                   queries=queries, accumulated=scores)  # fmt: skip
+        full = [g for g, group in enumerate(self.kv_cache.groups) if group.window is None]
+        if self._compact(seq, dict.fromkeys(full, keep), choose):
             self.stats["evictions"] += 1
             self.stats["tokens_removed"] += cached - keep
 
-    def _choose_once(self, j: int, keys: torch.Tensor, press: Press, queries,
-                     keep: int) -> torch.Tensor:  # fmt: skip
+    def _choose_once(self, j: int, keys: torch.Tensor, keep: int, press: Press,
+                     queries) -> torch.Tensor:  # fmt: skip
         """Attention layer j's kept positions [kv_heads, keep] by the press's scores."""
         q = None if queries is None else queries[j]
         return kept_positions(press.scores(keys, q, self.scale, self.attention_layers[j]), keep)
 
-    def _choose_budgeted(self, j: int, keys: torch.Tensor, press: Press, queries, keep: int,
+    def _choose_budgeted(self, j: int, keys: torch.Tensor, keep: int, press: Press, queries,
                          accumulated: list) -> torch.Tensor:  # fmt: skip
         """Layer j's kept positions by accumulated scores: those kept so far (zero for the
         tokens since) plus what the captured queries paid each token, the `recent` last
@@ -192,20 +198,21 @@ class KVPresser:
         accumulated[j] = total.gather(1, chosen)
         return chosen
 
-    def _compact(self, seq: Sequence, keep: int, choose) -> bool:
-        """Keep `keep` of each full-attention group's cached tokens, `choose(j, layer, keys)`
-        picking attention layer j's [kv_heads, keep] cache indices; moved to fresh blocks, or
-        in place when the pool has too few; False (nothing changed) when even that fails."""
+    def _compact(self, seq: Sequence, keeps: dict[int, int], choose) -> bool:
+        """Keep `keeps[g]` of each full-attention group g's cached tokens, `choose(j, keys,
+        keep)` picking attention layer j's [kv_heads, keep] cache indices; moved to fresh
+        blocks, or in place when the pool has too few; False (nothing changed) when even that
+        fails."""
         size = self.kv_cache.block_size
-        groups = [g for g, group in enumerate(self.kv_cache.groups) if group.window is None]
+        groups = list(keeps)
         if not groups:
             return True
-        new_count = -(-keep // size)
-        in_place = self.pool.num_free < new_count * len(groups)
+        counts = {g: -(-keeps[g] // size) for g in groups}  # each group's blocks after
+        in_place = self.pool.num_free < sum(counts.values())
         # in place: each group's first blocks it alone holds are rewritten (None: fresh)
         reused = {
             g: [b if in_place and self.pool.refcount(b) == 1 else None
-                for b in seq.blocks[g][:new_count]]
+                for b in seq.blocks[g][: counts[g]]]
             for g in groups
         }  # fmt: skip
         if self.pool.num_free < sum(row.count(None) for row in reused.values()):
@@ -214,7 +221,7 @@ class KVPresser:
         order = {layer: j for j, layer in enumerate(self.attention_layers)}
         removed = list(seq.kv_removed or [0] * len(self.kv_cache.groups))
         for g in groups:
-            old = seq.blocks[g]
+            old, keep = seq.blocks[g], keeps[g]
             cached = seq.num_computed_tokens - removed[g]
             index = torch.arange(cached)
             table = torch.tensor(old, dtype=torch.int64)
@@ -228,7 +235,7 @@ class KVPresser:
             for layer in self.kv_cache.groups[g].layers:
                 kv = self.kv_cache.layer(layer)
                 keys, _ = kv.fmt.read(kv, slots, torch.float32)  # [cached, kv_heads, head_dim]
-                chosen = choose(order[layer], keys)
+                chosen = choose(order[layer], keys, keep)
                 compact_layer(kv, slots[chosen], new_slots)
             kept_blocks = set(new)  # (in place: the rewritten ones stay)
             self.pool.release([b for b in old if b not in kept_blocks])
@@ -236,6 +243,6 @@ class KVPresser:
             removed[g] += cached - keep
             self.stats["in_place"] += in_place
             self.stats["blocks_pressed"] += len(old)
-            self.stats["blocks_freed"] += len(old) - new_count
+            self.stats["blocks_freed"] += len(old) - counts[g]
         seq.kv_removed = removed
         return True

@@ -205,7 +205,9 @@ OPTIONS: tuple[Option, ...] = (
            "--kv-press-ratio of them leave the cache; the rest move into fewer blocks and the "
            "freed ones go back to the pool. 'snapkv' (the attention of the prompt's last 32 "
            "queries), 'knorm' (query-agnostic: small-norm keys kept), 'streaming' (the first 4 "
-           "and the most recent tokens), 'random', 'h2o' (heavy hitters: attention "
+           "and the most recent tokens), 'random', 'pyramidkv' (SnapKV's scores, per-layer "
+           "budgets from 1.5x the kept count in the first layers to 0.5x in the last; the "
+           "cache in groups of 6 layers), 'h2o' (heavy hitters: attention "
            "accumulated over the prompt's window and every decode, the cache held at the "
            "prompt's kept count while generating). Default: off"),
     Option("kv_press_ratio", "cache.kv_press_ratio", 0.5, parse=float, commands=RUN,

@@ -87,10 +87,12 @@ def scratch_runner(
     cache just big enough for it; returns that cache (its K / V are the prompt's)."""
 
     def run(token_ids: Seq[int]) -> PagedKVCache:
-        blocks = len(token_ids) // block_size + 2
+        groups = model.cache_groups
+        blocks = (len(token_ids) // block_size + 2) * max(1, len(groups))
         cache = PagedKVCache(
-            model_config, blocks, block_size, dtype, None, 0, model.state_layers, 2
-        )
+            model_config, blocks, block_size, dtype, None, 0, model.state_layers, 2,
+            groups=groups,
+        )  # fmt: skip
         _, sched, runner = serving_parts(model, cache, scheduler, prefix_caching=False)
         teacher_forced_logits(sched, runner, token_ids, scheduler.max_num_batched_tokens)
         return cache

@@ -47,26 +47,32 @@ class CacheGroup:
         return min(total, window + self.sink_blocks(block_size))
 
 
-def cache_groups(config) -> tuple[CacheGroup, ...]:
+def cache_groups(config, max_layers: int | None = None) -> tuple[CacheGroup, ...]:
     """The model's cache groups (equal sizes; one group when every layer attends alike; none
-    for a model without attention layers)."""
+    for a model without attention layers); `max_layers`: groups of at most that many layers
+    (a KV press with per-layer budgets, PyramidKV: each group keeps its own count)."""
     windows = {
         layer: config.window(layer)
         for layer in range(config.num_hidden_layers)
         if config.has_kv(layer)  # recurrent layers keep a state slot instead
     }
-    return group_layers(windows, config.sink_tokens)
+    return group_layers(windows, config.sink_tokens, max_layers)
 
 
-def group_layers(windows: dict[int, int | None], sinks: int = 0) -> tuple[CacheGroup, ...]:
+def group_layers(
+    windows: dict[int, int | None], sinks: int = 0, max_layers: int | None = None
+) -> tuple[CacheGroup, ...]:
     """Cache groups of the layers with a KV cache ({layer: its window, None for full
-    attention}): the layers of each window in groups of the gcd of the per-window counts."""
+    attention}): the layers of each window in groups of the gcd of the per-window counts (or
+    of its largest divisor up to `max_layers`)."""
     by_window: dict[int | None, list[int]] = {}
     for layer, window in sorted(windows.items()):
         by_window.setdefault(window, []).append(layer)
     if not by_window:
         return ()
     size = math.gcd(*(len(layers) for layers in by_window.values()))
+    if max_layers is not None:
+        size = max(d for d in range(1, min(size, max_layers) + 1) if size % d == 0)
     return tuple(
         CacheGroup(tuple(layers[i : i + size]), window, sinks if window else 0)
         for window, layers in by_window.items()

@@ -41,6 +41,7 @@ class PagedKVCache:
         summaries: bool = False,  # keep per-block key summaries (sparse decode)
         device: torch.device | str = "cpu",  # where every tensor of the cache lives
         spare_block: bool = False,  # one more block no sequence gets (captured decode steps)
+        groups: tuple | None = None,  # the model's cache groups (None: cache_groups(config))
     ):
         self.device = torch.device(device)
         self.num_blocks = num_blocks  # blocks the pool hands out: 0 .. num_blocks - 1
@@ -52,7 +53,7 @@ class PagedKVCache:
         self.kv_format = kv_format
         self.format = kv_format_of(kv_format)  # kv_protocol.KVCacheFormat
         layers = config.num_hidden_layers
-        self.groups = cache_groups(config)
+        self.groups = cache_groups(config) if groups is None else tuple(groups)
         # layer → its index inside its group (the page's layer slot)
         slot = {layer: j for group in self.groups for j, layer in enumerate(group.layers)}
         # the recurrent layers' per-sequence states (state_cache.py), None without any

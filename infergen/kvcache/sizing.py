@@ -23,6 +23,7 @@ def blocks_for(
     tail_blocks: int = 0,
     reserved_bytes: int = 0,
     extra_block_bytes: float = 0.0,
+    groups: tuple | None = None,
 ) -> int:
     """Blocks in the pool: `num_blocks`, or as many as `memory_bytes` holds at this format's
     bytes per token (the per-head scales of a scaled format are not counted: a few bytes a
@@ -33,7 +34,7 @@ def blocks_for(
     block."""
     if cache.num_blocks is not None:
         return cache.num_blocks
-    groups = cache_groups(model)
+    groups = cache_groups(model) if groups is None else groups  # (the model's own)
     if not groups:
         return 1
     tails = kv_format_of(cache.kv_format).tail_bytes(model, cache.block_size, tail_blocks)

@@ -134,7 +134,11 @@ class DecoderLayer(nn.Module):
 
 class Transformer(nn.Module):
     def __init__(
-        self, config: ModelConfig, dtype: torch.dtype = torch.float32, kernels: str = "torch"
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype = torch.float32,
+        kernels: str = "torch",
+        max_group_layers: int | None = None,  # cache groups of at most this many layers
     ):
         super().__init__()
         self.config = config
@@ -157,7 +161,8 @@ class Transformer(nn.Module):
         ]
         if any(local):
             self.register_buffer("rope_local_cache", cos_sin_cache(config, local=True), False)
-        groups = cache_groups(config)
+        # the KV cache groups every cache of this model has (kvcache/groups.py)
+        groups = self.cache_groups = cache_groups(config, max_group_layers)
         group_of = {layer: g for g, group in enumerate(groups) for layer in group.layers}
         self.num_cache_groups = len(groups)
         self.layers = nn.ModuleList(

@@ -134,6 +134,46 @@ def test_decoding_after_a_press_equals_transformers_with_the_removed_positions_m
     _assert_no_block_held(llm)
 
 
+def test_pyramid_budgets_per_layer_group_equal_transformers_masked_per_layer(tmp_path, monkeypatch):
+    """PyramidKV's per-layer budgets: the engine is built with a cache group per layer (the
+    row's group_layers set to 1 for the 3-layer model), and at 0.5 on 40 prompt tokens the
+    groups keep 30 / 20 / 10 tokens (shares 1.5, 1, 0.5). With StreamingLLM's scores in
+    place of SnapKV's (the same tokens in every head, so transformers can mask them), the
+    decodes equal transformers' with each layer's removed positions masked in that layer
+    alone (a forward pre-hook per attention layer): tokens, log-probabilities within 1e-4."""
+    hf = build_hf_model("llama_gqa", tmp_path)
+    row = PRESSES.get("pyramidkv")
+    monkeypatch.setattr(row, "group_layers", 1)
+    monkeypatch.setattr(row, "scores", PRESSES.get("streaming").scores)
+    prompt = _prompt(hf.config.vocab_size, 40)
+    llm = LLM(str(tmp_path), block_size=4, kv_press="pyramidkv", kv_press_ratio=0.5)
+    assert [g.layers for g in llm.engine.kv_cache.groups] == [(0,), (1,), (2,)]
+    got = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, logprobs=1))[0]
+    removed = {0: range(4, 14), 1: range(4, 24), 2: range(4, 34)}  # 4 sinks + the last ones
+
+    def masking(layer):
+        def hook(module, args, kwargs):
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            if hidden.shape[1] == 1:  # a decode: this layer's removed positions masked
+                length = kwargs["cache"].get_seq_length(layer) + 1  # (before its entry)
+                mask = torch.zeros(1, 1, 1, length)
+                mask[..., removed[layer].start : removed[layer].stop] = float("-inf")
+                kwargs["attention_mask"] = mask
+            return args, kwargs
+
+        return hook
+
+    for i, layer in enumerate(hf.model.layers):
+        layer.self_attn.register_forward_pre_hook(masking(i), with_kwargs=True)
+    tokens, logprobs = _hf_masked_greedy(hf, prompt, range(0, 0), 6)
+    assert got.token_ids == tokens
+    assert [x.logprob for x in got.logprobs] == pytest.approx(logprobs, abs=1e-4)
+    assert llm.engine.kv_press.stats["blocks_freed"] == sum(
+        10 - -(-keep // 4) for keep in (30, 20, 10)
+    )
+    _assert_no_block_held(llm)
+
+
 def test_ratio_zero_equals_no_press_and_fp8_codes_move_exactly(tmp_path):
     """Ratio 0 runs the whole press (capture, scores, compaction into new blocks) keeping every
     token: the outputs equal the engine's without a press, log-probabilities exactly, for the

@@ -7,7 +7,7 @@ import pytest
 
 from infergen import LLM, SamplingParams
 from infergen.config import ModelConfig
-from infergen.kvcache.groups import NO_BLOCK, cache_groups
+from infergen.kvcache.groups import NO_BLOCK, cache_groups, group_layers
 from tests.hf_models import build_hf_model
 
 
@@ -70,3 +70,15 @@ def test_windowed_groups_hold_a_flat_number_of_blocks(tmp_path):
     for g in full:
         assert held[-1][g] == -(-119 // block)  # every token of 40 + 79 computed
     assert engine.pool.num_free == 200
+
+
+def test_groups_of_at_most_max_layers():
+    """max_layers (a press with per-layer budgets): groups of the largest divisor of the usual
+    size that fits — 30 full layers in five groups of 6, Gemma-3-270M's groups of 3 kept at
+    3 (or single layers under a limit of 2) — every group still the same size."""
+    full = group_layers(dict.fromkeys(range(30)), max_layers=6)
+    assert [g.layers for g in full] == [tuple(range(i, i + 6)) for i in range(0, 30, 6)]
+    windows = {i: (None if i % 6 == 5 else 512) for i in range(18)}
+    assert {len(g.layers) for g in group_layers(windows, max_layers=6)} == {3}
+    single = group_layers(windows, max_layers=2)
+    assert len(single) == 18 and sum(g.window is None for g in single) == 3

@@ -32,6 +32,9 @@ class Press:
     # `accumulated` scores, the `recent` last tokens always kept
     budgeted: bool = False
     recent: int = 0
+    # per-layer budgets (PyramidKV): the cache is built in groups of at most this many layers
+    # (kvcache/groups.py; engine-wide kv_press only), and `shares` says each group's share
+    group_layers: int | None = None
 
     def scores(
         self,
@@ -41,6 +44,11 @@ class Press:
         layer: int,  # the layer's index (a press may vary by layer)
     ) -> torch.Tensor:  # [kv_heads, tokens] fp32: higher is kept
         raise NotImplementedError
+
+    def shares(self, groups: int) -> list[float]:
+        """Each of `groups` full-attention cache groups' kept count, as a multiple of the
+        press's (lowest layers first; their mean is 1): the same everywhere but PyramidKV."""
+        return [1.0] * groups
 
     def accumulated(
         self,
@@ -55,10 +63,11 @@ class Press:
 PRESSES: Registry[Press] = Registry("KV press")
 
 
-def kept_count(tokens: int, ratio: float) -> int:
+def kept_count(tokens: int, ratio: float, share: float = 1.0) -> int:
     """Tokens each KV head keeps of `tokens` when the press removes `ratio` of them (at least
-    one: the last token's key)."""
-    return max(1, tokens - math.floor(tokens * ratio))
+    one: the last token's key, at most all); `share`: that count's multiple (per-layer
+    budgets)."""
+    return min(tokens, max(1, round(share * (tokens - math.floor(tokens * ratio)))))
 
 
 def kept_positions(scores: torch.Tensor, keep: int) -> torch.Tensor:
