@@ -10,7 +10,8 @@ in the same run.
   the most sequences running at once and the wall-clock throughput, pressed against the
   full cache.
 - **Decode at 4k**: 32 greedy tokens after one 4096-token prompt, time after the first token,
-  the full cache and each press interleaved over --rounds rounds (the best of each).
+  the full cache and each of --decode-presses interleaved over --rounds rounds (the best of
+  each; pyramidkv's and h2o's decodes run the per-op path, not the fused decode step).
 - **Passkey** (infergen/eval/passkey.py): a five-digit key at --samples depths in filler of
   each --lengths, greedy; correct when the key's digits appear in the answer.
 Targets (issue 25): >= 45 % of the blocks back at 0.5; >= 1.8x concurrent long sequences;
@@ -75,7 +76,12 @@ def concurrency(press: str | None, ratio: float, prompts: list[list[int]], memor
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presses", default="snapkv,knorm,streaming,random")
+    parser.add_argument("--presses", default="snapkv,pyramidkv,h2o,knorm,streaming,random")
+    parser.add_argument(
+        "--decode-presses",
+        default="snapkv,pyramidkv,h2o",
+        help="presses whose decode speed at 4k is measured",
+    )
     parser.add_argument("--ratio", type=float, default=0.5, help="share of tokens removed")
     parser.add_argument("--lengths", default="1024,2048", help="passkey prompt lengths")
     parser.add_argument("--samples", type=int, default=4, help="passkey depths per length")
@@ -139,7 +145,8 @@ def main() -> None:
         lines.append(line)
 
     # decode at 4k context, interleaved
-    engines = {p: _engine(p, args.ratio, kv_cache_memory="2GiB") for p in [None, presses[0]]}
+    engines = {p: _engine(p, args.ratio, kv_cache_memory="2GiB")
+               for p in [None, *args.decode_presses.split(",")]}  # fmt: skip
     prompt = passkey_prompt(engines[None].tokenizer, DECODE_LENGTH, 0.5, 12345)
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     best: dict = {}

@@ -511,8 +511,8 @@ def render_kv_press(lines: list[dict]) -> str | None:
         "|---|---|---|---|---|---|",
     ]
     for ln in press:
+        full = next((f for f in press if f["part"] == ln["part"] and f["press"] == "full"), None)
         if ln["part"] == "concurrency" and ln["press"] != "full":
-            full = next(f for f in press if f["part"] == "concurrency" and f["press"] == "full")
             rows.append(
                 f"| {ln['prompts']} prompts of {ln['prompt_tokens']} tokens, pool for "
                 f"{ln.get('pool_for', 4)}: most running at once ({ln['press']}) "
@@ -526,7 +526,6 @@ def render_kv_press(lines: list[dict]) -> str | None:
                 f"| {ln['throughput_vs_full']:.2f}× | – | – |"
             )
         if ln["part"] == "decode_4k" and ln["press"] != "full":
-            full = next(f for f in press if f["part"] == "decode_4k" and f["press"] == "full")
             rows.append(
                 f"| decode at {ln['prompt_tokens']} tokens of context, tok/s ({ln['press']}) "
                 f"| {full['decode_tok_s']:.1f} | {ln['decode_tok_s']:.1f} "

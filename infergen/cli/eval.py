@@ -102,7 +102,6 @@ def add_parser(sub) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.task == "longctx":
         return _longctx(args)
-    import json
 
     from infergen.eval.quality import evaluate
     from infergen.kvcache.kv_format import KV_FORMATS
@@ -143,13 +142,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     from infergen.eval.matrix import markdown, plot
 
-    table = markdown(rows)
+    return _write(args, rows, markdown(rows), plot if "kl" in tasks else None)
+
+
+def _write(args: argparse.Namespace, rows: list[dict], table: str, plot) -> int:
+    """Print the table; with --matrix PREFIX also PREFIX.md and (`plot`) PREFIX.png; with
+    --json FILE the rows."""
+    import json
+
     print(table)
     if args.matrix:
         with open(f"{args.matrix}.md", "w") as f:
             f.write(table + "\n")
         print(f"wrote {args.matrix}.md")
-        if "kl" in tasks:
+        if plot is not None:
             plot(rows, f"{args.matrix}.png")
             print(f"wrote {args.matrix}.png")
     if args.json:
@@ -161,7 +167,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _longctx(args: argparse.Namespace) -> int:
     """--task longctx: the full cache and each --kv-press on the long-context tasks."""
-    import json
 
     from infergen.eval import press_report
     from infergen.eval.longctx import TASKS
@@ -189,18 +194,7 @@ def _longctx(args: argparse.Namespace) -> int:
         progress=lambda name: print(f"[{next(done)}/{len(labels)}] {name}", file=sys.stderr),
         num_threads=args.num_threads,
     )  # fmt: skip
-    table = press_report.markdown(rows)
-    print(table)
-    if args.matrix:
-        with open(f"{args.matrix}.md", "w") as f:
-            f.write(table + "\n")
-        press_report.plot(rows, f"{args.matrix}.png")
-        print(f"wrote {args.matrix}.md and {args.matrix}.png")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-        print(f"wrote {args.json}")
-    return 0
+    return _write(args, rows, press_report.markdown(rows), press_report.plot)
 
 
 def _lengths(text: str) -> list[int]:
