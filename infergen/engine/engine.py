@@ -81,7 +81,9 @@ class Engine:
         # engine cannot run one (press_blockers names why)
         self._press_blockers = functools.partial(press_blockers, built)
         self.kv_press = None if built.press_blockers else KVPresser(
-            self.kv_cache, self.pool, self.model_config.attention_scale
+            self.kv_cache, self.pool, self.model_config.attention_scale,
+            functools.partial(self.runner.model, kv_cache=self.kv_cache),
+            None if self.tokenizer is None else self.tokenizer.encode,
         )  # fmt: skip
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
         self._requests: dict[str, Sequence] = {}

@@ -37,15 +37,17 @@ old blocks go back to the pool — memory, not just reads, is freed.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
+from infergen.engine.kv_reread import reread_scores
 from infergen.engine.request import Sequence, Status
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.presses import PRESSES, Press, kept_count, kept_positions
 from infergen.kvcache.presses.compact import compact_layer
-from infergen.layers.forward_batch import QueryCapture
+from infergen.layers.forward_batch import ForwardBatch, QueryCapture
 
 
 class KVPresser:
@@ -53,9 +55,14 @@ class KVPresser:
     its tokens at the end of its prompt (and, for a budgeted press, keeping it at that many
     during decode)."""
 
-    def __init__(self, kv_cache: PagedKVCache, pool: BlockPool, scale: float):
+    def __init__(self, kv_cache: PagedKVCache, pool: BlockPool, scale: float,
+                 forward: Callable[[ForwardBatch], torch.Tensor] | None = None,
+                 encode: Callable[[str], list[int]] | None = None):  # fmt: skip
         self.kv_cache, self.pool = kv_cache, pool
         self.scale = scale  # the attention's softmax scale
+        # a re-reading press's pass (engine/kv_reread.py): the model's forward on this cache,
+        # and the tokenizer for its instruction (None: the prompt re-read without one)
+        self.forward, self.encode = forward, encode
         # attention layers in the order they run (the capture's order)
         self.attention_layers = sorted(layer for group in kv_cache.groups for layer in group.layers)
         self._windows: dict[Sequence, list[list[torch.Tensor]]] = {}  # captured so far
@@ -147,7 +154,15 @@ class KVPresser:
         keeps = {g: kept_count(tokens, seq.press.ratio, share)
                  for g, share in zip(full, press.shares(len(full)), strict=True)}  # fmt: skip
         keep = kept_count(tokens, seq.press.ratio)
-        if not press.budgeted:
+        if press.rereads:  # (a second pass over the prompt scores it)
+            instruction = self.encode(press.instruction) if self.encode is not None else []
+            scores = reread_scores(seq, press, instruction, self.kv_cache, self.pool,
+                                   self.forward, self.attention_layers, self.scale)  # fmt: skip
+            if scores is None:
+                self.stats["skipped"] += 1
+                return False
+            choose = functools.partial(self._choose_scored, scores=scores)
+        elif not press.budgeted:
             choose = functools.partial(self._choose_once, press=press, queries=queries)
         else:
             scores = [None] * len(self.attention_layers)
@@ -174,6 +189,11 @@ class KVPresser:
         if self._compact(seq, dict.fromkeys(full, keep), choose):
             self.stats["evictions"] += 1
             self.stats["tokens_removed"] += cached - keep
+
+    @staticmethod
+    def _choose_scored(j: int, keys: torch.Tensor, keep: int, scores: list) -> torch.Tensor:
+        """Layer j's kept positions by scores already computed (a re-reading press's)."""
+        return kept_positions(scores[j], keep)
 
     def _choose_once(self, j: int, keys: torch.Tensor, keep: int, press: Press,
                      queries) -> torch.Tensor:  # fmt: skip

@@ -207,7 +207,9 @@ OPTIONS: tuple[Option, ...] = (
            "queries), 'knorm' (query-agnostic: small-norm keys kept), 'streaming' (the first 4 "
            "and the most recent tokens), 'random', 'pyramidkv' (SnapKV's scores, per-layer "
            "budgets from 1.5x the kept count in the first layers to 0.5x in the last; the "
-           "cache in groups of 6 layers), 'h2o' (heavy hitters: attention "
+           "cache in groups of 6 layers), 'kvzip' (query-agnostic: the attention each token "
+           "gets while the model re-reads the prompt behind an instruction to repeat it; a "
+           "second pass over the prompt), 'h2o' (heavy hitters: attention "
            "accumulated over the prompt's window and every decode, the cache held at the "
            "prompt's kept count while generating). Default: off"),
     Option("kv_press_ratio", "cache.kv_press_ratio", 0.5, parse=float, commands=RUN,

@@ -79,6 +79,45 @@ def test_snapkv_h2o_and_knorm_scores_equal_transformers(tmp_path, monkeypatch):
         _assert_no_block_held(llm)
 
 
+@pytest.mark.parametrize("chunk", [256, 16])
+def test_kvzip_scores_equal_transformers_rereading_the_prompt(tmp_path, monkeypatch, chunk):
+    """KVzip's second pass: the 40-token prompt read again right after itself (no tokenizer:
+    no instruction), in one chunk or in chunks of 16 (each after the prompt alone); a prompt
+    token's score is the most attention any re-reading query of any chunk pays it, over the
+    query heads of its KV head — transformers' attention weights on prompt + chunk are the
+    oracle, within 1e-5 in every layer; no scratch block is left held."""
+    hf = build_hf_model("llama_gqa", tmp_path)
+    monkeypatch.setattr(PRESSES.get("kvzip"), "chunk", chunk)
+    prompt = _prompt(hf.config.vocab_size, 40)
+    llm = LLM(str(tmp_path), block_size=4, kv_press="kvzip", kv_press_ratio=0.5)
+    seen, reread = [], PRESSES.get("kvzip").reread_scores
+
+    def recording(keys, queries, context, scale):
+        out = reread(keys, queries, context, scale)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(PRESSES.get("kvzip"), "reread_scores", recording)
+    llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0))
+    chunks = [prompt[i : i + chunk] for i in range(0, 40, chunk)]
+    assert len(seen) == 3 * len(chunks)  # (a call per layer and chunk)
+    want = [None] * 3
+    for part in chunks:
+        with torch.no_grad():
+            out = hf(torch.tensor([prompt + part]), output_attentions=True)
+        for layer in range(3):
+            weights = out.attentions[layer][0, :, 40:, :40].amax(dim=1)  # [heads, 40]
+            got = weights.view(2, 2, 40).amax(dim=1)
+            want[layer] = got if want[layer] is None else torch.maximum(want[layer], got)
+    for layer in range(3):
+        best = seen[layer]
+        for k in range(1, len(chunks)):
+            best = torch.maximum(best, seen[3 * k + layer])
+        torch.testing.assert_close(best, want[layer], atol=1e-5, rtol=1e-5)
+    assert llm.engine.kv_press.stats["pressed"] == 1
+    _assert_no_block_held(llm)
+
+
 def _hf_masked_greedy(hf, prompt: list[int], removed: range, steps: int):
     """transformers' greedy tokens and their log-probabilities after `prompt`, each decode
     attending to every earlier position but `removed` (a 2-D attention mask over the cache)."""

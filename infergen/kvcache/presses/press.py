@@ -35,6 +35,11 @@ class Press:
     # per-layer budgets (PyramidKV): the cache is built in groups of at most this many layers
     # (kvcache/groups.py; engine-wide kv_press only), and `shares` says each group's share
     group_layers: int | None = None
+    # scores from a second pass over the prompt (KVzip: `instruction`, then the prompt read
+    # again `chunk` tokens at a time; `reread_scores`), engine/kv_reread.py
+    rereads: bool = False
+    instruction: str = ""
+    chunk: int = 0
 
     def scores(
         self,
