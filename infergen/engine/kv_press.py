@@ -96,7 +96,8 @@ class KVPresser:
             if prefill and end == prompt:
                 self._due.append(seq)
             first = max(start, prompt - window) if prefill and window else end
-            if seq in self._budgets and start >= prompt:  # a budgeted sequence: every query
+            budgeted = PRESSES.get(seq.press.name).budgeted
+            if budgeted and (prefill or seq in self._budgets):  # every query, as computed
                 first = start
             if (prefill or seq in self._budgets) and first < end:
                 rows.extend(range(row + first - start, row + n))
@@ -116,10 +117,15 @@ class KVPresser:
                 )
             at = 0
             for seq, n in self._owners:
-                kept = self._windows.setdefault(seq, [[] for _ in self.attention_layers])
-                for layer, q in zip(kept, self._capture.queries, strict=True):
-                    layer.append(q[at : at + n])
+                queries = [q[at : at + n] for q in self._capture.queries]
                 at += n
+                if PRESSES.get(seq.press.name).budgeted:  # (scored at once: H2O)
+                    if seq.status is Status.RUNNING:
+                        self._accumulate(seq, queries)
+                    continue
+                kept = self._windows.setdefault(seq, [[] for _ in self.attention_layers])
+                for layer, q in zip(kept, queries, strict=True):
+                    layer.append(q)
             self._capture = None
         for seq in self._due:
             window = self._windows.pop(seq, None)
@@ -131,14 +137,34 @@ class KVPresser:
         self._due = []
         size = self.kv_cache.block_size
         for seq, budget in list(self._budgets.items()):
-            if seq.status is not Status.RUNNING:  # (finished or preempted: its state goes)
-                del self._budgets[seq], self._scores[seq]
-                self._windows.pop(seq, None)
-            elif self._cached(seq) >= budget + size:
-                window = self._windows.pop(seq, None)
-                self._evict(seq, None if window is None else [torch.cat(q) for q in window])
+            if seq.status is Status.RUNNING and self._cached(seq) >= budget + size:
+                self._evict(seq)
+        for seq in [s for s in self._scores if s.status is not Status.RUNNING]:
+            self._scores.pop(seq)  # (finished or preempted: its scores go)
+            self._budgets.pop(seq, None)
         for seq in [s for s in self._windows if s.status is not Status.RUNNING]:
             del self._windows[seq]  # (preempted or finished mid-prefill)
+
+    def _accumulate(self, seq: Sequence, queries: list[torch.Tensor]) -> None:
+        """A budgeted press: the attention the step's queries of `seq` (its last computed
+        tokens, per attention layer) paid each of its cached tokens, added to their scores."""
+        press, cached = PRESSES.get(seq.press.name), self._cached(seq)
+        scores = self._scores.setdefault(seq, [None] * len(self.attention_layers))
+        size = self.kv_cache.block_size
+        index = torch.arange(cached)
+        for g, group in enumerate(self.kv_cache.groups):
+            if group.window is not None:
+                continue
+            table = torch.tensor(seq.blocks[g], dtype=torch.int64)
+            slots = (table[index // size] * size + index % size).to(self.kv_cache.device)
+            for layer in group.layers:
+                j = self.attention_layers.index(layer)
+                kv = self.kv_cache.layer(layer)
+                keys, _ = kv.fmt.read(kv, slots, torch.float32)
+                total = press.accumulated(keys, queries[j], self.scale)
+                if scores[j] is not None:
+                    total[:, : scores[j].shape[1]] += scores[j]
+                scores[j] = total
 
     def _cached(self, seq: Sequence) -> int:
         """Tokens in `seq`'s cache (its first pressed group's: they all press alike)."""
@@ -154,7 +180,10 @@ class KVPresser:
         keeps = {g: kept_count(tokens, seq.press.ratio, share)
                  for g, share in zip(full, press.shares(len(full)), strict=True)}  # fmt: skip
         keep = kept_count(tokens, seq.press.ratio)
-        if press.rereads:  # (a second pass over the prompt scores it)
+        if press.budgeted:  # (scores accumulated as the prompt was computed)
+            choose = functools.partial(self._choose_budgeted, press=press,
+                                       accumulated=self._scores[seq])  # fmt: skip
+        elif press.rereads:  # (a second pass over the prompt scores it)
             instruction = self.encode(press.instruction) if self.encode is not None else []
             scores = reread_scores(seq, press, instruction, self.kv_cache, self.pool,
                                    self.forward, self.attention_layers, self.scale)  # fmt: skip
@@ -162,12 +191,8 @@ class KVPresser:
                 self.stats["skipped"] += 1
                 return False
             choose = functools.partial(self._choose_scored, scores=scores)
-        elif not press.budgeted:
-            choose = functools.partial(self._choose_once, press=press, queries=queries)
         else:
-            scores = [None] * len(self.attention_layers)
-            choose = functools.partial(self._choose_budgeted, press=press, queries=queries,
-                                       accumulated=scores)  # fmt: skip
+            choose = functools.partial(self._choose_once, press=press, queries=queries)
         if not self._compact(seq, keeps, choose):
             return False
         self.stats["pressed"] += 1
@@ -175,16 +200,14 @@ class KVPresser:
             1, len(keeps)
         )
         if press.budgeted:
-            self._budgets[seq], self._scores[seq] = keep, scores
+            self._budgets[seq] = keep
         return True
 
-    def _evict(self, seq: Sequence, queries: list[torch.Tensor] | None) -> None:
-        """A budgeted sequence a block past its budget: the decodes' queries' attention added
-        to the accumulated scores, the lowest-scored tokens out."""
+    def _evict(self, seq: Sequence) -> None:
+        """A budgeted sequence a block past its budget: the lowest-scored tokens out."""
         keep, cached = self._budgets[seq], self._cached(seq)
-        scores = self._scores[seq]
         choose = functools.partial(self._choose_budgeted, press=PRESSES.get(seq.press.name),
-                                   queries=queries, accumulated=scores)  # fmt: skip
+                                   accumulated=self._scores[seq])  # fmt: skip
         full = [g for g, group in enumerate(self.kv_cache.groups) if group.window is None]
         if self._compact(seq, dict.fromkeys(full, keep), choose):
             self.stats["evictions"] += 1
@@ -201,17 +224,14 @@ class KVPresser:
         q = None if queries is None else queries[j]
         return kept_positions(press.scores(keys, q, self.scale, self.attention_layers[j]), keep)
 
-    def _choose_budgeted(self, j: int, keys: torch.Tensor, keep: int, press: Press, queries,
+    @staticmethod
+    def _choose_budgeted(j: int, keys: torch.Tensor, keep: int, press: Press,
                          accumulated: list) -> torch.Tensor:  # fmt: skip
-        """Layer j's kept positions by accumulated scores: those kept so far (zero for the
-        tokens since) plus what the captured queries paid each token, the `recent` last
-        always kept; `accumulated[j]` becomes the kept tokens' scores."""
+        """Layer j's kept positions by its tokens' accumulated scores (`accumulated[j]`, every
+        cached token's), the `recent` last always kept; `accumulated[j]` becomes the kept
+        tokens' scores."""
         tokens = keys.shape[0]
-        total = torch.zeros(keys.shape[1], tokens, device=keys.device)
-        if accumulated[j] is not None:
-            total[:, : accumulated[j].shape[1]] = accumulated[j]
-        if queries is not None:
-            total += press.accumulated(keys, queries[j], self.scale)
+        total = accumulated[j]
         ranked = total.clone()
         ranked[:, max(0, tokens - press.recent) :] = float("inf")
         chosen = kept_positions(ranked, keep)

@@ -49,8 +49,8 @@ def _assert_no_block_held(llm: LLM) -> None:
 
 def test_snapkv_h2o_and_knorm_scores_equal_transformers(tmp_path, monkeypatch):
     """SnapKV: transformers' attention weights of the prompt's last 32 queries, averaged over
-    the window and each KV head's two query heads, max-pooled over 7 positions; H2O: those
-    weights summed over the window, averaged over the query heads, the last 32 tokens kept;
+    the window and each KV head's two query heads, max-pooled over 7 positions; H2O: every
+    prompt query's weights summed, averaged over the query heads;
     KNorm: −‖k‖ of transformers' cached (rotated) keys. Within 1e-5, every layer."""
     hf = build_hf_model("llama_gqa", tmp_path)
     prompt = _prompt(211, 60)
@@ -66,8 +66,8 @@ def test_snapkv_h2o_and_knorm_scores_equal_transformers(tmp_path, monkeypatch):
             torch.testing.assert_close(keys, hf_keys, atol=1e-5, rtol=1e-5)
             if name == "knorm":
                 want = -hf_keys.norm(dim=-1).t()
-            elif name == "h2o":  # (the accumulated scores; the last 32 kept whatever they are)
-                weights = out.attentions[layer][0, :, -WINDOW:, :].sum(dim=1)  # [heads, n]
+            elif name == "h2o":  # (every prompt query's attention, accumulated)
+                weights = out.attentions[layer][0].sum(dim=1)  # [heads, n]
                 want = weights.view(2, 2, -1).mean(dim=1)
             else:
                 weights = out.attentions[layer][0, :, -WINDOW:, :].mean(dim=1)  # [heads, n]
@@ -280,9 +280,9 @@ def test_preemption_of_pressed_sequences(tmp_path):
 def test_h2o_holds_the_budget_during_decode(tmp_path, monkeypatch):
     """H2O at 0.5 on a 60-token prompt keeps 30 tokens per head; while 40 tokens are generated
     the cache never holds more than 30 + a block of 4 (an eviction each time it reaches 34).
-    At each eviction the accumulated scores grow by the attention that the decodes since the
-    last one paid each cached token: a plain-torch loop (one query and head at a time, causal
-    by cache index) is the oracle, within 1e-5."""
+    The prompt's queries and then each decode's add the attention they paid each cached token
+    to its score: a plain-torch loop (one query and head at a time, causal by cache index) is
+    the oracle of every increment, within 1e-5."""
     hf = build_hf_model("llama_gqa", tmp_path)
     llm = LLM(str(tmp_path), block_size=4, kv_press="h2o", kv_press_ratio=0.5)
     presser, press = llm.engine.kv_press, PRESSES.get("h2o")
@@ -290,7 +290,7 @@ def test_h2o_holds_the_budget_during_decode(tmp_path, monkeypatch):
 
     def recording(keys, queries, scale):
         out = accumulated(keys, queries, scale)
-        calls.append((keys, queries, scale, out))
+        calls.append((keys, queries, scale, out.clone()))
         return out
 
     monkeypatch.setattr(press, "accumulated", recording)
@@ -303,7 +303,7 @@ def test_h2o_holds_the_budget_during_decode(tmp_path, monkeypatch):
     assert len(out.token_ids) == 40 and max(cached) <= 34 and min(cached) >= 30
     stats = presser.stats
     assert stats["pressed"] == 1 and stats["evictions"] >= 8
-    for keys, queries, scale, got in calls[3:]:  # (the decode-time ones: after the prompt's)
+    for keys, queries, scale, got in calls:  # (the prompt's, then each decode's)
         tokens, kv_heads, _ = keys.shape
         heads = queries.shape[1]
         want = torch.zeros(kv_heads, tokens)

@@ -1,27 +1,31 @@
 """H2O (Zhang et al., 2023), "heavy hitters": a token's importance is the attention it has
 accumulated from every query so far, and the cache stays within a budget during decode — the
-most recent tokens plus the heavy hitters. Here the prompt's accumulated attention is that of
-its last `window` queries (every prompt query would mean a second full prefill's attention),
-then each decode query's attention is added as the sequence grows (engine/kv_press.py: scored
-a block at a time, when the cache has grown a block past the budget). Per KV head: the
-attention weights summed over the queries, averaged over the query heads sharing it (GQA)."""
+most recent tokens plus the heavy hitters. Every query counts: each prefill chunk's and each
+decode's queries are scored against the cache as they are computed (engine/kv_press.py; the
+prompt is never taken from the prefix cache, whose queries were never seen). Per KV head: the
+attention weights summed over the queries, averaged over the query heads sharing it (GQA).
+
+(A first version scored the prompt by its last 32 queries only: on the long-context tasks it
+lost the pass key even at 25 % removal — the key's digits draw little attention from the
+question, and without SnapKV's pooling their neighbours do not carry them.)"""
 
 from __future__ import annotations
 
 from infergen.kvcache.presses.press import PRESSES, Press
-from infergen.kvcache.presses.snapkv import WINDOW, window_weights
+from infergen.kvcache.presses.snapkv import window_weights
 
 RECENT = 32  # the most recent tokens, always kept
+EVERY = 1 << 40  # its window: every token of the prompt
 
 
 class H2O(Press):
     name = "h2o"
     description = (
-        f"heavy hitters under a budget: attention accumulated from the prompt's last {WINDOW} "
-        f"queries, then from every decode; the {RECENT} most recent tokens kept; the cache "
-        "stays at the prompt's kept count during decode"
+        f"heavy hitters under a budget: attention accumulated from every query (prompt and "
+        f"decodes); the {RECENT} most recent tokens kept; the cache stays at the prompt's kept "
+        "count during decode"
     )
-    window = WINDOW
+    window = EVERY
     budgeted = True
     recent = RECENT
 
