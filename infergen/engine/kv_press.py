@@ -266,7 +266,7 @@ class KVPresser:
             index = torch.arange(cached)
             table = torch.tensor(old, dtype=torch.int64)
             slots = (table[index // size] * size + index % size).to(self.kv_cache.device)
-            for block in filter(None.__ne__, reused[g]):
+            for block in (b for b in reused[g] if b is not None):
                 self.pool.unpublish(block)
             new = [self.pool.allocate() if b is None else b for b in reused[g]]
             new_table = torch.tensor(new, dtype=torch.int64)
