@@ -46,7 +46,7 @@ from infergen.engine.request import Sequence, Status
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.presses import PRESSES, Press, kept_count, kept_positions
-from infergen.kvcache.presses.compact import compact_layer
+from infergen.kvcache.presses.compact import cache_slots, compact_layer
 from infergen.layers.forward_batch import ForwardBatch, QueryCapture
 
 
@@ -65,6 +65,9 @@ class KVPresser:
         self.forward, self.encode = forward, encode
         # attention layers in the order they run (the capture's order)
         self.attention_layers = sorted(layer for group in kv_cache.groups for layer in group.layers)
+        self._order = {layer: j for j, layer in enumerate(self.attention_layers)}
+        # the groups a press compacts (sliding-window groups keep only their window anyway)
+        self.full_groups = [g for g, group in enumerate(kv_cache.groups) if group.window is None]
         self._windows: dict[Sequence, list[list[torch.Tensor]]] = {}  # captured so far
         self._due: list[Sequence] = []  # prefills that end this step
         self._capture: QueryCapture | None = None
@@ -150,16 +153,12 @@ class KVPresser:
         tokens, per attention layer) paid each of its cached tokens, added to their scores."""
         press, cached = PRESSES.get(seq.press.name), self._cached(seq)
         scores = self._scores.setdefault(seq, [None] * len(self.attention_layers))
-        size = self.kv_cache.block_size
-        index = torch.arange(cached)
-        for g, group in enumerate(self.kv_cache.groups):
-            if group.window is not None:
-                continue
-            table = torch.tensor(seq.blocks[g], dtype=torch.int64)
-            slots = (table[index // size] * size + index % size).to(self.kv_cache.device)
-            for layer in group.layers:
-                j = self.attention_layers.index(layer)
-                kv = self.kv_cache.layer(layer)
+        cache = self.kv_cache
+        for g in self.full_groups:
+            slots = cache_slots(seq.blocks[g], cached, cache.block_size, cache.device)
+            for layer in cache.groups[g].layers:
+                j = self._order[layer]
+                kv = cache.layer(layer)
                 keys, _ = kv.fmt.read(kv, slots, torch.float32)
                 total = press.accumulated(keys, queries[j], self.scale)
                 if scores[j] is not None:
@@ -168,15 +167,14 @@ class KVPresser:
 
     def _cached(self, seq: Sequence) -> int:
         """Tokens in `seq`'s cache (its first pressed group's: they all press alike)."""
-        g = next(g for g, group in enumerate(self.kv_cache.groups) if group.window is None)
-        return seq.num_computed_tokens - seq.removed(g)
+        return seq.num_computed_tokens - seq.removed(self.full_groups[0])
 
     def press_sequence(self, seq: Sequence, queries: list[torch.Tensor] | None) -> bool:
         """Press `seq`'s computed tokens (`queries`: per attention layer in run order, the
         window's [window, heads, head_dim]); False when the pool had no room."""
         tokens = seq.num_computed_tokens
         press = PRESSES.get(seq.press.name)
-        full = [g for g, group in enumerate(self.kv_cache.groups) if group.window is None]
+        full = self.full_groups
         keeps = {g: kept_count(tokens, seq.press.ratio, share)
                  for g, share in zip(full, press.shares(len(full)), strict=True)}  # fmt: skip
         keep = kept_count(tokens, seq.press.ratio)
@@ -208,8 +206,7 @@ class KVPresser:
         keep, cached = self._budgets[seq], self._cached(seq)
         choose = functools.partial(self._choose_budgeted, press=PRESSES.get(seq.press.name),
                                    accumulated=self._scores[seq])  # fmt: skip
-        full = [g for g, group in enumerate(self.kv_cache.groups) if group.window is None]
-        if self._compact(seq, dict.fromkeys(full, keep), choose):
+        if self._compact(seq, dict.fromkeys(self.full_groups, keep), choose):
             self.stats["evictions"] += 1
             self.stats["tokens_removed"] += cached - keep
 
@@ -258,24 +255,20 @@ class KVPresser:
         if self.pool.num_free < sum(row.count(None) for row in reused.values()):
             self.stats["skipped"] += 1
             return False
-        order = {layer: j for j, layer in enumerate(self.attention_layers)}
         removed = list(seq.kv_removed or [0] * len(self.kv_cache.groups))
+        device = self.kv_cache.device
         for g in groups:
             old, keep = seq.blocks[g], keeps[g]
             cached = seq.num_computed_tokens - removed[g]
-            index = torch.arange(cached)
-            table = torch.tensor(old, dtype=torch.int64)
-            slots = (table[index // size] * size + index % size).to(self.kv_cache.device)
+            slots = cache_slots(old, cached, size, device)
             for block in (b for b in reused[g] if b is not None):
                 self.pool.unpublish(block)
             new = [self.pool.allocate() if b is None else b for b in reused[g]]
-            new_table = torch.tensor(new, dtype=torch.int64)
-            index = torch.arange(keep)
-            new_slots = (new_table[index // size] * size + index % size).to(slots.device)
+            new_slots = cache_slots(new, keep, size, device)
             for layer in self.kv_cache.groups[g].layers:
                 kv = self.kv_cache.layer(layer)
                 keys, _ = kv.fmt.read(kv, slots, torch.float32)  # [cached, kv_heads, head_dim]
-                chosen = choose(order[layer], keys, keep)
+                chosen = choose(self._order[layer], keys, keep)
                 compact_layer(kv, slots[chosen], new_slots)
             kept_blocks = set(new)  # (in place: the rewritten ones stay)
             self.pool.release([b for b in old if b not in kept_blocks])

@@ -21,6 +21,7 @@ from infergen.engine.runner import rows_batch
 from infergen.kvcache.block_pool import BlockPool
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.presses import Press
+from infergen.kvcache.presses.compact import cache_slots
 from infergen.layers.forward_batch import ForwardBatch, QueryCapture
 
 
@@ -53,13 +54,11 @@ def reread_scores(
             batch = rows_batch(kv_cache, [seq], [tokens], [context], [])
             batch.capture = QueryCapture(torch.arange(len(tokens)))
             forward(batch)
-            index = torch.arange(context + len(tokens))
             for j, layer in enumerate(attention_layers):
                 g = group_of[layer]
                 if kv_cache.groups[g].window is not None:
                     continue
-                table = torch.tensor(seq.blocks[g], dtype=torch.int64)
-                slots = (table[index // size] * size + index % size).to(kv_cache.device)
+                slots = cache_slots(seq.blocks[g], context + len(tokens), size, kv_cache.device)
                 kv = kv_cache.layer(layer)
                 keys, _ = kv.fmt.read(kv, slots, torch.float32)
                 scores = press.reread_scores(keys, batch.capture.queries[j], context, scale)

@@ -349,6 +349,19 @@ def test_a_press_per_request(tmp_path):
         LLM(str(tmp_path / "mamba")).generate([[1, 2, 3]], SamplingParams(kv_press="snapkv"))
 
 
+@pytest.mark.parametrize("name", ["snapkv", "pyramidkv", "h2o", "kvzip", "knorm"])
+def test_prompts_shorter_than_the_window(tmp_path, name):
+    """A prompt of fewer tokens than SnapKV's 32-token window (all of it the window) and one
+    of a single token: every press runs and decoding goes on, no block left held."""
+    hf = build_hf_model("llama_gqa", tmp_path)
+    llm = LLM(str(tmp_path), block_size=4, kv_press=name, kv_press_ratio=0.5)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    outs = llm.generate([_prompt(hf.config.vocab_size, 9), [5]], params)
+    assert [len(o.token_ids) for o in outs] == [6, 6]
+    assert llm.engine.kv_press.stats["pressed"] == 2
+    _assert_no_block_held(llm)
+
+
 def test_what_the_press_refuses(tmp_path):
     build_hf_model("llama_gqa", tmp_path / "llama")
     with pytest.raises(ConfigError, match="kv_press"):

@@ -19,6 +19,15 @@ def _flat(page: torch.Tensor) -> torch.Tensor:
     return page.view(-1, *page.shape[2:])
 
 
+def cache_slots(blocks: list[int], count: int, block_size: int,
+                device: torch.device) -> torch.Tensor:  # fmt: skip
+    """[count] int64 cache slots of a sequence's cache indices 0 .. count-1 through its
+    block list `blocks` (a slot: block · block_size + offset), on `device`."""
+    index = torch.arange(count)
+    table = torch.tensor(blocks, dtype=torch.int64)
+    return (table[index // block_size] * block_size + index % block_size).to(device)
+
+
 def compact_layer(kv: KVLayer, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
     """Move each KV head h's tokens at `old_slots[h]` [kv_heads, keep] int64 to `new_slots`
     [keep] int64, for K and V (the new slots must not overlap the old ones being read: all

@@ -35,10 +35,5 @@ class H2O(Press):
         summed = window_weights(keys, queries, scale).sum(dim=1)  # [heads, tokens]
         return summed.view(kv_heads, heads // kv_heads, tokens).mean(dim=1)
 
-    def scores(self, keys, queries, scale, layer):
-        scores = self.accumulated(keys, queries, scale)
-        scores[:, max(0, keys.shape[0] - self.recent) :] = float("inf")
-        return scores
-
 
 PRESSES.register("h2o", H2O())

@@ -48,6 +48,8 @@ class Press:
         scale: float,  # the attention's softmax scale
         layer: int,  # the layer's index (a press may vary by layer)
     ) -> torch.Tensor:  # [kv_heads, tokens] fp32: higher is kept
+        """(A budgeted press is ranked by its `accumulated` scores instead, a re-reading one
+        by `reread_scores`.)"""
         raise NotImplementedError
 
     def shares(self, groups: int) -> list[float]:

@@ -45,11 +45,13 @@ class SnapKV(Press):
         window, heads, _ = queries.shape
         weights = window_weights(keys, queries, scale).mean(dim=1)  # [heads, tokens]
         per_kv = weights.view(kv_heads, heads // kv_heads, tokens).mean(dim=1)
-        before = tokens - window
+        before = tokens - window  # (0: a prompt no longer than the window, all of it kept)
+        kept = torch.full((kv_heads, window), float("inf"), device=keys.device)
+        if before == 0:
+            return kept
         pooled = F.max_pool1d(
             per_kv[:, None, :before], self.kernel, stride=1, padding=self.kernel // 2
         )[:, 0]  # [kv_heads, before]
-        kept = torch.full((kv_heads, window), float("inf"), device=keys.device)
         return torch.cat([pooled, kept], dim=-1)
 
 
