@@ -96,8 +96,8 @@ def main() -> None:
     request = {"model_dir": str(hf_checkpoint()), "n_threads": 2,
                "max_new_tokens": ANSWER_TOKENS, "configs": configs, "prompts": prompts}  # fmt: skip
     run = subprocess.run([str(PEER_PYTHON), str(ROOT / "benchmarks/peers/kvpress_runner.py"),
-                          "-"], input=json.dumps(request), capture_output=True, text=True,
-                         check=True)  # fmt: skip
+                          "-"], input=json.dumps(request), stdout=subprocess.PIPE, text=True,
+                         check=True)  # fmt: skip  (its stderr: progress per configuration)
     peer = json.loads(run.stdout.strip().splitlines()[-1])
 
     def accuracy(outputs: list[list[int]]) -> dict:

@@ -539,6 +539,52 @@ def render_kv_press(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
+PEER_START, PEER_END = "<!-- kv-press-peer:start -->", "<!-- kv-press-peer:end -->"
+
+
+def render_kv_press_peer(lines: list[dict]) -> str | None:
+    """bench_kv_press_peer.py's lines (None: no run): each press and ratio in infergen and in
+    kvpress, per task (the mean over lengths), then issue 25's SnapKV target."""
+    peer = [ln for ln in lines if ln.get("bench") == "kv_press_peer"]
+    if not peer:
+        return None
+    tasks = list(peer[0]["infergen"])
+
+    def per_task(accuracy: dict) -> str:
+        return " / ".join(f"{100 * sum(v.values()) / len(v):.0f}" for v in accuracy.values())
+
+    def label(ln: dict) -> str:
+        return "full" if ln["press"] == "full" else f"{ln['press']}:{ln['ratio']:g}"
+
+    rows = [
+        f"| config | infergen, % ({' / '.join(tasks)}) | kvpress, % | mean: infergen | "
+        "mean: kvpress | same answer tokens |",
+        "|---|---|---|---|---|---|",
+    ]
+    for ln in peer:
+        rows.append(
+            f"| {label(ln)} | {per_task(ln['infergen'])} | {per_task(ln['kvpress'])} "
+            f"| {100 * ln['infergen_mean']:.0f} % | {100 * ln['kvpress_mean']:.0f} % "
+            f"| {ln['same_answers']} / {ln['prompts']} |"
+        )
+    snap = next((ln for ln in peer if ln["press"] == "snapkv" and ln["ratio"] == 0.5), None)
+    if snap is not None:
+        ours, theirs = snap["infergen_mean"], snap["kvpress_mean"]
+        rows.append(
+            f"\nTarget: SnapKV at 50 % removal ≥ kvpress's SnapKV: {100 * ours:.0f} % vs "
+            f"{100 * theirs:.0f} % — {'met' if ours >= theirs else '**not met**'}."
+        )
+    versions = ", ".join(f"{k} {v}" for k, v in peer[0]["peer_versions"].items())
+    lengths = ", ".join(next(iter(peer[0]["infergen"].values())))
+    rows.append(
+        f"\n{_machine(peer[0])}, {peer[0]['date']}, {peer[0]['model']}, prompts of {lengths} "
+        f"tokens, {peer[0]['samples']} samples per task and length; peer: {versions}. "
+        "Regenerate: `bash benchmarks/setup_peers.sh kvpress && python "
+        "benchmarks/bench_kv_press_peer.py && python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 GPU_START, GPU_END = "<!-- gpu-engine:start -->", "<!-- gpu-engine:end -->"
 # issue 22's targets: (what, the line's case, its filter, the value, at least)
 GPU_TARGETS = (
@@ -625,6 +671,7 @@ SECTIONS = (
     (SOAK_START, SOAK_END, render_soak),
     (GPU_START, GPU_END, render_gpu_engine),
     (PRESS_START, PRESS_END, render_kv_press),
+    (PEER_START, PEER_END, render_kv_press_peer),
 )
 
 
