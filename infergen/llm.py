@@ -49,6 +49,16 @@ class LLM:
         self.config = self.engine.model_config
         self.tokenizer = self.engine.tokenizer
 
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel workers, if any (also at interpreter exit)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ---- batch generation -------------------------------------------------------------------
     def generate(
         self,

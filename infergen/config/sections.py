@@ -265,3 +265,20 @@ class CompileConfig:
             found=self.mode,
             expected="'off', 'eager' or 'jit'",
         )
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism (engine/workers.py): the model split over `tensor_parallel_size`
+    processes — this one (rank 0: it schedules and samples) and that many − 1 workers."""
+
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        require(
+            isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+            "tensor_parallel_size must be a whole number of processes, at least 1",
+            where="tensor_parallel_size",
+            found=self.tensor_parallel_size,
+            expected=">= 1",
+        )

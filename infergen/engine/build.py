@@ -53,6 +53,7 @@ from infergen.kvcache.tiers.disk import DiskTier
 from infergen.kvcache.tiers.host import HostTier
 from infergen.kvcache.tiers.tiered import KVTiers
 from infergen.layers.probe import check_kv_scales
+from infergen.layers.tensor_parallel import TPGroup
 from infergen.models.cuda_graphs import buckets
 from infergen.models.fast_paths import FAST_PATHS
 from infergen.models.mtp import mtp_cache_config, mtp_layers
@@ -119,6 +120,7 @@ def build(
     checkpoint: Checkpoint | None = None,
     progress: bool = False,
     keep_dense: bool = False,  # keep calibration's rewritten fp32 weights (engine/export.py)
+    tp: TPGroup | None = None,  # a tensor-parallel rank: the model is its shard (sharding.py)
 ) -> Built:
     config = resolve(config)  # "auto" device, kernels and dtype made concrete (device.py)
     configure_process(config.num_threads)
@@ -132,8 +134,11 @@ def build(
     model_config = _streaming(checkpoint.config, config)
     dtype = DTYPES[config.dtype]
     press = config.cache.kv_press  # (per-layer budgets: smaller cache groups, PyramidKV)
+    if tp is not None:
+        _check_tensor_parallel(config, tp)
     model = Transformer(model_config, dtype, config.kernels,
-                        None if press is None else PRESSES.get(press).group_layers)  # fmt: skip
+                        None if press is None else PRESSES.get(press).group_layers, tp)  # fmt: skip
+    model_config = model.config  # (a rank's: its own heads, which its KV cache holds)
     if config.scheduler.speculative == "mtp":  # its layers load with the weights
         model.mtp = mtp_layers(model_config, dtype, config.kernels)
     if config.attention.operands is not None:
@@ -167,6 +172,30 @@ def build(
     return built
 
 
+def _check_tensor_parallel(config: EngineConfig, tp: TPGroup) -> None:
+    """What a tensor-parallel rank does not run yet: a clear error naming it."""
+    sched, cache = config.scheduler, config.cache
+    refused = [
+        name
+        for name, used in (
+            ("kv_press", cache.kv_press is not None),
+            ("speculative", sched.speculative is not None),
+            ("KV offload tiers", cache.offload_memory_bytes is not None or cache.offload_dir),
+            ("compile", config.compile.mode != "off"),
+            ("weight schemes", config.quant.weights is not None),
+            (f"device {config.device}", config.device != "cpu"),
+        )
+        if used
+    ]
+    if refused:
+        raise ConfigError(
+            f"tensor parallelism does not run with {', '.join(refused)} yet",
+            where="tensor_parallel_size",
+            found=tp.size,
+            expected=f"1 with {', '.join(refused)}",
+        )
+
+
 def _speculator(built: Built) -> Speculator | None:
     """speculative: the proposer's row, with num_speculative_tokens drafts a step (at most,
     or "auto": the cost model's choice); with recurrent layers, their states rolled back
@@ -195,6 +224,7 @@ def press_blockers(built: Built, press: str | None = None) -> list[str]:
         what
         for what, bad in (
             ("recurrent layers", kv_cache.states is not None),
+            ("tensor parallelism", built.model.tp is not None),
             ("a latent (MLA) cache", built.model_config.cache_shape[0] == 1),
             (f"kv_format {cache.kv_format!r} (its own block stores)", not kv_cache.pages_movable),
             ("sparse_decode_blocks", cache.sparse_decode_blocks is not None),
@@ -451,6 +481,8 @@ def _cache(built: Built, dtype: torch.dtype, scales: tuple | None) -> PagedKVCac
         cache, built.model_config, dtype_bytes, tails, reserved_bytes=state_bytes,
         extra_block_bytes=_draft_block_bytes(built, dtype_bytes), groups=model.cache_groups,
     )  # fmt: skip
+    if model.tp is not None:  # (the ranks hold different heads: every rank's pool has as
+        num_blocks = model.tp.minimum(num_blocks)  # many blocks as the fullest one's budget)
     spare = records_graphs(config)  # a block for the padded rows of captured steps
     if spare and cache.num_blocks is None:
         num_blocks -= 1  # ... inside the budget

@@ -15,6 +15,7 @@ from infergen.config.sections import (
     AttentionPolicy,
     CacheConfig,
     CompileConfig,
+    ParallelConfig,
     QuantConfig,
     SchedulerConfig,
 )
@@ -53,6 +54,7 @@ class EngineConfig:
     quant: QuantConfig = field(default_factory=QuantConfig)
     attention: AttentionPolicy = field(default_factory=AttentionPolicy)
     compile: CompileConfig = field(default_factory=CompileConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         require(

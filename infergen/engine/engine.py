@@ -26,10 +26,12 @@ from infergen.engine.sampling_params import SamplingParams
 from infergen.engine.scoring import serving_parts, teacher_forced_logits
 from infergen.engine.step_trace import StepRecord
 from infergen.engine.stopping import StopChecker
-from infergen.errors import RequestError
+from infergen.engine.workers import Workers
+from infergen.errors import ConfigError, RequestError
 from infergen.io.checkpoint import Checkpoint
 from infergen.io.tokenizer import IncrementalDetokenizer
 from infergen.kvcache.presses import PRESSES, kept_count
+from infergen.layers.tensor_parallel import TPGroup
 from infergen.ops.sparse_decode import QuestDecode
 
 
@@ -53,8 +55,21 @@ class Engine:
         checkpoint: Checkpoint | None = None,
         progress: bool = False,
         keep_dense: bool = False,  # keep calibration's rewritten fp32 weights (engine/export.py)
+        tp: TPGroup | None = None,  # a tensor-parallel rank (engine/build.py)
     ):
-        built = build(config, checkpoint, progress, keep_dense)
+        # tensor_parallel_size > 1: this process is rank 0 of a group of worker processes
+        # (engine/workers.py) unless the caller placed it in a group itself (`tp`)
+        self.workers = _workers(config, checkpoint) if tp is None else None
+        if self.workers is not None:
+            tp = self.workers.tp
+        try:
+            built = build(config, checkpoint, progress, keep_dense, tp)
+            if self.workers is not None:
+                self.workers.built()
+        except BaseException:
+            if self.workers is not None:
+                self.workers.stop()
+            raise
         self.config = built.config
         self.model_config: ModelConfig = built.model_config
         self.tokenizer = built.tokenizer
@@ -74,6 +89,7 @@ class Engine:
             built.kv_tiers,
             built.state_checkpoints,
         )
+        self.runner.workers = self.workers
         self.kv_tiers = built.kv_tiers  # host / disk tiers below the pool (kv_offload_*)
         self.sampler = Sampler(self.config.kernels)
         self.speculator = built.speculator  # speculative decoding's drafts (None: off)
@@ -91,6 +107,11 @@ class Engine:
         self.output_lengths = OutputLengths()  # of the requests that finished lately
         self.step_cost = StepCost()  # measured by step()
         self._busy_since: float | None = None  # the last step's end, while work remained
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (the engine cannot step after)."""
+        if self.workers is not None:
+            self.workers.close()
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -391,3 +412,19 @@ class Engine:
         seq = self._requests.get(request_id)
         if seq is not None and seq.finished:
             del self._requests[request_id]
+
+
+def _workers(config: EngineConfig, checkpoint: Checkpoint | None) -> Workers | None:
+    """tensor_parallel_size > 1: the worker processes, started (None: one process)."""
+    size = config.parallel.tensor_parallel_size
+    if size == 1:
+        return None
+    if checkpoint is not None:
+        raise ConfigError(
+            "tensor parallelism loads the checkpoint in every worker process: pass its path "
+            "as the model, not a loaded checkpoint",
+            where="tensor_parallel_size",
+            found=size,
+            expected="1 with an in-memory checkpoint",
+        )
+    return Workers(config, size)

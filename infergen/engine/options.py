@@ -32,6 +32,7 @@ from infergen.config.sections import (
     AttentionPolicy,
     CacheConfig,
     CompileConfig,
+    ParallelConfig,
     QuantConfig,
     SchedulerConfig,
     parse_bytes,
@@ -55,6 +56,7 @@ SECTIONS = {
     "quant": QuantConfig,
     "attention": AttentionPolicy,
     "compile": CompileConfig,
+    "parallel": ParallelConfig,
 }
 
 
@@ -308,6 +310,15 @@ OPTIONS: tuple[Option, ...] = (
            "first --streaming-sinks (4); the KV cache per sequence stays flat. Default: off"),
     Option("streaming_sinks", "attention.streaming_sinks", 4, parse=int, metavar="S",
            commands=RUN, help="StreamingLLM: the first positions every layer keeps reading"),
+    # ---- parallel ------------------------------------------------------------------------
+    Option("tensor_parallel_size", "parallel.tensor_parallel_size", 1, parse=int, short="-tp",
+           commands=RUN,
+           help="split the model over this many processes on this machine (gloo): column- and "
+           "row-parallel projections with one all-reduce each, heads split by KV group, "
+           "vocabulary-parallel embedding and LM head; this process schedules and samples, "
+           "each rank's KV cache holds its heads. CPU; dense and GGUF weights (dequantized), "
+           "no MoE / MLA / recurrent layers, KV presses, speculation, offload tiers or compile "
+           "yet"),
     # ---- compile -------------------------------------------------------------------------
     Option("compile", "compile.mode", "off", choices=COMPILE_MODES, commands=RUN,
            help="run the decoder layers through the compiler: 'eager' (the captured graph op "

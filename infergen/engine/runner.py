@@ -8,6 +8,7 @@ host from the scheduler's lists and moved to the cache's device once per step.
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from infergen.models.transformer import Transformer
 from infergen.ops.paged_attention import plan
 from infergen.ops.to_device import to_device
 
+if TYPE_CHECKING:  # (workers.py builds engines: it imports this module's importers)
+    from infergen.engine.workers import Workers
+
 
 class ModelRunner:
     def __init__(self, model: Transformer, kv_cache: PagedKVCache):
@@ -28,6 +32,17 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.device = kv_cache.device  # the step's inputs are built on the host, moved here
+        # tensor parallelism (engine/workers.py): the other ranks, sent each forward first
+        self.workers: Workers | None = None
+
+    def forward(self, batch: ForwardBatch, num_layers: int | None = None) -> torch.Tensor:
+        """The model on `batch` (every rank of a tensor-parallel group: the workers get it
+        first); logits [len(batch.logits_indices), vocab] fp32."""
+        if self.workers is None:
+            return self.model(batch, self.kv_cache, num_layers=num_layers)
+        return self.workers.forward(
+            batch, num_layers, lambda: self.model(batch, self.kv_cache, num_layers=num_layers)
+        )
 
     def prepare(self, batch: ScheduledBatch) -> tuple[ForwardBatch, list[int]]:
         """Pack the batch. Returns the ForwardBatch and the indices (into batch.seqs) of the
@@ -89,7 +104,7 @@ class ModelRunner:
         forward_batch = rows_batch(
             self.kv_cache, seqs, [[t] for t in tokens], positions, list(range(len(seqs)))
         )
-        return self.model(forward_batch, self.kv_cache, num_layers=num_layers)
+        return self.forward(forward_batch, num_layers)
 
     def run(
         self, batch: ScheduledBatch, capture: QueryCapture | None = None
@@ -98,8 +113,7 @@ class ModelRunner:
         `capture`: the rows whose queries the attention layers keep (engine/kv_press.py)."""
         forward_batch, sampling = self.prepare(batch)
         forward_batch.capture = capture
-        logits = self.model(forward_batch, self.kv_cache)
-        return logits, sampling
+        return self.forward(forward_batch), sampling
 
 
 def rows_batch(

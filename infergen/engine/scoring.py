@@ -42,7 +42,7 @@ def teacher_forced_logits(
             forward_batch, _ = runner.prepare(batch)
             start = seq.num_computed_tokens
             forward_batch.logits_indices = torch.arange(n)
-            rows.append(runner.model(forward_batch, runner.kv_cache))
+            rows.append(runner.forward(forward_batch))
             seq.num_computed_tokens = start + n
     finally:
         scheduler.release_blocks(seq)

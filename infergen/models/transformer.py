@@ -33,8 +33,10 @@ from infergen.layers.mlp import GatedMLP
 from infergen.layers.moe import MoE
 from infergen.layers.norm import RMSNorm
 from infergen.layers.state_mixer import STATE_MIXERS, ParallelMixer, StateMixer
+from infergen.layers.tensor_parallel import TPGroup
 from infergen.models import fused_decode  # noqa: F401  (registers the "fused" fast path)
 from infergen.models.fast_paths import FAST_PATHS, FastPathRunner
+from infergen.models.sharding import plan
 from infergen.ops.rope import RopeInputs, cos_sin_cache
 from infergen.ops.stored_weights import dense
 
@@ -74,8 +76,10 @@ class DecoderLayer(nn.Module):
         index: int = 0,
         group: int = 0,
         rope_index: int = 0,
+        tp: TPGroup | None = None,  # a tensor-parallel rank: its sublayers' sums all-reduced
     ):
         super().__init__()
+        self.tp = tp
         eps, hidden = config.rms_norm_eps, config.hidden_size
         self.attn_norm = RMSNorm(hidden, eps, dtype, kernels)
         mixer = MIXERS[config.layer_type(index)]
@@ -97,11 +101,15 @@ class DecoderLayer(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         attn_out = self.attn(self.attn_norm(h, delta), batch, kv)
+        if self.tp is not None:  # (each rank's o_proj summed its own heads)
+            self.tp.all_reduce(attn_out)
         if self.post_attn_norm is not None:
             attn_out = self.post_attn_norm(attn_out)
         if self.mlp is None:
             return attn_out
         out = self.mlp(self.mlp_norm(h, attn_out))
+        if self.tp is not None:  # (each rank's down_proj summed its own features)
+            self.tp.all_reduce(out)
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(out)
         return out  # the new pending delta
@@ -139,20 +147,25 @@ class Transformer(nn.Module):
         dtype: torch.dtype = torch.float32,
         kernels: str = "torch",
         max_group_layers: int | None = None,  # cache groups of at most this many layers
+        tp: TPGroup | None = None,  # a tensor-parallel rank: it holds its shard (sharding.py)
     ):
         super().__init__()
+        # a rank's model is the whole model's with its own heads and MLP features; its
+        # embedding and LM head hold its vocabulary rows
+        self.tp, self.shard = tp, None if tp is None else plan(config, tp.rank, tp.size)
+        if self.shard is not None:
+            config = self.shard.local_config(config)
+        vocab = config.vocab_size if self.shard is None else self.shard.vocab_widths[tp.rank]
         self.config = config
         self.dtype = dtype
         self.kernels = kernels  # the kernel set of its op rows (the compiler's target follows)
         # The LM head is a Linear; with tied embeddings it also serves the embedding lookup
         # (`rows`), so the [vocab, hidden] matrix is stored once, in the head's layout.
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, kernels)
+        self.lm_head = Linear(config.hidden_size, vocab, False, dtype, kernels)
         self.embed = (
             None
             if config.tie_word_embeddings
-            else nn.Parameter(
-                torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False
-            )
+            else nn.Parameter(torch.empty(vocab, config.hidden_size, dtype=dtype), False)
         )
         # one RoPE table, and a second one when the sliding layers have their own base
         self.register_buffer("rope_cache", cos_sin_cache(config), persistent=False)
@@ -166,7 +179,7 @@ class Transformer(nn.Module):
         group_of = {layer: g for g, group in enumerate(groups) for layer in group.layers}
         self.num_cache_groups = len(groups)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, kernels, i, group_of.get(i, 0), int(local[i]))
+            DecoderLayer(config, dtype, kernels, i, group_of.get(i, 0), int(local[i]), tp)
             for i in range(config.num_hidden_layers)
         )
         # layer → {state name: (shape, dtype)} of the recurrent layers (kvcache/state_cache.py)
@@ -182,7 +195,7 @@ class Transformer(nn.Module):
         # the FAST_PATHS row (models/fast_paths.py) that runs all layers of a step at once
         # where it can: the native fused decode step by default, the compiled layers with
         # the engine option `compile`; None: every step op by op (tests compare the two)
-        self.fast_path: str | None = "fused"
+        self.fast_path: str | None = "fused" if tp is None else None  # (no all-reduce in it)
         self._runner: FastPathRunner | None = None  # the path built for one KV cache
         # multi-token-prediction layers (models/mtp.py), attached by the build step when the
         # `mtp` proposer drafts with them; loaded with the weights
@@ -199,9 +212,11 @@ class Transformer(nn.Module):
         multipliers = [(re.compile(p), f) for p, f in self.config.weight_multipliers]
 
         def get(name: str) -> torch.Tensor:
-            """The tensor, times the config's constant multipliers that match its name."""
+            """The tensor (this rank's part of it), times the config's constant multipliers
+            that match its name."""
             factor = math.prod(f for pattern, f in multipliers if pattern.search(name))
-            return tensors[name] if factor == 1 else dense(tensors[name]) * factor
+            tensor = tensors[name] if self.shard is None else self.shard.tensor(name, tensors[name])
+            return tensor if factor == 1 else dense(tensor) * factor
 
         embed = get("model.embed_tokens.weight")
         if self.config.embedding_multiplier != 1.0 and self.embed is None:
@@ -301,7 +316,14 @@ class Transformer(nn.Module):
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The embeddings [len(ids), hidden] of token ids (scaled as the architecture does), a
         fresh tensor."""
+        if self.shard is not None:  # this rank's rows: the others' ids read as zeros
+            first, end = self.shard.vocab
+            local = ids - first
+            inside = (local >= 0) & (local < end - first)
+            ids = local.clamp(0, end - first - 1)
         h = self.lm_head.rows(ids) if self.embed is None else self.embed.index_select(0, ids)
+        if self.shard is not None:
+            self.tp.all_reduce(h.mul_(inside[:, None].to(h.dtype)))
         return h if self.embed_scale is None else h.mul_(self.embed_scale)
 
     def run_layers(
@@ -330,5 +352,7 @@ class Transformer(nn.Module):
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] in fp32 of final hidden states (after the final norm)."""
         logits = self.lm_head(normed).float()
+        if self.shard is not None:  # [rows, this rank's vocabulary] → every rank's
+            logits = self.tp.gather_columns(logits, list(self.shard.vocab_widths))
         multiplier = self.config.logits_multiplier  # Falcon-H1
         return logits if multiplier == 1.0 else logits.mul_(multiplier)

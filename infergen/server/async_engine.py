@@ -286,6 +286,7 @@ class AsyncEngine:
         self._thread.join(timeout=10)
         if self.engine.kv_tiers is not None:  # blocks queued for writing through: on disk
             self.engine.kv_tiers.flush()
+        self.engine.close()  # (tensor-parallel workers stopped)
 
     # ---- requests ---------------------------------------------------------------------------
     async def submit(

@@ -1,0 +1,103 @@
+"""`tensor_parallel_size` (issue 26): this process as rank 0 — scheduling, sampling and
+broadcasting each step's ForwardBatch — and worker processes for the other ranks
+(engine/workers.py). Two ranks generate what one process does; a worker killed mid-run, or one
+whose build fails, ends in a WorkerError naming the rank, with no process left behind; what a
+tensor-parallel engine does not run yet is refused by name."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from infergen import LLM, SamplingParams
+from infergen.engine.workers import WorkerError
+from infergen.errors import ConfigError, RequestError
+from tests.hf_models import build_hf_model
+
+PROMPTS = [[5, 9, 13, 2, 7, 11, 3, 8, 1, 4, 6, 12, 10, 14, 15, 16, 17, 18], [3, 1], [7] * 9]
+
+
+def _children() -> list[str]:
+    """This process's live children but multiprocessing's resource tracker (started once per
+    process by the first spawn, shared, gone at exit): their command lines."""
+    lines = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)
+             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    return [line for line in lines if "resource_tracker" not in line]
+
+
+UNEVEN = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3)  # 1 + 2 KV heads
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa_tied", "uneven"])
+def test_two_ranks_serve_what_one_process_does(name, tmp_path):
+    """Greedy tokens identical and log-probabilities within 1e-4, chunked prefill (chunks of 8
+    tokens) and continuous batching included; the workers stop on close."""
+    build_hf_model("llama_gqa", tmp_path, **UNEVEN) if name == "uneven" else build_hf_model(
+        name, tmp_path
+    )
+    params = SamplingParams(max_tokens=10, temperature=0, logprobs=0, ignore_eos=True)
+    options = dict(block_size=4, max_num_batched_tokens=8, num_threads=1)
+    want = LLM(str(tmp_path), **options).generate(PROMPTS, params)
+    with LLM(str(tmp_path), tensor_parallel_size=2, **options) as llm:
+        assert len(llm.engine.workers.processes) == 1
+        got = llm.generate(PROMPTS, params)
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids
+        assert [x.logprob for x in a.logprobs] == pytest.approx(
+            [x.logprob for x in b.logprobs], abs=1e-4
+        )
+    assert not _children()
+
+
+def test_every_rank_has_the_pool_of_the_rank_with_most_heads(tmp_path):
+    """3 KV heads on 2 ranks: rank 0 holds 1, rank 1 holds 2. Both pools get the blocks rank
+    1's budget holds (half of what one KV head's would), so rank 0 never hands out a block
+    rank 1 does not have; a pool filled to the last block generates as one process does."""
+    build_hf_model("llama_gqa", tmp_path, **UNEVEN)
+    options = dict(block_size=4, num_threads=1, kv_cache_memory="96KiB")
+    single = LLM(str(tmp_path), **options)
+    blocks = single.engine.kv_cache.num_blocks  # (3 KV heads)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = [[(7 * i + j) % 200 + 1 for j in range(40)] for i in range(6)]
+    want = single.generate(prompts, params)
+    with LLM(str(tmp_path), tensor_parallel_size=2, **options) as llm:
+        assert abs(llm.engine.kv_cache.num_blocks - blocks * 3 / 2) <= 1
+        got = llm.generate(prompts, params)
+        assert llm.engine.scheduler.num_preemptions > 0  # (the pool was full)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
+def test_a_killed_worker_is_named_and_nothing_is_left(tmp_path):
+    build_hf_model("llama_gqa", tmp_path)
+    llm = LLM(str(tmp_path), tensor_parallel_size=2, block_size=4, num_threads=1)
+    worker = llm.engine.workers.processes[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(timeout=10)
+    began = time.monotonic()
+    with pytest.raises(WorkerError, match=r"rank 1 exited with code -9"):
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))
+    assert time.monotonic() - began < 30
+    assert not _children()
+    with pytest.raises(WorkerError, match="stopped"):  # (and it stays stopped)
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))
+    llm.close()
+
+
+def test_what_it_does_not_run_yet_is_refused(tmp_path):
+    build_hf_model("llama_gqa", tmp_path / "llama")
+    build_hf_model("mamba2", tmp_path / "mamba")
+    with pytest.raises(ConfigError, match="speculative"):
+        LLM(str(tmp_path / "llama"), tensor_parallel_size=2, speculative="ngram")
+    with pytest.raises(ConfigError, match="recurrent layers"):
+        LLM(str(tmp_path / "mamba"), tensor_parallel_size=2)
+    assert not _children()
+    with LLM(str(tmp_path / "llama"), tensor_parallel_size=2, num_threads=1) as llm:
+        with pytest.raises(RequestError, match="tensor parallelism"):
+            llm.generate([[1, 2, 3]], SamplingParams(kv_press="snapkv"))
+        out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0))
+        assert len(out[0].token_ids) == 2  # (a refused request leaves the engine serving)
+    assert not _children()
