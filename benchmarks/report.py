@@ -592,6 +592,34 @@ def render_kv_press_peer(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
+TP_START, TP_END = "<!-- tp:start -->", "<!-- tp:end -->"
+
+
+def render_tp(lines: list[dict]) -> str | None:
+    """bench_tp.py's lines (None: no run): decode per batch on 1 and 2 ranks, prefill, and
+    rank 0's communication share."""
+    tp = [ln for ln in lines if ln.get("bench") == "tp"]
+    if not tp:
+        return None
+    rows = [
+        "| ranks × threads | batch | decode tok/s | vs 1 rank | prefill 1k, s | "
+        "communication share | collectives | same tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for ln in tp:
+        rows.append(
+            f"| {ln['tp']} × {ln['threads_per_rank']} | {ln['batch']} | {ln['decode_tok_s']:.1f} "
+            f"| {ln.get('vs_tp1', 1.0):.2f}× | {ln['prefill_s']:.2f} "
+            f"| {100 * ln['comm_share']:.0f} % | {ln['collectives']} "
+            f"| {'yes' if ln.get('same_tokens', True) else '**no**'} |"
+        )
+    rows.append(
+        f"\n{_machine(tp[0])}, {tp[0]['date']}, {tp[0]['model']}. Regenerate: "
+        "`python benchmarks/bench_tp.py && python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 GPU_START, GPU_END = "<!-- gpu-engine:start -->", "<!-- gpu-engine:end -->"
 # issue 22's targets: (what, the line's case, its filter, the value, at least)
 GPU_TARGETS = (
@@ -679,6 +707,7 @@ SECTIONS = (
     (GPU_START, GPU_END, render_gpu_engine),
     (PRESS_START, PRESS_END, render_kv_press),
     (PEER_START, PEER_END, render_kv_press_peer),
+    (TP_START, TP_END, render_tp),
 )
 
 

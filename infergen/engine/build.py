@@ -123,7 +123,10 @@ def build(
     tp: TPGroup | None = None,  # a tensor-parallel rank: the model is its shard (sharding.py)
 ) -> Built:
     config = resolve(config)  # "auto" device, kernels and dtype made concrete (device.py)
-    configure_process(config.num_threads)
+    threads = config.num_threads
+    if tp is not None and threads is None:  # the ranks share this machine's cores
+        threads = max(1, torch.get_num_threads() // tp.size)
+    configure_process(threads)
     if config.device != "cpu":
         torch.cuda.set_device(torch.device(config.device))
     if config.kernels == "native":
@@ -555,6 +558,8 @@ def _state_checkpoints(built: Built) -> StateCheckpoints | None:
     if kv_cache.groups and not kv_cache.pages_movable:
         return None
     if kv_cache.states is None and kv_cache.summaries:
+        return None
+    if built.model.tp is not None:  # (a tail is restored into rank 0's pages only: not yet)
         return None
     tiers = built.kv_tiers
     return StateCheckpoints(

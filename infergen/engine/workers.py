@@ -2,9 +2,11 @@
 this process as rank 0 and N − 1 worker processes as ranks 1 … N − 1, one torch.distributed
 process group over them (gloo on the CPU).
 
-- **Start.** Rank 0 picks a free localhost port, spawns the workers and joins the group with
-  them. Every rank builds the same engine config's model as its shard (models/sharding.py:
-  its heads, MLP features and vocabulary rows) and its own KV cache, holding its heads only.
+- **Start.** Rank 0 picks a free localhost port, starts each worker as a fresh interpreter
+  (`_ENTRY`; its arguments pickled on stdin: the caller's script is never re-run, so it
+  needs no `if __name__ == "__main__"` guard) and joins the group with them. Every rank
+  builds the same engine config's model as its shard (models/sharding.py: its heads, MLP
+  features and vocabulary rows) and its own KV cache, holding its heads only.
 - **Each step.** Rank 0 alone schedules and samples. Before each forward it broadcasts the
   step's ForwardBatch (token ids, positions, slots, attention plans — built from its block
   tables, which the workers' caches mirror); every rank then runs the same forward, whose
@@ -20,10 +22,14 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import multiprocessing
+import pathlib
+import pickle
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 import traceback
-from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -69,8 +75,9 @@ def _receive() -> Any:
 
 
 def _worker(rank: int, size: int, port: int, timeout_s: float, config: EngineConfig,
-            errors: Connection) -> None:  # fmt: skip
-    """A worker's life: join, build its shard, then run each forward rank 0 sends."""
+            errors: pathlib.Path) -> None:  # fmt: skip
+    """A worker's life: join, build its shard, then run each forward rank 0 sends; on a
+    failure its traceback goes to `errors` (rank 0 reads it) and it exits non-zero."""
     _join(rank, size, port, timeout_s)
     try:
         built = build(config, tp=TPGroup(rank, size))
@@ -81,44 +88,52 @@ def _worker(rank: int, size: int, port: int, timeout_s: float, config: EngineCon
             if batch.slot_mappings:
                 kv_cache.begin_step(batch.slot_mappings[0])
             model(batch, kv_cache, num_layers=num_layers)
-    except Exception:  # (rank 0 reads it when the step fails)
-        errors.send(traceback.format_exc())
+    except Exception:
+        errors.write_text(traceback.format_exc())
         raise
     finally:
         dist.destroy_process_group()
 
 
+_ENTRY = "from infergen.engine.workers import main; main()"
+
+
+def main() -> None:
+    """A worker process (`python -c _ENTRY`), its arguments pickled on stdin (a fresh
+    interpreter: unlike multiprocessing's spawn, it never re-runs the caller's script)."""
+    _worker(*pickle.load(sys.stdin.buffer))
+
+
 class Workers:
     """Rank 0's handle on ranks 1 … size − 1: `tp` is rank 0's place in the group."""
 
-    def __init__(self, config: EngineConfig, size: int, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, config: EngineConfig, size: int, timeout_s: float | None = None):
         if dist.is_initialized():
             raise WorkerError(
                 "a tensor-parallel engine already runs in this process: close it first "
                 "(one per process)"
             )
-        self.size, self.timeout_s = size, timeout_s
+        self.size = size
+        self.timeout_s = timeout_s = timeout_s or DEFAULT_TIMEOUT_S
         port = _free_port()
-        context = multiprocessing.get_context("spawn")
-        # each worker's traceback, should it fail (pipes: no helper process, unlike queues)
-        pipes = [context.Pipe(duplex=False) for _ in range(1, size)]
-        self._errors = [receive for receive, _ in pipes]
-        self.processes = [
-            context.Process(target=_worker, args=(r, size, port, timeout_s, config, send),
-                            name=f"infergen-tp-rank{r}", daemon=True)  # fmt: skip
-            for r, (_, send) in enumerate(pipes, start=1)
-        ]
-        for process in self.processes:
-            process.start()
-        for _, send in pipes:
-            send.close()  # (the workers hold theirs: a dead one's pipe reads EOF)
+        # each worker's traceback, should it fail
+        self._dir = tempfile.TemporaryDirectory(prefix="infergen-tp-")
+        self._errors = [pathlib.Path(self._dir.name, f"rank{r}.txt") for r in range(1, size)]
+        self.processes = []
+        for rank, errors in enumerate(self._errors, start=1):
+            process = subprocess.Popen([sys.executable, "-c", _ENTRY],
+                                       stdin=subprocess.PIPE)  # fmt: skip
+            process.stdin.write(pickle.dumps((rank, size, port, timeout_s, config, errors)))
+            process.stdin.close()
+            self.processes.append(process)
         self.tp = TPGroup(0, size)
         self._closed = False
         try:
             _join(0, size, port, timeout_s)
         except Exception as error:
+            failure = self._failure(error)
             self.stop()
-            raise self._failure(error) from error
+            raise failure from error
         atexit.register(self.close)
 
     def built(self) -> None:
@@ -126,8 +141,9 @@ class Workers:
         try:
             _built()
         except Exception as error:
+            failure = self._failure(error)
             self.stop()
-            raise self._failure(error) from error
+            raise failure from error
 
     def forward(self, batch: ForwardBatch, num_layers: int | None, run) -> torch.Tensor:
         """Send the step to the workers, then `run()` rank 0's forward (the ranks' collectives
@@ -135,46 +151,49 @@ class Workers:
         if self._closed:
             raise WorkerError("the tensor-parallel workers were stopped")
         try:
+            began = time.perf_counter()
             dist.broadcast_object_list([(batch, num_layers)], src=0)
+            self.tp.count("broadcast", 0, began)  # (the step's inputs, pickled)
             return run()
         except Exception as error:
+            failure = self._failure(error)
             self.stop()
-            raise self._failure(error) from error
+            raise failure from error
 
     def _failure(self, error: Exception) -> WorkerError:
         """Which rank failed and how: its exit code, its own traceback, or silence."""
-        reported = {}
-        for rank, pipe in enumerate(self._errors, start=1):
-            try:  # (a worker that died without a word: EOF)
-                if pipe.poll(0.5 if self.processes[rank - 1].exitcode else 0):
-                    reported[rank] = pipe.recv()
-            except (EOFError, OSError):
+        for process in self.processes:  # (a dead one's exit code, a hung one's None)
+            try:
+                process.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
                 pass
+        reported = {r: e.read_text() for r, e in enumerate(self._errors, start=1) if e.exists()}
         causes = []
         for rank, process in enumerate(self.processes, start=1):
             if rank in reported:
                 last = reported[rank].strip().splitlines()[-1]
                 causes.append(f"rank {rank} failed: {last}")
-            elif process.exitcode not in (None, 0):
-                causes.append(f"rank {rank} exited with code {process.exitcode}")
+            elif process.returncode not in (None, 0):
+                causes.append(f"rank {rank} exited with code {process.returncode}")
         if not causes:
             causes.append(f"no answer within {self.timeout_s:g} s ({error})")
         return WorkerError(f"tensor parallelism stopped: {'; '.join(causes)}")
 
     def stop(self) -> None:
-        """Every worker gone (asked, then terminated, then killed); the group left."""
+        """Every worker gone (terminated, then killed); the group left."""
         self._closed = True
         for process in self.processes:
-            process.join(timeout=0.1)
-            if process.is_alive():
+            if process.poll() is None:
                 process.terminate()
         for process in self.processes:
-            process.join(timeout=5)
-            if process.is_alive():
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
                 process.kill()
-                process.join()
+                process.wait()
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._dir.cleanup()
 
     def close(self) -> None:
         """Stop the workers (they leave their loop when told; killed if they do not)."""
@@ -185,6 +204,9 @@ class Workers:
         except Exception:  # (a worker already gone: stopped below all the same)
             pass
         for process in self.processes:
-            process.join(timeout=10)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass  # (stopped below)
         self.stop()
         atexit.unregister(self.close)

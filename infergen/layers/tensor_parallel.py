@@ -10,7 +10,8 @@ the caller (engine/workers.py, or torchrun's environment); this module only uses
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,10 +26,22 @@ class TPGroup:
     rank: int
     size: int
     group: Any = None
+    # per collective: calls, bytes sent in and seconds spent waiting in them (benchmarks read
+    # it: the communication share of a step)
+    stats: dict[str, list[float]] = field(default_factory=dict, compare=False)
+
+    def count(self, name: str, nbytes: int, began: float) -> None:
+        """One more `name` collective of `nbytes`, begun at perf_counter `began`."""
+        entry = self.stats.setdefault(name, [0, 0, 0.0])
+        entry[0] += 1
+        entry[1] += nbytes
+        entry[2] += time.perf_counter() - began
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """x summed over the ranks, in place (every rank passes a tensor of the same shape)."""
+        began = time.perf_counter()
         dist.all_reduce(x, group=self.group)
+        self.count("all_reduce", x.numel() * x.element_size(), began)
         return x
 
     def minimum(self, value: int) -> int:
@@ -43,5 +56,7 @@ class TPGroup:
         widest = max(widths)
         padded = x if x.shape[1] == widest else torch.nn.functional.pad(x, (0, widest - x.shape[1]))
         parts = [torch.empty_like(padded) for _ in range(self.size)]
+        began = time.perf_counter()
         dist.all_gather(parts, padded.contiguous(), group=self.group)
+        self.count("all_gather", padded.numel() * padded.element_size(), began)
         return torch.cat([p[:, :w] for p, w in zip(parts, widths, strict=True)], dim=1)

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from infergen import LLM, SamplingParams
+from infergen.engine import workers
 from infergen.engine.workers import WorkerError
 from infergen.errors import ConfigError, RequestError
 from tests.hf_models import build_hf_model
@@ -53,6 +54,28 @@ def test_two_ranks_serve_what_one_process_does(name, tmp_path):
     assert not _children()
 
 
+def test_a_conversation_on_two_ranks(tmp_path):
+    """Turn 2 = turn 1's prompt + answer + new tokens: one process resumes it from turn 1's
+    partial last block, restored from a prefix checkpoint; that restore would reach rank 0's
+    pages only, so tensor parallelism keeps no such checkpoint. Every turn generates what one
+    process does."""
+    build_hf_model("llama_gqa", tmp_path)
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+
+    def conversation(llm):
+        prompt, answers = list(PROMPTS[0]), []
+        for turn in range(3):
+            answer = llm.generate([prompt], params)[0].token_ids
+            answers.append(answer)
+            prompt = prompt + answer + [turn + 3, 9, 4]
+        return answers
+
+    options = dict(block_size=4, num_threads=1)
+    want = conversation(LLM(str(tmp_path), **options))
+    with LLM(str(tmp_path), tensor_parallel_size=2, **options) as llm:
+        assert conversation(llm) == want
+
+
 def test_every_rank_has_the_pool_of_the_rank_with_most_heads(tmp_path):
     """3 KV heads on 2 ranks: rank 0 holds 1, rank 1 holds 2. Both pools get the blocks rank
     1's budget holds (half of what one KV head's would), so rank 0 never hands out a block
@@ -76,7 +99,7 @@ def test_a_killed_worker_is_named_and_nothing_is_left(tmp_path):
     llm = LLM(str(tmp_path), tensor_parallel_size=2, block_size=4, num_threads=1)
     worker = llm.engine.workers.processes[0]
     os.kill(worker.pid, signal.SIGKILL)
-    worker.join(timeout=10)
+    worker.wait(timeout=10)
     began = time.monotonic()
     with pytest.raises(WorkerError, match=r"rank 1 exited with code -9"):
         llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))
@@ -84,6 +107,21 @@ def test_a_killed_worker_is_named_and_nothing_is_left(tmp_path):
     assert not _children()
     with pytest.raises(WorkerError, match="stopped"):  # (and it stays stopped)
         llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))
+    llm.close()
+
+
+def test_a_hung_worker_is_named_within_the_timeout(tmp_path, monkeypatch):
+    """A worker stopped (SIGSTOP) mid-run: the step fails once the collective's timeout (5 s
+    here) passes, naming the silence; the stopped worker is killed, nothing is left."""
+    monkeypatch.setattr(workers, "DEFAULT_TIMEOUT_S", 5.0)
+    build_hf_model("llama_gqa", tmp_path)
+    llm = LLM(str(tmp_path), tensor_parallel_size=2, block_size=4, num_threads=1)
+    os.kill(llm.engine.workers.processes[0].pid, signal.SIGSTOP)
+    began = time.monotonic()
+    with pytest.raises(WorkerError, match="no answer within 5 s"):
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))
+    assert time.monotonic() - began < 20
+    assert not _children()
     llm.close()
 
 

@@ -1,7 +1,8 @@
 """The official `openai` client (sync and async) against a live server: completions, chat,
 streaming, logprobs, n > 1, stop strings; greedy output equals LLM.generate for the same
 request. Bad requests get the documented status and OpenAI error body, and the server keeps
-serving afterwards."""
+serving afterwards. Every test runs against the server in one process and against one whose
+engine is split over two tensor-parallel ranks (engine/workers.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,30 @@ import httpx
 import openai
 import pytest
 
-from infergen import SamplingParams
+from infergen import LLM, SamplingParams
 
-from .conftest import API_KEY, MODEL
+from .conftest import API_KEY, MODEL, LiveServer
 
 PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module", params=["one process", "two ranks"])
+def live(request, live, default_model_path):
+    """The session's server, then a server over the default model on two ranks."""
+    if request.param == "one process":
+        yield live
+        return
+    llm = LLM(default_model_path, kv_cache_memory="64MiB", max_num_seqs=32,
+              tensor_parallel_size=2)  # fmt: skip
+    server = LiveServer(llm)
+    server.ranks = 2
+    yield server
+    server.stop()
+    llm.close()
+
+
+def _ranks(live) -> int:
+    return getattr(live, "ranks", 1)
 
 
 @pytest.fixture
@@ -53,13 +73,14 @@ def test_completion_token_ids_echo_and_several_prompts(client, reference_llm):
     assert by_ids.choices[0].text == _greedy(reference_llm, ids, max_tokens=6).text
 
 
-def test_completion_logprobs_and_stop(client, reference_llm):
+def test_completion_logprobs_and_stop(client, reference_llm, live):
     resp = client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, logprobs=3
     )
     lp = resp.choices[0].logprobs
     want = _greedy(reference_llm, PROMPT, max_tokens=10, logprobs=3)
-    assert lp.token_logprobs == pytest.approx([x.logprob for x in want.logprobs], abs=1e-5)
+    tolerance = 1e-5 if _ranks(live) == 1 else 1e-4  # (two ranks sum partials in another order)
+    assert lp.token_logprobs == pytest.approx([x.logprob for x in want.logprobs], abs=tolerance)
     assert all(len(top) <= 4 for top in lp.top_logprobs)
     assert "".join(lp.tokens) == resp.choices[0].text
     # stop on a string the greedy text contains: it is cut there
@@ -71,19 +92,19 @@ def test_completion_logprobs_and_stop(client, reference_llm):
     assert stopped.choices[0].text == want.text[: want.text.index(cut)]
 
 
-def test_a_kv_press_per_request(client, reference_llm):
+def test_a_kv_press_per_request(client, reference_llm, live):
     """The extension fields kv_press / kv_press_ratio press this request's prompt: the answer
-    equals LLM.generate with the same press."""
+    equals LLM.generate with the same press (two ranks: refused, 400 naming why)."""
     prompt = "Here is a long list of facts. " + " ".join(
         f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}." for i in range(60)
     ) + " Question: is the number 7 even or odd? Answer:"  # fmt: skip
-    resp = client.completions.create(
-        model=MODEL,
-        prompt=prompt,
-        max_tokens=8,
-        temperature=0,
-        extra_body={"kv_press": "snapkv", "kv_press_ratio": 0.5},
-    )
+    request = dict(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                   extra_body={"kv_press": "snapkv", "kv_press_ratio": 0.5})  # fmt: skip
+    if _ranks(live) > 1:
+        with pytest.raises(openai.BadRequestError, match="tensor parallelism"):
+            client.completions.create(**request)
+        return
+    resp = client.completions.create(**request)
     want = _greedy(reference_llm, prompt, max_tokens=8, kv_press="snapkv", kv_press_ratio=0.5)
     assert resp.choices[0].text == want.text
     assert reference_llm.engine.kv_press.stats["pressed"] >= 1
