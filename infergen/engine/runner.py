@@ -38,11 +38,13 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch, num_layers: int | None = None) -> torch.Tensor:
         """The model on `batch` (every rank of a tensor-parallel group: the workers get it
         first); logits [len(batch.logits_indices), vocab] fp32."""
-        if self.workers is None:
+
+        def run() -> torch.Tensor:  # (all layers: the model called as it always was)
+            if num_layers is None:
+                return self.model(batch, self.kv_cache)
             return self.model(batch, self.kv_cache, num_layers=num_layers)
-        return self.workers.forward(
-            batch, num_layers, lambda: self.model(batch, self.kv_cache, num_layers=num_layers)
-        )
+
+        return run() if self.workers is None else self.workers.forward(batch, num_layers, run)
 
     def prepare(self, batch: ScheduledBatch) -> tuple[ForwardBatch, list[int]]:
         """Pack the batch. Returns the ForwardBatch and the indices (into batch.seqs) of the
