@@ -95,9 +95,13 @@ def main() -> None:
     # the peer first (its own process and threads), then ours
     request = {"model_dir": str(hf_checkpoint()), "n_threads": 2,
                "max_new_tokens": ANSWER_TOKENS, "configs": configs, "prompts": prompts}  # fmt: skip
-    run = subprocess.run([str(PEER_PYTHON), str(ROOT / "benchmarks/peers/kvpress_runner.py"),
-                          "-"], input=json.dumps(request), stdout=subprocess.PIPE, text=True,
-                         check=True)  # fmt: skip  (its stderr: progress per configuration)
+    run = subprocess.run(
+        [str(PEER_PYTHON), str(ROOT / "benchmarks/peers/kvpress_runner.py"), "-"],
+        input=json.dumps(request),
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )  # (its stderr, not captured: progress per configuration)
     peer = json.loads(run.stdout.strip().splitlines()[-1])
 
     def accuracy(outputs: list[list[int]]) -> dict:
