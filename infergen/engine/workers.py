@@ -47,7 +47,8 @@ class WorkerError(RuntimeError):
     """A tensor-parallel worker died or hung; the engine cannot step any more."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A localhost TCP port free now (the group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -113,9 +114,8 @@ class Workers:
                 "a tensor-parallel engine already runs in this process: close it first "
                 "(one per process)"
             )
-        self.size = size
         self.timeout_s = timeout_s = timeout_s or DEFAULT_TIMEOUT_S
-        port = _free_port()
+        port = free_port()
         # each worker's traceback, should it fail
         self._dir = tempfile.TemporaryDirectory(prefix="infergen-tp-")
         self._errors = [pathlib.Path(self._dir.name, f"rank{r}.txt") for r in range(1, size)]
@@ -175,8 +175,9 @@ class Workers:
                 causes.append(f"rank {rank} failed: {last}")
             elif process.returncode not in (None, 0):
                 causes.append(f"rank {rank} exited with code {process.returncode}")
-        if not causes:
-            causes.append(f"no answer within {self.timeout_s:g} s ({error})")
+        if not causes:  # (every worker alive: one hung, or rank 0's own step failed)
+            causes.append(f"no worker exited; the step failed after waiting at most "
+                          f"{self.timeout_s:g} s per collective: {error}")  # fmt: skip
         return WorkerError(f"tensor parallelism stopped: {'; '.join(causes)}")
 
     def stop(self) -> None:

@@ -57,10 +57,15 @@ class Shard:
     q_heads: tuple[int, int]
     kv_heads: tuple[int, int]
     intermediate: tuple[int, int]
-    vocab: tuple[int, int]
     vocab_widths: tuple[int, ...]
     head_dim: int
     q_rows_per_head: int  # head_dim, or 2 · head_dim with an output gate (query, gate)
+
+    @property
+    def vocab(self) -> tuple[int, int]:
+        """[first, end) of this rank's vocabulary rows."""
+        first = sum(self.vocab_widths[: self.rank])
+        return first, first + self.vocab_widths[self.rank]
 
     def local_config(self, config: ModelConfig) -> ModelConfig:
         """The rank's model: its heads and MLP features (the vocabulary stays whole: logits
@@ -152,9 +157,9 @@ def plan(config: ModelConfig, rank: int, size: int) -> Shard:
             found=size,
             expected=f"at most {kv_heads}, or a multiple of it up to {heads}",
         )
-    vocab = config.vocab_size
+    vocab = [_span(config.vocab_size, size, r) for r in range(size)]
     return Shard(
-        rank, size, q, kv, _span(config.intermediate_size, size, rank), _span(vocab, size, rank),
-        tuple(_span(vocab, size, r)[1] - _span(vocab, size, r)[0] for r in range(size)),
+        rank, size, q, kv, _span(config.intermediate_size, size, rank),
+        tuple(end - first for first, end in vocab),
         config.head_dim, config.head_dim * (2 if config.arch.attention_output_gate else 1),
     )  # fmt: skip

@@ -118,7 +118,7 @@ def test_a_hung_worker_is_named_within_the_timeout(tmp_path, monkeypatch):
     llm = LLM(str(tmp_path), tensor_parallel_size=2, block_size=4, num_threads=1)
     os.kill(llm.engine.workers.processes[0].pid, signal.SIGSTOP)
     began = time.monotonic()
-    with pytest.raises(WorkerError, match="no answer within 5 s"):
+    with pytest.raises(WorkerError, match="no worker exited.* at most 5 s"):
         llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))
     assert time.monotonic() - began < 20
     assert not _children()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -23,8 +22,10 @@ import torch.multiprocessing as mp
 from infergen.engine.engine import Engine
 from infergen.engine.options import engine_config
 from infergen.engine.sampling_params import SamplingParams
+from infergen.engine.workers import free_port
 from infergen.errors import ConfigError
 from infergen.io.default_model import default_model_path
+from infergen.io.model_config import read_model_config
 from infergen.layers.tensor_parallel import TPGroup
 from infergen.models.sharding import plan
 from tests.hf_models import build_hf_model
@@ -56,15 +57,9 @@ def _rank(rank: int, size: int, port: int, model: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _tensor_parallel(model: str, tmp_path, size: int = 2) -> list[list[dict]]:
     out = str(tmp_path / "tp")
-    mp.start_processes(_rank, args=(size, _free_port(), model, out), nprocs=size, join=True,
+    mp.start_processes(_rank, args=(size, free_port(), model, out), nprocs=size, join=True,
                        start_method="spawn")  # fmt: skip
     results = []
     for rank in range(size):
@@ -104,17 +99,16 @@ def test_the_default_model_on_two_ranks(tmp_path):
     _assert_same(_generate(model, None), _tensor_parallel(model, tmp_path))
 
 
-def test_heads_split_by_kv_group(tmp_path):
+def test_heads_split_by_kv_group():
     """9 query / 3 KV heads on 2 ranks: whole KV groups (1 + 2); one KV head on 2 ranks: a copy
     on each, its query heads split; every head and MLP feature held exactly once."""
-    from infergen.io.model_config import read_model_config
-
     config = read_model_config(str(default_model_path()))
     shards = [plan(config, r, 2) for r in range(2)]
     assert [s.kv_heads for s in shards] == [(0, 1), (1, 3)]  # (rank 0 also schedules)
     assert [s.q_heads for s in shards] == [(0, 3), (3, 9)]
     assert shards[0].intermediate[1] == shards[1].intermediate[0]
     assert sum(s.vocab_widths[s.rank] for s in shards) == config.vocab_size
+    assert shards[0].vocab == (0, shards[1].vocab[0]) and shards[1].vocab[1] == config.vocab_size
     mqa = config.replace(num_key_value_heads=1)
     shards = [plan(mqa, r, 2) for r in range(2)]
     assert [s.kv_heads for s in shards] == [(0, 1), (0, 1)]
@@ -125,7 +119,5 @@ def test_heads_split_by_kv_group(tmp_path):
 
 def test_what_it_cannot_split_yet_is_refused(tmp_path):
     build_hf_model("mamba2", tmp_path / "mamba")
-    from infergen.io.model_config import read_model_config
-
     with pytest.raises(ConfigError, match="recurrent layers"):
         plan(read_model_config(str(tmp_path / "mamba")), 0, 2)
