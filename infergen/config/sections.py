@@ -270,15 +270,27 @@ class CompileConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     """Tensor parallelism (engine/workers.py): the model split over `tensor_parallel_size`
-    processes — this one (rank 0: it schedules and samples) and that many − 1 workers."""
+    processes — this one (rank 0: it schedules and samples) and that many − 1 workers.
+    `expert_parallel_size`: 1 (every rank holds a slice of every routed expert) or the
+    tensor_parallel_size (each rank holds a run of whole experts; models/sharding.py)."""
 
     tensor_parallel_size: int = 1
+    expert_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        tp, ep = self.tensor_parallel_size, self.expert_parallel_size
         require(
-            isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+            isinstance(tp, int) and tp >= 1,
             "tensor_parallel_size must be a whole number of processes, at least 1",
             where="tensor_parallel_size",
-            found=self.tensor_parallel_size,
+            found=tp,
             expected=">= 1",
+        )
+        require(
+            isinstance(ep, int) and ep in (1, tp),
+            "expert parallelism splits the experts over the tensor-parallel ranks: "
+            "expert_parallel_size is 1 or the tensor_parallel_size",
+            where="expert_parallel_size",
+            found=f"{ep} with tensor_parallel_size {tp}",
+            expected="1" if tp == 1 else f"1 or {tp}",
         )

@@ -140,7 +140,8 @@ def build(
     if tp is not None:
         _check_tensor_parallel(config, tp)
     model = Transformer(model_config, dtype, config.kernels,
-                        None if press is None else PRESSES.get(press).group_layers, tp)  # fmt: skip
+                        None if press is None else PRESSES.get(press).group_layers, tp,
+                        config.parallel.expert_parallel_size)  # fmt: skip
     model_config = model.config  # (a rank's: its own heads, which its KV cache holds)
     if config.scheduler.speculative == "mtp":  # its layers load with the weights
         model.mtp = mtp_layers(model_config, dtype, config.kernels)

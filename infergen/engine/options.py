@@ -316,9 +316,16 @@ OPTIONS: tuple[Option, ...] = (
            help="split the model over this many processes on this machine (gloo): column- and "
            "row-parallel projections with one all-reduce each, heads split by KV group, "
            "vocabulary-parallel embedding and LM head; this process schedules and samples, "
-           "each rank's KV cache holds its heads. CPU; dense and GGUF weights (dequantized), "
-           "no MoE / MLA / recurrent layers, KV presses, speculation, offload tiers or compile "
-           "yet"),
+           "each rank's KV cache holds its heads (MLA: the whole latent, on every rank), MoE "
+           "experts' features split like an MLP's. CPU; dense and GGUF weights (dequantized), "
+           "no recurrent layers, KV presses, speculation, offload tiers or compile yet"),
+    Option("expert_parallel_size", "parallel.expert_parallel_size", 1, parse=int, short="-ep",
+           commands=RUN,
+           help="MoE models with --tensor-parallel-size N: N gives each rank a run of whole "
+           "routed experts instead of a slice of every expert (every rank routes every token "
+           "and computes its own experts' share; the feed-forward's all-reduce combines "
+           "them); shared experts, router and attention stay split as under tensor "
+           "parallelism. 1 or N"),
     # ---- compile -------------------------------------------------------------------------
     Option("compile", "compile.mode", "off", choices=COMPILE_MODES, commands=RUN,
            help="run the decoder layers through the compiler: 'eager' (the captured graph op "

@@ -16,6 +16,12 @@ less there: head_dim-sized dot products instead of kv_lora_rank-sized ones.
 Checkpoints with interleaved RoPE pairs (V2; V3 with rope_interleave) have their q_pe / k_pe
 projection rows reordered at load so every rotary layout is the half-split one (the dot
 products are unchanged: q and k are permuted alike).
+
+Under tensor parallelism (models/sharding.py) a rank holds a run of the query heads (their
+q_proj / q_b_proj rows, kv_b_proj's W_uk_h and W_uv_h, o_proj's columns; config's
+num_attention_heads is the rank's) and the whole latent path (the down-projections and their
+norms). Its KV cache holds every token's full latent + RoPE key, the same entries on every
+rank: each head reads the whole latent, so the cache cannot be split by head.
 """
 
 from __future__ import annotations

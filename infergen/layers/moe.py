@@ -20,6 +20,12 @@ Routers (config.MoEConfig.router) follow the papers / reference code:
                           × routed_scaling
 Expert activations: "silu" (SwiGLU) and "clamped_swiglu" (GPT-OSS: gate ≤ limit, |up| ≤ limit,
 out = (up + 1) · gate · sigmoid(alpha · gate)).
+
+Under tensor parallelism (models/sharding.py) a layer holds a slice of every expert's features
+(config.moe.intermediate_size is the rank's), or, with expert parallelism, a run of whole
+experts (`experts`): the router still scores every expert and routes every token, the layer
+computes the token-expert pairs of its own experts only (the others' contribute zeros), and the
+decoder layer's all-reduce after the feed-forward sums the ranks' outputs.
 """
 
 from __future__ import annotations
@@ -99,11 +105,19 @@ EXPERT_ACTIVATIONS = {"silu": _swiglu, "clamped_swiglu": _clamped_swiglu}
 
 
 class MoE(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, backend: str = "torch"):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        backend: str = "torch",
+        experts: tuple[int, int] | None = None,  # [first, end) of the experts held; None: all
+    ):
         super().__init__()
         moe = config.moe
         self.moe = moe
         e, h, i = moe.num_experts, config.hidden_size, moe.intermediate_size
+        self.experts = (0, e) if experts is None else experts
+        held = self.experts[1] - self.experts[0]
         self.router = nn.Parameter(torch.zeros(e, h, dtype=dtype), False)
         self.router_bias = nn.Parameter(torch.zeros(e, dtype=dtype), False)
         self.correction = (  # DeepSeek-V3: added to the scores for the choice only
@@ -112,8 +126,9 @@ class MoE(nn.Module):
         # each expert's projections are Linear layers: the engine's GEMM backends (native
         # packed panels, weight schemes) run them like any other projection
         bias = moe.expert_bias
-        self.gate_up = nn.ModuleList(Linear(h, 2 * i, bias, dtype, backend) for _ in range(e))
-        self.down = nn.ModuleList(Linear(i, h, bias, dtype, backend) for _ in range(e))
+        # (index j: expert experts[0] + j)
+        self.gate_up = nn.ModuleList(Linear(h, 2 * i, bias, dtype, backend) for _ in range(held))
+        self.down = nn.ModuleList(Linear(i, h, bias, dtype, backend) for _ in range(held))
         self.layout = config.arch.mlp  # the checkpoint's expert layout (load)
         self.route = ROUTERS.get(moe.router, where="moe.router")
         self.act = EXPERT_ACTIVATIONS[moe.activation]
@@ -129,12 +144,14 @@ class MoE(nn.Module):
         weights, experts = self.route(logits, self.moe, self.correction)  # [tokens, k] each
         flat = experts.flatten()
         order = torch.argsort(flat, stable=True)  # token-expert pairs grouped by expert
-        token_of = order // k
         counts = torch.bincount(flat, minlength=self.moe.num_experts).tolist()
-        grouped = x.index_select(0, token_of)  # [tokens·k, hidden]
+        first, end = self.experts  # the pairs of the experts held: one run of `order`
+        order = order[sum(counts[:first]) : sum(counts[:end])]
+        token_of = order // k
+        grouped = x.index_select(0, token_of)  # [pairs, hidden]
         out = torch.empty_like(grouped)
         start = 0
-        for expert, count in enumerate(counts):  # experts with work, one GEMM pair each
+        for expert, count in enumerate(counts[first:end]):  # experts with work: a GEMM pair
             if count == 0:
                 continue
             rows = slice(start, start + count)
@@ -153,7 +170,10 @@ class MoE(nn.Module):
         """Hugging Face names: GPT-OSS (router.*, experts.gate_up_proj [E, hidden, 2·inter]
         with gate/up columns interleaved, experts.down_proj [E, inter, hidden], biases) or
         DeepSeek (gate.weight, gate.e_score_correction_bias, experts.{e}.gate_proj/up_proj/
-        down_proj.weight, shared_experts.*)."""
+        down_proj.weight, shared_experts.*). Expert tensors come as `get` gives them: under
+        tensor parallelism the rank's part (models/sharding.py: GPT-OSS's fused tensors cut
+        to the experts and features held, each gate/up column pair kept together)."""
+        first, end = self.experts
         if self.layout == "gpt_oss_moe":
             self.router.copy_(get(prefix + "router.weight"))
             self.router_bias.copy_(get(prefix + "router.bias"))
@@ -163,19 +183,19 @@ class MoE(nn.Module):
             bias = torch.cat([bias[:, 0::2], bias[:, 1::2]], dim=1)
             down = dense(get(prefix + "experts.down_proj")).transpose(1, 2)
             down_bias = get(prefix + "experts.down_proj_bias")
-            for e in range(self.moe.num_experts):
+            for e in range(end - first):  # (the tensors hold the experts held, in order)
                 self.gate_up[e].load(gate_up[e].contiguous(), bias[e])
                 self.down[e].load(down[e].contiguous(), down_bias[e])
         else:  # DeepSeek / Qwen3-Next: one module per expert
             self.router.copy_(get(prefix + "gate.weight"))
             if self.correction is not None:
                 self.correction.copy_(get(prefix + "gate.e_score_correction_bias"))
-            for e in range(self.moe.num_experts):
+            for e in range(first, end):
                 p = f"{prefix}experts.{e}."
-                self.gate_up[e].load(
+                self.gate_up[e - first].load(
                     Linear.fused([get(p + "gate_proj.weight"), get(p + "up_proj.weight")])
                 )
-                self.down[e].load(get(p + "down_proj.weight"))
+                self.down[e - first].load(get(p + "down_proj.weight"))
         if self.shared is not None:
             self.shared.load(get, f"{prefix}{self.moe.shared_name}.")
         if self.shared_gate is not None:
@@ -183,14 +203,17 @@ class MoE(nn.Module):
 
 
 def reference(x: torch.Tensor, moe_layer: MoE) -> torch.Tensor:
-    """Oracle: every token through its experts one at a time (no grouping)."""
+    """Oracle: every token through its experts one at a time (no grouping; the experts the
+    layer holds only)."""
     logits = F.linear(x, moe_layer.router, moe_layer.router_bias if moe_layer.moe.expert_bias
                       else None)  # fmt: skip
     weights, experts = moe_layer.route(logits, moe_layer.moe, moe_layer.correction)
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for j in range(moe_layer.moe.top_k):
-            e = int(experts[t, j])
+            e = int(experts[t, j]) - moe_layer.experts[0]
+            if not 0 <= e < len(moe_layer.gate_up):  # (not held: another rank's)
+                continue
             h = moe_layer.gate_up[e](x[t : t + 1])
             out[t] += weights[t, j] * moe_layer.down[e](moe_layer.act(h, moe_layer.moe))[0]
     return out if moe_layer.shared is None else out + moe_layer._shared(x)

@@ -77,6 +77,7 @@ class DecoderLayer(nn.Module):
         group: int = 0,
         rope_index: int = 0,
         tp: TPGroup | None = None,  # a tensor-parallel rank: its sublayers' sums all-reduced
+        experts: tuple[int, int] | None = None,  # the routed experts held (None: all)
     ):
         super().__init__()
         self.tp = tp
@@ -88,7 +89,9 @@ class DecoderLayer(nn.Module):
         if config.arch.mlp != "none":
             self.mlp_norm = RMSNorm(hidden, eps, dtype, kernels)
             moe = config.moe is not None and config.moe.is_moe_layer(index)
-            self.mlp = MoE(config, dtype, kernels) if moe else GatedMLP(config, dtype, kernels)
+            self.mlp = (
+                MoE(config, dtype, kernels, experts) if moe else GatedMLP(config, dtype, kernels)
+            )
         sandwich = config.arch.sandwich_norms
         self.post_attn_norm = RMSNorm(hidden, eps, dtype, kernels) if sandwich else None
         self.post_mlp_norm = RMSNorm(hidden, eps, dtype, kernels) if sandwich else None
@@ -108,8 +111,8 @@ class DecoderLayer(nn.Module):
         if self.mlp is None:
             return attn_out
         out = self.mlp(self.mlp_norm(h, attn_out))
-        if self.tp is not None:  # (each rank's down_proj summed its own features)
-            self.tp.all_reduce(out)
+        if self.tp is not None:  # (each rank's down_proj summed its own features; with
+            self.tp.all_reduce(out)  # expert parallelism, its own experts' tokens)
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(out)
         return out  # the new pending delta
@@ -148,11 +151,13 @@ class Transformer(nn.Module):
         kernels: str = "torch",
         max_group_layers: int | None = None,  # cache groups of at most this many layers
         tp: TPGroup | None = None,  # a tensor-parallel rank: it holds its shard (sharding.py)
+        expert_parallel_size: int = 1,  # with tp: 1, or tp.size (whole experts per rank)
     ):
         super().__init__()
-        # a rank's model is the whole model's with its own heads and MLP features; its
-        # embedding and LM head hold its vocabulary rows
-        self.tp, self.shard = tp, None if tp is None else plan(config, tp.rank, tp.size)
+        # a rank's model is the whole model's with its own heads, MLP and expert features (or
+        # experts); its embedding and LM head hold its vocabulary rows
+        self.tp = tp
+        self.shard = None if tp is None else plan(config, tp.rank, tp.size, expert_parallel_size)
         if self.shard is not None:
             config = self.shard.local_config(config)
         vocab = config.vocab_size if self.shard is None else self.shard.vocab_widths[tp.rank]
@@ -178,8 +183,9 @@ class Transformer(nn.Module):
         groups = self.cache_groups = cache_groups(config, max_group_layers)
         group_of = {layer: g for g, group in enumerate(groups) for layer in group.layers}
         self.num_cache_groups = len(groups)
+        experts = None if self.shard is None else self.shard.experts
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, kernels, i, group_of.get(i, 0), int(local[i]), tp)
+            DecoderLayer(config, dtype, kernels, i, group_of.get(i, 0), int(local[i]), tp, experts)
             for i in range(config.num_hidden_layers)
         )
         # layer → {state name: (shape, dtype)} of the recurrent layers (kvcache/state_cache.py)

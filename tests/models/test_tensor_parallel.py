@@ -2,8 +2,10 @@
 (models/sharding.py: heads by KV group, MLP features, vocabulary rows) and all-reducing its
 sublayers' partial sums, generate what one process does — greedy tokens identical, every
 sampled token's log-probability within 1e-4 — for tiny Llama (GQA, MQA with tied embeddings,
-biases), Qwen3 (QK norms), Gemma-3 (sandwich norms, sliding window) and Mistral (sliding
-window) checkpoints and the default model (9 query / 3 KV heads: 3 + 6 on two ranks).
+biases), Qwen3 (QK norms), Gemma-3 (sandwich norms, sliding window), Mistral (sliding
+window), GPT-OSS (MoE with fused, biased experts, attention sinks) and DeepSeek-V2/V3 (latent
+attention, MoE with shared experts) checkpoints and the default model (9 query / 3 KV heads:
+3 + 6 on two ranks); the MoE models also with expert parallelism (whole experts per rank).
 
 Each rank here runs the whole engine on the same requests (its scheduler decides alike, and
 every rank gathers the same full logits, so each samples the same tokens); the worker
@@ -34,9 +36,9 @@ PROMPTS = [[5, 9, 13, 2, 7, 11, 3, 8, 1, 4, 6, 12, 10, 14, 15, 16, 17, 18, 19, 2
 NEW_TOKENS = 8
 
 
-def _generate(model: str, tp: TPGroup | None) -> list[dict]:
+def _generate(model: str, tp: TPGroup | None, **options) -> list[dict]:
     """Greedy tokens and their log-probabilities for PROMPTS (block size 4: several blocks)."""
-    engine = Engine(engine_config(model=model, block_size=4, num_threads=1), tp=tp)
+    engine = Engine(engine_config(model=model, block_size=4, num_threads=1, **options), tp=tp)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, logprobs=0, ignore_eos=True)
     ids = [engine.add_request(prompt, params) for prompt in PROMPTS]
     while engine.has_unfinished():
@@ -45,22 +47,22 @@ def _generate(model: str, tp: TPGroup | None) -> list[dict]:
     return [{"tokens": o.token_ids, "logprobs": [x.logprob for x in o.logprobs]} for o in outputs]
 
 
-def _rank(rank: int, size: int, port: int, model: str, out: str) -> None:
+def _rank(rank: int, size: int, port: int, model: str, out: str, options: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=size)  # fmt: skip
     try:
-        result = _generate(model, TPGroup(rank, size))
+        result = _generate(model, TPGroup(rank, size), **options)
         with open(f"{out}.{rank}", "w") as f:
             json.dump(result, f)
     finally:
         dist.destroy_process_group()
 
 
-def _tensor_parallel(model: str, tmp_path, size: int = 2) -> list[list[dict]]:
+def _tensor_parallel(model: str, tmp_path, size: int = 2, **options) -> list[list[dict]]:
     out = str(tmp_path / "tp")
-    mp.start_processes(_rank, args=(size, free_port(), model, out), nprocs=size, join=True,
-                       start_method="spawn")  # fmt: skip
+    mp.start_processes(_rank, args=(size, free_port(), model, out, options), nprocs=size,
+                       join=True, start_method="spawn")  # fmt: skip
     results = []
     for rank in range(size):
         with open(f"{out}.{rank}") as f:
@@ -85,12 +87,37 @@ def _assert_same(single: list[dict], ranks: list[list[dict]]) -> None:
         "qwen3_qk_norm",
         "gemma3",
         "mistral_window",
+        "gpt_oss",
+        "deepseek_v3",
     ],  # fmt: skip
 )
 def test_two_ranks_generate_what_one_process_does(name, tmp_path):
     build_hf_model(name, tmp_path / "model")
     model = str(tmp_path / "model")
     _assert_same(_generate(model, None), _tensor_parallel(model, tmp_path))
+
+
+# 3 latent-attention heads (1 + 2 on two ranks), q_proj without a LoRA, interleaved RoPE
+DEEPSEEK_UNEVEN = dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=3)
+
+
+def test_uneven_latent_attention_heads_on_two_ranks(tmp_path):
+    build_hf_model("deepseek_v2", tmp_path / "model", **DEEPSEEK_UNEVEN)
+    model = str(tmp_path / "model")
+    _assert_same(_generate(model, None), _tensor_parallel(model, tmp_path))
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [("gpt_oss", dict(num_local_experts=5)), ("deepseek_v2", DEEPSEEK_UNEVEN)],  # 2 + 3 experts
+)
+def test_expert_parallel_ranks_generate_what_one_process_does(name, overrides, tmp_path):
+    """Whole experts per rank (4 + 4 of DeepSeek's 8, 2 + 3 of 5 GPT-OSS experts), shared
+    experts and attention split as under tensor parallelism."""
+    build_hf_model(name, tmp_path / "model", **overrides)
+    model = str(tmp_path / "model")
+    parallel = dict(tensor_parallel_size=2, expert_parallel_size=2)
+    _assert_same(_generate(model, None), _tensor_parallel(model, tmp_path, **parallel))
 
 
 @pytest.mark.slow
@@ -121,3 +148,46 @@ def test_what_it_cannot_split_yet_is_refused(tmp_path):
     build_hf_model("mamba2", tmp_path / "mamba")
     with pytest.raises(ConfigError, match="recurrent layers"):
         plan(read_model_config(str(tmp_path / "mamba")), 0, 2)
+
+
+def test_experts_split_by_features_or_whole(tmp_path):
+    """Without expert parallelism every rank holds every expert, half of each one's features;
+    with it, a run of whole experts (every expert held exactly once); shared experts split by
+    features either way; MLA heads split unevenly (1 + 2 of 3)."""
+    build_hf_model("deepseek_v2", tmp_path / "model", **DEEPSEEK_UNEVEN)
+    config = read_model_config(str(tmp_path / "model"))
+    moe = config.moe
+    tp = [plan(config, r, 2) for r in range(2)]
+    assert [s.experts for s in tp] == [(0, moe.num_experts)] * 2
+    assert [s.expert_features for s in tp] == [(0, 12), (12, 24)]
+    assert [s.q_heads for s in tp] == [(0, 1), (1, 3)]
+    local = tp[1].local_config(config)
+    assert (local.num_attention_heads, local.moe.intermediate_size) == (2, 12)
+    assert local.moe.num_experts == moe.num_experts  # (the router scores every expert)
+    ep = [plan(config, r, 2, expert_parallel_size=2) for r in range(2)]
+    assert [s.experts for s in ep] == [(0, 4), (4, 8)]
+    assert [s.expert_features for s in ep] == [(0, 24)] * 2
+    assert [s.shared_features for s in ep] == [s.shared_features for s in tp] == [(0, 12), (12, 24)]
+    # GPT-OSS's fused experts: the rank's experts, its (gate, up) column pairs kept together
+    gate_up = torch.arange(8 * 2 * 48).view(8, 2, 48)  # [experts, hidden, 2 · 24 features]
+    name = "model.layers.1.mlp.experts.gate_up_proj"
+    assert tp[1].tensor(name, gate_up).tolist() == gate_up[:, :, 24:].tolist()
+    assert ep[1].tensor(name, gate_up).tolist() == gate_up[4:].tolist()
+    bias = "model.layers.1.mlp.experts.down_proj_bias"
+    assert not tp[1].tensor(bias, torch.ones(8, 2)).any()  # (added once: on rank 0)
+    assert ep[1].tensor(bias, torch.ones(8, 2)).tolist() == torch.ones(4, 2).tolist()
+
+
+def test_expert_parallel_sizes_other_than_1_or_tp_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="expert_parallel_size is 1 or the tensor_parallel"):
+        engine_config(tensor_parallel_size=2, expert_parallel_size=3)
+    with pytest.raises(ConfigError, match="expert_parallel_size"):
+        engine_config(expert_parallel_size=2)  # (tensor_parallel_size 1)
+    build_hf_model("gpt_oss", tmp_path / "moe")
+    config = read_model_config(str(tmp_path / "moe"))
+    with pytest.raises(ConfigError, match="1 or 2") as error:
+        plan(config, 0, 2, expert_parallel_size=4)
+    assert "expert_parallel_size" in str(error.value)
+    build_hf_model("llama_gqa", tmp_path / "dense")
+    with pytest.raises(ConfigError, match="needs a mixture-of-experts model"):
+        plan(read_model_config(str(tmp_path / "dense")), 0, 2, expert_parallel_size=2)
