@@ -598,7 +598,8 @@ TP_START, TP_END = "<!-- tp:start -->", "<!-- tp:end -->"
 def render_tp(lines: list[dict]) -> str | None:
     """bench_tp.py's lines (None: no run): decode per batch on 1 and 2 ranks, prefill, and
     rank 0's communication share."""
-    tp = [ln for ln in lines if ln.get("bench") == "tp"]
+    tp = [ln for ln in lines if ln.get("bench") == "tp" and ln.get("kind") != "comm"]
+    comm = [ln for ln in lines if ln.get("bench") == "tp" and ln.get("kind") == "comm"]
     if not tp:
         return None
     rows = [
@@ -613,6 +614,34 @@ def render_tp(lines: list[dict]) -> str | None:
             f"| {100 * ln['comm_share']:.0f} % | {ln['collectives']} "
             f"| {'yes' if ln.get('same_tokens', True) else '**no**'} |"
         )
+    if comm:
+        wire = comm[0]["link"]
+        rows += [
+            "",
+            f"Communication per step, the performance model against the engine (link measured "
+            f"in the same run: {wire['latency_us']:.0f} µs a collective + "
+            f"{wire['interconnect_gb_s']:.2f} GB/s):",
+            "",
+            "| step | tokens | steps (median of) | collectives | predicted, ms | "
+            "measured transfer, ms | predicted ÷ measured | rank 0 waited, ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for ln in comm:
+            for what in ("prefill_step", "decode_step"):
+                step = ln.get(what)
+                if step is None:
+                    continue
+                name = (
+                    f"decode, batch {ln['batch']}, context {ln['prompt']}"
+                    if what == "decode_step"
+                    else f"prefill, {ln['batch']} × {ln['prompt']}"
+                )
+                # fmt: skip
+                rows.append(
+                    f"| {name} | {step['tokens']} | {step.get('steps', 1)} | {step['collectives']} "
+                    f"| {step['predicted_ms']:.1f} | {step['measured_transfer_ms']:.1f} "
+                    f"| {step['predicted_vs_measured']:.2f} | {step['rank0_wait_ms']:.1f} |"
+                )
     rows.append(
         f"\n{_machine(tp[0])}, {tp[0]['date']}, {tp[0]['model']}. Regenerate: "
         "`python benchmarks/bench_tp.py && python benchmarks/report.py`."

@@ -60,6 +60,24 @@ def load_llm(args: argparse.Namespace):
     return llm
 
 
+def torchrun_rank(args: argparse.Namespace) -> int | None:
+    """Under torchrun (engine/workers.py): a command that runs requests takes torchrun's world
+    as its tensor-parallel size; on a rank > 0 this process serves rank 0 instead of running
+    the command, and its exit status is returned (None: run the command here)."""
+    from infergen.engine import workers
+    from infergen.engine.options import RUN, engine_config, options_from_args
+
+    found = workers.launched()
+    if found is None or args.command not in RUN:
+        return None
+    args.tensor_parallel_size = workers.launched_size(args.tensor_parallel_size)
+    if found[0] == 0:
+        return None
+    print(f"rank {found[0]} of {found[1]} (torchrun): serving rank 0", file=sys.stderr,
+          flush=True)  # fmt: skip
+    return workers.serve_rank(engine_config(**options_from_args(args, args.command)))
+
+
 def positive_count(text: str) -> int:
     """argparse type: an integer > 0."""
     try:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from infergen.cli import bench, chat, formats, generate, info, perf, predict, quantize, serve
 from infergen.cli import compile as compile_command
 from infergen.cli import eval as eval_command
-from infergen.cli.common import EXIT_USER_ERROR
+from infergen.cli.common import EXIT_USER_ERROR, torchrun_rank
 from infergen.errors import InfergenError
 
 # in the order `infergen --help` lists them
@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        code = torchrun_rank(args)  # (a rank > 0 that torchrun started serves rank 0)
+        return func(args) if code is None else code
     except InfergenError as exc:
         if args.debug:
             raise

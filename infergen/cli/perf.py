@@ -16,8 +16,9 @@ def add_parser(sub) -> None:
         "calibrate",
         help="measure this machine's peaks (GEMM FLOP/s by row count, read bandwidth, host "
         "copy bandwidth, launch cost, decode and prefill attention efficiency, the KV disk "
-        "tier's per-block costs, the engine's layers run op by op, by part) as the "
-        "`cpu-local` hardware row",
+        "tier's per-block costs, the engine's layers run op by op, by part, and the link "
+        "between tensor-parallel ranks: the engine's all-reduce over 2 gloo processes) as "
+        "the `cpu-local` hardware row",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     cal.add_argument("--threads", type=int, default=None, help="threads (default: torch's)")
@@ -49,7 +50,8 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
     from infergen.perf.hardware import default_path
 
     print(
-        "measuring GEMM FLOP/s, read bandwidth, launch cost, attention, layers op by op ...",
+        "measuring GEMM FLOP/s, read bandwidth, launch cost, attention, layers op by op, "
+        "the link between 2 ranks ...",
         file=sys.stderr,
         flush=True,
     )
@@ -64,6 +66,8 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
           f"{disk.read_bandwidth / 1e9:.2f} GB/s (KV disk tier blocks)")  # fmt: skip
     print(f"disk write     {disk.write_file_s * 1e6:8.1f} us a file + "
           f"{disk.write_bandwidth / 1e9:.2f} GB/s")  # fmt: skip
+    print(f"link           {hw.link_latency_s * 1e6:8.1f} us a collective + "
+          f"{hw.interconnect / 1e9:.2f} GB/s (2 tensor-parallel ranks, gloo)")  # fmt: skip
     for kind, share in hw.memory_efficiency_by_kind.items():
         print(f"{kind:<14} {100 * share:8.1f} % of the bandwidth (decode)")
     for kind, share in hw.compute_efficiency_by_kind.items():

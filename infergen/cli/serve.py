@@ -128,8 +128,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-    DrainingServer(config, app.state.engine, args.shutdown_timeout).run()
-    return 0
+    server = DrainingServer(config, app.state.engine, args.shutdown_timeout)
+    server.run()
+    return server.exit_code  # (1: the engine stopped, e.g. a tensor-parallel worker died)
 
 
 def limits(args: argparse.Namespace) -> Limits:

@@ -186,7 +186,10 @@ def _check_tensor_parallel(config: EngineConfig, tp: TPGroup) -> None:
             ("speculative", sched.speculative is not None),
             ("KV offload tiers", cache.offload_memory_bytes is not None or cache.offload_dir),
             ("compile", config.compile.mode != "off"),
-            ("weight schemes", config.quant.weights is not None),
+            (
+                "calibrated quantization (activation schemes, smoothing, clipping)",
+                config.quant.activations is not None or rewrites_weights(config.quant),
+            ),
             (f"device {config.device}", config.device != "cpu"),
         )
         if used
@@ -453,8 +456,12 @@ def _kv_scales(built: Built, checkpoint: Checkpoint, run) -> tuple | None:
             )
         cache = dataclasses.replace(cache, kv_format="fp8_e4m3")
         built.config = dataclasses.replace(built.config, cache=cache)
-        layers, _, heads = checkpoint.kv_scales.shape
-        return checkpoint.kv_scales, torch.zeros(layers, heads, built.model_config.head_dim)
+        scales = checkpoint.kv_scales  # [layers, K / V, KV heads]
+        shard = built.model.shard
+        if shard is not None:  # a tensor-parallel rank: its own KV heads' scales
+            scales = scales[:, :, shard.kv_heads[0] : shard.kv_heads[1]].contiguous()
+        layers, _, heads = scales.shape
+        return scales, torch.zeros(layers, heads, built.model_config.head_dim)
     fmt = kv_format_of(cache.kv_format)
     if fmt.calibrate:  # per-head scales from the model's own K / V: a model the format takes
         model_config = built.model_config

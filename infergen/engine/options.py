@@ -317,8 +317,10 @@ OPTIONS: tuple[Option, ...] = (
            "row-parallel projections with one all-reduce each, heads split by KV group, "
            "vocabulary-parallel embedding and LM head; this process schedules and samples, "
            "each rank's KV cache holds its heads (MLA: the whole latent, on every rank), MoE "
-           "experts' features split like an MLP's. CPU; dense and GGUF weights (dequantized), "
-           "no recurrent layers, KV presses, speculation, offload tiers or compile yet"),
+           "experts' features split like an MLP's; quantized weights (GGUF blocks, "
+           "compressed-tensors codes) split as stored. Under torchrun: its world size. CPU; "
+           "no recurrent layers, calibrated quantization, KV presses, speculation, offload "
+           "tiers or compile yet"),
     Option("expert_parallel_size", "parallel.expert_parallel_size", 1, parse=int, short="-ep",
            commands=RUN,
            help="MoE models with --tensor-parallel-size N: N gives each rank a run of whole "

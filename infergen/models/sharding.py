@@ -26,9 +26,15 @@ KV heads, MLP features, experts and vocabulary rows each rank holds, the rank's 
   experts split like a dense MLP either way.
 - A row-parallel layer's bias (o_proj, down_proj, an expert's down bias) is added once: the
   rank holding it whole loads it (rank 0 when the features are split), the others zeros.
-- Quantized checkpoint tensors that are sliced are dequantized first (splitting GGUF blocks,
-  compressed-tensors groups and MXFP4 expert blocks along their block structure is still to
-  come).
+- **Quantized weights** split as stored (ops/stored_weights.py `cut`): GGUF blocks and
+  compressed-tensors codes keep their encoding — rows always (each row's blocks and scales
+  are its own), columns where the cut falls between blocks of 32 inputs (per-row int8 / FP8
+  codes: anywhere), so each rank computes on the same values one process does; a cut inside
+  a block dequantizes that tensor on the rank. A weight scheme that quantizes at load
+  quantizes each rank's slice: group formats give one process's codes when the cut is
+  between groups; per-row (int8) and per-projection (fp8_e4m3, nvfp4) scales of a
+  row-parallel slice are the rank's own. The fused expert tensors (GPT-OSS) are dequantized
+  before slicing.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import torch
 
 from infergen.config import ModelConfig
 from infergen.errors import ConfigError
-from infergen.ops.stored_weights import dense
+from infergen.ops.stored_weights import cut, dense
 
 
 def _span(n: int, parts: int, index: int) -> tuple[int, int]:
@@ -114,19 +120,20 @@ def _width(span: tuple[int, int]) -> int:
 
 
 def _rows(span_of):
-    def cut(shard: Shard, tensor):
+    def rows(shard: Shard, tensor):
         first, end = span_of(shard)
+        if len(tensor.shape) == 2:  # a matrix: kept as stored (GGUF blocks, codes: any rows)
+            return cut(tensor, rows=(first, end))
         return dense(tensor)[first:end]
 
-    return cut
+    return rows
 
 
 def _columns(span_of):
-    def cut(shard: Shard, tensor):
-        first, end = span_of(shard)
-        return dense(tensor)[:, first:end]
+    def columns(shard: Shard, tensor):  # kept as stored when the cut falls between blocks
+        return cut(tensor, columns=span_of(shard))
 
-    return cut
+    return columns
 
 
 def _first_rank_only(shard: Shard, tensor):

@@ -11,8 +11,11 @@ the GEMM peak the prefill attention reaches, and the KV disk tier's costs per bl
 engine's own DiskTier writing then reading blocks of two sizes in a temporary directory — on
 the filesystem of `disk_dir`, default the system's temporary directory: a fixed time per file
 and a bandwidth, each way; the reads come from the page cache, as a tier's reads of blocks it
-wrote recently do), and the engine's layers run op by op, part by part, on tiny models
-(perf/eager_measure.py: what a step the fused decode does not cover costs on the host). Best
+wrote recently do), the engine's layers run op by op, part by part, on tiny models
+(perf/eager_measure.py: what a step the fused decode does not cover costs on the host), and the
+link between two tensor-parallel ranks (perf/link.py: the engine's all-reduce over two gloo
+processes at sizes from 2 KB to 4 MB: the row's `link_curve`, and fitted to them a latency
+per collective and a bandwidth, its `link_latency_s` and `interconnect`). Best
 of several repeats: the peaks a careful kernel reaches, which is what a roofline divides by.
 Written as a hardware JSON row (`load_file` reads it).
 """
@@ -33,8 +36,10 @@ from infergen.kvcache.tiers.disk import DiskTier
 from infergen.ops import linear
 from infergen.ops.paged_attention import DECODE_BACKENDS, PREFILL_BACKENDS, paged_attention, plan
 from infergen.ops.paged_prefill_native import prefill_attention_native  # noqa: F401 - its row
+from infergen.perf import link
 from infergen.perf.eager_measure import measure_eager_layers
 from infergen.perf.hardware import CPU_LOCAL, FileCosts, Hardware
+from infergen.perf.roofline import collective_seconds
 from infergen.perf.step_cost import Chunk, attended_keys
 from infergen.process import configure_process
 from infergen.timing import best_seconds, best_seconds_each
@@ -75,6 +80,7 @@ def measure(
     prefill_attention = _prefill_attention_efficiency(peak, repeats, 256 if quick else 512)
     disk = _disk_costs(repeats, 16 if quick else 48, disk_dir)
     eager = measure_eager_layers(repeats)
+    wire = link.measure(ranks=2, repeats=10 if quick else 30)
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(
         name=CPU_LOCAL,
@@ -85,6 +91,9 @@ def measure(
         disk=disk,
         flops={"fp32": peak},
         launch_overhead_s=overhead,
+        interconnect=wire.bandwidth,
+        link_latency_s=wire.latency_s,
+        link_curve=wire.curve(),
         gemm_efficiency=curve,
         memory_efficiency_by_kind={"attention": attention},
         compute_efficiency_by_kind={"attention": prefill_attention},
@@ -120,6 +129,7 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
         host_bandwidth=max(copies) if copies else None,
         disk=disk,
         launch_overhead_s=min(a.launch_overhead_s, b.launch_overhead_s),
+        **_faster_link(a, b),
         eager_layer_s=_faster_parts(a.eager_layer_s, b.eager_layer_s),
         gemm_efficiency=rates(a.gemm_efficiency, b.gemm_efficiency, peak_a, peak_b, peak),
         memory_efficiency_by_kind=rates(
@@ -133,6 +143,20 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
             a.compute_efficiency_by_kind, b.compute_efficiency_by_kind, peak_a, peak_b, peak
         ),
     )
+
+
+def _faster_link(a: Hardware, b: Hardware) -> dict:
+    """The link of whichever calibration measured one with the shorter all-reduce of a decode
+    step's hidden states (its curve, latency and bandwidth belong together: one measurement)."""
+    rows = [hw for hw in (a, b) if hw.interconnect]
+    if not rows:
+        return {}
+    best = min(rows, key=lambda hw: collective_seconds(hw, link.ring_bytes(DECODE_TENSOR_BYTES, 2)))
+    return {"interconnect": best.interconnect, "link_latency_s": best.link_latency_s,
+            "link_curve": best.link_curve}  # fmt: skip
+
+
+DECODE_TENSOR_BYTES = 16 << 10  # a decode step's hidden states, a few sequences' worth
 
 
 def _faster_parts(a: dict, b: dict) -> dict[str, tuple[float, float]]:
@@ -277,6 +301,15 @@ def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
         **({"host_bandwidth": hw.host_bandwidth} if hw.host_bandwidth else {}),
         **({"disk": asdict(hw.disk)} if hw.disk else {}),
         "launch_overhead_s": hw.launch_overhead_s,
+        **(
+            {
+                "interconnect": hw.interconnect,
+                "link_latency_s": hw.link_latency_s,
+                "link_curve": {str(b): t for b, t in hw.link_curve.items()},
+            }
+            if hw.interconnect
+            else {}
+        ),
         "gemm_efficiency": hw.gemm_efficiency,
         "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
         "compute_efficiency_by_kind": hw.compute_efficiency_by_kind,

@@ -89,7 +89,9 @@ class Hardware:
     flops: dict[str, float] = field(default_factory=dict)  # format class -> dense FLOP/s
     l2_bytes: float | None = None
     sms: int | None = None
-    interconnect: float | None = None  # bytes/s between devices (NVLink), None = none
+    # bytes/s between devices, both directions together (NVLink; cpu-local: gloo between the
+    # engine's processes, measured by `infergen perf calibrate`), None = none
+    interconnect: float | None = None
     # bytes/s of a copy from host memory into the device's memory (the KV host tier's loads);
     # None: not known, perf/kv_tiers.py's documented default
     host_bandwidth: float | None = None
@@ -105,6 +107,10 @@ class Hardware:
     step_overhead_s: float = 0.0  # host time per engine step (scheduling, sampling)
     sequence_overhead_s: float = 0.0  # host time per sequence of a step (sampling, streaming)
     link_latency_s: float = 0.0  # per collective over the interconnect
+    # measured collectives (cpu-local: `infergen perf calibrate`, perf/link.py): {bytes one
+    # moves per device, as a ring all-reduce counts them: seconds}; a collective's time is
+    # interpolated between them (empty: link_latency_s + bytes / (interconnect / 2))
+    link_curve: dict[int, float] = field(default_factory=dict)
     # the device's global calibration: the fraction of peak FLOP/s (per compute format, or
     # "default") and of peak bandwidth its kernels reach (absent: 1.0, uncalibrated peaks)
     compute_efficiency: dict[str, float] = field(default_factory=dict)
@@ -217,7 +223,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             "host_bandwidth)",
         )
     known = {"description", "l2_bytes", "sms", "interconnect", "host_bandwidth", "calibrated",
-             "disk", "eager_layer_s"}  # fmt: skip
+             "disk", "eager_layer_s", "link_curve"}  # fmt: skip
     known |= {"efficiencies_from", *FRACTIONS, *SECONDS, *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
@@ -270,6 +276,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         compute_efficiency=_per_format(row.get("compute_efficiency", {}), name, where),
         **{key: _by_kind(row, key, name, where) for key in _BY_KIND},
         eager_layer_s=_eager_layers(row.get("eager_layer_s", {}), name, where),
+        link_curve=_link_curve(row.get("link_curve", {}), name, where),
         calibrated=row.get("calibrated") or ("undated (the row's own factors)" if own else None),
     )
     donor = row.get("efficiencies_from") or (None if own else DEFAULT_DONOR)
@@ -367,6 +374,22 @@ def _eager_layers(table, name: str, where: str) -> dict[str, tuple[float, float]
             expected='{"attention": [0.0004, 0.0005], "dense": [...], "norm": [...]}',
         )
     return {k: (float(v[0]), float(v[1])) for k, v in table.items()}
+
+
+def _link_curve(table, name: str, where: str) -> dict[int, float]:
+    """link_curve: {bytes (a whole number >= 1): seconds > 0}."""
+    ok = isinstance(table, dict) and all(
+        str(k).isdigit() and int(k) >= 1 and _number(v) and v > 0 for k, v in table.items()
+    )
+    if not ok:
+        raise ConfigError(
+            f"hardware {name!r}: link_curve must map bytes a collective moves (whole numbers "
+            ">= 1) to seconds > 0",
+            where=where,
+            found=table,
+            expected='{"2048": 0.0004, "4194304": 0.005}',
+        )
+    return {int(k): float(v) for k, v in table.items()}
 
 
 def _by_kind(row: dict, key: str, name: str, where: str) -> dict[str, float]:

@@ -105,9 +105,40 @@ def _link_seconds(o: OpCost, hw: Hardware) -> float:
         raise ConfigError(
             f"{hw.name} has no interconnect for {o.name}",
             where=f"hardware.{hw.name}.interconnect",
-            expected="a device with NVLink for --tp/--ep > 1",
+            expected="a device with NVLink for --tp/--ep > 1 (cpu-local: `infergen perf "
+            "calibrate` measures its link between processes)",
         )
-    return o.bytes / (hw.interconnect / 2) + o.calls * hw.link_latency_s
+    return collective_seconds(hw, o.bytes, o.calls)
+
+
+def collective_seconds(hw: Hardware, nbytes: float, calls: int = 1) -> float:
+    """`calls` collectives moving `nbytes` in all over `hw`'s link: on its measured curve
+    (each call's share of the bytes), else a latency each plus the bytes at its bandwidth."""
+    if hw.link_curve and calls:
+        return calls * curve_seconds(hw.link_curve, nbytes / calls, hw.interconnect)
+    return nbytes / (hw.interconnect / 2) + calls * hw.link_latency_s
+
+
+def curve_seconds(curve: dict[int, float], nbytes: float, interconnect: float) -> float:
+    """A collective of `nbytes` on a measured curve ({bytes: seconds}): linear between its
+    points, the smallest point's time below it, and beyond the largest, that point's time
+    plus the rest of the bytes at the link's bandwidth."""
+    points = sorted(curve.items())
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    for (b0, t0), (b1, t1) in zip(points, points[1:], strict=False):
+        if nbytes <= b1:
+            return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
+    last_bytes, last_s = points[-1]
+    return last_s + (nbytes - last_bytes) / (interconnect / 2)
+
+
+def link_seconds(
+    desc: ModelDesc, hw: Hardware, chunks: list[Chunk], fmt: Formats, par: Parallel
+) -> float:
+    """The step's communication on `hw`'s link alone: its collectives' bytes and calls."""
+    ops = step_ops(desc, chunks, fmt, par)
+    return sum(_link_seconds(o, hw) for o in ops if o.kind == "comm")
 
 
 HEAD_LAUNCHES = 2  # embedding and LM head

@@ -20,7 +20,10 @@ a prefill chunk may continue a sequence whose first tokens are already cached). 
   norm        read and write of the hidden states
   elementwise RoPE on q and k (read and written), the MLP's activation (silu(gate) * up:
               gate and up read, the product written)
-plus the LM head for the rows that need logits (the last token of each chunk).
+plus the LM head for the rows that need logits (the last token of each chunk). Under tensor
+parallelism, the communication: two all-reduces of the hidden states per layer (one for a
+layer without a feed-forward) and one for the vocabulary-parallel embedding, the logits'
+gather and the step's inputs broadcast from the scheduling rank.
 
 Bytes count what an op must move from memory at least once: its weights (in the weight
 format), its activations (in the activation format) and KV/state (in the KV format). FLOPs
@@ -156,6 +159,10 @@ def step_ops(
             step.all_reduce(2 if layer.ffn else 1)
     step.times = 1
     step.gemm("lm_head", h, desc.vocab, rows=len(chunks), split=par.tp)  # last token of each
+    if par.tp > 1:
+        step.all_reduce(1)  # the vocabulary-parallel embedding's rows
+        step.gather_logits(len(chunks), desc.vocab)
+        step.broadcast_inputs()
     return list(step.ops.values())
 
 
@@ -208,6 +215,21 @@ class _Step:
         comm = self.op("all_reduce", "comm")
         comm.add(0.0, nbytes * count, times=self.times)
         comm.calls += count * self.times
+
+    def gather_logits(self, rows: int, vocab: int) -> None:
+        """Each device's vocabulary slice of the logits (fp32) gathered on every device:
+        (tp − 1) / tp of them arrive."""
+        tp = self.par.tp
+        comm = self.op("gather_logits", "comm")
+        comm.add(0.0, (tp - 1) / tp * rows * vocab * 4)
+        comm.calls += 1
+
+    def broadcast_inputs(self) -> None:
+        """The step's inputs from the scheduling rank (engine/workers.py: pickled token ids,
+        positions, slots — about 3 int64 per token — as a size, then the bytes)."""
+        comm = self.op("broadcast", "comm")
+        comm.add(0.0, 3 * 8 * self.tokens)
+        comm.calls += 2
 
     def all_to_all(self, top_k: int) -> None:
         """Dispatch each token's hidden state to its top-k experts' devices and combine back:

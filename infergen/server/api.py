@@ -58,6 +58,8 @@ def create_app(
 
     @app.get("/health", dependencies=monitored)
     async def health():
+        if engine.failed is not None:  # (the server is on its way out: exits non-zero)
+            return _error(503, f"the engine stopped: {engine.failed}", "engine_unavailable")
         return {"status": "ok"}
 
     @app.get("/metrics", dependencies=monitored)

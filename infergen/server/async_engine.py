@@ -18,6 +18,10 @@ What is admitted is bounded (server/limits.py's `Limits`):
   `request_timeout`) is stopped within a step and ends as if it had reached a limit, with
   what it generated and finish_reason "timeout" (not an error: a client's own deadline is
   no server failure, and an error status would make clients retry it).
+
+An engine that cannot step any more (a tensor-parallel worker died or hung: `WorkerError`)
+fails the requests in flight and refuses new ones with `EngineStopped` (HTTP 503), and tells
+`on_failure` (the server exits non-zero: server/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from infergen.engine.engine import Engine
 from infergen.engine.request import RequestOutput, StreamDelta
 from infergen.engine.sampling_params import SamplingParams
+from infergen.engine.workers import WorkerError
 from infergen.server.limits import Limits
 from infergen.server.metrics import ABORT_REASONS, ServerMetrics
 
@@ -70,6 +75,14 @@ class ShuttingDown(EngineFailure):
     the shutdown timeout ends are aborted (503, or an error event in a stream)."""
 
     status, kind = 503, "server_shutting_down"
+
+
+class EngineStopped(EngineFailure):
+    """The engine cannot step any more (a tensor-parallel worker died or hung: engine/
+    workers.py): the requests in flight end and new ones are refused (HTTP 503), /health
+    answers 503, and the server exits with a non-zero status."""
+
+    status, kind = 503, "engine_unavailable"
 
 
 @dataclass
@@ -110,6 +123,8 @@ class AsyncEngine:
         self._deadlines: dict[str, float] = {}  # request id → perf_counter() deadline
         self._inbox: list[_Submission | _Abort | _AbortAll] = []
         self.draining = False  # shutting down: no new requests
+        self.failed: Exception | None = None  # the engine cannot step any more: why
+        self.on_failure = None  # called (engine thread) with that error, once
         self._inbox_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -182,6 +197,9 @@ class AsyncEngine:
             if self.engine.has_unfinished():
                 try:
                     stepped = self._step()
+                except WorkerError as exc:  # the engine is gone: fail what runs, refuse more
+                    self._stopped(exc)
+                    stepped = []
                 except Exception as exc:  # noqa: BLE001 - a bug: fail the batch, keep serving
                     self._fail_all(exc)
                     stepped = []
@@ -239,11 +257,21 @@ class AsyncEngine:
             updates.append(Update(delta, output))
         return updates
 
-    def _fail_all(self, exc: Exception) -> None:
-        """An engine step raised: every request in flight ends with EngineFailure (HTTP 500),
-        its blocks are freed, and the loop goes on with the requests that come next."""
+    def _stopped(self, exc: Exception) -> None:
+        """The engine cannot step any more: the requests in flight end with EngineStopped
+        (HTTP 503), new ones are refused with it, and `on_failure` hears why."""
+        first = self.failed is None
+        self.failed = exc
+        self._fail_all(exc, EngineStopped(f"the engine stopped: {exc}"))
+        if first and self.on_failure is not None:
+            self.on_failure(exc)
+
+    def _fail_all(self, exc: Exception, failure: EngineFailure | None = None) -> None:
+        """An engine step raised: every request in flight ends with `failure` (default
+        EngineFailure, HTTP 500), its blocks are freed, and the loop goes on with the
+        requests that come next."""
         log.error("engine step failed; ending %d requests", len(self._queues), exc_info=exc)
-        failure = EngineFailure(f"internal error in the engine step: {exc!r}")
+        failure = failure or EngineFailure(f"internal error in the engine step: {exc!r}")
         for request_id, (loop, queue) in list(self._queues.items()):
             self.engine.abort(request_id)
             self.engine.release(request_id)
@@ -295,6 +323,9 @@ class AsyncEngine:
         """Add a request (raises RequestError for a bad one, QueueFull when full, Overloaded
         when it would wait too long, ShuttingDown once the server stops). `timeout`: seconds
         it may take to finish, then it stops with finish_reason "timeout"."""
+        if self.failed is not None:
+            self.metrics.rejected("engine_stopped")
+            raise EngineStopped(f"the engine stopped: {self.failed}")
         if self.draining:
             self.metrics.rejected("shutting_down")
             raise ShuttingDown("the server is shutting down; retry on another replica or later")

@@ -63,8 +63,9 @@ OUTCOMES = ("finished", "aborted", "failed", "rejected")
 # the server shut down before it finished (the shutdown timeout)
 ABORT_REASONS = ("disconnect", "cancelled", "timeout", "shutdown")
 # why a request was not admitted: the engine refused it (400), too many were in flight or it
-# would wait past the queue-time budget (503), or the server is stopping (503)
-REJECT_REASONS = ("invalid", "queue_full", "overloaded", "shutting_down")
+# would wait past the queue-time budget (503), the server is stopping (503), or the engine
+# cannot step any more (503: a tensor-parallel worker died)
+REJECT_REASONS = ("invalid", "queue_full", "overloaded", "shutting_down", "engine_stopped")
 
 
 class ServerMetrics:

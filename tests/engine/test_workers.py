@@ -33,19 +33,28 @@ def _children() -> list[str]:
 UNEVEN = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3)  # 1 + 2 KV heads
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa_tied", "uneven"])
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa_tied", "uneven", "gpt_oss_ep"])
 def test_two_ranks_serve_what_one_process_does(name, tmp_path):
     """Greedy tokens identical and log-probabilities within 1e-4, chunked prefill (chunks of 8
-    tokens) and continuous batching included; the workers stop on close."""
-    build_hf_model("llama_gqa", tmp_path, **UNEVEN) if name == "uneven" else build_hf_model(
-        name, tmp_path
-    )
+    tokens) and continuous batching included; the workers stop on close. gpt_oss_ep: GPT-OSS
+    (MoE, sinks) with its experts split whole over the two ranks (expert_parallel_size 2)."""
+    builds = {"uneven": ("llama_gqa", UNEVEN), "gpt_oss_ep": ("gpt_oss", {})}
+    kind, overrides = builds.get(name, (name, {}))
+    build_hf_model(kind, tmp_path, **overrides)
     params = SamplingParams(max_tokens=10, temperature=0, logprobs=0, ignore_eos=True)
     options = dict(block_size=4, max_num_batched_tokens=8, num_threads=1)
     want = LLM(str(tmp_path), **options).generate(PROMPTS, params)
-    with LLM(str(tmp_path), tensor_parallel_size=2, **options) as llm:
-        assert len(llm.engine.workers.processes) == 1
+    parallel = dict(tensor_parallel_size=2, expert_parallel_size=2 if name.endswith("_ep") else 1)
+    with LLM(str(tmp_path), **parallel, **options) as llm:
+        group = llm.engine.workers
+        assert len(group.processes) == 1
+        calls = sum(v[0] for v in group.tp.stats.values())
+        group.trace(True)
         got = llm.generate(PROMPTS, params)
+        waits = group.waits()  # every rank waited in the same collectives, in the same order
+        calls = sum(v[0] for v in group.tp.stats.values()) - calls
+        assert [len(w) for w in waits] == [calls, calls] and calls > 0
+        assert min(min(w) for w in waits) >= 0
     for a, b in zip(got, want, strict=True):
         assert a.token_ids == b.token_ids
         assert [x.logprob for x in a.logprobs] == pytest.approx(
@@ -123,6 +132,19 @@ def test_a_hung_worker_is_named_within_the_timeout(tmp_path, monkeypatch):
     assert time.monotonic() - began < 20
     assert not _children()
     llm.close()
+
+
+def test_workers_wait_for_requests_longer_than_the_timeout(tmp_path, monkeypatch):
+    """An engine idle for longer than a collective may take (2 s here): its workers wait for
+    the next step (on the control group) and the next request runs as the first did."""
+    monkeypatch.setattr(workers, "DEFAULT_TIMEOUT_S", 2.0)
+    build_hf_model("llama_gqa", tmp_path)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    with LLM(str(tmp_path), tensor_parallel_size=2, block_size=4, num_threads=1) as llm:
+        first = llm.generate(PROMPTS[:1], params)[0].token_ids
+        time.sleep(5)
+        assert llm.generate(PROMPTS[:1], params)[0].token_ids == first
+    assert not _children()
 
 
 def test_what_it_does_not_run_yet_is_refused(tmp_path):

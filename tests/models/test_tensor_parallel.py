@@ -22,14 +22,19 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from infergen.engine.engine import Engine
+from infergen.engine.export import EXPORTS, export
 from infergen.engine.options import engine_config
 from infergen.engine.sampling_params import SamplingParams
 from infergen.engine.workers import free_port
 from infergen.errors import ConfigError
+from infergen.formats.block_weight import BlockWeight
+from infergen.formats.quant_weight import QuantWeight
+from infergen.io.checkpoint import load_checkpoint
 from infergen.io.default_model import default_model_path
 from infergen.io.model_config import read_model_config
 from infergen.layers.tensor_parallel import TPGroup
 from infergen.models.sharding import plan
+from infergen.ops.stored_weights import cut, dense
 from tests.hf_models import build_hf_model
 
 PROMPTS = [[5, 9, 13, 2, 7, 11, 3, 8, 1, 4, 6, 12, 10, 14, 15, 16, 17, 18, 19, 20, 21, 22], [3, 1]]
@@ -191,3 +196,87 @@ def test_expert_parallel_sizes_other_than_1_or_tp_are_refused(tmp_path):
     build_hf_model("llama_gqa", tmp_path / "dense")
     with pytest.raises(ConfigError, match="needs a mixture-of-experts model"):
         plan(read_model_config(str(tmp_path / "dense")), 0, 2, expert_parallel_size=2)
+
+
+# ---- quantized weights, split as stored ----------------------------------------------------
+QUANTIZED = dict(intermediate_size=128)  # (input features in whole blocks of 32 on each rank)
+
+
+def _gguf(tmp_path, qtype: str) -> str:
+    import gguf
+
+    from tests.io.test_gguf import _write_gguf, tiny_llama
+
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    _write_gguf(path, tiny_llama(), gguf.GGMLQuantizationType[qtype])
+    return str(path)
+
+
+def _exported(tmp_path, scheme: str, **kv) -> str:
+    build_hf_model("llama_gqa", tmp_path / "src", **QUANTIZED)
+    export(str(tmp_path / "src"), scheme, tmp_path / "out", **kv)
+    return str(tmp_path / "out")
+
+
+def test_quantized_weights_are_cut_as_stored(tmp_path):
+    """Rows, and columns between blocks of 32, of GGUF blocks and compressed-tensors codes stay
+    in their encoding, with the values of the dense slice; a cut inside a block is dense."""
+    cases = [
+        (load_checkpoint(_gguf(tmp_path, "Q4_1"), keep_blocks=True), BlockWeight),
+        (load_checkpoint(_exported(tmp_path / "i4", "int4")), QuantWeight),
+        (load_checkpoint(_exported(tmp_path / "i8", "int8")), QuantWeight),
+    ]
+    for checkpoint, kind in cases:
+        config = checkpoint.config
+        for rank in range(2):
+            shard = plan(config, rank, 2)
+            for name in ("q_proj", "o_proj"):
+                key = f"model.layers.0.self_attn.{name}.weight"
+                full, got = checkpoint.tensors[key], shard.tensor(key, checkpoint.tensors[key])
+                assert isinstance(got, kind), (key, type(got))
+                rows = slice(*_q_rows_of(shard)) if name == "q_proj" else slice(None)
+                cols = slice(*_o_cols_of(shard)) if name == "o_proj" else slice(None)
+                assert torch.equal(dense(got), dense(full)[rows, cols])
+        key = "model.layers.0.mlp.down_proj.weight"  # a cut inside a block: dequantized
+        inside = cut(checkpoint.tensors[key], columns=(0, 48))
+        if kind is BlockWeight or checkpoint.tensors[key].fmt != "int8":
+            assert isinstance(inside, torch.Tensor)
+        assert torch.equal(dense(inside), dense(checkpoint.tensors[key])[:, :48])
+
+
+def _q_rows_of(shard):
+    return shard.q_heads[0] * shard.q_rows_per_head, shard.q_heads[1] * shard.q_rows_per_head
+
+
+def _o_cols_of(shard):
+    return shard.q_heads[0] * shard.o_columns_per_head, shard.q_heads[1] * shard.o_columns_per_head
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_gguf_blocks_on_two_ranks(qtype, tmp_path):
+    """A GGUF file computed on its blocks (weights='gguf'), split between blocks."""
+    model = _gguf(tmp_path, qtype)
+    _assert_same(_generate(model, None, weights="gguf"),
+                 _tensor_parallel(model, tmp_path, weights="gguf"))  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", sorted(EXPORTS))
+def test_compressed_tensors_checkpoints_on_two_ranks(scheme, tmp_path):
+    """A compressed-tensors checkpoint's codes and scales, split as stored."""
+    model = _exported(tmp_path, scheme)
+    _assert_same(_generate(model, None), _tensor_parallel(model, tmp_path))
+
+
+def test_fp8_kv_scales_of_a_checkpoint_per_rank(tmp_path):
+    """FP8 KV with the checkpoint's per-head scales: each rank takes its KV heads' scales."""
+    model = _exported(tmp_path, "int8", kv_format="fp8_e4m3")
+    _assert_same(_generate(model, None), _tensor_parallel(model, tmp_path))
+
+
+@pytest.mark.parametrize("weights", ["int4", "q4_1"])
+def test_a_group_scheme_quantized_at_load_on_two_ranks(weights, tmp_path):
+    """Each rank quantizes its slice; cut between groups, its codes are one process's."""
+    build_hf_model("llama_gqa", tmp_path / "model", **QUANTIZED)
+    model = str(tmp_path / "model")
+    _assert_same(_generate(model, None, weights=weights),
+                 _tensor_parallel(model, tmp_path, weights=weights))  # fmt: skip

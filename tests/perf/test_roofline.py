@@ -56,6 +56,8 @@ def test_calibration_round_trips_as_a_hardware_row(tmp_path, capsys):
     assert 0 < disk.write_seconds(16 << 10) < disk.write_seconds(1 << 20) < 1.0
     for by_kind in ("memory_efficiency_by_kind", "compute_efficiency_by_kind"):
         assert 0 < getattr(hw, by_kind)["attention"] <= 1
+    # the link between two tensor-parallel ranks (gloo): a latency and a bandwidth
+    assert "link" in out and 0 < hw.link_latency_s < 0.1 and 1e6 < hw.interconnect < 1e12
     (row,) = load_file(save(dataclasses.replace(hw, name="cpu-test"), tmp_path / "t.json"))
     assert HARDWARE.get("cpu-test") is row and dataclasses.replace(row, name=hw.name) == hw
 
@@ -185,3 +187,10 @@ def test_best_of_two_calibrations_keeps_each_faster_rate():
     assert hw.memory_efficiency_by_kind == pytest.approx({"attention": 10e9 / 40e9})
     assert hw.compute_efficiency_by_kind == pytest.approx({"attention": 50e9 / 200e9})
     assert best_of(fast, slow) == hw
+    # the link: the fit whose decode-sized all-reduce is shorter, latency and bandwidth together
+    low_latency = dataclasses.replace(slow, interconnect=1e9, link_latency_s=300e-6)
+    wide = dataclasses.replace(fast, interconnect=10e9, link_latency_s=500e-6)
+    for a, b in ((low_latency, wide), (wide, low_latency)):
+        both = best_of(a, b)
+        assert (both.interconnect, both.link_latency_s) == (1e9, 300e-6)
+    assert best_of(slow, wide).interconnect == 10e9  # (only one measured a link)

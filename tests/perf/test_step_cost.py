@@ -181,7 +181,9 @@ def _by_name(ops):
 
 
 @pytest.mark.parametrize("tp", [2, 4, 8])
-def test_tensor_parallel_splits_the_work_and_adds_two_all_reduces_per_layer(tp):
+def test_tensor_parallel_splits_the_work_and_adds_its_communication(tp):
+    """Two all-reduces per layer plus the embedding's, the logits' gather (fp32, the
+    vocabulary slices of the other devices) and the step's inputs broadcast (2 calls)."""
     from infergen.perf.step_cost import Parallel
 
     desc = read_model_config(LLAMA_8B).describe()  # 32 heads, 8 KV heads
@@ -194,8 +196,12 @@ def test_tensor_parallel_splits_the_work_and_adds_two_all_reduces_per_layer(tp):
     assert split["kv_write"].bytes * tp == pytest.approx(one["kv_write"].bytes)
     tokens, layers = 65, 32
     ring = 2 * (tp - 1) / tp * tokens * desc.hidden * 2  # bf16 hidden states
-    assert split["all_reduce"].bytes == pytest.approx(2 * layers * ring)
-    assert split["all_reduce"].calls == 2 * layers and "all_reduce" not in one
+    assert split["all_reduce"].bytes == pytest.approx((2 * layers + 1) * ring)
+    assert split["all_reduce"].calls == 2 * layers + 1 and "all_reduce" not in one
+    gathered = (tp - 1) / tp * len(chunks) * desc.vocab * 4
+    assert split["gather_logits"].bytes == pytest.approx(gathered)
+    assert split["gather_logits"].calls == 1 and split["broadcast"].calls == 2
+    assert not {"gather_logits", "broadcast"} & one.keys()
 
 
 def test_kv_heads_fewer_than_devices_are_replicated():

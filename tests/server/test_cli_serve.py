@@ -1,5 +1,6 @@
 """`infergen serve` as a user runs it: a real process, the openai client, SIGTERM to stop (with
-a stream in flight, which must still end properly)."""
+a stream in flight, which must still end properly); with two tensor-parallel ranks, SIGTERM
+stops both, and a killed worker turns into 503s and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 
 import httpx
 import openai
+import psutil
 
 
 def test_infergen_serve_answers_the_openai_client_and_stops_on_sigterm(default_model_path):
@@ -147,3 +149,48 @@ def test_a_second_signal_exits_at_once(default_model_path):
         signalled = time.time()
         _stop(proc, signal.SIGTERM, timeout=30)
     assert time.time() - signalled < 10  # not the 60 s the first signal granted
+
+
+def _workers(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The server's tensor-parallel worker processes."""
+    children = psutil.Process(proc.pid).children(recursive=True)
+    return [p for p in children if "infergen.engine.workers" in " ".join(p.cmdline())]
+
+
+def test_two_ranks_stop_on_sigterm_and_leave_no_process(default_model_path):
+    proc, url = _serve(default_model_path, "-tp", "2")
+    try:
+        workers = _workers(proc)
+        assert len(workers) == 1
+        reply = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3},
+                           timeout=60)  # fmt: skip
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+    finally:
+        code = _stop(proc, signal.SIGTERM, timeout=60)
+    assert code in (0, -signal.SIGTERM), proc.stderr.read()
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+def test_a_dead_worker_gets_503s_and_the_server_exits_non_zero(default_model_path):
+    """A worker killed: the request that needs a step fails with 503 naming the rank, /health
+    answers 503 (or the server is already gone), and the server exits 1 on its own, leaving
+    no process."""
+    proc, url = _serve(default_model_path, "-tp", "2")
+    try:
+        (worker,) = _workers(proc)
+        worker.kill()  # (a zombie until the server reaps it: not waited for here)
+        reply = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3},
+                           timeout=60)  # fmt: skip
+        assert reply.status_code == 503, reply.text
+        error = reply.json()["error"]
+        assert error["type"] == "engine_unavailable" and "rank 1" in error["message"]
+        try:
+            assert httpx.get(f"{url}/health", timeout=10).status_code == 503
+        except httpx.TransportError:
+            pass  # (already stopped listening)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 1, proc.stderr.read()
+    assert "the engine stopped" in proc.stderr.read()

@@ -85,7 +85,7 @@ def test_exposed_names_are_the_hand_written_exporters():
     assert reasons == {"disconnect", "cancelled", "timeout", "shutdown"}  # all, from the start
     samples = families["infergen_request_rejections"]["samples"]
     assert {dict(ls)["reason"] for _, ls in samples} == {
-        "invalid", "queue_full", "overloaded", "shutting_down"
+        "invalid", "queue_full", "overloaded", "shutting_down", "engine_stopped"
     }  # fmt: skip
     assert value(families, "infergen_request_rejections_total", reason="overloaded") == 1
     assert value(families, "infergen_prefix_cache_hit_rate") == 0.4
