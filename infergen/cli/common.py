@@ -4,6 +4,7 @@ SamplingParams, loading the LLM of a command's engine options, a positive-intege
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -64,6 +65,8 @@ def torchrun_rank(args: argparse.Namespace) -> int | None:
     """Under torchrun (engine/workers.py): a command that runs requests takes torchrun's world
     as its tensor-parallel size; on a rank > 0 this process serves rank 0 instead of running
     the command, and its exit status is returned (None: run the command here)."""
+    if "WORLD_SIZE" not in os.environ:  # (not torchrun's: nothing to import)
+        return None
     from infergen.engine import workers
     from infergen.engine.options import RUN, engine_config, options_from_args
 

@@ -38,9 +38,11 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _compile_flags() -> list[str]:
+def _compile_flags(name: str = "") -> list[str]:
     flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", f"-I{_HERE}"]
     cpu = _cpu_flags()
+    # INFERGEN_KERNEL_ISA (tests): "generic" the portable scalar paths, "avx2" no AVX-512,
+    # "avx512vnni" no VBMI; unset: everything the CPU has
     isa = os.environ.get("INFERGEN_KERNEL_ISA")
     if isa == "generic":  # the portable scalar paths (tests)
         return flags
@@ -50,7 +52,16 @@ def _compile_flags() -> list[str]:
         # (gemm_packed_g_f32.c); INFERGEN_KERNEL_ISA=avx2 leaves it out
         if isa != "avx2" and {"avx512f", "avx512vl"} <= cpu:
             flags += ["-mavx512f", "-mavx512vl"]
+            if name in INTEGER_SOURCES and {"avx512bw", "avx512_vnni"} <= cpu:
+                flags += ["-mavx512bw", "-mavx512vnni"]  # u8 x s8 dot products (vpdpbusd)
+                if "avx512vbmi" in cpu and isa != "avx512vnni":  # byte permutes (vpermt2b)
+                    flags += ["-mavx512vbmi"]
     return flags
+
+
+# kernels with integer dot-product paths: built with AVX-512 VNNI where the CPU has it (only
+# these, so the other kernels' builds and cache keys do not change)
+INTEGER_SOURCES = frozenset({"gemm_w8a8_i8"})
 
 
 class KernelUnavailable(RuntimeError):
@@ -78,7 +89,7 @@ def load(name: str) -> ctypes.CDLL:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc/gcc) on PATH")
-    flags = _compile_flags()
+    flags = _compile_flags(name)
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{name}-{key}.so"
     if not target.exists():

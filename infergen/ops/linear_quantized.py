@@ -15,6 +15,7 @@ dequantized weight bit for bit.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from infergen.formats import dequantize, quantize
 from infergen.formats.quant_weight import QuantWeight
 from infergen.kernels.build import I, L, P, kernel
+from infergen.ops import linear_w8a8
 from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
 from infergen.ops.linear import reference as fp32_reference
 
@@ -109,7 +111,10 @@ def _backend(name: str, code: CodeFormat) -> LinearBackend:
         scales = raw[:, in_features:].contiguous().view(torch.float32).reshape(panels, PANEL)
         return _decode(raw[p, :in_features, j], scales[p, j], code)
 
-    return LinearBackend(prepare, apply, rows, decode_format=code.decode_format)
+    # int8 weights take int8 activations per token with integer sums (ops/linear_w8a8.py)
+    integer = {("int8", "token"): functools.partial(linear_w8a8.apply, unpack=unpack)}
+    return LinearBackend(prepare, apply, rows, decode_format=code.decode_format,
+                         quantized_inputs=integer if code.fmt == "int8" else {})  # fmt: skip
 
 
 for _name, _code in CODE_FORMATS.items():

@@ -10,11 +10,13 @@ Granularities (an ActivationFormat's `granularity`):
 Every granularity is row-local: a request's activations never depend on the other requests in
 its batch.
 
-Bytes moved: x read and x̂ written once (8 bytes a value). This CPU has no FP8 / FP4 matrix
+Bytes moved: x read and x̂ written once (8 bytes a value). These CPUs have no FP8 / FP4 matrix
 units, so the product stays fp32 on x̂: a scheme here shows its accuracy, and its speed cost is
-this pass (benchmarks/bench_quant.py). `reference` computes x̂ through infergen.formats'
-element codecs; `fake_quantize` through torch's float8 cast and the formats' C fast paths,
-bit-identical (tests/ops/test_quantize_activation.py).
+this pass (benchmarks/bench_quant.py). W8A8 int8 per token is the exception: the "int8"
+backend takes x itself and sums integer codes (ops/linear_w8a8.py, `int8_token_codes`).
+`reference` computes x̂ through infergen.formats' element codecs; `fake_quantize` through
+torch's float8 cast and the formats' C fast paths, bit-identical
+(tests/ops/test_quantize_activation.py).
 """
 
 from __future__ import annotations
@@ -95,6 +97,13 @@ def fp8_token_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = _row_scales(x, FP8_E4M3_MAX)
     codes = (x / scales).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     return codes, scales
+
+
+def int8_token_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [tokens, in] fp32 → (int8 codes [tokens, in], fp32 scales [tokens, 1]) by the "token"
+    rule of `fake_quantize` for "int8": codes.float() · scales is its x̂."""
+    scales = _row_scales(x, 127.0)
+    return (x / scales).round_().clamp_(-127, 127).to(torch.int8), scales
 
 
 def fake_quantize(

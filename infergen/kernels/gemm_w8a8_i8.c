@@ -1,0 +1,241 @@
+/* W8A8 int8 with integer compute: Y[m, n] = (sum_k a[m, k] * q[n, k]) * sa[m] * sw[n] (+ bias[n])
+ * with int8 weight codes q (one fp32 scale sw per output channel: the "int8" backend's panels,
+ * ops/linear_quantized.py) and int8 activation codes a (one fp32 scale sa per token, quantized
+ * here from fp32 X by ops/quantize_activation.py's "token" rule). The sum is exact in int32
+ * and scaled once.
+ *
+ * Activations are held as bytes a + 128 (u8), K padded to a multiple of 4 with 128 (zero); the
+ * byte products u8 x s8 are what AVX-512 VNNI's vpdpbusd multiplies and adds four at a time,
+ * and sum_k (a + 128) q = sum_k a q + 128 sum_k q, so each column's code sum times 128 is
+ * subtracted before scaling.
+ *
+ * The weight panels hold 24 columns k-major (panel p: K rows of 24 codes, then 24 fp32 scales).
+ * Each panel is regrouped once per call into a per-thread buffer of quads — for each 4 k, each
+ * column's 4 codes side by side, as vpdpbusd reads them — with its column sums, then every
+ * token block runs over it: 8 tokens x 24 columns a micro-step, one 512-bit (16 columns) and
+ * one 256-bit (8 columns) accumulator a token (16 independent chains hide vpdpbusd's latency).
+ *
+ * Built with AVX-512 VNNI where the CPU has it (kernels/build.py; the regroup by AVX-512 VBMI's
+ * byte permutes where it exists too, else SSE2 interleaves), else the portable scalar loop
+ * (INFERGEN_KERNEL_ISA=avx2 or generic forces it): the same int32 sums, so the same result.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+#ifdef __SSE2__
+#include <immintrin.h>
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#define W8A8_VNNI 1
+#if defined(__AVX512VBMI__)
+#define W8A8_VBMI 1 /* byte permutes across a 512-bit register pair: the regroup in two ops */
+#endif
+#endif
+
+#define NR 24 /* columns a panel (gemm_packed_f32.c's) */
+#define MR 8  /* tokens a micro-step */
+
+#ifdef W8A8_VBMI
+/* byte i of a 4-column-quad group: row i % 4, column first + i / 4 of 4 rows of NR codes */
+static __m512i quad_index(int first) {
+    uint8_t idx[64];
+    for (int i = 0; i < 64; ++i) idx[i] = (uint8_t)((i % 4) * NR + first + i / 4);
+    return _mm512_loadu_si512((const void *)idx);
+}
+#endif
+
+/* panel (K rows of NR codes) -> quads[K4][NR][4] (zero-padded past K) and column sums */
+static void regroup(const uint8_t *wp, long K, long K4, int8_t *quads, int32_t *colsum) {
+    long kq = 0, summed = 0; /* quads [0, summed) are in colsum already */
+    int32_t sums[NR] = {0};
+#if defined(W8A8_VBMI)
+    /* the 96 bytes of 4 rows -> 24 columns of 4 in two byte permutes (vpermt2b), the column
+     * sums by vpdpbusd with ones */
+    const __m512i lo = quad_index(0), hi = quad_index(16), ones = _mm512_set1_epi8(1);
+    __m512i s16 = _mm512_setzero_si512(), s8 = s16;
+    for (; 4 * kq + 3 < K; ++kq) {
+        const uint8_t *r = wp + 4 * kq * NR;
+        __m512i a = _mm512_loadu_si512((const void *)r);
+        __m512i b = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, r + 64); /* bytes 64..95 */
+        __m512i q16 = _mm512_permutex2var_epi8(a, lo, b), q8 = _mm512_permutex2var_epi8(a, hi, b);
+        int8_t *out = quads + kq * NR * 4;
+        _mm512_storeu_si512((void *)out, q16);
+        _mm256_storeu_si256((__m256i *)(out + 64), _mm512_castsi512_si256(q8));
+        s16 = _mm512_dpbusd_epi32(s16, ones, q16);
+        s8 = _mm512_dpbusd_epi32(s8, ones, q8);
+    }
+    _mm512_storeu_si512((void *)sums, s16);
+    int32_t rest[16];
+    _mm512_storeu_si512((void *)rest, s8);
+    memcpy(sums + 16, rest, sizeof(int32_t) * 8);
+    summed = kq;
+#elif defined(__SSE2__)
+    /* four rows of 24 codes -> 24 columns of 4: byte then 16-bit interleaves (SSE2) */
+    for (; 4 * kq + 3 < K; ++kq) {
+        const uint8_t *r = wp + 4 * kq * NR;
+        __m128i a0 = _mm_loadu_si128((const __m128i *)r),
+                a1 = _mm_loadu_si128((const __m128i *)(r + NR)),
+                a2 = _mm_loadu_si128((const __m128i *)(r + 2 * NR)),
+                a3 = _mm_loadu_si128((const __m128i *)(r + 3 * NR));
+        __m128i p01l = _mm_unpacklo_epi8(a0, a1), p01h = _mm_unpackhi_epi8(a0, a1);
+        __m128i p23l = _mm_unpacklo_epi8(a2, a3), p23h = _mm_unpackhi_epi8(a2, a3);
+        __m128i *out = (__m128i *)(quads + kq * NR * 4);
+        _mm_storeu_si128(out, _mm_unpacklo_epi16(p01l, p23l));     /* columns 0-3 */
+        _mm_storeu_si128(out + 1, _mm_unpackhi_epi16(p01l, p23l)); /* 4-7 */
+        _mm_storeu_si128(out + 2, _mm_unpacklo_epi16(p01h, p23h)); /* 8-11 */
+        _mm_storeu_si128(out + 3, _mm_unpackhi_epi16(p01h, p23h)); /* 12-15 */
+        __m128i b0 = _mm_loadl_epi64((const __m128i *)(r + 16)),
+                b1 = _mm_loadl_epi64((const __m128i *)(r + NR + 16)),
+                b2 = _mm_loadl_epi64((const __m128i *)(r + 2 * NR + 16)),
+                b3 = _mm_loadl_epi64((const __m128i *)(r + 3 * NR + 16));
+        __m128i q01 = _mm_unpacklo_epi8(b0, b1), q23 = _mm_unpacklo_epi8(b2, b3);
+        _mm_storeu_si128(out + 4, _mm_unpacklo_epi16(q01, q23)); /* 16-19 */
+        _mm_storeu_si128(out + 5, _mm_unpackhi_epi16(q01, q23)); /* 20-23 */
+    }
+#endif
+    for (long tail = kq; tail < K4; ++tail) /* (the rest, and the quad K does not fill: 0) */
+        for (int j = 0; j < NR; ++j)
+            for (int t = 0; t < 4; ++t) {
+                long k = 4 * tail + t;
+                quads[(tail * NR + j) * 4 + t] = k < K ? (int8_t)wp[k * NR + j] : 0;
+            }
+    for (long i = summed; i < K4; ++i) { /* (vectorizes: 4 codes a column a quad) */
+        const int8_t *q = quads + i * NR * 4;
+        for (int j = 0; j < NR; ++j)
+            sums[j] += q[4 * j] + q[4 * j + 1] + q[4 * j + 2] + q[4 * j + 3];
+    }
+    memcpy(colsum, sums, sizeof sums);
+}
+
+/* the epilogue of rows [0, mr): exact sums, less 128 x the column sums, scaled once */
+static void finish(int32_t acc[][NR], const int32_t *colsum, const float *sw, const float *sa,
+                   const float *bias, float *Y, long ldy, int mr, int cols) {
+    for (int r = 0; r < mr; ++r)
+        for (int j = 0; j < cols; ++j) {
+            float y = (float)(acc[r][j] - 128 * colsum[j]) * sa[r] * sw[j];
+            Y[r * ldy + j] = bias ? y + bias[j] : y;
+        }
+}
+
+#ifdef W8A8_VNNI
+/* one token row's dot products with a quad of 24 columns: a 512-bit and a 256-bit vpdpbusd */
+#define ROW_DOT(R)                                                                             \
+    if (R < mrx) { /* the token's 4 bytes broadcast from memory (a load, no shuffle port) */ \
+        __m512i a4 = _mm512_castps_si512(                                                      \
+            _mm512_broadcastss_ps(_mm_load_ss((const float *)(A + R * 4 * K4 + 4 * kq))));    \
+        c16_##R = _mm512_dpbusd_epi32(c16_##R, a4, w16);                                       \
+        c8_##R = _mm256_dpbusd_epi32(c8_##R, _mm512_castsi512_si256(a4), w8);                  \
+    }
+#define ROW_SAVE(R)                                                                            \
+    if (R < mrx) {                                                                             \
+        _mm512_storeu_si512((void *)acc[R], c16_##R);                                          \
+        _mm256_storeu_si256((__m256i *)(acc[R] + 16), c8_##R);                                 \
+    }
+/* rows [0, MRX) of one panel, the accumulators in registers (MRX a compile-time constant) */
+#define MICRO(MRX)                                                                             \
+    static void micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,      \
+                            const uint8_t *A, long K4, const float *sa, const float *bias,    \
+                            float *Y, long ldy, int cols) {                                    \
+        const int mrx = MRX; /* (a constant: the unused rows' code is dropped) */               \
+        __m512i c16_0 = _mm512_setzero_si512(), c16_1 = c16_0, c16_2 = c16_0, c16_3 = c16_0;  \
+        __m512i c16_4 = c16_0, c16_5 = c16_0, c16_6 = c16_0, c16_7 = c16_0;                    \
+        __m256i c8_0 = _mm256_setzero_si256(), c8_1 = c8_0, c8_2 = c8_0, c8_3 = c8_0;         \
+        __m256i c8_4 = c8_0, c8_5 = c8_0, c8_6 = c8_0, c8_7 = c8_0;                            \
+        for (long kq = 0; kq < K4; ++kq) {                                                     \
+            const int8_t *w = quads + kq * NR * 4;                                             \
+            __m512i w16 = _mm512_loadu_si512((const void *)w);                                 \
+            __m256i w8 = _mm256_loadu_si256((const __m256i *)(w + 64));                        \
+            ROW_DOT(0) ROW_DOT(1) ROW_DOT(2) ROW_DOT(3)                                        \
+            ROW_DOT(4) ROW_DOT(5) ROW_DOT(6) ROW_DOT(7)                                        \
+        }                                                                                      \
+        int32_t acc[MR][NR];                                                                   \
+        ROW_SAVE(0) ROW_SAVE(1) ROW_SAVE(2) ROW_SAVE(3)                                        \
+        ROW_SAVE(4) ROW_SAVE(5) ROW_SAVE(6) ROW_SAVE(7)                                        \
+        finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                  \
+    }
+#else
+#define MICRO(MRX)                                                                             \
+    static void micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,      \
+                            const uint8_t *A, long K4, const float *sa, const float *bias,    \
+                            float *Y, long ldy, int cols) {                                    \
+        int32_t acc[MR][NR] = {{0}};                                                           \
+        for (long kq = 0; kq < K4; ++kq) {                                                     \
+            const int8_t *w = quads + kq * NR * 4;                                             \
+            for (int r = 0; r < MRX; ++r) {                                                    \
+                const uint8_t *a = A + r * 4 * K4 + 4 * kq;                                    \
+                for (int j = 0; j < NR; ++j)                                                   \
+                    acc[r][j] += a[0] * w[4 * j] + a[1] * w[4 * j + 1] +                      \
+                                 a[2] * w[4 * j + 2] + a[3] * w[4 * j + 3];                    \
+            }                                                                                  \
+        }                                                                                      \
+        finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                  \
+    }
+#endif
+
+MICRO(1)
+MICRO(2)
+MICRO(3)
+MICRO(4)
+MICRO(5)
+MICRO(6)
+MICRO(7)
+MICRO(8)
+
+typedef void (*micro_fn)(const int8_t *, const int32_t *, const float *, const uint8_t *, long,
+                         const float *, const float *, float *, long, int);
+static const micro_fn MICROS[MR + 1] = {0,       micro_1, micro_2, micro_3, micro_4,
+                                         micro_5, micro_6, micro_7, micro_8};
+
+/* token row m of X [M][K] -> its scale amax / 127 (1 for a zero row) and its codes
+ * round(x / scale) clamped to +-127 (ties to even), as bytes code + 128 padded with 128: the
+ * "token" rule of ops/quantize_activation.py, the same fp32 operations */
+static void quantize_token(const float *X, long m, long K, long K4, uint8_t *A, float *sa) {
+    const float *x = X + m * K;
+    float amax = 0.0f;
+    for (long k = 0; k < K; ++k) amax = fmaxf(amax, fabsf(x[k]));
+    float s = amax / 127.0f;
+    if (!(s > 0.0f)) s = 1.0f;
+    sa[m] = s;
+    uint8_t *a = A + m * 4 * K4;
+    for (long k = 0; k < K; ++k) {
+        float q = nearbyintf(x[k] / s);
+        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+        a[k] = (uint8_t)((int)q + 128);
+    }
+    for (long k = K; k < 4 * K4; ++k) a[k] = 128;
+}
+
+/* gemm_w8a8_i8(Wp, X, bias, Y, M, N, K, threads): Wp the "int8" panels, X [M][K] fp32 (each
+ * token quantized here), Y [M][N] — the signature of the packed fp32 GEMMs. */
+void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y, long M,
+                  long N, long K, int num_threads) {
+    if (M <= 0 || N <= 0) return;
+    long panels = (N + NR - 1) / NR, K4 = (K + 3) / 4;
+    uint8_t *A = malloc((size_t)(M * 4 * K4));
+    float *sa = malloc(sizeof(float) * (size_t)M);
+#pragma omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
+    {
+#pragma omp for schedule(static)
+        for (long m = 0; m < M; ++m) quantize_token(X, m, K, K4, A, sa);
+        int8_t *quads = malloc((size_t)(K4 * NR * 4));
+        int32_t colsum[NR];
+#pragma omp for schedule(static)
+        for (long p = 0; p < panels; ++p) {
+            const uint8_t *wp = Wp + p * (K + 4) * NR;
+            const float *sw = (const float *)(wp + K * NR);
+            long n0 = p * NR;
+            int cols = (int)(N - n0 < NR ? N - n0 : NR);
+            regroup(wp, K, K4, quads, colsum);
+            for (long m = 0; m < M; m += MR)
+                MICROS[M - m < MR ? M - m : MR](quads, colsum, sw, A + m * 4 * K4, K4, sa + m,
+                                                 bias ? bias + n0 : 0, Y + m * N + n0, N, cols);
+        }
+        free(quads);
+    }
+    free(A);
+    free(sa);
+}
