@@ -10,9 +10,6 @@ and so is the path without a C compiler."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +18,7 @@ from infergen.ops import linear_w8a8
 from infergen.ops.linear import LINEAR_BACKENDS
 from infergen.ops.linear_quantized import unpack
 from infergen.ops.quantize_activation import ActivationFormat, fake_quantize
+from tests.kernel_isa import assert_ok_with_isa
 
 SHAPES = [(1, 24, 64), (5, 40, 70), (4, 48, 576), (16, 100, 576), (33, 1536, 576), (7, 9, 3)]
 
@@ -90,11 +88,7 @@ def test_other_isa_builds(isa, tmp_path):
     """The scalar build (generic), the AVX2 build (no VNNI: the scalar dot products; the
     regroup by SSE2 interleaves) and, where the CPU has VNNI, VNNI without VBMI's byte
     permutes (the SSE2 regroup under vpdpbusd)."""
-    env = {**os.environ, "INFERGEN_KERNEL_ISA": isa, "XDG_CACHE_HOME": str(tmp_path)}
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", _OTHER_ISA], env=env, cwd=root,
-                          capture_output=True, text=True)  # fmt: skip
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert_ok_with_isa(isa, _OTHER_ISA, tmp_path)
 
 
 def test_the_build_here_uses_vnni_where_the_cpu_has_it():

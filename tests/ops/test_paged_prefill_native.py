@@ -10,10 +10,6 @@ torch row where the kernel cannot serve."""
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +18,7 @@ from infergen.kvcache.paged_cache import KVLayer
 from infergen.ops import paged_attention as pa
 from infergen.ops.attention_sinks import sink_attention
 from infergen.ops.paged_prefill_native import native_prefill_serves
+from tests.kernel_isa import assert_ok_with_isa
 from tests.ops.prefill_fallback import assert_falls_back_to_torch
 from tests.ops.scattered_pool import scattered_pool
 
@@ -115,11 +112,7 @@ print("ok")
 def test_other_isa_builds(isa, tmp_path):
     """The kernel built for 4-float vectors (INFERGEN_KERNEL_ISA=generic: no AVX) and for
     AVX2's 8 (the default where the CPU lacks AVX-512) agrees with the oracle too."""
-    env = {**os.environ, "INFERGEN_KERNEL_ISA": isa, "XDG_CACHE_HOME": str(tmp_path)}
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", _ISA_CHECK], env=env, cwd=root,
-                          capture_output=True, text=True)  # fmt: skip
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert_ok_with_isa(isa, _ISA_CHECK, tmp_path)
 
 
 def test_the_row_falls_back_to_torch_where_the_kernel_cannot_serve():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from infergen.ops import ssd_scan
+from tests.kernel_isa import assert_ok_with_isa
 
 BACKENDS = ssd_scan.SSD_SCAN_BACKENDS.names()
 
@@ -213,14 +214,4 @@ print("ok")
 def test_portable_kernels(tmp_path):
     """The scan's and the conv's C kernels built for the portable scalar path
     (INFERGEN_KERNEL_ISA=generic: no AVX) agree with the float64 references too."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {**os.environ, "INFERGEN_KERNEL_ISA": "generic", "XDG_CACHE_HOME": str(tmp_path)}
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", _PORTABLE_CHECK], env=env, cwd=root, capture_output=True, text=True
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert_ok_with_isa("generic", _PORTABLE_CHECK, tmp_path)

@@ -23,6 +23,7 @@ from infergen.io.checkpoint import load_checkpoint
 from infergen.ops import linear_grouped as lg
 from infergen.ops.linear import LINEAR_BACKENDS
 from tests.hf_models import build_hf_model, fake_quantize
+from tests.kernel_isa import assert_ok_with_isa
 from tests.quant.oracle import assert_equals_dequantized
 
 FORMATS = sorted(lg.GROUP_FORMATS)
@@ -197,14 +198,4 @@ def test_portable_kernels(isa, tmp_path):
     """The kernels' other ISA paths — scalar (INFERGEN_KERNEL_ISA=generic) and AVX2 without
     AVX-512's FP4 decode (avx2; the same as the default where the CPU lacks AVX-512) — give
     the same products."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {**os.environ, "INFERGEN_KERNEL_ISA": isa, "XDG_CACHE_HOME": str(tmp_path)}
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", _SCALAR_CHECK], env=env, cwd=root, capture_output=True, text=True
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert_ok_with_isa(isa, _SCALAR_CHECK, tmp_path)
