@@ -4,10 +4,11 @@
  * here from fp32 X by ops/quantize_activation.py's "token" rule). The sum is exact in int32
  * and scaled once.
  *
- * Activations are held as bytes a + 128 (u8), K padded to a multiple of 4 with 128 (zero); the
- * byte products u8 x s8 are what AVX-512 VNNI's vpdpbusd multiplies and adds four at a time,
- * and sum_k (a + 128) q = sum_k a q + 128 sum_k q, so each column's code sum times 128 is
- * subtracted before scaling.
+ * With AVX-512 VNNI, activations are held as bytes a + 128 (u8), K padded to a multiple of 4
+ * with zero codes; the byte products u8 x s8 are what vpdpbusd multiplies and adds four at a
+ * time, and sum_k (a + 128) q = sum_k a q + 128 sum_k q, so each column's code sum times 128 is
+ * subtracted before scaling. Without it, the bytes are the s8 codes (AVX2: vpmaddubsw on
+ * |q| and a · sign q, then vpmaddwd; else a scalar loop).
  *
  * The weight panels hold 24 columns k-major (panel p: K rows of 24 codes, then 24 fp32 scales).
  * Each panel is regrouped once per call into a per-thread buffer of quads — for each 4 k, each
@@ -16,8 +17,9 @@
  * one 256-bit (8 columns) accumulator a token (16 independent chains hide vpdpbusd's latency).
  *
  * Built with AVX-512 VNNI where the CPU has it (kernels/build.py; the regroup by AVX-512 VBMI's
- * byte permutes where it exists too, else SSE2 interleaves), else the portable scalar loop
- * (INFERGEN_KERNEL_ISA=avx2 or generic forces it): the same int32 sums, so the same result.
+ * byte permutes where it exists too, else SSE2 interleaves), else AVX2's byte multiplies, else
+ * the portable scalar loop (INFERGEN_KERNEL_ISA=avx2 or generic forces those): the same int32
+ * sums, so the same result.
  */
 #include <math.h>
 #include <stdint.h>
@@ -38,6 +40,12 @@
 
 #define NR 24 /* columns a panel (gemm_packed_f32.c's) */
 #define MR 8  /* tokens a micro-step */
+
+#ifdef W8A8_VNNI
+#define A_OFFSET 128 /* vpdpbusd multiplies u8 by s8: activation bytes are code + 128 */
+#else
+#define A_OFFSET 0 /* the activation bytes are the s8 codes themselves */
+#endif
 
 #ifdef W8A8_VBMI
 /* byte i of a 4-column-quad group: row i % 4, column first + i / 4 of 4 rows of NR codes */
@@ -111,12 +119,12 @@ static void regroup(const uint8_t *wp, long K, long K4, int8_t *quads, int32_t *
     memcpy(colsum, sums, sizeof sums);
 }
 
-/* the epilogue of rows [0, mr): exact sums, less 128 x the column sums, scaled once */
+/* the epilogue of rows [0, mr): exact sums (less A_OFFSET x the column sums), scaled once */
 static void finish(int32_t acc[][NR], const int32_t *colsum, const float *sw, const float *sa,
                    const float *bias, float *Y, long ldy, int mr, int cols) {
     for (int r = 0; r < mr; ++r)
         for (int j = 0; j < cols; ++j) {
-            float y = (float)(acc[r][j] - 128 * colsum[j]) * sa[r] * sw[j];
+            float y = (float)(acc[r][j] - A_OFFSET * colsum[j]) * sa[r] * sw[j];
             Y[r * ldy + j] = bias ? y + bias[j] : y;
         }
 }
@@ -157,6 +165,53 @@ static void finish(int32_t acc[][NR], const int32_t *colsum, const float *sw, co
         ROW_SAVE(4) ROW_SAVE(5) ROW_SAVE(6) ROW_SAVE(7)                                        \
         finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                  \
     }
+#elif defined(__AVX2__)
+/* AVX2 has no u8 x s8 dot product into int32: vpmaddubsw multiplies u8 by s8 and adds pairs
+ * into int16, which |w| x (a · sign w) cannot overflow (|a|, |w| <= 127 — or one of them 128:
+ * 2 x 128 x 127 < 32768), then vpmaddwd with ones adds the pairs into int32: one column's quad
+ * a 32-bit lane, as vpdpbusd. Rows in groups of 4 (12 accumulators of 16 registers). */
+#define ROW4(R)                                                                                \
+    if (R < rows) {                                                                            \
+        __m256i a = _mm256_set1_epi32(*(const int32_t *)(A + R * 4 * K4 + 4 * kq));           \
+        c##R##0 = _mm256_add_epi32(c##R##0, _mm256_madd_epi16(                                 \
+                                                _mm256_maddubs_epi16(u0, _mm256_sign_epi8(a, w0)), ones)); \
+        c##R##1 = _mm256_add_epi32(c##R##1, _mm256_madd_epi16(                                 \
+                                                _mm256_maddubs_epi16(u1, _mm256_sign_epi8(a, w1)), ones)); \
+        c##R##2 = _mm256_add_epi32(c##R##2, _mm256_madd_epi16(                                 \
+                                                _mm256_maddubs_epi16(u2, _mm256_sign_epi8(a, w2)), ones)); \
+    }
+#define SAVE4(R)                                                                               \
+    if (R < rows) {                                                                            \
+        _mm256_storeu_si256((__m256i *)acc[R], c##R##0);                                       \
+        _mm256_storeu_si256((__m256i *)(acc[R] + 8), c##R##1);                                 \
+        _mm256_storeu_si256((__m256i *)(acc[R] + 16), c##R##2);                                \
+    }
+/* rows [0, rows) (at most 4) of one panel: their int32 sums into acc */
+static inline void dot4(const int8_t *quads, const uint8_t *A, long K4, int32_t acc[][NR],
+                        int rows) {
+    const __m256i ones = _mm256_set1_epi16(1), z = _mm256_setzero_si256();
+    __m256i c00 = z, c01 = z, c02 = z, c10 = z, c11 = z, c12 = z;
+    __m256i c20 = z, c21 = z, c22 = z, c30 = z, c31 = z, c32 = z;
+    for (long kq = 0; kq < K4; ++kq) {
+        const int8_t *w = quads + kq * NR * 4;
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)w),
+                w1 = _mm256_loadu_si256((const __m256i *)(w + 32)),
+                w2 = _mm256_loadu_si256((const __m256i *)(w + 64));
+        __m256i u0 = _mm256_sign_epi8(w0, w0), u1 = _mm256_sign_epi8(w1, w1),
+                u2 = _mm256_sign_epi8(w2, w2); /* |w| */
+        ROW4(0) ROW4(1) ROW4(2) ROW4(3)
+    }
+    SAVE4(0) SAVE4(1) SAVE4(2) SAVE4(3)
+}
+#define MICRO(MRX)                                                                             \
+    static void micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,      \
+                            const uint8_t *A, long K4, const float *sa, const float *bias,    \
+                            float *Y, long ldy, int cols) {                                    \
+        int32_t acc[MR][NR];                                                                   \
+        for (int r0 = 0; r0 < MRX; r0 += 4)                                                    \
+            dot4(quads, A + r0 * 4 * K4, K4, acc + r0, MRX - r0 < 4 ? MRX - r0 : 4);           \
+        finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                  \
+    }
 #else
 #define MICRO(MRX)                                                                             \
     static void micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,      \
@@ -166,7 +221,7 @@ static void finish(int32_t acc[][NR], const int32_t *colsum, const float *sw, co
         for (long kq = 0; kq < K4; ++kq) {                                                     \
             const int8_t *w = quads + kq * NR * 4;                                             \
             for (int r = 0; r < MRX; ++r) {                                                    \
-                const uint8_t *a = A + r * 4 * K4 + 4 * kq;                                    \
+                const int8_t *a = (const int8_t *)A + r * 4 * K4 + 4 * kq; /* s8 codes */      \
                 for (int j = 0; j < NR; ++j)                                                   \
                     acc[r][j] += a[0] * w[4 * j] + a[1] * w[4 * j + 1] +                      \
                                  a[2] * w[4 * j + 2] + a[3] * w[4 * j + 3];                    \
@@ -191,7 +246,7 @@ static const micro_fn MICROS[MR + 1] = {0,       micro_1, micro_2, micro_3, micr
                                          micro_5, micro_6, micro_7, micro_8};
 
 /* token row m of X [M][K] -> its scale amax / 127 (1 for a zero row) and its codes
- * round(x / scale) clamped to +-127 (ties to even), as bytes code + 128 padded with 128: the
+ * round(x / scale) clamped to +-127 (ties to even), as bytes code + A_OFFSET, zero-padded: the
  * "token" rule of ops/quantize_activation.py, the same fp32 operations */
 static void quantize_token(const float *X, long m, long K, long K4, uint8_t *A, float *sa) {
     const float *x = X + m * K;
@@ -204,9 +259,9 @@ static void quantize_token(const float *X, long m, long K, long K4, uint8_t *A, 
     for (long k = 0; k < K; ++k) {
         float q = nearbyintf(x[k] / s);
         q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-        a[k] = (uint8_t)((int)q + 128);
+        a[k] = (uint8_t)((int)q + A_OFFSET);
     }
-    for (long k = K; k < 4 * K4; ++k) a[k] = 128;
+    for (long k = K; k < 4 * K4; ++k) a[k] = A_OFFSET; /* (code 0) */
 }
 
 /* gemm_w8a8_i8(Wp, X, bias, Y, M, N, K, threads): Wp the "int8" panels, X [M][K] fp32 (each
