@@ -11,6 +11,9 @@ process group over them (gloo on the CPU).
   step's ForwardBatch (token ids, positions, slots, attention plans — built from its block
   tables, which the workers' caches mirror); every rank then runs the same forward, whose
   all-reduces and the logits' gather line up across the ranks.
+- **Messages.** Rank 0's messages (a step, `trace` / `waits`, stop) travel on a control group
+  of their own (`_send` / `_receive`): a worker waits for the next one as long as the engine
+  idles, while rank 0's sends give up after `timeout_s` like any collective.
 - **Faults.** A worker that exits, or does not answer a collective within `timeout_s`, fails
   the step with a `WorkerError` naming the rank and its exit code (or that it hung); the
   others are stopped, none is left behind. `close()` (also at interpreter exit) stops them.
