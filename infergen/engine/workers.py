@@ -209,10 +209,11 @@ class Workers:
             )
         self.timeout_s = timeout_s = timeout_s or DEFAULT_TIMEOUT_S
         # torchrun started every rank (on this node or others): join them where it says
-        self.torchrun = launched() is not None
-        if self.torchrun and launched() != (0, size):
+        found = launched()
+        self.torchrun = found is not None
+        if self.torchrun and found != (0, size):
             raise ConfigError("under torchrun, rank 0 runs the engine; the other ranks serve it",
-                              where="torchrun", found=launched(),
+                              where="torchrun", found=found,
                               expected=f"rank 0 of a world of {size}")  # fmt: skip
         port = None if self.torchrun else free_port()
         # each worker's traceback, should it fail

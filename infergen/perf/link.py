@@ -51,12 +51,7 @@ class Link:
     bandwidth: float
     latency_s: float
     measured: dict[int, float]
-
     ranks: int = 2
-
-    def seconds(self, tensor_bytes: float, ranks: int) -> float:
-        """The fitted time of one all-reduce of `tensor_bytes` over `ranks`."""
-        return self.latency_s + ring_bytes(tensor_bytes, ranks) / (self.bandwidth / 2)
 
     def curve(self) -> dict[int, float]:
         """The measured points as the hardware row's link_curve: {ring bytes: seconds}."""
