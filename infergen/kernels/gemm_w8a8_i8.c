@@ -251,7 +251,10 @@ static const micro_fn MICROS[MR + 1] = {0,       micro_1, micro_2, micro_3, micr
 static void quantize_token(const float *X, long m, long K, long K4, uint8_t *A, float *sa) {
     const float *x = X + m * K;
     float amax = 0.0f;
-    for (long k = 0; k < K; ++k) amax = fmaxf(amax, fabsf(x[k]));
+    for (long k = 0; k < K; ++k) { /* (a compare, not fmaxf: it vectorizes) */
+        float v = fabsf(x[k]);
+        amax = v > amax ? v : amax;
+    }
     float s = amax / 127.0f;
     if (!(s > 0.0f)) s = 1.0f;
     sa[m] = s;
