@@ -31,22 +31,9 @@
 
 #include "fp8.h"
 #include "gemm_packed_f32.c"
+#include "half.h"
 
 #define GROUP 32
-
-/* fp16 bits → fp32 (scalar paths; exact, subnormals included). */
-static inline float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
-    float v;
-    if (e == 0) v = ldexpf((float)m, -24);
-    else if (e == 31) v = m ? NAN : INFINITY;
-    else v = ldexpf((float)(m | 0x400), (int)e - 25);
-    uint32_t bits;
-    memcpy(&bits, &v, 4);
-    bits |= sign;
-    memcpy(&v, &bits, 4);
-    return v;
-}
 
 /* Per format: header bytes, code rows (of 24 bytes) per group, and the scalar decode of code
  * row r's column j (element `hi` of the byte for 4-bit formats) from the group at g. */

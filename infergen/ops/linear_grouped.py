@@ -20,6 +20,7 @@ backend on the dequantized weight bit for bit.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from infergen.formats.pack import unpack_bits
 from infergen.formats.qtensor import QuantizedTensor
 from infergen.formats.quant_weight import QuantWeight
 from infergen.kernels.build import I, L, P, kernel
+from infergen.ops import linear_w4a8
 from infergen.ops.linear import LINEAR_BACKENDS, PANEL, LinearBackend, run_packed
 from infergen.ops.linear import reference as fp32_reference
 
@@ -264,7 +266,13 @@ def _backend(name: str, fmt: GroupFormat) -> LinearBackend:
         pick = torch.arange(len(ids)) * PANEL + ids % PANEL
         return fmt.value(Grouped(g.codes[pick], [f[pick] for f in g.fields], g.scalar))
 
-    return LinearBackend(prepare, apply, rows, decode_format=fmt.decode_format)
+    # 4-bit weights S·u + O take int8 activations per token with integer sums (W4A8)
+    integer = {}
+    if name in linear_w4a8.FORMATS:
+        weight = lambda prepared: fmt.value(unpack(prepared, fmt))  # noqa: E731
+        integer[("int8", "token")] = functools.partial(linear_w4a8.apply, name=name, weight=weight)
+    return LinearBackend(prepare, apply, rows, decode_format=fmt.decode_format,
+                         quantized_inputs=integer)  # fmt: skip
 
 
 for _name, _fmt in GROUP_FORMATS.items():

@@ -180,7 +180,8 @@ def test_smoothing_keeps_the_fp32_function(name, tmp_path):
 @pytest.mark.parametrize(
     "weights,activations",
     [("fp8_e4m3", "fp8_e4m3"), ("fp8_e4m3", "fp8_e4m3_static"), ("int4", "int8"),
-     ("int8", "int8_static"), ("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"), (None, "mxfp8")],
+     ("int8", "int8_static"), ("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"), (None, "mxfp8"),
+     ("int8", "int8"), ("q4_1", "int8")],  # (int8 / int4 / q4_1 + int8: integer products)
 )  # fmt: skip
 def test_engine_equals_fake_quantized_transformers(weights, activations, tmp_path):
     hf_model = build_hf_model("llama_gqa", tmp_path, intermediate_size=128)  # whole groups
