@@ -115,8 +115,10 @@ def _check_gpu(config: EngineConfig, device: str, kernels: str) -> None:
     # activation schemes, dynamic FP8 with FP8 weights (W8A8 through torch._scaled_mm)
     w8a8 = quant.weights == "fp8_e4m3" and quant.activations == "fp8_e4m3"
     unsupported = {
-        "weights": (quant.weights is not None and kernels != "triton", quant.weights,
-                    "kernels='triton' with a weight scheme"),
+        "weights": (quant.weights is not None
+                    and (kernels != "triton" or not WEIGHT_SCHEMES.get(quant.weights).gpu),
+                    quant.weights, "kernels='triton' with a weight scheme that has a GPU row "
+                    "(for bf16 weights: dtype='bfloat16')"),
         "activations": (quant.activations is not None and not w8a8, quant.activations,
                         "None, or 'fp8_e4m3' with weights='fp8_e4m3' (W8A8)"),
         "kv_format": (config.cache.kv_format not in GPU_KV_FORMATS, config.cache.kv_format,

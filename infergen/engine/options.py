@@ -270,16 +270,19 @@ OPTIONS: tuple[Option, ...] = (
            help="weight-only quantization as the weights load: 'int8' (a scale per output "
            "channel), 'fp8_e4m3' (a scale per projection), 'int4' / 'int4_asym' (groups of 32), "
            "'nvfp4', 'mxfp4', llama.cpp's 'q4_0' / 'q4_1' / 'q8_0' blocks; or 'gguf': run a "
-           "GGUF file's own Q4_0/Q4_1/Q8_0 blocks as loaded. With --kernels triton every one "
-           "runs in one Triton kernel (the weight dequantized in registers). `infergen eval` "
-           "measures each. Default: the checkpoint's values"),
+           "GGUF file's own Q4_0/Q4_1/Q8_0 blocks as loaded; or 'bf16': bf16 weights and bf16 "
+           "products (inputs rounded to bf16, fp32 sums; AVX-512 BF16 where the CPU has it). "
+           "With --kernels triton every one runs in one Triton kernel (the weight dequantized "
+           "in registers). `infergen eval` measures each. Default: the checkpoint's values"),
     Option("activations", "quant.activations", None, commands=RUN + BUILD + QUANTIZE,
            help="quantize projection inputs too: 'fp8_e4m3' / 'int8' (a dynamic scale per "
            "token), 'fp8_e4m3_static' / 'int8_static' (a calibrated scale), 'mxfp8', 'mxfp4', "
            "'nvfp4'. With --weights: W8A8 (fp8_e4m3 + fp8_e4m3), W4A8 (int4 + int8), W4A4 "
            "(nvfp4 + nvfp4). The products stay fp32 on the quantized values, but W8A8 FP8 with "
            "--kernels triton: one FP8 GEMM (torch._scaled_mm, GPUs of compute capability >= "
-           "8.9)"),
+           "8.9); on the CPU int8 (per token) with --weights int8 or a 4-bit int4 / int4_asym "
+           "/ q4_0 / q4_1 / gguf scheme sums codes in integers (AVX-512 VNNI where the CPU has "
+           "it)"),
     Option("calibration", "quant.calibration", "max", commands=RUN + BUILD + QUANTIZE,
            help="how calibrated scales clip: 'max' (nothing seen saturates), 'percentile' "
            "(99.99th of |x|), 'mse' (least squared error; also searches each quantized "

@@ -42,7 +42,7 @@ def _compile_flags(name: str = "") -> list[str]:
     flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", f"-I{_HERE}"]
     cpu = _cpu_flags()
     # INFERGEN_KERNEL_ISA (tests): "generic" the portable scalar paths, "avx2" no AVX-512,
-    # "avx512vnni" no VBMI; unset: everything the CPU has
+    # "avx512vnni" no VBMI (and no BF16); unset: everything the CPU has
     isa = os.environ.get("INFERGEN_KERNEL_ISA")
     if isa == "generic":  # the portable scalar paths (tests)
         return flags
@@ -56,12 +56,16 @@ def _compile_flags(name: str = "") -> list[str]:
                 flags += ["-mavx512bw", "-mavx512vnni"]  # u8 x s8 dot products (vpdpbusd)
                 if "avx512vbmi" in cpu and isa != "avx512vnni":  # byte permutes (vpermt2b)
                     flags += ["-mavx512vbmi"]
+            if name in BF16_SOURCES and isa is None and "avx512_bf16" in cpu:
+                flags += ["-mavx512bf16"]  # bf16 pair dot products (vdpbf16ps)
     return flags
 
 
 # kernels with integer dot-product paths: built with AVX-512 VNNI where the CPU has it (only
 # these, so the other kernels' builds and cache keys do not change)
 INTEGER_SOURCES = frozenset({"gemm_w8a8_i8", "gemm_w4a8_i8"})
+# kernels with bf16 dot products: built with AVX-512 BF16 where the CPU has it
+BF16_SOURCES = frozenset({"gemm_bf16"})
 
 
 class KernelUnavailable(RuntimeError):

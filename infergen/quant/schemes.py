@@ -16,7 +16,7 @@ from torch import nn
 
 from infergen.layers.linear import Linear
 from infergen.layers.probe import FALLBACK_FACTOR
-from infergen.ops import linear_grouped, linear_quantized
+from infergen.ops import linear_bf16, linear_grouped, linear_quantized
 from infergen.ops.linear import LINEAR_BACKENDS, backend_for
 from infergen.registry import Registry
 
@@ -38,6 +38,7 @@ class WeightScheme:
     # offset (a group's range is [min, max], not ±amax)
     scale_group: int = 32
     asymmetric: bool = False
+    gpu: bool = True  # False: the backend has no GPU (Triton) row; refused on a GPU
 
 
 WEIGHT_SCHEMES: Registry[WeightScheme] = Registry("weight scheme")
@@ -62,6 +63,20 @@ WEIGHT_SCHEMES.register(
         "a tied embedding) included",
         expected_error=0.027,
         scale_group=0,
+    ),
+)
+
+
+WEIGHT_SCHEMES.register(
+    "bf16",
+    WeightScheme(
+        "bf16",
+        "bf16 weights (rounded to nearest even) and bf16 products: each projection's input "
+        "rounded to bf16, products summed in fp32 (AVX-512 BF16's vdpbf16ps where the CPU has "
+        "it); every projection, the LM head (and a tied embedding) included; the rest fp32",
+        expected_error=0.0025,
+        scale_group=-1,
+        gpu=False,  # (on a GPU: dtype="bfloat16")
     ),
 )
 
@@ -145,4 +160,6 @@ def dequantized_weight(name: str, weight: torch.Tensor) -> torch.Tensor:
         return linear_quantized.dequantized(weight, backend)
     if backend in linear_grouped.GROUP_FORMATS:
         return linear_grouped.dequantized(weight, backend)
+    if backend == "bf16":
+        return linear_bf16.dequantized(weight)
     raise ValueError(f"weight scheme {name!r} does not quantize fp32 weights")

@@ -66,6 +66,7 @@ def test_an_unknown_device_is_refused_as_the_config_is_made():
         (dict(kernels="native"), "kernels"),
         (dict(kv_format="int4_kivi"), "kv_format"),
         (dict(weights="int8", kernels="torch"), "weights"),  # the CPU rows' C kernels
+        (dict(weights="bf16", kernels="triton"), "weights"),  # no Triton row (dtype= there)
         (dict(activations="int8", kernels="triton"), "activations"),
         (dict(compile="jit", kernels="torch"), "compile"),
         (dict(compile="eager", kernels="torch"), "compile"),
