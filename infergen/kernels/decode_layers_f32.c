@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "gemm_bf16.c"
 #include "gemm_packed_f32.c"
 #include "gemm_packed_g_f32.c"
 #include "gemm_packed_q_f32.c"
@@ -45,7 +46,7 @@ typedef struct {
     const float *mlp_norm, *gate_up_w, *gate_up_b, *down_w, *down_b;
     float *k_cache, *v_cache; /* [blocks, block_size, kv_heads, dim] */
     /* each projection's panels (qkv, o, gate_up, down): 0 fp32, 1 int8, 2 FP8 E4M3 codes,
-     * 3 Q4_0, 4 Q4_1, 5 Q8_0, 6 int4, 7 int4_asym, 8 MXFP4, 9 NVFP4 groups
+     * 3 Q4_0, 4 Q4_1, 5 Q8_0, 6 int4, 7 int4_asym, 8 MXFP4, 9 NVFP4 groups, 10 bf16 pairs
      * (LinearBackend.decode_format) */
     long formats[4];
     /* FP8 E4M3 KV cache (kvcache/kv_format.py): k_cache / v_cache hold codes of
@@ -78,6 +79,7 @@ static inline void gemm_any(long format, const float *W, const float *X, const f
     case 7: gemm_packed_int4_asym_f32(Q, X, B, Y, M, N, K, threads); break;
     case 8: gemm_packed_mxfp4_f32(Q, X, B, Y, M, N, K, threads); break;
     case 9: gemm_packed_nvfp4_f32(Q, X, B, Y, M, N, K, threads); break;
+    case 10: gemm_bf16((const uint32_t *)W, X, B, Y, M, N, K, threads); break;
     default: gemm_packed_f32(W, X, B, Y, M, N, K, threads);
     }
 }

@@ -14,6 +14,8 @@
  * is widened to two fp32 values (a shift and a mask) and the same two additions are FMAs in the
  * same order (AVX2, or a scalar loop): the same values, denormals flushed as vdpbf16ps does.
  */
+#ifndef GEMM_BF16_C
+#define GEMM_BF16_C
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,9 +29,9 @@
 
 #define NR 24 /* columns a panel */
 #ifdef GEMM_BF16_NATIVE
-#define MR 8 /* tokens a micro-step */
+#define BF16_MR 8 /* tokens a micro-step */
 #else
-#define MR 4
+#define BF16_MR 4
 #endif
 
 /* fp32 → bf16 bits, round to nearest even (a NaN stays a quiet NaN) */
@@ -55,114 +57,116 @@ static inline float odd_of(uint32_t pair) {
 }
 
 /* rows [0, mr) of Y = acc (+ bias), the bias added last */
-static void finish(float acc[][NR], const float *bias, float *Y, long ldy, int mr, int cols) {
+static void bf16_finish(float acc[][NR], const float *bias, float *Y, long ldy, int mr, int cols) {
     for (int r = 0; r < mr; ++r)
         for (int j = 0; j < cols; ++j) Y[r * ldy + j] = bias ? acc[r][j] + bias[j] : acc[r][j];
 }
 
 #ifdef GEMM_BF16_NATIVE
-#define ROW_DOT(R)                                                                             \
-    if (R < mr) {                                                                              \
-        __m512i x2 = _mm512_set1_epi32((int)Xb[R * K2 + i]);                                   \
-        a##R = _mm512_dpbf16_ps(a##R, (__m512bh)x2, (__m512bh)w16);                            \
-        b##R = _mm256_dpbf16_ps(b##R, (__m256bh)_mm512_castsi512_si256(x2), (__m256bh)w8);     \
+#define BF16_ROW_DOT(R)                                                                            \
+    if (R < mr) {                                                                                  \
+        __m512i x2 = _mm512_set1_epi32((int)Xb[R * K2 + i]);                                       \
+        a##R = _mm512_dpbf16_ps(a##R, (__m512bh)x2, (__m512bh)w16);                                \
+        b##R = _mm256_dpbf16_ps(b##R, (__m256bh)_mm512_castsi512_si256(x2), (__m256bh)w8);         \
     }
-#define ROW_SAVE(R)                                                                            \
-    if (R < mr) {                                                                              \
-        _mm512_storeu_ps(acc[R], a##R);                                                        \
-        _mm256_storeu_ps(acc[R] + 16, b##R);                                                   \
+#define BF16_ROW_SAVE(R)                                                                           \
+    if (R < mr) {                                                                                  \
+        _mm512_storeu_ps(acc[R], a##R);                                                            \
+        _mm256_storeu_ps(acc[R] + 16, b##R);                                                       \
     }
-#define MICRO(MRX)                                                                             \
-    static void micro_##MRX(const uint32_t *wp, const uint32_t *Xb, long K2, const float *bias, \
-                            float *Y, long ldy, int cols) {                                    \
-        const int mr = MRX;                                                                    \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, \
-               a7 = a0;                                                                        \
-        __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0, b6 = b0, \
-               b7 = b0;                                                                        \
-        for (long i = 0; i < K2; ++i) {                                                        \
-            __m512i w16 = _mm512_loadu_si512((const void *)(wp + i * NR));                     \
-            __m256i w8 = _mm256_loadu_si256((const __m256i *)(wp + i * NR + 16));              \
-            ROW_DOT(0) ROW_DOT(1) ROW_DOT(2) ROW_DOT(3)                                        \
-            ROW_DOT(4) ROW_DOT(5) ROW_DOT(6) ROW_DOT(7)                                        \
-        }                                                                                      \
-        float acc[MR][NR];                                                                     \
-        ROW_SAVE(0) ROW_SAVE(1) ROW_SAVE(2) ROW_SAVE(3)                                        \
-        ROW_SAVE(4) ROW_SAVE(5) ROW_SAVE(6) ROW_SAVE(7)                                        \
-        finish(acc, bias, Y, ldy, mr, cols);                                                   \
+#define BF16_MICRO(MRX)                                                                            \
+    static void bf16_micro_##MRX(const uint32_t *wp, const uint32_t *Xb, long K2,                  \
+                                 const float *bias, float *Y, long ldy, int cols) {                \
+        const int mr = MRX;                                                                        \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,     \
+               a7 = a0;                                                                            \
+        __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0, b6 = b0,     \
+               b7 = b0;                                                                            \
+        for (long i = 0; i < K2; ++i) {                                                            \
+            __m512i w16 = _mm512_loadu_si512((const void *)(wp + i * NR));                         \
+            __m256i w8 = _mm256_loadu_si256((const __m256i *)(wp + i * NR + 16));                  \
+            BF16_ROW_DOT(0) BF16_ROW_DOT(1) BF16_ROW_DOT(2) BF16_ROW_DOT(3)                        \
+            BF16_ROW_DOT(4) BF16_ROW_DOT(5) BF16_ROW_DOT(6) BF16_ROW_DOT(7)                        \
+        }                                                                                          \
+        float acc[BF16_MR][NR];                                                                    \
+        BF16_ROW_SAVE(0) BF16_ROW_SAVE(1) BF16_ROW_SAVE(2) BF16_ROW_SAVE(3)                        \
+        BF16_ROW_SAVE(4) BF16_ROW_SAVE(5) BF16_ROW_SAVE(6) BF16_ROW_SAVE(7)                        \
+        bf16_finish(acc, bias, Y, ldy, mr, cols);                                                  \
     }
 #elif defined(__AVX2__)
 /* a lane's pair widened: odd = the high half, even = the low half shifted up */
-#define ROW_FMA(R)                                                                             \
-    if (R < mr) {                                                                              \
-        __m256i x2 = _mm256_set1_epi32((int)Xb[R * K2 + i]);                                   \
-        __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(x2, high)),                           \
-               xe = _mm256_castsi256_ps(_mm256_slli_epi32(x2, 16));                            \
-        c##R##0 = _mm256_fmadd_ps(we0, xe, _mm256_fmadd_ps(wo0, xo, c##R##0));                 \
-        c##R##1 = _mm256_fmadd_ps(we1, xe, _mm256_fmadd_ps(wo1, xo, c##R##1));                 \
-        c##R##2 = _mm256_fmadd_ps(we2, xe, _mm256_fmadd_ps(wo2, xo, c##R##2));                 \
+#define BF16_ROW_FMA(R)                                                                            \
+    if (R < mr) {                                                                                  \
+        __m256i x2 = _mm256_set1_epi32((int)Xb[R * K2 + i]);                                       \
+        __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(x2, high)),                               \
+               xe = _mm256_castsi256_ps(_mm256_slli_epi32(x2, 16));                                \
+        c##R##0 = _mm256_fmadd_ps(we0, xe, _mm256_fmadd_ps(wo0, xo, c##R##0));                     \
+        c##R##1 = _mm256_fmadd_ps(we1, xe, _mm256_fmadd_ps(wo1, xo, c##R##1));                     \
+        c##R##2 = _mm256_fmadd_ps(we2, xe, _mm256_fmadd_ps(wo2, xo, c##R##2));                     \
     }
-#define ROW_SAVE(R)                                                                            \
-    if (R < mr) {                                                                              \
-        _mm256_storeu_ps(acc[R], c##R##0);                                                     \
-        _mm256_storeu_ps(acc[R] + 8, c##R##1);                                                 \
-        _mm256_storeu_ps(acc[R] + 16, c##R##2);                                                \
+#define BF16_ROW_SAVE(R)                                                                           \
+    if (R < mr) {                                                                                  \
+        _mm256_storeu_ps(acc[R], c##R##0);                                                         \
+        _mm256_storeu_ps(acc[R] + 8, c##R##1);                                                     \
+        _mm256_storeu_ps(acc[R] + 16, c##R##2);                                                    \
     }
-#define WIDEN(J)                                                                               \
-    __m256i w##J = _mm256_loadu_si256((const __m256i *)(wp + i * NR + 8 * J));                 \
-    __m256 wo##J = _mm256_castsi256_ps(_mm256_and_si256(w##J, high)),                          \
+#define BF16_WIDEN(J)                                                                              \
+    __m256i w##J = _mm256_loadu_si256((const __m256i *)(wp + i * NR + 8 * J));                     \
+    __m256 wo##J = _mm256_castsi256_ps(_mm256_and_si256(w##J, high)),                              \
            we##J = _mm256_castsi256_ps(_mm256_slli_epi32(w##J, 16));
-#define MICRO(MRX)                                                                             \
-    static void micro_##MRX(const uint32_t *wp, const uint32_t *Xb, long K2, const float *bias, \
-                            float *Y, long ldy, int cols) {                                    \
-        const int mr = MRX;                                                                    \
-        const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);                              \
-        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00,          \
-               c12 = c00, c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;    \
-        for (long i = 0; i < K2; ++i) {                                                        \
-            WIDEN(0) WIDEN(1) WIDEN(2)                                                         \
-            ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3)                                        \
-        }                                                                                      \
-        float acc[MR][NR];                                                                     \
-        ROW_SAVE(0) ROW_SAVE(1) ROW_SAVE(2) ROW_SAVE(3)                                        \
-        finish(acc, bias, Y, ldy, mr, cols);                                                   \
+#define BF16_MICRO(MRX)                                                                            \
+    static void bf16_micro_##MRX(const uint32_t *wp, const uint32_t *Xb, long K2,                  \
+                                 const float *bias, float *Y, long ldy, int cols) {                \
+        const int mr = MRX;                                                                        \
+        const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);                                  \
+        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00,              \
+               c12 = c00, c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;        \
+        for (long i = 0; i < K2; ++i) {                                                            \
+            BF16_WIDEN(0) BF16_WIDEN(1) BF16_WIDEN(2)                                              \
+            BF16_ROW_FMA(0) BF16_ROW_FMA(1) BF16_ROW_FMA(2) BF16_ROW_FMA(3)                        \
+        }                                                                                          \
+        float acc[BF16_MR][NR];                                                                    \
+        BF16_ROW_SAVE(0) BF16_ROW_SAVE(1) BF16_ROW_SAVE(2) BF16_ROW_SAVE(3)                        \
+        bf16_finish(acc, bias, Y, ldy, mr, cols);                                                  \
     }
 #else
-#define MICRO(MRX)                                                                             \
-    static void micro_##MRX(const uint32_t *wp, const uint32_t *Xb, long K2, const float *bias, \
-                            float *Y, long ldy, int cols) {                                    \
-        float acc[MR][NR] = {{0}};                                                             \
-        for (long i = 0; i < K2; ++i)                                                          \
-            for (int r = 0; r < MRX; ++r) {                                                    \
-                uint32_t x2 = Xb[r * K2 + i];                                                  \
-                float xo = odd_of(x2), xe = even_of(x2);                                       \
-                for (int j = 0; j < NR; ++j) {                                                 \
-                    uint32_t w2 = wp[i * NR + j];                                              \
-                    acc[r][j] = fmaf(even_of(w2), xe, fmaf(odd_of(w2), xo, acc[r][j]));        \
-                }                                                                              \
-            }                                                                                  \
-        finish(acc, bias, Y, ldy, MRX, cols);                                                  \
+#define BF16_MICRO(MRX)                                                                            \
+    static void bf16_micro_##MRX(const uint32_t *wp, const uint32_t *Xb, long K2,                  \
+                                 const float *bias, float *Y, long ldy, int cols) {                \
+        float acc[BF16_MR][NR] = {{0}};                                                            \
+        for (long i = 0; i < K2; ++i)                                                              \
+            for (int r = 0; r < MRX; ++r) {                                                        \
+                uint32_t x2 = Xb[r * K2 + i];                                                      \
+                float xo = odd_of(x2), xe = even_of(x2);                                           \
+                for (int j = 0; j < NR; ++j) {                                                     \
+                    uint32_t w2 = wp[i * NR + j];                                                  \
+                    acc[r][j] = fmaf(even_of(w2), xe, fmaf(odd_of(w2), xo, acc[r][j]));            \
+                }                                                                                  \
+            }                                                                                      \
+        bf16_finish(acc, bias, Y, ldy, MRX, cols);                                                 \
     }
 #endif
 
-MICRO(1)
-MICRO(2)
-MICRO(3)
-MICRO(4)
-#if MR == 8
-MICRO(5)
-MICRO(6)
-MICRO(7)
-MICRO(8)
+BF16_MICRO(1)
+BF16_MICRO(2)
+BF16_MICRO(3)
+BF16_MICRO(4)
+#if BF16_MR == 8
+BF16_MICRO(5)
+BF16_MICRO(6)
+BF16_MICRO(7)
+BF16_MICRO(8)
 #endif
 
-typedef void (*micro_fn)(const uint32_t *, const uint32_t *, long, const float *, float *, long,
-                         int);
-#if MR == 8
-static const micro_fn MICROS[MR + 1] = {0,       micro_1, micro_2, micro_3, micro_4,
-                                         micro_5, micro_6, micro_7, micro_8};
+typedef void (*bf16_micro_fn)(const uint32_t *, const uint32_t *, long, const float *, float *,
+                              long, int);
+#if BF16_MR == 8
+static const bf16_micro_fn BF16_MICROS[BF16_MR + 1] = {
+    0, bf16_micro_1, bf16_micro_2, bf16_micro_3, bf16_micro_4,
+    bf16_micro_5, bf16_micro_6, bf16_micro_7, bf16_micro_8};
 #else
-static const micro_fn MICROS[MR + 1] = {0, micro_1, micro_2, micro_3, micro_4};
+static const bf16_micro_fn BF16_MICROS[BF16_MR + 1] = {0, bf16_micro_1, bf16_micro_2,
+                                                       bf16_micro_3, bf16_micro_4};
 #endif
 
 /* gemm_bf16(Wp, X, bias, Y, M, N, K, threads): Wp the bf16 panels, X [M][K] fp32 (rounded to
@@ -185,10 +189,12 @@ void gemm_bf16(const uint32_t *Wp, const float *X, const float *bias, float *Y, 
             long n0 = p * NR;
             int cols = (int)(N - n0 < NR ? N - n0 : NR);
             const uint32_t *wp = Wp + p * K2 * NR;
-            for (long m = 0; m < M; m += MR)
-                MICROS[M - m < MR ? M - m : MR](wp, (const uint32_t *)Xb + m * K2, K2,
-                                                bias ? bias + n0 : 0, Y + m * N + n0, N, cols);
+            for (long m = 0; m < M; m += BF16_MR)
+                BF16_MICROS[M - m < BF16_MR ? M - m : BF16_MR](
+                    wp, (const uint32_t *)Xb + m * K2, K2, bias ? bias + n0 : 0, Y + m * N + n0,
+                    N, cols);
         }
     }
     free(Xb);
 }
+#endif /* GEMM_BF16_C */

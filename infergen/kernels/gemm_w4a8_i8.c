@@ -76,7 +76,8 @@ static void nibble_quads(const uint8_t *rows, uint8_t *quads) {
     for (int i = 0; i < QUADS; ++i) {
         const uint8_t *r0 = rows + 2 * i * NR, *r1 = r0 + NR;
         __m128i *out = (__m128i *)(quads + i * NR * 4);
-        __m128i x0 = _mm_loadu_si128((const __m128i *)r0), x1 = _mm_loadu_si128((const __m128i *)r1);
+        __m128i x0 = _mm_loadu_si128((const __m128i *)r0),
+                x1 = _mm_loadu_si128((const __m128i *)r1);
         __m128i a0 = _mm_and_si128(x0, low), a1 = _mm_and_si128(_mm_srli_epi16(x0, 4), low);
         __m128i a2 = _mm_and_si128(x1, low), a3 = _mm_and_si128(_mm_srli_epi16(x1, 4), low);
         __m128i p01l = _mm_unpacklo_epi8(a0, a1), p01h = _mm_unpackhi_epi8(a0, a1);
@@ -126,52 +127,52 @@ static void finish(float y[][NR], const float *sa, const float *bias, float *Y, 
 
 #ifdef W4A8_VNNI
 /* one token row's dot products with a quad of 24 columns (u8 codes x the token's 4 s8 codes) */
-#define ROW_DOT(R)                                                                             \
-    if (R < mrx) {                                                                             \
-        __m512i a4 = _mm512_castps_si512(_mm512_broadcastss_ps(                                \
-            _mm_load_ss((const float *)(A + R * K + g * GROUP + 4 * i))));                     \
-        c16_##R = _mm512_dpbusd_epi32(c16_##R, w16, a4);                                       \
-        c8_##R = _mm256_dpbusd_epi32(c8_##R, w8, _mm512_castsi512_si256(a4));                  \
+#define ROW_DOT(R)                                                                                 \
+    if (R < mrx) {                                                                                 \
+        __m512i a4 = _mm512_castps_si512(_mm512_broadcastss_ps(                                    \
+            _mm_load_ss((const float *)(A + R * K + g * GROUP + 4 * i))));                         \
+        c16_##R = _mm512_dpbusd_epi32(c16_##R, w16, a4);                                           \
+        c8_##R = _mm256_dpbusd_epi32(c8_##R, w8, _mm512_castsi512_si256(a4));                      \
     }
 /* the group's integer sums into the fp32 sums: y += S · sum u a + O · sum a */
-#define ROW_SCALE(R)                                                                           \
-    if (R < mrx) {                                                                             \
-        __m512 as = _mm512_set1_ps(asum[R * groups + g]);                                      \
-        y16_##R = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c16_##R), s16, y16_##R);                  \
-        y16_##R = _mm512_fmadd_ps(as, o16, y16_##R);                                           \
-        y8_##R = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c8_##R), s8, y8_##R);                      \
-        y8_##R = _mm256_fmadd_ps(_mm512_castps512_ps256(as), o8, y8_##R);                      \
+#define ROW_SCALE(R)                                                                               \
+    if (R < mrx) {                                                                                 \
+        __m512 as = _mm512_set1_ps(asum[R * groups + g]);                                          \
+        y16_##R = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c16_##R), s16, y16_##R);                      \
+        y16_##R = _mm512_fmadd_ps(as, o16, y16_##R);                                               \
+        y8_##R = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c8_##R), s8, y8_##R);                          \
+        y8_##R = _mm256_fmadd_ps(_mm512_castps512_ps256(as), o8, y8_##R);                          \
     }
-#define ROW_SAVE(R)                                                                            \
-    if (R < mrx) {                                                                             \
-        _mm512_storeu_ps(y[R], y16_##R);                                                       \
-        _mm256_storeu_ps(y[R] + 16, y8_##R);                                                   \
+#define ROW_SAVE(R)                                                                                \
+    if (R < mrx) {                                                                                 \
+        _mm512_storeu_ps(y[R], y16_##R);                                                           \
+        _mm256_storeu_ps(y[R] + 16, y8_##R);                                                       \
     }
-#define MICRO(MRX)                                                                             \
-    static void micro_##MRX(const uint8_t *buf, long groups, const int8_t *A, long K,         \
-                            const float *asum, const float *sa, const float *bias, float *Y,  \
-                            long ldy, int cols) {                                              \
-        const int mrx = MRX; /* (a constant: the unused rows' code is dropped) */               \
-        __m512 y16_0 = _mm512_setzero_ps(), y16_1 = y16_0, y16_2 = y16_0, y16_3 = y16_0;      \
-        __m256 y8_0 = _mm256_setzero_ps(), y8_1 = y8_0, y8_2 = y8_0, y8_3 = y8_0;             \
-        for (long g = 0; g < groups; ++g) {                                                    \
-            const uint8_t *grp = buf + g * REGROUPED, *q = grp + CONST_BYTES;                 \
-            __m512i c16_0 = _mm512_setzero_si512(), c16_1 = c16_0, c16_2 = c16_0,             \
-                    c16_3 = c16_0;                                                             \
-            __m256i c8_0 = _mm256_setzero_si256(), c8_1 = c8_0, c8_2 = c8_0, c8_3 = c8_0;     \
-            for (int i = 0; i < QUADS; ++i) {                                                  \
-                __m512i w16 = _mm512_loadu_si512((const void *)(q + i * NR * 4));              \
-                __m256i w8 = _mm256_loadu_si256((const __m256i *)(q + i * NR * 4 + 64));       \
-                ROW_DOT(0) ROW_DOT(1) ROW_DOT(2) ROW_DOT(3)                                    \
-            }                                                                                  \
-            const float *S = (const float *)grp, *O = S + NR;                                  \
-            __m512 s16 = _mm512_loadu_ps(S), o16 = _mm512_loadu_ps(O);                         \
-            __m256 s8 = _mm256_loadu_ps(S + 16), o8 = _mm256_loadu_ps(O + 16);                 \
-            ROW_SCALE(0) ROW_SCALE(1) ROW_SCALE(2) ROW_SCALE(3)                                \
-        }                                                                                      \
-        float y[MR][NR];                                                                       \
-        ROW_SAVE(0) ROW_SAVE(1) ROW_SAVE(2) ROW_SAVE(3)                                        \
-        finish(y, sa, bias, Y, ldy, MRX, cols);                                                \
+#define MICRO(MRX)                                                                                 \
+    static void micro_##MRX(const uint8_t *buf, long groups, const int8_t *A, long K,              \
+                            const float *asum, const float *sa, const float *bias, float *Y,       \
+                            long ldy, int cols) {                                                  \
+        const int mrx = MRX; /* (a constant: the unused rows' code is dropped) */                  \
+        __m512 y16_0 = _mm512_setzero_ps(), y16_1 = y16_0, y16_2 = y16_0, y16_3 = y16_0;           \
+        __m256 y8_0 = _mm256_setzero_ps(), y8_1 = y8_0, y8_2 = y8_0, y8_3 = y8_0;                  \
+        for (long g = 0; g < groups; ++g) {                                                        \
+            const uint8_t *grp = buf + g * REGROUPED, *q = grp + CONST_BYTES;                      \
+            __m512i c16_0 = _mm512_setzero_si512(), c16_1 = c16_0, c16_2 = c16_0,                  \
+                    c16_3 = c16_0;                                                                 \
+            __m256i c8_0 = _mm256_setzero_si256(), c8_1 = c8_0, c8_2 = c8_0, c8_3 = c8_0;          \
+            for (int i = 0; i < QUADS; ++i) {                                                      \
+                __m512i w16 = _mm512_loadu_si512((const void *)(q + i * NR * 4));                  \
+                __m256i w8 = _mm256_loadu_si256((const __m256i *)(q + i * NR * 4 + 64));           \
+                ROW_DOT(0) ROW_DOT(1) ROW_DOT(2) ROW_DOT(3)                                        \
+            }                                                                                      \
+            const float *S = (const float *)grp, *O = S + NR;                                      \
+            __m512 s16 = _mm512_loadu_ps(S), o16 = _mm512_loadu_ps(O);                             \
+            __m256 s8 = _mm256_loadu_ps(S + 16), o8 = _mm256_loadu_ps(O + 16);                     \
+            ROW_SCALE(0) ROW_SCALE(1) ROW_SCALE(2) ROW_SCALE(3)                                    \
+        }                                                                                          \
+        float y[MR][NR];                                                                           \
+        ROW_SAVE(0) ROW_SAVE(1) ROW_SAVE(2) ROW_SAVE(3)                                            \
+        finish(y, sa, bias, Y, ldy, MRX, cols);                                                    \
     }
 #else
 /* the integer sums of rows [0, rows) with one group: AVX2's vpmaddubsw (u8 codes x s8
@@ -208,23 +209,23 @@ static inline void dot_group(const uint8_t *q, const int8_t *A, long K, long g, 
     }
 #endif
 }
-#define MICRO(MRX)                                                                             \
-    static void micro_##MRX(const uint8_t *buf, long groups, const int8_t *A, long K,         \
-                            const float *asum, const float *sa, const float *bias, float *Y,  \
-                            long ldy, int cols) {                                              \
-        float y[MR][NR] = {{0}};                                                               \
-        int32_t acc[MR][NR];                                                                   \
-        for (long g = 0; g < groups; ++g) {                                                    \
-            const uint8_t *grp = buf + g * REGROUPED;                                          \
-            const float *S = (const float *)grp, *O = S + NR;                                  \
-            dot_group(grp + CONST_BYTES, A, K, g, MRX, acc);                                   \
-            for (int r = 0; r < MRX; ++r) {                                                    \
-                float as = asum[r * groups + g];                                               \
-                for (int j = 0; j < NR; ++j)                                                   \
-                    y[r][j] = fmaf(as, O[j], fmaf((float)acc[r][j], S[j], y[r][j]));           \
-            }                                                                                  \
-        }                                                                                      \
-        finish(y, sa, bias, Y, ldy, MRX, cols);                                                \
+#define MICRO(MRX)                                                                                 \
+    static void micro_##MRX(const uint8_t *buf, long groups, const int8_t *A, long K,              \
+                            const float *asum, const float *sa, const float *bias, float *Y,       \
+                            long ldy, int cols) {                                                  \
+        float y[MR][NR] = {{0}};                                                                   \
+        int32_t acc[MR][NR];                                                                       \
+        for (long g = 0; g < groups; ++g) {                                                        \
+            const uint8_t *grp = buf + g * REGROUPED;                                              \
+            const float *S = (const float *)grp, *O = S + NR;                                      \
+            dot_group(grp + CONST_BYTES, A, K, g, MRX, acc);                                       \
+            for (int r = 0; r < MRX; ++r) {                                                        \
+                float as = asum[r * groups + g];                                                   \
+                for (int j = 0; j < NR; ++j)                                                       \
+                    y[r][j] = fmaf(as, O[j], fmaf((float)acc[r][j], S[j], y[r][j]));               \
+            }                                                                                      \
+        }                                                                                          \
+        finish(y, sa, bias, Y, ldy, MRX, cols);                                                    \
     }
 #endif
 
@@ -296,10 +297,10 @@ static void gemm_w4a8(const uint8_t *Wp, const float *X, const float *bias, floa
 }
 
 /* gemm_w4a8_<fmt>(Wp, X, bias, Y, M, N, K, threads): the signature of the packed GEMMs */
-#define W4A8(FMT)                                                                              \
-    void gemm_w4a8_##FMT(const uint8_t *Wp, const float *X, const float *bias, float *Y,      \
-                         long M, long N, long K, int num_threads) {                            \
-        gemm_w4a8(Wp, X, bias, Y, M, N, K, num_threads, HDR_##FMT, consts_##FMT);              \
+#define W4A8(FMT)                                                                                  \
+    void gemm_w4a8_##FMT(const uint8_t *Wp, const float *X, const float *bias, float *Y,           \
+                         long M, long N, long K, int num_threads) {                                \
+        gemm_w4a8(Wp, X, bias, Y, M, N, K, num_threads, HDR_##FMT, consts_##FMT);                  \
     }
 W4A8(q4_0)
 W4A8(q4_1)

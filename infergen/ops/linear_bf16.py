@@ -72,4 +72,5 @@ def _rows(prepared: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return lanes.contiguous().view(torch.bfloat16).float()
 
 
-LINEAR_BACKENDS.register("bf16", LinearBackend(_prepare, _apply, _rows))
+# decode_format 10: kernels/decode_layers_f32.c runs the panels in the fused decode step
+LINEAR_BACKENDS.register("bf16", LinearBackend(_prepare, _apply, _rows, decode_format=10))
