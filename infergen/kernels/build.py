@@ -63,7 +63,7 @@ def _compile_flags(name: str = "") -> list[str]:
 
 # kernels with integer dot-product paths: built with AVX-512 VNNI where the CPU has it (only
 # these, so the other kernels' builds and cache keys do not change)
-INTEGER_SOURCES = frozenset({"gemm_w8a8_i8", "gemm_w4a8_i8"})
+INTEGER_SOURCES = frozenset({"gemm_w8a8_i8", "gemm_w4a8_i8", "decode_layers_f32"})
 # kernels with bf16 dot products: built with AVX-512 BF16 where the CPU has it (the fused decode
 # step includes gemm_bf16.c)
 BF16_SOURCES = frozenset({"gemm_bf16", "decode_layers_f32"})

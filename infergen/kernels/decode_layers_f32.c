@@ -16,6 +16,8 @@
 #include "gemm_packed_f32.c"
 #include "gemm_packed_g_f32.c"
 #include "gemm_packed_q_f32.c"
+#include "gemm_w4a8_i8.c"
+#include "gemm_w8a8_i8.c"
 #include "minifloat.h"
 #include "paged_decode_attention_f32.c"
 #include "rms_norm_f32.c"
@@ -47,7 +49,9 @@ typedef struct {
     float *k_cache, *v_cache; /* [blocks, block_size, kv_heads, dim] */
     /* each projection's panels (qkv, o, gate_up, down): 0 fp32, 1 int8, 2 FP8 E4M3 codes,
      * 3 Q4_0, 4 Q4_1, 5 Q8_0, 6 int4, 7 int4_asym, 8 MXFP4, 9 NVFP4 groups, 10 bf16 pairs
-     * (LinearBackend.decode_format) */
+     * (LinearBackend.decode_format); with the input quantized to int8 per token and integer
+     * sums (LinearBackend.quantized_decode_formats): 11 int8 (W8A8), 12 Q4_0, 13 Q4_1,
+     * 14 int4, 15 int4_asym (W4A8) */
     long formats[4];
     /* FP8 E4M3 KV cache (kvcache/kv_format.py): k_cache / v_cache hold codes of
      * (k − k_shift) / k_scale and v / v_scale per KV head; NULL scales: fp32 values */
@@ -80,6 +84,11 @@ static inline void gemm_any(long format, const float *W, const float *X, const f
     case 8: gemm_packed_mxfp4_f32(Q, X, B, Y, M, N, K, threads); break;
     case 9: gemm_packed_nvfp4_f32(Q, X, B, Y, M, N, K, threads); break;
     case 10: gemm_bf16((const uint32_t *)W, X, B, Y, M, N, K, threads); break;
+    case 11: gemm_w8a8_i8(Q, X, B, Y, M, N, K, threads); break;
+    case 12: gemm_w4a8_q4_0(Q, X, B, Y, M, N, K, threads); break;
+    case 13: gemm_w4a8_q4_1(Q, X, B, Y, M, N, K, threads); break;
+    case 14: gemm_w4a8_int4(Q, X, B, Y, M, N, K, threads); break;
+    case 15: gemm_w4a8_int4_asym(Q, X, B, Y, M, N, K, threads); break;
     default: gemm_packed_f32(W, X, B, Y, M, N, K, threads);
     }
 }

@@ -19,6 +19,8 @@
  * vpdpbusd reads them), unpacked from the nibbles by SSE2 masks and interleaves; then every
  * token block runs over it.
  */
+#ifndef GEMM_W4A8_I8_C
+#define GEMM_W4A8_I8_C
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,12 +38,12 @@
 
 #define NR 24     /* columns a panel (gemm_packed_f32.c's) */
 #define GROUP 32  /* inputs a group */
-#define QUADS 8   /* quads (of 4 inputs) a group */
-#define CODE_ROWS 16 /* a group's code rows of 24 bytes: row r inputs 2r (low nibble), 2r + 1 */
-#define MR 4      /* tokens a micro-step */
+#define W4_QUADS 8   /* quads (of 4 inputs) a group */
+#define W4_CODE_ROWS 16 /* a group's code rows of 24 bytes: row r inputs 2r (low nibble), 2r + 1 */
+#define W4_MR 4      /* tokens a micro-step */
 /* a regrouped group: S[24], O[24] (fp32), then quads [8][24][4] (u8 codes 0..15) */
-#define CONST_BYTES (2 * NR * 4)
-#define REGROUPED (CONST_BYTES + QUADS * NR * 4)
+#define W4_CONST_BYTES (2 * NR * 4)
+#define W4_REGROUPED (W4_CONST_BYTES + W4_QUADS * NR * 4)
 
 /* header bytes of a group, per format (ops/linear_grouped.py's fields, in order) */
 #define HDR_q4_0 48       /* fp16 d [24] */
@@ -49,31 +51,31 @@
 #define HDR_int4 96       /* fp32 s [24] */
 #define HDR_int4_asym 120 /* fp32 s [24], uint8 z [24] */
 
-typedef void (*consts_fn)(const uint8_t *header, float *S, float *O);
+typedef void (*w4_consts_fn)(const uint8_t *header, float *S, float *O);
 
-static void consts_q4_0(const uint8_t *h, float *S, float *O) {
+static void w4_consts_q4_0(const uint8_t *h, float *S, float *O) {
     halves_to_floats((const uint16_t *)h, S, NR);
     for (int j = 0; j < NR; ++j) O[j] = -8.0f * S[j];
 }
-static void consts_q4_1(const uint8_t *h, float *S, float *O) {
+static void w4_consts_q4_1(const uint8_t *h, float *S, float *O) {
     halves_to_floats((const uint16_t *)h, S, NR);
     halves_to_floats((const uint16_t *)h + NR, O, NR);
 }
-static void consts_int4(const uint8_t *h, float *S, float *O) {
+static void w4_consts_int4(const uint8_t *h, float *S, float *O) {
     memcpy(S, h, NR * 4);
     for (int j = 0; j < NR; ++j) O[j] = -8.0f * S[j];
 }
-static void consts_int4_asym(const uint8_t *h, float *S, float *O) {
+static void w4_consts_int4_asym(const uint8_t *h, float *S, float *O) {
     memcpy(S, h, NR * 4);
     for (int j = 0; j < NR; ++j) O[j] = -((float)h[4 * NR + j] * S[j]);
 }
 
 /* a group's 16 code rows → 8 quads [24][4]: quad i of column j holds inputs 4i..4i+3, the low
  * and high nibbles of rows 2i and 2i + 1 */
-static void nibble_quads(const uint8_t *rows, uint8_t *quads) {
+static void w4_nibble_quads(const uint8_t *rows, uint8_t *quads) {
 #ifdef __SSE2__
     const __m128i low = _mm_set1_epi8(0x0F);
-    for (int i = 0; i < QUADS; ++i) {
+    for (int i = 0; i < W4_QUADS; ++i) {
         const uint8_t *r0 = rows + 2 * i * NR, *r1 = r0 + NR;
         __m128i *out = (__m128i *)(quads + i * NR * 4);
         __m128i x0 = _mm_loadu_si128((const __m128i *)r0),
@@ -95,7 +97,7 @@ static void nibble_quads(const uint8_t *rows, uint8_t *quads) {
         _mm_storeu_si128(out + 5, _mm_unpackhi_epi16(q01, q23)); /* 20-23 */
     }
 #else
-    for (int i = 0; i < QUADS; ++i)
+    for (int i = 0; i < W4_QUADS; ++i)
         for (int j = 0; j < NR; ++j) {
             uint8_t b0 = rows[2 * i * NR + j], b1 = rows[(2 * i + 1) * NR + j];
             uint8_t *q = quads + (i * NR + j) * 4;
@@ -105,18 +107,19 @@ static void nibble_quads(const uint8_t *rows, uint8_t *quads) {
 }
 
 /* a panel's groups → the regrouped buffer (constants, then quads, per group) */
-static void regroup(const uint8_t *panel, long groups, int hdr, consts_fn consts, uint8_t *buf) {
-    long group_bytes = hdr + CODE_ROWS * NR;
+static void w4_regroup(const uint8_t *panel, long groups, int hdr, w4_consts_fn consts,
+                       uint8_t *buf) {
+    long group_bytes = hdr + W4_CODE_ROWS * NR;
     for (long g = 0; g < groups; ++g) {
         const uint8_t *src = panel + g * group_bytes;
-        uint8_t *dst = buf + g * REGROUPED;
+        uint8_t *dst = buf + g * W4_REGROUPED;
         consts(src, (float *)dst, (float *)dst + NR);
-        nibble_quads(src + hdr, dst + CONST_BYTES);
+        w4_nibble_quads(src + hdr, dst + W4_CONST_BYTES);
     }
 }
 
 /* rows [0, mr) of y = sums · sa (+ bias) */
-static void finish(float y[][NR], const float *sa, const float *bias, float *Y, long ldy, int mr,
+static void w4_finish(float y[][NR], const float *sa, const float *bias, float *Y, long ldy, int mr,
                    int cols) {
     for (int r = 0; r < mr; ++r)
         for (int j = 0; j < cols; ++j) {
@@ -127,7 +130,7 @@ static void finish(float y[][NR], const float *sa, const float *bias, float *Y, 
 
 #ifdef W4A8_VNNI
 /* one token row's dot products with a quad of 24 columns (u8 codes x the token's 4 s8 codes) */
-#define ROW_DOT(R)                                                                                 \
+#define W4_ROW_DOT(R)                                                                              \
     if (R < mrx) {                                                                                 \
         __m512i a4 = _mm512_castps_si512(_mm512_broadcastss_ps(                                    \
             _mm_load_ss((const float *)(A + R * K + g * GROUP + 4 * i))));                         \
@@ -135,7 +138,7 @@ static void finish(float y[][NR], const float *sa, const float *bias, float *Y, 
         c8_##R = _mm256_dpbusd_epi32(c8_##R, w8, _mm512_castsi512_si256(a4));                      \
     }
 /* the group's integer sums into the fp32 sums: y += S · sum u a + O · sum a */
-#define ROW_SCALE(R)                                                                               \
+#define W4_ROW_SCALE(R)                                                                            \
     if (R < mrx) {                                                                                 \
         __m512 as = _mm512_set1_ps(asum[R * groups + g]);                                          \
         y16_##R = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c16_##R), s16, y16_##R);                      \
@@ -143,47 +146,47 @@ static void finish(float y[][NR], const float *sa, const float *bias, float *Y, 
         y8_##R = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c8_##R), s8, y8_##R);                          \
         y8_##R = _mm256_fmadd_ps(_mm512_castps512_ps256(as), o8, y8_##R);                          \
     }
-#define ROW_SAVE(R)                                                                                \
+#define W4_ROW_SAVE(R)                                                                             \
     if (R < mrx) {                                                                                 \
         _mm512_storeu_ps(y[R], y16_##R);                                                           \
         _mm256_storeu_ps(y[R] + 16, y8_##R);                                                       \
     }
-#define MICRO(MRX)                                                                                 \
-    static void micro_##MRX(const uint8_t *buf, long groups, const int8_t *A, long K,              \
+#define W4_MICRO(MRX)                                                                              \
+    static void w4_micro_##MRX(const uint8_t *buf, long groups, const int8_t *A, long K,           \
                             const float *asum, const float *sa, const float *bias, float *Y,       \
                             long ldy, int cols) {                                                  \
         const int mrx = MRX; /* (a constant: the unused rows' code is dropped) */                  \
         __m512 y16_0 = _mm512_setzero_ps(), y16_1 = y16_0, y16_2 = y16_0, y16_3 = y16_0;           \
         __m256 y8_0 = _mm256_setzero_ps(), y8_1 = y8_0, y8_2 = y8_0, y8_3 = y8_0;                  \
         for (long g = 0; g < groups; ++g) {                                                        \
-            const uint8_t *grp = buf + g * REGROUPED, *q = grp + CONST_BYTES;                      \
+            const uint8_t *grp = buf + g * W4_REGROUPED, *q = grp + W4_CONST_BYTES;                \
             __m512i c16_0 = _mm512_setzero_si512(), c16_1 = c16_0, c16_2 = c16_0,                  \
                     c16_3 = c16_0;                                                                 \
             __m256i c8_0 = _mm256_setzero_si256(), c8_1 = c8_0, c8_2 = c8_0, c8_3 = c8_0;          \
-            for (int i = 0; i < QUADS; ++i) {                                                      \
+            for (int i = 0; i < W4_QUADS; ++i) {                                                   \
                 __m512i w16 = _mm512_loadu_si512((const void *)(q + i * NR * 4));                  \
                 __m256i w8 = _mm256_loadu_si256((const __m256i *)(q + i * NR * 4 + 64));           \
-                ROW_DOT(0) ROW_DOT(1) ROW_DOT(2) ROW_DOT(3)                                        \
+                W4_ROW_DOT(0) W4_ROW_DOT(1) W4_ROW_DOT(2) W4_ROW_DOT(3)                            \
             }                                                                                      \
             const float *S = (const float *)grp, *O = S + NR;                                      \
             __m512 s16 = _mm512_loadu_ps(S), o16 = _mm512_loadu_ps(O);                             \
             __m256 s8 = _mm256_loadu_ps(S + 16), o8 = _mm256_loadu_ps(O + 16);                     \
-            ROW_SCALE(0) ROW_SCALE(1) ROW_SCALE(2) ROW_SCALE(3)                                    \
+            W4_ROW_SCALE(0) W4_ROW_SCALE(1) W4_ROW_SCALE(2) W4_ROW_SCALE(3)                        \
         }                                                                                          \
-        float y[MR][NR];                                                                           \
-        ROW_SAVE(0) ROW_SAVE(1) ROW_SAVE(2) ROW_SAVE(3)                                            \
-        finish(y, sa, bias, Y, ldy, MRX, cols);                                                    \
+        float y[W4_MR][NR];                                                                        \
+        W4_ROW_SAVE(0) W4_ROW_SAVE(1) W4_ROW_SAVE(2) W4_ROW_SAVE(3)                                \
+        w4_finish(y, sa, bias, Y, ldy, MRX, cols);                                                 \
     }
 #else
 /* the integer sums of rows [0, rows) with one group: AVX2's vpmaddubsw (u8 codes x s8
  * activations, pairs into int16) then vpmaddwd with ones (into int32), else scalar */
-static inline void dot_group(const uint8_t *q, const int8_t *A, long K, long g, int rows,
+static inline void w4_dot_group(const uint8_t *q, const int8_t *A, long K, long g, int rows,
                              int32_t acc[][NR]) {
 #ifdef __AVX2__
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < rows; ++r) {
         __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0;
-        for (int i = 0; i < QUADS; ++i) {
+        for (int i = 0; i < W4_QUADS; ++i) {
             const uint8_t *w = q + i * NR * 4;
             __m256i a = _mm256_set1_epi32(*(const int32_t *)(A + r * K + g * GROUP + 4 * i));
             c0 = _mm256_add_epi32(c0, _mm256_madd_epi16(
@@ -202,46 +205,46 @@ static inline void dot_group(const uint8_t *q, const int8_t *A, long K, long g, 
         const int8_t *a = A + r * K + g * GROUP;
         for (int j = 0; j < NR; ++j) {
             int32_t sum = 0;
-            for (int i = 0; i < QUADS; ++i)
+            for (int i = 0; i < W4_QUADS; ++i)
                 for (int t = 0; t < 4; ++t) sum += q[(i * NR + j) * 4 + t] * a[4 * i + t];
             acc[r][j] = sum;
         }
     }
 #endif
 }
-#define MICRO(MRX)                                                                                 \
-    static void micro_##MRX(const uint8_t *buf, long groups, const int8_t *A, long K,              \
+#define W4_MICRO(MRX)                                                                              \
+    static void w4_micro_##MRX(const uint8_t *buf, long groups, const int8_t *A, long K,           \
                             const float *asum, const float *sa, const float *bias, float *Y,       \
                             long ldy, int cols) {                                                  \
-        float y[MR][NR] = {{0}};                                                                   \
-        int32_t acc[MR][NR];                                                                       \
+        float y[W4_MR][NR] = {{0}};                                                                \
+        int32_t acc[W4_MR][NR];                                                                    \
         for (long g = 0; g < groups; ++g) {                                                        \
-            const uint8_t *grp = buf + g * REGROUPED;                                              \
+            const uint8_t *grp = buf + g * W4_REGROUPED;                                           \
             const float *S = (const float *)grp, *O = S + NR;                                      \
-            dot_group(grp + CONST_BYTES, A, K, g, MRX, acc);                                       \
+            w4_dot_group(grp + W4_CONST_BYTES, A, K, g, MRX, acc);                                 \
             for (int r = 0; r < MRX; ++r) {                                                        \
                 float as = asum[r * groups + g];                                                   \
                 for (int j = 0; j < NR; ++j)                                                       \
                     y[r][j] = fmaf(as, O[j], fmaf((float)acc[r][j], S[j], y[r][j]));               \
             }                                                                                      \
         }                                                                                          \
-        finish(y, sa, bias, Y, ldy, MRX, cols);                                                    \
+        w4_finish(y, sa, bias, Y, ldy, MRX, cols);                                                 \
     }
 #endif
 
-MICRO(1)
-MICRO(2)
-MICRO(3)
-MICRO(4)
+W4_MICRO(1)
+W4_MICRO(2)
+W4_MICRO(3)
+W4_MICRO(4)
 
-typedef void (*micro_fn)(const uint8_t *, long, const int8_t *, long, const float *,
+typedef void (*w4_micro_fn)(const uint8_t *, long, const int8_t *, long, const float *,
                          const float *, const float *, float *, long, int);
-static const micro_fn MICROS[MR + 1] = {0, micro_1, micro_2, micro_3, micro_4};
+static const w4_micro_fn W4_MICROS[W4_MR + 1] = {0, w4_micro_1, w4_micro_2, w4_micro_3, w4_micro_4};
 
 /* token row m of X [M][K] -> its scale amax / 127 (1 for a zero row), its codes round(x /
  * scale) clamped to +-127 (ties to even) and each group's code sum: the "token" rule of
  * ops/quantize_activation.py, the same fp32 operations */
-static void quantize_token(const float *X, long m, long K, int8_t *A, float *sa, float *asum) {
+static void w4_quantize_token(const float *X, long m, long K, int8_t *A, float *sa, float *asum) {
     const float *x = X + m * K;
     float amax = 0.0f;
     for (long k = 0; k < K; ++k) { /* (a compare, not fmaxf: it vectorizes) */
@@ -266,10 +269,10 @@ static void quantize_token(const float *X, long m, long K, int8_t *A, float *sa,
 
 /* Y [M][N] from Wp (the group panels) and X [M][K] fp32, K a multiple of 32 */
 static void gemm_w4a8(const uint8_t *Wp, const float *X, const float *bias, float *Y, long M,
-                      long N, long K, int num_threads, int hdr, consts_fn consts) {
+                      long N, long K, int num_threads, int hdr, w4_consts_fn consts) {
     if (M <= 0 || N <= 0) return;
     long panels = (N + NR - 1) / NR, groups = K / GROUP;
-    long panel_bytes = groups * (hdr + CODE_ROWS * NR);
+    long panel_bytes = groups * (hdr + W4_CODE_ROWS * NR);
     int8_t *A = malloc((size_t)(M * K));
     float *sa = malloc(sizeof(float) * (size_t)M);
     float *asum = malloc(sizeof(float) * (size_t)(M * groups + 1));
@@ -277,17 +280,18 @@ static void gemm_w4a8(const uint8_t *Wp, const float *X, const float *bias, floa
     {
         flush_denormals();
 #pragma omp for schedule(static)
-        for (long m = 0; m < M; ++m) quantize_token(X, m, K, A, sa, asum);
-        uint8_t *buf = aligned_alloc(64, (size_t)(groups * REGROUPED + 64));
+        for (long m = 0; m < M; ++m) w4_quantize_token(X, m, K, A, sa, asum);
+        uint8_t *buf = aligned_alloc(64, (size_t)(groups * W4_REGROUPED + 64));
 #pragma omp for schedule(static)
         for (long p = 0; p < panels; ++p) {
             long n0 = p * NR;
             int cols = (int)(N - n0 < NR ? N - n0 : NR);
-            regroup(Wp + p * panel_bytes, groups, hdr, consts, buf);
-            for (long m = 0; m < M; m += MR)
-                MICROS[M - m < MR ? M - m : MR](buf, groups, A + m * K, K, asum + m * groups,
-                                                sa + m, bias ? bias + n0 : 0, Y + m * N + n0, N,
-                                                cols);
+            w4_regroup(Wp + p * panel_bytes, groups, hdr, consts, buf);
+            for (long m = 0; m < M; m += W4_MR)
+                W4_MICROS[M - m < W4_MR ? M - m : W4_MR](buf, groups, A + m * K, K,
+                                                         asum + m * groups, sa + m,
+                                                         bias ? bias + n0 : 0, Y + m * N + n0, N,
+                                                         cols);
         }
         free(buf);
     }
@@ -300,9 +304,10 @@ static void gemm_w4a8(const uint8_t *Wp, const float *X, const float *bias, floa
 #define W4A8(FMT)                                                                                  \
     void gemm_w4a8_##FMT(const uint8_t *Wp, const float *X, const float *bias, float *Y,           \
                          long M, long N, long K, int num_threads) {                                \
-        gemm_w4a8(Wp, X, bias, Y, M, N, K, num_threads, HDR_##FMT, consts_##FMT);                  \
+        gemm_w4a8(Wp, X, bias, Y, M, N, K, num_threads, HDR_##FMT, w4_consts_##FMT);               \
     }
 W4A8(q4_0)
 W4A8(q4_1)
 W4A8(int4)
 W4A8(int4_asym)
+#endif /* GEMM_W4A8_I8_C */

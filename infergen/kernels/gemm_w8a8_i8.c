@@ -21,6 +21,8 @@
  * the portable scalar loop (INFERGEN_KERNEL_ISA=avx2 or generic forces those): the same int32
  * sums, so the same result.
  */
+#ifndef GEMM_W8A8_I8_C
+#define GEMM_W8A8_I8_C
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,17 +41,17 @@
 #endif
 
 #define NR 24 /* columns a panel (gemm_packed_f32.c's) */
-#define MR 8  /* tokens a micro-step */
+#define W8_MR 8  /* tokens a micro-step */
 
 #ifdef W8A8_VNNI
-#define A_OFFSET 128 /* vpdpbusd multiplies u8 by s8: activation bytes are code + 128 */
+#define W8_A_OFFSET 128 /* vpdpbusd multiplies u8 by s8: activation bytes are code + 128 */
 #else
-#define A_OFFSET 0 /* the activation bytes are the s8 codes themselves */
+#define W8_A_OFFSET 0 /* the activation bytes are the s8 codes themselves */
 #endif
 
 #ifdef W8A8_VBMI
 /* byte i of a 4-column-quad group: row i % 4, column first + i / 4 of 4 rows of NR codes */
-static __m512i quad_index(int first) {
+static __m512i w8_quad_index(int first) {
     uint8_t idx[64];
     for (int i = 0; i < 64; ++i) idx[i] = (uint8_t)((i % 4) * NR + first + i / 4);
     return _mm512_loadu_si512((const void *)idx);
@@ -57,13 +59,13 @@ static __m512i quad_index(int first) {
 #endif
 
 /* panel (K rows of NR codes) -> quads[K4][NR][4] (zero-padded past K) and column sums */
-static void regroup(const uint8_t *wp, long K, long K4, int8_t *quads, int32_t *colsum) {
+static void w8_regroup(const uint8_t *wp, long K, long K4, int8_t *quads, int32_t *colsum) {
     long kq = 0, summed = 0; /* quads [0, summed) are in colsum already */
     int32_t sums[NR] = {0};
 #if defined(W8A8_VBMI)
     /* the 96 bytes of 4 rows -> 24 columns of 4 in two byte permutes (vpermt2b), the column
      * sums by vpdpbusd with ones */
-    const __m512i lo = quad_index(0), hi = quad_index(16), ones = _mm512_set1_epi8(1);
+    const __m512i lo = w8_quad_index(0), hi = w8_quad_index(16), ones = _mm512_set1_epi8(1);
     __m512i s16 = _mm512_setzero_si512(), s8 = s16;
     for (; 4 * kq + 3 < K; ++kq) {
         const uint8_t *r = wp + 4 * kq * NR;
@@ -119,75 +121,75 @@ static void regroup(const uint8_t *wp, long K, long K4, int8_t *quads, int32_t *
     memcpy(colsum, sums, sizeof sums);
 }
 
-/* the epilogue of rows [0, mr): exact sums (less A_OFFSET x the column sums), scaled once */
-static void finish(int32_t acc[][NR], const int32_t *colsum, const float *sw, const float *sa,
+/* the epilogue of rows [0, mr): exact sums (less W8_A_OFFSET x the column sums), scaled once */
+static void w8_finish(int32_t acc[][NR], const int32_t *colsum, const float *sw, const float *sa,
                    const float *bias, float *Y, long ldy, int mr, int cols) {
     for (int r = 0; r < mr; ++r)
         for (int j = 0; j < cols; ++j) {
-            float y = (float)(acc[r][j] - A_OFFSET * colsum[j]) * sa[r] * sw[j];
+            float y = (float)(acc[r][j] - W8_A_OFFSET * colsum[j]) * sa[r] * sw[j];
             Y[r * ldy + j] = bias ? y + bias[j] : y;
         }
 }
 
 #ifdef W8A8_VNNI
 /* one token row's dot products with a quad of 24 columns: a 512-bit and a 256-bit vpdpbusd */
-#define ROW_DOT(R)                                                                             \
-    if (R < mrx) { /* the token's 4 bytes broadcast from memory (a load, no shuffle port) */ \
-        __m512i a4 = _mm512_castps_si512(                                                      \
-            _mm512_broadcastss_ps(_mm_load_ss((const float *)(A + R * 4 * K4 + 4 * kq))));    \
-        c16_##R = _mm512_dpbusd_epi32(c16_##R, a4, w16);                                       \
-        c8_##R = _mm256_dpbusd_epi32(c8_##R, _mm512_castsi512_si256(a4), w8);                  \
+#define W8_ROW_DOT(R)                                                                              \
+    if (R < mrx) { /* the token's 4 bytes broadcast from memory (a load, no shuffle port) */       \
+        __m512i a4 = _mm512_castps_si512(                                                          \
+            _mm512_broadcastss_ps(_mm_load_ss((const float *)(A + R * 4 * K4 + 4 * kq))));         \
+        c16_##R = _mm512_dpbusd_epi32(c16_##R, a4, w16);                                           \
+        c8_##R = _mm256_dpbusd_epi32(c8_##R, _mm512_castsi512_si256(a4), w8);                      \
     }
-#define ROW_SAVE(R)                                                                            \
-    if (R < mrx) {                                                                             \
-        _mm512_storeu_si512((void *)acc[R], c16_##R);                                          \
-        _mm256_storeu_si256((__m256i *)(acc[R] + 16), c8_##R);                                 \
+#define W8_ROW_SAVE(R)                                                                             \
+    if (R < mrx) {                                                                                 \
+        _mm512_storeu_si512((void *)acc[R], c16_##R);                                              \
+        _mm256_storeu_si256((__m256i *)(acc[R] + 16), c8_##R);                                     \
     }
 /* rows [0, MRX) of one panel, the accumulators in registers (MRX a compile-time constant) */
-#define MICRO(MRX)                                                                             \
-    static void micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,      \
-                            const uint8_t *A, long K4, const float *sa, const float *bias,    \
-                            float *Y, long ldy, int cols) {                                    \
-        const int mrx = MRX; /* (a constant: the unused rows' code is dropped) */               \
-        __m512i c16_0 = _mm512_setzero_si512(), c16_1 = c16_0, c16_2 = c16_0, c16_3 = c16_0;  \
-        __m512i c16_4 = c16_0, c16_5 = c16_0, c16_6 = c16_0, c16_7 = c16_0;                    \
-        __m256i c8_0 = _mm256_setzero_si256(), c8_1 = c8_0, c8_2 = c8_0, c8_3 = c8_0;         \
-        __m256i c8_4 = c8_0, c8_5 = c8_0, c8_6 = c8_0, c8_7 = c8_0;                            \
-        for (long kq = 0; kq < K4; ++kq) {                                                     \
-            const int8_t *w = quads + kq * NR * 4;                                             \
-            __m512i w16 = _mm512_loadu_si512((const void *)w);                                 \
-            __m256i w8 = _mm256_loadu_si256((const __m256i *)(w + 64));                        \
-            ROW_DOT(0) ROW_DOT(1) ROW_DOT(2) ROW_DOT(3)                                        \
-            ROW_DOT(4) ROW_DOT(5) ROW_DOT(6) ROW_DOT(7)                                        \
-        }                                                                                      \
-        int32_t acc[MR][NR];                                                                   \
-        ROW_SAVE(0) ROW_SAVE(1) ROW_SAVE(2) ROW_SAVE(3)                                        \
-        ROW_SAVE(4) ROW_SAVE(5) ROW_SAVE(6) ROW_SAVE(7)                                        \
-        finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                  \
+#define W8_MICRO(MRX)                                                                              \
+    static void w8_micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,        \
+                            const uint8_t *A, long K4, const float *sa, const float *bias,         \
+                            float *Y, long ldy, int cols) {                                        \
+        const int mrx = MRX; /* (a constant: the unused rows' code is dropped) */                  \
+        __m512i c16_0 = _mm512_setzero_si512(), c16_1 = c16_0, c16_2 = c16_0, c16_3 = c16_0;       \
+        __m512i c16_4 = c16_0, c16_5 = c16_0, c16_6 = c16_0, c16_7 = c16_0;                        \
+        __m256i c8_0 = _mm256_setzero_si256(), c8_1 = c8_0, c8_2 = c8_0, c8_3 = c8_0;              \
+        __m256i c8_4 = c8_0, c8_5 = c8_0, c8_6 = c8_0, c8_7 = c8_0;                                \
+        for (long kq = 0; kq < K4; ++kq) {                                                         \
+            const int8_t *w = quads + kq * NR * 4;                                                 \
+            __m512i w16 = _mm512_loadu_si512((const void *)w);                                     \
+            __m256i w8 = _mm256_loadu_si256((const __m256i *)(w + 64));                            \
+            W8_ROW_DOT(0) W8_ROW_DOT(1) W8_ROW_DOT(2) W8_ROW_DOT(3)                                \
+            W8_ROW_DOT(4) W8_ROW_DOT(5) W8_ROW_DOT(6) W8_ROW_DOT(7)                                \
+        }                                                                                          \
+        int32_t acc[W8_MR][NR];                                                                    \
+        W8_ROW_SAVE(0) W8_ROW_SAVE(1) W8_ROW_SAVE(2) W8_ROW_SAVE(3)                                \
+        W8_ROW_SAVE(4) W8_ROW_SAVE(5) W8_ROW_SAVE(6) W8_ROW_SAVE(7)                                \
+        w8_finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                   \
     }
 #elif defined(__AVX2__)
 /* AVX2 has no u8 x s8 dot product into int32: vpmaddubsw multiplies u8 by s8 and adds pairs
  * into int16, which |w| x (a · sign w) cannot overflow (|a|, |w| <= 127 — or one of them 128:
  * 2 x 128 x 127 < 32768), then vpmaddwd with ones adds the pairs into int32: one column's quad
  * a 32-bit lane, as vpdpbusd. Rows in groups of 4 (12 accumulators of 16 registers). */
-#define ROW4(R)                                                                                \
-    if (R < rows) {                                                                            \
-        __m256i a = _mm256_set1_epi32(*(const int32_t *)(A + R * 4 * K4 + 4 * kq));           \
-        c##R##0 = _mm256_add_epi32(c##R##0, _mm256_madd_epi16(                                 \
-                                                _mm256_maddubs_epi16(u0, _mm256_sign_epi8(a, w0)), ones)); \
-        c##R##1 = _mm256_add_epi32(c##R##1, _mm256_madd_epi16(                                 \
-                                                _mm256_maddubs_epi16(u1, _mm256_sign_epi8(a, w1)), ones)); \
-        c##R##2 = _mm256_add_epi32(c##R##2, _mm256_madd_epi16(                                 \
-                                                _mm256_maddubs_epi16(u2, _mm256_sign_epi8(a, w2)), ones)); \
+#define W8_ROW4(R)                                                                                 \
+    if (R < rows) {                                                                                \
+        __m256i a = _mm256_set1_epi32(*(const int32_t *)(A + R * 4 * K4 + 4 * kq));                \
+        c##R##0 = _mm256_add_epi32(                                                                \
+            c##R##0, _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_sign_epi8(a, w0)), ones));  \
+        c##R##1 = _mm256_add_epi32(                                                                \
+            c##R##1, _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_sign_epi8(a, w1)), ones));  \
+        c##R##2 = _mm256_add_epi32(                                                                \
+            c##R##2, _mm256_madd_epi16(_mm256_maddubs_epi16(u2, _mm256_sign_epi8(a, w2)), ones));  \
     }
-#define SAVE4(R)                                                                               \
-    if (R < rows) {                                                                            \
-        _mm256_storeu_si256((__m256i *)acc[R], c##R##0);                                       \
-        _mm256_storeu_si256((__m256i *)(acc[R] + 8), c##R##1);                                 \
-        _mm256_storeu_si256((__m256i *)(acc[R] + 16), c##R##2);                                \
+#define W8_SAVE4(R)                                                                                \
+    if (R < rows) {                                                                                \
+        _mm256_storeu_si256((__m256i *)acc[R], c##R##0);                                           \
+        _mm256_storeu_si256((__m256i *)(acc[R] + 8), c##R##1);                                     \
+        _mm256_storeu_si256((__m256i *)(acc[R] + 16), c##R##2);                                    \
     }
 /* rows [0, rows) (at most 4) of one panel: their int32 sums into acc */
-static inline void dot4(const int8_t *quads, const uint8_t *A, long K4, int32_t acc[][NR],
+static inline void w8_dot4(const int8_t *quads, const uint8_t *A, long K4, int32_t acc[][NR],
                         int rows) {
     const __m256i ones = _mm256_set1_epi16(1), z = _mm256_setzero_si256();
     __m256i c00 = z, c01 = z, c02 = z, c10 = z, c11 = z, c12 = z;
@@ -199,56 +201,57 @@ static inline void dot4(const int8_t *quads, const uint8_t *A, long K4, int32_t 
                 w2 = _mm256_loadu_si256((const __m256i *)(w + 64));
         __m256i u0 = _mm256_sign_epi8(w0, w0), u1 = _mm256_sign_epi8(w1, w1),
                 u2 = _mm256_sign_epi8(w2, w2); /* |w| */
-        ROW4(0) ROW4(1) ROW4(2) ROW4(3)
+        W8_ROW4(0) W8_ROW4(1) W8_ROW4(2) W8_ROW4(3)
     }
-    SAVE4(0) SAVE4(1) SAVE4(2) SAVE4(3)
+    W8_SAVE4(0) W8_SAVE4(1) W8_SAVE4(2) W8_SAVE4(3)
 }
-#define MICRO(MRX)                                                                             \
-    static void micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,      \
-                            const uint8_t *A, long K4, const float *sa, const float *bias,    \
-                            float *Y, long ldy, int cols) {                                    \
-        int32_t acc[MR][NR];                                                                   \
-        for (int r0 = 0; r0 < MRX; r0 += 4)                                                    \
-            dot4(quads, A + r0 * 4 * K4, K4, acc + r0, MRX - r0 < 4 ? MRX - r0 : 4);           \
-        finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                  \
+#define W8_MICRO(MRX)                                                                              \
+    static void w8_micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,        \
+                            const uint8_t *A, long K4, const float *sa, const float *bias,         \
+                            float *Y, long ldy, int cols) {                                        \
+        int32_t acc[W8_MR][NR];                                                                    \
+        for (int r0 = 0; r0 < MRX; r0 += 4)                                                        \
+            w8_dot4(quads, A + r0 * 4 * K4, K4, acc + r0, MRX - r0 < 4 ? MRX - r0 : 4);            \
+        w8_finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                   \
     }
 #else
-#define MICRO(MRX)                                                                             \
-    static void micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,      \
-                            const uint8_t *A, long K4, const float *sa, const float *bias,    \
-                            float *Y, long ldy, int cols) {                                    \
-        int32_t acc[MR][NR] = {{0}};                                                           \
-        for (long kq = 0; kq < K4; ++kq) {                                                     \
-            const int8_t *w = quads + kq * NR * 4;                                             \
-            for (int r = 0; r < MRX; ++r) {                                                    \
-                const int8_t *a = (const int8_t *)A + r * 4 * K4 + 4 * kq; /* s8 codes */      \
-                for (int j = 0; j < NR; ++j)                                                   \
-                    acc[r][j] += a[0] * w[4 * j] + a[1] * w[4 * j + 1] +                      \
-                                 a[2] * w[4 * j + 2] + a[3] * w[4 * j + 3];                    \
-            }                                                                                  \
-        }                                                                                      \
-        finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                  \
+#define W8_MICRO(MRX)                                                                              \
+    static void w8_micro_##MRX(const int8_t *quads, const int32_t *colsum, const float *sw,        \
+                            const uint8_t *A, long K4, const float *sa, const float *bias,         \
+                            float *Y, long ldy, int cols) {                                        \
+        int32_t acc[W8_MR][NR] = {{0}};                                                            \
+        for (long kq = 0; kq < K4; ++kq) {                                                         \
+            const int8_t *w = quads + kq * NR * 4;                                                 \
+            for (int r = 0; r < MRX; ++r) {                                                        \
+                const int8_t *a = (const int8_t *)A + r * 4 * K4 + 4 * kq; /* s8 codes */          \
+                for (int j = 0; j < NR; ++j)                                                       \
+                    acc[r][j] += a[0] * w[4 * j] + a[1] * w[4 * j + 1] +                           \
+                                 a[2] * w[4 * j + 2] + a[3] * w[4 * j + 3];                        \
+            }                                                                                      \
+        }                                                                                          \
+        w8_finish(acc, colsum, sw, sa, bias, Y, ldy, MRX, cols);                                   \
     }
 #endif
 
-MICRO(1)
-MICRO(2)
-MICRO(3)
-MICRO(4)
-MICRO(5)
-MICRO(6)
-MICRO(7)
-MICRO(8)
+W8_MICRO(1)
+W8_MICRO(2)
+W8_MICRO(3)
+W8_MICRO(4)
+W8_MICRO(5)
+W8_MICRO(6)
+W8_MICRO(7)
+W8_MICRO(8)
 
-typedef void (*micro_fn)(const int8_t *, const int32_t *, const float *, const uint8_t *, long,
-                         const float *, const float *, float *, long, int);
-static const micro_fn MICROS[MR + 1] = {0,       micro_1, micro_2, micro_3, micro_4,
-                                         micro_5, micro_6, micro_7, micro_8};
+typedef void (*w8_micro_fn)(const int8_t *, const int32_t *, const float *, const uint8_t *,
+                            long, const float *, const float *, float *, long, int);
+static const w8_micro_fn W8_MICROS[W8_MR + 1] = {0,          w8_micro_1, w8_micro_2,
+                                                 w8_micro_3, w8_micro_4, w8_micro_5,
+                                                 w8_micro_6, w8_micro_7, w8_micro_8};
 
 /* token row m of X [M][K] -> its scale amax / 127 (1 for a zero row) and its codes
- * round(x / scale) clamped to +-127 (ties to even), as bytes code + A_OFFSET, zero-padded: the
+ * round(x / scale) clamped to +-127 (ties to even), as bytes code + W8_A_OFFSET, zero-padded: the
  * "token" rule of ops/quantize_activation.py, the same fp32 operations */
-static void quantize_token(const float *X, long m, long K, long K4, uint8_t *A, float *sa) {
+static void w8_quantize_token(const float *X, long m, long K, long K4, uint8_t *A, float *sa) {
     const float *x = X + m * K;
     float amax = 0.0f;
     for (long k = 0; k < K; ++k) { /* (a compare, not fmaxf: it vectorizes) */
@@ -262,9 +265,9 @@ static void quantize_token(const float *X, long m, long K, long K4, uint8_t *A, 
     for (long k = 0; k < K; ++k) {
         float q = nearbyintf(x[k] / s);
         q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-        a[k] = (uint8_t)((int)q + A_OFFSET);
+        a[k] = (uint8_t)((int)q + W8_A_OFFSET);
     }
-    for (long k = K; k < 4 * K4; ++k) a[k] = A_OFFSET; /* (code 0) */
+    for (long k = K; k < 4 * K4; ++k) a[k] = W8_A_OFFSET; /* (code 0) */
 }
 
 /* gemm_w8a8_i8(Wp, X, bias, Y, M, N, K, threads): Wp the "int8" panels, X [M][K] fp32 (each
@@ -278,7 +281,7 @@ void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y
 #pragma omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
     {
 #pragma omp for schedule(static)
-        for (long m = 0; m < M; ++m) quantize_token(X, m, K, K4, A, sa);
+        for (long m = 0; m < M; ++m) w8_quantize_token(X, m, K, K4, A, sa);
         int8_t *quads = malloc((size_t)(K4 * NR * 4));
         int32_t colsum[NR];
 #pragma omp for schedule(static)
@@ -287,13 +290,15 @@ void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y
             const float *sw = (const float *)(wp + K * NR);
             long n0 = p * NR;
             int cols = (int)(N - n0 < NR ? N - n0 : NR);
-            regroup(wp, K, K4, quads, colsum);
-            for (long m = 0; m < M; m += MR)
-                MICROS[M - m < MR ? M - m : MR](quads, colsum, sw, A + m * 4 * K4, K4, sa + m,
-                                                 bias ? bias + n0 : 0, Y + m * N + n0, N, cols);
+            w8_regroup(wp, K, K4, quads, colsum);
+            for (long m = 0; m < M; m += W8_MR)
+                W8_MICROS[M - m < W8_MR ? M - m : W8_MR](quads, colsum, sw, A + m * 4 * K4, K4,
+                                                         sa + m, bias ? bias + n0 : 0,
+                                                         Y + m * N + n0, N, cols);
         }
         free(quads);
     }
     free(A);
     free(sa);
 }
+#endif /* GEMM_W8A8_I8_C */

@@ -93,9 +93,11 @@ class FusedDecode:
             linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
             if any(lin.weight.dim() != 3 for lin in linears):  # not in packed panels
                 return None
-            if any(lin.act is not None for lin in linears):  # inputs quantized: per-op path
-                return None
-            formats = [lin.backend.decode_format for lin in linears]
+            # a quantized input runs where the backend's kernel quantizes it itself (W8A8 /
+            # W4A8 integer products); other input quantizers take the per-op path
+            formats = [lin.backend.decode_format if lin.act is None
+                       else lin.backend.quantized_decode_formats.get(lin.act.act.key)
+                       for lin in linears]  # fmt: skip
             if None in formats:
                 return None
             kv = cache.layer(i)

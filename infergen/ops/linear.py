@@ -87,6 +87,9 @@ class LinearBackend:
     # input quantizer would (ops/quantize_activation.py) inside the product; a projection
     # whose input quantizer is one of these calls it instead of quantizing x first
     quantized_inputs: Mapping[tuple[str, str], ApplyFn] = field(default_factory=dict)
+    # (activation format, granularity) → decode_format of the fused decode step's kernel that
+    # quantizes the input itself (the same product as the quantized_inputs entry)
+    quantized_decode_formats: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 LINEAR_BACKENDS: Registry[LinearBackend] = Registry("linear backend")

@@ -267,12 +267,13 @@ def _backend(name: str, fmt: GroupFormat) -> LinearBackend:
         return fmt.value(Grouped(g.codes[pick], [f[pick] for f in g.fields], g.scalar))
 
     # 4-bit weights S·u + O take int8 activations per token with integer sums (W4A8)
-    integer = {}
+    integer, fused = {}, {}
     if name in linear_w4a8.FORMATS:
         weight = lambda prepared: fmt.value(unpack(prepared, fmt))  # noqa: E731
         integer[("int8", "token")] = functools.partial(linear_w4a8.apply, name=name, weight=weight)
+        fused[("int8", "token")] = linear_w4a8.DECODE_FORMATS[name]
     return LinearBackend(prepare, apply, rows, decode_format=fmt.decode_format,
-                         quantized_inputs=integer)  # fmt: skip
+                         quantized_inputs=integer, quantized_decode_formats=fused)  # fmt: skip
 
 
 for _name, _fmt in GROUP_FORMATS.items():

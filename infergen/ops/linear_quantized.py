@@ -113,8 +113,11 @@ def _backend(name: str, code: CodeFormat) -> LinearBackend:
 
     # int8 weights take int8 activations per token with integer sums (ops/linear_w8a8.py)
     integer = {("int8", "token"): functools.partial(linear_w8a8.apply, unpack=unpack)}
+    fused = {("int8", "token"): linear_w8a8.DECODE_FORMAT}
+    is_int8 = code.fmt == "int8"
     return LinearBackend(prepare, apply, rows, decode_format=code.decode_format,
-                         quantized_inputs=integer if code.fmt == "int8" else {})  # fmt: skip
+                         quantized_inputs=integer if is_int8 else {},
+                         quantized_decode_formats=fused if is_int8 else {})  # fmt: skip
 
 
 for _name, _code in CODE_FORMATS.items():

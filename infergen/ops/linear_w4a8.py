@@ -22,8 +22,10 @@ from infergen.ops.linear import run_packed
 from infergen.ops.quantize_activation import int8_token_codes
 
 SOURCE = "gemm_w4a8_i8"
-# the group formats whose weights are S·u + O with 4-bit u (a kernel gemm_w4a8_<name> each)
-FORMATS = frozenset({"q4_0", "q4_1", "int4", "int4_asym"})
+# the group formats whose weights are S·u + O with 4-bit u (a kernel gemm_w4a8_<name> each) →
+# kernels/decode_layers_f32.c's weight_format of the product
+DECODE_FORMATS = {"q4_0": 12, "q4_1": 13, "int4": 14, "int4_asym": 15}
+FORMATS = frozenset(DECODE_FORMATS)
 
 
 def apply(

@@ -21,6 +21,7 @@ from infergen.ops.linear import run_packed
 from infergen.ops.quantize_activation import int8_token_codes
 
 SOURCE = "gemm_w8a8_i8"
+DECODE_FORMAT = 11  # kernels/decode_layers_f32.c's weight_format of this product
 
 
 def apply(x: torch.Tensor, prepared: torch.Tensor, bias, out_features: int, unpack) -> torch.Tensor:
