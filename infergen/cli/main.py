@@ -11,7 +11,18 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from infergen.cli import bench, chat, formats, generate, info, perf, predict, quantize, serve
+from infergen.cli import (
+    bench,
+    chat,
+    formats,
+    generate,
+    info,
+    perf,
+    predict,
+    profile,
+    quantize,
+    serve,
+)
 from infergen.cli import compile as compile_command
 from infergen.cli import eval as eval_command
 from infergen.cli.common import EXIT_USER_ERROR, torchrun_rank
@@ -30,6 +41,7 @@ COMMANDS = (
     predict,
     compile_command,
     bench,
+    profile,
 )
 
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it

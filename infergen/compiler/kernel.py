@@ -8,9 +8,11 @@ from math import prod
 
 import torch
 
+from infergen import profiling
 from infergen.compiler.codegen_c import render_group
 from infergen.compiler.ir import TOKENS, Graph
 from infergen.compiler.jit_cache import Built, JitCache
+from infergen.compiler.regions import group_title
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
 
@@ -28,6 +30,8 @@ class GroupKernel:
         self.fn = built.fn
         self.fn.restype = None
         self.fn.argtypes = _ARGTYPES
+        title = f"{graph.name}({group_title(graph)})"  # (its name when profiled)
+        self.call = profiling.native(self.fn, title, profiling.JIT)
         self.rowed = [_rowed(v.shape) for v in graph.inputs]
         self.out_rows = [tuple(v.shape[1:]) for v in graph.outputs]
         n = len(graph.inputs)
@@ -56,7 +60,7 @@ class GroupKernel:
         outputs = [torch.empty((tokens, *row), dtype=torch.float32) for row in self.out_rows]
         for j, out in enumerate(outputs):
             self._out[j] = out.data_ptr()
-        self.fn(self._in, self._strides, self._out, tokens, torch.get_num_threads())
+        self.call(self._in, self._strides, self._out, tokens, torch.get_num_threads())
         return outputs
 
 

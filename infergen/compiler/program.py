@@ -9,6 +9,7 @@ import hashlib
 
 import torch
 
+from infergen import profiling
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_layer import LayerProgram, render_layer_program
 from infergen.compiler.ir import Graph
@@ -69,6 +70,7 @@ class LayerProgramRunner:
         self.fn = self.built.fn
         self.fn.restype = None
         self.fn.argtypes = _ARGTYPES
+        self.call = profiling.native(self.fn, "layer_program", profiling.JIT)  # (profiled: named)
         self.model, self.kv_cache = model, kv_cache
         self._bind(statics)
 
@@ -122,7 +124,7 @@ class LayerProgramRunner:
         h = h.contiguous()
         delta = torch.zeros_like(h)
         arena = torch.empty(max(1, tokens * self.program.arena_floats_per_token))
-        self.fn(
+        self.call(
             self.weights,
             self.formats,
             self.caches,

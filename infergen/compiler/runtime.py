@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from infergen import profiling
 from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
 from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
@@ -42,8 +43,10 @@ from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.kernel import compile_group
 from infergen.compiler.passes import PASSES, run_pipeline
 from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
+from infergen.compiler.regions import node_region
 from infergen.compiler.tune import TuningRecord, group_key
 from infergen.models.fast_paths import FAST_PATHS, FastPath
+from infergen.models.fused_decode import StackCost
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import paged_attention
@@ -106,6 +109,7 @@ class CompiledLayers:
         self.static = [self._static_env(i) for i in range(len(model.layers))]
         # decode steps: the whole stack of layers as one generated C function (program.py)
         self.program = None
+        self.stack_cost = StackCost(model, kv_cache)  # (a profiled program call's work)
         if mode == "jit" and not self.target.layer_program:
             self.report.groups_op_by_op.append(
                 f"layer program: C only (target {self.report.target!r})"
@@ -160,6 +164,11 @@ class CompiledLayers:
     def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """All decoder layers of the step: returns (residual stream h, pending delta)."""
         if self.program is not None and batch.attn_plan.decode_only and self.profile is None:
+            if profiling.enabled():
+                layers = len(self.model.layers)
+                work = self.stack_cost(h.shape[0], batch.attn_plan, layers)
+                with profiling.region("decode_layers", f"{layers} layers, jit program", work):
+                    return self.program.run(h, batch)
             return self.program.run(h, batch)
         delta = torch.zeros_like(h)
         for index in range(len(self.model.layers)):
@@ -190,6 +199,14 @@ class CompiledLayers:
         return result
 
     def _node(self, node: Node, args: list, sizes: dict[str, int], bucket: str) -> tuple:
+        if profiling.enabled():  # the node's region (compiler/regions.py)
+            region = node_region(node, args, sizes, id(node) in self.kernels)
+            if region is not None:
+                with region:
+                    return self._run_node(node, args, sizes, bucket)
+        return self._run_node(node, args, sizes, bucket)
+
+    def _run_node(self, node: Node, args: list, sizes: dict[str, int], bucket: str) -> tuple:
         if node.op is Op.FUSED:
             variants = self.kernels.get(id(node))
             if variants is not None:

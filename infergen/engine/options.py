@@ -45,7 +45,7 @@ from infergen.kvcache.presses import PRESSES
 from infergen.kvcache.tiers.compact import OFFLOAD_FORMATS
 
 # the commands that build an engine from a checkpoint, by what they do with it
-RUN = ("generate", "chat", "serve")  # run requests: every engine option
+RUN = ("generate", "chat", "serve", "profile")  # run requests: every engine option
 BUILD = ("compile",)  # builds the model to capture and compile its layers
 QUANTIZE = ("quantize",)  # writes a checkpoint: the calibration options
 EVAL = ("eval",)  # builds one engine per scheme it scores: the checkpoint and threads

@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from infergen.profiling import native  # (the profiler's labels live below kernels/)
+
 _HERE = Path(__file__).parent
 
 
@@ -131,13 +133,17 @@ P, L, I, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
 @functools.cache
-def kernel(name: str, *argtypes: type, source: str | None = None) -> Callable[..., None] | None:
-    """The function `name` of `kernels/<source or name>.c` with its ctypes signature, or None
-    when native kernels cannot be built here (callers then use their torch path)."""
+def kernel(
+    name: str, *argtypes: type, source: str | None = None, restype: type | None = None
+) -> Callable[..., object] | None:
+    """The function `name` of `kernels/<source or name>.c` with its ctypes signature (returns
+    `restype`, None: void), or None when native kernels cannot be built here (callers then use
+    their torch path). A plain callable, not the ctypes function: while a torch profiler
+    records, each call is the region "native::<name>" (infergen/profiling.py)."""
     lib = try_load(source or name)
     if lib is None:
         return None
     fn = getattr(lib, name)
-    fn.restype = None
+    fn.restype = restype
     fn.argtypes = list(argtypes)
-    return fn
+    return native(fn, name)

@@ -13,12 +13,16 @@ import functools
 import torch
 from torch import nn
 
+from infergen import profiling
 from infergen.config import ModelConfig
 from infergen.errors import ConfigError
 from infergen.kvcache.paged_cache import KVLayer
 from infergen.layers.forward_batch import ForwardBatch
 from infergen.layers.linear import Linear
 from infergen.layers.norm import RMSNorm
+from infergen.ops import kv_store as kv_store_op
+from infergen.ops import rope as rope_op
+from infergen.ops import rope_kv_store as rope_kv_store_op
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.ops.attention_sinks import sink_attention
 from infergen.ops.kv_store import kv_store
@@ -130,12 +134,24 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size : kv_end].view(tokens, self.num_kv_heads, dim)
         if self.q_norm is None:  # q and k are adjacent: rotated as one tensor, k, v stored
             qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, dim)
-            q, k = self.rope_store(qk, v, heads, rope, kv, slots, self._rope)
+            if profiling.enabled():
+                with rope_kv_store_op.region(qk, v, kv):
+                    q, k = self.rope_store(qk, v, heads, rope, kv, slots, self._rope)
+            else:
+                q, k = self.rope_store(qk, v, heads, rope, kv, slots, self._rope)
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(tokens, heads, dim))
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(tokens, -1, dim))
-            q, k = self._rope(q, rope), self._rope(k, rope)
-            kv_store(k, v, kv.k, kv.v, slots, kv)
+            if profiling.enabled():
+                with rope_op.region(q):
+                    q = self._rope(q, rope)
+                with rope_op.region(k):
+                    k = self._rope(k, rope)
+                with kv_store_op.region(k, v, kv.k, kv.v):
+                    kv_store(k, v, kv.k, kv.v, slots, kv)
+            else:
+                q, k = self._rope(q, rope), self._rope(k, rope)
+                kv_store(k, v, kv.k, kv.v, slots, kv)
         if self.summary is not None:  # sparse decode's per-block key bounds
             self.summary.update(k, slots, kv.k.shape[1])
         out = paged_attention(

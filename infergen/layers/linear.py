@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from infergen import profiling
 from infergen.formats.block_weight import BlockWeight
 from infergen.formats.quant_weight import QuantWeight
 from infergen.layers.probe import probe_error
@@ -19,7 +20,7 @@ from infergen.ops import (
     linear_grouped,  # noqa: F401  (registers "q4_0" ... "int4_asym")
     linear_quantized,  # noqa: F401  (registers "int8", "fp8_e4m3")
 )
-from infergen.ops.linear import LINEAR_BACKENDS, PreparedTensors, backend_for
+from infergen.ops.linear import LINEAR_BACKENDS, PreparedTensors, backend_for, backend_name, cost
 from infergen.ops.stored_weights import dense, fuse
 
 
@@ -47,6 +48,7 @@ class Linear(nn.Module):
         self.fallback: tuple[float, float] | None = None
         # the input quantizer of a weight + activation scheme (quant/activations.py), or None
         self.act: nn.Module | None = None
+        self._profiled = None  # ((backend, act, weight), key, stored bytes) of `region`
 
     def load(self, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None) -> None:
         """Take the checkpoint weight [out, in] (and bias [out]) in the engine dtype. GGUF
@@ -87,6 +89,37 @@ class Linear(nn.Module):
             self.register_buffer("weight", prepared)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, in] → [tokens, out]
+        if profiling.enabled():
+            with self.region(x):
+                return self._product(x)
+        return self._product(x)
+
+    def region(self, x: torch.Tensor) -> torch.profiler.record_function:
+        """The profiler's region of a product on x [tokens, in] (infergen/profiling.py): keyed
+        by the shape and the weight's format (its backend row, and an input quantizer's
+        format), costed with the weight as stored."""
+        key, _ = self._profile_key()
+        return profiling.region("linear", key, self.cost(x.shape[0], x.element_size()))
+
+    def cost(self, tokens: int, element_bytes: int) -> profiling.Cost:
+        """The work of a product on `tokens` rows (ops/linear.py), the weight as stored."""
+        _, stored = self._profile_key()
+        return cost(tokens, self.in_features, self.out_features, stored, element_bytes)
+
+    def _profile_key(self) -> tuple[str, int]:
+        """(the profile's key, the weight's stored bytes), kept while the weight, its backend
+        and input quantizer stay the ones they were computed for."""
+        state = (self.backend, self.act, self.weight)
+        seen = self._profiled
+        if seen is None or any(a is not b for a, b in zip(seen[0], state, strict=True)):
+            fmt = backend_name(self.backend)
+            if self.act is not None:
+                fmt += f" a={self.act.act.key[0]}"
+            key = f"{self.in_features}->{self.out_features} {fmt}"
+            self._profiled = (state, key, profiling.nbytes(self.weight, self.bias))
+        return self._profiled[1], self._profiled[2]
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         apply = self.backend.apply
         if self.act is not None:  # a W·A product of the backend's, or x quantized first
             apply = self.backend.quantized_inputs.get(self.act.act.key)

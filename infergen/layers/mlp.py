@@ -9,13 +9,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from infergen import profiling
 from infergen.config import ModelConfig
 from infergen.layers.linear import Linear
+from infergen.ops import gelu_mul, silu_mul
 from infergen.ops.gelu_mul import GELU_MUL_BACKENDS
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
 
 # hidden_act → the registry of its gated-activation backends
 GATED_ACTIVATIONS = {"silu": SILU_MUL_BACKENDS, "gelu_pytorch_tanh": GELU_MUL_BACKENDS}
+# hidden_act → the profiler's region of its op (infergen/profiling.py)
+GATED_REGIONS = {"silu": silu_mul.region, "gelu_pytorch_tanh": gelu_mul.region}
 
 
 class GatedMLP(nn.Module):
@@ -33,9 +37,15 @@ class GatedMLP(nn.Module):
         self.act = GATED_ACTIVATIONS[config.hidden_act].get(
             backend, where="kernels", fallback="torch"
         )
+        self.hidden_act = config.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, hidden]
-        return self.down(self.act(self.gate_up(x)))
+        gate_up = self.gate_up(x)
+        if profiling.enabled():
+            with GATED_REGIONS[self.hidden_act](gate_up):
+                act = self.act(gate_up)
+            return self.down(act)
+        return self.down(self.act(gate_up))
 
     def load(self, get: callable, prefix: str) -> None:
         """`get(name)` returns a checkpoint tensor by Hugging Face name."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from infergen.ops.rms_norm import RMS_NORM_BACKENDS
+from infergen import profiling
+from infergen.ops.rms_norm import RMS_NORM_BACKENDS, region
 
 
 class RMSNorm(nn.Module):
@@ -18,4 +19,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual_delta: torch.Tensor | None = None) -> torch.Tensor:
         """With `residual_delta`, x is the residual stream and is updated in place first."""
+        if profiling.enabled():
+            with region(x, residual_delta):
+                return self.fn(x, residual_delta, self.weight, self.eps)
         return self.fn(x, residual_delta, self.weight, self.eps)

@@ -14,11 +14,13 @@ import ctypes
 
 import torch
 
+from infergen import profiling
 from infergen.kernels.build import I, L, P, kernel
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.forward_batch import ForwardBatch
 from infergen.models.fast_paths import FAST_PATHS, FastPath
-from infergen.ops.paged_attention import DECODE_BACKENDS
+from infergen.ops import kv_store, rms_norm, rope, silu_mul
+from infergen.ops.paged_attention import DECODE_BACKENDS, AttentionPlan, decode_cost
 from infergen.ops.rms_norm import RMS_NORM_BACKENDS
 from infergen.ops.rope import ROPE_BACKENDS
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
@@ -64,10 +66,11 @@ class FusedDecode:
         self.model = model
         self.kv_cache = kv_cache
         self.fn = kernel("decode_layers_f32", P, L, P, P, P, I, P, I, source=SOURCE)
-        self.scratch_floats = kernel("decode_layers_scratch", P, source=SOURCE)
-        if self.scratch_floats is not None:
-            self.scratch_floats.restype = ctypes.c_long
+        self.scratch_floats = kernel(
+            "decode_layers_scratch", P, source=SOURCE, restype=ctypes.c_long
+        )
         self.layers = self._layer_table() if self.fn is not None else None
+        self.stack_cost = StackCost(model, kv_cache)  # (a profiled call's work)
 
     def _layer_table(self):
         """The layers' weight pointers, or None when a layer is outside what the driver does."""
@@ -160,19 +163,65 @@ class FusedDecode:
             _ptr(plan.decode_seq_lens),
             _ptr(self.model.rope_cache),
         )
+        layers = len(self.model.layers) if num_layers is None else num_layers
+        if profiling.enabled():
+            work = self.stack_cost(h.shape[0], plan, layers)
+            with profiling.region("decode_layers", f"{layers} layers, one C call", work):
+                return self._call(h, args, layers)
+        return self._call(h, args, layers)
+
+    def _call(self, h: torch.Tensor, args: StepArgs, layers: int):
         scratch = torch.empty(self.scratch_floats(ctypes.byref(args)), dtype=torch.float32)
         delta = torch.empty_like(h)
-        self.fn(
-            self.layers,
-            len(self.model.layers) if num_layers is None else num_layers,
-            ctypes.byref(args),
-            h.data_ptr(),
-            delta.data_ptr(),
-            0,
-            scratch.data_ptr(),
-            torch.get_num_threads(),
-        )
+        self.fn(self.layers, layers, ctypes.byref(args), h.data_ptr(), delta.data_ptr(), 0,
+                scratch.data_ptr(), torch.get_num_threads())  # fmt: skip
         return h, delta
+
+
+class StackCost:
+    """The work of the first `num_layers` decoder layers on a decode step of `tokens` rows, as
+    the per-op path's regions count it (ops/*.py `cost`): per layer two norms (with the
+    residual add but for the first), the four projections with their weights as stored, RoPE
+    + KV store, decode attention over the step's contexts, SwiGLU — what a call that runs the
+    whole stack does (this driver, the compiler's layer program). All but attention are affine
+    in the token count: evaluated at 0 and 1 token once, per layer count."""
+
+    def __init__(self, model, kv_cache: PagedKVCache):
+        self.model, self.kv_cache = model, kv_cache
+        self._affine: dict[int, tuple[profiling.Cost, profiling.Cost]] = {}
+
+    def __call__(self, tokens: int, plan: AttentionPlan, num_layers: int) -> profiling.Cost:
+        if num_layers not in self._affine:
+            fixed = self._layers(0, num_layers)
+            self._affine[num_layers] = (fixed, self._layers(1, num_layers) - fixed)
+        fixed, per_token = self._affine[num_layers]
+        config, kv = self.model.config, self.kv_cache.layer(0)  # (one cache group: uniform)
+        position = kv_store.slot_bytes(kv.k, kv.v)
+        element = self.model.dtype.itemsize
+        heads, dim = config.num_attention_heads, config.head_dim
+        attention = decode_cost(heads, dim, element, plan, position)
+        return fixed + per_token * tokens + attention * num_layers
+
+    def _layers(self, tokens: int, num_layers: int) -> profiling.Cost:
+        config = self.model.config
+        heads, kv_heads, dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        element = self.model.dtype.itemsize
+        total = profiling.Cost()
+        for index, layer in enumerate(self.model.layers[:num_layers]):
+            kv = self.kv_cache.layer(index)
+            projections = (layer.attn.qkv, layer.attn.o, layer.mlp.gate_up, layer.mlp.down)
+            for linear in projections:
+                total += linear.cost(tokens, element)
+            for residual in (index > 0, True):
+                total += rms_norm.cost(tokens, config.hidden_size, residual, element)
+            total += rope.cost(tokens, heads + kv_heads, dim, element)
+            total += kv_store.cost(tokens, kv_heads, dim, element, kv_store.slot_bytes(kv.k, kv.v))
+            total += silu_mul.cost(tokens, config.intermediate_size, element)
+        return total
 
 
 FAST_PATHS.register(

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from infergen import profiling
 from infergen.config import ModelConfig
 from infergen.errors import ConfigError
 from infergen.kvcache.groups import cache_groups
@@ -296,9 +297,21 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """Returns logits [len(batch.logits_indices), vocab] in fp32; with `num_layers`, of
         the first that many layers only (then the final norm and head: self-speculation)."""
+        if profiling.enabled():  # (the forward's work outside its ops: the region "model")
+            with profiling.region("model", "", profiling.Cost()):
+                return self._forward(batch, kv_cache, num_layers)
+        return self._forward(batch, kv_cache, num_layers)
+
+    def _forward(
+        self, batch: ForwardBatch, kv_cache: PagedKVCache, num_layers: int | None
+    ) -> torch.Tensor:
         if batch.ropes is None:
             batch.ropes = [RopeInputs(batch.positions, table) for table in self.rope_tables]
-        h = self.embed_rows(batch.input_ids)  # a fresh tensor: the layers update it in place
+        if profiling.enabled():
+            with self._embedding_region(batch.input_ids.shape[0]):
+                h = self.embed_rows(batch.input_ids)
+        else:
+            h = self.embed_rows(batch.input_ids)  # a fresh tensor: the layers update it in place
         # (a KV press's observation window is captured by the per-op layers)
         runner = self.fast_path_for(kv_cache) if batch.capture is None else None
         done = None
@@ -318,6 +331,11 @@ class Transformer(nn.Module):
         if self.keep_hidden:
             return self.logits(self.hidden.index_select(0, rows))
         return self.head(h.index_select(0, rows), delta.index_select(0, rows))
+
+    def _embedding_region(self, tokens: int):
+        """The profiler's region of the embedding lookup: rows read and written, no FLOPs."""
+        work = profiling.Cost(0, 2 * tokens * self.config.hidden_size * self.dtype.itemsize)
+        return profiling.region("embedding", str(self.config.hidden_size), work)
 
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The embeddings [len(ids), hidden] of token ids (scaled as the architecture does), a

@@ -15,9 +15,24 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from infergen import profiling
+from infergen.profiling import Cost
 from infergen.registry import Registry
 
 GELU_MUL_BACKENDS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("gelu_mul backend")
+
+
+def cost(tokens: int, n: int, element_bytes: int) -> Cost:
+    """FLOPs: gelu_tanh (9, tanh counted as one) and the product per output element; bytes:
+    2·T·n read, T·n written."""
+    return Cost(10 * tokens * n, 3 * tokens * n * element_bytes)
+
+
+def region(gate_up: torch.Tensor):
+    """The profiler's region of one call on gate_up [tokens, 2n] (infergen/profiling.py)."""
+    n = gate_up.shape[-1] // 2
+    work = cost(gate_up.numel() // (2 * n), n, gate_up.element_size())
+    return profiling.region("gelu_mul", str(n), work)
 
 
 def reference(gate_up: torch.Tensor) -> torch.Tensor:

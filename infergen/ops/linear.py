@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infergen.kernels.build import I, L, P, kernel
+from infergen.profiling import Cost
 from infergen.registry import Registry
 
 
@@ -99,6 +100,20 @@ def backend_for(name: str, kernels: str) -> LinearBackend:
     """Row `name` as kernel set `kernels` runs it: "<name>:<kernels>" where that row is
     registered, else `name` itself."""
     return LINEAR_BACKENDS.get(f"{name}:{kernels}", where="kernels", fallback=name)
+
+
+def backend_name(backend: LinearBackend) -> str:
+    """The name a row is registered under (what a profile calls the weight format)."""
+    return next((name for name, row in LINEAR_BACKENDS.items() if row is backend), "?")
+
+
+def cost(
+    tokens: int, in_features: int, out_features: int, weight_bytes: int, element_bytes: int
+) -> Cost:
+    """One product: 2·tokens·in·out FLOPs; bytes: the weight as stored (`weight_bytes`, bias
+    included), x read and y written in the activations' element size."""
+    flops = 2 * tokens * in_features * out_features
+    return Cost(flops, weight_bytes + tokens * (in_features + out_features) * element_bytes)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

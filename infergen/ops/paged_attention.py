@@ -25,9 +25,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from infergen import profiling
 from infergen.kernels.build import F as CF
 from infergen.kernels.build import I, L, P, kernel
 from infergen.kvcache.kv_protocol import KVLayer, layer_of
+from infergen.ops.kv_store import slot_bytes
+from infergen.profiling import Cost
 from infergen.registry import Registry
 
 
@@ -411,6 +414,11 @@ def paged_attention(
     Returns [tokens, heads, d].
     """
     decode_fn = decode_fn or decode_attention
+    if profiling.enabled():  # each part its own region (infergen/profiling.py)
+        decode_fn = _profiled(decode_fn, "attention.decode", decode_cost, k_cache, v_cache)
+        if attn_plan.prefills:
+            prefill_fn = _profiled(prefill_fn or prefill_attention, "attention.prefill",
+                                   prefill_cost, k_cache, v_cache)  # fmt: skip
     if attn_plan.decode_only:
         return decode_fn(q, k_cache, v_cache, attn_plan, scale, kv)
     out = torch.empty_like(q)
@@ -421,6 +429,60 @@ def paged_attention(
         prefill_fn = prefill_fn or prefill_attention
         prefill_fn(q, k_new, v_new, k_cache, v_cache, attn_plan, scale, out, kv, core, new_slots)
     return out
+
+
+def decode_cost(
+    heads: int, dim: int, element_bytes: int, plan: AttentionPlan, position_bytes: float
+) -> Cost:
+    """The step's decode rows: FLOPs 4·heads·head_dim per (query, key) pair (q·k and p·v; the
+    softmax not counted); bytes: each row's keys and values as stored (`position_bytes` per
+    position: both caches), its query read and output written. (Reads the contexts' lengths
+    back from the device: only while profiling.)"""
+    lens = plan.decode_seq_lens
+    keys = int((lens.clamp(max=plan.window) if plan.window else lens).sum())
+    own = 2 * lens.shape[0] * heads * dim * element_bytes
+    return Cost(4 * heads * dim * keys, round(keys * position_bytes) + own)
+
+
+def prefill_cost(
+    heads: int, dim: int, element_bytes: int, plan: AttentionPlan, position_bytes: float
+) -> Cost:
+    """The step's prefill sequences: FLOPs 4·heads·head_dim per (query, key) pair a causal
+    (or windowed) mask keeps, sink positions not counted; bytes: the keys and values the
+    queries read, once, as stored, the queries read and the output written."""
+    pairs = read = 0
+    for item in plan.prefills:
+        n, ctx = item.end - item.start, item.context_len
+        first = ctx - n  # positions before the chunk's first query
+        if plan.window:
+            # min(window, first + j + 1) over the chunk's queries j: those under the window
+            # see first + j + 1 keys, the rest `window`
+            under = min(max(plan.window - first - 1, 0), n)
+            pairs += under * first + under * (under + 1) // 2 + (n - under) * plan.window
+            read += min(ctx, plan.window + n - 1)
+        else:
+            pairs += n * first + n * (n + 1) // 2
+            read += ctx
+    tokens = sum(item.end - item.start for item in plan.prefills)
+    own = 2 * tokens * heads * dim * element_bytes
+    return Cost(4 * heads * dim * pairs, round(read * position_bytes) + own)
+
+
+def _profiled(fn, op: str, cost_of, k_cache: torch.Tensor, v_cache: torch.Tensor):
+    """`fn` (a decode or prefill row) inside its op region: the cost of the plan's rows."""
+    position_bytes = slot_bytes(k_cache, v_cache)
+
+    def run(q, *args, **kwargs):
+        plan = args[2] if op == "attention.decode" else args[4]
+        cost = cost_of(q.shape[1], q.shape[2], q.element_size(), plan, position_bytes)
+        kv_heads = f"/{k_cache.shape[2]}" if k_cache.dim() == 4 else ""
+        key = (
+            f"h{q.shape[1]}{kv_heads} d{q.shape[2]} kv {str(k_cache.dtype).removeprefix('torch.')}"
+        )
+        with profiling.region(op, key, cost):
+            return fn(q, *args, **kwargs)
+
+    return run
 
 
 def reference(

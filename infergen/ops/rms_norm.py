@@ -16,12 +16,28 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from infergen import profiling
 from infergen.kernels.build import F as CF
 from infergen.kernels.build import I, L, P, kernel
+from infergen.profiling import Cost
 from infergen.registry import Registry
 
 AddRMSNormFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, float], torch.Tensor]
 RMS_NORM_BACKENDS: Registry[AddRMSNormFn] = Registry("rms_norm backend")
+
+
+def cost(rows: int, cols: int, residual: bool, element_bytes: int) -> Cost:
+    """FLOPs: square-and-sum, scale and weight per element (4), the residual add (1); bytes:
+    h read and y written, the weight, and with the residual delta read and h written back."""
+    flops = (4 + residual) * rows * cols
+    return Cost(flops, ((2 + 2 * residual) * rows * cols + cols) * element_bytes)
+
+
+def region(h: torch.Tensor, delta: torch.Tensor | None):
+    """The profiler's region of one call on h [..., cols] (infergen/profiling.py)."""
+    cols = h.shape[-1]
+    work = cost(h.numel() // cols, cols, delta is not None, h.element_size())
+    return profiling.region("rms_norm", f"{cols}{' +add' if delta is not None else ''}", work)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

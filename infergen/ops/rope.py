@@ -13,8 +13,10 @@ from collections.abc import Callable
 
 import torch
 
+from infergen import profiling
 from infergen.config import ModelConfig, RopeScaling
 from infergen.kernels.build import I, L, P, kernel
+from infergen.profiling import Cost
 from infergen.registry import Registry
 
 
@@ -76,6 +78,19 @@ def cos_sin_cache(
     table = torch.cat([angles.cos(), angles.sin()], dim=-1)
     factor = 1.0 if local else config.rope_scaling.attention_factor
     return table if factor == 1.0 else table * factor
+
+
+def cost(tokens: int, heads: int, dim: int, element_bytes: int) -> Cost:
+    """FLOPs: two products and a sum per element; bytes: x read and written, the step's cos /
+    sin rows (fp32) read."""
+    elements = tokens * heads * dim
+    return Cost(3 * elements, 2 * elements * element_bytes + tokens * dim * 4)
+
+
+def region(x: torch.Tensor):
+    """The profiler's region of one call on x [tokens, heads, dim] (infergen/profiling.py)."""
+    tokens, heads, dim = x.shape
+    return profiling.region("rope", f"h{heads} d{dim}", cost(tokens, heads, dim, x.element_size()))
 
 
 def reference(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:

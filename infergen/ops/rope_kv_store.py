@@ -23,10 +23,13 @@ from collections.abc import Callable
 import torch
 import torch.fx
 
+from infergen import profiling
 from infergen.kvcache.kv_protocol import KVLayer
 from infergen.ops import rope as rope_op
-from infergen.ops.kv_store import kv_store
+from infergen.ops.kv_store import cost as store_cost
+from infergen.ops.kv_store import kv_store, slot_bytes
 from infergen.ops.rope import RopeFn, RopeInputs, apply_rope
+from infergen.profiling import Cost
 from infergen.registry import Registry
 
 # tracing (compiler/capture.py) keeps the KV store called from this module one IR node, as it
@@ -35,6 +38,20 @@ torch.fx.wrap("kv_store")
 
 RopeStoreFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ROPE_STORE_BACKENDS: Registry[RopeStoreFn] = Registry("rope + KV store backend")
+
+
+def cost(qk: torch.Tensor, v: torch.Tensor, kv: KVLayer) -> Cost:
+    """RoPE on q and k (ops/rope.py's cost) plus the KV store of k and v (ops/kv_store.py's)."""
+    tokens, rows, dim = qk.shape
+    store = store_cost(tokens, v.shape[1], dim, qk.element_size(), slot_bytes(kv.k, kv.v))
+    return rope_op.cost(tokens, rows, dim, qk.element_size()) + store
+
+
+def region(qk: torch.Tensor, v: torch.Tensor, kv: KVLayer):
+    """The profiler's region of one call (infergen/profiling.py)."""
+    rows, kv_heads, dim = qk.shape[1], v.shape[1], qk.shape[2]
+    key = f"h{rows - kv_heads}/{kv_heads} d{dim} {str(kv.k.dtype).removeprefix('torch.')}"
+    return profiling.region("rope_kv_store", key, cost(qk, v, kv))
 
 
 def reference(

@@ -11,11 +11,12 @@ from infergen.engine.config import EngineConfig
 from infergen.engine.options import OPTIONS, engine_config, options_from_args
 from infergen.errors import ConfigError
 
-COMMANDS = ("generate", "chat", "serve", "compile", "quantize", "eval", "predict")
+COMMANDS = ("generate", "chat", "serve", "compile", "quantize", "eval", "predict", "profile")
 # flags a command defines itself with another meaning: quantize --weights (the scheme to
 # write), eval --weights / --kv-format (the schemes and formats to score, repeatable),
-# generate / chat --seed (the sampling seed); predict's flags of the deployment it simulates
-# (a config or checkpoint, formats, scheduler limits; --seed: the workload's)
+# generate / chat --seed (the sampling seed), profile --seed (its prompts'); predict's flags
+# of the deployment it simulates (a config or checkpoint, formats, scheduler limits; --seed:
+# the workload's)
 OWN_FLAGS = {
     "predict": (
         "model",
@@ -32,6 +33,7 @@ OWN_FLAGS = {
     "eval": ("weights", "kv_format", "kv_press"),  # (eval scores a list of each)
     "generate": ("seed",),
     "chat": ("seed",),
+    "profile": ("seed",),
 }
 
 

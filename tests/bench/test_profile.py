@@ -1,0 +1,175 @@
+"""`infergen profile` (bench/profile.py, profile_table.py, profile_plot.py, cli/profile.py) on
+a tiny Llama: FLOPs and call counts of the rows against the model's config and the workload,
+the trace's events, the plot, --json, compile=jit and a quantized weight scheme. Times are
+only checked to be reported (speed belongs in benchmarks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from infergen import LLM, profiling
+from infergen.bench.profile import ProfileWorkload, profile_engine, write_trace
+from infergen.bench.profile_plot import plot_roofline
+from infergen.bench.profile_table import OVERHEAD_FACTOR, Roofline, format_phase
+from infergen.cli import main
+from infergen.kernels.build import I, L, P, kernel
+from tests.hf_models import build_hf_model
+
+PROMPT, BATCH, STEPS = 24, 2, 3
+WORKLOAD = ProfileWorkload(prompt_tokens=PROMPT, batch=BATCH, decode_steps=STEPS, warmup=1,
+                           prefill_runs=1)  # fmt: skip
+ROOFLINE = Roofline(flops=50e9, bandwidth=10e9, source="test")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profile") / "model"
+    build_hf_model("llama_gqa", path)
+    return path
+
+
+def _rows(result, op: str, role: str = ""):
+    return [r for r in result.rows if r.op == op and (not role or r.role == role)]
+
+
+def _main_row(result, op: str, role: str = ""):
+    """The op's row that carries its FLOPs and bytes (its main kernel)."""
+    (row,) = [r for r in _rows(result, op, role) if r.flops or r.bytes]
+    return row
+
+
+def test_labels_round_trip_and_native_kernels_are_named():
+    label = profiling.region("linear", "64->128 int8", profiling.Cost(12, 34)).name
+    parsed = profiling.parse(label)
+    assert (parsed.op, parsed.key, parsed.cost) == (
+        "linear",
+        "64->128 int8",
+        profiling.Cost(12, 34),
+    )
+    assert profiling.parse("aten::mm") is None
+    fn = kernel("silu_mul_f32", P, P, L, L, I)
+    if fn is None:
+        pytest.skip("no C compiler")
+    x, out = torch.randn(3, 8), torch.empty(3, 4)
+    with torch.profiler.profile() as prof:
+        fn(x.data_ptr(), out.data_ptr(), 3, 4, 1)
+    assert "native::silu_mul_f32" in {e.name for e in prof.events()}
+    fn(x.data_ptr(), out.data_ptr(), 3, 4, 1)  # (no profiler: straight through)
+    torch.testing.assert_close(out, torch.nn.functional.silu(x[:, :4]) * x[:, 4:])
+
+
+def test_per_op_rows_match_the_config(model_dir, tmp_path):
+    """kernels="torch" runs every step op by op: each projection's and attention's FLOPs and
+    calls per phase from the config and the workload's shapes."""
+    llm = LLM(str(model_dir), kv_cache_memory="4MiB", kernels="torch")
+    config, layers = llm.config, llm.config.num_hidden_layers
+    result = profile_engine(llm.engine, WORKLOAD, ROOFLINE, say=lambda text: None)
+    prefill, decode = result.phases["prefill"], result.phases["decode"]
+    hidden, q, kv = config.hidden_size, config.q_size, config.kv_size
+    shapes = {"attn.qkv": (hidden, q + 2 * kv), "attn.o": (q, hidden),
+              "mlp.gate_up": (hidden, 2 * config.intermediate_size),
+              "mlp.down": (config.intermediate_size, hidden)}  # fmt: skip
+    assert prefill.steps == 1 and prefill.tokens_per_step == BATCH * PROMPT
+    assert decode.steps == STEPS and decode.tokens_per_step == BATCH
+    for role, (n_in, n_out) in shapes.items():
+        row = _main_row(prefill, "linear", role)
+        assert row.flops == 2 * BATCH * PROMPT * n_in * n_out * layers
+        assert row.calls == layers  # one prefill step
+        row = _main_row(decode, "linear", role)
+        assert row.flops == 2 * BATCH * n_in * n_out * layers * STEPS
+        assert row.calls == layers * STEPS
+    head = _main_row(decode, "linear", "lm_head")  # one row per sequence, each step
+    assert head.flops == 2 * BATCH * hidden * config.vocab_size * STEPS
+    heads, dim = config.num_attention_heads, config.head_dim
+    causal = PROMPT * (PROMPT + 1) // 2  # (query, key) pairs of one prompt
+    assert (
+        _main_row(prefill, "attention.prefill").flops == 4 * heads * dim * causal * BATCH * layers
+    )
+    # after the warm-up step, decode step i reads PROMPT + 2 + i positions; timed and profiled
+    # steps take turns in blocks (of one step here): timed, profiled | profiled, timed | timed,
+    # profiled — the profiled ones are steps 1, 2 and 5
+    keys = sum(PROMPT + 2 + i for i in (1, 2, 5)) * BATCH
+    assert _main_row(decode, "attention.decode").flops == 4 * heads * dim * keys * layers
+    for phase in (prefill, decode):
+        assert phase.measured_step_s > 0 and phase.coverage > 0 and phase.rows_coverage > 0
+        total = sum(r.seconds for r in phase.rows)
+        assert total == pytest.approx(sum(phase.profiled_s), rel=1e-3)  # each µs in one row
+        text = format_phase(phase)
+        assert "% of the measured step" in text and "linear[64->128 torch] attn.qkv" in text
+    # the trace has an event for every kernel row and every op region
+    path = tmp_path / "trace.json"
+    write_trace(result, path)
+    names = {e.get("name") for e in json.loads(path.read_text())["traceEvents"]}
+    ops = {f"{p.op}[{p.key}]" for p in map(profiling.parse, names) if p is not None}
+    for phase in (prefill, decode):
+        for row in phase.rows:
+            assert row.host or row.kernel in names, row
+            assert row.op == "engine" or f"{row.op}[{row.key}]" in ops, row
+    plot = tmp_path / "roofline.png"
+    plot_roofline(result.phases, str(plot))
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fused_decode_is_one_named_call(model_dir):
+    """The native kernels' decode steps run every layer in one C call: one row per step,
+    its FLOPs at least the projections', the call broken down by the driver's phase timers."""
+    llm = LLM(str(model_dir), kv_cache_memory="4MiB")
+    config, layers = llm.config, llm.config.num_hidden_layers
+    workload = ProfileWorkload(PROMPT, BATCH, STEPS, warmup=1, phases=("decode",))
+    decode = profile_engine(llm.engine, workload, say=lambda text: None).phases["decode"]
+    row = _main_row(decode, "decode_layers")
+    assert row.kernel == "native::decode_layers_f32" and row.calls == STEPS
+    params = config.hidden_size * (config.q_size + 2 * config.kv_size)
+    params += config.q_size * config.hidden_size + 3 * config.hidden_size * config.intermediate_size
+    assert row.flops >= 2 * BATCH * params * layers * STEPS
+    assert set(decode.fused_phases) >= {"qkv", "attention", "down"}
+    assert decode.roofline is None and row.bound(None) == ("-", None)
+
+
+@pytest.mark.parametrize(
+    "options, op, kernel",
+    [
+        (["--compile", "jit"], "decode_layers", "jit::layer_program"),
+        (["--weights", "int8"], "linear", None),
+    ],
+)
+def test_cli_json(model_dir, tmp_path, capsys, options, op, kernel):
+    rows_file = tmp_path / "hardware.json"
+    rows_file.write_text(json.dumps({"testbox": {
+        "description": "a test roofline", "memory_bytes": 1e9, "bandwidth": 1e10,
+        "flops": {"fp32": 5e10}, "compute_efficiency": 1.0, "memory_efficiency": 1.0,
+    }}))  # fmt: skip
+    trace, plot = tmp_path / "t.json", tmp_path / "r.png"
+    argv = ["profile", "-m", str(model_dir), "--kv-cache-memory", "4MiB", "--prompt-tokens",
+            str(PROMPT), "--decode-steps", "2", "--warmup", "1", "--prefill-runs", "1", "--json",
+            "--gpu", "testbox", "--hardware-file", str(rows_file), "--trace", str(trace),
+            "--plot", str(plot), *options]  # fmt: skip
+    assert main(argv) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["roofline"]["flops"] == 5e10 and set(document["phases"]) == {
+        "prefill",
+        "decode",
+    }
+    for phase in document["phases"].values():
+        assert phase["coverage"] > 0 and phase["measured_step_s"] > 0
+        for row in phase["rows"]:  # the bound rule of bench/profile_table.py
+            compute, memory = row["flops"] / 5e10, row["bytes"] / 1e10
+            ideal = max(compute, memory)
+            if ideal == 0 or row["seconds"] > OVERHEAD_FACTOR * ideal:
+                assert row["bound"] == "overhead"
+            else:
+                assert row["bound"] == ("compute" if compute >= memory else "memory")
+    decode = document["phases"]["decode"]["rows"]
+    assert any(r["op"] == op and (kernel is None or r["kernel"] == kernel) for r in decode)
+    if "int8" in options:  # the weights as stored: a byte a value (and scales), not four
+        (qkv,) = [r for r in document["phases"]["prefill"]["rows"]
+                  if r["role"] == "attn.qkv" and r["bytes"]]  # fmt: skip
+        layers, n_in, n_out = 3, 64, 128
+        weights = qkv["bytes"] - PROMPT * (n_in + n_out) * 4 * layers  # (activations: fp32)
+        assert qkv["key"] == "64->128 int8"
+        assert n_in * n_out * layers <= weights < 1.5 * n_in * n_out * layers
+    json.loads(trace.read_text())
+    assert plot.read_bytes()[:4] == b"\x89PNG"
