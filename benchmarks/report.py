@@ -649,41 +649,50 @@ def render_tp(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
-W8A8_START, W8A8_END = "<!-- w8a8:start -->", "<!-- w8a8:end -->"
+LOW_START, LOW_END = "<!-- low-precision:start -->", "<!-- low-precision:end -->"
 
 
-def render_w8a8(lines: list[dict]) -> str | None:
-    """bench_w8a8.py's lines (None: no run): the integer W8A8 product against fp32, weight-only
-    int8 and the emulation by token count, and the engine's prefill / decode."""
-    runs = [ln for ln in lines if ln.get("bench") == "w8a8"]
+def render_low_precision(lines: list[dict]) -> str | None:
+    """bench_low_precision.py's lines (None: no run): the integer W8A8 / W4A8 and the bf16
+    products against fp32, weight-only and the emulation by token count, and the engine's
+    prefill / decode beside llama.cpp's on the same GGUF weights."""
+    runs = [ln for ln in lines if ln.get("bench") == "low_precision"]
     if not runs:
         return None
+
+    def ms(ln: dict, key: str) -> str:
+        return f"{ln[key]:.2f}" if key in ln else "—"
+
+    def ratio(ln: dict, key: str) -> str:
+        return f"{ln[key]:.2f}×" if key in ln else "—"
+
     rows = [
-        "| tokens | fp32, ms | int8 weight-only, ms | W8A8 emulated, ms | W8A8 integer, ms | "
+        "| weights | tokens | fp32, ms | weight-only, ms | emulated, ms | integer / bf16, ms | "
         "÷ fp32 | ÷ weight-only | ÷ emulated |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for ln in (ln for ln in runs if ln["kind"] == "ops"):
+        low = "bf16_ms" if ln["scheme"] == "bf16" else "integer_ms"
         rows.append(
-            f"| {ln['tokens']} | {ln['fp32_ms']:.2f} | {ln['int8_weight_only_ms']:.2f} "
-            f"| {ln['w8a8_emulated_ms']:.2f} | {ln['w8a8_integer_ms']:.2f} "
-            f"| {ln['integer_vs_fp32']:.2f}× | {ln['integer_vs_weight_only']:.2f}× "
-            f"| {ln['integer_vs_emulated']:.2f}× |"
+            f"| {ln['scheme']} | {ln['tokens']} | {ms(ln, 'fp32_ms')} | {ms(ln, 'weight_only_ms')} "
+            f"| {ms(ln, 'emulated_ms')} | {ms(ln, low)} | {ratio(ln, 'vs_fp32')} "
+            f"| {ratio(ln, 'vs_weight_only')} | {ratio(ln, 'vs_emulated')} |"
         )
     engine = [ln for ln in runs if ln["kind"] == "engine"]
     if engine:
         rows += ["", "| engine | prefill 512, tok/s | ÷ fp32 | decode batch 1, tok/s |",
                  "|---|---|---|---|"]  # fmt: skip
         for ln in engine:
+            peer = f" ({ln['peer_version']})" if ln.get("peer_version") else ""
             rows.append(
-                f"| {ln['config']} | {ln['prefill_tok_s']:.0f} | {ln['prefill_vs_fp32']:.2f}× "
-                f"| {ln['decode_tok_s']:.1f} |"
+                f"| {ln['config']}{peer} | {ln['prefill_tok_s']:.0f} "
+                f"| {ln['prefill_vs_fp32']:.2f}× | {ln['decode_tok_s']:.1f} |"
             )
     first = runs[0]
     flags = " ".join(f.removeprefix("-m") for f in first.get("kernel_flags", [])) or "generic"
     rows.append(
-        f"\n{_machine(first)}, kernel built for {flags}, {first['date']}. Regenerate: "
-        "`python benchmarks/bench_w8a8.py && python benchmarks/report.py`."
+        f"\n{_machine(first)}, kernels built for {flags}, {first['date']}. Regenerate: "
+        "`python benchmarks/bench_low_precision.py && python benchmarks/report.py`."
     )
     return "\n".join(rows)
 
@@ -776,7 +785,7 @@ SECTIONS = (
     (PRESS_START, PRESS_END, render_kv_press),
     (PEER_START, PEER_END, render_kv_press_peer),
     (TP_START, TP_END, render_tp),
-    (W8A8_START, W8A8_END, render_w8a8),
+    (LOW_START, LOW_END, render_low_precision),
 )
 
 
