@@ -76,13 +76,18 @@ static void bf16_finish(float acc[][NR], const float *bias, float *Y, long ldy, 
     }
 #define BF16_MICRO(MRX)                                                                            \
     static void bf16_micro_##MRX(const uint32_t *wp, const uint32_t *Xb, long K2,                  \
-                                 const float *bias, float *Y, long ldy, int cols) {                \
+                                 const float *bias, float *Y, long ldy, int cols,                  \
+                                 const uint32_t *pf) {                                             \
         const int mr = MRX;                                                                        \
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,     \
                a7 = a0;                                                                            \
         __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0, b6 = b0,     \
                b7 = b0;                                                                            \
         for (long i = 0; i < K2; ++i) {                                                            \
+            if (pf) { /* the next panel's row i into L2 (one token block: no time otherwise) */  \
+                _mm_prefetch((const char *)(pf + i * NR), _MM_HINT_T1);                            \
+                _mm_prefetch((const char *)(pf + i * NR + 16), _MM_HINT_T1);                       \
+            }                                                                                      \
             __m512i w16 = _mm512_loadu_si512((const void *)(wp + i * NR));                         \
             __m256i w8 = _mm256_loadu_si256((const __m256i *)(wp + i * NR + 16));                  \
             BF16_ROW_DOT(0) BF16_ROW_DOT(1) BF16_ROW_DOT(2) BF16_ROW_DOT(3)                        \
@@ -116,12 +121,17 @@ static void bf16_finish(float acc[][NR], const float *bias, float *Y, long ldy, 
            we##J = _mm256_castsi256_ps(_mm256_slli_epi32(w##J, 16));
 #define BF16_MICRO(MRX)                                                                            \
     static void bf16_micro_##MRX(const uint32_t *wp, const uint32_t *Xb, long K2,                  \
-                                 const float *bias, float *Y, long ldy, int cols) {                \
+                                 const float *bias, float *Y, long ldy, int cols,                  \
+                                 const uint32_t *pf) {                                             \
         const int mr = MRX;                                                                        \
         const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);                                  \
         __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00,              \
                c12 = c00, c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;        \
         for (long i = 0; i < K2; ++i) {                                                            \
+            if (pf) { /* the next panel's row i into L2 (one token block: no time otherwise) */  \
+                _mm_prefetch((const char *)(pf + i * NR), _MM_HINT_T1);                            \
+                _mm_prefetch((const char *)(pf + i * NR + 16), _MM_HINT_T1);                       \
+            }                                                                                      \
             BF16_WIDEN(0) BF16_WIDEN(1) BF16_WIDEN(2)                                              \
             BF16_ROW_FMA(0) BF16_ROW_FMA(1) BF16_ROW_FMA(2) BF16_ROW_FMA(3)                        \
         }                                                                                          \
@@ -132,8 +142,10 @@ static void bf16_finish(float acc[][NR], const float *bias, float *Y, long ldy, 
 #else
 #define BF16_MICRO(MRX)                                                                            \
     static void bf16_micro_##MRX(const uint32_t *wp, const uint32_t *Xb, long K2,                  \
-                                 const float *bias, float *Y, long ldy, int cols) {                \
+                                 const float *bias, float *Y, long ldy, int cols,                  \
+                                 const uint32_t *pf) {                                             \
         float acc[BF16_MR][NR] = {{0}};                                                            \
+        (void)pf;                                                                                  \
         for (long i = 0; i < K2; ++i)                                                              \
             for (int r = 0; r < MRX; ++r) {                                                        \
                 uint32_t x2 = Xb[r * K2 + i];                                                      \
@@ -159,7 +171,7 @@ BF16_MICRO(8)
 #endif
 
 typedef void (*bf16_micro_fn)(const uint32_t *, const uint32_t *, long, const float *, float *,
-                              long, int);
+                              long, int, const uint32_t *);
 #if BF16_MR == 8
 static const bf16_micro_fn BF16_MICROS[BF16_MR + 1] = {
     0, bf16_micro_1, bf16_micro_2, bf16_micro_3, bf16_micro_4,
@@ -189,10 +201,11 @@ void gemm_bf16(const uint32_t *Wp, const float *X, const float *bias, float *Y, 
             long n0 = p * NR;
             int cols = (int)(N - n0 < NR ? N - n0 : NR);
             const uint32_t *wp = Wp + p * K2 * NR;
+            const uint32_t *pf = M <= BF16_MR && p + 1 < panels ? wp + K2 * NR : 0;
             for (long m = 0; m < M; m += BF16_MR)
                 BF16_MICROS[M - m < BF16_MR ? M - m : BF16_MR](
                     wp, (const uint32_t *)Xb + m * K2, K2, bias ? bias + n0 : 0, Y + m * N + n0,
-                    N, cols);
+                    N, cols, pf);
         }
     }
     free(Xb);
