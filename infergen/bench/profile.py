@@ -20,7 +20,9 @@ PhaseProfile: its phases, summed over layers).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pathlib
 import random
 import re
@@ -28,7 +30,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -80,8 +81,14 @@ def profile_engine(
     measured: dict[str, list[float]] = {phase: [] for phase in workload.phases}
 
     def recorded(block: Callable[[], object]) -> None:
-        with profile(activities=activities) as session:
+        session = profile(activities=activities)
+        with _quiet_stderr():  # (the profiler's C++ side prints a line at start and stop)
+            session.start()
+        try:
             block()
+        finally:
+            with _quiet_stderr():
+                session.stop()
         events.extend(session.events())
         result.sessions.append(session)
 
@@ -118,6 +125,20 @@ def profile_engine(
         steps = result.phases["decode"].steps
         result.phases["decode"].fused_phases = {k: v / steps for k, v in fused.items()}
     return result
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null while the block runs (C++ writes there directly)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _order(turn: int) -> tuple[bool, bool]:
@@ -186,7 +207,7 @@ class _Runner:
         seen: list[list[int]] = []
         previous, self.engine.on_step = self.engine.on_step, lambda r: seen.append(r.chunks)
         try:
-            with record_function(f"{STEP}{phase}") if phase else nullcontext():
+            with record_function(f"{STEP}{phase}") if phase else contextlib.nullcontext():
                 start = time.perf_counter()
                 self.engine.step()
                 if self.cuda:
