@@ -26,3 +26,21 @@ def default_model_path():
     from infergen.io.default_model import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture
+def fused_steps(monkeypatch):
+    """Per decode step the fused decode path was asked to run: did it (it returns None where
+    it declines and the per-op path runs)."""
+    from infergen.models.fused_decode import FusedDecode
+
+    steps: list[bool] = []
+    run = FusedDecode.run
+
+    def counting_run(self, h, batch, *args):
+        delta = run(self, h, batch, *args)
+        steps.append(delta is not None)
+        return delta
+
+    monkeypatch.setattr(FusedDecode, "run", counting_run)
+    return steps

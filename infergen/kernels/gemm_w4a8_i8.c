@@ -28,6 +28,7 @@
 
 #include "common.h"
 #include "half.h"
+#include "int8_token.h"
 
 #ifdef __SSE2__
 #include <immintrin.h>
@@ -238,27 +239,17 @@ W4_MICRO(3)
 W4_MICRO(4)
 
 typedef void (*w4_micro_fn)(const uint8_t *, long, const int8_t *, long, const float *,
-                         const float *, const float *, float *, long, int);
-static const w4_micro_fn W4_MICROS[W4_MR + 1] = {0, w4_micro_1, w4_micro_2, w4_micro_3, w4_micro_4};
+                            const float *, const float *, float *, long, int);
+static const w4_micro_fn W4_MICROS[W4_MR + 1] = {0, w4_micro_1, w4_micro_2, w4_micro_3,
+                                                 w4_micro_4};
 
-/* token row m of X [M][K] -> its scale amax / 127 (1 for a zero row), its codes round(x /
- * scale) clamped to +-127 (ties to even) and each group's code sum: the "token" rule of
- * ops/quantize_activation.py, the same fp32 operations */
+/* token row m of X [M][K] -> its scale and s8 codes by int8_token.h's rule, and each group's
+ * code sum */
 static void w4_quantize_token(const float *X, long m, long K, int8_t *A, float *sa, float *asum) {
     const float *x = X + m * K;
-    float amax = 0.0f;
-    for (long k = 0; k < K; ++k) { /* (a compare, not fmaxf: it vectorizes) */
-        float v = fabsf(x[k]);
-        amax = v > amax ? v : amax;
-    }
-    float s = amax / 127.0f;
-    if (!(s > 0.0f)) s = 1.0f;
-    sa[m] = s;
+    float s = sa[m] = int8_token_scale(x, K);
     int8_t *a = A + m * K;
-    for (long k = 0; k < K; ++k) {
-        float q = nearbyintf(x[k] / s);
-        a[k] = (int8_t)(q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q));
-    }
+    for (long k = 0; k < K; ++k) a[k] = (int8_t)int8_token_code(x[k], s);
     long groups = K / GROUP;
     for (long g = 0; g < groups; ++g) {
         int32_t sum = 0;

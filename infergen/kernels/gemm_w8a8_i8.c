@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "int8_token.h"
 
 #ifdef __SSE2__
 #include <immintrin.h>
@@ -248,25 +249,13 @@ static const w8_micro_fn W8_MICROS[W8_MR + 1] = {0,          w8_micro_1, w8_micr
                                                  w8_micro_3, w8_micro_4, w8_micro_5,
                                                  w8_micro_6, w8_micro_7, w8_micro_8};
 
-/* token row m of X [M][K] -> its scale amax / 127 (1 for a zero row) and its codes
- * round(x / scale) clamped to +-127 (ties to even), as bytes code + W8_A_OFFSET, zero-padded: the
- * "token" rule of ops/quantize_activation.py, the same fp32 operations */
+/* token row m of X [M][K] -> its scale and codes by int8_token.h's rule, as bytes code +
+ * W8_A_OFFSET, zero-padded to 4 * K4 */
 static void w8_quantize_token(const float *X, long m, long K, long K4, uint8_t *A, float *sa) {
     const float *x = X + m * K;
-    float amax = 0.0f;
-    for (long k = 0; k < K; ++k) { /* (a compare, not fmaxf: it vectorizes) */
-        float v = fabsf(x[k]);
-        amax = v > amax ? v : amax;
-    }
-    float s = amax / 127.0f;
-    if (!(s > 0.0f)) s = 1.0f;
-    sa[m] = s;
+    float s = sa[m] = int8_token_scale(x, K);
     uint8_t *a = A + m * 4 * K4;
-    for (long k = 0; k < K; ++k) {
-        float q = nearbyintf(x[k] / s);
-        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-        a[k] = (uint8_t)((int)q + W8_A_OFFSET);
-    }
+    for (long k = 0; k < K; ++k) a[k] = (uint8_t)(int8_token_code(x[k], s) + W8_A_OFFSET);
     for (long k = K; k < 4 * K4; ++k) a[k] = W8_A_OFFSET; /* (code 0) */
 }
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from infergen import LLM
-from infergen.models.fused_decode import FusedDecode
 from infergen.quant.schemes import dequantized_weight
 from tests.hf_models import build_hf_model, fake_quantize
 from tests.quant.test_calibration import ALL_PROJECTIONS, _pre_hooks
@@ -42,22 +41,13 @@ def test_engine_equals_transformers_with_bf16_weights_and_inputs(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa_tied", "llama_bias"])
-def test_fused_decode_step_equals_the_per_op_path(name, tmp_path, monkeypatch):
+def test_fused_decode_step_equals_the_per_op_path(name, tmp_path, fused_steps):
     """decode_format 10: the fused decode step (kernels/decode_layers_f32.c) runs the bf16
     panels with the same kernel, bit for bit the per-op path (a tied LM head and biases too)."""
-    steps = []  # per decode step: did the fused path run it (None: it declined)
-    run = FusedDecode.run
-
-    def counting_run(self, h, batch):
-        delta = run(self, h, batch)
-        steps.append(delta is not None)
-        return delta
-
-    monkeypatch.setattr(FusedDecode, "run", counting_run)
     build_hf_model(name, tmp_path)
     engine = LLM(str(tmp_path), kv_cache_memory="16MiB", weights="bf16").engine
     tokens = torch.randint(0, 211, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     fused = engine.prompt_logits(tokens, chunk=1)
-    assert sum(steps) == len(tokens)
+    assert sum(fused_steps) == len(tokens)
     engine.runner.model.fast_path = None
     assert torch.equal(fused, engine.prompt_logits(tokens, chunk=1)), name

@@ -9,23 +9,7 @@ import pytest
 import torch
 
 from infergen import LLM
-from infergen.models.fused_decode import FusedDecode
 from tests.hf_models import build_hf_model
-
-
-@pytest.fixture
-def fused_steps(monkeypatch):
-    """Per decode step: did the fused path run it (it returns None where it declines)."""
-    steps: list[bool] = []
-    run = FusedDecode.run
-
-    def counting_run(self, h, batch):
-        delta = run(self, h, batch)
-        steps.append(delta is not None)
-        return delta
-
-    monkeypatch.setattr(FusedDecode, "run", counting_run)
-    return steps
 
 
 @pytest.mark.parametrize("weights", ["int8", "q4_0", "q4_1", "int4", "int4_asym"])
