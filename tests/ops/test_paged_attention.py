@@ -98,8 +98,9 @@ def test_multi_token_rows_as_decodes_match_reference(query_lens, seq_lens, as_de
 def test_native_decode_head_dims(dim, window, heads):
     """The kernel's paths: query heads three at a time (groups of 3 and 6; a group of 4 has
     one head left over), 8-position score blocks + register V sums (dim % 64 == 0), the axpy
-    V path (80), scalar dots (12); long contexts with block-size and window tails."""
-    seq_lens = [1, 7, 8, 9, 40, 131]
+    V path (80), scalar dots (12); long contexts with block-size and window tails, split into
+    chunks whose softmax states merge."""
+    seq_lens = [1, 7, 8, 9, 40, 131, 128, 129, 300]  # (chunks of 128: one, two, three)
     q, k_new, v_new, kc, vc, qsl, tables, plan = _scatter_batch(
         [1] * len(seq_lens), seq_lens, heads, 2, dim, 16, window, seed=dim
     )
@@ -107,6 +108,28 @@ def test_native_decode_head_dims(dim, window, heads):
     got = pa.paged_attention(q, k_new, v_new, kc, vc, plan, scale, pa.DECODE_BACKENDS.get("native"))
     want = pa.reference(q, kc, vc, qsl, seq_lens, tables, scale, window)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_native_decode_does_not_depend_on_the_batch_or_threads(threads):
+    """A sequence's output is the same bits alone, in a batch, and on 1 or 2 threads (its
+    chunks depend on its length only)."""
+    seq_lens = [300, 5, 129, 64]
+    q, k_new, v_new, kc, vc, qsl, tables, plan = _scatter_batch(
+        [1] * len(seq_lens), seq_lens, 9, 3, 64, 16, None, seed=3
+    )
+    native, scale = pa.DECODE_BACKENDS.get("native"), pa.default_scale(64)
+    batched = pa.paged_attention(q, k_new, v_new, kc, vc, plan, scale, native)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for i, ctx in enumerate(seq_lens):
+            one = pa.plan(torch.tensor([0, 1]), [ctx], tables[i : i + 1], 16, None)
+            alone = pa.paged_attention(q[i : i + 1], k_new[i : i + 1], v_new[i : i + 1], kc, vc,
+                                       one, scale, native)  # fmt: skip
+            assert torch.equal(alone, batched[i : i + 1]), ctx
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_paged_equals_contiguous_attention():
