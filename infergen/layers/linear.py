@@ -48,7 +48,6 @@ class Linear(nn.Module):
         self.fallback: tuple[float, float] | None = None
         # the input quantizer of a weight + activation scheme (quant/activations.py), or None
         self.act: nn.Module | None = None
-        self._profiled = None  # ((backend, act, weight), key, stored bytes) of `region`
 
     def load(self, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None) -> None:
         """Take the checkpoint weight [out, in] (and bias [out]) in the engine dtype. GGUF
@@ -98,26 +97,16 @@ class Linear(nn.Module):
         """The profiler's region of a product on x [tokens, in] (infergen/profiling.py): keyed
         by the shape and the weight's format (its backend row, and an input quantizer's
         format), costed with the weight as stored."""
-        key, _ = self._profile_key()
+        fmt = backend_name(self.backend)
+        if self.act is not None:
+            fmt += f" a={self.act.act.key[0]}"
+        key = f"{self.in_features}->{self.out_features} {fmt}"
         return profiling.region("linear", key, self.cost(x.shape[0], x.element_size()))
 
     def cost(self, tokens: int, element_bytes: int) -> profiling.Cost:
         """The work of a product on `tokens` rows (ops/linear.py), the weight as stored."""
-        _, stored = self._profile_key()
+        stored = profiling.nbytes(self.weight, self.bias)
         return cost(tokens, self.in_features, self.out_features, stored, element_bytes)
-
-    def _profile_key(self) -> tuple[str, int]:
-        """(the profile's key, the weight's stored bytes), kept while the weight, its backend
-        and input quantizer stay the ones they were computed for."""
-        state = (self.backend, self.act, self.weight)
-        seen = self._profiled
-        if seen is None or any(a is not b for a, b in zip(seen[0], state, strict=True)):
-            fmt = backend_name(self.backend)
-            if self.act is not None:
-                fmt += f" a={self.act.act.key[0]}"
-            key = f"{self.in_features}->{self.out_features} {fmt}"
-            self._profiled = (state, key, profiling.nbytes(self.weight, self.bias))
-        return self._profiled[1], self._profiled[2]
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         apply = self.backend.apply
@@ -132,8 +121,9 @@ class Linear(nn.Module):
         return self.rows(torch.arange(self.out_features))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` of the weight [len(ids), in] (an embedding lookup for tied heads)."""
-        return self.backend.rows(self.weight, ids)
+        """Rows `ids` of the weight [len(ids), in] (an embedding lookup for tied heads; a
+        backend's rows may carry its padding past `in`)."""
+        return self.backend.rows(self.weight, ids)[:, : self.in_features]
 
     @staticmethod
     def fused(weights: list[torch.Tensor | BlockWeight]) -> torch.Tensor | BlockWeight:

@@ -39,13 +39,14 @@ def unpack(prepared: torch.Tensor) -> torch.Tensor:
 
 
 def dequantized(weight: torch.Tensor) -> torch.Tensor:
-    """The fp32 weight the product uses (rounded to bf16, nearest even)."""
+    """The fp32 values a weight (or an input) takes in the product: rounded to bf16, nearest
+    even."""
     return weight.to(torch.bfloat16).float()
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The product's values, in plain torch: bf16 operands, fp32 sums (the order may differ)."""
-    return F.linear(x.to(torch.bfloat16).float(), weight.to(torch.bfloat16).float(), bias)
+    return F.linear(dequantized(x), dequantized(weight), bias)
 
 
 def _prepare(weight: torch.Tensor) -> torch.Tensor:
@@ -65,8 +66,8 @@ def _apply(x, prepared, bias, out_features):
 
 
 def _rows(prepared: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Rows `ids` in fp32 (a tied LM head's embedding lookup), all `2 · pairs` inputs: the
-    caller's width is the model's; an odd input count leaves one zero column."""
+    """Rows `ids` in fp32 (a tied LM head's embedding lookup), all `2 · pairs` inputs (an odd
+    input count's zero pad too: Linear.rows cuts it)."""
     panels, pairs, _ = prepared.shape
     lanes = prepared[ids // PANEL, :, ids % PANEL]  # [len(ids), pairs]
     return lanes.contiguous().view(torch.bfloat16).float()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from infergen.kernels.build import _compile_flags, _cpu_flags
+from infergen.layers.linear import Linear
 from infergen.ops import linear_bf16
 from infergen.ops.linear import LINEAR_BACKENDS
 from tests.kernel_isa import assert_ok_with_isa
@@ -101,3 +102,13 @@ def test_the_build_here_uses_avx512_bf16_where_the_cpu_has_it():
     want = "avx512_bf16" in _cpu_flags() and os.environ.get("INFERGEN_KERNEL_ISA") is None
     assert ("-mavx512bf16" in _compile_flags("gemm_bf16")) == want
     assert "-mavx512bf16" not in _compile_flags("gemm_packed_f32")  # (others unchanged)
+
+
+def test_a_projections_rows_and_dense_weight_have_its_width():
+    """(An odd input count pads the panels' pairs; Linear.rows cuts the pad.)"""
+    w = torch.randn(30, 7)
+    linear = Linear(7, 30, False, torch.float32, "native")
+    linear.backend = LINEAR_BACKENDS.get("bf16")
+    linear.load(w)
+    assert torch.equal(linear.dense_weight(), linear_bf16.dequantized(w))
+    assert torch.equal(linear.rows(torch.tensor([3, 29])), linear_bf16.dequantized(w[[3, 29]]))

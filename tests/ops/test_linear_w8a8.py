@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from infergen.ops import linear_w8a8
+from infergen.ops import linear_grouped, linear_w8a8  # noqa: F401 (registers the W4A8 rows)
 from infergen.ops.linear import LINEAR_BACKENDS
 from infergen.ops.linear_quantized import unpack
 from infergen.ops.quantize_activation import ActivationFormat, fake_quantize
@@ -63,16 +63,26 @@ def test_without_a_c_compiler_the_same_sums(monkeypatch):
     _check(LINEAR_BACKENDS.get("int8").quantized_inputs[("int8", "token")])
 
 
-def test_integer_sums_agree_with_the_emulation_to_fp32_rounding():
+# every CPU row with an integer product on int8 token inputs (W8A8 here, W4A8's group formats)
+INTEGER_ROWS = sorted(name for name, row in LINEAR_BACKENDS.items()
+                      if ("int8", "token") in row.quantized_inputs and ":" not in name)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", INTEGER_ROWS)
+def test_integer_sums_agree_with_the_emulation_to_fp32_rounding(name):
     """The emulated scheme (x̂ = the same codes times their scales, then the weight-only
     product accumulated in fp32) computes the same values, rounded differently."""
-    backend = LINEAR_BACKENDS.get("int8")
+    backend = LINEAR_BACKENDS.get(name)
     x, w, bias = _inputs(16, 100, 576, 7)
     prepared = backend.prepare(w)
     x_hat = fake_quantize(x, ActivationFormat("int8", "token", 8.0))
     emulated = backend.apply(x_hat, prepared, bias, 100)
     integer = backend.quantized_inputs[("int8", "token")](x, prepared, bias, 100)
     torch.testing.assert_close(integer, emulated, rtol=1e-5, atol=1e-5 * emulated.abs().max())
+
+
+def test_the_integer_rows():
+    assert {"int8", "q4_0", "q4_1", "int4", "int4_asym"} <= set(INTEGER_ROWS)
 
 
 _OTHER_ISA = """
