@@ -776,6 +776,56 @@ def _splice(text: str, start: str, end: str, body: str) -> str:
 
 
 # the README's other tables: (start marker, end marker, renderer; None when nothing was run)
+TUNER_START, TUNER_END = "<!-- tuner:start -->", "<!-- tuner:end -->"
+
+
+def render_tuner(lines: list[dict]) -> str | None:
+    """bench_tuner: the startup plan's items (expected beside measured gain) and each bucket's
+    decode step, tuned variant against the default and the walk op by op (None: no run)."""
+    ours = [ln for ln in lines if ln.get("bench") == "tuner"]
+    if not ours:
+        return None
+    rows = [
+        "| plan item (from an empty cache) | status | seconds | expected ms/step | "
+        "measured ms/step | expected / measured |",
+        "|---|---|---|---|---|---|",
+    ]
+    for ln in (ln for ln in ours if ln["kind"] == "item" and "group" not in ln["item"][:8]):
+        if ln["item"].startswith("tune") and "layer program" not in ln["item"]:
+            continue  # (the groups' tunings: µs each)
+        ratio = ln.get("expected_over_measured")
+        rows.append(
+            f"| {ln['item']} | {ln['status']} | {ln['spent_s']:.1f} | {_num(ln['expected_ms'])} "
+            f"| {_num(ln['measured_ms'])} | {'–' if ratio is None else f'{ratio:.2f}'} |"
+        )
+    rows += [
+        "",
+        "| decode step | sequences × context | winner | default ms | tuned ms | tuned speed-up "
+        "| walked op by op ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for ln in (ln for ln in ours if ln["kind"] == "step"):
+        rows.append(
+            f"| bucket {ln['bucket']} | {ln['tokens']} × {ln['context']} | {ln['winner']} | "
+            f"{ln['default_ms']:.2f} | {ln['tuned_ms']:.2f} | {ln['tuned_speedup']:.3f}× | "
+            f"{ln['walk_ms']:.2f} |"
+        )
+    target = next((ln for ln in ours if ln["kind"] == "target"), None)
+    traffic = ", ".join(f"{b} {w:.0%}" for b, w in ours[0]["traffic"].items())
+    flags = " ".join(ours[0]["machine"].get("kernel_flags", []))
+    rows.append(
+        f"\nTraffic mix {traffic}; budget {ours[0]['budget_s']:g} s. "
+        + (
+            f"Expected within 25 % of measured: {target['within']} compiled items. "
+            if target
+            else ""
+        )
+        + f"{_machine(ours[0])}, kernels built with {flags}; run {ours[0]['timestamp']}. "
+        "Regenerate: `python benchmarks/bench_tuner.py && python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 SECTIONS = (
     (QUANT_START, QUANT_END, render_quant),
     (COMPILER_START, COMPILER_END, render_compiler),
@@ -786,6 +836,7 @@ SECTIONS = (
     (PEER_START, PEER_END, render_kv_press_peer),
     (TP_START, TP_END, render_tp),
     (LOW_START, LOW_END, render_low_precision),
+    (TUNER_START, TUNER_END, render_tuner),
 )
 
 

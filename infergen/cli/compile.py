@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from infergen.cli.common import load_llm
@@ -71,9 +70,6 @@ def add_parser(sub) -> None:
         help="the JIT cache directory (default ~/.cache/infergen/jit)",
     )
     p.set_defaults(func=cmd_compile)
-
-
-PROGRAM_SECONDS_PRIOR = 5.0  # compiling the layer program (it includes every GEMM kernel)
 
 
 def _launches(graph) -> int:
@@ -150,9 +146,9 @@ def _dump_sources(dump: Path, model, cache) -> None:
 
 
 def _build_within_budget(args: argparse.Namespace, model, cache) -> None:
-    from infergen.compiler.budget import parse_traffic, plan_and_build
+    from infergen.compiler.budget import parse_traffic
     from infergen.compiler.jit_cache import JitCache
-    from infergen.compiler.runtime import jit_graph, pointwise_groups
+    from infergen.compiler.startup import plan_lines, plan_startup
     from infergen.errors import ConfigError
 
     try:
@@ -167,51 +163,7 @@ def _build_within_budget(args: argparse.Namespace, model, cache) -> None:
             raise ConfigError(str(error), where="--buckets") from None
     budget = float("inf") if args.budget_seconds is None else args.budget_seconds
     jit = JitCache(Path(args.jit_cache) if args.jit_cache else None)
-    started = time.perf_counter()
-    groups = [
-        (f"group {i} -> " + ", ".join(v.name for v in node.outputs), node.attrs["graph"])
-        for i, node in enumerate(pointwise_groups(jit_graph(model, cache)))
-    ]
-    layers = model.config.num_hidden_layers
-    items = plan_and_build(groups, traffic, layers, budget, jit)
+    items = plan_startup(model, cache, traffic, budget, jit)
     mix = ",".join(f"{b}={w:.2g}" for b, w in traffic.items())
     print(f"budget {budget:g} s, traffic {mix}, cache {jit.root}")
-    print(f"{'item':<48} {'status':<15} {'spent s':>8} {'gain ms/step':>13}")
-    for item in items:
-        gain = "unmeasured" if item.gain_ms is None else f"{item.gain_ms:.3f}"
-        label = f"{item.kind}: {item.group}"[:48]
-        print(f"{label:<48} {item.status:<15} {item.spent_s:>8.2f} {gain:>13}")
-    skipped = [i for i in items if i.status == "skipped"]
-    lost = sum(i.gain_ms or 0.0 for i in skipped)
-    print(f"skipped {len(skipped)} items; their expected gain: {lost:.3f} ms per step")
-    left = budget - (time.perf_counter() - started)
-    print(f"layer program (decode steps): {_build_program(model, cache, jit, left)}")
-
-
-def _build_program(model, cache, jit, seconds_left: float) -> str:
-    """Build the decode layer program if it is cached or fits in what is left of the budget."""
-    from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
-    from infergen.compiler.runtime import CompiledLayers, jit_graph
-
-    if seconds_left < PROGRAM_SECONDS_PRIOR and not _program_cached(model, cache, jit):
-        return f"skipped (compiling takes ~{PROGRAM_SECONDS_PRIOR:g} s, {seconds_left:.1f} s left)"
-    statics = CompiledLayers(model, cache, "eager").static  # weight bindings; nothing compiled
-    started = time.perf_counter()
-    try:
-        runner = LayerProgramRunner(model, cache, jit_graph(model, cache), statics, jit)
-    except ProgramUnavailable as why:
-        return f"unavailable ({why})"
-    state = "cached" if runner.built.cached else "built"
-    return f"{state} in {time.perf_counter() - started:.2f} s ({runner.built.path.name})"
-
-
-def _program_cached(model, cache, jit) -> bool:
-    from infergen.compiler.codegen_c import CodegenError
-    from infergen.compiler.program import model_program, program_key
-    from infergen.compiler.runtime import jit_graph
-
-    try:
-        program = model_program(model, jit_graph(model, cache))
-    except CodegenError:
-        return False
-    return any(r["key"] == program_key(program, jit) for r in jit.entries())
+    print("\n".join(plan_lines(items)))

@@ -14,7 +14,8 @@ so the C compiler vectorises the innermost one. Slices and views are not copied:
 `Ref` (base array, offset, strides) and a view or slice only changes the Ref; a concat copies.
 
 Static dimensions are constants in the source (the kernel is specialised for them); T is a
-parameter. Numerics follow the references: fp32 throughout, a row sum accumulated in fp32.
+parameter. Numerics follow the references: fp32 throughout, a row sum accumulated in fp32
+(in REDUCE_LANES partial sums, added up at the end).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from infergen.compiler.ir import TOKENS, Graph, Op, Sym, Value
 
 # row elements below which a step runs on one thread (the fork costs ~µs)
 PARALLEL_MIN_ELEMENTS = 1 << 14
+
+# partial sums of a row reduction (a vector register of fp32 with AVX-512)
+REDUCE_LANES = 16
 
 # kernel variants (what the tuner, tune.py, chooses between per token-count bucket): the
 # output elements of a step from which rows are split over threads (None: never)
@@ -195,13 +199,19 @@ class _Renderer:
         divide = f" / {_float(n)}" if node.op is Op.MEAN else ""  # torch: the sum over n
 
         def body(idx):
-            acc = self.fresh("acc")
-            full = [*idx, "r"]
-            read = self.element(src, (*outer, n), full)
+            # REDUCE_LANES partial sums (one vector add a step, where a single running sum is
+            # a chain of n dependent adds), then added up, then the tail
+            acc, lanes = self.fresh("acc"), self.fresh("lanes")
+            read = self.element(src, (*outer, n), [*idx, "r"])
+            lane_read = self.element(src, (*outer, n), [*idx, "(r + l)"])
             return [
                 "{",
-                f"    float {acc} = 0.0f;",
-                f"    for (long r = 0; r < {n}; ++r) {acc} += {read};",
+                f"    float {lanes}[{REDUCE_LANES}] = {{0.0f}}, {acc} = 0.0f;",
+                "    long r = 0;",
+                f"    for (; r + {REDUCE_LANES} <= {n}; r += {REDUCE_LANES})",
+                f"        for (int l = 0; l < {REDUCE_LANES}; ++l) {lanes}[l] += {lane_read};",
+                f"    for (int l = 0; l < {REDUCE_LANES}; ++l) {acc} += {lanes}[l];",
+                f"    for (; r < {n}; ++r) {acc} += {read};",
                 f"    {self.element(dst, shape, [*idx, '0'])} = {acc}{divide};",
                 "}",
             ]

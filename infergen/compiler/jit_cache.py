@@ -32,7 +32,7 @@ from pathlib import Path
 from infergen.kernels.build import _HERE as KERNELS_DIR
 from infergen.kernels.build import KernelUnavailable, _compile_flags, cache_dir
 
-COMPILER_VERSION = "2"  # bump when generated code or its flags change for the same graph
+COMPILER_VERSION = "3"  # bump when generated code or its flags change for the same graph
 # on top of the shipped kernels' flags: sqrtf without errno, so 1/sqrtf loops vectorise
 JIT_FLAGS = ["-fno-math-errno"]
 
@@ -64,10 +64,17 @@ class Built:
     cached: bool  # True: found on disk, not compiled
 
 
+class NotBuilt(LookupError):
+    """An entry not in the cache, asked of a cache that may not build (build_missing False)."""
+
+
 class JitCache:
-    def __init__(self, root: Path | None = None):
+    def __init__(self, root: Path | None = None, build_missing: bool = True):
         self.root = Path(root) if root is not None else default_root()
         self._loaded: dict[str, Built] = {}
+        # False: `get` only loads; a missing entry raises NotBuilt (an engine whose startup
+        # budget chose what to build runs the rest op by op)
+        self.build_missing = build_missing
 
     def key(self, canonical: str, specialization: str, target: str | None = None) -> str:
         """The entry key: the C target (ISA flags, C compiler) unless `target` names another
@@ -83,6 +90,8 @@ class JitCache:
             return dataclasses.replace(self._loaded[key], seconds=0.0, cached=True)
         self.root.mkdir(parents=True, exist_ok=True)
         built = self._load(key, function)
+        if built is None and not self.build_missing:
+            raise NotBuilt(f"{function}: not in the JIT cache {self.root}")
         if built is None:
             with open(self.root / f"{key}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per key across processes

@@ -10,10 +10,13 @@ import hashlib
 import torch
 
 from infergen import profiling
+from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_layer import LayerProgram, render_layer_program
 from infergen.compiler.ir import Graph
-from infergen.compiler.jit_cache import JitCache
+from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
+from infergen.compiler.program_variants import ProgramVariant
+from infergen.compiler.tune import TuningRecord
 from infergen.kernels.build import _source_bytes
 from infergen.layers.linear import Linear
 from infergen.models.fused_decode import StepArgs
@@ -44,10 +47,31 @@ def model_program(model, graph: Graph) -> LayerProgram:
     )
 
 
-def program_key(program, cache: JitCache) -> str:
-    """The JIT cache key of a rendered layer program (its source and the kernels it includes)."""
+def program_key(source: str, cache: JitCache) -> str:
+    """The JIT cache key of a layer program's source (a variant's: its prelude first) and the
+    kernels it includes."""
     kernels = hashlib.sha256(_source_bytes("decode_layers_f32.c")).hexdigest()
-    return cache.key(program.source, f"layer-program kernels={kernels}")
+    return cache.key(source, f"layer-program kernels={kernels}")
+
+
+def tuning_key(program: LayerProgram, cache: JitCache) -> str:
+    """The program's key in tuning.json (its default variant's, marked as the tuning's)."""
+    return cache.key(program_key(program.source, cache), "layer-program tuning")
+
+
+DEFAULT = ProgramVariant()
+
+
+def recorded_variants(record: TuningRecord, key: str) -> dict[str, ProgramVariant]:
+    """bucket → the variant tuning.json names for it (labels of unknown knobs or values — an
+    older infergen's — are ignored: those buckets run the default)."""
+    found = {}
+    for bucket, label in record.labels(key).items():
+        try:
+            found[bucket] = ProgramVariant.parse(label)
+        except ValueError:
+            continue
+    return found
 
 
 class ProgramUnavailable(Exception):
@@ -55,24 +79,58 @@ class ProgramUnavailable(Exception):
 
 
 class LayerProgramRunner:
-    def __init__(self, model, kv_cache, graph: Graph, statics: list[dict], cache: JitCache):
+    """The layer program of a model, in the variant the tuner chose per token bucket (in
+    tuning.json; `tuned=False`: the default variant everywhere) — the default variant for the
+    buckets it has not measured."""
+
+    def __init__(
+        self,
+        model,
+        kv_cache,
+        graph: Graph,
+        statics: list[dict],
+        cache: JitCache,
+        tuned: bool = True,
+    ):
         try:
             program = model_program(model, graph)
         except CodegenError as error:
             raise ProgramUnavailable(str(error)) from None
-        self.program = program
-        key = program_key(program, cache)
-        self.built = cache.get(
-            key,
-            f"layer_program_{key}",
-            lambda: program.source.replace("void layer_program(", f"void layer_program_{key}("),
-        )
-        self.fn = self.built.fn
-        self.fn.restype = None
-        self.fn.argtypes = _ARGTYPES
-        self.call = profiling.native(self.fn, "layer_program", profiling.JIT)  # (profiled: named)
+        self.program, self.cache = program, cache
+        self.builds: list[Built] = []  # what building the variants took (compile report)
+        self._calls: dict[ProgramVariant, object] = {}
+        try:
+            self.built = self.build(DEFAULT)
+        except NotBuilt:
+            raise ProgramUnavailable("not built within the startup budget") from None
+        # bucket → the tuner's winner (program_tune.py), as tuning.json records it
+        recorded = recorded_variants(TuningRecord(cache), tuning_key(program, cache))
+        self.by_bucket: dict[str, ProgramVariant] = {}
+        for bucket, variant in recorded.items() if tuned else ():
+            try:
+                self.build(variant)
+            except NotBuilt:
+                continue  # (evicted since: the default runs that bucket)
+            self.by_bucket[bucket] = variant
         self.model, self.kv_cache = model, kv_cache
         self._bind(statics)
+
+    def build(self, variant: ProgramVariant) -> Built:
+        """Compile (or load) `variant`; its call is kept for `run`."""
+        source = variant.prelude + self.program.source
+        key = program_key(source, self.cache)
+        built = self.cache.get(
+            key,
+            f"layer_program_{key}",
+            lambda: source.replace("void layer_program(", f"void layer_program_{key}("),
+        )
+        if variant not in self._calls:
+            fn = built.fn
+            fn.restype = None
+            fn.argtypes = _ARGTYPES
+            self._calls[variant] = profiling.native(fn, "layer_program", profiling.JIT)
+            self.builds.append(built)
+        return built
 
     def _bind(self, statics: list[dict]) -> None:
         """Per-layer weight pointers and GEMM formats, and the cache pointers (fixed)."""
@@ -99,7 +157,16 @@ class LayerProgramRunner:
         self.caches = (ctypes.c_void_p * len(caches))(*caches)
         self.n_layers = len(statics)
 
-    def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self, h: torch.Tensor, batch, variant: ProgramVariant | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """All layers of a decode step, in `variant` (default: the one of the step's bucket)."""
+        if variant is None:
+            variant = self.by_bucket.get(bucket_of(h.shape[0]), DEFAULT)
+        call = self._calls.get(variant)
+        if call is None:
+            self.build(variant)
+            call = self._calls[variant]
         config, plan = self.model.config, batch.attn_plan
         tables = plan.decode_block_tables
         tokens = h.shape[0]
@@ -124,7 +191,7 @@ class LayerProgramRunner:
         h = h.contiguous()
         delta = torch.zeros_like(h)
         arena = torch.empty(max(1, tokens * self.program.arena_floats_per_token))
-        self.call(
+        call(
             self.weights,
             self.formats,
             self.caches,
@@ -133,6 +200,6 @@ class LayerProgramRunner:
             h.data_ptr(),
             delta.data_ptr(),
             arena.data_ptr(),
-            torch.get_num_threads(),
+            variant.threads(torch.get_num_threads()),
         )
         return h, delta

@@ -39,7 +39,7 @@ from infergen.compiler.codegen_triton import TritonGroupKernel
 from infergen.compiler.decoder import capture_layer
 from infergen.compiler.interpret import EXECUTORS, kv_layer, run
 from infergen.compiler.ir import Graph, Node, Op
-from infergen.compiler.jit_cache import JitCache
+from infergen.compiler.jit_cache import JitCache, NotBuilt
 from infergen.compiler.kernel import compile_group
 from infergen.compiler.passes import PASSES, run_pipeline
 from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
@@ -54,6 +54,7 @@ from infergen.ops.rope import RopeInputs
 from infergen.registry import Registry
 
 COMPILE_MODES = ("off", "eager", "jit")
+NOT_IN_BUDGET = "not built within the startup budget (compile_budget_s)"
 
 
 @dataclass
@@ -98,8 +99,12 @@ class CompiledLayers:
         self.graph = graph
         self.report.passes_seconds = time.perf_counter() - started
         self.kernels: dict[int, dict[str, Any]] = {}  # id(FUSED node) → bucket → kernel
+        jit_cache = jit_cache or JitCache()
+        # the engine's startup budget chose what to build (compiler/startup.py): load only
+        if getattr(model, "jit_cached_only", False):
+            jit_cache = type(jit_cache)(jit_cache.root, build_missing=False)
         if mode == "jit":
-            self._compile(graph, jit_cache or JitCache())
+            self._compile(graph, jit_cache)
         layer0 = model.layers[0]
         attn = layer0.attn
         self.ops = _EngineOps(
@@ -116,12 +121,12 @@ class CompiledLayers:
             )
         elif mode == "jit":
             try:
-                self.program = LayerProgramRunner(
-                    model, kv_cache, graph, self.static, jit_cache or JitCache()
-                )
-                self.report.compile_seconds += self.program.built.seconds
-                self.report.kernels_built += not self.program.built.cached
-                self.report.kernels_cached += self.program.built.cached
+                self.program = LayerProgramRunner(model, kv_cache, graph, self.static, jit_cache)
+                for built in self.program.builds:
+                    self.report.compile_seconds += built.seconds
+                    self.report.kernels_built += not built.cached
+                    self.report.kernels_cached += built.cached
+                self.report.tuned_buckets += len(self.program.by_bucket)
             except ProgramUnavailable as why:
                 self.report.groups_op_by_op.append(f"layer program: {why}")
 
@@ -145,14 +150,20 @@ class CompiledLayers:
             except CodegenError as error:
                 self.report.groups_op_by_op.append(f"{sub.name}: {error}")
                 continue
+            except NotBuilt:
+                self.report.groups_op_by_op.append(f"{sub.name}: {NOT_IN_BUDGET}")
+                continue
             variants = {"default": kernel}
             winners = {}
             if self.target.tuned:
                 winners = TuningRecord(jit_cache).winners(group_key(sub, jit_cache))
             for bucket, variant in winners.items():
-                variants[bucket] = (
-                    kernel if variant == "default" else build(sub, jit_cache, variant, device)
-                )
+                try:
+                    variants[bucket] = (
+                        kernel if variant == "default" else build(sub, jit_cache, variant, device)
+                    )
+                except NotBuilt:
+                    continue  # (a winner evicted since: the default runs that bucket)
             self.kernels[id(node)] = variants
             for built in {id(k): k.built for k in variants.values()}.values():
                 self.report.compile_seconds += built.seconds

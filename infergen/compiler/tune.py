@@ -90,13 +90,20 @@ class TuningRecord:
             return {}  # none yet, or unreadable: untuned
         return data if isinstance(data, dict) else {}
 
-    def winners(self, key: str) -> dict[str, str]:
+    def labels(self, key: str) -> dict[str, str]:
+        """bucket → the winner's label as recorded (not checked)."""
         entry = self.load().get(key, {})
+        if not isinstance(entry, dict):
+            return {}
         return {
             bucket: row["winner"]
             for bucket, row in entry.items()
-            if isinstance(row, dict) and row.get("winner") in VARIANTS
+            if isinstance(row, dict) and isinstance(row.get("winner"), str)
         }
+
+    def winners(self, key: str) -> dict[str, str]:
+        """bucket → a fused group's winning variant (codegen_c.VARIANTS; others ignored)."""
+        return {b: w for b, w in self.labels(key).items() if w in VARIANTS}
 
     def store(self, key: str, results: dict[str, BucketResult]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -256,6 +256,12 @@ class CompileConfig:
     # on a GPU, decode steps replay CUDA graphs captured per batch-size bucket
     # (models/cuda_graphs.py); True runs every step eagerly
     enforce_eager: bool = False
+    # "jit": build and tune within this many seconds at engine start, the most expected gain
+    # first (compiler/startup.py); what does not fit runs op by op. None: build everything
+    budget_s: float | None = None
+    # the traffic mix that plan weighs buckets by: "recorded" (the server's recent steps of
+    # this model, compiler/traffic.py; a default mix when none) or "bucket=share,..."
+    traffic: str = "recorded"
 
     def __post_init__(self) -> None:
         require(
@@ -264,6 +270,13 @@ class CompileConfig:
             where="compile",
             found=self.mode,
             expected="'off', 'eager' or 'jit'",
+        )
+        require(
+            self.budget_s is None or self.budget_s >= 0,
+            "the compile budget must not be negative",
+            where="compile_budget_s",
+            found=self.budget_s,
+            expected="seconds >= 0",
         )
 
 

@@ -23,7 +23,10 @@ from typing import NamedTuple
 
 import torch
 
-from infergen.compiler import runtime  # noqa: F401  (registers the compiled fast paths)
+from infergen.compiler import runtime  # (registers the compiled fast paths; its JitCache)
+from infergen.compiler.budget import parse_traffic
+from infergen.compiler.startup import plan_lines, plan_startup
+from infergen.compiler.traffic import DEFAULT_TRAFFIC, TrafficRecord
 from infergen.config import ModelConfig
 from infergen.config.sections import QuantConfig
 from infergen.engine.config import EngineConfig
@@ -83,6 +86,7 @@ class Built:
     calibration: CalibrationResult | None = None
     fallback_layers: dict[str, tuple[float, float]] = field(default_factory=dict)
     compile_report: object = None
+    compile_plan: list | None = None  # compile_budget_s: the startup plan's items
     graph_capture: GraphCapture | None = None  # on a GPU: the decode graphs recorded at start
     kv_tiers: KVTiers | None = None  # host / disk tiers below the KV pool (kv_offload_*)
     # recurrent layers' state checkpoints for prefix reuse (state_checkpoint_memory)
@@ -622,5 +626,34 @@ def _compile(built: Built) -> None:
             "per-layer RoPE, GeGLU or sandwich norms)",
             expected="compile='off' for this architecture",
         )
+    if mode == "jit" and built.config.compile.budget_s is not None:
+        built.compile_plan = _startup_plan(built)
+        model.jit_cached_only = True  # the rest runs op by op
     model.fast_path = mode
     built.compile_report = model.fast_path_for(built.kv_cache).report
+
+
+def _startup_plan(built: Built) -> list:
+    """compile_budget_s: build and tune within the budget under the traffic mix (recorded by a
+    server for this checkpoint, or given), and log the plan."""
+    config = built.config.compile
+    if getattr(built.model, "kernels", "native") == "triton":
+        raise ConfigError(
+            "compile_budget_s plans the C kernels; the Triton ones compile at their first launch",
+            where="compile_budget_s",
+            found="kernels='triton'",
+            expected="compile_budget_s unset with kernels='triton'",
+        )
+    if config.traffic == "recorded":
+        recorded = TrafficRecord.for_model(str(built.checkpoint_path)).mix()
+        traffic, source = (recorded, "recorded") if recorded else (DEFAULT_TRAFFIC, "default")
+    else:
+        try:
+            traffic, source = parse_traffic(config.traffic), "given"
+        except ValueError as error:
+            raise ConfigError(str(error), where="compile_traffic") from None
+    items = plan_startup(built.model, built.kv_cache, traffic, config.budget_s, runtime.JitCache())
+    mix = ",".join(f"{b}={w:.2g}" for b, w in traffic.items())
+    print(f"infergen: startup compile plan (budget {config.budget_s:g} s, {source} traffic "
+          f"{mix})", *plan_lines(items), sep="\n  ", file=sys.stderr)  # fmt: skip
+    return items

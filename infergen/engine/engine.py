@@ -15,6 +15,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from infergen.compiler.traffic import TrafficRecord
 from infergen.config import ModelConfig
 from infergen.engine.backlog import OutputLengths, StepCost, seconds_until_admitted
 from infergen.engine.build import build, press_blockers
@@ -78,6 +79,8 @@ class Engine:
         self.calibration = built.calibration
         self.fallback_layers = built.fallback_layers
         self.compile_report = built.compile_report
+        # compile_budget_s: what the startup plan built, tuned and skipped (compiler/startup.py)
+        self.compile_plan = built.compile_plan
         self.graph_capture = built.graph_capture  # CUDA graphs recorded at start (GPU)
         self.kv_cache = built.kv_cache
         self.pool, self.scheduler, self.runner = serving_parts(
@@ -102,6 +105,8 @@ class Engine:
             None if self.tokenizer is None else self.tokenizer.encode,
         )  # fmt: skip
         self.on_step: Callable[[StepRecord], None] | None = None  # e.g. a StepTraceWriter
+        # steps per token-count bucket (a server records its traffic: compiler/traffic.py)
+        self.traffic: TrafficRecord | None = None
         self._requests: dict[str, Sequence] = {}
         self._counter = itertools.count()
         self.output_lengths = OutputLengths()  # of the requests that finished lately
@@ -267,6 +272,8 @@ class Engine:
         if not batch:
             return []
         scheduled = time.perf_counter()
+        if self.traffic is not None:
+            self.traffic.add(sum(batch.num_tokens))
         if self.speculator is not None:
             self.speculator.before_step(batch.seqs, batch.num_tokens)
         capture = (

@@ -339,6 +339,18 @@ OPTIONS: tuple[Option, ...] = (
            "Triton's interpreter). On a GPU it needs kernels='triton' and replaces the CUDA "
            "graphs of decode steps. Default: off (the per-op path and the hand-written fused "
            "decode step, or the CUDA graphs on a GPU)"),
+    Option("compile_budget_s", "compile.budget_s", None, parse=float, commands=RUN,
+           metavar="S",
+           help="with compile='jit': build and tune within S seconds at engine start, the "
+           "kernels with the most expected gain per second first (the groups, then the decode "
+           "layer program and its variants per token bucket), weighted by --compile-traffic; "
+           "what does not fit runs op by op and the plan (predicted beside measured gains) is "
+           "logged and kept as engine.compile_plan. Default: build everything, tune nothing"),
+    Option("compile_traffic", "compile.traffic", "recorded", commands=RUN, metavar="MIX",
+           help="the traffic mix --compile-budget-s plans for: 'recorded' (the steps per "
+           "token-count bucket a server recorded lately for this model; a mostly-decode "
+           "default when none) or bucket=share pairs, buckets 1, 2-8, 9-64, 65-512, >512, "
+           "e.g. '1=0.8,65-512=0.2'"),
     Option("enforce_eager", "compile.enforce_eager", False, parse=_switch, commands=RUN,
            metavar="on|off",
            help="on a GPU, run decode steps eagerly instead of replaying the CUDA graphs "

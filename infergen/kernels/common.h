@@ -7,7 +7,9 @@
 static inline void flush_denormals(void) { _mm_setcsr(_mm_getcsr() | 0x8040); }
 
 /* Work below this many elements runs on one thread: a fork/join costs more than it saves. */
+#ifndef PARALLEL_MIN_ELEMENTS /* a generated program may set its own (compiler/program_tune.py) */
 #define PARALLEL_MIN_ELEMENTS 32768L
+#endif
 
 /* Horizontal sum of the 8 lanes. */
 #ifdef __AVX2__

@@ -145,6 +145,26 @@ static const micro_fn TOP_MICROS[TOP_ROWS + 1] = {0,        micro8_1, micro8_2, 
 #define TOP_MICROS MICROS
 #endif
 
+/* Knobs a generated layer program may set (the tuner's variants, compiler/program_tune.py):
+ * GEMM_SMALL_TOP, up to 8 tokens in blocks of 4 rows (0: two blocks past 4 tokens, the first
+ * prefetching the next panel) or in one block of the widest micro-kernel (1; the same with
+ * AVX2, whose widest is 4 rows); GEMM_PREFETCH_PANELS, with a single token block, the panel
+ * that far ahead prefetched a k-row per k while this one is computed (0: none, the hardware
+ * prefetcher alone). Every choice sums the same products in the same order: same results. */
+#ifndef GEMM_SMALL_TOP
+#define GEMM_SMALL_TOP 0
+#endif
+#ifndef GEMM_PREFETCH_PANELS
+#define GEMM_PREFETCH_PANELS 0
+#endif
+#if GEMM_SMALL_TOP
+#define SMALL_ROWS TOP_ROWS
+#define SMALL_MICROS TOP_MICROS
+#else
+#define SMALL_ROWS 4
+#define SMALL_MICROS MICROS
+#endif
+
 /* Wp [ceil(N/24)][K][24], X [M][K] contiguous, Y [M][N]. */
 void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *Y, long M, long N,
                      long K, int num_threads) {
@@ -152,10 +172,11 @@ void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *
     long panels = (N + NR - 1) / NR;
     /* up to 8 tokens, two 4-row blocks: the first prefetches the next panel (a single block
      * has no time to), which the weight-streaming small-M products need */
-    const long rows = M > 8 ? TOP_ROWS : 4;
-    const micro_fn *micros = M > 8 ? TOP_MICROS : MICROS;
+    const long rows = M > 8 ? TOP_ROWS : SMALL_ROWS;
+    const micro_fn *micros = M > 8 ? TOP_MICROS : SMALL_MICROS;
     long blocks = (M + rows - 1) / rows;
     long pf_step = (NR + blocks - 1) / blocks;
+    const long ahead = blocks > 1 ? 1 : GEMM_PREFETCH_PANELS; /* panels ahead (0: none) */
 #pragma omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
     {
         flush_denormals();
@@ -168,7 +189,7 @@ void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *
             /* With several token blocks the panel is computed on long enough to fetch the
              * next one meanwhile (into L2) instead of stalling on DRAM at its start: block j
              * prefetches floats [j*K*step, (j+1)*K*step) of the next panel, spread over its k. */
-            const float *next = (blocks > 1 && p + 1 < panels) ? wp + K * NR : 0;
+            const float *next = (ahead && p + ahead < panels) ? wp + ahead * K * NR : 0;
             for (long m = 0, j = 0; m < M; m += rows, ++j) {
                 long mr = M - m < rows ? M - m : rows;
                 const float *pf = next && j * pf_step < NR ? next + j * K * pf_step : 0;

@@ -171,8 +171,13 @@ static inline void decode_rows_e4m3(const uint8_t *const *src, float *dst, long 
  * chunk while it computes this one. A chunk leaves per query head its partial softmax state —
  * the running max m, the sum l of e^(s − m) and o = sum e^(s − m) V — and a merge pass combines
  * a sequence's chunks: out = sum_c e^(m_c − M) o_c / sum_c e^(m_c − M) l_c. The split depends
- * on the sequence alone, so its result does not depend on the batch or the thread count. */
-#define CHUNK 128
+ * on the sequence alone, so its result does not depend on the batch or the thread count.
+ * A generated layer program may set another chunk length (DECODE_ATTN_CHUNK, a tuner knob:
+ * compiler/program_tune.py). */
+#ifndef DECODE_ATTN_CHUNK
+#define DECODE_ATTN_CHUNK 128
+#endif
+#define CHUNK DECODE_ATTN_CHUNK
 
 static void decode_attention(const float *q, const void *k_cache, const void *v_cache,
                              const float *k_scales, const float *v_scales,

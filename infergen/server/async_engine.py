@@ -35,6 +35,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from infergen.compiler.traffic import TrafficRecord
 from infergen.engine.engine import Engine
 from infergen.engine.request import RequestOutput, StreamDelta
 from infergen.engine.sampling_params import SamplingParams
@@ -43,6 +44,7 @@ from infergen.server.limits import Limits
 from infergen.server.metrics import ABORT_REASONS, ServerMetrics
 
 log = logging.getLogger("infergen.server")
+TRAFFIC_SAVE_S = 30.0  # how often the traffic record is written (and at shutdown)
 
 
 class QueueFull(Exception):
@@ -131,6 +133,11 @@ class AsyncEngine:
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
         self.metrics = ServerMetrics()
+        # the steps per token-count bucket, saved for the next start's compile plan
+        # (compile_budget_s; compiler/traffic.py)
+        if engine.traffic is None:
+            engine.traffic = TrafficRecord.for_model(str(engine.checkpoint_path))
+        self._traffic_saved = time.perf_counter()
         self._times: dict[str, list[float]] = {}  # request id → [submitted, last token time]
         self._thread = threading.Thread(target=self._run, name="infergen-engine", daemon=True)
         self._thread.start()
@@ -240,6 +247,8 @@ class AsyncEngine:
             m.set_checkpoints(dict(checkpoints.stats, nbytes=checkpoints.nbytes))
         if self.engine.speculator is not None:
             m.set_speculation(self.engine.speculator.summary())
+        if now - self._traffic_saved >= TRAFFIC_SAVE_S:
+            self._save_traffic()
         m.set_load(
             waiting=len(scheduler.waiting),
             running=len(scheduler.running),
@@ -308,10 +317,19 @@ class AsyncEngine:
             self._inbox.append(_AbortAll())
         self._wake.set()
 
+    def _save_traffic(self) -> None:
+        self._traffic_saved = time.perf_counter()
+        try:
+            self.engine.traffic.save()
+        except OSError as error:  # (a read-only cache directory: the server goes on)
+            log.warning("could not save the traffic record: %s", error)
+
     def shutdown(self) -> None:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
+        if self.engine.traffic is not None and self.engine.traffic.steps:
+            self._save_traffic()
         if self.engine.kv_tiers is not None:  # blocks queued for writing through: on disk
             self.engine.kv_tiers.flush()
         self.engine.close()  # (tensor-parallel workers stopped)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -123,7 +125,9 @@ def test_cli_budget_report(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "compile: group 0" in out and "built" in out and "tune 1: group 0" in out
-    assert "skipped 0 items" in out
+    assert re.search(r"compile: layer program +built", out)
+    assert re.search(r"tune 1: layer program +skipped", out)  # (its search takes ~30 s)
+    assert "skipped 1 items" in out
     assert (
         main(
             [

@@ -1,0 +1,117 @@
+"""The layer program's tuner: per token-count bucket, which variant (program_variants.py) runs
+a decode step of the model fastest on this machine.
+
+The search is by coordinate: from the default variant, each knob in turn (KNOBS' order) has
+its values compiled (through the JIT cache) and timed round robin on the same decode step —
+`tokens` sequences (the bucket's representative count) each `context` positions long, over
+blocks of the engine's still empty KV cache — and the fastest value is kept before the next
+knob when it beats the value kept by more than MARGIN (these machines are noisy); a winner
+other than the default must beat it again, by MARGIN, in rounds of their own. The winner
+per bucket and every variant's best time go into tuning.json under the program's tuning key;
+LayerProgramRunner runs the winners from then on. It stops where the time given runs out (the
+buckets after get nothing; a knob begun is finished).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from infergen.compiler.buckets import BUCKET_TOKENS
+from infergen.compiler.program import DEFAULT, LayerProgramRunner, tuning_key
+from infergen.compiler.program_variants import KNOBS, ProgramVariant
+from infergen.compiler.tune import BucketResult, TuningRecord
+from infergen.ops.paged_attention import AttentionPlan
+from infergen.ops.rope import RopeInputs
+from infergen.timing import best_seconds_each
+
+PROBE_CONTEXT = 512  # positions per sequence in the timed decode step
+ROUNDS = 5  # timings per candidate per knob (round robin; the best counts)
+MARGIN = 0.02  # a value replaces the one kept only when its step is this much faster
+
+
+@dataclass(frozen=True)
+class ProbeStep:
+    """The parts of a decode step the layer program reads."""
+
+    attn_plan: AttentionPlan
+    slot_mapping: torch.Tensor
+    rope: RopeInputs
+
+
+def decode_probe(model, kv_cache, tokens: int, context: int = PROBE_CONTEXT):
+    """(h, step): a decode step of `tokens` sequences at `context` positions each (fewer when
+    the cache is smaller), sequence i over cache blocks [i·n, (i+1)·n) (wrapping around a
+    small cache). Each step writes one KV slot per sequence: run it before the engine holds
+    any sequence."""
+    blocks, block_size = kv_cache.layer(0).k.shape[:2]
+    context = max(1, min(context, max(1, blocks // tokens) * block_size))
+    width = -(-context // block_size)
+    tables = (torch.arange(tokens * width, dtype=torch.int64) % blocks).reshape(tokens, width)
+    last = context - 1
+    slots = tables[:, last // block_size] * block_size + last % block_size
+    positions = torch.full((tokens,), last, dtype=torch.int64)
+    window = getattr(kv_cache.groups[0], "window", 0) or 0
+    plan = AttentionPlan(
+        decode_rows=torch.arange(tokens),
+        prefills=[],
+        decode_only=True,
+        decode_block_tables=tables,
+        decode_seq_lens=torch.full((tokens,), context, dtype=torch.int64),
+        window=window,
+        block_size=block_size,
+        decode_max_context=context,
+    )
+    generator = torch.Generator().manual_seed(0)
+    h = torch.randn(tokens, model.config.hidden_size, generator=generator)
+    return h, ProbeStep(plan, slots, RopeInputs(positions, model.rope_cache))
+
+
+def time_variants(
+    runner: LayerProgramRunner, variants: list[ProgramVariant], h, step, rounds: int = ROUNDS
+) -> dict[ProgramVariant, float]:
+    """Best seconds of a decode step per variant, timed round robin (each built first)."""
+    for variant in variants:
+        runner.build(variant)
+    fns = {v: (lambda v=v: runner.run(h.clone(), step, v)) for v in variants}
+    return best_seconds_each(fns, rounds)
+
+
+def tune_program(
+    runner: LayerProgramRunner,
+    buckets: list[str],
+    seconds: float,
+    context: int = PROBE_CONTEXT,
+    rounds: int = ROUNDS,
+) -> dict[str, BucketResult]:
+    """Search each bucket's variant within about `seconds` in all; records the winners."""
+    deadline = time.perf_counter() + seconds
+    found: dict[str, BucketResult] = {}
+    for bucket in buckets:
+        if time.perf_counter() >= deadline:
+            break
+        h, step = decode_probe(runner.model, runner.kv_cache, BUCKET_TOKENS[bucket], context)
+        current, best = DEFAULT, {}
+        for name, knob in KNOBS.items():
+            if time.perf_counter() >= deadline:
+                break
+            candidates = [current.with_value(name, value) for value in knob.values]
+            times = time_variants(runner, candidates, h, step, rounds)
+            for variant, t in times.items():
+                best[variant] = min(best.get(variant, float("inf")), t)
+            fastest = min(candidates, key=times.get)
+            if times[fastest] < (1.0 - MARGIN) * times[current]:  # clearly faster: take it
+                current = fastest
+        if current != DEFAULT:  # confirmed against the default in rounds of their own
+            times = time_variants(runner, [DEFAULT, current], h, step, 2 * rounds)
+            for variant, t in times.items():
+                best[variant] = min(best.get(variant, t), t)
+            if not times[current] < (1.0 - MARGIN) * times[DEFAULT]:
+                current = DEFAULT
+        found[bucket] = BucketResult(current.label, {v.label: t for v, t in best.items()})
+    if found:
+        TuningRecord(runner.cache).store(tuning_key(runner.program, runner.cache), found)
+        runner.by_bucket.update({b: ProgramVariant.parse(r.winner) for b, r in found.items()})
+    return found

@@ -1,0 +1,145 @@
+"""What an engine start (`compile_budget_s`) or `infergen compile` builds within a time budget,
+and what each item is expected to save beside what it saved once built.
+
+Order: the fused groups (budget.py: most expected gain per second first), then the decode
+layer program and its tuning per bucket (program_tune.py), then the groups' tuning with what
+is left. The layer program's expected gain per bucket is measured, not guessed, the way a
+group's is: a decode step walked op by op (compile="eager", what runs without it) minus the
+time that walk spends in the GEMMs and attention (what the program calls too, and cannot
+beat), times the bucket's share of the traffic; once built, its gain is that walk minus the
+program's own step. The walk's other ops are the pointwise work and the per-op dispatch; the
+groups' gains count the pointwise part again (they serve the steps the program does not run:
+prefill and mixed steps), so the items' gains overlap for decode buckets.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from infergen.compiler.buckets import BUCKET_TOKENS
+from infergen.compiler.budget import Item, compile_groups, tune_groups
+from infergen.compiler.jit_cache import JitCache
+from infergen.compiler.program import (
+    DEFAULT,
+    LayerProgramRunner,
+    ProgramUnavailable,
+    model_program,
+    program_key,
+)
+from infergen.compiler.program_tune import decode_probe, tune_program
+from infergen.compiler.runtime import CompiledLayers, jit_graph, pointwise_groups
+from infergen.timing import best_seconds
+
+PROGRAM_SECONDS_PRIOR = 5.0  # compiling the layer program (it includes every GEMM kernel)
+PROGRAM_TUNE_SECONDS_PRIOR = 30.0  # the first bucket's search (compiles its variants)
+PROGRAM = "layer program"  # the program's items' group name
+
+
+def plan_startup(
+    model, kv_cache, traffic: dict[str, float], budget_s: float, cache: JitCache
+) -> list[Item]:
+    """Build and tune within `budget_s` seconds under the traffic mix (bucket → share of
+    steps); returns every item with what happened to it. Run it before the engine holds any
+    sequence (timing the layer program writes KV slots)."""
+    deadline = time.perf_counter() + budget_s
+    graph = jit_graph(model, kv_cache)
+    groups = [
+        (f"group {i} -> " + ", ".join(v.name for v in node.outputs), node.attrs["graph"])
+        for i, node in enumerate(pointwise_groups(graph))
+    ]
+    layers = model.config.num_hidden_layers
+    plan = compile_groups(groups, traffic, layers, deadline, cache)
+    plan.items += program_items(model, kv_cache, traffic, deadline, cache)
+    tune_groups(plan, traffic, layers, deadline, cache)
+    return plan.items
+
+
+def program_items(
+    model, kv_cache, traffic: dict[str, float], deadline: float, cache: JitCache
+) -> list[Item]:
+    """The layer program's compile and tuning items (see the module docstring)."""
+    graph = jit_graph(model, kv_cache)
+    try:
+        program = model_program(model, graph)
+    except Exception as error:  # noqa: BLE001 - CodegenError: the walker runs decode steps
+        return [Item(PROGRAM, "compile", None, 0.0, status=f"not renderable ({error})")]
+    cached = any(r["key"] == program_key(program.source, cache) for r in cache.entries())
+    build = Item(PROGRAM, "compile", None, 0.0 if cached else PROGRAM_SECONDS_PRIOR)
+    items = [build]
+    eager = CompiledLayers(model, kv_cache, "eager")  # the walk, and the weight bindings
+    probes = {b: decode_probe(model, kv_cache, BUCKET_TOKENS[b]) for b in traffic}
+    walks = {b: _walk_seconds(eager, *probes[b]) for b in traffic}
+    build.gain_ms = 1e3 * sum(traffic[b] * (walk - floor) for b, (walk, floor) in walks.items())
+    order = sorted(traffic, key=lambda b: -traffic[b])
+    tunes = [Item(PROGRAM, f"tune {b}", None, PROGRAM_TUNE_SECONDS_PRIOR) for b in order]
+    items += tunes
+    if build.cost_s and time.perf_counter() + build.cost_s > deadline:
+        return items
+    started = time.perf_counter()
+    try:
+        runner = LayerProgramRunner(model, kv_cache, graph, eager.static, cache)
+    except ProgramUnavailable as why:
+        build.status = f"unavailable ({why})"
+        return items
+    build.spent_s = time.perf_counter() - started
+    build.status = "cached" if runner.built.cached else "built"
+    steps = {b: _program_seconds(runner, *probes[b]) for b in traffic}
+    build.measured_ms = 1e3 * sum(traffic[b] * (walks[b][0] - steps[b]) for b in traffic)
+    for bucket, tune in zip(order, tunes, strict=True):
+        cost = tune.cost_s if tune is tunes[0] else tune.cost_s / 10  # variants built by then
+        if time.perf_counter() + cost > deadline:
+            continue
+        started = time.perf_counter()
+        found = tune_program(runner, [bucket], deadline - time.perf_counter())
+        if bucket not in found:
+            continue
+        result = found[bucket]
+        tune.spent_s, tune.status = time.perf_counter() - started, f"tuned: {result.winner}"
+        default, best = result.seconds["default"], result.seconds[result.winner]
+        tune.gain_ms = tune.measured_ms = 1e3 * traffic[bucket] * (default - best)
+    return items
+
+
+def _walk_seconds(eager: CompiledLayers, h: torch.Tensor, step) -> tuple[float, float]:
+    """(a decode step walked op by op, the part of it in GEMMs and attention), best of 3."""
+    layers = len(eager.model.layers)
+
+    def walk():
+        x, delta = h.clone(), torch.zeros_like(h)
+        for index in range(layers):
+            x, delta = eager.run_layer(index, x, delta, step)
+
+    total = best_seconds(walk, 3)
+    floor = float("inf")
+    for _ in range(3):
+        eager.profile = {}
+        walk()
+        floor = min(floor, sum(eager.profile.get(k, 0.0) for k in ("linear", "attention")))
+    eager.profile = None
+    return total, floor
+
+
+def _program_seconds(runner: LayerProgramRunner, h: torch.Tensor, step) -> float:
+    return best_seconds(lambda: runner.run(h.clone(), step, DEFAULT), 3)
+
+
+def plan_lines(items: list[Item]) -> list[str]:
+    """The plan as a table: each item's status, seconds spent, expected and measured gain (ms
+    per step of the traffic mix), then what the skipped items would have saved."""
+    lines = [f"{'item':<44} {'status':<26} {'spent s':>8} {'expected ms':>12} {'measured ms':>12}"]
+    for item in items:
+        label = f"{item.kind}: {item.group}"[:44]
+        lines.append(
+            f"{label:<44} {item.status[:26]:<26} {item.spent_s:>8.2f} "
+            f"{_ms(item.gain_ms):>12} {_ms(item.measured_ms):>12}"
+        )
+    skipped = [i for i in items if i.status == "skipped"]
+    lost = sum(i.gain_ms or 0.0 for i in skipped)
+    lines.append(f"skipped {len(skipped)} items; their expected gain: {lost:.3f} ms per step")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -1,0 +1,153 @@
+"""The layer program's variants and tuner (program_variants.py, program_tune.py): every knob
+value computes what the default variant does (itself checked against the per-op path in
+test_runtime.py), the tuner records a winner per bucket, and a new engine runs the recorded
+winners; labels that name no knob are ignored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from infergen import LLM, SamplingParams
+from infergen.compiler import program_tune, runtime
+from infergen.compiler.jit_cache import JitCache
+from infergen.compiler.program import DEFAULT, tuning_key
+from infergen.compiler.program_tune import decode_probe, tune_program
+from infergen.compiler.program_variants import KNOBS, ProgramVariant
+from infergen.compiler.tune import BucketResult, TuningRecord
+from infergen.registry import Registry
+from tests.hf_models import build_hf_model
+
+PROMPTS = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99]]
+
+# two variants that between them set every knob to each of its other values
+SPREAD = [
+    ProgramVariant.parse("attn_chunk=64,gemm_small_top=1,gemm_prefetch=1,fork_min=8192"),
+    ProgramVariant.parse("attn_chunk=256,gemm_prefetch=2,fork_min=131072,threads=1"),
+]
+
+
+@pytest.fixture
+def jit(tmp_path, monkeypatch):
+    cache = JitCache(tmp_path / "jit")
+    monkeypatch.setattr(runtime, "JitCache", lambda: cache)
+    return cache
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    build_hf_model("llama_gqa", tmp_path / "model")
+    return str(tmp_path / "model")
+
+
+def _program(llm):
+    layers = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache)
+    assert layers.program is not None, layers.report.groups_op_by_op
+    return layers.program
+
+
+def test_labels():
+    variant = ProgramVariant.parse("threads=1,attn_chunk=256")
+    assert variant.label == "attn_chunk=256,threads=1"  # sorted, defaults left out
+    assert ProgramVariant.parse(variant.label) == variant
+    assert variant.prelude == "#define DECODE_ATTN_CHUNK 256\n"  # (threads: a call argument)
+    assert variant.threads(2) == 1 and DEFAULT.threads(2) == 2
+    assert ProgramVariant.parse("attn_chunk=128") == DEFAULT  # the default value
+    assert ProgramVariant.parse("default").label == "default"
+    for name, value in SPREAD[0].settings + SPREAD[1].settings:
+        assert value in KNOBS.get(name).values
+    covered = {(n, v) for variant in SPREAD for n, v in variant.settings}
+    for name, knob in KNOBS.items():
+        assert {(name, v) for v in knob.values if v != knob.default} <= covered, name
+    with pytest.raises(ValueError, match="knob 'warp'"):
+        ProgramVariant.parse("warp=9")
+    with pytest.raises(ValueError, match=r"attn_chunk=100: expected one of \[64, 128, 256\]"):
+        ProgramVariant.parse("attn_chunk=100")
+    with pytest.raises(ValueError, match="not an integer"):
+        ProgramVariant.parse("threads=all")
+
+
+def test_every_knob_value_computes_what_the_default_does(jit, model_dir):
+    llm = LLM(model_dir, kv_cache_memory="4MiB", compile="jit")  # (the runner's model: kept)
+    runner = _program(llm)
+    for tokens in (1, 5):  # one token block, and two (of 4 rows) or one (of 8)
+        h, step = decode_probe(runner.model, runner.kv_cache, tokens, context=300)
+        assert step.attn_plan.decode_max_context == 300  # several chunks of 64, 128 and 256
+        expected = runner.run(h.clone(), step, DEFAULT)
+        for variant in SPREAD:
+            got = runner.run(h.clone(), step, variant)
+            for a, b in zip(got, expected, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    assert len({built.key for built in runner.builds}) == 1 + len(SPREAD)  # a library each
+
+
+def test_tuner_records_winners_and_a_new_engine_runs_them(jit, model_dir, monkeypatch):
+    reference = LLM(model_dir, kv_cache_memory="4MiB")
+    tuned = LLM(model_dir, kv_cache_memory="4MiB", compile="jit")
+    runner = _program(tuned)
+    threads_only = Registry("layer program knob")  # (no compiling: a run-time knob)
+    threads_only.register("threads", KNOBS.get("threads"))
+    monkeypatch.setattr(program_tune, "KNOBS", threads_only)
+    found = tune_program(runner, ["1", "2-8"], seconds=30, rounds=2)
+    assert set(found) == {"1", "2-8"}
+    for result in found.values():
+        assert set(result.seconds) == {"default", "threads=1"}
+        assert result.winner in result.seconds
+    key = tuning_key(runner.program, jit)
+    record = TuningRecord(jit)
+    assert record.labels(key) == {b: r.winner for b, r in found.items()}
+    # a recorded winner with a compiled knob, and one from a knob this version lacks
+    record.store(key, {"1": BucketResult("attn_chunk=256", {}), "2-8": BucketResult("warp=9", {})})
+    llm = LLM(model_dir, kv_cache_memory="4MiB", compile="jit")
+    program = _program(llm)
+    assert program.by_bucket == {"1": ProgramVariant.parse("attn_chunk=256")}
+    assert llm.engine.compile_report.tuned_buckets >= 1
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    expected = reference.generate(PROMPTS, params)
+    for a, b in zip(expected, llm.generate(PROMPTS, params), strict=True):
+        assert a.token_ids == b.token_ids
+
+
+def test_engine_start_budget_builds_what_fits_and_runs_the_rest_op_by_op(jit, model_dir):
+    reference = LLM(model_dir, kv_cache_memory="4MiB")
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    expected = [o.token_ids for o in reference.generate(PROMPTS, params)]
+    nothing = LLM(
+        model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=0, compile_traffic="1=1"
+    )
+    plan = nothing.engine.compile_plan
+    assert plan and all(i.status == "skipped" for i in plan)
+    assert any(i.group == "layer program" and i.gain_ms > 0 for i in plan)  # (predicted)
+    skipped = nothing.engine.compile_report.groups_op_by_op
+    assert skipped and all("not built within the startup budget" in s for s in skipped)
+    assert [o.token_ids for o in nothing.generate(PROMPTS, params)] == expected
+    assert not list(jit.root.glob("*.so"))  # nothing compiled
+    some = LLM(
+        model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=20, compile_traffic="1=1"
+    )
+    status = {(i.kind, i.group.split(" ->")[0]): i.status for i in some.engine.compile_plan}
+    assert status[("compile", "layer program")] == "built"
+    assert status[("tune 1", "layer program")] == "skipped"  # (its search takes ~30 s)
+    assert status[("compile", "group 0")] == "built"
+    assert status[("tune 1", "group 0")] == "tuned"
+    for item in some.engine.compile_plan:
+        if item.status in ("built", "tuned"):  # built: expected beside measured
+            assert item.gain_ms is not None and item.measured_ms is not None
+    assert some.engine.compile_report.groups_op_by_op == []
+    assert _program(some) is not None
+    assert [o.token_ids for o in some.generate(PROMPTS, params)] == expected
+
+
+def test_bad_traffic_option(jit, model_dir):
+    with pytest.raises(Exception, match="traffic bucket '3'"):
+        LLM(model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=1,
+            compile_traffic="3=1")  # fmt: skip
+
+
+def test_tuning_record_labels_tolerate_garbage(tmp_path):
+    record = TuningRecord(JitCache(tmp_path))
+    record.path.parent.mkdir(parents=True, exist_ok=True)
+    record.path.write_text(json.dumps({"k": {"1": {"winner": 3}, "2-8": "x"}, "j": [1]}))
+    assert record.labels("k") == {} and record.labels("j") == {} and record.labels("z") == {}
