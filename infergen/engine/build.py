@@ -619,13 +619,17 @@ def _compile(built: Built) -> None:
             expected="compile='off' with sparse decode",
         )
     if not FAST_PATHS.get(mode).supports(model):
-        raise ConfigError(
-            f"compile={mode!r} covers Llama-shaped layers only",
-            where="compile",
-            found=f"{built.model_config.architecture} (sliding-window cache groups, "
-            "per-layer RoPE, GeGLU or sandwich norms)",
-            expected="compile='off' for this architecture",
+        # the compiler captures Llama-shaped layers: these run the per-op path, and the
+        # compile report says so and why (the fast path _to_device chose stays)
+        layers = len(model.layers)
+        built.compile_report = runtime.CompileReport(
+            groups_op_by_op=[
+                f"all {layers} layers of {built.model_config.architecture}: the per-op path "
+                f"(the compiler captures Llama-shaped layers; these have "
+                f"{', '.join(model.layer_features())})"
+            ]
         )
+        return
     if mode == "jit" and built.config.compile.budget_s is not None:
         built.compile_plan = _startup_plan(built)
         model.jit_cached_only = True  # the rest runs op by op

@@ -264,17 +264,25 @@ class Transformer(nn.Module):
         """Every layer is the Llama-shaped layer the fused decode and the compiler handle: one
         cache group, one RoPE table, SwiGLU, no sandwich norms, sinks, latent attention or
         experts."""
-        spec = self.config.arch
-        return (
-            self.num_cache_groups == 1
-            and not self.state_layers
-            and len(self.rope_tables) == 1
-            and self.config.hidden_act == "silu"
-            and self.config.rotary_dim == self.config.head_dim
-            and not self.config.sink_tokens
-            and not spec.attention_output_gate
-            and not (spec.sandwich_norms or spec.attention_sinks or spec.mla or self.config.moe)
+        return not self.layer_features()
+
+    def layer_features(self) -> list[str]:
+        """What makes these layers other than that Llama-shaped layer, by name (none: plain)."""
+        spec, config = self.config.arch, self.config
+        present = (
+            ("sliding-window and full-attention cache groups", self.num_cache_groups != 1),
+            ("recurrent state layers", bool(self.state_layers)),
+            ("per-layer RoPE tables", len(self.rope_tables) != 1),
+            (f"a {config.hidden_act} MLP", config.hidden_act != "silu"),
+            ("partial rotary dimensions", config.rotary_dim != config.head_dim),
+            ("sink tokens", bool(config.sink_tokens)),
+            ("a gated attention output", bool(spec.attention_output_gate)),
+            ("sandwich norms", bool(spec.sandwich_norms)),
+            ("attention sinks", bool(spec.attention_sinks)),
+            ("latent attention (MLA)", bool(spec.mla)),
+            ("mixture-of-experts MLPs", bool(config.moe)),
         )
+        return [name for name, there in present if there]
 
     def fast_path_for(self, kv_cache: PagedKVCache) -> FastPathRunner | None:
         """This model's fast path built for `kv_cache` (once per cache), or None when it has

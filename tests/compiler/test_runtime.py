@@ -102,3 +102,21 @@ def test_fp8_kv_cache(mode, tmp_path):
         expected = reference.engine.prompt_logits(tokens, chunk=chunk)
         got = compiled.engine.prompt_logits(tokens, chunk=chunk)
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), chunk
+
+
+@pytest.mark.parametrize(
+    "name, features",
+    [("gemma3", "sandwich norms"), ("gpt_oss", "attention sinks, mixture-of-experts MLPs")],
+)
+def test_layers_the_compiler_does_not_capture_run_the_per_op_path(name, features, tmp_path):
+    build_hf_model(name, tmp_path / "model")
+    reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
+    compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
+    (why,) = compiled.engine.compile_report.groups_op_by_op
+    assert why.startswith("all ") and "the per-op path" in why and features in why, why
+    assert compiled.engine.compile_report.kernels_built == 0
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    for a, b in zip(
+        reference.generate(PROMPTS, params), compiled.generate(PROMPTS, params), strict=True
+    ):
+        assert a.token_ids == b.token_ids
