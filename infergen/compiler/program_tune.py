@@ -8,8 +8,9 @@ blocks of the engine's still empty KV cache — and the fastest value is kept be
 knob when it beats the value kept by more than MARGIN (these machines are noisy); a winner
 other than the default must beat it again, by MARGIN, in rounds of their own. The winner
 per bucket and every variant's best time go into tuning.json under the program's tuning key;
-LayerProgramRunner runs the winners from then on. It stops where the time given runs out (the
-buckets after get nothing; a knob begun is finished).
+LayerProgramRunner runs the winners from then on. It stops where the time given runs out: a
+knob whose values are not all built by then keeps its value, the buckets after get nothing
+(it overruns by at most one compile and one knob's timing).
 """
 
 from __future__ import annotations
@@ -98,6 +99,12 @@ def tune_program(
             if time.perf_counter() >= deadline:
                 break
             candidates = [current.with_value(name, value) for value in knob.values]
+            for variant in candidates:  # (compiling: the budget is checked between builds)
+                if time.perf_counter() >= deadline:
+                    break
+                runner.build(variant)
+            if time.perf_counter() >= deadline:
+                break  # (this knob's values not all built: it keeps its value)
             times = time_variants(runner, candidates, h, step, rounds)
             for variant, t in times.items():
                 best[variant] = min(best.get(variant, float("inf")), t)

@@ -2,14 +2,15 @@
 and what each item is expected to save beside what it saved once built.
 
 Order: the fused groups (budget.py: most expected gain per second first), then the decode
-layer program and its tuning per bucket (program_tune.py), then the groups' tuning with what
-is left. The layer program's expected gain per bucket is measured, not guessed, the way a
-group's is: a decode step walked op by op (compile="eager", what runs without it) minus the
-time that walk spends in the GEMMs and attention (what the program calls too, and cannot
-beat), times the bucket's share of the traffic; once built, its gain is that walk minus the
-program's own step. The walk's other ops are the pointwise work and the per-op dispatch; the
-groups' gains count the pointwise part again (they serve the steps the program does not run:
-prefill and mixed steps), so the items' gains overlap for decode buckets.
+layer program and its tuning per bucket (program_tune.py; a bucket tuning.json already holds
+is taken as recorded, not searched again), then the groups' tuning with what is left. The
+layer program's expected gain per bucket is measured, not guessed, the way a group's is: a
+decode step walked op by op (compile="eager", what runs without it) minus the time that walk
+spends in the GEMMs and attention (what the program calls too, and cannot beat), times the
+bucket's share of the traffic; once built, its gain is that walk minus the program's own
+step. The walk's other ops are the pointwise work and the per-op dispatch; the groups' gains
+count the pointwise part again (they serve the steps the program does not run: prefill and
+mixed steps), so the items' gains overlap for decode buckets.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from infergen.compiler.program import (
     ProgramUnavailable,
     model_program,
     program_key,
+    tuning_key,
 )
 from infergen.compiler.program_tune import decode_probe, tune_program
 from infergen.compiler.runtime import CompiledLayers, jit_graph, pointwise_groups
+from infergen.compiler.tune import TuningRecord
 from infergen.timing import best_seconds
 
 PROGRAM_SECONDS_PRIOR = 5.0  # compiling the layer program (it includes every GEMM kernel)
@@ -87,15 +90,24 @@ def program_items(
     build.status = "cached" if runner.built.cached else "built"
     steps = {b: _program_seconds(runner, *probes[b]) for b in traffic}
     build.measured_ms = 1e3 * sum(traffic[b] * (walks[b][0] - steps[b]) for b in traffic)
+    searched = False  # a bucket's search done: the variants are built (the next ones time)
+    entry = TuningRecord(cache).load().get(tuning_key(program, cache))
     for bucket, tune in zip(order, tunes, strict=True):
-        cost = tune.cost_s if tune is tunes[0] else tune.cost_s / 10  # variants built by then
+        row = entry.get(bucket) if isinstance(entry, dict) else None
+        if isinstance(row, dict) and isinstance(row.get("winner"), str):  # searched before
+            tune.status, seconds = f"recorded: {row['winner']}", row.get("seconds") or {}
+            default, best = seconds.get("default"), seconds.get(row["winner"])
+            if isinstance(default, float) and isinstance(best, float):
+                tune.gain_ms = tune.measured_ms = 1e3 * traffic[bucket] * (default - best)
+            continue
+        cost = tune.cost_s / 10 if searched else tune.cost_s
         if time.perf_counter() + cost > deadline:
             continue
         started = time.perf_counter()
         found = tune_program(runner, [bucket], deadline - time.perf_counter())
         if bucket not in found:
             continue
-        result = found[bucket]
+        result, searched = found[bucket], True
         tune.spent_s, tune.status = time.perf_counter() - started, f"tuned: {result.winner}"
         default, best = result.seconds["default"], result.seconds[result.winner]
         tune.gain_ms = tune.measured_ms = 1e3 * traffic[bucket] * (default - best)
@@ -111,7 +123,7 @@ def _walk_seconds(eager: CompiledLayers, h: torch.Tensor, step) -> tuple[float, 
         for index in range(layers):
             x, delta = eager.run_layer(index, x, delta, step)
 
-    total = best_seconds(walk, 3)
+    total = best_seconds(walk, 5)
     floor = float("inf")
     for _ in range(3):
         eager.profile = {}
@@ -122,7 +134,7 @@ def _walk_seconds(eager: CompiledLayers, h: torch.Tensor, step) -> tuple[float, 
 
 
 def _program_seconds(runner: LayerProgramRunner, h: torch.Tensor, step) -> float:
-    return best_seconds(lambda: runner.run(h.clone(), step, DEFAULT), 3)
+    return best_seconds(lambda: runner.run(h.clone(), step, DEFAULT), 5)
 
 
 def plan_lines(items: list[Item]) -> list[str]:

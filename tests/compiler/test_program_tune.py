@@ -16,6 +16,7 @@ from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.program import DEFAULT, tuning_key
 from infergen.compiler.program_tune import decode_probe, tune_program
 from infergen.compiler.program_variants import KNOBS, ProgramVariant
+from infergen.compiler.startup import PROGRAM
 from infergen.compiler.tune import BucketResult, TuningRecord
 from infergen.registry import Registry
 from tests.hf_models import build_hf_model
@@ -136,8 +137,17 @@ def test_engine_start_budget_builds_what_fits_and_runs_the_rest_op_by_op(jit, mo
         if item.status in ("built", "tuned"):  # built: expected beside measured
             assert item.gain_ms is not None and item.measured_ms is not None
     assert some.engine.compile_report.groups_op_by_op == []
-    assert _program(some) is not None
+    program = _program(some)
     assert [o.token_ids for o in some.generate(PROMPTS, params)] == expected
+    # a bucket searched before (tuning.json) is taken as recorded, with its recorded gain
+    record = {"1": BucketResult("threads=1", {"default": 0.010, "threads=1": 0.008})}
+    TuningRecord(jit).store(tuning_key(program.program, jit), record)
+    again = LLM(
+        model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=0, compile_traffic="1=1"
+    )
+    (tune,) = [i for i in again.engine.compile_plan if i.kind == "tune 1" and i.group == PROGRAM]
+    assert tune.status == "recorded: threads=1" and abs(tune.measured_ms - 2.0) < 1e-9
+    assert _program(again).by_bucket == {"1": ProgramVariant.parse("threads=1")}
 
 
 def test_bad_traffic_option(jit, model_dir):
