@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from infergen.compiler.buckets import BUCKET_TOKENS
-from infergen.compiler.codegen_c import PARALLEL_MIN_ELEMENTS, VARIANTS, CodegenError
+from infergen.compiler.codegen_c import PARALLEL_MIN_ELEMENTS, CodegenError, variants_for
 from infergen.compiler.interpret import EXECUTORS, run
 from infergen.compiler.ir import TOKENS, Graph, Node, Op, OpKind
 from infergen.compiler.jit_cache import Built, JitCache
@@ -247,7 +247,7 @@ def tune_groups(
     for bucket in sorted(traffic, key=lambda b: -traffic[b]):
         for item, graph in compiles:
             if item.status in ("built", "cached"):  # (a shared kernel is tuned once)
-                cost = per_compile * (len(VARIANTS) - 1) + TUNE_MEASURE_SECONDS
+                cost = per_compile * (len(variants_for(graph)) - 1) + TUNE_MEASURE_SECONDS
                 tune = Item(item.group, f"tune {bucket}", None, cost)
                 items.append(tune)
                 pending.append((tune, graph, bucket))

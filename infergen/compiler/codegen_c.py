@@ -34,12 +34,25 @@ PARALLEL_MIN_ELEMENTS = 1 << 14
 # partial sums of a row reduction (a vector register of fp32 with AVX-512)
 REDUCE_LANES = 16
 
-# kernel variants (what the tuner, tune.py, chooses between per token-count bucket): the
-# output elements of a step from which rows are split over threads (None: never)
-VARIANTS: dict[str, int | None] = {
-    "default": PARALLEL_MIN_ELEMENTS,
-    "serial": None,
-    "parallel": 0,
+
+@dataclass(frozen=True)
+class Variant:
+    """A way to render a group: the output elements of a step from which rows are split over
+    threads (None: never), and the row tile — a row's ops run a tile of columns at a time, so
+    a row's intermediates stay in L1 (0: whole rows; a group that is not one elementwise chain
+    over a single row shape ignores it)."""
+
+    parallel_min: int | None
+    tile: int = 0
+
+
+# kernel variants (what the tuner, tune.py, chooses between per token-count bucket)
+VARIANTS: dict[str, Variant] = {
+    "default": Variant(PARALLEL_MIN_ELEMENTS),
+    "serial": Variant(None),
+    "parallel": Variant(0),
+    "tile256": Variant(PARALLEL_MIN_ELEMENTS, 256),
+    "tile1024": Variant(PARALLEL_MIN_ELEMENTS, 1024),
 }
 
 
@@ -85,8 +98,11 @@ def _float(value: float) -> str:
 
 
 class _Renderer:
-    def __init__(self, graph: Graph, name: str, parallel_min: int | None):
-        self.graph, self.name, self.parallel_min = graph, name, parallel_min
+    def __init__(self, graph: Graph, name: str, variant: Variant):
+        self.graph, self.name, self.parallel_min = graph, name, variant.parallel_min
+        # the row tile (0: none): the columns [c0, c1) of the one row shape `tile_row`
+        self.tile_row = tile_row(graph)
+        self.tile = variant.tile if self.tile_row and variant.tile < self.tile_row[0] else 0
         self.refs: dict[int, Ref] = {}
         self.lines: list[str] = []
         self.locals: list[str] = []
@@ -116,6 +132,11 @@ class _Renderer:
         """Nested loops over `shape` with index names i0, i1, ...; `body(idx)` → statements."""
         idx = [f"i{d}" for d in range(len(shape))]
         indent = "    "
+        if self.tile and tuple(shape) == self.tile_row:  # (a tiled group: its tile's columns)
+            self.lines.append(f"{indent * 2}for (long i0 = c0; i0 < c1; ++i0)")
+            for statement in body(idx):
+                self.lines.append(indent * 3 + statement)
+            return
         for d, size in enumerate(shape):
             self.lines.append(
                 f"{indent * (d + 2)}for (long {idx[d]} = 0; {idx[d]} < {size}; ++{idx[d]})"
@@ -146,7 +167,10 @@ class _Renderer:
             shape,
             lambda idx: [f"{self.element(tmp, shape, idx)} = -({self.element(src, shape, idx)});"],
         )
-        self.lines.append(f"        exp_array({tmp.base}, {tmp.base}, {prod(shape)});")
+        if self.tile:
+            self.lines.append(f"        exp_array({tmp.base} + c0, {tmp.base} + c0, c1 - c0);")
+        else:
+            self.lines.append(f"        exp_array({tmp.base}, {tmp.base}, {prod(shape)});")
         self.loops(
             shape,
             lambda idx: [
@@ -321,10 +345,16 @@ class _Renderer:
             if not rowed or value.dtype != torch.float32:
                 raise CodegenError(f"output %{value.name} is not fp32 [T, ...]")
             self.lines.append(f"        float *o{j} = (float *)out[{j}] + t * {prod(shape)};")
+        if self.tile:
+            n, tile = self.tile_row[0], self.tile
+            self.lines.append(f"        for (long c0 = 0; c0 < {n}; c0 += {tile}) {{")
+            self.lines.append(f"        long c1 = c0 + {tile} < {n} ? c0 + {tile} : {n};")
         for node in self.graph.nodes:
             self.render_node(node)
         for value in self.graph.outputs:
             self.copy_out(value)
+        if self.tile:
+            self.lines.append("        }")
         work = sum(prod(_row_shape(v)[0]) for v in self.graph.outputs)
         return "\n".join(
             [
@@ -344,6 +374,35 @@ class _Renderer:
                 "",
             ]
         )
+
+
+def tile_row(graph: Graph) -> tuple[int] | None:
+    """The one row shape (n,) of a group every node of which is elementwise (or a sigmoid, or
+    a slice of the last dimension) with an output row of that shape — what a row tile can cut
+    into columns; None for any other group (reductions, views, concatenations, gathers)."""
+    shapes = set()
+    for node in graph.nodes:
+        tileable = (
+            node.op in ELEMENTWISE
+            or node.op is Op.SIGMOID
+            or (node.op is Op.SLICE and node.attrs["dim"] == node.inputs[0].rank - 1)
+        )
+        out = node.outputs[0]
+        if not tileable or out.rank != 2 or out.shape[0] != TOKENS:
+            return None
+        shapes.add(tuple(out.shape[1:]))
+    return shapes.pop() if len(shapes) == 1 and not isinstance(next(iter(shapes))[0], Sym) else None
+
+
+def variants_for(graph: Graph) -> list[str]:
+    """The VARIANTS that render this group differently: a row tile only where tile_row cuts
+    its rows into more than one tile."""
+    row = tile_row(graph)
+    return [
+        name
+        for name, variant in VARIANTS.items()
+        if not variant.tile or (row is not None and variant.tile < row[0])
+    ]
 
 
 def render_group(graph: Graph, name: str, variant: str = "default") -> str:

@@ -1,5 +1,6 @@
 """The tuner: for each token-count bucket, which kernel variant of a fused group
-(codegen_c.VARIANTS: when to split rows over threads) runs fastest on this machine.
+(codegen_c.VARIANTS: when to split rows over threads, and the row tile) runs fastest on this
+machine (the variants that render the group differently: codegen_c.variants_for).
 
 Each variant is compiled (through the JIT cache) and timed on random inputs with the bucket's
 representative token count, round robin, until its time share is spent; the winner per bucket
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from infergen.compiler.buckets import BUCKET_TOKENS
-from infergen.compiler.codegen_c import VARIANTS
+from infergen.compiler.codegen_c import VARIANTS, variants_for
 from infergen.compiler.ir import TOKENS, Graph
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.kernel import compile_group
@@ -57,7 +58,7 @@ def tune_group(
     graph: Graph, cache: JitCache, buckets: list[str], seconds: float
 ) -> dict[str, BucketResult]:
     """Time every variant of the group in each bucket within about `seconds` in all."""
-    kernels = {name: compile_group(graph, cache, name) for name in VARIANTS}
+    kernels = {name: compile_group(graph, cache, name) for name in variants_for(graph)}
     share = seconds / max(1, len(buckets))
     found = {}
     for bucket in buckets:

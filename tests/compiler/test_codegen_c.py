@@ -12,7 +12,8 @@ import torch
 
 from infergen import LLM
 from infergen.compiler import pipelines  # noqa: F401
-from infergen.compiler.codegen_c import CodegenError, render_group
+from infergen.compiler.codegen_c import VARIANTS as VARIANT_ROWS
+from infergen.compiler.codegen_c import CodegenError, render_group, tile_row, variants_for
 from infergen.compiler.decoder import capture_layer
 from infergen.compiler.interpret import run
 from infergen.compiler.ir import TOKENS, Graph, Node, Op, Value
@@ -121,3 +122,36 @@ def test_rendering_is_deterministic_and_names_do_not_matter(tmp_path):
     assert JitCache(tmp_path).key(other.canonical(), "variant=default") == first.built.key
     again = compile_group(other, JitCache(tmp_path))  # a fresh process's view: from disk
     assert again.built.cached and again.built.key == first.built.key
+
+
+def test_row_tiles_compute_the_same_bits(tmp_path):
+    """A SiLU-mul chain with a broadcast weight over 1500 columns (tail tiles of 220 after
+    five of 256, of 476 after one of 1024): every variant equals the interpreter and the default variant bit for bit
+    (each element's arithmetic is the same; only the order over columns changes)."""
+    x = Value("x", (TOKENS, 3000), F32, "input")
+    w = Value("w", (1500,), F32, "weight")
+    gate, up = Value("gate", (TOKENS, 1500), F32), Value("up", (TOKENS, 1500), F32)
+    sig, act = Value("sig", (TOKENS, 1500), F32), Value("act", (TOKENS, 1500), F32)
+    prod_, out = Value("prod", (TOKENS, 1500), F32), Value("out", (TOKENS, 1500), F32)
+    nodes = [
+        Node(Op.SLICE, (x,), (gate,), {"dim": 1, "start": 0, "stop": 1500}),
+        Node(Op.SLICE, (x,), (up,), {"dim": 1, "start": 1500, "stop": 3000}),
+        Node(Op.SIGMOID, (gate,), (sig,)),
+        Node(Op.MUL, (gate, sig), (act,)),
+        Node(Op.MUL, (act, up), (prod_,)),
+        Node(Op.MUL, (prod_, w), (out,)),
+    ]
+    graph = Graph("silu_mul_w", [x, w], nodes, [out])
+    assert tile_row(graph) == (1500,)
+    assert set(variants_for(graph)) == set(VARIANT_ROWS)  # every tile cuts 1500 columns
+    assert "c0 += 256" in render_group(graph, "f", "tile256")
+    cache = JitCache(tmp_path)
+    for tokens in (1, 7, 300):
+        inputs = random_inputs(graph, tokens, seed=tokens)
+        expected = run(graph, {v.name: a for v, a in zip(graph.inputs, inputs, strict=True)})
+        default = compile_group(graph, cache)(*inputs)[0]
+        assert (default - expected[0]).abs().max() <= 2e-6 * float(expected[0].abs().max())
+        for variant in VARIANT_ROWS:
+            assert torch.equal(compile_group(graph, cache, variant)(*inputs)[0], default)
+    with_norm = _graph(Op.MEAN, [(TOKENS, 600)])  # a reduction: rows stay whole
+    assert tile_row(with_norm) is None and "tile256" not in variants_for(with_norm)
