@@ -243,6 +243,49 @@ W8_MICRO(6)
 W8_MICRO(7)
 W8_MICRO(8)
 
+#ifdef W8A8_VBMI
+/* Up to W8_DIRECT_ROWS tokens straight from the k-major panel (decode steps: the weights stream
+ * once, and the regroup into a buffer — a write and a read of the panel, and a column-sum pass —
+ * cost more than the dot products). Each 4 rows of 24 codes become quads in registers (two byte
+ * permutes), made unsigned (xor 0x80: q + 128), and vpdpbusd multiplies them by the token's
+ * signed codes (its bytes xor 0x80). sum_k (q + 128) a = sum_k q a + 128 sum_k a: the token's
+ * code sum, taken once, is subtracted — the same exact int32 sums as the regrouped path, so the
+ * same result. A quad past K reads the panel's scale bytes as codes times activation code 0. */
+#define W8_DIRECT_ROWS 4
+static void w8_direct(const uint8_t *wp, long K4, const uint8_t *A, const int32_t *asum,
+                      const float *sw, const float *sa, const float *bias, float *Y, long ldy,
+                      int mr, int cols) {
+    const __m512i lo = w8_quad_index(0), hi = w8_quad_index(16);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512i c16[W8_DIRECT_ROWS];
+    __m256i c8[W8_DIRECT_ROWS];
+    for (int r = 0; r < W8_DIRECT_ROWS; ++r) c16[r] = _mm512_setzero_si512();
+    for (int r = 0; r < W8_DIRECT_ROWS; ++r) c8[r] = _mm256_setzero_si256();
+    for (long kq = 0; kq < K4; ++kq) {
+        const uint8_t *rows = wp + 4 * kq * NR;
+        __m512i a = _mm512_loadu_si512((const void *)rows);
+        __m512i b = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, rows + 64); /* bytes 64..95 */
+        __m512i w16 = _mm512_xor_si512(_mm512_permutex2var_epi8(a, lo, b), flip);
+        __m256i w8 = _mm512_castsi512_si256(
+            _mm512_xor_si512(_mm512_permutex2var_epi8(a, hi, b), flip));
+        for (int r = 0; r < mr; ++r) {
+            __m512i a4 = _mm512_xor_si512(
+                _mm512_set1_epi32(*(const int32_t *)(A + r * 4 * K4 + 4 * kq)), flip);
+            c16[r] = _mm512_dpbusd_epi32(c16[r], w16, a4);
+            c8[r] = _mm256_dpbusd_epi32(c8[r], w8, _mm512_castsi512_si256(a4));
+        }
+    }
+    int32_t acc[W8_MR][NR];
+    const int32_t none[NR] = {0};
+    for (int r = 0; r < mr; ++r) {
+        _mm512_storeu_si512((void *)acc[r], _mm512_sub_epi32(c16[r], _mm512_set1_epi32(128 * asum[r])));
+        _mm256_storeu_si256((__m256i *)(acc[r] + 16),
+                            _mm256_sub_epi32(c8[r], _mm256_set1_epi32(128 * asum[r])));
+    }
+    w8_finish(acc, none, sw, sa, bias, Y, ldy, mr, cols);
+}
+#endif
+
 typedef void (*w8_micro_fn)(const int8_t *, const int32_t *, const float *, const uint8_t *,
                             long, const float *, const float *, float *, long, int);
 static const w8_micro_fn W8_MICROS[W8_MR + 1] = {0,          w8_micro_1, w8_micro_2,
@@ -271,6 +314,23 @@ void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y
     {
 #pragma omp for schedule(static)
         for (long m = 0; m < M; ++m) w8_quantize_token(X, m, K, K4, A, sa);
+#ifdef W8A8_VBMI
+        if (M <= W8_DIRECT_ROWS) { /* (every thread has all tokens' codes after the barrier) */
+            int32_t asum[W8_DIRECT_ROWS];
+            for (long m = 0; m < M; ++m) { /* each token's signed code sum */
+                int32_t total = 0;
+                for (long k = 0; k < 4 * K4; ++k) total += (int32_t)A[m * 4 * K4 + k] - 128;
+                asum[m] = total;
+            }
+#pragma omp for schedule(static)
+            for (long p = 0; p < panels; ++p) {
+                const uint8_t *wp = Wp + p * (K + 4) * NR;
+                long n0 = p * NR;
+                w8_direct(wp, K4, A, asum, (const float *)(wp + K * NR), sa, bias ? bias + n0 : 0,
+                          Y + n0, N, (int)M, (int)(N - n0 < NR ? N - n0 : NR));
+            }
+        } else {
+#endif
         int8_t *quads = malloc((size_t)(K4 * NR * 4));
         int32_t colsum[NR];
 #pragma omp for schedule(static)
@@ -286,6 +346,9 @@ void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y
                                                          Y + m * N + n0, N, cols);
         }
         free(quads);
+#ifdef W8A8_VBMI
+        }
+#endif
     }
     free(A);
     free(sa);

@@ -4,8 +4,8 @@ torch: the activation codes and scales by the "token" rule (round half to even, 
 amax / 127), the weight codes and scales as the "int8" backend stores them, the sums in
 float64 (exact for these integers). Every ISA build this machine runs is checked — the
 default (AVX-512 VNNI's vpdpbusd where the CPU has it, VBMI's byte permutes regrouping the
-weights), VNNI without VBMI, AVX2 and the portable scalar build —
-and so is the path without a C compiler."""
+weights, or up to 4 tokens permuting them in registers), VNNI without VBMI, AVX2 and the
+portable scalar build — and so is the path without a C compiler."""
 
 from __future__ import annotations
 
@@ -20,7 +20,10 @@ from infergen.ops.linear_quantized import unpack
 from infergen.ops.quantize_activation import ActivationFormat, fake_quantize
 from tests.kernel_isa import assert_ok_with_isa
 
-SHAPES = [(1, 24, 64), (5, 40, 70), (4, 48, 576), (16, 100, 576), (33, 1536, 576), (7, 9, 3)]
+# up to 4 tokens the VBMI build reads the panels directly (K past a quad: 70, 7), past 4 it
+# regroups them
+SHAPES = [(1, 24, 64), (5, 40, 70), (4, 48, 576), (16, 100, 576), (33, 1536, 576), (7, 9, 3),
+          (3, 30, 70), (2, 25, 7), (1, 1536, 576)]  # fmt: skip
 
 
 def _oracle(x: torch.Tensor, prepared: torch.Tensor, bias, n: int) -> torch.Tensor:
