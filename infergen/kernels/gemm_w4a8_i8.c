@@ -17,7 +17,8 @@
  * Per call, each panel (24 columns) is regrouped once into a per-thread buffer: per group its
  * S and O (fp32) and its 32 codes per column as 8 quads (4 inputs of a column side by side, as
  * vpdpbusd reads them), unpacked from the nibbles by SSE2 masks and interleaves; then every
- * token block runs over it.
+ * token block runs over it. Up to 4 tokens (decode steps), the AVX-512 VBMI build unpacks each
+ * quad in registers instead (w4_direct): the weights stream once, with no buffer.
  */
 #ifndef GEMM_W4A8_I8_C
 #define GEMM_W4A8_I8_C
@@ -243,6 +244,71 @@ typedef void (*w4_micro_fn)(const uint8_t *, long, const int8_t *, long, const f
 static const w4_micro_fn W4_MICROS[W4_MR + 1] = {0, w4_micro_1, w4_micro_2, w4_micro_3,
                                                  w4_micro_4};
 
+#if defined(W4A8_VNNI) && defined(__AVX512VBMI__)
+/* Up to W4_MR tokens straight from the group panels (decode steps: the weights stream once,
+ * and regrouping them into a buffer — a write and a read of every group — costs more than a
+ * single token's dot products): a quad's two code rows (48 bytes) split into low and high
+ * nibbles, and two byte permutes (vpermt2b) lay each column's 4 inputs side by side, as the
+ * regrouped buffer holds them; the group's S and O from its header as w4_regroup takes them.
+ * The same integer sums and the same fp32 steps as w4_micro: the same result. */
+#define W4_DIRECT 1
+static __m512i w4_nibble_index(int first) {
+    uint8_t idx[64]; /* byte 4c + t of columns [first, first + 16): L or H of row 0 or 1 */
+    for (int i = 0; i < 64; ++i) {
+        int c = first + i / 4, t = i % 4;
+        idx[i] = (uint8_t)((t & 1 ? 64 : 0) + (t & 2 ? NR : 0) + c);
+    }
+    return _mm512_loadu_si512((const void *)idx);
+}
+
+static void w4_direct(const uint8_t *panel, long groups, int hdr, w4_consts_fn consts,
+                      const int8_t *A, long K, const float *asum, const float *sa,
+                      const float *bias, float *Y, long ldy, int mr, int cols) {
+    const __m512i lo_idx = w4_nibble_index(0), hi_idx = w4_nibble_index(16);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 y16[W4_MR];
+    __m256 y8[W4_MR];
+    for (int r = 0; r < W4_MR; ++r) y16[r] = _mm512_setzero_ps(), y8[r] = _mm256_setzero_ps();
+    long group_bytes = hdr + W4_CODE_ROWS * NR;
+    for (long g = 0; g < groups; ++g) {
+        const uint8_t *src = panel + g * group_bytes, *rows = src + hdr;
+        float S[NR], O[NR];
+        consts(src, S, O);
+        __m512i c16[W4_MR];
+        __m256i c8[W4_MR];
+        for (int r = 0; r < W4_MR; ++r)
+            c16[r] = _mm512_setzero_si512(), c8[r] = _mm256_setzero_si256();
+        for (int i = 0; i < W4_QUADS; ++i) {
+            __m512i x = _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFull, rows + 2 * i * NR); /* 48 */
+            __m512i L = _mm512_and_si512(x, low);
+            __m512i H = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+            __m512i w16 = _mm512_permutex2var_epi8(L, lo_idx, H);
+            __m256i w8 = _mm512_castsi512_si256(_mm512_permutex2var_epi8(L, hi_idx, H));
+            for (int r = 0; r < mr; ++r) {
+                __m512i a4 = _mm512_set1_epi32(*(const int32_t *)(A + r * K + g * GROUP + 4 * i));
+                c16[r] = _mm512_dpbusd_epi32(c16[r], w16, a4);
+                c8[r] = _mm256_dpbusd_epi32(c8[r], w8, _mm512_castsi512_si256(a4));
+            }
+        }
+        __m512 s16 = _mm512_loadu_ps(S), o16 = _mm512_loadu_ps(O);
+        __m256 s8 = _mm256_loadu_ps(S + 16), o8 = _mm256_loadu_ps(O + 16);
+        for (int r = 0; r < mr; ++r) {
+            __m512 as = _mm512_set1_ps(asum[r * groups + g]);
+            y16[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c16[r]), s16, y16[r]);
+            y16[r] = _mm512_fmadd_ps(as, o16, y16[r]);
+            y8[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c8[r]), s8, y8[r]);
+            y8[r] = _mm256_fmadd_ps(_mm512_castps512_ps256(as), o8, y8[r]);
+        }
+    }
+    float y[W4_MR][NR];
+    for (int r = 0; r < mr; ++r) {
+        _mm512_storeu_ps(y[r], y16[r]);
+        _mm256_storeu_ps(y[r] + 16, y8[r]);
+    }
+    w4_finish(y, sa, bias, Y, ldy, mr, cols);
+}
+#endif
+
 /* token row m of X [M][K] -> its scale and s8 codes by int8_token.h's rule, and each group's
  * code sum */
 static void w4_quantize_token(const float *X, long m, long K, int8_t *A, float *sa, float *asum) {
@@ -272,6 +338,17 @@ static void gemm_w4a8(const uint8_t *Wp, const float *X, const float *bias, floa
         flush_denormals();
 #pragma omp for schedule(static)
         for (long m = 0; m < M; ++m) w4_quantize_token(X, m, K, A, sa, asum);
+#ifdef W4_DIRECT
+        if (M <= W4_MR) {
+#pragma omp for schedule(static)
+            for (long p = 0; p < panels; ++p) {
+                long n0 = p * NR;
+                w4_direct(Wp + p * panel_bytes, groups, hdr, consts, A, K, asum, sa,
+                          bias ? bias + n0 : 0, Y + n0, N, (int)M,
+                          (int)(N - n0 < NR ? N - n0 : NR));
+            }
+        } else {
+#endif
         uint8_t *buf = aligned_alloc(64, (size_t)(groups * W4_REGROUPED + 64));
 #pragma omp for schedule(static)
         for (long p = 0; p < panels; ++p) {
@@ -285,6 +362,9 @@ static void gemm_w4a8(const uint8_t *Wp, const float *X, const float *bias, floa
                                                          cols);
         }
         free(buf);
+#ifdef W4_DIRECT
+        }
+#endif
     }
     free(A);
     free(sa);

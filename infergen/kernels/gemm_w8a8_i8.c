@@ -245,9 +245,9 @@ W8_MICRO(8)
 
 #ifdef W8A8_VBMI
 /* Up to W8_DIRECT_ROWS tokens straight from the k-major panel (decode steps: the weights stream
- * once, and the regroup into a buffer — a write and a read of the panel, and a column-sum pass —
- * cost more than the dot products). Each 4 rows of 24 codes become quads in registers (two byte
- * permutes), made unsigned (xor 0x80: q + 128), and vpdpbusd multiplies them by the token's
+ * once, and the regroup into a buffer — a write and a read of the panel, and a column-sum
+ * pass — cost more than the dot products). Each 4 rows of 24 codes become quads in registers
+ * (two byte permutes), made unsigned (xor 0x80: q + 128), and vpdpbusd multiplies them by the token's
  * signed codes (its bytes xor 0x80). sum_k (q + 128) a = sum_k q a + 128 sum_k a: the token's
  * code sum, taken once, is subtracted — the same exact int32 sums as the regrouped path, so the
  * same result. A quad past K reads the panel's scale bytes as codes times activation code 0. */
@@ -278,7 +278,8 @@ static void w8_direct(const uint8_t *wp, long K4, const uint8_t *A, const int32_
     int32_t acc[W8_MR][NR];
     const int32_t none[NR] = {0};
     for (int r = 0; r < mr; ++r) {
-        _mm512_storeu_si512((void *)acc[r], _mm512_sub_epi32(c16[r], _mm512_set1_epi32(128 * asum[r])));
+        _mm512_storeu_si512((void *)acc[r],
+                            _mm512_sub_epi32(c16[r], _mm512_set1_epi32(128 * asum[r])));
         _mm256_storeu_si256((__m256i *)(acc[r] + 16),
                             _mm256_sub_epi32(c8[r], _mm256_set1_epi32(128 * asum[r])));
     }

@@ -61,6 +61,19 @@ def test_integer_w4a8_equals_the_oracle(name):
 
 
 @pytest.mark.parametrize("name", FORMATS)
+def test_a_token_gets_the_same_bits_in_any_batch(name):
+    """Up to 4 tokens the AVX-512 VBMI build reads the panels directly, past 4 it regroups
+    them into a buffer first: each token's row is the same either way."""
+    backend = LINEAR_BACKENDS.get(name)
+    apply = backend.quantized_inputs[("int8", "token")]
+    x, w, bias = _inputs(9, 50, 576, 3)
+    prepared = backend.prepare(w)
+    whole = apply(x, prepared, bias, 50)
+    for rows in (slice(0, 1), slice(1, 3), slice(5, 9)):
+        assert torch.equal(apply(x[rows], prepared, bias, 50), whole[rows])
+
+
+@pytest.mark.parametrize("name", FORMATS)
 def test_without_a_c_compiler_the_same_values(name, monkeypatch):
     monkeypatch.setattr(linear_w4a8, "kernel", lambda *args, **kwargs: None)
     _check(name)
