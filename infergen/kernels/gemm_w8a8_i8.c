@@ -247,10 +247,11 @@ W8_MICRO(8)
 /* Up to W8_DIRECT_ROWS tokens straight from the k-major panel (decode steps: the weights stream
  * once, and the regroup into a buffer — a write and a read of the panel, and a column-sum
  * pass — cost more than the dot products). Each 4 rows of 24 codes become quads in registers
- * (two byte permutes), made unsigned (xor 0x80: q + 128), and vpdpbusd multiplies them by the token's
- * signed codes (its bytes xor 0x80). sum_k (q + 128) a = sum_k q a + 128 sum_k a: the token's
- * code sum, taken once, is subtracted — the same exact int32 sums as the regrouped path, so the
- * same result. A quad past K reads the panel's scale bytes as codes times activation code 0. */
+ * (two byte permutes), made unsigned (xor 0x80: q + 128), and vpdpbusd multiplies them by the
+ * token's signed codes (its bytes xor 0x80). sum_k (q + 128) a = sum_k q a + 128 sum_k a: the
+ * token's code sum, taken once, is subtracted — the same exact int32 sums as the regrouped
+ * path, so the same result. A quad past K reads the panel's scale bytes as codes times
+ * activation code 0. */
 #define W8_DIRECT_ROWS 4
 static void w8_direct(const uint8_t *wp, long K4, const uint8_t *A, const int32_t *asum,
                       const float *sw, const float *sa, const float *bias, float *Y, long ldy,
