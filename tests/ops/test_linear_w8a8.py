@@ -19,6 +19,7 @@ from infergen.ops.linear import LINEAR_BACKENDS
 from infergen.ops.linear_quantized import unpack
 from infergen.ops.quantize_activation import ActivationFormat, fake_quantize
 from tests.kernel_isa import assert_ok_with_isa
+from tests.ops.batch_rows import assert_rows_batch_invariant
 
 # up to 4 tokens the VBMI build reads the panels directly (K past a quad: 70, 7), past 4 it
 # regroups them
@@ -67,10 +68,7 @@ def test_a_token_gets_the_same_bits_in_any_batch():
     backend = LINEAR_BACKENDS.get("int8")
     apply = backend.quantized_inputs[("int8", "token")]
     x, w, bias = _inputs(9, 50, 70, 3)
-    prepared = backend.prepare(w)
-    whole = apply(x, prepared, bias, 50)
-    for rows in (slice(0, 1), slice(1, 3), slice(5, 9)):
-        assert torch.equal(apply(x[rows], prepared, bias, 50), whole[rows])
+    assert_rows_batch_invariant(apply, x, backend.prepare(w), bias, 50)
 
 
 def test_without_a_c_compiler_the_same_sums(monkeypatch):
