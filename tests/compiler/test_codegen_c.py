@@ -126,8 +126,9 @@ def test_rendering_is_deterministic_and_names_do_not_matter(tmp_path):
 
 def test_row_tiles_compute_the_same_bits(tmp_path):
     """A SiLU-mul chain with a broadcast weight over 1500 columns (tail tiles of 220 after
-    five of 256, of 476 after one of 1024): every variant equals the interpreter and the default variant bit for bit
-    (each element's arithmetic is the same; only the order over columns changes)."""
+    five of 256, of 476 after one of 1024): every variant equals the interpreter and the
+    default variant bit for bit (each element's arithmetic is the same; only the order over
+    columns changes)."""
     x = Value("x", (TOKENS, 3000), F32, "input")
     w = Value("w", (1500,), F32, "weight")
     gate, up = Value("gate", (TOKENS, 1500), F32), Value("up", (TOKENS, 1500), F32)
