@@ -23,7 +23,11 @@ def add_parser(sub) -> None:
         "before and after, the fused groups, and the activation memory per token with and "
         "without buffer reuse. Then build the generated kernels and the decode layer "
         "program into the JIT cache (what `--compile jit` loads at engine start) and tune "
-        "the chosen buckets, within --budget-seconds.",
+        "the chosen buckets — the layer program's variants (attention chunk, GEMM blocking "
+        "and prefetch, fork threshold, threads) on real decode steps, the groups' (threads, "
+        "row tiles) — within --budget-seconds; each item is printed with its expected gain "
+        "beside the gain measured once built. The same plan runs at engine start with "
+        "--compile-budget-s.",
     )
     add_engine_args(p, "compile")
     p.add_argument(
@@ -44,10 +48,11 @@ def add_parser(sub) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="build within S seconds of startup (default: no limit): compile the groups with "
-        "the most expected gain per second first, then tune buckets (which kernel variant is "
-        "fastest per token count) with what is left; prints what it built, tuned and "
-        "skipped, with the expected gain of each",
+        help="build within S seconds (default: no limit): compile the groups with the most "
+        "expected gain per second first, then the layer program and its search per bucket "
+        "(~30 s for the first bucket: it compiles the variants), then the groups' tuning with "
+        "what is left; prints what it built, tuned and skipped, with the expected and the "
+        "measured gain of each",
     )
     p.add_argument(
         "--buckets",
