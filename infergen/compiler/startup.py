@@ -8,9 +8,9 @@ layer program's expected gain per bucket is measured, not guessed, the way a gro
 decode step walked op by op (compile="eager", what runs without it) minus the time that walk
 spends in the GEMMs and attention (what the program calls too, and cannot beat), times the
 bucket's share of the traffic; once built, its gain is that walk minus the program's own
-step. The walk's other ops are the pointwise work and the per-op dispatch; the groups' gains
-count the pointwise part again (they serve the steps the program does not run: prefill and
-mixed steps), so the items' gains overlap for decode buckets.
+step, the two timed in turns. The walk's other ops are the pointwise work and the per-op
+dispatch; the groups' gains count the pointwise part again (they serve the steps the program
+does not run: prefill and mixed steps), so the items' gains overlap for decode buckets.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from infergen.compiler.program import (
 from infergen.compiler.program_tune import decode_probe, tune_program
 from infergen.compiler.runtime import CompiledLayers, jit_graph, pointwise_groups
 from infergen.compiler.tune import TuningRecord
-from infergen.timing import best_seconds
+from infergen.timing import best_seconds, best_seconds_each
 
 PROGRAM_SECONDS_PRIOR = 5.0  # compiling the layer program (it includes every GEMM kernel)
 PROGRAM_TUNE_SECONDS_PRIOR = 30.0  # the first bucket's search (compiles its variants)
@@ -88,8 +88,10 @@ def program_items(
         return items
     build.spent_s = time.perf_counter() - started
     build.status = "cached" if runner.built.cached else "built"
-    steps = {b: _program_seconds(runner, *probes[b]) for b in traffic}
-    build.measured_ms = 1e3 * sum(traffic[b] * (walks[b][0] - steps[b]) for b in traffic)
+    steps = {b: _walk_and_program(eager, runner, *probes[b]) for b in traffic}
+    build.measured_ms = 1e3 * sum(
+        traffic[b] * (steps[b]["walk"] - steps[b]["program"]) for b in traffic
+    )
     searched = False  # a bucket's search done: the variants are built (the next ones time)
     entry = TuningRecord(cache).load().get(tuning_key(program, cache))
     for bucket, tune in zip(order, tunes, strict=True):
@@ -114,8 +116,14 @@ def program_items(
     return items
 
 
-def _walk_seconds(eager: CompiledLayers, h: torch.Tensor, step) -> tuple[float, float]:
-    """(a decode step walked op by op, the part of it in GEMMs and attention), best of 3."""
+STEP_SECONDS = 0.3  # timing per step measurement: repeats = this / the step, within 3..20
+
+
+def _repeats(seconds: float) -> int:
+    return max(3, min(20, int(STEP_SECONDS / max(seconds, 1e-6))))
+
+
+def _walker(eager: CompiledLayers, h: torch.Tensor, step):
     layers = len(eager.model.layers)
 
     def walk():
@@ -123,9 +131,18 @@ def _walk_seconds(eager: CompiledLayers, h: torch.Tensor, step) -> tuple[float, 
         for index in range(layers):
             x, delta = eager.run_layer(index, x, delta, step)
 
-    total = best_seconds(walk, 5)
+    return walk
+
+
+def _walk_seconds(eager: CompiledLayers, h: torch.Tensor, step) -> tuple[float, float]:
+    """(a decode step walked op by op, the part of it in GEMMs and attention): the best of as
+    many runs as fit in about STEP_SECONDS (3 to 20) each."""
+    walk = _walker(eager, h, step)
+    total = best_seconds(walk, 3)
+    repeats = _repeats(total)
+    total = min(total, best_seconds(walk, repeats))
     floor = float("inf")
-    for _ in range(3):
+    for _ in range(repeats):
         eager.profile = {}
         walk()
         floor = min(floor, sum(eager.profile.get(k, 0.0) for k in ("linear", "attention")))
@@ -133,8 +150,12 @@ def _walk_seconds(eager: CompiledLayers, h: torch.Tensor, step) -> tuple[float, 
     return total, floor
 
 
-def _program_seconds(runner: LayerProgramRunner, h: torch.Tensor, step) -> float:
-    return best_seconds(lambda: runner.run(h.clone(), step, DEFAULT), 5)
+def _walk_and_program(eager, runner: LayerProgramRunner, h: torch.Tensor, step) -> dict:
+    """{"walk", "program"}: the two timed in turns (a busy spell of the machine costs both
+    alike), best of as many rounds as fit in about STEP_SECONDS each."""
+    fns = {"walk": _walker(eager, h, step), "program": lambda: runner.run(h.clone(), step, DEFAULT)}
+    first = best_seconds_each(fns, 1)
+    return best_seconds_each(fns, _repeats(first["walk"]))
 
 
 def plan_lines(items: list[Item]) -> list[str]:
