@@ -76,6 +76,10 @@ class JitCache:
         # budget chose what to build runs the rest op by op)
         self.build_missing = build_missing
 
+    def loading_only(self) -> JitCache:
+        """The same cache, whose `get` loads and never builds (NotBuilt for what is missing)."""
+        return JitCache(self.root, build_missing=False)
+
     def key(self, canonical: str, specialization: str, target: str | None = None) -> str:
         """The entry key: the C target (ISA flags, C compiler) unless `target` names another
         (e.g. "triton-3.6.0": the Triton renderer's sources need no C compiler)."""

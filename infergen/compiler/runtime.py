@@ -102,7 +102,7 @@ class CompiledLayers:
         jit_cache = jit_cache or JitCache()
         # the engine's startup budget chose what to build (compiler/startup.py): load only
         if getattr(model, "jit_cached_only", False):
-            jit_cache = type(jit_cache)(jit_cache.root, build_missing=False)
+            jit_cache = jit_cache.loading_only()
         if mode == "jit":
             self._compile(graph, jit_cache)
         layer0 = model.layers[0]

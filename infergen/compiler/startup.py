@@ -21,6 +21,8 @@ import torch
 
 from infergen.compiler.buckets import BUCKET_TOKENS
 from infergen.compiler.budget import Item, compile_groups, tune_groups
+from infergen.compiler.codegen_c import CodegenError
+from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.program import (
     DEFAULT,
@@ -54,21 +56,22 @@ def plan_startup(
     ]
     layers = model.config.num_hidden_layers
     plan = compile_groups(groups, traffic, layers, deadline, cache)
-    plan.items += program_items(model, kv_cache, traffic, deadline, cache)
+    plan.items += program_items(model, kv_cache, graph, traffic, deadline, cache)
     tune_groups(plan, traffic, layers, deadline, cache)
     return plan.items
 
 
 def program_items(
-    model, kv_cache, traffic: dict[str, float], deadline: float, cache: JitCache
+    model, kv_cache, graph: Graph, traffic: dict[str, float], deadline: float, cache: JitCache
 ) -> list[Item]:
-    """The layer program's compile and tuning items (see the module docstring)."""
-    graph = jit_graph(model, kv_cache)
+    """The layer program's compile and tuning items for the "jit" layer graph `graph` (see
+    the module docstring)."""
     try:
         program = model_program(model, graph)
-    except Exception as error:  # noqa: BLE001 - CodegenError: the walker runs decode steps
+    except CodegenError as error:  # (the walker runs decode steps)
         return [Item(PROGRAM, "compile", None, 0.0, status=f"not renderable ({error})")]
-    cached = any(r["key"] == program_key(program.source, cache) for r in cache.entries())
+    key = program_key(program.source, cache)
+    cached = any(record["key"] == key for record in cache.entries())
     build = Item(PROGRAM, "compile", None, 0.0 if cached else PROGRAM_SECONDS_PRIOR)
     items = [build]
     eager = CompiledLayers(model, kv_cache, "eager")  # the walk, and the weight bindings
@@ -93,14 +96,15 @@ def program_items(
         traffic[b] * (steps[b]["walk"] - steps[b]["program"]) for b in traffic
     )
     searched = False  # a bucket's search done: the variants are built (the next ones time)
-    entry = TuningRecord(cache).load().get(tuning_key(program, cache))
+    recorded = TuningRecord(cache).results(tuning_key(program, cache))
     for bucket, tune in zip(order, tunes, strict=True):
-        row = entry.get(bucket) if isinstance(entry, dict) else None
-        if isinstance(row, dict) and isinstance(row.get("winner"), str):  # searched before
-            tune.status, seconds = f"recorded: {row['winner']}", row.get("seconds") or {}
-            default, best = seconds.get("default"), seconds.get(row["winner"])
-            if isinstance(default, float) and isinstance(best, float):
-                tune.gain_ms = tune.measured_ms = 1e3 * traffic[bucket] * (default - best)
+        if bucket in recorded:  # searched before
+            winner, seconds = recorded[bucket].winner, recorded[bucket].seconds
+            tune.status = f"recorded: {winner}"
+            if "default" in seconds and winner in seconds:
+                tune.gain_ms = tune.measured_ms = (
+                    1e3 * traffic[bucket] * (seconds["default"] - seconds[winner])
+                )
             continue
         cost = tune.cost_s / 10 if searched else tune.cost_s
         if time.perf_counter() + cost > deadline:

@@ -91,16 +91,24 @@ class TuningRecord:
             return {}  # none yet, or unreadable: untuned
         return data if isinstance(data, dict) else {}
 
-    def labels(self, key: str) -> dict[str, str]:
-        """bucket → the winner's label as recorded (not checked)."""
+    def results(self, key: str) -> dict[str, BucketResult]:
+        """bucket → its result as recorded (the winner's label not checked; timings that are
+        not numbers left out)."""
         entry = self.load().get(key, {})
         if not isinstance(entry, dict):
             return {}
-        return {
-            bucket: row["winner"]
-            for bucket, row in entry.items()
-            if isinstance(row, dict) and isinstance(row.get("winner"), str)
-        }
+        found = {}
+        for bucket, row in entry.items():
+            if isinstance(row, dict) and isinstance(row.get("winner"), str):
+                seconds = row.get("seconds")
+                seconds = seconds if isinstance(seconds, dict) else {}
+                timed = {k: v for k, v in seconds.items() if isinstance(v, float)}
+                found[bucket] = BucketResult(row["winner"], timed)
+        return found
+
+    def labels(self, key: str) -> dict[str, str]:
+        """bucket → the winner's label as recorded (not checked)."""
+        return {bucket: result.winner for bucket, result in self.results(key).items()}
 
     def winners(self, key: str) -> dict[str, str]:
         """bucket → a fused group's winning variant (codegen_c.VARIANTS; others ignored)."""

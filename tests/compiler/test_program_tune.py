@@ -161,3 +161,9 @@ def test_tuning_record_labels_tolerate_garbage(tmp_path):
     record.path.parent.mkdir(parents=True, exist_ok=True)
     record.path.write_text(json.dumps({"k": {"1": {"winner": 3}, "2-8": "x"}, "j": [1]}))
     assert record.labels("k") == {} and record.labels("j") == {} and record.labels("z") == {}
+    odd = {"winner": "threads=1", "seconds": {"default": 0.5, "threads=1": "fast"}}
+    record.path.write_text(json.dumps({"k": {"1": odd, "9-64": {"winner": "default"}}}))
+    assert record.results("k") == {
+        "1": BucketResult("threads=1", {"default": 0.5}),  # (a timing that is no number: out)
+        "9-64": BucketResult("default", {}),
+    }
