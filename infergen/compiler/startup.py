@@ -35,7 +35,7 @@ from infergen.compiler.program import (
 from infergen.compiler.program_tune import decode_probe, tune_program
 from infergen.compiler.runtime import CompiledLayers, jit_graph, pointwise_groups
 from infergen.compiler.tune import TuningRecord
-from infergen.timing import best_seconds, best_seconds_each
+from infergen.timing import best_seconds_each
 
 PROGRAM_SECONDS_PRIOR = 5.0  # compiling the layer program (it includes every GEMM kernel)
 PROGRAM_TUNE_SECONDS_PRIOR = 30.0  # the first bucket's search (compiles its variants)
@@ -91,7 +91,7 @@ def program_items(
         return items
     build.spent_s = time.perf_counter() - started
     build.status = "cached" if runner.built.cached else "built"
-    steps = {b: _walk_and_program(eager, runner, *probes[b]) for b in traffic}
+    steps = {b: _walk_and_program(eager, runner, *probes[b], walks[b][0]) for b in traffic}
     build.measured_ms = 1e3 * sum(
         traffic[b] * (steps[b]["walk"] - steps[b]["program"]) for b in traffic
     )
@@ -140,26 +140,28 @@ def _walker(eager: CompiledLayers, h: torch.Tensor, step):
 
 def _walk_seconds(eager: CompiledLayers, h: torch.Tensor, step) -> tuple[float, float]:
     """(a decode step walked op by op, the part of it in GEMMs and attention): the best of as
-    many runs as fit in about STEP_SECONDS (3 to 20) each."""
+    many walks as fit in about STEP_SECONDS (3 to 20), timed plainly and, in turns, profiled
+    per node (the profile's own cost kept out of the walk's time)."""
     walk = _walker(eager, h, step)
-    total = best_seconds(walk, 3)
-    repeats = _repeats(total)
-    total = min(total, best_seconds(walk, repeats))
-    floor = float("inf")
-    for _ in range(repeats):
+    started = time.perf_counter()
+    walk()  # (warm, and the size of a walk)
+    total = floor = float("inf")
+    for _ in range(_repeats(time.perf_counter() - started)):
+        started = time.perf_counter()
+        walk()
+        total = min(total, time.perf_counter() - started)
         eager.profile = {}
         walk()
         floor = min(floor, sum(eager.profile.get(k, 0.0) for k in ("linear", "attention")))
-    eager.profile = None
+        eager.profile = None
     return total, floor
 
 
-def _walk_and_program(eager, runner: LayerProgramRunner, h: torch.Tensor, step) -> dict:
+def _walk_and_program(eager, runner: LayerProgramRunner, h: torch.Tensor, step, walk: float):
     """{"walk", "program"}: the two timed in turns (a busy spell of the machine costs both
-    alike), best of as many rounds as fit in about STEP_SECONDS each."""
+    alike), best of as many rounds as a walk of `walk` seconds fits in STEP_SECONDS."""
     fns = {"walk": _walker(eager, h, step), "program": lambda: runner.run(h.clone(), step, DEFAULT)}
-    first = best_seconds_each(fns, 1)
-    return best_seconds_each(fns, _repeats(first["walk"]))
+    return best_seconds_each(fns, _repeats(walk))
 
 
 def plan_lines(items: list[Item]) -> list[str]:
