@@ -98,8 +98,9 @@ def _float(value: float) -> str:
 
 
 class _Renderer:
-    def __init__(self, graph: Graph, name: str, variant: Variant):
+    def __init__(self, graph: Graph, name: str, variant: Variant, strided_out: bool = False):
         self.graph, self.name, self.parallel_min = graph, name, variant.parallel_min
+        self.strided_out = strided_out
         # the row tile (0: none): the columns [c0, c1) of the one row shape `tile_row`
         self.tile_row = tile_row(graph)
         self.tile = variant.tile if self.tile_row and variant.tile < self.tile_row[0] else 0
@@ -344,7 +345,8 @@ class _Renderer:
             shape, rowed = _row_shape(value)
             if not rowed or value.dtype != torch.float32:
                 raise CodegenError(f"output %{value.name} is not fp32 [T, ...]")
-            self.lines.append(f"        float *o{j} = (float *)out[{j}] + t * {prod(shape)};")
+            step = f"out_stride[{j}]" if self.strided_out else str(prod(shape))
+            self.lines.append(f"        float *o{j} = (float *)out[{j}] + t * {step};")
         if self.tile:
             n, tile = self.tile_row[0], self.tile
             self.lines.append(f"        for (long c0 = 0; c0 < {n}; c0 += {tile}) {{")
@@ -362,8 +364,9 @@ class _Renderer:
                 "#include <math.h>",
                 '#include "common.h"',  # exp_array
                 "",
-                f"void {self.name}(const void **in, const long *row_stride, void **out, long T, "
-                "int threads) {",
+                f"void {self.name}(const void **in, const long *row_stride, void **out, "
+                + ("const long *out_stride, " if self.strided_out else "")
+                + "long T, int threads) {",
                 *head,
                 self._pragma(work),
                 "    for (long t = 0; t < T; ++t) {",
@@ -405,9 +408,13 @@ def variants_for(graph: Graph) -> list[str]:
     ]
 
 
-def render_group(graph: Graph, name: str, variant: str = "default") -> str:
+def render_group(
+    graph: Graph, name: str, variant: str = "default", strided_out: bool = False
+) -> str:
     """C source of one fused group's subgraph, function `name`. Raises CodegenError for a
-    group outside what the renderer does (not fp32, dynamic inner dims, matmul, ...)."""
+    group outside what the renderer does (not fp32, dynamic inner dims, matmul, ...).
+    `strided_out`: the function takes `const long *out_stride` after `out` (output j's rows
+    `out_stride[j]` floats apart; a GEMM epilogue writes its tile into a wider matrix)."""
     if variant not in VARIANTS:
         raise CodegenError(f"unknown kernel variant {variant!r}, expected one of {list(VARIANTS)}")
-    return _Renderer(graph, name, VARIANTS[variant]).render()
+    return _Renderer(graph, name, VARIANTS[variant], strided_out).render()

@@ -29,19 +29,37 @@ from math import prod
 
 from infergen.compiler.buffers import plan_buffers
 from infergen.compiler.codegen_c import CodegenError, render_group
+from infergen.compiler.codegen_gemm import (
+    Epilogue,
+    is_gemm_group,
+    plan_epilogue,
+    render_gemm_epilogue,
+)
 from infergen.compiler.ir import TOKENS, Graph, Node, Op, Sym, Value
 from infergen.compiler.rewrite import toposort
 from infergen.compiler.verify import verify
 
 
+def _epilogue(node: Node) -> Epilogue | None:
+    """The fused GEMM of a GEMM-with-tail group (codegen_gemm.py), None for other nodes."""
+    if not is_gemm_group(node):
+        return None
+    try:
+        return plan_epilogue(node.attrs["graph"])
+    except CodegenError:
+        return None
+
+
 def flatten(graph: Graph) -> Graph:
-    """A copy with every fused group that is not a pointwise kernel replaced by its nodes."""
+    """A copy with every fused group that is not a pointwise kernel or a GEMM with an
+    epilogue replaced by its nodes."""
     flat = copy.deepcopy(graph)
     changed = True
     while changed:
         changed = False
         for index, node in enumerate(flat.nodes):
-            if node.op is Op.FUSED and node.attrs["kernel"] != "pointwise":
+            kept = node.attrs.get("kernel") == "pointwise" or _epilogue(node) is not None
+            if node.op is Op.FUSED and not kept:
                 flat.nodes[index : index + 1] = node.attrs["graph"].nodes
                 changed = True
                 break
@@ -175,6 +193,10 @@ class _Renderer:
         render(self, node)
 
     def _fused(self, node: Node) -> None:
+        epilogue = _epilogue(node)
+        if epilogue is not None:
+            self._gemm_epilogue(node, epilogue)
+            return
         name = f"{self.name}_g{len(self.groups)}"
         self.groups.append(render_group(node.attrs["graph"], name))
         ins = [self.input_pointer(v) for v in node.inputs]
@@ -187,18 +209,49 @@ class _Renderer:
         for value, ref in zip(node.outputs, outs, strict=True):
             self.refs[id(value)] = ref
 
-    def _linear(self, node: Node) -> None:
-        x, weight, bias = node.inputs
-        out = node.outputs[0]
-        src = self.contiguous(self.refs[id(x)])
-        dst = self.arena_ref(out)
+    def _gemm_call(self, node: Node, src: TRef, dst: str) -> str:
+        """gemm_any of a LINEAR node on `src` into `dst` (its weight's format: F[g])."""
+        _, weight, bias = node.inputs
         n_out, n_in = weight.shape
         g = len(self.linears)
         self.linears.append(weight.name)
-        self.emit(
+        return (
             f"gemm_any(F[{g}], {self.weight(weight)}, {src.at()}, {self.weight(bias)}, "
-            f"{dst.ptr}, T, {n_out}, {n_in}, threads);"
+            f"{dst}, T, {n_out}, {n_in}, threads);"
         )
+
+    def _linear(self, node: Node) -> None:
+        out = node.outputs[0]
+        src = self.contiguous(self.refs[id(node.inputs[0])])
+        dst = self.arena_ref(out)
+        self.emit(self._gemm_call(node, src, dst.ptr))
+        self.refs[id(out)] = dst
+
+    def _gemm_epilogue(self, node: Node, epilogue: Epilogue) -> None:
+        """A GEMM with its tail: fused (codegen_gemm.py) on fp32 panels (format 0); in any
+        other format the GEMM into a scratch product, then the tail as a pointwise kernel."""
+        linear, out = epilogue.linear, node.outputs[0]
+        x, weight, bias = linear.inputs
+        src = self.contiguous(self.refs[id(x)])
+        dst = self.arena_ref(out)
+        k = len(self.groups)
+        fused, tail = f"{self.name}_e{k}", f"{self.name}_g{k}"
+        self.groups.append(render_gemm_epilogue(epilogue, fused))
+        self.groups.append(render_group(epilogue.tail, tail))
+        n_out, n_in = weight.shape
+        product = f"(arena + T * {self.arena})"  # scratch past the buffer plan's
+        self.arena += n_out
+        g = len(self.linears)
+        gemm = self._gemm_call(linear, src, product)
+        self.emit(
+            f"if (F[{g}] == 0) {fused}({self.weight(weight)}, {src.at()}, "
+            f"{self.weight(bias)}, {dst.ptr}, {epilogue.out_columns}, T, {n_out}, {n_in}, "
+            "threads);"
+        )
+        self.emit(f"else {{ {gemm}")
+        self.emit(f"  const void *in{k}[] = {{{product}}}; long rs{k}[] = {{{n_out}}};")
+        self.emit(f"  void *out{k}[] = {{{dst.ptr}}};")
+        self.emit(f"  {tail}(in{k}, rs{k}, out{k}, T, threads); }}")
         self.refs[id(out)] = dst
 
     def _slice(self, node: Node) -> None:

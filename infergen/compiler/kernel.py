@@ -4,15 +4,18 @@ function (codegen_c.py) built or found by the JIT cache (jit_cache.py)."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 from math import prod
 
 import torch
 
 from infergen import profiling
 from infergen.compiler.codegen_c import render_group
+from infergen.compiler.codegen_gemm import NR, TEMPLATE, Epilogue, render_gemm_epilogue
 from infergen.compiler.ir import TOKENS, Graph
 from infergen.compiler.jit_cache import Built, JitCache
 from infergen.compiler.regions import group_title
+from infergen.kernels.build import _source_bytes
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
 
@@ -75,3 +78,63 @@ def compile_group(graph: Graph, cache: JitCache, variant: str = "default") -> Gr
     function = f"group_{key}"
     built = cache.get(key, function, lambda: render_group(graph, function, variant))
     return GroupKernel(graph, built)
+
+
+_GEMM_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
+
+
+class GemmEpilogueKernel:
+    """A GEMM with its tail fused (codegen_gemm.py): `kernel(x, panels, bias)` → the tail's
+    output, for fp32 packed panels (ops/linear.py pack_panels)."""
+
+    def __init__(self, epilogue: Epilogue, built: Built):
+        self.epilogue, self.built = epilogue, built
+        self.fn = built.fn
+        self.fn.restype = None
+        self.fn.argtypes = _GEMM_ARGTYPES
+        n, k = epilogue.linear.inputs[1].shape
+        self.n, self.k = n, k
+        title = f"gemm_epilogue({k}->{n}, {group_title(epilogue.tail)})"
+        self.call = profiling.native(self.fn, title, profiling.JIT)
+
+    def accepts(self, panels: torch.Tensor) -> bool:
+        """True for fp32 panels of this GEMM's shape (another format runs unfused)."""
+        return (
+            panels.dtype == torch.float32
+            and panels.dim() == 3
+            and tuple(panels.shape) == (self.n // NR, self.k, NR)
+        )
+
+    def __call__(
+        self, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = x.contiguous()
+        tokens = x.shape[0]
+        columns = self.epilogue.out_columns
+        out = torch.empty(tokens, columns, dtype=torch.float32)
+        self.call(
+            panels.data_ptr(),
+            x.data_ptr(),
+            bias.contiguous().data_ptr() if bias is not None else None,
+            out.data_ptr(),
+            columns,
+            tokens,
+            self.n,
+            self.k,
+            torch.get_num_threads(),
+        )
+        return out
+
+
+def gemm_epilogue_key(epilogue: Epilogue, cache: JitCache) -> str:
+    """The JIT cache key of `epilogue`'s fused GEMM (its tail and the template's sources)."""
+    template = hashlib.sha256(_source_bytes(TEMPLATE)).hexdigest()
+    return cache.key(epilogue.canonical(), f"gemm-epilogue template={template}")
+
+
+def compile_gemm_epilogue(epilogue: Epilogue, cache: JitCache) -> GemmEpilogueKernel:
+    """Build (or find in the cache) the fused GEMM of `epilogue`."""
+    key = gemm_epilogue_key(epilogue, cache)
+    function = f"gemm_epilogue_{key}"
+    built = cache.get(key, function, lambda: render_gemm_epilogue(epilogue, function))
+    return GemmEpilogueKernel(epilogue, built)

@@ -12,6 +12,7 @@ import torch
 from infergen import profiling
 from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
+from infergen.compiler.codegen_gemm import TEMPLATE
 from infergen.compiler.codegen_layer import LayerProgram, render_layer_program
 from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
@@ -50,7 +51,8 @@ def model_program(model, graph: Graph) -> LayerProgram:
 def program_key(source: str, cache: JitCache) -> str:
     """The JIT cache key of a layer program's source (a variant's: its prelude first) and the
     kernels it includes."""
-    kernels = hashlib.sha256(_source_bytes("decode_layers_f32.c")).hexdigest()
+    included = _source_bytes("decode_layers_f32.c") + _source_bytes(TEMPLATE)
+    kernels = hashlib.sha256(included).hexdigest()
     return cache.key(source, f"layer-program kernels={kernels}")
 
 

@@ -35,12 +35,13 @@ from infergen import profiling
 from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
 from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
+from infergen.compiler.codegen_gemm import is_gemm_group, plan_epilogue
 from infergen.compiler.codegen_triton import TritonGroupKernel
 from infergen.compiler.decoder import capture_layer
 from infergen.compiler.interpret import EXECUTORS, kv_layer, run
 from infergen.compiler.ir import Graph, Node, Op
 from infergen.compiler.jit_cache import JitCache, NotBuilt
-from infergen.compiler.kernel import compile_group
+from infergen.compiler.kernel import GemmEpilogueKernel, compile_gemm_epilogue, compile_group
 from infergen.compiler.passes import PASSES, run_pipeline
 from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
 from infergen.compiler.regions import node_region
@@ -71,6 +72,9 @@ class CompileReport:
     target: str = "c"  # the GROUP_TARGETS row the fused groups were compiled by
     tuned_buckets: int = 0  # (group, bucket) pairs running the tuner's winner
     groups_op_by_op: list[str] = field(default_factory=list)
+    # GEMM-with-tail groups whose GEMM and tail run one after the other (both still kernels),
+    # and why: codegen_gemm.py has no fused form for them, or the startup budget left it out
+    epilogues_unfused: list[str] = field(default_factory=list)
 
     @property
     def total_seconds(self) -> float:
@@ -99,6 +103,8 @@ class CompiledLayers:
         self.graph = graph
         self.report.passes_seconds = time.perf_counter() - started
         self.kernels: dict[int, dict[str, Any]] = {}  # id(FUSED node) → bucket → kernel
+        # id(FUSED GEMM-with-tail node) → its fused GEMM (codegen_gemm.py; fp32 panels)
+        self.gemm_epilogues: dict[int, GemmEpilogueKernel] = {}
         jit_cache = jit_cache or JitCache()
         # the engine's startup budget chose what to build (compiler/startup.py): load only
         if getattr(model, "jit_cached_only", False):
@@ -143,6 +149,8 @@ class CompiledLayers:
     def _compile(self, graph: Graph, jit_cache: JitCache) -> None:
         device = self.model.rope_cache.device
         build = self.target.build
+        if self.target.gemm_epilogues:
+            self._compile_epilogues(graph, jit_cache)
         for node in pointwise_groups(graph):
             sub = node.attrs["graph"]
             try:
@@ -170,6 +178,25 @@ class CompiledLayers:
                 self.report.kernels_cached += built.cached
                 self.report.kernels_built += not built.cached
             self.report.tuned_buckets += len(winners)
+
+    def _compile_epilogues(self, graph: Graph, jit_cache: JitCache) -> None:
+        """The GEMM-with-tail groups as fused GEMMs (codegen_gemm.py); those it refuses, or
+        the budget left out, run their GEMM and then their tail."""
+        for node in filter(is_gemm_group, graph.nodes):
+            sub = node.attrs["graph"]
+            try:
+                epilogue = plan_epilogue(sub)
+                kernel = compile_gemm_epilogue(epilogue, jit_cache)
+            except CodegenError as error:
+                self.report.epilogues_unfused.append(f"{sub.name}: {error}")
+                continue
+            except NotBuilt:
+                self.report.epilogues_unfused.append(f"{sub.name}: {NOT_IN_BUDGET}")
+                continue
+            self.gemm_epilogues[id(node)] = kernel
+            self.report.compile_seconds += kernel.built.seconds
+            self.report.kernels_cached += kernel.built.cached
+            self.report.kernels_built += not kernel.built.cached
 
     # ---- per step ------------------------------------------------------------------------
     def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,6 +246,11 @@ class CompiledLayers:
 
     def _run_node(self, node: Node, args: list, sizes: dict[str, int], bucket: str) -> tuple:
         if node.op is Op.FUSED:
+            fused_gemm = self.gemm_epilogues.get(id(node))
+            if fused_gemm is not None:
+                out = _run_gemm_epilogue(fused_gemm, node, args)
+                if out is not None:
+                    return out
             variants = self.kernels.get(id(node))
             if variants is not None:
                 return tuple((variants.get(bucket) or variants["default"])(*args))
@@ -229,6 +261,18 @@ class CompiledLayers:
         if engine_op is not None:
             return engine_op(self.ops, args, node.attrs)
         return EXECUTORS[node.op](args, node.attrs, sizes)
+
+
+def _run_gemm_epilogue(kernel: GemmEpilogueKernel, node: Node, args: list) -> tuple | None:
+    """The fused GEMM on the group's inputs, or None where the layer's weight is not fp32
+    panels (another format, an input quantizer): then the group runs op by op."""
+    sub = node.attrs["graph"]
+    x_value, weight_value, _ = kernel.epilogue.linear.inputs
+    position = {id(v): i for i, v in enumerate(sub.inputs)}
+    linear = args[position[id(weight_value)]]
+    if linear.act is not None or not kernel.accepts(linear.weight):
+        return None
+    return (kernel(args[position[id(x_value)]], linear.weight, linear.bias),)
 
 
 def pointwise_groups(graph: Graph) -> list[Node]:
@@ -278,6 +322,7 @@ class GroupTarget:
     # (jit_cache.Built: seconds, cached); CodegenError when the target has no code for it
     build: Callable[[Graph, JitCache, str, torch.device], Any]
     tuned: bool  # the tuner's per-bucket variants apply (tune.py measures C variants)
+    gemm_epilogues: bool  # GEMM-with-tail groups run as fused C GEMMs (codegen_gemm.py)
     layer_program: bool  # decode steps may run the generated whole-layer C program
 
 
@@ -285,11 +330,11 @@ class GroupTarget:
 GROUP_TARGETS: Registry[GroupTarget] = Registry("codegen target")
 GROUP_TARGETS.register(
     "c", GroupTarget(lambda g, cache, variant, device: compile_group(g, cache, variant),
-                     tuned=True, layer_program=True)
+                     tuned=True, gemm_epilogues=True, layer_program=True)
 )  # fmt: skip
 GROUP_TARGETS.register(
     "triton", GroupTarget(lambda g, cache, variant, device: TritonGroupKernel(g, cache, device),
-                          tuned=False, layer_program=False)
+                          tuned=False, gemm_epilogues=False, layer_program=False)
 )  # fmt: skip
 
 

@@ -1,7 +1,8 @@
 """What an engine start (`compile_budget_s`) or `infergen compile` builds within a time budget,
 and what each item is expected to save beside what it saved once built.
 
-Order: the fused groups (budget.py: most expected gain per second first), then the decode
+Order: the fused groups (budget.py: most expected gain per second first), the GEMMs with
+their tails fused (epilogue_budget.py), then the decode
 layer program and its tuning per bucket (program_tune.py; a bucket tuning.json already holds
 is taken as recorded, not searched again), then the groups' tuning with what is left. The
 layer program's expected gain per bucket is measured, not guessed, the way a group's is: a
@@ -22,6 +23,7 @@ import torch
 from infergen.compiler.buckets import BUCKET_TOKENS
 from infergen.compiler.budget import Item, compile_groups, tune_groups
 from infergen.compiler.codegen_c import CodegenError
+from infergen.compiler.epilogue_budget import epilogue_items
 from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.program import (
@@ -56,6 +58,7 @@ def plan_startup(
     ]
     layers = model.config.num_hidden_layers
     plan = compile_groups(groups, traffic, layers, deadline, cache)
+    plan.items += epilogue_items(graph, traffic, layers, deadline, cache)
     plan.items += program_items(model, kv_cache, graph, traffic, deadline, cache)
     tune_groups(plan, traffic, layers, deadline, cache)
     return plan.items

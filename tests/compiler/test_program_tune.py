@@ -39,7 +39,8 @@ def jit(tmp_path, monkeypatch):
 
 @pytest.fixture
 def model_dir(tmp_path):
-    build_hf_model("llama_gqa", tmp_path / "model")
+    # an MLP a whole number of 24-column panels wide: its GEMM + SiLU-mul has a fused form
+    build_hf_model("llama_gqa", tmp_path / "model", intermediate_size=144)
     return str(tmp_path / "model")
 
 
@@ -121,7 +122,8 @@ def test_engine_start_budget_builds_what_fits_and_runs_the_rest_op_by_op(jit, mo
     plan = nothing.engine.compile_plan
     assert plan and all(i.status == "skipped" for i in plan)
     assert any(i.group == "layer program" and i.gain_ms > 0 for i in plan)  # (predicted)
-    skipped = nothing.engine.compile_report.groups_op_by_op
+    report = nothing.engine.compile_report
+    skipped = report.groups_op_by_op + report.epilogues_unfused
     assert skipped and all("not built within the startup budget" in s for s in skipped)
     assert [o.token_ids for o in nothing.generate(PROMPTS, params)] == expected
     assert not list(jit.root.glob("*.so"))  # nothing compiled
@@ -133,10 +135,12 @@ def test_engine_start_budget_builds_what_fits_and_runs_the_rest_op_by_op(jit, mo
     assert status[("tune 1", "layer program")] == "skipped"  # (its search takes ~30 s)
     assert status[("compile", "group 0")] == "built"
     assert status[("tune 1", "group 0")] == "tuned"
+    assert status[("compile", "GEMM epilogue gemm_silu_mul")] == "built"
     for item in some.engine.compile_plan:
         if item.status in ("built", "tuned"):  # built: expected beside measured
             assert item.gain_ms is not None and item.measured_ms is not None
     assert some.engine.compile_report.groups_op_by_op == []
+    assert some.engine.compile_report.epilogues_unfused == []
     program = _program(some)
     assert [o.token_ids for o in some.generate(PROMPTS, params)] == expected
     # a bucket searched before (tuning.json) is taken as recorded, with its recorded gain

@@ -1,0 +1,62 @@
+/* A packed-panel fp32 GEMM whose pointwise tail runs on each output tile while it is in L1:
+ * the template of the GEMM-with-epilogue kernels that compiler/codegen_gemm.py generates.
+ *
+ * The GEMM's N output columns are EPI_PARTS equal parts (1: the tail reads column n of the
+ * product; 2: it pairs column n with column n + N/2, as SwiGLU's silu(gate) · up does), each
+ * a whole number of NR-column panels. Per panel p of the first part and token block: the
+ * micro-kernels of gemm_packed_f32.c compute panel p of every part into a tile on the stack
+ * (EPI_PARTS x NR columns of up to TOP_ROWS rows), then EPI_TAIL — the generated tail,
+ * rendered for a row of EPI_PARTS x NR columns — writes its NR output columns of each row of
+ * the block straight into Y. The product itself is never written to memory.
+ *
+ * Before including, define:
+ *   EPI_NAME   the function's name
+ *   EPI_PARTS  1 or 2
+ *   EPI_TAIL   void (const void **in, const long *row_stride, void **out,
+ *                    const long *out_stride, long T, int threads)
+ *
+ * void EPI_NAME(const float *Wp, const float *X, const float *bias, float *Y, long ldy,
+ *               long M, long N, long K, int threads)
+ * Wp [N/NR][K][NR] (gemm_packed_f32's layout, N a multiple of EPI_PARTS x NR), X [M][K],
+ * bias [N] or NULL, Y [M][ldy] (the tail's N / EPI_PARTS output columns per row).
+ * The same micro-kernels with the same FMAs in the same order as gemm_packed_f32: the product
+ * the tail sees is bitwise the one the unfused GEMM writes.
+ */
+#include "gemm_packed_f32.c"
+
+void EPI_NAME(const float *Wp, const float *X, const float *bias, float *Y, long ldy, long M,
+              long N, long K, int threads) {
+    if (M <= 0 || N <= 0) return;
+    const long part = N / EPI_PARTS, panels = part / NR;
+    const long rows = M > 8 ? TOP_ROWS : SMALL_ROWS;
+    const micro_fn *micros = M > 8 ? TOP_MICROS : SMALL_MICROS;
+    const long blocks = (M + rows - 1) / rows;
+    const long pf_step = (NR + blocks - 1) / blocks;
+    const long ahead = blocks > 1 ? 1 : GEMM_PREFETCH_PANELS;
+#pragma omp parallel num_threads(threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
+    {
+        flush_denormals();
+        float tile[TOP_ROWS * EPI_PARTS * NR];
+        const long tile_stride = EPI_PARTS * NR;
+#pragma omp for schedule(static)
+        for (long p = 0; p < panels; ++p) {
+            for (long m = 0, j = 0; m < M; m += rows, ++j) {
+                long mr = M - m < rows ? M - m : rows;
+                for (long s = 0; s < EPI_PARTS; ++s) {
+                    long q = p + s * panels; /* panel p of part s */
+                    const float *wp = Wp + q * K * NR;
+                    const float *next =
+                        (ahead && p + ahead < panels) ? wp + ahead * K * NR : 0;
+                    const float *pf = next && j * pf_step < NR ? next + j * K * pf_step : 0;
+                    micros[mr](wp, X + m * K, K, tile + s * NR, tile_stride,
+                               bias ? bias + q * NR : 0, NR, pf, pf_step);
+                }
+                const void *in[1] = {tile};
+                const long in_stride[1] = {tile_stride};
+                void *out[1] = {Y + m * ldy + p * NR};
+                const long out_stride[1] = {ldy};
+                EPI_TAIL(in, in_stride, out, out_stride, mr, 1);
+            }
+        }
+    }
+}

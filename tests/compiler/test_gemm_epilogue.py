@@ -1,0 +1,161 @@
+"""GEMMs with their pointwise tail fused (compiler/codegen_gemm.py, kernels/gemm_epilogue_f32.h)
+against plain torch (x·Wᵀ + b, then the tail) for every kernel ISA this machine builds plus the
+generic one; bitwise against the unfused GEMM + tail kernel; the groups it refuses and why; and
+in the engine (graph walker and layer program, fp32 and int8 panels) against the per-op path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from infergen import LLM
+from infergen.compiler import runtime
+from infergen.compiler.codegen_c import CodegenError
+from infergen.compiler.codegen_gemm import NR, plan_epilogue
+from infergen.compiler.ir import TOKENS, Graph, Node, Op, Value
+from infergen.compiler.jit_cache import JitCache
+from infergen.compiler.kernel import compile_gemm_epilogue, compile_group
+from infergen.compiler.passes import PASSES
+from infergen.kernels.build import _cpu_flags
+from infergen.ops.linear import LINEAR_BACKENDS, pack_panels
+from tests.hf_models import build_hf_model
+
+F32 = torch.float32
+TOKEN_COUNTS = (1, 3, 5, 8, 9, 17, 64, 130)
+# the kernel builds this machine runs (INFERGEN_KERNEL_ISA, kernels/build.py): generic always
+ISAS = ["generic"] + (["avx2"] if {"avx2", "fma", "f16c"} <= _cpu_flags() else [])
+ISAS += ["native"] if "avx512f" in _cpu_flags() else []
+
+
+def _group(n: int, k: int, tail: str) -> Graph:
+    """A GEMM-with-tail group as the "jit" pipeline leaves it: LINEAR, then its tail fused.
+    tail "swiglu": silu(y[:, :n/2]) · y[:, n/2:]; "silu": y · sigmoid(y)."""
+    x = Value("x", (TOKENS, k), F32, "input")
+    w = Value("w", (n, k), F32, "weight")
+    b = Value("b", (n,), F32, "weight")
+    y = Value("y", (TOKENS, n), F32)
+    nodes = [Node(Op.LINEAR, (x, w, b), (y,), {"format": "f32"})]
+    if tail == "swiglu":
+        out = Value("act", (TOKENS, n // 2), F32)
+        nodes.append(Node(Op.SILU_MUL, (y,), (out,), {}))
+    else:
+        s = Value("s", (TOKENS, n), F32)
+        out = Value("act", (TOKENS, n), F32)
+        nodes += [Node(Op.SIGMOID, (y,), (s,), {}), Node(Op.MUL, (y, s), (out,), {})]
+    graph = Graph("gemm_tail", [x, w, b], nodes, [out])
+    PASSES.get("lower")(graph)
+    PASSES.get("fuse_pointwise")(graph)
+    tail_nodes = [n for n in graph.nodes if n.op is not Op.LINEAR]
+    assert len(tail_nodes) == 1 and tail_nodes[0].op is Op.FUSED
+    return graph
+
+
+def _oracle(x, w, b, tail: str) -> torch.Tensor:
+    y = F.linear(x, w, b)
+    if tail == "swiglu":
+        half = y.shape[1] // 2
+        return F.silu(y[:, :half]) * y[:, half:]
+    return F.silu(y)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("tail, n, k", [("swiglu", 4 * NR, 40), ("silu", 3 * NR, 33)])
+def test_fused_gemm_equals_torch(isa, tail, n, k, tmp_path, monkeypatch):
+    if isa == "native":
+        monkeypatch.delenv("INFERGEN_KERNEL_ISA", raising=False)
+    else:
+        monkeypatch.setenv("INFERGEN_KERNEL_ISA", isa)
+    epilogue = plan_epilogue(_group(n, k, tail))
+    assert epilogue.parts == (2 if tail == "swiglu" else 1)
+    kernel = compile_gemm_epilogue(epilogue, JitCache(tmp_path))
+    torch.manual_seed(0)
+    w, b = torch.randn(n, k), torch.randn(n)
+    panels = pack_panels(w)
+    assert kernel.accepts(panels) and not kernel.accepts(panels[:-1])
+    for tokens in TOKEN_COUNTS:
+        x = torch.randn(tokens, k)
+        for bias in (None, b):
+            got = kernel(x, panels, bias)
+            expected = _oracle(x, w, bias, tail)
+            assert got.shape == expected.shape
+            assert (got - expected).abs().max() <= 1e-5 * expected.abs().max(), tokens
+
+
+def test_fused_gemm_is_bitwise_the_unfused_gemm_and_tail(tmp_path):
+    """The same micro-kernels sum the same products: the fused result is the unfused one."""
+    n, k = 6 * NR, 70
+    graph = _group(n, k, "swiglu")
+    epilogue = plan_epilogue(graph)
+    fused = compile_gemm_epilogue(epilogue, JitCache(tmp_path))
+    tail = compile_group(graph.nodes[1].attrs["graph"], JitCache(tmp_path))
+    apply = LINEAR_BACKENDS.get("native").apply
+    torch.manual_seed(1)
+    w, b = torch.randn(n, k), torch.randn(n)
+    panels = pack_panels(w)
+    for tokens in (1, 16, 70):
+        x = torch.randn(tokens, k)
+        (unfused,) = tail(apply(x, panels, b, n))
+        assert torch.equal(fused(x, panels, b), unfused), tokens
+
+
+@pytest.mark.parametrize(
+    "n, tail, why",
+    [
+        (4 * NR + 12, "swiglu", "not a whole number of 24-column panels"),
+        (4 * NR, "norm", "not one elementwise chain"),
+    ],
+)
+def test_groups_without_an_epilogue_are_refused_with_the_reason(n, tail, why):
+    if tail == "norm":  # y · Σ y: a row reduction needs the whole row
+        x = Value("x", (TOKENS, 8), F32, "input")
+        w = Value("w", (n, 8), F32, "weight")
+        y, s = Value("y", (TOKENS, n), F32), Value("s", (TOKENS, 1), F32)
+        out = Value("out", (TOKENS, n), F32)
+        nodes = [
+            Node(Op.LINEAR, (x, w, None), (y,), {"format": "f32"}),
+            Node(Op.SUM, (y,), (s,), {}),
+            Node(Op.MUL, (y, s), (out,), {}),
+        ]
+        graph = Graph("gemm_norm", [x, w], nodes, [out])
+        PASSES.get("fuse_pointwise")(graph)
+    else:
+        graph = _group(n, 16, tail)
+    with pytest.raises(CodegenError, match=why):
+        plan_epilogue(graph)
+
+
+@pytest.fixture
+def private_jit_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "JitCache", lambda: JitCache(tmp_path / "jit"))
+
+
+@pytest.mark.parametrize("weights", [None, "int8"])
+def test_engine_runs_the_fused_gemm_and_equals_the_per_op_path(
+    weights, tmp_path, private_jit_cache
+):
+    """An MLP whose width is a whole number of panels: the walker (prefill) runs the fused
+    GEMM on fp32 panels and the layer program (decode) calls it; int8 panels take the
+    unfused branch of both. Logits equal the per-op path's."""
+    build_hf_model("llama_gqa", tmp_path / "model", intermediate_size=6 * NR)
+    options = dict(kv_cache_memory="4MiB", weights=weights)
+    reference = LLM(str(tmp_path / "model"), **options)
+    compiled = LLM(str(tmp_path / "model"), compile="jit", **options)
+    layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
+    assert len(layers.gemm_epilogues) == 1, layers.report.groups_op_by_op
+    assert layers.program is not None and "gemm_epilogue_f32.h" in layers.program.program.source
+    calls = {"n": 0}
+    kernel = next(iter(layers.gemm_epilogues.values()))
+    call = kernel.call
+
+    def counting(*args):
+        calls["n"] += 1
+        return call(*args)
+
+    kernel.call = counting
+    tokens = list(range(5, 45))
+    for chunk in (40, 6, 1):
+        expected = reference.engine.prompt_logits(tokens, chunk=chunk)
+        got = compiled.engine.prompt_logits(tokens, chunk=chunk)
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), chunk
+    assert (calls["n"] > 0) == (weights is None)  # prefill steps walk the graph
