@@ -826,6 +826,37 @@ def render_tuner(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
+EPILOGUE_START, EPILOGUE_END = "<!-- epilogue:start -->", "<!-- epilogue:end -->"
+
+
+def render_epilogue(lines: list[dict]) -> str | None:
+    """bench_epilogue: the fused GEMM + SwiGLU against the GEMM and tail one after the other
+    and against eager torch, per token count (None: no run)."""
+    ratios = [ln for ln in lines if ln.get("bench") == "epilogue" and ln["kind"] == "ratio"]
+    if not ratios:
+        return None
+    rows = [
+        "| tokens | fused µs | unfused µs | unfused / fused | torch µs | torch / fused "
+        "| fused bitwise = unfused |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by = {(ln["metric"], ln["peer"]): ln for ln in ratios}
+    for metric in dict.fromkeys(ln["metric"] for ln in ratios):
+        unfused, torch_ = by[(metric, "unfused")], by[(metric, "torch")]
+        rows.append(
+            f"| {metric.split()[0].removeprefix('us_t')} | {unfused['infergen_value']:.1f} | "
+            f"{unfused['peer_value']:.1f} | {unfused['value']:.2f}× | "
+            f"{torch_['peer_value']:.1f} | {torch_['value']:.2f}× | "
+            f"{'yes' if unfused['bitwise_equal_to_unfused'] else 'no'} |"
+        )
+    first = ratios[0]
+    rows.append(
+        f"\n{first['shape']}, {first['model']}; {_machine(first)}; run {first['timestamp']}. "
+        "Regenerate: `python benchmarks/bench_epilogue.py && python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 SECTIONS = (
     (QUANT_START, QUANT_END, render_quant),
     (COMPILER_START, COMPILER_END, render_compiler),
@@ -837,6 +868,7 @@ SECTIONS = (
     (TP_START, TP_END, render_tp),
     (LOW_START, LOW_END, render_low_precision),
     (TUNER_START, TUNER_END, render_tuner),
+    (EPILOGUE_START, EPILOGUE_END, render_epilogue),
 )
 
 

@@ -4,10 +4,10 @@ Specific patterns first (each names the kernel it makes):
 - add_rms_norm:   ADD then RMS_NORM of the sum → one ADD_RMS_NORM (residual add + norm)
 - norm_quantize:  (ADD_)RMS_NORM whose output only feeds an input quantizer
 - gemm_silu_mul:  LINEAR whose output only feeds SILU_MUL (+ that output's quantizer): one
-                  group. At run time (compiler/runtime.py) the GEMM runs on the engine's
-                  backend and the SiLU-mul (+ quantizer) as one generated kernel over its
-                  whole output, after it: a kernel launch and a pass saved, not yet an
-                  epilogue on tiles still in cache (the GEMM kernels take no fused tail)
+                  group. On fp32 panels it runs as one generated GEMM whose tail works on
+                  each output tile in L1 (codegen_gemm.py); otherwise (another weight format,
+                  a quantizer in the tail) the GEMM runs on the engine's backend and the
+                  tail as one generated kernel over its whole output, after it
 - rope_kv_store:  ROPE (and the slice that takes K out of a joint q/k rotation) feeding a KV
                   store: keys are rotated and written in one pass
 Then the generic rule: chains of pointwise ops, row reductions (over the last dimension) and
