@@ -1,6 +1,7 @@
-"""The generated layer program at run time (codegen_layer.py): built once per engine through
-the JIT cache, called for every decode step with the layers' weight pointers, formats and
-caches bound once, and the step's positions / slots / block tables per call."""
+"""The generated layer programs at run time (codegen_layer.py): built once per engine through
+the JIT cache, called with the layers' weight pointers, formats and caches bound once, and
+the step's positions / slots / block tables per call — the decode program for decode steps,
+the prefill program for steps that are all prefills."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from infergen.compiler.tune import TuningRecord
 from infergen.kernels.build import _source_bytes
 from infergen.layers.linear import Linear
 from infergen.models.fused_decode import StepArgs
+from infergen.ops.paged_prefill_native import VECTOR_FLOATS
 
 _ARGTYPES = [
     ctypes.c_void_p,
@@ -32,11 +34,21 @@ _ARGTYPES = [
     ctypes.c_void_p,
     ctypes.c_void_p,
     ctypes.c_int,
+    ctypes.c_void_p,
 ]
 
 
-def model_program(model, graph: Graph) -> LayerProgram:
-    """The layer program of `model`'s "jit" layer graph (CodegenError when not renderable)."""
+class PrefillArgs(ctypes.Structure):  # codegen_layer.PREFILL_ARGS, field for field
+    _fields_ = [
+        *[(n, ctypes.c_void_p) for n in "query_start query_lens seq_lens block_tables".split()],
+        ("max_blocks", ctypes.c_long),
+        ("prefills", ctypes.c_long),
+    ]
+
+
+def model_program(model, graph: Graph, phase: str = "decode") -> LayerProgram:
+    """The `phase` layer program of `model`'s "jit" layer graph (CodegenError when not
+    renderable)."""
     config = model.config
     return render_layer_program(
         graph,
@@ -45,13 +57,17 @@ def model_program(model, graph: Graph) -> LayerProgram:
         config.num_key_value_heads,
         config.head_dim,
         model.layers[0].attn.scale,
+        phase,
     )
 
 
 def program_key(source: str, cache: JitCache) -> str:
     """The JIT cache key of a layer program's source (a variant's: its prelude first) and the
     kernels it includes."""
-    included = _source_bytes("decode_layers_f32.c") + _source_bytes(TEMPLATE)
+    included = b"".join(
+        _source_bytes(name)
+        for name in ("decode_layers_f32.c", TEMPLATE, "paged_prefill_attention_f32.c")
+    )
     kernels = hashlib.sha256(included).hexdigest()
     return cache.key(source, f"layer-program kernels={kernels}")
 
@@ -93,11 +109,19 @@ class LayerProgramRunner:
         statics: list[dict],
         cache: JitCache,
         tuned: bool = True,
+        phase: str = "decode",
     ):
         try:
-            program = model_program(model, graph)
+            program = model_program(model, graph, phase)
         except CodegenError as error:
             raise ProgramUnavailable(str(error)) from None
+        self.phase = phase
+        tuned = tuned and phase == "decode"  # (the tuner searches decode steps)
+        if phase == "prefill" and model.config.head_dim % VECTOR_FLOATS:
+            raise ProgramUnavailable(
+                f"head dim {model.config.head_dim}: the prefill kernel needs a multiple of "
+                f"{VECTOR_FLOATS}"
+            )
         self.program, self.cache = program, cache
         self.builds: list[Built] = []  # what building the variants took (compile report)
         self._calls: dict[ProgramVariant, object] = {}
@@ -162,7 +186,8 @@ class LayerProgramRunner:
     def run(
         self, h: torch.Tensor, batch, variant: ProgramVariant | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """All layers of a decode step, in `variant` (default: the one of the step's bucket)."""
+        """All layers of a step of the program's phase, in `variant` (default: the one of the
+        step's bucket)."""
         if variant is None:
             variant = self.by_bucket.get(bucket_of(h.shape[0]), DEFAULT)
         call = self._calls.get(variant)
@@ -172,6 +197,17 @@ class LayerProgramRunner:
         config, plan = self.model.config, batch.attn_plan
         tables = plan.decode_block_tables
         tokens = h.shape[0]
+        prefill = None
+        if self.phase == "prefill":
+            prefills = plan.prefill_batch()
+            prefill = PrefillArgs(
+                prefills.query_start.data_ptr(),
+                prefills.query_lens.data_ptr(),
+                prefills.seq_lens.data_ptr(),
+                prefills.block_tables.data_ptr(),
+                prefills.block_tables.shape[1],
+                prefills.block_tables.shape[0],
+            )
         args = StepArgs(
             tokens,
             config.hidden_size,
@@ -180,14 +216,14 @@ class LayerProgramRunner:
             config.head_dim,
             config.intermediate_size,
             self.kv_cache.layer(0).k.shape[1],
-            tables.shape[1],
+            tables.shape[1] if tables is not None else 0,
             plan.window,
             config.rms_norm_eps,
             0.0,
             batch.rope.positions.data_ptr(),
             batch.slot_mapping.data_ptr(),
-            tables.data_ptr(),
-            plan.decode_seq_lens.data_ptr(),
+            tables.data_ptr() if tables is not None else None,
+            plan.decode_seq_lens.data_ptr() if tables is not None else None,
             self.model.rope_cache.data_ptr(),
         )
         h = h.contiguous()
@@ -203,5 +239,18 @@ class LayerProgramRunner:
             delta.data_ptr(),
             arena.data_ptr(),
             variant.threads(torch.get_num_threads()),
+            ctypes.byref(prefill) if prefill is not None else None,
         )
         return h, delta
+
+    def serves(self, plan) -> bool:
+        """Whether a step of this attention plan is one of the program's phase."""
+        if self.phase == "decode":
+            return plan.decode_only
+        return (
+            not plan.decode_only
+            and plan.decode_block_tables is None
+            and bool(plan.prefills)
+            and not plan.sinks
+            and plan.block_tables is not None
+        )

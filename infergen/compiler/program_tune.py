@@ -24,7 +24,7 @@ from infergen.compiler.buckets import BUCKET_TOKENS
 from infergen.compiler.program import DEFAULT, LayerProgramRunner, tuning_key
 from infergen.compiler.program_variants import KNOBS, ProgramVariant
 from infergen.compiler.tune import BucketResult, TuningRecord
-from infergen.ops.paged_attention import AttentionPlan
+from infergen.ops.paged_attention import AttentionPlan, PrefillItem
 from infergen.ops.rope import RopeInputs
 from infergen.timing import best_seconds_each
 
@@ -68,6 +68,26 @@ def decode_probe(model, kv_cache, tokens: int, context: int = PROBE_CONTEXT):
     generator = torch.Generator().manual_seed(0)
     h = torch.randn(tokens, model.config.hidden_size, generator=generator)
     return h, ProbeStep(plan, slots, RopeInputs(positions, model.rope_cache))
+
+
+def prefill_probe(model, kv_cache, tokens: int):
+    """(h, step): one sequence's prompt of `tokens` tokens (fewer when the cache is smaller)
+    over cache blocks [0, n): what the prefill layer program runs. Writes those KV slots: run
+    it before the engine holds any sequence."""
+    blocks, block_size = kv_cache.layer(0).k.shape[:2]
+    tokens = max(2, min(tokens, blocks * block_size))
+    width = -(-tokens // block_size)
+    tables = torch.arange(width, dtype=torch.int64).reshape(1, width)
+    positions = torch.arange(tokens, dtype=torch.int64)
+    window = getattr(kv_cache.groups[0], "window", 0) or 0
+    item = PrefillItem(0, tokens, tokens, 0, tables, block_size)
+    plan = AttentionPlan(
+        decode_rows=None, prefills=[item], window=window, block_tables=tables,
+        block_size=block_size,
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    h = torch.randn(tokens, model.config.hidden_size, generator=generator)
+    return h, ProbeStep(plan, positions, RopeInputs(positions, model.rope_cache))
 
 
 def time_variants(

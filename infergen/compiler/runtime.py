@@ -118,23 +118,33 @@ class CompiledLayers:
         )
         # weights bound once per layer; the step's inputs are bound per call
         self.static = [self._static_env(i) for i in range(len(model.layers))]
-        # decode steps: the whole stack of layers as one generated C function (program.py)
-        self.program = None
+        # decode steps, and steps of prefills only: the whole stack of layers as one generated
+        # C function per phase (program.py)
+        self.program = self.prefill_program = None
         self.stack_cost = StackCost(model, kv_cache)  # (a profiled program call's work)
         if mode == "jit" and not self.target.layer_program:
             self.report.groups_op_by_op.append(
                 f"layer program: C only (target {self.report.target!r})"
             )
         elif mode == "jit":
-            try:
-                self.program = LayerProgramRunner(model, kv_cache, graph, self.static, jit_cache)
-                for built in self.program.builds:
-                    self.report.compile_seconds += built.seconds
-                    self.report.kernels_built += not built.cached
-                    self.report.kernels_cached += built.cached
-                self.report.tuned_buckets += len(self.program.by_bucket)
-            except ProgramUnavailable as why:
-                self.report.groups_op_by_op.append(f"layer program: {why}")
+            self.program = self._program(graph, jit_cache, "decode")
+            self.prefill_program = self._program(graph, jit_cache, "prefill")
+
+    def _program(self, graph: Graph, jit_cache: JitCache, phase: str):
+        try:
+            program = LayerProgramRunner(
+                self.model, self.kv_cache, graph, self.static, jit_cache, phase=phase
+            )
+        except ProgramUnavailable as why:
+            label = "layer program" if phase == "decode" else f"{phase} layer program"
+            self.report.groups_op_by_op.append(f"{label}: {why}")
+            return None
+        for built in program.builds:
+            self.report.compile_seconds += built.seconds
+            self.report.kernels_built += not built.cached
+            self.report.kernels_cached += built.cached
+        self.report.tuned_buckets += len(program.by_bucket)
+        return program
 
     def _static_env(self, index: int) -> dict[str, Any]:
         """The inputs fixed for layer `index`: its weights, its KV cache (and scales)."""
@@ -201,13 +211,18 @@ class CompiledLayers:
     # ---- per step ------------------------------------------------------------------------
     def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """All decoder layers of the step: returns (residual stream h, pending delta)."""
-        if self.program is not None and batch.attn_plan.decode_only and self.profile is None:
+        program = next(
+            (p for p in (self.program, self.prefill_program) if p and p.serves(batch.attn_plan)),
+            None,
+        )
+        if program is not None and self.profile is None:
             if profiling.enabled():
                 layers = len(self.model.layers)
                 work = self.stack_cost(h.shape[0], batch.attn_plan, layers)
-                with profiling.region("decode_layers", f"{layers} layers, jit program", work):
-                    return self.program.run(h, batch)
-            return self.program.run(h, batch)
+                title = f"{layers} layers, jit {program.phase} program"
+                with profiling.region(f"{program.phase}_layers", title, work):
+                    return program.run(h, batch)
+            return program.run(h, batch)
         delta = torch.zeros_like(h)
         for index in range(len(self.model.layers)):
             h, delta = self.run_layer(index, h, delta, batch)

@@ -2,8 +2,9 @@
 and what each item is expected to save beside what it saved once built.
 
 Order: the fused groups (budget.py: most expected gain per second first), the GEMMs with
-their tails fused (epilogue_budget.py), then the decode
-layer program and its tuning per bucket (program_tune.py; a bucket tuning.json already holds
+their tails fused (epilogue_budget.py), the decode layer program, the prefill layer program
+(its gain measured on one 64-token prompt, per step of the multi-token buckets), then the decode
+layer program's tuning per bucket (program_tune.py; a bucket tuning.json already holds
 is taken as recorded, not searched again), then the groups' tuning with what is left. The
 layer program's expected gain per bucket is measured, not guessed, the way a group's is: a
 decode step walked op by op (compile="eager", what runs without it) minus the time that walk
@@ -34,7 +35,7 @@ from infergen.compiler.program import (
     program_key,
     tuning_key,
 )
-from infergen.compiler.program_tune import decode_probe, tune_program
+from infergen.compiler.program_tune import decode_probe, prefill_probe, tune_program
 from infergen.compiler.runtime import CompiledLayers, jit_graph, pointwise_groups
 from infergen.compiler.tune import TuningRecord
 from infergen.timing import best_seconds_each
@@ -83,17 +84,20 @@ def program_items(
     build.gain_ms = 1e3 * sum(traffic[b] * (walk - floor) for b, (walk, floor) in walks.items())
     order = sorted(traffic, key=lambda b: -traffic[b])
     tunes = [Item(PROGRAM, f"tune {b}", None, PROGRAM_TUNE_SECONDS_PRIOR) for b in order]
+    runner = None
+    if not (build.cost_s and time.perf_counter() + build.cost_s > deadline):
+        started = time.perf_counter()
+        try:
+            runner = LayerProgramRunner(model, kv_cache, graph, eager.static, cache)
+            build.spent_s = time.perf_counter() - started
+            build.status = "cached" if runner.built.cached else "built"
+        except ProgramUnavailable as why:
+            build.status = f"unavailable ({why})"
+    # the prefill program's build before the decode program's tuning (~30 s a bucket)
+    items.append(_prefill_item(model, kv_cache, graph, traffic, deadline, cache, eager))
     items += tunes
-    if build.cost_s and time.perf_counter() + build.cost_s > deadline:
+    if runner is None:
         return items
-    started = time.perf_counter()
-    try:
-        runner = LayerProgramRunner(model, kv_cache, graph, eager.static, cache)
-    except ProgramUnavailable as why:
-        build.status = f"unavailable ({why})"
-        return items
-    build.spent_s = time.perf_counter() - started
-    build.status = "cached" if runner.built.cached else "built"
     steps = {b: _walk_and_program(eager, runner, *probes[b], walks[b][0]) for b in traffic}
     build.measured_ms = 1e3 * sum(
         traffic[b] * (steps[b]["walk"] - steps[b]["program"]) for b in traffic
@@ -121,6 +125,44 @@ def program_items(
         default, best = result.seconds["default"], result.seconds[result.winner]
         tune.gain_ms = tune.measured_ms = 1e3 * traffic[bucket] * (default - best)
     return items
+
+
+PREFILL_PROBE_TOKENS = 64  # the prompt the prefill program's gain is measured on
+PREFILL = "prefill layer program"
+
+
+def _prefill_item(
+    model, kv_cache, graph: Graph, traffic: dict[str, float], deadline: float, cache: JitCache,
+    eager: CompiledLayers,
+) -> Item:  # fmt: skip
+    """The prefill layer program's compile item. Its gain is measured on one prompt of
+    PREFILL_PROBE_TOKENS tokens (expected: that prefill walked op by op minus the walk's GEMMs
+    and attention; measured: the walk minus the program, in turns), per step of the traffic's
+    buckets above one token (the steps that may be prefills: the record counts steps by
+    token count, not by kind)."""
+    try:
+        program = model_program(model, graph, "prefill")
+    except CodegenError as error:
+        return Item(PREFILL, "compile", None, 0.0, status=f"not renderable ({error})")
+    cached = any(r["key"] == program_key(program.source, cache) for r in cache.entries())
+    item = Item(PREFILL, "compile", None, 0.0 if cached else PROGRAM_SECONDS_PRIOR)
+    share = sum(w for b, w in traffic.items() if BUCKET_TOKENS[b] > 1)
+    h, step = prefill_probe(model, kv_cache, PREFILL_PROBE_TOKENS)
+    walk, floor = _walk_seconds(eager, h, step)
+    item.gain_ms = 1e3 * share * (walk - floor)
+    if item.cost_s and time.perf_counter() + item.cost_s > deadline:
+        return item
+    started = time.perf_counter()
+    try:
+        runner = LayerProgramRunner(model, kv_cache, graph, eager.static, cache, phase="prefill")
+    except ProgramUnavailable as why:
+        item.status = f"unavailable ({why})"
+        return item
+    item.spent_s = time.perf_counter() - started
+    item.status = "cached" if runner.built.cached else "built"
+    both = _walk_and_program(eager, runner, h, step, walk)
+    item.measured_ms = 1e3 * share * (both["walk"] - both["program"])
+    return item
 
 
 STEP_SECONDS = 0.3  # timing per step measurement: repeats = this / the step, within 3..20

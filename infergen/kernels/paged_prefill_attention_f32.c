@@ -23,6 +23,8 @@
  * The vector code is written in GCC vector extensions, one width per build: 16 floats with
  * AVX-512, 8 with AVX2, 4 otherwise (the portable build, INFERGEN_KERNEL_ISA=generic).
  */
+#ifndef PAGED_PREFILL_ATTENTION_F32_C
+#define PAGED_PREFILL_ATTENTION_F32_C
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -103,7 +105,7 @@ static inline vf vexp(vf x) {
 #endif
 
 /* Cache slot of position p (block sizes are powers of two in practice: shift and mask). */
-static inline long slot_of(const int32_t *table, long p, long block_size) {
+static inline long prefill_slot_of(const int32_t *table, long p, long block_size) {
     if ((block_size & (block_size - 1)) == 0) {
         long shift = __builtin_ctzl((unsigned long)block_size);
         return ((long)table[p >> shift] << shift) | (p & (block_size - 1));
@@ -225,7 +227,7 @@ static void tile(const float *q, long q_stride, const float *k_cache, const floa
         long n = hi - k0 < KC ? hi - k0 : KC;
         for (long j = 0; j < KC; ++j) {
             if (j < n) {
-                long off = slot_of(table, k0 + j, block_size) * slot_stride + kvh * dim;
+                long off = prefill_slot_of(table, k0 + j, block_size) * slot_stride + kvh * dim;
                 w->kr[j] = k_cache + off, w->vr[j] = v_cache + off;
             } else {
                 w->kr[j] = w->vr[j] = w->zero;
@@ -314,3 +316,4 @@ void paged_prefill_attention_f32(const float *q, long q_stride, const float *k_c
         free(w.qt), free(w.st), free(w.o), free(w.m), free(w.l), free(w.corr), free(w.zero);
     }
 }
+#endif /* PAGED_PREFILL_ATTENTION_F32_C */

@@ -20,7 +20,12 @@ from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.forward_batch import ForwardBatch
 from infergen.models.fast_paths import FAST_PATHS, FastPath
 from infergen.ops import kv_store, rms_norm, rope, silu_mul
-from infergen.ops.paged_attention import DECODE_BACKENDS, AttentionPlan, decode_cost
+from infergen.ops.paged_attention import (
+    DECODE_BACKENDS,
+    AttentionPlan,
+    decode_cost,
+    prefill_cost,
+)
 from infergen.ops.rms_norm import RMS_NORM_BACKENDS
 from infergen.ops.rope import ROPE_BACKENDS
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
@@ -199,7 +204,9 @@ class StackCost:
         position = kv_store.slot_bytes(kv.k, kv.v)
         element = self.model.dtype.itemsize
         heads, dim = config.num_attention_heads, config.head_dim
-        attention = decode_cost(heads, dim, element, plan, position)
+        attention = (decode_cost if plan.decode_only else prefill_cost)(
+            heads, dim, element, plan, position
+        )  # (a step of prefills only: the prefill layer program's)
         return fixed + per_token * tokens + attention * num_layers
 
     def _layers(self, tokens: int, num_layers: int) -> profiling.Cost:

@@ -134,16 +134,17 @@ def private_jit_cache(tmp_path, monkeypatch):
 def test_engine_runs_the_fused_gemm_and_equals_the_per_op_path(
     weights, tmp_path, private_jit_cache
 ):
-    """An MLP whose width is a whole number of panels: the walker (prefill) runs the fused
-    GEMM on fp32 panels and the layer program (decode) calls it; int8 panels take the
-    unfused branch of both. Logits equal the per-op path's."""
+    """An MLP whose width is a whole number of panels: the walker runs the fused GEMM on fp32
+    panels and the layer programs (decode, prefill) call it; int8 panels take the unfused
+    branch of both. Logits equal the per-op path's."""
     build_hf_model("llama_gqa", tmp_path / "model", intermediate_size=6 * NR)
     options = dict(kv_cache_memory="4MiB", weights=weights)
     reference = LLM(str(tmp_path / "model"), **options)
     compiled = LLM(str(tmp_path / "model"), compile="jit", **options)
     layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
-    assert len(layers.gemm_epilogues) == 1, layers.report.groups_op_by_op
-    assert layers.program is not None and "gemm_epilogue_f32.h" in layers.program.program.source
+    assert len(layers.gemm_epilogues) == 1, layers.report.epilogues_unfused
+    for program in (layers.program, layers.prefill_program):
+        assert program is not None and "gemm_epilogue_f32.h" in program.program.source
     calls = {"n": 0}
     kernel = next(iter(layers.gemm_epilogues.values()))
     call = kernel.call
@@ -154,8 +155,12 @@ def test_engine_runs_the_fused_gemm_and_equals_the_per_op_path(
 
     kernel.call = counting
     tokens = list(range(5, 45))
-    for chunk in (40, 6, 1):
-        expected = reference.engine.prompt_logits(tokens, chunk=chunk)
-        got = compiled.engine.prompt_logits(tokens, chunk=chunk)
-        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), chunk
-    assert (calls["n"] > 0) == (weights is None)  # prefill steps walk the graph
+    prefill_program = layers.prefill_program
+    for walker in (True, False):  # prefill steps walked, then through the prefill program
+        layers.prefill_program = None if walker else prefill_program
+        for chunk in (40, 6, 1):
+            expected = reference.engine.prompt_logits(tokens, chunk=chunk)
+            got = compiled.engine.prompt_logits(tokens, chunk=chunk)
+            assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), chunk
+        if walker:
+            assert (calls["n"] > 0) == (weights is None)

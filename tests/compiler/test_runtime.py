@@ -31,7 +31,7 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
     compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile=mode)
     layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
     assert layers is not None
-    program_steps = {"n": 0}
+    program_steps = {"n": 0, "prefill": 0}
     if mode == "jit":  # decode steps run the generated layer program (every architecture)
         assert layers.program is not None, layers.report.groups_op_by_op
         run_program = layers.program.run
@@ -41,6 +41,18 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
             return run_program(h, batch)
 
         layers.program.run = counting
+        if layers.prefill_program is None:  # (the prefill kernel's vector width)
+            assert any(
+                "prefill layer program: head dim" in w for w in layers.report.groups_op_by_op
+            )
+        else:
+            run_prefill = layers.prefill_program.run
+
+            def counting_prefill(h, batch):
+                program_steps["prefill"] += 1
+                return run_prefill(h, batch)
+
+            layers.prefill_program.run = counting_prefill
     torch.manual_seed(0)
     tokens = torch.randint(0, hf_model.config.vocab_size, (40,)).tolist()
     for chunk in (40, 7, 1):
@@ -48,6 +60,8 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
         got = compiled.engine.prompt_logits(tokens, chunk=chunk)
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (name, chunk)
     assert program_steps["n"] >= (39 if mode == "jit" else 0)
+    if mode == "jit" and layers.prefill_program is not None:  # the 40-token and 7-token chunks
+        assert program_steps["prefill"] >= 1 + 40 // 7
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     for a, b in zip(
         reference.generate(PROMPTS, params), compiled.generate(PROMPTS, params), strict=True
