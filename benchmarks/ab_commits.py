@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,13 @@ def main() -> None:
         help="a benchmarks/ script and its arguments (repeatable); --out is added",
     )
     parser.add_argument(
+        "--head-benchmarks",
+        action="store_true",
+        help="run the working tree's benchmarks/ scripts on both sides (copied into the base "
+        "checkout): the same measuring code, each side's infergen — for a benchmark the base "
+        "commit does not have",
+    )
+    parser.add_argument(
         "--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "ab.jsonl"
     )
     args = parser.parse_args()
@@ -130,6 +138,9 @@ def main() -> None:
     ).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         base_tree = checkout(args.base, pathlib.Path(tmp) / "base")
+        if args.head_benchmarks:
+            shutil.rmtree(base_tree / "benchmarks")
+            shutil.copytree(ROOT / "benchmarks", base_tree / "benchmarks")
         try:
             sides: dict[str, list[dict]] = {"base": [], "head": []}
             trees = {"base": base_tree, "head": ROOT}
@@ -152,6 +163,7 @@ def main() -> None:
             "base_commit": args.base,
             "head_commit": head_commit,
             "rounds": args.rounds,
+            "benchmarks": "head's on both sides" if args.head_benchmarks else "each side's",
             "machine": machine,
         }  # fmt: skip
         for row in compare(sides["base"], sides["head"])

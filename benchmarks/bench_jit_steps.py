@@ -1,0 +1,81 @@
+"""Step times of compile="jit" (and compile="off" beside it) on the default model at the shapes
+of bench_compiler.py — decode T=1, decode T=16 (128 tokens of context each) and a 512-token
+prefill — timed in turns, best of --repeats. Small on purpose: ab_commits.py runs it against
+an older commit (`--head-benchmarks`: this script on both sides) for issue 27's targets
+(decode T=1 / T=16 >= 1.15x, prefill 512 >= 1.25x faster than the jit the issue measured):
+
+    .venv/bin/python benchmarks/ab_commits.py --base 17503f0~1 --rounds 2 --head-benchmarks \\
+        --bench "bench_jit_steps.py" --out benchmarks/results/ab_issue27.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import pathlib
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_compiler import CONTEXT_TOKENS, SHAPES, make_batch, step_fn  # noqa: E402
+from bench_generate import git_state, machine_info  # noqa: E402
+from results_file import write_lines  # noqa: E402
+
+from infergen import LLM  # noqa: E402
+from infergen.timing import best_seconds_each  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/jit_steps.jsonl"
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    memory = f"{CONTEXT_TOKENS * 46080 * 2 // 2**20 + 16}MiB"
+    engines = {
+        "jit": LLM(kv_cache_memory=memory, compile="jit"),
+        "off": LLM(kv_cache_memory=memory),
+    }
+    base = {
+        "bench": "jit_steps",
+        "model": "SmolLM2-135M-Instruct (fp32)",
+        "git": git_state(),
+        "machine": machine_info(args.threads),
+        "peer_versions": {"torch": torch.__version__},
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    lines = []
+    for shape, (sequences, context, new) in SHAPES.items():
+        fns = {
+            mode: step_fn(llm, make_batch(llm, sequences, context, new))
+            for mode, llm in engines.items()
+        }
+        best = best_seconds_each(fns, args.repeats)
+        print(f"[{shape}] " + "  ".join(f"{k} {v * 1e3:.2f} ms" for k, v in best.items()))
+        for mode, seconds in best.items():
+            lines.append(
+                {
+                    **base,
+                    "kind": "result",
+                    "metric": f"step_ms_{shape}",
+                    "engine": "infergen",
+                    "mode": f"compile={mode}",
+                    "value": seconds * 1e3,
+                    "unit": "ms",
+                    "stat": f"best of {args.repeats}",
+                }
+            )
+    write_lines(args.out, lines)
+
+
+if __name__ == "__main__":
+    main()
