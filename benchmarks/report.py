@@ -857,6 +857,33 @@ def render_epilogue(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
+ROOFLINE_START, ROOFLINE_END = "<!-- decode-roofline:start -->", "<!-- decode-roofline:end -->"
+
+
+def render_decode_roofline(lines: list[dict]) -> str | None:
+    """bench_decode_roofline: batch-1 decode against the read roofline of the same run."""
+    ours = [ln for ln in lines if ln.get("bench") == "decode_roofline" and ln["kind"] == "ratio"]
+    if not ours:
+        return None
+    first = ours[0]
+    rows = [
+        "| decode bs1 | step ms | roofline ms | fraction of the roofline |",
+        "|---|---|---|---|",
+    ]
+    rows += [
+        f"| {ln['mode']} | {ln['infergen_value']:.2f} | {ln['peer_value']:.2f} | "
+        f"{ln['value']:.1%} |"
+        for ln in ours
+    ]
+    rows.append(
+        f"\nA step reads {first['step_bytes'] / 1e6:.1f} MB ({first['model']}, context "
+        f"{first['context']}); read bandwidth {first['read_bandwidth_gb_s']:.1f} GB/s measured "
+        f"in the same run; {_machine(first)}; run {first['timestamp']}. Regenerate: "
+        "`python benchmarks/bench_decode_roofline.py && python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 SECTIONS = (
     (QUANT_START, QUANT_END, render_quant),
     (COMPILER_START, COMPILER_END, render_compiler),
@@ -869,6 +896,7 @@ SECTIONS = (
     (LOW_START, LOW_END, render_low_precision),
     (TUNER_START, TUNER_END, render_tuner),
     (EPILOGUE_START, EPILOGUE_END, render_epilogue),
+    (ROOFLINE_START, ROOFLINE_END, render_decode_roofline),
 )
 
 
