@@ -54,7 +54,8 @@ step 200 kernels.log "${pytest_q[@]}" tests/formats/test_triton.py \
     tests/ops/test_linear_fp8.py tests/ops/test_paged_decode_triton.py \
     tests/ops/test_paged_prefill_triton.py tests/ops/test_pointwise_triton.py \
     tests/ops/test_rope_kv_store_triton.py tests/ops/test_sampling_triton.py \
-    tests/compiler/test_codegen_triton.py tests/compiler/test_runtime_triton.py
+    tests/compiler/test_codegen_triton.py tests/compiler/test_runtime_triton.py \
+    tests/compiler/test_gemm_epilogue.py::test_triton_fused_gemm_equals_torch
 # 4. Quantize / dequantize GB/s at 64M and 256M values: Triton vs device copy and HBM peak,
 #    and vs the torch-eager codec at 64M.
 step 90 formats_gpu.log python3 benchmarks/bench_formats_gpu.py --out "$OUT/formats_gpu.jsonl"

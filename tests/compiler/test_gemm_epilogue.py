@@ -1,7 +1,8 @@
 """GEMMs with their pointwise tail fused (compiler/codegen_gemm.py, kernels/gemm_epilogue_f32.h)
 against plain torch (x·Wᵀ + b, then the tail) for every kernel ISA this machine builds plus the
 generic one; bitwise against the unfused GEMM + tail kernel; the groups it refuses and why; and
-in the engine (graph walker and layer program, fp32 and int8 panels) against the per-op path."""
+in the engine (graph walker and layer program, fp32 and int8 panels) against the per-op path;
+the Triton rendering against torch (in the interpreter on the CPU, compiled on a GPU)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from infergen import LLM
 from infergen.compiler import runtime
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import NR, plan_epilogue
+from infergen.compiler.codegen_triton_gemm import TritonGemmEpilogueKernel
 from infergen.compiler.ir import TOKENS, Graph, Node, Op, Value
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.kernel import compile_gemm_epilogue, compile_group
@@ -20,6 +22,7 @@ from infergen.compiler.passes import PASSES
 from infergen.kernels.build import _cpu_flags
 from infergen.ops.linear import LINEAR_BACKENDS, pack_panels
 from tests.hf_models import build_hf_model
+from tests.triton_env import DEVICE, runnable
 
 F32 = torch.float32
 TOKEN_COUNTS = (1, 3, 5, 8, 9, 17, 64, 130)
@@ -164,3 +167,21 @@ def test_engine_runs_the_fused_gemm_and_equals_the_per_op_path(
             assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), chunk
         if walker:
             assert (calls["n"] > 0) == (weights is None)
+
+
+@runnable
+@pytest.mark.parametrize("tail, n, k", [("swiglu", 4 * NR, 40), ("silu", 3 * NR, 33)])
+def test_triton_fused_gemm_equals_torch(tail, n, k, tmp_path):
+    """The Triton rendering of the same epilogues (codegen_triton_gemm.py): the tail applied
+    to the register tiles of every part, one store."""
+    kernel = TritonGemmEpilogueKernel(plan_epilogue(_group(n, k, tail)), JitCache(tmp_path))
+    torch.manual_seed(0)
+    w, b = torch.randn(n, k, device=DEVICE), torch.randn(n, device=DEVICE)
+    for tokens in (1, 17, 40):
+        x = torch.randn(tokens, k, device=DEVICE)
+        for bias in (None, b):
+            got = kernel(x, w, bias)
+            expected = _oracle(x, w, bias, tail)
+            assert got.shape == expected.shape
+            assert (got - expected).abs().max() <= 1e-5 * expected.abs().max(), tokens
+    assert TritonGemmEpilogueKernel(kernel.epilogue, JitCache(tmp_path)).built.cached
