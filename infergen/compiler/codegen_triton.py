@@ -250,6 +250,24 @@ def triton_target() -> str:
         return "triton"
 
 
+def load_triton_source(cache: JitCache, key: str, source: str):
+    """(module, path, cached): `source` written into the JIT cache's `triton/<key>.py` (unless
+    the same source is there: cached) and imported from there (Triton compiles a kernel from
+    its source file at its first launch)."""
+    path = Path(cache.root) / "triton" / f"{key}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    cached = path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    if not cached:
+        tmp = path.with_suffix(f".{COMPILER_VERSION}.tmp")
+        tmp.write_text(source)
+        tmp.replace(path)  # atomic, as the C entries
+    spec = importlib.util.spec_from_file_location(f"infergen_triton_{key}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path, cached
+
+
 class TritonGroupKernel:
     """A rendered group loaded from the JIT cache: `kernel(*inputs)` → output tensors.
 
@@ -263,18 +281,7 @@ class TritonGroupKernel:
         self.graph = graph
         key = cache.key(graph.canonical(), "target=triton", triton_target())
         function = f"group_{key}"
-        source = render_group_triton(graph, function)
-        path = Path(cache.root) / "triton" / f"{key}.py"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256(source.encode()).hexdigest()
-        cached = path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == digest
-        if not cached:
-            tmp = path.with_suffix(f".{COMPILER_VERSION}.tmp")
-            tmp.write_text(source)
-            tmp.replace(path)  # atomic, as the C entries
-        spec = importlib.util.spec_from_file_location(f"infergen_triton_{key}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module, path, cached = load_triton_source(cache, key, render_group_triton(graph, function))
         self.fn = getattr(module, function)
         self.scratch_floats = module.SCRATCH_FLOATS
         self.path = path

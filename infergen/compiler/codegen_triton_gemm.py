@@ -18,18 +18,14 @@ tensor when HAS_BIAS is False, y [M, N / parts].
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-from pathlib import Path
-
 import torch
 
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import Epilogue
-from infergen.compiler.codegen_triton import _float, triton_target
+from infergen.compiler.codegen_triton import _float, load_triton_source, triton_target
 from infergen.compiler.expressions import ELEMENTWISE, SCALAR_OPS, expression
 from infergen.compiler.ir import Op
-from infergen.compiler.jit_cache import COMPILER_VERSION, Built, JitCache
+from infergen.compiler.jit_cache import Built, JitCache
 
 BLOCK = {"BM": 16, "BN": 32, "BK": 32}  # tl.dot's tiles: each at least 16
 
@@ -120,17 +116,7 @@ class TritonGemmEpilogueKernel:
         key = cache.key(epilogue.canonical(), "target=triton gemm-epilogue", triton_target())
         function = f"gemm_epilogue_{key}"
         source = render_gemm_epilogue_triton(epilogue, function)
-        path = Path(cache.root) / "triton" / f"{key}.py"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256(source.encode()).hexdigest()
-        cached = path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == digest
-        if not cached:
-            tmp = path.with_suffix(f".{COMPILER_VERSION}.tmp")
-            tmp.write_text(source)
-            tmp.replace(path)
-        spec = importlib.util.spec_from_file_location(f"infergen_triton_{key}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module, path, cached = load_triton_source(cache, key, source)
         self.fn = getattr(module, function)
         self.built = Built(self.fn, key, path, 0.0, cached)
 
