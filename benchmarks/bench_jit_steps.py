@@ -1,6 +1,7 @@
 """Step times of compile="jit" (and compile="off" beside it) on the default model at the shapes
 of bench_compiler.py — decode T=1, decode T=16 (128 tokens of context each) and a 512-token
-prefill — timed in turns, best of --repeats. Small on purpose: ab_commits.py runs it against
+prefill — and two short prefills (a 16-token prompt, a 16-token chunk after 256 cached
+tokens), timed in turns, best of --repeats. Small on purpose: ab_commits.py runs it against
 an older commit (`--head-benchmarks`: this script on both sides) for issue 27's targets
 (decode T=1 / T=16 >= 1.15x, prefill 512 >= 1.25x faster than the jit the issue measured):
 
@@ -54,7 +55,8 @@ def main() -> None:
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     lines = []
-    for shape, (sequences, context, new) in SHAPES.items():
+    shapes = {**SHAPES, "prefill_t16": (1, 0, 16), "chunk_t16_ctx256": (1, 256, 16)}
+    for shape, (sequences, context, new) in shapes.items():
         fns = {
             mode: step_fn(llm, make_batch(llm, sequences, context, new))
             for mode, llm in engines.items()

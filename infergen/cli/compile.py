@@ -40,7 +40,8 @@ def add_parser(sub) -> None:
         default=None,
         metavar="DIR",
         help="write <graph>.captured.txt and <graph>.<pipeline>.txt (IR text), and the "
-        "generated sources (group<i>.c, group<i>.triton.py, layer_program.c) into DIR",
+        "generated sources (group<i>.c, group<i>.triton.py, the GEMMs with their tails fused "
+        "gemm<i>.c and gemm<i>.triton.py, layer_program.c, prefill_program.c) into DIR",
     )
     p.add_argument("--log", action="store_true", help="print each rule as it fires")
     p.add_argument(
@@ -131,7 +132,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _dump_sources(dump: Path, model, cache) -> None:
     from infergen.compiler.codegen_c import CodegenError, render_group
+    from infergen.compiler.codegen_gemm import is_gemm_group, plan_epilogue, render_gemm_epilogue
     from infergen.compiler.codegen_triton import render_group_triton
+    from infergen.compiler.codegen_triton_gemm import render_gemm_epilogue_triton
     from infergen.compiler.program import model_program
     from infergen.compiler.runtime import jit_graph, pointwise_groups
 
@@ -143,11 +146,19 @@ def _dump_sources(dump: Path, model, cache) -> None:
                 (dump / f"group{i}.{suffix}").write_text(render(sub, f"group{i}"))
             except CodegenError as error:
                 (dump / f"group{i}.{suffix}").write_text(f"not renderable: {error}\n")
-    try:
-        program = model_program(model, graph)
-        (dump / "layer_program.c").write_text(program.source)
-    except CodegenError as error:
-        (dump / "layer_program.c").write_text(f"/* not renderable: {error} */\n")
+    renders = {"c": render_gemm_epilogue, "triton.py": render_gemm_epilogue_triton}
+    for i, node in enumerate(filter(is_gemm_group, graph.nodes)):
+        for suffix, render in renders.items():
+            try:
+                source = render(plan_epilogue(node.attrs["graph"]), f"gemm{i}")
+            except CodegenError as error:
+                source = f"not renderable: {error}\n"
+            (dump / f"gemm{i}.{suffix}").write_text(source)
+    for phase, name in (("decode", "layer_program.c"), ("prefill", "prefill_program.c")):
+        try:
+            (dump / name).write_text(model_program(model, graph, phase).source)
+        except CodegenError as error:
+            (dump / name).write_text(f"/* not renderable: {error} */\n")
 
 
 def _build_within_budget(args: argparse.Namespace, model, cache) -> None:

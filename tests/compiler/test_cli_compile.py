@@ -11,7 +11,7 @@ from tests.hf_models import build_hf_model
 
 
 def test_compile_reports_and_dumps(tmp_path, capsys):
-    build_hf_model("llama_gqa", tmp_path / "model")
+    build_hf_model("llama_gqa", tmp_path / "model", intermediate_size=144)  # (panels: 6 x 24)
     dump = tmp_path / "graphs"
     code = main(
         [
@@ -40,6 +40,9 @@ def test_compile_reports_and_dumps(tmp_path, capsys):
     assert "gemm_any(" in (dump / "layer_program.c").read_text()
     assert "#pragma omp parallel for" in (dump / "group0.c").read_text()
     assert "@triton.jit" in (dump / "group0.triton.py").read_text()
+    assert '#include "gemm_epilogue_f32.h"' in (dump / "gemm0.c").read_text()
+    assert "tl.dot(" in (dump / "gemm0.triton.py").read_text()
+    assert "paged_prefill_attention_f32(" in (dump / "prefill_program.c").read_text()
     assert "decoder_layer (x3): 17 nodes, 10 kernels -> 8 kernels after 'jit'" in out
     assert "gemm_silu_mul" in out and "rope_kv_store" in out
     assert "fuse_pointwise/pointwise" in out  # --log
