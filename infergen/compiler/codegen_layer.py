@@ -20,10 +20,11 @@ weight; NULL for a missing bias), `formats[l * G + g]` its g-th GEMM's panel for
 residual stream, the pending MLP output). Two phases, two programs of one graph:
 - "decode": one token per sequence, attention by the paged decode kernel over the step's
   decode block tables (fp32 or FP8 E4M3 caches); `p` is unused (NULL);
-- "prefill": every sequence of the step a prefill (a prompt, or a chunk after cached
-  context; no decode rows), attention by the paged prefill kernel
-  (paged_prefill_attention_f32.c) over `p`, the step's prefill batch (fp32 caches).
-The runtime walks the graph for the other steps (mixed prefill + decode, sinks, ...).
+- "prefill": a step with prefills (a prompt, or a chunk after cached context; decode rows
+  beside them join as one-query sequences), attention by the paged prefill kernel
+  (paged_prefill_attention_f32.c) over `p`, all the step's rows as one varlen batch (fp32
+  caches).
+The runtime walks the graph for the other steps (sinks, input quantizers, ...).
 """
 
 from __future__ import annotations

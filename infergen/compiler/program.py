@@ -1,7 +1,7 @@
 """The generated layer programs at run time (codegen_layer.py): built once per engine through
 the JIT cache, called with the layers' weight pointers, formats and caches bound once, and
 the step's positions / slots / block tables per call — the decode program for decode steps,
-the prefill program for steps that are all prefills."""
+the prefill program for steps with prefills (and decode rows beside them)."""
 
 from __future__ import annotations
 
@@ -198,8 +198,8 @@ class LayerProgramRunner:
         tables = plan.decode_block_tables
         tokens = h.shape[0]
         prefill = None
-        if self.phase == "prefill":
-            prefills = plan.prefill_batch()
+        if self.phase == "prefill":  # (decode rows of a mixed step: one-query sequences)
+            prefills = plan.all_rows_batch()
             prefill = PrefillArgs(
                 prefills.query_start.data_ptr(),
                 prefills.query_lens.data_ptr(),
@@ -249,7 +249,6 @@ class LayerProgramRunner:
             return plan.decode_only
         return (
             not plan.decode_only
-            and plan.decode_block_tables is None
             and bool(plan.prefills)
             and not plan.sinks
             and plan.block_tables is not None

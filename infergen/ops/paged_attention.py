@@ -136,6 +136,7 @@ class AttentionPlan:
     block_tables: torch.Tensor | None = None  # [seqs, max_blocks] the step's (prefill_batch)
     block_size: int = 0  # tokens per cache block
     _prefill_batch: PrefillBatch | None = None
+    _all_rows_batch: PrefillBatch | None = None
     _decode_gather: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     @property
@@ -181,9 +182,47 @@ class AttentionPlan:
             )
         return self._prefill_batch
 
+    def all_rows_batch(self) -> PrefillBatch:
+        """Every row of the step as one varlen batch: the prefills, then each decode row as a
+        sequence of one query at its context (what a single prefill-kernel call over a mixed
+        step reads). Built on first use and kept for the step's other layers."""
+        if self._all_rows_batch is None:
+            batches = [self.prefill_batch()] if self.prefills else []
+            if self.decode_rows is not None:
+                rows = self.decode_rows.to(torch.int32)
+                lens = self.decode_seq_lens.to(torch.int32)
+                batches.append(
+                    PrefillBatch(
+                        query_start=rows,
+                        query_lens=torch.ones_like(rows),
+                        seq_lens=lens,
+                        block_tables=self.decode_block_tables.to(torch.int32),
+                        host_query_lens=[1] * rows.shape[0],
+                        host_seq_lens=lens.tolist(),
+                    )
+                )
+            self._all_rows_batch = _concatenated(batches)
+        return self._all_rows_batch
+
     def decode_queries(self, q: torch.Tensor) -> torch.Tensor:
         """[decodes, heads, d]: the query rows of the one-token sequences."""
         return q if self.decode_only else q.index_select(0, self.decode_rows)
+
+
+def _concatenated(batches: list[PrefillBatch]) -> PrefillBatch:
+    """One varlen batch of several (block tables padded to the widest)."""
+    if len(batches) == 1:
+        return batches[0]
+    width = max(b.block_tables.shape[1] for b in batches)
+    tables = [F.pad(b.block_tables, (0, width - b.block_tables.shape[1])) for b in batches]
+    return PrefillBatch(
+        query_start=torch.cat([b.query_start for b in batches]),
+        query_lens=torch.cat([b.query_lens for b in batches]),
+        seq_lens=torch.cat([b.seq_lens for b in batches]),
+        block_tables=torch.cat(tables).contiguous(),
+        host_query_lens=[n for b in batches for n in b.host_query_lens],
+        host_seq_lens=[n for b in batches for n in b.host_seq_lens],
+    )
 
 
 def plan(

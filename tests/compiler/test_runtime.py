@@ -134,3 +134,29 @@ def test_layers_the_compiler_does_not_capture_run_the_per_op_path(name, features
         reference.generate(PROMPTS, params), compiled.generate(PROMPTS, params), strict=True
     ):
         assert a.token_ids == b.token_ids
+
+
+def test_mixed_steps_run_the_prefill_program(tmp_path):
+    """A step with decode rows beside prefill chunks (a small token budget chunks the long
+    prompt while the short ones decode) runs the prefill program, its decode rows as
+    one-query sequences of the prefill kernel: greedy tokens equal the per-op path's."""
+    build_hf_model("llama_gqa", tmp_path / "model")
+    options = dict(kv_cache_memory="4MiB", max_num_batched_tokens=8)
+    reference = LLM(str(tmp_path / "model"), **options)
+    compiled = LLM(str(tmp_path / "model"), compile="jit", **options)
+    layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
+    steps = {"mixed": 0}
+    run = layers.prefill_program.run
+
+    def counting(h, batch):
+        steps["mixed"] += batch.attn_plan.decode_rows is not None
+        return run(h, batch)
+
+    layers.prefill_program.run = counting
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = [*PROMPTS, list(range(3, 40))]
+    for a, b in zip(
+        reference.generate(prompts, params), compiled.generate(prompts, params), strict=True
+    ):
+        assert a.token_ids == b.token_ids
+    assert steps["mixed"] > 0
