@@ -65,6 +65,8 @@ def _tail_of(group: Graph) -> tuple[Node, Node]:
     linear, tail = group.nodes
     if linear.op is not Op.LINEAR:
         raise CodegenError(f"{group.name}: starts with {linear.op.label}, not a GEMM")
+    if linear.attrs.get("act_fmt") is not None:
+        raise CodegenError(f"{group.name}: the GEMM quantizes its input (an integer kernel)")
     if tail.op is not Op.FUSED or tail.attrs["kernel"] != "pointwise":
         raise CodegenError(f"{group.name}: the GEMM's tail is not one pointwise kernel")
     product = linear.outputs[0]

@@ -10,6 +10,10 @@ Specific patterns first (each names the kernel it makes):
                   tail as one generated kernel over its whole output, after it
 - rope_kv_store:  ROPE (and the slice that takes K out of a joint q/k rotation) feeding a KV
                   store: keys are rotated and written in one pass
+Before them (its own pass, fuse_input_quantizers, first in the "jit" pipeline):
+- input_quantizer: QUANTIZE_ACT whose output only feeds a LINEAR's input → that LINEAR, its
+                  input quantizer an attribute: the backend quantizes the input itself (an
+                  integer kernel, W8A8 / W4A8) or first, as the per-op path does
 Then the generic rule: chains of pointwise ops, row reductions (over the last dimension) and
 the layout ops between them, all over the token rows, become one loop kernel.
 And dead-value elimination.
@@ -113,6 +117,25 @@ def _match_rope_kv_store(node: Node, graph: Graph):
     return [source, *group]
 
 
+def _match_input_quantizer(node: Node, graph: Graph):
+    if node.op is not Op.QUANTIZE_ACT:
+        return None
+    linear = _only_reader(graph, node.outputs[0])
+    if linear is None or linear.op is not Op.LINEAR or linear.inputs[0] is not node.outputs[0]:
+        return None
+    return node, linear
+
+
+def _rewrite_input_quantizer(graph: Graph, match) -> bool:
+    quantize, linear = match
+    attrs = dict(linear.attrs)
+    attrs.update(act_fmt=quantize.attrs["fmt"], act_granularity=quantize.attrs["granularity"],
+                 quantizer=quantize.attrs["quantizer"])  # fmt: skip
+    fused = Node(Op.LINEAR, (quantize.inputs[0], *linear.inputs[1:]), linear.outputs, attrs)
+    replace(graph, [quantize, linear], [fused])
+    return True
+
+
 # ---- generic pointwise / row-reduction fusion -------------------------------------------
 
 _COMPUTE = (OpKind.POINTWISE, OpKind.REDUCTION, OpKind.QUANTIZE)
@@ -203,6 +226,13 @@ EPILOGUE_RULES = (
     Rule("rope_kv_store", _match_rope_kv_store, _fuse_rewrite("rope_kv_store")),
 )
 PASSES.register("fuse_epilogues", Pass("fuse_epilogues", EPILOGUE_RULES))
+PASSES.register(
+    "fuse_input_quantizers",
+    Pass(
+        "fuse_input_quantizers",
+        (Rule("input_quantizer", _match_input_quantizer, _rewrite_input_quantizer),),
+    ),
+)
 PASSES.register(
     "fuse_pointwise",
     Pass("fuse_pointwise", (Rule("pointwise", _match_pointwise, _rewrite_pointwise),)),

@@ -156,6 +156,8 @@ def _add_rms_norm(args, attrs, sizes):
 @executor(Op.LINEAR)
 def _linear(args, attrs, sizes):
     x, weight, bias = args
+    if attrs.get("quantizer") is not None:  # an input quantizer fused into the GEMM
+        x = attrs["quantizer"](x)
     return (linear.reference(x, dense(weight).to(x.dtype), bias),)
 
 

@@ -80,16 +80,22 @@ class JitCache:
         """The same cache, whose `get` loads and never builds (NotBuilt for what is missing)."""
         return JitCache(self.root, build_missing=False)
 
-    def key(self, canonical: str, specialization: str, target: str | None = None) -> str:
+    def key(
+        self, canonical: str, specialization: str, target: str | None = None, kernel: str = ""
+    ) -> str:
         """The entry key: the C target (ISA flags, C compiler) unless `target` names another
-        (e.g. "triton-3.6.0": the Triton renderer's sources need no C compiler)."""
-        toolchain = [target_name(), _compiler()] if target is None else [target]
+        (e.g. "triton-3.6.0": the Triton renderer's sources need no C compiler). `kernel`: the
+        shipped kernel whose build flags the entry compiles with (kernels/build.py: e.g. the
+        integer and bf16 dot products of decode_layers_f32, which a layer program includes);
+        give `get` the same."""
+        flags = _compile_flags(kernel)
+        toolchain = [target_name(flags), _compiler()] if target is None else [target]
         parts = [canonical, specialization, *toolchain[:1], COMPILER_VERSION, *toolchain[1:]]
         return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
 
-    def get(self, key: str, function: str, render: Callable[[], str]) -> Built:
+    def get(self, key: str, function: str, render: Callable[[], str], kernel: str = "") -> Built:
         """The kernel `function` of entry `key`: loaded from memory, from disk, or built from
-        `render()` (called only when it has to be compiled)."""
+        `render()` (called only when it has to be compiled) with `kernel`'s flags (`key`)."""
         if key in self._loaded:  # built or loaded earlier: nothing compiled now
             return dataclasses.replace(self._loaded[key], seconds=0.0, cached=True)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -99,7 +105,7 @@ class JitCache:
         if built is None:
             with open(self.root / f"{key}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per key across processes
-                built = self._load(key, function) or self._build(key, function, render())
+                built = self._load(key, function) or self._build(key, function, render(), kernel)
         self._loaded[key] = built
         return built
 
@@ -120,10 +126,10 @@ class JitCache:
             return None
         return Built(fn, key, library, 0.0, True)
 
-    def _build(self, key: str, function: str, source: str) -> Built:
+    def _build(self, key: str, function: str, source: str, kernel: str = "") -> Built:
         library, source_path, meta = self._files(key)
         started = time.perf_counter()
-        flags = _compile_flags() + JIT_FLAGS
+        flags = _compile_flags(kernel) + JIT_FLAGS
         with tempfile.TemporaryDirectory(dir=self.root) as tmp:
             src, out = Path(tmp) / f"{key}.c", Path(tmp) / f"{key}.so"
             src.write_text(source)

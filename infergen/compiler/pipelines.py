@@ -2,8 +2,9 @@
 
 - "fuse":  the specific fusions (residual add + norm, norm + quantize, GEMM + SiLU-mul,
            RoPE + KV store), then dead values: coarse ops kept, for the hand-written kernels;
-- "jit":   the specific fusions, lowering to primitives (inside fused groups too), generic
-           pointwise / row-reduction fusion, dead values: what the code generators render.
+- "jit":   input quantizers into their GEMMs, the specific fusions, lowering to primitives
+           (inside fused groups too), generic pointwise / row-reduction fusion, dead values:
+           what the code generators render.
 """
 
 from __future__ import annotations
@@ -12,4 +13,6 @@ from infergen.compiler import fusion, lower  # noqa: F401  (register their passe
 from infergen.compiler.passes import PIPELINES
 
 PIPELINES.register("fuse", ("fuse_epilogues", "dead_values"))
-PIPELINES.register("jit", ("fuse_epilogues", "lower", "fuse_pointwise", "dead_values"))
+PIPELINES.register(
+    "jit", ("fuse_input_quantizers", "fuse_epilogues", "lower", "fuse_pointwise", "dead_values")
+)

@@ -69,7 +69,7 @@ def program_key(source: str, cache: JitCache) -> str:
         for name in ("decode_layers_f32.c", TEMPLATE, "paged_prefill_attention_f32.c")
     )
     kernels = hashlib.sha256(included).hexdigest()
-    return cache.key(source, f"layer-program kernels={kernels}")
+    return cache.key(source, f"layer-program kernels={kernels}", kernel=PROGRAM_FLAGS)
 
 
 def tuning_key(program: LayerProgram, cache: JitCache) -> str:
@@ -78,6 +78,8 @@ def tuning_key(program: LayerProgram, cache: JitCache) -> str:
 
 
 DEFAULT = ProgramVariant()
+# a program includes the fused decode driver's kernels: built with its flags (VNNI, BF16)
+PROGRAM_FLAGS = "decode_layers_f32"
 
 
 def recorded_variants(record: TuningRecord, key: str) -> dict[str, ProgramVariant]:
@@ -149,6 +151,7 @@ class LayerProgramRunner:
             key,
             f"layer_program_{key}",
             lambda: source.replace("void layer_program(", f"void layer_program_{key}("),
+            PROGRAM_FLAGS,
         )
         if variant not in self._calls:
             fn = built.fn
@@ -171,7 +174,9 @@ class LayerProgramRunner:
             for name in self.program.linears:
                 linear = env[name]
                 fmt = linear.backend.decode_format
-                if fmt is None or linear.weight.dim() != 3 or linear.act is not None:
+                if linear.act is not None:  # an integer kernel that quantizes x itself
+                    fmt = linear.backend.quantized_decode_formats.get(linear.act.act.key)
+                if fmt is None or linear.weight.dim() != 3:
                     raise ProgramUnavailable(f"layer {index} {name}: no packed-panel GEMM")
                 formats.append(fmt)
             kv = self.kv_cache.layer(index)

@@ -90,8 +90,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [tokens, in] → [tokens, out]
         if profiling.enabled():
             with self.region(x):
-                return self._product(x)
-        return self._product(x)
+                return self.product(x)
+        return self.product(x)
 
     def region(self, x: torch.Tensor) -> torch.profiler.record_function:
         """The profiler's region of a product on x [tokens, in] (infergen/profiling.py): keyed
@@ -108,7 +108,10 @@ class Linear(nn.Module):
         stored = profiling.nbytes(self.weight, self.bias)
         return cost(tokens, self.in_features, self.out_features, stored, element_bytes)
 
-    def _product(self, x: torch.Tensor) -> torch.Tensor:
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """The product on fp32 x [tokens, in], the input quantizer (if any) applied as the
+        backend does it — an integer kernel quantizing x itself, or x quantized first — with
+        no profiler region of its own (the compiler's walker opens the node's)."""
         apply = self.backend.apply
         if self.act is not None:  # a W·A product of the backend's, or x quantized first
             apply = self.backend.quantized_inputs.get(self.act.act.key)

@@ -98,6 +98,23 @@ def test_norm_quantize_with_activation_quantization(tmp_path):
     _assert_same_values(captured.graph, fused, _envs(model, captured, calls))
 
 
+def test_input_quantizers_join_their_gemms(tmp_path):
+    """The "jit" pipeline's first pass: each QUANTIZE_ACT feeding a GEMM becomes that GEMM's
+    attribute (the backend's integer kernel quantizes the input itself); the values stay the
+    reference's (the interpreter quantizes inside the LINEAR)."""
+    model, captured, calls = _engine_case("llama_gqa", tmp_path, activations="int8")
+    graph = PASSES.get("fuse_input_quantizers")(copy.deepcopy(captured.graph))
+    assert "quantize_act" not in graph.count()
+    linears = [n for n in graph.nodes if n.op is Op.LINEAR]
+    assert [n.attrs.get("act_fmt") for n in linears] == ["int8"] * 4
+    assert all(n.attrs["act_granularity"] == "token" for n in linears)
+    envs = _envs(model, captured, calls)
+    _assert_same_values(captured.graph, graph, envs)
+    jit = run_pipeline(copy.deepcopy(captured.graph), "jit")
+    assert "norm_quantize" not in _kernels(jit)  # the norms no longer end in a quantizer
+    _assert_same_values(captured.graph, jit, envs)
+
+
 def _v(name, shape, role="activation"):
     return Value(name, shape, F32, role)
 

@@ -85,20 +85,26 @@ def test_unknown_mode_is_refused(tmp_path):
         LLM(str(tmp_path / "model"), compile="fast")
 
 
-def test_activation_quantized_layers_run_through_the_walker(tmp_path):
-    """W8A8: the layer program has no code for input quantizers, so the graph walker runs
-    every step (and says why); the result equals the per-op path's."""
+def test_activation_quantized_layers_run_integer_kernels(tmp_path):
+    """W8A8: the input quantizers join their GEMMs (fuse_input_quantizers), so the layer
+    programs run (the integer kernel, weight format 11, quantizes each token itself) and the
+    walker calls the Linear's integer product; logits equal the per-op path's."""
     build_hf_model("llama_gqa", tmp_path / "model")
     options = dict(kv_cache_memory="4MiB", weights="int8", activations="int8")
     reference = LLM(str(tmp_path / "model"), **options)
     compiled = LLM(str(tmp_path / "model"), compile="jit", **options)
     layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
-    assert layers.program is None
-    assert any("quantize_act" in why for why in layers.report.groups_op_by_op)
+    assert layers.report.groups_op_by_op == []
+    for program in (layers.program, layers.prefill_program):
+        assert set(program.formats) == {11}  # gemm_w8a8_i8 for every projection
     tokens = list(range(5, 40))
-    expected = reference.engine.prompt_logits(tokens, chunk=4)
-    got = compiled.engine.prompt_logits(tokens, chunk=4)
-    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+    prefill_program = layers.prefill_program
+    for walked in (False, True):
+        layers.prefill_program = None if walked else prefill_program
+        for chunk in (4, 1):
+            expected = reference.engine.prompt_logits(tokens, chunk=chunk)
+            got = compiled.engine.prompt_logits(tokens, chunk=chunk)
+            assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (walked, chunk)
 
 
 @pytest.mark.parametrize("mode", ["eager", "jit"])
