@@ -15,8 +15,6 @@ roofline time / step time (issue 27's target: >= 90 %).
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import pathlib
 import sys
 
@@ -28,7 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_compiler import make_batch, step_fn  # noqa: E402
 from bench_generate import git_state, machine_info  # noqa: E402
-from results_file import write_lines  # noqa: E402
+from results_file import base_line, bench_arguments, write_lines  # noqa: E402
 
 from infergen import LLM  # noqa: E402
 from infergen.models.fused_decode import StackCost  # noqa: E402
@@ -49,15 +47,8 @@ def step_bytes(llm: LLM, batch) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = bench_arguments(__doc__, 20, ROOT / "benchmarks/results/decode_roofline.jsonl")
     parser.add_argument("--context", type=int, default=128)
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/decode_roofline.jsonl"
-    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engines = {
@@ -72,14 +63,13 @@ def main() -> None:
     best = best_seconds_each(fns, args.repeats)
     bandwidth = buffer.numel() * 4 / best["read"]
     roofline = nbytes / bandwidth
-    base = {
-        "bench": "decode_roofline",
-        "model": "SmolLM2-135M-Instruct (fp32)",
-        "context": args.context,
-        "git": git_state(),
-        "machine": machine_info(args.threads),
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    base = base_line(
+        "decode_roofline",
+        "SmolLM2-135M-Instruct (fp32)",
+        machine_info(args.threads),
+        git_state(),
+        context=args.context,
+    )
     lines = []
     print(
         f"read bandwidth {bandwidth / 1e9:.1f} GB/s; a step reads {nbytes / 1e6:.1f} MB: "

@@ -15,8 +15,6 @@ turns (best of --repeats):
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import pathlib
 import sys
 import tempfile
@@ -29,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_generate import git_state, machine_info  # noqa: E402
-from results_file import write_lines  # noqa: E402
+from results_file import base_line, bench_arguments, write_lines  # noqa: E402
 
 from infergen import LLM  # noqa: E402
 from infergen.compiler.codegen_gemm import plan_epilogue  # noqa: E402
@@ -42,14 +40,7 @@ TOKENS = (1, 16, 512)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/epilogue.jsonl"
-    )
+    parser = bench_arguments(__doc__, 30, ROOT / "benchmarks/results/epilogue.jsonl")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     llm = LLM(kv_cache_memory="64MiB")
@@ -71,15 +62,13 @@ def main() -> None:
         y = F.linear(x, dense, bias)
         return F.silu(y[:, :half]) * y[:, half:]
 
-    base = {
-        "bench": "epilogue",
-        "model": "SmolLM2-135M-Instruct (fp32)",
-        "shape": f"gate_up {linear.in_features}->{n} + SwiGLU",
-        "git": git_state(),
-        "machine": machine_info(args.threads),
-        "peer_versions": {"torch": torch.__version__},
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    base = base_line(
+        "epilogue",
+        "SmolLM2-135M-Instruct (fp32)",
+        machine_info(args.threads),
+        git_state(),
+        shape=f"gate_up {linear.in_features}->{n} + SwiGLU",
+    )
     lines = []
     for tokens in TOKENS:
         x = torch.randn(tokens, linear.in_features)

@@ -11,8 +11,6 @@ an older commit (`--head-benchmarks`: this script on both sides) for issue 27's 
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import pathlib
 import sys
 
@@ -24,21 +22,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_compiler import CONTEXT_TOKENS, SHAPES, make_batch, step_fn  # noqa: E402
 from bench_generate import git_state, machine_info  # noqa: E402
-from results_file import write_lines  # noqa: E402
+from results_file import base_line, bench_arguments, write_lines  # noqa: E402
 
 from infergen import LLM  # noqa: E402
 from infergen.timing import best_seconds_each  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/jit_steps.jsonl"
-    )
+    parser = bench_arguments(__doc__, 10, ROOT / "benchmarks/results/jit_steps.jsonl")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     memory = f"{CONTEXT_TOKENS * 46080 * 2 // 2**20 + 16}MiB"
@@ -46,14 +37,9 @@ def main() -> None:
         "jit": LLM(kv_cache_memory=memory, compile="jit"),
         "off": LLM(kv_cache_memory=memory),
     }
-    base = {
-        "bench": "jit_steps",
-        "model": "SmolLM2-135M-Instruct (fp32)",
-        "git": git_state(),
-        "machine": machine_info(args.threads),
-        "peer_versions": {"torch": torch.__version__},
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    base = base_line(
+        "jit_steps", "SmolLM2-135M-Instruct (fp32)", machine_info(args.threads), git_state()
+    )
     lines = []
     shapes = {**SHAPES, "prefill_t16": (1, 0, 16), "chunk_t16_ctx256": (1, 256, 16)}
     for shape, (sequences, context, new) in shapes.items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
 import pathlib
 
@@ -11,3 +13,28 @@ def write_lines(path: pathlib.Path, lines: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     print(f"wrote {len(lines)} lines to {path}")
+
+
+def base_line(bench: str, model: str, machine: dict, git: dict, **extra) -> dict:
+    """The fields every JSON line of a run starts with: the bench, the model, the machine
+    (bench_generate.machine_info), the commit (git_state), torch's version, the time."""
+    return {
+        "bench": bench,
+        "model": model,
+        **extra,
+        "git": git,
+        "machine": machine,
+        "peer_versions": {"torch": machine.get("torch")},
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def bench_arguments(doc: str, repeats: int, out: pathlib.Path) -> argparse.ArgumentParser:
+    """A benchmark's parser with the usual --repeats, --threads (default 2) and --out."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=pathlib.Path, default=out)
+    return parser

@@ -80,6 +80,12 @@ class CompileReport:
     def total_seconds(self) -> float:
         return self.capture_seconds + self.passes_seconds + self.compile_seconds
 
+    def count(self, built) -> None:
+        """A kernel built now or found in the cache (jit_cache.Built)."""
+        self.compile_seconds += built.seconds
+        self.kernels_cached += built.cached
+        self.kernels_built += not built.cached
+
 
 class CompiledLayers:
     def __init__(self, model, kv_cache, mode: str, jit_cache: JitCache | None = None):
@@ -140,9 +146,7 @@ class CompiledLayers:
             self.report.groups_op_by_op.append(f"{label}: {why}")
             return None
         for built in program.builds:
-            self.report.compile_seconds += built.seconds
-            self.report.kernels_built += not built.cached
-            self.report.kernels_cached += built.cached
+            self.report.count(built)
         self.report.tuned_buckets += len(program.by_bucket)
         return program
 
@@ -163,13 +167,12 @@ class CompiledLayers:
             self._compile_epilogues(graph, jit_cache)
         for node in pointwise_groups(graph):
             sub = node.attrs["graph"]
-            try:
-                kernel = build(sub, jit_cache, "default", device)
-            except CodegenError as error:
-                self.report.groups_op_by_op.append(f"{sub.name}: {error}")
-                continue
-            except NotBuilt:
-                self.report.groups_op_by_op.append(f"{sub.name}: {NOT_IN_BUDGET}")
+            kernel = _built_or_why(
+                lambda sub=sub: build(sub, jit_cache, "default", device),
+                sub,
+                self.report.groups_op_by_op,
+            )
+            if kernel is None:
                 continue
             variants = {"default": kernel}
             winners = {}
@@ -184,9 +187,7 @@ class CompiledLayers:
                     continue  # (a winner evicted since: the default runs that bucket)
             self.kernels[id(node)] = variants
             for built in {id(k): k.built for k in variants.values()}.values():
-                self.report.compile_seconds += built.seconds
-                self.report.kernels_cached += built.cached
-                self.report.kernels_built += not built.cached
+                self.report.count(built)
             self.report.tuned_buckets += len(winners)
 
     def _compile_epilogues(self, graph: Graph, jit_cache: JitCache) -> None:
@@ -194,19 +195,15 @@ class CompiledLayers:
         the budget left out, run their GEMM and then their tail."""
         for node in filter(is_gemm_group, graph.nodes):
             sub = node.attrs["graph"]
-            try:
-                epilogue = plan_epilogue(sub)
-                kernel = compile_gemm_epilogue(epilogue, jit_cache)
-            except CodegenError as error:
-                self.report.epilogues_unfused.append(f"{sub.name}: {error}")
-                continue
-            except NotBuilt:
-                self.report.epilogues_unfused.append(f"{sub.name}: {NOT_IN_BUDGET}")
+            kernel = _built_or_why(
+                lambda sub=sub: compile_gemm_epilogue(plan_epilogue(sub), jit_cache),
+                sub,
+                self.report.epilogues_unfused,
+            )
+            if kernel is None:
                 continue
             self.gemm_epilogues[id(node)] = kernel
-            self.report.compile_seconds += kernel.built.seconds
-            self.report.kernels_cached += kernel.built.cached
-            self.report.kernels_built += not kernel.built.cached
+            self.report.count(kernel.built)
 
     # ---- per step ------------------------------------------------------------------------
     def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,6 +273,18 @@ class CompiledLayers:
         if engine_op is not None:
             return engine_op(self.ops, args, node.attrs)
         return EXECUTORS[node.op](args, node.attrs, sizes)
+
+
+def _built_or_why(build: Callable[[], Any], sub: Graph, why: list[str]) -> Any | None:
+    """`build()`'s kernel, or None with the reason appended to `why` (no code for the group,
+    or left out by the startup budget)."""
+    try:
+        return build()
+    except CodegenError as error:
+        why.append(f"{sub.name}: {error}")
+    except NotBuilt:
+        why.append(f"{sub.name}: {NOT_IN_BUDGET}")
+    return None
 
 
 def _run_gemm_epilogue(kernel: GemmEpilogueKernel, node: Node, args: list) -> tuple | None:
