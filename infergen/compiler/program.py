@@ -14,7 +14,7 @@ from infergen import profiling
 from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import TEMPLATE
-from infergen.compiler.codegen_layer import LayerProgram, render_layer_program
+from infergen.compiler.codegen_layer import FUNCTIONS, LayerProgram, render_layer_programs
 from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
 from infergen.compiler.program_variants import ProgramVariant
@@ -47,18 +47,19 @@ class PrefillArgs(ctypes.Structure):  # codegen_layer.PREFILL_ARGS, field for fi
 
 
 def model_program(model, graph: Graph, phase: str = "decode") -> LayerProgram:
-    """The `phase` layer program of `model`'s "jit" layer graph (CodegenError when not
-    renderable)."""
+    """The `phase` layer program of `model`'s "jit" layer graph, its source the one C source
+    of every phase (codegen_layer.render_layer_programs); CodegenError when not renderable."""
     config = model.config
-    return render_layer_program(
+    programs, refused = render_layer_programs(
         graph,
-        "layer_program",
         config.num_attention_heads,
         config.num_key_value_heads,
         config.head_dim,
         model.layers[0].attn.scale,
-        phase,
     )
+    if phase not in programs:
+        raise CodegenError(refused[phase])
+    return programs[phase]
 
 
 def program_key(source: str, cache: JitCache) -> str:
@@ -147,17 +148,22 @@ class LayerProgramRunner:
         """Compile (or load) `variant`; its call is kept for `run`."""
         source = variant.prelude + self.program.source
         key = program_key(source, self.cache)
-        built = self.cache.get(
-            key,
-            f"layer_program_{key}",
-            lambda: source.replace("void layer_program(", f"void layer_program_{key}("),
-            PROGRAM_FLAGS,
-        )
+
+        def keyed() -> str:  # each phase's function named after the entry
+            text = source
+            for function in FUNCTIONS.values():
+                text = text.replace(f"void {function}(", f"void {function}_{key}(")
+            return text
+
+        # one entry for every phase's function (named after the decode one's)
+        built = self.cache.get(key, f"{FUNCTIONS['decode']}_{key}", keyed, PROGRAM_FLAGS)
         if variant not in self._calls:
             fn = built.fn
+            if self.program.function != FUNCTIONS["decode"]:
+                fn = getattr(ctypes.CDLL(str(built.path)), f"{self.program.function}_{key}")
             fn.restype = None
             fn.argtypes = _ARGTYPES
-            self._calls[variant] = profiling.native(fn, "layer_program", profiling.JIT)
+            self._calls[variant] = profiling.native(fn, self.program.function, profiling.JIT)
             self.builds.append(built)
         return built
 
