@@ -27,6 +27,8 @@ import copy
 from dataclasses import dataclass
 from math import gcd
 
+import torch
+
 from infergen.compiler.codegen_c import CodegenError, render_group, tile_row
 from infergen.compiler.ir import Graph, Node, Op, Value
 
@@ -44,10 +46,24 @@ class Epilogue:
     tile_tail: Graph  # the tail for one tile row: `parts` x NR columns in, NR out
     parts: int
     out_columns: int  # the output's row size (N / parts)
+    x_input: int  # the group's inputs: the GEMM's x, its weight (the layer's Linear)
+    weight_input: int
 
     @property
     def output(self) -> Value:
         return self.tail.outputs[0]
+
+    def serves(self, linear) -> bool:
+        """Whether a layer's Linear runs fused: fp32 panels of this GEMM's shape
+        (ops/linear.py pack_panels) and no input quantizer; any other runs unfused."""
+        n, k = self.linear.inputs[1].shape
+        panels = linear.weight
+        return (
+            linear.act is None
+            and panels.dtype == torch.float32
+            and panels.dim() == 3
+            and tuple(panels.shape) == (n // NR, k, NR)
+        )
 
     def canonical(self) -> str:
         """What the generated kernel depends on (its JIT cache key)."""
@@ -121,7 +137,9 @@ def plan_epilogue(group: Graph) -> Epilogue:
     out_columns = tail.outputs[0].shape[1]
     if out_columns != unit:
         raise CodegenError(f"{group.name}: the tail writes {out_columns} columns, not {unit}")
-    return Epilogue(linear, tail, _scaled(tail, unit), parts, out_columns)
+    position = {id(v): i for i, v in enumerate(group.inputs)}
+    x, weight = (position[id(v)] for v in linear.inputs[:2])
+    return Epilogue(linear, tail, _scaled(tail, unit), parts, out_columns, x, weight)
 
 
 def render_gemm_epilogue(epilogue: Epilogue, name: str) -> str:

@@ -11,7 +11,7 @@ import torch
 
 from infergen import profiling
 from infergen.compiler.codegen_c import render_group
-from infergen.compiler.codegen_gemm import NR, TEMPLATE, Epilogue, render_gemm_epilogue
+from infergen.compiler.codegen_gemm import TEMPLATE, Epilogue, render_gemm_epilogue
 from infergen.compiler.ir import TOKENS, Graph
 from infergen.compiler.jit_cache import Built, JitCache
 from infergen.compiler.regions import group_title
@@ -96,14 +96,6 @@ class GemmEpilogueKernel:
         self.n, self.k = n, k
         title = f"gemm_epilogue({k}->{n}, {group_title(epilogue.tail)})"
         self.call = profiling.native(self.fn, title, profiling.JIT)
-
-    def accepts(self, panels: torch.Tensor) -> bool:
-        """True for fp32 panels of this GEMM's shape (another format runs unfused)."""
-        return (
-            panels.dtype == torch.float32
-            and panels.dim() == 3
-            and tuple(panels.shape) == (self.n // NR, self.k, NR)
-        )
 
     def __call__(
         self, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None

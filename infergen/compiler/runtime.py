@@ -115,6 +115,8 @@ class CompiledLayers:
         # the engine's startup budget chose what to build (compiler/startup.py): load only
         if getattr(model, "jit_cached_only", False):
             jit_cache = jit_cache.loading_only()
+        # weights bound once per layer; the step's inputs are bound per call
+        self.static = [self._static_env(i) for i in range(len(model.layers))]
         if mode == "jit":
             self._compile(graph, jit_cache)
         layer0 = model.layers[0]
@@ -122,9 +124,7 @@ class CompiledLayers:
         self.ops = _EngineOps(
             attn.decode, attn.rope, layer0.mlp.act, layer0.attn_norm.fn, attn.prefill
         )
-        # weights bound once per layer; the step's inputs are bound per call
-        self.static = [self._static_env(i) for i in range(len(model.layers))]
-        # decode steps, and steps of prefills only: the whole stack of layers as one generated
+        # decode steps, and steps with prefills: the whole stack of layers as one generated
         # C function per phase (program.py)
         self.program = self.prefill_program = None
         self.stack_cost = StackCost(model, kv_cache)  # (a profiled program call's work)
@@ -195,11 +195,15 @@ class CompiledLayers:
         the budget left out, run their GEMM and then their tail."""
         for node in filter(is_gemm_group, graph.nodes):
             sub = node.attrs["graph"]
-            kernel = _built_or_why(
-                lambda sub=sub: compile_gemm_epilogue(plan_epilogue(sub), jit_cache),
-                sub,
-                self.report.epilogues_unfused,
-            )
+
+            def build(sub=sub):
+                epilogue = plan_epilogue(sub)
+                weight = epilogue.linear.inputs[1].name
+                if not any(epilogue.serves(env[weight]) for env in self.static):
+                    raise CodegenError("no layer's weight is fp32 panels")  # (not compiled)
+                return compile_gemm_epilogue(epilogue, jit_cache)
+
+            kernel = _built_or_why(build, sub, self.report.epilogues_unfused)
             if kernel is None:
                 continue
             self.gemm_epilogues[id(node)] = kernel
@@ -260,7 +264,7 @@ class CompiledLayers:
         if node.op is Op.FUSED:
             fused_gemm = self.gemm_epilogues.get(id(node))
             if fused_gemm is not None:
-                out = _run_gemm_epilogue(fused_gemm, node, args)
+                out = _run_gemm_epilogue(fused_gemm, args)
                 if out is not None:
                     return out
             variants = self.kernels.get(id(node))
@@ -287,16 +291,14 @@ def _built_or_why(build: Callable[[], Any], sub: Graph, why: list[str]) -> Any |
     return None
 
 
-def _run_gemm_epilogue(kernel: GemmEpilogueKernel, node: Node, args: list) -> tuple | None:
+def _run_gemm_epilogue(kernel: GemmEpilogueKernel, args: list) -> tuple | None:
     """The fused GEMM on the group's inputs, or None where the layer's weight is not fp32
-    panels (another format, an input quantizer): then the group runs op by op."""
-    sub = node.attrs["graph"]
-    x_value, weight_value, _ = kernel.epilogue.linear.inputs
-    position = {id(v): i for i, v in enumerate(sub.inputs)}
-    linear = args[position[id(weight_value)]]
-    if linear.act is not None or not kernel.accepts(linear.weight):
+    panels (Epilogue.serves): then the group's GEMM and tail run one after the other."""
+    epilogue = kernel.epilogue
+    linear = args[epilogue.weight_input]
+    if not epilogue.serves(linear):
         return None
-    return (kernel(args[position[id(x_value)]], linear.weight, linear.bias),)
+    return (kernel(args[epilogue.x_input], linear.weight, linear.bias),)
 
 
 def pointwise_groups(graph: Graph) -> list[Node]:
