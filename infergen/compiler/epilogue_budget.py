@@ -34,10 +34,13 @@ COMPILE_SECONDS_PRIOR = 1.0  # a fused GEMM (it includes the GEMM kernel's sourc
 
 
 def epilogue_items(
-    graph: Graph, traffic: dict[str, float], layers: int, deadline: float, cache: JitCache
-) -> list[Item]:
+    graph: Graph, traffic: dict[str, float], layers: int, deadline: float, cache: JitCache,
+    statics: list[dict],
+) -> list[Item]:  # fmt: skip
     """Build the GEMM-with-tail groups of the "jit" layer graph as fused GEMMs until
-    `deadline` (time.perf_counter()); what the cache holds costs nothing."""
+    `deadline` (time.perf_counter()); what the cache holds costs nothing. `statics`: each
+    layer's bound weights (runtime.CompiledLayers.static) — a group none of whose layers
+    has fp32 panels is not built (the engine would not run it)."""
     cached = {record["key"] for record in cache.entries()}
     items = []
     for node in filter(is_gemm_group, graph.nodes):
@@ -47,6 +50,10 @@ def epilogue_items(
             epilogue = plan_epilogue(sub)
         except CodegenError as error:
             items.append(Item(name, "compile", None, 0.0, status=f"not renderable ({error})"))
+            continue
+        weight = epilogue.linear.inputs[1].name
+        if not any(epilogue.serves(env[weight]) for env in statics):
+            items.append(Item(name, "compile", None, 0.0, status="no layer has fp32 panels"))
             continue
         gain = (
             1e3

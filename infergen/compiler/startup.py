@@ -58,18 +58,20 @@ def plan_startup(
         for i, node in enumerate(pointwise_groups(graph))
     ]
     layers = model.config.num_hidden_layers
+    eager = CompiledLayers(model, kv_cache, "eager")  # the walk, and the weight bindings
     plan = compile_groups(groups, traffic, layers, deadline, cache)
-    plan.items += epilogue_items(graph, traffic, layers, deadline, cache)
-    plan.items += program_items(model, kv_cache, graph, traffic, deadline, cache)
+    plan.items += epilogue_items(graph, traffic, layers, deadline, cache, eager.static)
+    plan.items += program_items(model, kv_cache, graph, traffic, deadline, cache, eager)
     tune_groups(plan, traffic, layers, deadline, cache)
     return plan.items
 
 
 def program_items(
-    model, kv_cache, graph: Graph, traffic: dict[str, float], deadline: float, cache: JitCache
-) -> list[Item]:
+    model, kv_cache, graph: Graph, traffic: dict[str, float], deadline: float, cache: JitCache,
+    eager: CompiledLayers,
+) -> list[Item]:  # fmt: skip
     """The layer program's compile and tuning items for the "jit" layer graph `graph` (see
-    the module docstring)."""
+    the module docstring); `eager` walks the layers op by op."""
     try:
         program = model_program(model, graph)
     except CodegenError as error:  # (the walker runs decode steps)
@@ -78,7 +80,6 @@ def program_items(
     cached = any(record["key"] == key for record in cache.entries())
     build = Item(PROGRAM, "compile", None, 0.0 if cached else PROGRAM_SECONDS_PRIOR)
     items = [build]
-    eager = CompiledLayers(model, kv_cache, "eager")  # the walk, and the weight bindings
     probes = {b: decode_probe(model, kv_cache, BUCKET_TOKENS[b]) for b in traffic}
     walks = {b: _walk_seconds(eager, *probes[b]) for b in traffic}
     build.gain_ms = 1e3 * sum(traffic[b] * (walk - floor) for b, (walk, floor) in walks.items())

@@ -21,6 +21,7 @@ from infergen.compiler.ir import TOKENS, Graph, Node, Op, Value
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.kernel import compile_gemm_epilogue, compile_group
 from infergen.compiler.passes import PASSES
+from infergen.compiler.startup import plan_startup
 from infergen.kernels.build import _cpu_flags
 from infergen.ops.linear import LINEAR_BACKENDS, pack_panels
 from tests.hf_models import build_hf_model
@@ -194,3 +195,20 @@ def test_triton_fused_gemm_equals_torch(tail, n, k, tmp_path):
             assert got.shape == expected.shape
             assert (got - expected).abs().max() <= 1e-5 * expected.abs().max(), tokens
     assert TritonGemmEpilogueKernel(kernel.epilogue, JitCache(tmp_path)).built.cached
+
+
+def test_startup_plan_skips_a_fused_gemm_no_layer_can_run(tmp_path):
+    """int8 panels everywhere: the plan does not compile the walker's fused GEMM, and says
+    why; with fp32 panels it is built (a budget that fits the groups and it, not the layer
+    program)."""
+    build_hf_model("llama_gqa", tmp_path / "model", intermediate_size=6 * NR)
+    for weights, budget, status in (
+        (None, 4.0, "built"),
+        ("int8", 0.0, "no layer has fp32 panels"),
+    ):
+        llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", weights=weights)
+        model, kv_cache = llm.engine.runner.model, llm.engine.kv_cache
+        cache = JitCache(tmp_path / f"jit-{weights}")
+        items = plan_startup(model, kv_cache, {"1": 1.0}, budget, cache)
+        (item,) = [i for i in items if i.group.startswith("GEMM epilogue")]
+        assert item.status == status
