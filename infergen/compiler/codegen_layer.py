@@ -1,10 +1,13 @@
 """The layer-program renderer: a whole decode step's decoder layers as one generated C function,
 so no Python runs between kernels (the generated counterpart of the hand-written fused decode
-driver, kernels/decode_layers_f32.c, whose GEMM and attention kernels it calls).
+driver, kernels/decode_layers_f32.c, whose GEMM and attention kernels it calls). The kernels
+are not part of the program's source: it calls them in kernels/layer_kernels.c (declared by
+layer_kernels.h), a shared library the program links against, compiled once per variant's
+macros, so compiling a program compiles only its generated code.
 
 Input: the layer graph after the "jit" pipeline. Fused groups that hold a GEMM or a KV store
 are flattened back into their nodes; what is left is pointwise groups (rendered by
-codegen_c.py, called as functions), GEMMs (`gemm_any` on the layer's prepared weights in their
+codegen_c.py, called as functions), GEMMs (`lk_gemm_any` on the layer's prepared weights in their
 storage format), the KV store (rows copied to their slots), decode attention (the paged decode
 kernel), and slices / views (pointer arithmetic). Activations live in one scratch arena, at
 the offsets of the buffer plan (buffers.py: values whose live ranges do not overlap share
@@ -244,7 +247,7 @@ class _Renderer:
         g = len(self.linears)
         self.linears.append(weight.name)
         return (
-            f"gemm_any(F[{g}], {self.weight(weight)}, {src.at()}, {self.weight(bias)}, "
+            f"lk_gemm_any(F[{g}], {self.weight(weight)}, {src.at()}, {self.weight(bias)}, "
             f"{dst}, T, {n_out}, {n_in}, threads);"
         )
 
@@ -321,7 +324,7 @@ class _Renderer:
         stores = (("kc", rows[0], k_scale, k_shift), ("vc", rows[1], v_scale, "0"))
         for cache, row, scale, shift in stores:
             self.emit(
-                f"    store_e4m3({row}, (uint8_t *){cache} + s->slots[t] * {n}, "
+                f"    lk_store_e4m3({row}, (uint8_t *){cache} + s->slots[t] * {n}, "
                 f"{scale}, {shift}, {self.kv_heads}, {self.dim});"
             )
 
@@ -341,7 +344,7 @@ class _Renderer:
         if node.attrs["kv_format"] != "f32":
             scales = ", ".join(self.weight(x) for x in node.inputs[7:9])
         self.emit(
-            f"decode_attention({q.at()}, kc, vc, {scales}, s->block_tables, "
+            f"lk_decode_attention({q.at()}, kc, vc, {scales}, s->block_tables, "
             f"s->max_blocks, s->seq_lens, {out.ptr}, T, {self.heads}, "
             f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, "
             "threads);"
@@ -379,9 +382,7 @@ class _Renderer:
                 f"{ref.at()} + t * {ref.row_stride}, sizeof(float) * {n});"
             )
         nw, ng = len(self.weight_inputs), len(self.linears)
-        includes = ["#include <string.h>", '#include "decode_layers_f32.c"']
-        if self.phase == "prefill":
-            includes.append('#include "paged_prefill_attention_f32.c"')
+        includes = ["#include <string.h>", '#include "layer_kernels.h"']
         definitions = "\n".join(
             [
                 *self.groups,

@@ -86,16 +86,25 @@ class JitCache:
         """The entry key: the C target (ISA flags, C compiler) unless `target` names another
         (e.g. "triton-3.6.0": the Triton renderer's sources need no C compiler). `kernel`: the
         shipped kernel whose build flags the entry compiles with (kernels/build.py: e.g. the
-        integer and bf16 dot products of decode_layers_f32, which a layer program includes);
+        integer and bf16 dot products of layer_kernels, which a layer program links against);
         give `get` the same."""
         flags = _compile_flags(kernel)
         toolchain = [target_name(flags), _compiler()] if target is None else [target]
         parts = [canonical, specialization, *toolchain[:1], COMPILER_VERSION, *toolchain[1:]]
         return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
 
-    def get(self, key: str, function: str, render: Callable[[], str], kernel: str = "") -> Built:
+    def get(
+        self,
+        key: str,
+        function: str,
+        render: Callable[[], str],
+        kernel: str = "",
+        link: Callable[[], list[Path]] | None = None,
+    ) -> Built:
         """The kernel `function` of entry `key`: loaded from memory, from disk, or built from
-        `render()` (called only when it has to be compiled) with `kernel`'s flags (`key`)."""
+        `render()` (called only when it has to be compiled) with `kernel`'s flags (`key`),
+        linked against the shared libraries `link()` returns (built by then; the entry loads
+        them by their paths, and is rebuilt if one is gone)."""
         if key in self._loaded:  # built or loaded earlier: nothing compiled now
             return dataclasses.replace(self._loaded[key], seconds=0.0, cached=True)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -105,7 +114,9 @@ class JitCache:
         if built is None:
             with open(self.root / f"{key}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per key across processes
-                built = self._load(key, function) or self._build(key, function, render(), kernel)
+                built = self._load(key, function) or self._build(
+                    key, function, render(), kernel, link() if link else []
+                )
         self._loaded[key] = built
         return built
 
@@ -126,7 +137,9 @@ class JitCache:
             return None
         return Built(fn, key, library, 0.0, True)
 
-    def _build(self, key: str, function: str, source: str, kernel: str = "") -> Built:
+    def _build(
+        self, key: str, function: str, source: str, kernel: str = "", link: list[Path] = ()
+    ) -> Built:
         library, source_path, meta = self._files(key)
         started = time.perf_counter()
         flags = _compile_flags(kernel) + JIT_FLAGS
@@ -134,6 +147,7 @@ class JitCache:
             src, out = Path(tmp) / f"{key}.c", Path(tmp) / f"{key}.so"
             src.write_text(source)
             cmd = [_compiler(), *flags, f"-I{KERNELS_DIR}", "-o", str(out), str(src)]
+            cmd += [str(Path(library).resolve()) for library in link]
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode != 0:
                 raise KernelUnavailable(f"compiling generated {function} failed:\n"

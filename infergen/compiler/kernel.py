@@ -15,7 +15,7 @@ from infergen.compiler.codegen_gemm import TEMPLATE, Epilogue, render_gemm_epilo
 from infergen.compiler.ir import TOKENS, Graph
 from infergen.compiler.jit_cache import Built, JitCache
 from infergen.compiler.regions import group_title
-from infergen.kernels.build import _source_bytes
+from infergen.kernels.build import _source_bytes, library
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
 
@@ -119,14 +119,25 @@ class GemmEpilogueKernel:
 
 
 def gemm_epilogue_key(epilogue: Epilogue, cache: JitCache) -> str:
-    """The JIT cache key of `epilogue`'s fused GEMM (its tail and the template's sources)."""
-    template = hashlib.sha256(_source_bytes(TEMPLATE)).hexdigest()
+    """The JIT cache key of `epilogue`'s fused GEMM (its tail, the template's sources and the
+    micro-kernels' library it links against)."""
+    sources = _source_bytes(TEMPLATE) + _source_bytes(f"{MICRO_KERNELS}.c")
+    template = hashlib.sha256(sources).hexdigest()
     return cache.key(epilogue.canonical(), f"gemm-epilogue template={template}")
+
+
+# the shipped kernel whose micro-kernels a fused GEMM calls (a library it links against)
+MICRO_KERNELS = "gemm_packed_f32"
 
 
 def compile_gemm_epilogue(epilogue: Epilogue, cache: JitCache) -> GemmEpilogueKernel:
     """Build (or find in the cache) the fused GEMM of `epilogue`."""
     key = gemm_epilogue_key(epilogue, cache)
     function = f"gemm_epilogue_{key}"
-    built = cache.get(key, function, lambda: render_gemm_epilogue(epilogue, function))
+    built = cache.get(
+        key,
+        function,
+        lambda: render_gemm_epilogue(epilogue, function),
+        link=lambda: [library(MICRO_KERNELS)],
+    )
     return GemmEpilogueKernel(epilogue, built)

@@ -19,7 +19,7 @@ from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
 from infergen.compiler.program_variants import ProgramVariant
 from infergen.compiler.tune import TuningRecord
-from infergen.kernels.build import _source_bytes
+from infergen.kernels.build import _source_bytes, library
 from infergen.layers.linear import Linear
 from infergen.models.fused_decode import StepArgs
 from infergen.ops.paged_prefill_native import VECTOR_FLOATS
@@ -64,11 +64,8 @@ def model_program(model, graph: Graph, phase: str = "decode") -> LayerProgram:
 
 def program_key(source: str, cache: JitCache) -> str:
     """The JIT cache key of a layer program's source (a variant's: its prelude first) and the
-    kernels it includes."""
-    included = b"".join(
-        _source_bytes(name)
-        for name in ("decode_layers_f32.c", TEMPLATE, "paged_prefill_attention_f32.c")
-    )
+    kernel library it links against."""
+    included = b"".join(_source_bytes(name) for name in (f"{LIBRARY}.c", TEMPLATE))
     kernels = hashlib.sha256(included).hexdigest()
     return cache.key(source, f"layer-program kernels={kernels}", kernel=PROGRAM_FLAGS)
 
@@ -79,8 +76,10 @@ def tuning_key(program: LayerProgram, cache: JitCache) -> str:
 
 
 DEFAULT = ProgramVariant()
-# a program includes the fused decode driver's kernels: built with its flags (VNNI, BF16)
-PROGRAM_FLAGS = "decode_layers_f32"
+# the kernels a program calls: the library it links against (one per variant's macros)
+LIBRARY = "layer_kernels"
+# a program is built with its library's flags (VNNI, BF16: its GEMM epilogues' micro-kernels)
+PROGRAM_FLAGS = LIBRARY
 
 
 def recorded_variants(record: TuningRecord, key: str) -> dict[str, ProgramVariant]:
@@ -156,7 +155,13 @@ class LayerProgramRunner:
             return text
 
         # one entry for every phase's function (named after the decode one's)
-        built = self.cache.get(key, f"{FUNCTIONS['decode']}_{key}", keyed, PROGRAM_FLAGS)
+        built = self.cache.get(
+            key,
+            f"{FUNCTIONS['decode']}_{key}",
+            keyed,
+            PROGRAM_FLAGS,
+            link=lambda: [library(LIBRARY, variant.defines)],
+        )
         if variant not in self._calls:
             fn = built.fn
             if self.program.function != FUNCTIONS["decode"]:

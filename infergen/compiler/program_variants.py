@@ -89,14 +89,15 @@ class ProgramVariant:
         return ",".join(f"{k}={v}" for k, v in self.settings) or "default"
 
     @property
+    def defines(self) -> tuple[tuple[str, int], ...]:
+        """(macro, value) of its compile-time knobs (empty for the default variant)."""
+        found = ((KNOBS.get(name).macro, value) for name, value in self.settings)
+        return tuple((macro, value) for macro, value in found if macro is not None)
+
+    @property
     def prelude(self) -> str:
         """The `#define` lines of its compile-time knobs (empty for the default variant)."""
-        lines = []
-        for name, value in self.settings:
-            macro = KNOBS.get(name).macro
-            if macro is not None:
-                lines.append(f"#define {macro} {value}\n")
-        return "".join(lines)
+        return "".join(f"#define {macro} {value}\n" for macro, value in self.defines)
 
     def threads(self, available: int) -> int:
         wanted = self.value("threads")

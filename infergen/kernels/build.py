@@ -65,10 +65,14 @@ def _compile_flags(name: str = "") -> list[str]:
 
 # kernels with integer dot-product paths: built with AVX-512 VNNI where the CPU has it (only
 # these, so the other kernels' builds and cache keys do not change)
-INTEGER_SOURCES = frozenset({"gemm_w8a8_i8", "gemm_w4a8_i8", "decode_layers_f32"})
+INTEGER_SOURCES = frozenset({"gemm_w8a8_i8", "gemm_w4a8_i8", "decode_layers_f32", "layer_kernels"})
 # kernels with bf16 dot products: built with AVX-512 BF16 where the CPU has it (the fused decode
 # step includes gemm_bf16.c)
-BF16_SOURCES = frozenset({"gemm_bf16", "decode_layers_f32"})
+BF16_SOURCES = frozenset({"gemm_bf16", "decode_layers_f32", "layer_kernels"})
+# libraries the generated layer programs link against (compiler/program.py), built per set of
+# macros when a program needs them, not by build_all; -Bsymbolic: their calls between their
+# own functions bind inside them (another library's same-named kernel never interposes)
+PROGRAM_LIBRARIES = frozenset({"layer_kernels"})
 
 
 class KernelUnavailable(RuntimeError):
@@ -89,14 +93,16 @@ def _source_bytes(filename: str, seen: set[str] | None = None) -> bytes:
     return b"".join(parts)
 
 
-@functools.cache
-def load(name: str) -> ctypes.CDLL:
-    """Compile (if not cached) and load `infergen/kernels/<name>.c`."""
+def library(name: str, defines: tuple[tuple[str, int], ...] = ()) -> Path:
+    """The shared library of `infergen/kernels/<name>.c` compiled with the C macros `defines`
+    ((macro, value) pairs): built if not cached, its path returned (not loaded)."""
     source = _source_bytes(f"{name}.c")
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc/gcc) on PATH")
-    flags = _compile_flags(name)
+    flags = _compile_flags(name) + [f"-D{macro}={value}" for macro, value in defines]
+    if name in PROGRAM_LIBRARIES:
+        flags.append("-Wl,-Bsymbolic")
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{name}-{key}.so"
     if not target.exists():
@@ -109,13 +115,20 @@ def load(name: str) -> ctypes.CDLL:
             if result.returncode != 0:
                 raise KernelUnavailable(f"compiling {name}.c failed:\n{result.stderr}")
             os.replace(out, target)  # atomic: concurrent builders agree on the result
-    return ctypes.CDLL(str(target))
+    return target
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL:
+    """Compile (if not cached) and load `infergen/kernels/<name>.c`."""
+    return ctypes.CDLL(str(library(name)))
 
 
 def build_all() -> list[str]:
     """Compile every shipped kernel now (engine start-up), so that the first request does not
     pay for compilation. Returns the names that are unavailable."""
-    return [p.stem for p in sorted(_HERE.glob("*.c")) if try_load(p.stem) is None]
+    names = [p.stem for p in sorted(_HERE.glob("*.c")) if p.stem not in PROGRAM_LIBRARIES]
+    return [name for name in names if try_load(name) is None]
 
 
 @functools.cache

@@ -23,6 +23,7 @@
 #include "rms_norm_f32.c"
 #include "rope_f32.c"
 #include "silu_mul_f32.c"
+#include "step_args.h"
 
 /* Seconds spent per phase since the last reset, summed over layers and calls (for profiling:
  * decode_layers_profile copies them out; 9 phases in the order of the loop below). */
@@ -93,12 +94,6 @@ static inline void gemm_any(long format, const float *W, const float *X, const f
     }
 }
 
-typedef struct {
-    long tokens, hidden, heads, kv_heads, dim, inter, block_size, max_blocks, window;
-    float eps, scale;
-    const long *positions, *slots, *block_tables, *seq_lens;
-    const float *rope_cache;
-} step_args;
 
 /* h [T, hidden] in/out; delta [T, hidden] in (when has_delta) and out; scratch: see below. */
 void decode_layers_f32(const layer_weights *layers, long n_layers, const step_args *a, float *h,

@@ -4,8 +4,10 @@
  * The GEMM's N output columns are EPI_PARTS equal parts (1: the tail reads column n of the
  * product; 2: it pairs column n with column n + N/2, as SwiGLU's silu(gate) · up does), each
  * a whole number of NR-column panels. Per panel p of the first part and token block: the
- * micro-kernels of gemm_packed_f32.c compute panel p of every part into a tile on the stack
- * (EPI_PARTS x NR columns of up to TOP_ROWS rows), then EPI_TAIL — the generated tail,
+ * micro-kernels of gemm_packed_f32.c (in a library the kernel links against: layer_kernels for
+ * the layer programs, gemm_packed_f32 for the walker's fused GEMMs) compute panel p of every
+ * part into a tile on the stack (EPI_PARTS x NR columns of up to TOP_ROWS rows), then
+ * EPI_TAIL — the generated tail,
  * rendered for a row of EPI_PARTS x NR columns — writes its NR output columns of each row of
  * the block straight into Y. The product itself is never written to memory.
  *
@@ -22,14 +24,14 @@
  * The same micro-kernels with the same FMAs in the same order as gemm_packed_f32: the product
  * the tail sees is bitwise the one the unfused GEMM writes.
  */
-#include "gemm_packed_f32.c"
+#include "gemm_packed_f32.h"
 
 void EPI_NAME(const float *Wp, const float *X, const float *bias, float *Y, long ldy, long M,
               long N, long K, int threads) {
     if (M <= 0 || N <= 0) return;
     const long part = N / EPI_PARTS, panels = part / NR;
     const long rows = M > 8 ? TOP_ROWS : SMALL_ROWS;
-    const micro_fn *micros = M > 8 ? TOP_MICROS : SMALL_MICROS;
+    const micro_fn *micros = gemm_packed_f32_micros(M <= 8);
     const long blocks = (M + rows - 1) / rows;
     const long pf_step = (NR + blocks - 1) / blocks;
     const long ahead = blocks > 1 ? 1 : GEMM_PREFETCH_PANELS;

@@ -23,9 +23,7 @@
  */
 #ifndef GEMM_PACKED_F32_C
 #define GEMM_PACKED_F32_C
-#include "common.h"
-
-#define NR 24
+#include "gemm_packed_f32.h"
 
 /* y[0..cols) = a row's accumulated columns + bias: the bias added last, as every micro-kernel
  * does (their results stay bitwise equal) */
@@ -89,8 +87,6 @@ MICRO(2)
 MICRO(3)
 MICRO(4)
 
-typedef void (*micro_fn)(const float *, const float *, long, float *, long, const float *, int,
-                         const float *, long);
 static const micro_fn MICROS[5] = {0, micro_1, micro_2, micro_3, micro_4};
 
 #ifdef __AVX512F__
@@ -136,34 +132,19 @@ MICRO8(5)
 MICRO8(6)
 MICRO8(7)
 MICRO8(8)
-/* the rows per token block of gemm_packed_f32 past 8 tokens, and its micro-kernel per height */
-#define TOP_ROWS 8
+/* the micro-kernel per height of gemm_packed_f32's token blocks past 8 tokens */
 static const micro_fn TOP_MICROS[TOP_ROWS + 1] = {0,        micro8_1, micro8_2, micro8_3, micro8_4,
                                                   micro8_5, micro8_6, micro8_7, micro8_8};
 #else
-#define TOP_ROWS 4
 #define TOP_MICROS MICROS
 #endif
-
-/* Knobs a generated layer program may set (the tuner's variants, compiler/program_tune.py):
- * GEMM_SMALL_TOP, up to 8 tokens in blocks of 4 rows (0: two blocks past 4 tokens, the first
- * prefetching the next panel) or in one block of the widest micro-kernel (1; the same with
- * AVX2, whose widest is 4 rows); GEMM_PREFETCH_PANELS, with a single token block, the panel
- * that far ahead prefetched a k-row per k while this one is computed (0: none, the hardware
- * prefetcher alone). Every choice sums the same products in the same order: same results. */
-#ifndef GEMM_SMALL_TOP
-#define GEMM_SMALL_TOP 0
-#endif
-#ifndef GEMM_PREFETCH_PANELS
-#define GEMM_PREFETCH_PANELS 0
-#endif
 #if GEMM_SMALL_TOP
-#define SMALL_ROWS TOP_ROWS
 #define SMALL_MICROS TOP_MICROS
 #else
-#define SMALL_ROWS 4
 #define SMALL_MICROS MICROS
 #endif
+
+const micro_fn *gemm_packed_f32_micros(int small) { return small ? SMALL_MICROS : TOP_MICROS; }
 
 /* Wp [ceil(N/24)][K][24], X [M][K] contiguous, Y [M][N]. */
 void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *Y, long M, long N,

@@ -75,3 +75,35 @@ def test_two_processes_compile_one_key(tmp_path):
     assert all(p.returncode == 0 for p in procs)
     assert sorted(outputs) == ["built", "cached"]  # the lock made the second one wait
     assert len(JitCache(tmp_path).entries()) == 1
+
+
+def _library(path, value: int):
+    """A shared library whose `answer()` returns `value` (an entry links against it)."""
+    path.parent.mkdir(exist_ok=True)
+    source = path.with_suffix(".c")
+    source.write_text(f"int answer(void) {{ return {value}; }}\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(path), str(source)], check=True)
+    return path
+
+
+_LINKED = """
+import ctypes, pathlib, sys
+from infergen.compiler.jit_cache import JitCache
+root, library = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+source = "int answer(void);\\nint twice(void) { return 2 * answer(); }\\n"
+built = JitCache(root).get("k", "twice", lambda: source, link=lambda: [library])
+built.fn.restype = ctypes.c_int
+print(built.cached, built.fn())
+"""
+
+
+def test_an_entry_whose_linked_library_is_gone_is_rebuilt(tmp_path):
+    def run(library) -> str:  # a fresh process each time (one that loaded it keeps it mapped)
+        args = [sys.executable, "-c", _LINKED, str(tmp_path / "jit"), str(library)]
+        return subprocess.run(args, check=True, capture_output=True, text=True).stdout.split()
+
+    first = _library(tmp_path / "lib" / "first.so", 20)
+    assert run(first) == ["False", "40"]
+    assert run(first) == ["True", "40"]
+    first.unlink()  # (a cleared kernel cache): the entry cannot load, so it is built anew
+    assert run(_library(tmp_path / "lib" / "second.so", 21)) == ["False", "42"]

@@ -1,0 +1,46 @@
+/* The interface of gemm_packed_f32.c's micro-kernels, for the kernels that drive them from
+ * another translation unit (the generated GEMM epilogues: gemm_epilogue_f32.h): the panel
+ * width, the token-block heights, the tuner's knobs, and the micro-kernel tables. */
+#pragma once
+#include "common.h"
+
+#define NR 24 /* columns per packed weight panel */
+
+/* Y[r, 0..cols) = sum_k X[r, k] * wp[k, 0..cols) (+ bias) for the micro-kernel's rows:
+ * (wp, X, K, Y, ldy, bias, cols, prefetch, pf_step); `prefetch` (or NULL) is prefetched one
+ * k-row of pf_step floats per k */
+typedef void (*micro_fn)(const float *, const float *, long, float *, long, const float *, int,
+                         const float *, long);
+
+/* rows per token block past 8 tokens: the widest micro-kernel (8 x 24 with AVX-512) */
+#ifdef __AVX512F__
+#define TOP_ROWS 8
+#else
+#define TOP_ROWS 4
+#endif
+
+/* Knobs a generated layer program may set (the tuner's variants, compiler/program_tune.py):
+ * GEMM_SMALL_TOP, up to 8 tokens in blocks of 4 rows (0: two blocks past 4 tokens, the first
+ * prefetching the next panel) or in one block of the widest micro-kernel (1; the same with
+ * AVX2, whose widest is 4 rows); GEMM_PREFETCH_PANELS, with a single token block, the panel
+ * that far ahead prefetched a k-row per k while this one is computed (0: none, the hardware
+ * prefetcher alone). Every choice sums the same products in the same order: same results.
+ * A translation unit and the library whose micro-kernels it calls must agree on them. */
+#ifndef GEMM_SMALL_TOP
+#define GEMM_SMALL_TOP 0
+#endif
+#ifndef GEMM_PREFETCH_PANELS
+#define GEMM_PREFETCH_PANELS 0
+#endif
+/* rows per token block up to 8 tokens */
+#if GEMM_SMALL_TOP
+#define SMALL_ROWS TOP_ROWS
+#else
+#define SMALL_ROWS 4
+#endif
+
+/* the micro-kernel per block height (index = rows): up to 8 tokens (small) or past 8 */
+const micro_fn *gemm_packed_f32_micros(int small);
+
+void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *Y, long M, long N,
+                     long K, int num_threads);
