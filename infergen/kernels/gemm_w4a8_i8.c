@@ -261,9 +261,12 @@ static __m512i w4_nibble_index(int first) {
     return _mm512_loadu_si512((const void *)idx);
 }
 
-static void w4_direct(const uint8_t *panel, long groups, int hdr, w4_consts_fn consts,
-                      const int8_t *A, long K, const float *asum, const float *sa,
-                      const float *bias, float *Y, long ldy, int mr, int cols) {
+/* (inlined into one function per token count, w4_direct_1..W4_MR below: with mr a constant
+ * the row loops unroll and the accumulators live in registers, not on the stack) */
+static inline __attribute__((always_inline)) void w4_direct(
+    const uint8_t *panel, long groups, int hdr, w4_consts_fn consts, const int8_t *A, long K,
+    const float *asum, const float *sa, const float *bias, float *Y, long ldy, int mr,
+    int cols) {
     const __m512i lo_idx = w4_nibble_index(0), hi_idx = w4_nibble_index(16);
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 y16[W4_MR];
@@ -307,6 +310,22 @@ static void w4_direct(const uint8_t *panel, long groups, int hdr, w4_consts_fn c
     }
     w4_finish(y, sa, bias, Y, ldy, mr, cols);
 }
+
+#define W4_DIRECT_MR(MR)                                                                       \
+    static void w4_direct_##MR(const uint8_t *panel, long groups, int hdr,                     \
+                               w4_consts_fn consts, const int8_t *A, long K, const float *asum, \
+                               const float *sa, const float *bias, float *Y, long ldy,         \
+                               int cols) {                                                     \
+        w4_direct(panel, groups, hdr, consts, A, K, asum, sa, bias, Y, ldy, MR, cols);         \
+    }
+W4_DIRECT_MR(1)
+W4_DIRECT_MR(2)
+W4_DIRECT_MR(3)
+W4_DIRECT_MR(4)
+typedef void (*w4_direct_fn)(const uint8_t *, long, int, w4_consts_fn, const int8_t *, long,
+                             const float *, const float *, const float *, float *, long, int);
+static const w4_direct_fn W4_DIRECTS[W4_MR + 1] = {0, w4_direct_1, w4_direct_2, w4_direct_3,
+                                                   w4_direct_4};
 #endif
 
 /* token row m of X [M][K] -> its scale and s8 codes by int8_token.h's rule, and each group's
@@ -343,9 +362,8 @@ static void gemm_w4a8(const uint8_t *Wp, const float *X, const float *bias, floa
 #pragma omp for schedule(static)
             for (long p = 0; p < panels; ++p) {
                 long n0 = p * NR;
-                w4_direct(Wp + p * panel_bytes, groups, hdr, consts, A, K, asum, sa,
-                          bias ? bias + n0 : 0, Y + n0, N, (int)M,
-                          (int)(N - n0 < NR ? N - n0 : NR));
+                W4_DIRECTS[M](Wp + p * panel_bytes, groups, hdr, consts, A, K, asum, sa,
+                              bias ? bias + n0 : 0, Y + n0, N, (int)(N - n0 < NR ? N - n0 : NR));
             }
         } else {
 #endif

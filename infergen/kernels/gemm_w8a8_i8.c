@@ -253,9 +253,12 @@ W8_MICRO(8)
  * path, so the same result. A quad past K reads the panel's scale bytes as codes times
  * activation code 0. */
 #define W8_DIRECT_ROWS 4
-static void w8_direct(const uint8_t *wp, long K4, const uint8_t *A, const int32_t *asum,
-                      const float *sw, const float *sa, const float *bias, float *Y, long ldy,
-                      int mr, int cols) {
+/* (inlined into one function per token count, w8_direct_1..4 below: with mr a constant the
+ * row loops unroll and the accumulators live in registers; with mr a run-time value GCC kept
+ * them on the stack, a store and a reload on every vpdpbusd's chain — ~3x slower) */
+static inline __attribute__((always_inline)) void w8_direct(
+    const uint8_t *wp, long K4, const uint8_t *A, const int32_t *asum, const float *sw,
+    const float *sa, const float *bias, float *Y, long ldy, int mr, int cols) {
     const __m512i lo = w8_quad_index(0), hi = w8_quad_index(16);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512i c16[W8_DIRECT_ROWS];
@@ -286,6 +289,21 @@ static void w8_direct(const uint8_t *wp, long K4, const uint8_t *A, const int32_
     }
     w8_finish(acc, none, sw, sa, bias, Y, ldy, mr, cols);
 }
+
+#define W8_DIRECT(MR)                                                                          \
+    static void w8_direct_##MR(const uint8_t *wp, long K4, const uint8_t *A,                   \
+                               const int32_t *asum, const float *sw, const float *sa,          \
+                               const float *bias, float *Y, long ldy, int cols) {              \
+        w8_direct(wp, K4, A, asum, sw, sa, bias, Y, ldy, MR, cols);                            \
+    }
+W8_DIRECT(1)
+W8_DIRECT(2)
+W8_DIRECT(3)
+W8_DIRECT(4)
+typedef void (*w8_direct_fn)(const uint8_t *, long, const uint8_t *, const int32_t *,
+                             const float *, const float *, const float *, float *, long, int);
+static const w8_direct_fn W8_DIRECTS[W8_DIRECT_ROWS + 1] = {0, w8_direct_1, w8_direct_2,
+                                                            w8_direct_3, w8_direct_4};
 #endif
 
 typedef void (*w8_micro_fn)(const int8_t *, const int32_t *, const float *, const uint8_t *,
@@ -328,8 +346,8 @@ void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y
             for (long p = 0; p < panels; ++p) {
                 const uint8_t *wp = Wp + p * (K + 4) * NR;
                 long n0 = p * NR;
-                w8_direct(wp, K4, A, asum, (const float *)(wp + K * NR), sa, bias ? bias + n0 : 0,
-                          Y + n0, N, (int)M, (int)(N - n0 < NR ? N - n0 : NR));
+                W8_DIRECTS[M](wp, K4, A, asum, (const float *)(wp + K * NR), sa,
+                              bias ? bias + n0 : 0, Y + n0, N, (int)(N - n0 < NR ? N - n0 : NR));
             }
         } else {
 #endif
