@@ -318,6 +318,8 @@ def render_compiler(lines: list[dict]) -> str | None:
         rows += ["", "Where the jit step's time goes (graph walker, share of the step):", ""]
         for ln in profiles:
             top = ", ".join(f"{k} {v:.0%}" for k, v in list(ln["shares"].items())[:6])
+            # (a step the layer program ran whole is one native call: no walker to break down)
+            top = top or "the layer program, one native call (`jit::layer_program` in profile)"
             rows.append(f"- {ln['metric'].removeprefix('jit_step_')}: {top}")
     stamp = max(ln["timestamp"] for ln in ours)
     rows.append(
