@@ -13,3 +13,20 @@ from infergen.kernels.build import build_all
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no cc")
 def test_every_kernel_compiles():
     assert build_all() == []
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no cc")
+def test_a_library_per_set_of_macros(tmp_path, monkeypatch):
+    import ctypes
+
+    from infergen.kernels.build import library, library_built
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # (an empty kernel cache)
+    chunk = (("DECODE_ATTN_CHUNK", 64),)
+    assert not library_built("rms_norm_f32", chunk)
+    path = library("rms_norm_f32", chunk)
+    assert library_built("rms_norm_f32", chunk) and not library_built("rms_norm_f32")
+    assert path.parent == tmp_path / "infergen" / "kernels"
+    assert library("rms_norm_f32", chunk) == path  # cached: the same file
+    assert library("rms_norm_f32") != path  # other macros: another library
+    ctypes.CDLL(str(path)).rms_norm_f32  # noqa: B018  (it exports the kernel)

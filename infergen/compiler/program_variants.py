@@ -1,5 +1,6 @@
-"""Variants of the generated layer program: the knobs of the kernels it includes, each a C
-macro set before the includes (or a run-time argument), and a variant as a set of knob values.
+"""Variants of the generated layer program: the knobs of the kernels it calls, each a C macro
+(first in the program's source, and a -D flag of the kernel library it links against: one
+library per set of values) or a run-time argument, and a variant as a set of knob values.
 
 - `threads`: the step's OpenMP threads (0: all of torch's, else that many): 0, 1
 - `attn_chunk`: decode attention's positions per work item (`DECODE_ATTN_CHUNK`): 64, 128, 256

@@ -29,6 +29,7 @@ from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.program import (
     DEFAULT,
+    LIBRARY,
     LayerProgramRunner,
     ProgramUnavailable,
     model_program,
@@ -38,11 +39,19 @@ from infergen.compiler.program import (
 from infergen.compiler.program_tune import decode_probe, prefill_probe, tune_program
 from infergen.compiler.runtime import CompiledLayers, jit_graph, pointwise_groups
 from infergen.compiler.tune import TuningRecord
+from infergen.kernels.build import library_built
 from infergen.timing import best_seconds_each
 
-PROGRAM_SECONDS_PRIOR = 5.0  # compiling the layer program (it includes every GEMM kernel)
+PROGRAM_SECONDS_PRIOR = 1.0  # compiling the layer programs' own code
+LIBRARY_SECONDS_PRIOR = 6.5  # the kernel library they link against, once per machine
 PROGRAM_TUNE_SECONDS_PRIOR = 30.0  # the first bucket's search (compiles its variants)
 PROGRAM = "layer program"  # the program's items' group name
+
+
+def program_seconds() -> float:
+    """The expected seconds of compiling the layer programs: their own code, and the kernel
+    library of the default variant where it is not built yet."""
+    return PROGRAM_SECONDS_PRIOR + (0.0 if library_built(LIBRARY) else LIBRARY_SECONDS_PRIOR)
 
 
 def plan_startup(
@@ -78,7 +87,7 @@ def program_items(
         return [Item(PROGRAM, "compile", None, 0.0, status=f"not renderable ({error})")]
     key = program_key(program.source, cache)
     cached = any(record["key"] == key for record in cache.entries())
-    build = Item(PROGRAM, "compile", None, 0.0 if cached else PROGRAM_SECONDS_PRIOR)
+    build = Item(PROGRAM, "compile", None, 0.0 if cached else program_seconds())
     items = [build]
     probes = {b: decode_probe(model, kv_cache, BUCKET_TOKENS[b]) for b in traffic}
     walks = {b: _walk_seconds(eager, *probes[b]) for b in traffic}
@@ -146,7 +155,7 @@ def _prefill_item(
     except CodegenError as error:
         return Item(PREFILL, "compile", None, 0.0, status=f"not renderable ({error})")
     cached = any(r["key"] == program_key(program.source, cache) for r in cache.entries())
-    item = Item(PREFILL, "compile", None, 0.0 if cached else PROGRAM_SECONDS_PRIOR)
+    item = Item(PREFILL, "compile", None, 0.0 if cached else program_seconds())
     share = sum(w for b, w in traffic.items() if BUCKET_TOKENS[b] > 1)
     h, step = prefill_probe(model, kv_cache, PREFILL_PROBE_TOKENS)
     walk, floor = _walk_seconds(eager, h, step)

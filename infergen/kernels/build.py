@@ -93,9 +93,8 @@ def _source_bytes(filename: str, seen: set[str] | None = None) -> bytes:
     return b"".join(parts)
 
 
-def library(name: str, defines: tuple[tuple[str, int], ...] = ()) -> Path:
-    """The shared library of `infergen/kernels/<name>.c` compiled with the C macros `defines`
-    ((macro, value) pairs): built if not cached, its path returned (not loaded)."""
+def _library_build(name: str, defines: tuple[tuple[str, int], ...]) -> tuple[Path, list[str]]:
+    """Where `name` built with `defines` is cached, and the compile command that builds it."""
     source = _source_bytes(f"{name}.c")
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
@@ -104,13 +103,27 @@ def library(name: str, defines: tuple[tuple[str, int], ...] = ()) -> Path:
     if name in PROGRAM_LIBRARIES:
         flags.append("-Wl,-Bsymbolic")
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"{name}-{key}.so"
+    return cache_dir() / "kernels" / f"{name}-{key}.so", [compiler, *flags]
+
+
+def library_built(name: str, defines: tuple[tuple[str, int], ...] = ()) -> bool:
+    """Whether `library(name, defines)` is cached (False where it cannot be built here)."""
+    try:
+        return _library_build(name, defines)[0].exists()
+    except KernelUnavailable:
+        return False
+
+
+def library(name: str, defines: tuple[tuple[str, int], ...] = ()) -> Path:
+    """The shared library of `infergen/kernels/<name>.c` compiled with the C macros `defines`
+    ((macro, value) pairs): built if not cached, its path returned (not loaded)."""
+    target, command = _library_build(name, defines)
     if not target.exists():
         print(f"infergen: compiling native kernel {name} (once, cached)", file=sys.stderr)
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
-            cmd = [compiler, *flags, "-o", str(out), str(_HERE / f"{name}.c")]
+            cmd = [*command, "-o", str(out), str(_HERE / f"{name}.c")]
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode != 0:
                 raise KernelUnavailable(f"compiling {name}.c failed:\n{result.stderr}")
