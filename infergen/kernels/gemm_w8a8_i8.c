@@ -330,27 +330,33 @@ void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y
     long panels = (N + NR - 1) / NR, K4 = (K + 3) / 4;
     uint8_t *A = malloc((size_t)(M * 4 * K4));
     float *sa = malloc(sizeof(float) * (size_t)M);
+#ifdef W8A8_VBMI
+    if (M <= W8_DIRECT_ROWS) { /* decode: the few tokens quantized here, then one fork (a
+                                * barrier fewer than quantizing inside the parallel region) */
+        int32_t asum[W8_DIRECT_ROWS];
+        for (long m = 0; m < M; ++m) {
+            w8_quantize_token(X, m, K, K4, A, sa);
+            int32_t total = 0; /* the token's signed code sum */
+            for (long k = 0; k < 4 * K4; ++k) total += (int32_t)A[m * 4 * K4 + k] - 128;
+            asum[m] = total;
+        }
+#pragma omp parallel for num_threads(num_threads) schedule(static) \
+    if (M * N * K >= PARALLEL_MIN_ELEMENTS)
+        for (long p = 0; p < panels; ++p) {
+            const uint8_t *wp = Wp + p * (K + 4) * NR;
+            long n0 = p * NR;
+            W8_DIRECTS[M](wp, K4, A, asum, (const float *)(wp + K * NR), sa,
+                          bias ? bias + n0 : 0, Y + n0, N, (int)(N - n0 < NR ? N - n0 : NR));
+        }
+        free(A);
+        free(sa);
+        return;
+    }
+#endif
 #pragma omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
     {
 #pragma omp for schedule(static)
         for (long m = 0; m < M; ++m) w8_quantize_token(X, m, K, K4, A, sa);
-#ifdef W8A8_VBMI
-        if (M <= W8_DIRECT_ROWS) { /* (every thread has all tokens' codes after the barrier) */
-            int32_t asum[W8_DIRECT_ROWS];
-            for (long m = 0; m < M; ++m) { /* each token's signed code sum */
-                int32_t total = 0;
-                for (long k = 0; k < 4 * K4; ++k) total += (int32_t)A[m * 4 * K4 + k] - 128;
-                asum[m] = total;
-            }
-#pragma omp for schedule(static)
-            for (long p = 0; p < panels; ++p) {
-                const uint8_t *wp = Wp + p * (K + 4) * NR;
-                long n0 = p * NR;
-                W8_DIRECTS[M](wp, K4, A, asum, (const float *)(wp + K * NR), sa,
-                              bias ? bias + n0 : 0, Y + n0, N, (int)(N - n0 < NR ? N - n0 : NR));
-            }
-        } else {
-#endif
         int8_t *quads = malloc((size_t)(K4 * NR * 4));
         int32_t colsum[NR];
 #pragma omp for schedule(static)
@@ -366,9 +372,6 @@ void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y
                                                          Y + m * N + n0, N, cols);
         }
         free(quads);
-#ifdef W8A8_VBMI
-        }
-#endif
     }
     free(A);
     free(sa);
