@@ -65,6 +65,12 @@ class Epilogue:
             and tuple(panels.shape) == (n // NR, k, NR)
         )
 
+    def serves_any(self, statics: list[dict]) -> bool:
+        """Whether some layer runs it fused; `statics`: each layer's bound inputs by name
+        (runtime.CompiledLayers.static). None does: the fused GEMM is not worth building."""
+        weight = self.linear.inputs[1].name
+        return any(self.serves(env[weight]) for env in statics)
+
     def canonical(self) -> str:
         """What the generated kernel depends on (its JIT cache key)."""
         return f"parts={self.parts}\n{self.tile_tail.canonical()}"

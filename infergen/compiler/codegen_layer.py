@@ -457,7 +457,7 @@ def render_layer_programs(
     graph: Graph, heads: int, kv_heads: int, dim: int, scale: float
 ) -> tuple[dict[str, LayerProgram], dict[str, str]]:
     """Every phase's program of a "jit" layer graph, all in one C source (each program's
-    `source`): one compile, the kernels they include (most of the time) compiled once.
+    `source`): one compile and one JIT cache entry for both.
     Returns (phase → program, phase → why not for the phases it has no code for);
     CodegenError when the decode program has none."""
     programs, refused = {}, {}

@@ -118,16 +118,16 @@ class GemmEpilogueKernel:
         return out
 
 
+# the shipped kernel whose micro-kernels a fused GEMM calls (a library it links against)
+MICRO_KERNELS = "gemm_packed_f32"
+
+
 def gemm_epilogue_key(epilogue: Epilogue, cache: JitCache) -> str:
     """The JIT cache key of `epilogue`'s fused GEMM (its tail, the template's sources and the
     micro-kernels' library it links against)."""
     sources = _source_bytes(TEMPLATE) + _source_bytes(f"{MICRO_KERNELS}.c")
     template = hashlib.sha256(sources).hexdigest()
     return cache.key(epilogue.canonical(), f"gemm-epilogue template={template}")
-
-
-# the shipped kernel whose micro-kernels a fused GEMM calls (a library it links against)
-MICRO_KERNELS = "gemm_packed_f32"
 
 
 def compile_gemm_epilogue(epilogue: Epilogue, cache: JitCache) -> GemmEpilogueKernel:

@@ -198,8 +198,7 @@ class CompiledLayers:
 
             def build(sub=sub):
                 epilogue = plan_epilogue(sub)
-                weight = epilogue.linear.inputs[1].name
-                if not any(epilogue.serves(env[weight]) for env in self.static):
+                if not epilogue.serves_any(self.static):
                     raise CodegenError("no layer's weight is fp32 panels")  # (not compiled)
                 return compile_gemm_epilogue(epilogue, jit_cache)
 
