@@ -26,9 +26,75 @@
  */
 #include "gemm_packed_f32.h"
 
+#ifdef __AVX512F__
+/* Past 8 tokens with AVX-512: two panels per micro-kernel call (gemm_packed_f32.h's pairs),
+ * blocks of PAIR_ROWS tokens. With 2 parts a unit is panel p of both parts (the tile row is the
+ * tail's whole input); with 1 part, panels p and p + 1 (the tail runs on each half), a last odd
+ * panel alone on the 8 x 24 kernel. */
+#define EPI_PAIRS_(name) name##_pairs
+#define EPI_PAIRS(name) EPI_PAIRS_(name)
+static void EPI_PAIRS(EPI_NAME)(const float *Wp, const float *X, const float *bias, float *Y,
+                                long ldy, long M, long N, long K, int threads) {
+    const long part = N / EPI_PARTS, panels = part / NR;
+    const long pairs = EPI_PARTS == 2 ? panels : panels / 2;
+    const long units = EPI_PARTS == 2 ? panels : panels - pairs;
+    const long partner = EPI_PARTS == 2 ? panels : 1; /* the second panel's offset */
+    const long blocks = (M + PAIR_ROWS - 1) / PAIR_ROWS;
+    const long pf_step = (2 * NR + blocks - 1) / blocks;
+    const pair_fn *pair = gemm_packed_f32_pairs();
+    const micro_fn *micros = gemm_packed_f32_micros(0);
+#pragma omp parallel num_threads(threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
+    {
+        flush_denormals();
+        float tile[TOP_ROWS * 2 * NR];
+        const long tile_stride = 2 * NR;
+#pragma omp for schedule(static)
+        for (long u = 0; u < units; ++u) {
+            const long p = EPI_PARTS == 2 ? u : (u < pairs ? 2 * u : pairs + u);
+            const float *wp = Wp + p * K * NR;
+            const float *b = bias ? bias + p * NR : 0;
+            if (u >= pairs) { /* a lone panel (1 part, odd count) */
+                for (long m = 0; m < M; m += TOP_ROWS) {
+                    long mr = M - m < TOP_ROWS ? M - m : TOP_ROWS;
+                    micros[mr](wp, X + m * K, K, tile, NR, b, NR, 0, 0);
+                    const void *in[1] = {tile};
+                    const long in_stride[1] = {NR};
+                    void *out[1] = {Y + m * ldy + p * NR};
+                    const long out_stride[1] = {ldy};
+                    EPI_TAIL(in, in_stride, out, out_stride, mr, 1);
+                }
+                continue;
+            }
+            const long step = EPI_PARTS == 2 ? 1 : 2; /* panels to the next unit */
+            const float *next0 = u + 1 < pairs ? wp + step * K * NR : 0;
+            const float *next1 = next0 ? next0 + partner * K * NR : 0;
+            for (long m = 0, j = 0; m < M; m += PAIR_ROWS, ++j) {
+                long mr = M - m < PAIR_ROWS ? M - m : PAIR_ROWS;
+                const float *pf = pair_prefetch(next0, next1, j, pf_step, K);
+                pair[mr](wp, wp + partner * K * NR, X + m * K, K, tile, tile + NR, tile_stride, b,
+                         b ? b + partner * NR : 0, pf, pf_step);
+                for (long h = 0; h < 3 - EPI_PARTS; ++h) { /* 2 parts: once; 1 part: per half */
+                    const void *in[1] = {tile + h * NR};
+                    const long in_stride[1] = {tile_stride};
+                    void *out[1] = {Y + m * ldy + (p + h) * NR};
+                    const long out_stride[1] = {ldy};
+                    EPI_TAIL(in, in_stride, out, out_stride, mr, 1);
+                }
+            }
+        }
+    }
+}
+#endif
+
 void EPI_NAME(const float *Wp, const float *X, const float *bias, float *Y, long ldy, long M,
               long N, long K, int threads) {
     if (M <= 0 || N <= 0) return;
+#ifdef __AVX512F__
+    if (M > 8) {
+        EPI_PAIRS(EPI_NAME)(Wp, X, bias, Y, ldy, M, N, K, threads);
+        return;
+    }
+#endif
     const long part = N / EPI_PARTS, panels = part / NR;
     const long rows = M > 8 ? TOP_ROWS : SMALL_ROWS;
     const micro_fn *micros = gemm_packed_f32_micros(M <= 8);

@@ -11,7 +11,11 @@
  * per row one 16-float and one 8-float accumulator (16 registers of the 32), 16 FMAs per 2
  * loads + 8 broadcasts, 192 multiply-adds per k where the AVX2 one does 96. Measured on a
  * Xeon with AVX-512 (2 cores, SmolLM2-135M's shapes): ~145 -> ~200-214 GF/s at 64-512 tokens,
- * where MKL's sgemm ran ~140-235 (benchmarks/bench_linear.py).
+ * where MKL's sgemm ran ~140-235 (benchmarks/bench_linear.py). Past 8 tokens the full panels
+ * run two at a time (4 x 48: each broadcast feeds four FMAs, half the 8 x 24 kernel's
+ * broadcasts per FMA): on Zen 4 (2 cores) the 8 x 24 kernel reached ~88 % of the FMA peak even
+ * with its panel in L1 (103.5 of 117 GF/s a thread), the pair kernel ~100 %; SmolLM2's prefill
+ * shapes at 512 tokens ~200 -> ~230 GF/s, the measured peak being 234.
  * Both accumulate every output with the same FMAs in the same k order and add the bias last,
  * so their results are bitwise equal (the grouped kernels, gemm_packed_g_f32.c, run the
  * 4-row one on dequantized panels and are checked bitwise against this one).
@@ -132,6 +136,52 @@ MICRO8(5)
 MICRO8(6)
 MICRO8(7)
 MICRO8(8)
+/* Row r of the two-panel micro-kernel: panel 0's 24 columns in a##r / b##r, panel 1's in
+ * c##r / d##r, all four fed by one broadcast. */
+#define ROW_FMA_PAIR(r)                                                                        \
+    if (mr > r) {                                                                              \
+        __m512 x = _mm512_set1_ps(X[r * K + k]);                                               \
+        __m256 xh = _mm512_castps512_ps256(x);                                                 \
+        a##r = _mm512_fmadd_ps(w0, x, a##r);                                                   \
+        b##r = _mm256_fmadd_ps(w1, xh, b##r);                                                  \
+        c##r = _mm512_fmadd_ps(v0, x, c##r);                                                   \
+        d##r = _mm256_fmadd_ps(v1, xh, d##r);                                                  \
+    }
+#define ROW_STORE_PAIR(r)                                                                      \
+    if (mr > r) {                                                                              \
+        float tmp[2 * NR];                                                                     \
+        _mm512_storeu_ps(tmp, a##r);                                                           \
+        _mm256_storeu_ps(tmp + 16, b##r);                                                      \
+        _mm512_storeu_ps(tmp + NR, c##r);                                                      \
+        _mm256_storeu_ps(tmp + NR + 16, d##r);                                                 \
+        finish_row(tmp, Y0 + r * ldy, bias0, NR);                                              \
+        finish_row(tmp + NR, Y1 + r * ldy, bias1, NR);                                         \
+    }
+#define PAIR(MR)                                                                               \
+    static void pair_##MR(const float *wp0, const float *wp1, const float *X, long K,          \
+                          float *Y0, float *Y1, long ldy, const float *bias0,                  \
+                          const float *bias1, const float *prefetch, long pf_step) {           \
+        const int mr = MR;                                                                     \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, \
+               c3 = a0;                                                                        \
+        __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, d0 = b0, d1 = b0, d2 = b0, \
+               d3 = b0;                                                                        \
+        for (long k = 0; k < K; ++k) {                                                         \
+            __m512 w0 = _mm512_loadu_ps(wp0 + k * NR), v0 = _mm512_loadu_ps(wp1 + k * NR);     \
+            __m256 w1 = _mm256_loadu_ps(wp0 + k * NR + 16);                                    \
+            __m256 v1 = _mm256_loadu_ps(wp1 + k * NR + 16);                                    \
+            if (prefetch) _mm_prefetch((const char *)(prefetch + k * pf_step), _MM_HINT_T1);   \
+            ROW_FMA_PAIR(0) ROW_FMA_PAIR(1) ROW_FMA_PAIR(2) ROW_FMA_PAIR(3)                    \
+        }                                                                                      \
+        ROW_STORE_PAIR(0) ROW_STORE_PAIR(1) ROW_STORE_PAIR(2) ROW_STORE_PAIR(3)                \
+    }
+PAIR(1)
+PAIR(2)
+PAIR(3)
+PAIR(4)
+static const pair_fn PAIRS[PAIR_ROWS + 1] = {0, pair_1, pair_2, pair_3, pair_4};
+const pair_fn *gemm_packed_f32_pairs(void) { return PAIRS; }
+
 /* the micro-kernel per height of gemm_packed_f32's token blocks past 8 tokens */
 static const micro_fn TOP_MICROS[TOP_ROWS + 1] = {0,        micro8_1, micro8_2, micro8_3, micro8_4,
                                                   micro8_5, micro8_6, micro8_7, micro8_8};
@@ -146,10 +196,54 @@ static const micro_fn TOP_MICROS[TOP_ROWS + 1] = {0,        micro8_1, micro8_2, 
 
 const micro_fn *gemm_packed_f32_micros(int small) { return small ? SMALL_MICROS : TOP_MICROS; }
 
+#ifdef __AVX512F__
+/* Past 8 tokens: the full panels two at a time (pair micro-kernels over blocks of PAIR_ROWS
+ * tokens), a last odd or partial panel alone (the 8 x 24 kernel). A work unit is a pair or a
+ * lone panel; units are split over the threads. */
+static void gemm_pairs(const float *Wp, const float *X, const float *bias, float *Y, long M,
+                       long N, long K, int num_threads) {
+    const long panels = (N + NR - 1) / NR, pairs = N / NR / 2, units = panels - pairs;
+    const long blocks = (M + PAIR_ROWS - 1) / PAIR_ROWS;
+    const long pf_step = (2 * NR + blocks - 1) / blocks;
+#pragma omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
+    {
+        flush_denormals();
+#pragma omp for schedule(static)
+        for (long u = 0; u < units; ++u) {
+            const long p = u < pairs ? 2 * u : pairs + u; /* the unit's first panel */
+            const float *wp = Wp + p * K * NR;
+            const float *b = bias ? bias + p * NR : 0;
+            if (u >= pairs) { /* a lone panel */
+                int cols = (int)(N - p * NR < NR ? N - p * NR : NR);
+                for (long m = 0; m < M; m += TOP_ROWS) {
+                    long mr = M - m < TOP_ROWS ? M - m : TOP_ROWS;
+                    TOP_MICROS[mr](wp, X + m * K, K, Y + m * N + p * NR, N, b, cols, 0, 0);
+                }
+                continue;
+            }
+            const float *next = p + 2 < panels ? wp + 2 * K * NR : 0;
+            for (long m = 0, j = 0; m < M; m += PAIR_ROWS, ++j) {
+                long mr = M - m < PAIR_ROWS ? M - m : PAIR_ROWS;
+                const float *pf = pair_prefetch(next, next + K * NR, j, pf_step, K);
+                float *y = Y + m * N + p * NR;
+                PAIRS[mr](wp, wp + K * NR, X + m * K, K, y, y + NR, N, b, b ? b + NR : 0, pf,
+                          pf_step);
+            }
+        }
+    }
+}
+#endif
+
 /* Wp [ceil(N/24)][K][24], X [M][K] contiguous, Y [M][N]. */
 void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *Y, long M, long N,
                      long K, int num_threads) {
     if (M <= 0 || N <= 0) return; /* nothing to compute (e.g. a step with no logits rows) */
+#ifdef __AVX512F__
+    if (M > 8) {
+        gemm_pairs(Wp, X, bias, Y, M, N, K, num_threads);
+        return;
+    }
+#endif
     long panels = (N + NR - 1) / NR;
     /* up to 8 tokens, two 4-row blocks: the first prefetches the next panel (a single block
      * has no time to), which the weight-streaming small-M products need */

@@ -89,6 +89,19 @@ def test_native_linear_large_odd_shape(tokens):
     assert (got.double() - x.double() @ w.double().t()).abs().max() < 1e-3  # not vacuous
 
 
+@pytest.mark.parametrize("out_features", [48, 64, 130, 577])
+def test_native_linear_rows_do_not_depend_on_the_batch(out_features):
+    """Every block height and panel grouping (AVX-512 past 8 tokens: panels two at a time, an
+    odd or partial last one alone; one token: the 1-row kernel) sums the same FMAs in the same
+    k order: a row of a batch is bitwise that row computed alone."""
+    x, w, b = torch.randn(40, 100), torch.randn(out_features, 100), torch.randn(out_features)
+    row = linear.LINEAR_BACKENDS.get("native")
+    panels = row.prepare(w)
+    alone = torch.cat([row.apply(x[i : i + 1], panels, b, out_features) for i in range(40)])
+    for tokens in (9, 13, 16, 17, 40):
+        assert torch.equal(row.apply(x[:tokens], panels, b, out_features), alone[:tokens])
+
+
 def test_native_linear_strided_input():
     x = torch.randn(6, 40)[:, :24]  # rows 40 floats apart
     w, b = torch.randn(10, 24), torch.randn(10)
