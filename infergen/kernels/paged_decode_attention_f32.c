@@ -165,7 +165,8 @@ static inline void decode_rows_e4m3(const uint8_t *const *src, float *dst, long 
  * with one scale per KV head, decoded per (chunk, KV head) into a thread's fp32 rows before the
  * same arithmetic runs on them.
  *
- * Work items are chunks of CHUNK positions of a sequence, every KV head in turn: a chunk's
+ * Work items are chunks of a sequence (the fewest of at most CHUNK positions, of equal
+ * lengths), every KV head in turn: a chunk's
  * slots are read whole (each slot holds all KV heads side by side), one sequence spreads over
  * the threads (batch 1 with 3 KV heads on 2 threads was 2 : 1), and a thread prefetches its next
  * chunk while it computes this one. A chunk leaves per query head its partial softmax state —
@@ -201,12 +202,15 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
     long *first_item = malloc(sizeof(long) * (size_t)(batch + 1));
     for (long b = 0, it = 0; b < batch; ++b) {
         long len = seq_lens[b], start = (window > 0 && len > window) ? len - window : 0;
+        /* the fewest chunks of at most CHUNK positions, of equal lengths (to one): 129
+         * positions are 65 + 64, not 128 + 1, which left one thread idle */
+        long span = len - start, chunks = span > 0 ? (span + CHUNK - 1) / CHUNK : 1;
         first_item[b] = it;
-        do {
-            item_seq[it] = b, item_pos[it] = start;
-            start = start + CHUNK < len ? start + CHUNK : len;
-            item_end[it++] = start;
-        } while (start < len);
+        for (long c = 0; c < chunks; ++c, ++it) {
+            item_seq[it] = b;
+            item_pos[it] = start + c * span / chunks;
+            item_end[it] = start + (c + 1) * span / chunks;
+        }
         first_item[b + 1] = it;
     }
     /* per item and query head: o [dim], then m and l */
