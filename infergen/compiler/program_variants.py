@@ -3,7 +3,7 @@
 library per set of values) or a run-time argument, and a variant as a set of knob values.
 
 - `threads`: the step's OpenMP threads (0: all of torch's, else that many): 0, 1
-- `attn_chunk`: decode attention's positions per work item (`DECODE_ATTN_CHUNK`): 64, 128, 256
+- `attn_chunk`: decode attention's most positions per work item (`DECODE_ATTN_CHUNK`): 64, 128, 256
 - `gemm_small_top`: up to 8 tokens in 4-row blocks (0) or one block of the widest micro-kernel
   (1) (`GEMM_SMALL_TOP`)
 - `gemm_prefetch`: one token block: software prefetch of the weight panel that many ahead

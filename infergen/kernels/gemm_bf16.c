@@ -98,6 +98,56 @@ static void bf16_finish(float acc[][NR], const float *bias, float *Y, long ldy, 
         BF16_ROW_SAVE(4) BF16_ROW_SAVE(5) BF16_ROW_SAVE(6) BF16_ROW_SAVE(7)                        \
         bf16_finish(acc, bias, Y, ldy, mr, cols);                                                  \
     }
+/* Past 8 tokens: blocks of 4 tokens on two full panels at once (wp0, wp1 -> Y0, Y1), each
+ * broadcast pair feeding four dot-product instructions instead of two (as gemm_packed_f32.c's
+ * pair kernel: the 8-token kernel's eight broadcasts a step hold it under the FMA peak). The
+ * same instructions in the same order per lane: bitwise the 8-token kernel's sums. */
+#define BF16_PAIR_ROWS 4
+#define BF16_ROW_DOT_PAIR(R)                                                                       \
+    if (R < mr) {                                                                                  \
+        __m512i x2 = _mm512_set1_epi32((int)Xb[R * K2 + i]);                                       \
+        __m256bh xh = (__m256bh)_mm512_castsi512_si256(x2);                                        \
+        a##R = _mm512_dpbf16_ps(a##R, (__m512bh)x2, (__m512bh)w16);                                \
+        b##R = _mm256_dpbf16_ps(b##R, xh, (__m256bh)w8);                                           \
+        c##R = _mm512_dpbf16_ps(c##R, (__m512bh)x2, (__m512bh)v16);                                \
+        d##R = _mm256_dpbf16_ps(d##R, xh, (__m256bh)v8);                                           \
+    }
+#define BF16_ROW_SAVE_PAIR(R)                                                                      \
+    if (R < mr) {                                                                                  \
+        _mm512_storeu_ps(acc0[R], a##R);                                                           \
+        _mm256_storeu_ps(acc0[R] + 16, b##R);                                                      \
+        _mm512_storeu_ps(acc1[R], c##R);                                                           \
+        _mm256_storeu_ps(acc1[R] + 16, d##R);                                                      \
+    }
+#define BF16_PAIR(MRX)                                                                             \
+    static void bf16_pair_##MRX(const uint32_t *wp0, const uint32_t *wp1, const uint32_t *Xb,      \
+                                long K2, const float *bias0, const float *bias1, float *Y0,        \
+                                float *Y1, long ldy) {                                             \
+        const int mr = MRX;                                                                        \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0,     \
+               c3 = a0;                                                                            \
+        __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, d0 = b0, d1 = b0, d2 = b0,     \
+               d3 = b0;                                                                            \
+        for (long i = 0; i < K2; ++i) {                                                            \
+            __m512i w16 = _mm512_loadu_si512((const void *)(wp0 + i * NR));                        \
+            __m256i w8 = _mm256_loadu_si256((const __m256i *)(wp0 + i * NR + 16));                 \
+            __m512i v16 = _mm512_loadu_si512((const void *)(wp1 + i * NR));                        \
+            __m256i v8 = _mm256_loadu_si256((const __m256i *)(wp1 + i * NR + 16));                 \
+            BF16_ROW_DOT_PAIR(0) BF16_ROW_DOT_PAIR(1) BF16_ROW_DOT_PAIR(2) BF16_ROW_DOT_PAIR(3)    \
+        }                                                                                          \
+        float acc0[BF16_MR][NR], acc1[BF16_MR][NR];                                                \
+        BF16_ROW_SAVE_PAIR(0) BF16_ROW_SAVE_PAIR(1) BF16_ROW_SAVE_PAIR(2) BF16_ROW_SAVE_PAIR(3)    \
+        bf16_finish(acc0, bias0, Y0, ldy, mr, NR);                                                 \
+        bf16_finish(acc1, bias1, Y1, ldy, mr, NR);                                                 \
+    }
+BF16_PAIR(1)
+BF16_PAIR(2)
+BF16_PAIR(3)
+BF16_PAIR(4)
+typedef void (*bf16_pair_fn)(const uint32_t *, const uint32_t *, const uint32_t *, long,
+                             const float *, const float *, float *, float *, long);
+static const bf16_pair_fn BF16_PAIRS[BF16_PAIR_ROWS + 1] = {0, bf16_pair_1, bf16_pair_2,
+                                                            bf16_pair_3, bf16_pair_4};
 #elif defined(__AVX2__)
 /* a lane's pair widened: odd = the high half, even = the low half shifted up */
 #define BF16_ROW_FMA(R)                                                                            \
@@ -196,16 +246,41 @@ void gemm_bf16(const uint32_t *Wp, const float *X, const float *bias, float *Y, 
             for (long k = 0; k < K; ++k) Xb[m * 2 * K2 + k] = to_bf16(X[m * K + k]);
             if (K % 2) Xb[m * 2 * K2 + K] = 0;
         }
+#ifdef GEMM_BF16_NATIVE
+        if (M > BF16_MR) { /* full panels in pairs, a last odd or partial one alone */
+            const long pairs = N / NR / 2, units = panels - pairs;
 #pragma omp for schedule(static)
-        for (long p = 0; p < panels; ++p) {
-            long n0 = p * NR;
-            int cols = (int)(N - n0 < NR ? N - n0 : NR);
-            const uint32_t *wp = Wp + p * K2 * NR;
-            const uint32_t *pf = M <= BF16_MR && p + 1 < panels ? wp + K2 * NR : 0;
-            for (long m = 0; m < M; m += BF16_MR)
-                BF16_MICROS[M - m < BF16_MR ? M - m : BF16_MR](
-                    wp, (const uint32_t *)Xb + m * K2, K2, bias ? bias + n0 : 0, Y + m * N + n0,
-                    N, cols, pf);
+            for (long u = 0; u < units; ++u) {
+                const long p = u < pairs ? 2 * u : pairs + u, n0 = p * NR;
+                const uint32_t *wp = Wp + p * K2 * NR;
+                const float *b = bias ? bias + n0 : 0;
+                if (u < pairs) {
+                    for (long m = 0; m < M; m += BF16_PAIR_ROWS) {
+                        long mr = M - m < BF16_PAIR_ROWS ? M - m : BF16_PAIR_ROWS;
+                        BF16_PAIRS[mr](wp, wp + K2 * NR, (const uint32_t *)Xb + m * K2, K2, b,
+                                       b ? b + NR : 0, Y + m * N + n0, Y + m * N + n0 + NR, N);
+                    }
+                    continue;
+                }
+                int cols = (int)(N - n0 < NR ? N - n0 : NR);
+                for (long m = 0; m < M; m += BF16_MR)
+                    BF16_MICROS[M - m < BF16_MR ? M - m : BF16_MR](
+                        wp, (const uint32_t *)Xb + m * K2, K2, b, Y + m * N + n0, N, cols, 0);
+            }
+        } else
+#endif
+        {
+#pragma omp for schedule(static)
+            for (long p = 0; p < panels; ++p) {
+                long n0 = p * NR;
+                int cols = (int)(N - n0 < NR ? N - n0 : NR);
+                const uint32_t *wp = Wp + p * K2 * NR;
+                const uint32_t *pf = M <= BF16_MR && p + 1 < panels ? wp + K2 * NR : 0;
+                for (long m = 0; m < M; m += BF16_MR)
+                    BF16_MICROS[M - m < BF16_MR ? M - m : BF16_MR](
+                        wp, (const uint32_t *)Xb + m * K2, K2, bias ? bias + n0 : 0,
+                        Y + m * N + n0, N, cols, pf);
+            }
         }
     }
     free(Xb);
