@@ -14,8 +14,9 @@ timed step's wall time (`engine.step()` returning; on a GPU synchronized) with n
 is the measured step time. Each profiled block is a torch.profiler session (CPU activity, and
 CUDA activity on a GPU), each step inside the region "step:<phase>" that the table (bench/
 profile_table.py) and the Chrome / Perfetto trace (`write_trace`: the sessions merged) find.
-While decode steps record, the fused decode step's C timers run too (models/fused_decode.py
-PhaseProfile: its phases, summed over layers).
+While steps record, the C timers of a native call that runs every layer run too (`CTimers`:
+the generated layer program's per call site with compile="jit", the hand-written fused decode
+step's per phase otherwise — models/fused_decode.py PhaseProfile), summed over layers.
 """
 
 from __future__ import annotations
@@ -92,16 +93,17 @@ def profile_engine(
         events.extend(session.events())
         result.sessions.append(session)
 
+    timers = {phase: CTimers(engine, phase) for phase in workload.phases}
     if "prefill" in workload.phases:
         say(f"prefill: a warm-up run, then {workload.prefill_runs} timed and as many profiled")
         run.prefill()
         for turn in range(workload.prefill_runs):
             for record in _order(turn):
                 if record:
-                    recorded(lambda: run.prefill(record=True))
+                    with timers["prefill"]:
+                        recorded(lambda: run.prefill(record=True))
                 else:
                     measured["prefill"] += run.prefill()
-    fused: dict[str, float] = {}
     if "decode" in workload.phases:
         say(f"decode: {workload.warmup} warm-up steps, then {workload.decode_steps} timed and "
             "as many profiled")  # fmt: skip
@@ -111,20 +113,51 @@ def profile_engine(
                 if not record:
                     measured["decode"] += run.decode(steps)
                     continue
-                with PhaseProfile() as timers:
+                with timers["decode"]:
                     recorded(lambda steps=steps: run.decode(steps, record=True))
-                for name, seconds in timers.seconds.items():
-                    fused[name] = fused.get(name, 0.0) + seconds
         run.finish(ids)
     roles = linear_roles(engine.runner.model)
     for phase in workload.phases:
         tokens = run.tokens_per_step[phase]
         result.phases[phase] = aggregate(events, phase, measured[phase], tokens, roles,
                                          roofline, device)  # fmt: skip
-    if sum(fused.values()) > 0:
-        steps = result.phases["decode"].steps
-        result.phases["decode"].fused_phases = {k: v / steps for k, v in fused.items()}
+        steps, found = result.phases[phase].steps, timers[phase]
+        if steps and sum(found.seconds.values()) > 0:
+            result.phases[phase].c_timers = {k: v / steps for k, v in found.seconds.items()}
+            result.phases[phase].c_timers_of = found.of
     return result
+
+
+class CTimers:
+    """The C timers of whatever runs a phase's layers in one native call, on while the context
+    is open (seconds summed in `seconds` over the times it was): with compile="jit" the
+    generated layer program of the phase (per call site: compiler/program.py `timed`);
+    otherwise, for decode, the hand-written fused decode step (per phase: `PhaseProfile`).
+    `of` says which; nothing is timed (seconds stay empty) when neither runs."""
+
+    def __init__(self, engine: Engine, phase: str):
+        self.seconds: dict[str, float] = {}
+        path = engine.runner.model.fast_path_for(engine.kv_cache)
+        program = getattr(path, "program" if phase == "decode" else "prefill_program", None)
+        if program is not None:
+            self._open = program.timed
+            self.of = f"the generated {phase} layer program by call site"
+        elif phase == "decode":
+            self._open = PhaseProfile
+            self.of = "the fused decode call by phase"
+        else:
+            self._open, self.of = None, ""
+
+    def __enter__(self) -> CTimers:
+        self._context = self._open() if self._open is not None else contextlib.nullcontext({})
+        self._found = self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._context.__exit__(*exc)
+        found = self._found.seconds if isinstance(self._found, PhaseProfile) else self._found
+        for name, seconds in found.items():
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
 
 @contextlib.contextmanager

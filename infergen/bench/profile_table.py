@@ -95,8 +95,10 @@ class PhaseResult:
     rows: list[Row]
     roofline: Roofline | None = None
     device: bool = False  # rows are GPU kernels' device time
-    # the fused decode step's C timers, seconds per step by phase (PhaseProfile), or None
-    fused_phases: dict[str, float] | None = None
+    # the C timers of the native call that runs the layers, seconds per step by phase or call
+    # site (bench/profile.py CTimers), or None; `c_timers_of` says whose
+    c_timers: dict[str, float] | None = None
+    c_timers_of: str = ""
 
     @property
     def steps(self) -> int:
@@ -149,7 +151,8 @@ class PhaseResult:
             "rows_coverage": self.rows_coverage,
             "device_time": self.device,
             "rows": rows,
-            "fused_phases_s": self.fused_phases,
+            "c_timers_s": self.c_timers,
+            "c_timers_of": self.c_timers_of,
         }
 
 
@@ -327,11 +330,11 @@ def format_phase(result: PhaseResult, top: int | None = 30) -> str:
         seconds = sum(r.seconds for r in rest)
         more = f"... {len(rest)} more rows (--all)"
         lines.append(f"{more:<84} {seconds / per_step * 1e3:>8.3f} {100 * seconds / total:>5.1f}%")
-    if result.fused_phases:
-        fused = sum(result.fused_phases.values())
-        parts = ", ".join(f"{name} {s * 1e3:.2f} ms ({100 * s / fused:.0f} %)"
-                          for name, s in result.fused_phases.items())  # fmt: skip
-        lines += ["", f"  the fused decode call by phase (its C timers, all layers): {parts}"]
+    if result.c_timers:
+        timed = sum(result.c_timers.values())
+        parts = ", ".join(f"{name} {s * 1e3:.2f} ms ({100 * s / timed:.0f} %)"
+                          for name, s in result.c_timers.items())  # fmt: skip
+        lines += ["", f"  {result.c_timers_of} (its C timers, all layers): {parts}"]
     return "\n".join(lines)
 
 

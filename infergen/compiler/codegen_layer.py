@@ -33,6 +33,7 @@ The runtime walks the graph for the other steps (sinks, input quantizers, ...).
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from math import prod
 
@@ -124,6 +125,8 @@ class LayerProgram:
     arena_floats_per_token: int
     includes: list[str] = field(default_factory=list)  # what its definitions need
     definitions: str = ""  # its groups and its function
+    # what each call site does, in the order of its timers (`<function>_timers`)
+    sites: list[str] = field(default_factory=list)
 
 
 PHASES = ("decode", "prefill")
@@ -156,6 +159,7 @@ class _Renderer:
         self.copies = 0
         self.weight_inputs: list[str] = []
         self.linears: list[str] = []
+        self.sites: list[str] = []
         plan = plan_buffers(graph)
         offsets, total = [], 0
         for size in plan.sizes:
@@ -165,6 +169,17 @@ class _Renderer:
 
     def emit(self, line: str) -> None:
         self.body.append("        " + line)
+
+    def timed(self, label: str, lines: list[str]) -> None:
+        """Emit a call site's lines inside its timer (seconds summed while the program's
+        timing is on: `<function>_timers`)."""
+        site = len(self.sites)
+        self.sites.append(label)
+        self.emit(f"{{ double t0_ = {self.name}_timing ? omp_get_wtime() : 0.0;")
+        for line in lines:
+            self.emit("  " + line)
+        seconds = f"{self.name}_seconds[{site}]"
+        self.emit(f"  if ({self.name}_timing) {seconds} += omp_get_wtime() - t0_; }}")
 
     def arena_ref(self, value: Value) -> TRef:
         shape = _row(value)
@@ -233,10 +248,15 @@ class _Renderer:
         ins = [self.input_pointer(v) for v in node.inputs]
         outs = [self.arena_ref(v) for v in node.outputs]
         k = len(self.groups)
-        self.emit(f"{{ const void *in{k}[] = {{{', '.join(p for p, _ in ins)}}};")
-        self.emit(f"  long rs{k}[] = {{{', '.join(r for _, r in ins)}}};")
-        self.emit(f"  void *out{k}[] = {{{', '.join(o.ptr for o in outs)}}};")
-        self.emit(f"  {name}(in{k}, rs{k}, out{k}, T, threads); }}")
+        self.timed(
+            f"pointwise -> {_site_name(node.outputs[-1])}",
+            [
+                f"const void *in{k}[] = {{{', '.join(p for p, _ in ins)}}};",
+                f"long rs{k}[] = {{{', '.join(r for _, r in ins)}}};",
+                f"void *out{k}[] = {{{', '.join(o.ptr for o in outs)}}};",
+                f"{name}(in{k}, rs{k}, out{k}, T, threads);",
+            ],
+        )
         for value, ref in zip(node.outputs, outs, strict=True):
             self.refs[id(value)] = ref
 
@@ -255,7 +275,7 @@ class _Renderer:
         out = node.outputs[0]
         src = self.contiguous(self.refs[id(node.inputs[0])])
         dst = self.arena_ref(out)
-        self.emit(self._gemm_call(node, src, dst.ptr))
+        self.timed(_site_name(node.inputs[1]), [self._gemm_call(node, src, dst.ptr)])
         self.refs[id(out)] = dst
 
     def _gemm_epilogue(self, node: Node, epilogue: Epilogue) -> None:
@@ -274,15 +294,18 @@ class _Renderer:
         self.arena += n_out
         g = len(self.linears)
         gemm = self._gemm_call(linear, src, product)
-        self.emit(
-            f"if (F[{g}] == 0) {fused}({self.weight(weight)}, {src.at()}, "
-            f"{self.weight(bias)}, {dst.ptr}, {epilogue.out_columns}, T, {n_out}, {n_in}, "
-            "threads);"
+        self.timed(
+            f"{_site_name(weight)} + tail",
+            [
+                f"if (F[{g}] == 0) {fused}({self.weight(weight)}, {src.at()}, "
+                f"{self.weight(bias)}, {dst.ptr}, {epilogue.out_columns}, T, {n_out}, {n_in}, "
+                "threads);",
+                f"else {{ {gemm}",
+                f"  const void *in{k}[] = {{{product}}}; long rs{k}[] = {{{n_out}}};",
+                f"  void *out{k}[] = {{{dst.ptr}}};",
+                f"  {tail}(in{k}, rs{k}, out{k}, T, threads); }}",
+            ],
         )
-        self.emit(f"else {{ {gemm}")
-        self.emit(f"  const void *in{k}[] = {{{product}}}; long rs{k}[] = {{{n_out}}};")
-        self.emit(f"  void *out{k}[] = {{{dst.ptr}}};")
-        self.emit(f"  {tail}(in{k}, rs{k}, out{k}, T, threads); }}")
         self.refs[id(out)] = dst
 
     def _slice(self, node: Node) -> None:
@@ -312,25 +335,26 @@ class _Renderer:
         if store is None:
             raise CodegenError(f"KV format {node.attrs['format']}")
         rows = (f"{k.at()} + t * {k.row_stride}", f"{v.at()} + t * {v.row_stride}")
-        self.emit("for (long t = 0; t < T; ++t) {")
-        store(self, node, rows, k.row_elements())
-        self.emit("}")
+        lines = ["for (long t = 0; t < T; ++t) {", *store(self, node, rows, k.row_elements()), "}"]
+        self.timed("kv_store", lines)
         for value in node.outputs:
             self.refs[id(value)] = TRef("kc", "0", 0, (), ())  # the cache, in place
 
-    def _store_e4m3(self, node: Node, rows: tuple[str, str], n: int) -> None:
+    def _store_e4m3(self, node: Node, rows: tuple[str, str], n: int) -> list[str]:
         """FP8 codes of (x - shift) / scale per head."""
         k_scale, v_scale, k_shift = (self.weight(x) for x in node.inputs[5:8])
         stores = (("kc", rows[0], k_scale, k_shift), ("vc", rows[1], v_scale, "0"))
-        for cache, row, scale, shift in stores:
-            self.emit(
-                f"    lk_store_e4m3({row}, (uint8_t *){cache} + s->slots[t] * {n}, "
-                f"{scale}, {shift}, {self.kv_heads}, {self.dim});"
-            )
+        return [
+            f"    lk_store_e4m3({row}, (uint8_t *){cache} + s->slots[t] * {n}, "
+            f"{scale}, {shift}, {self.kv_heads}, {self.dim});"
+            for cache, row, scale, shift in stores
+        ]
 
-    def _store_f32(self, node: Node, rows: tuple[str, str], n: int) -> None:
-        for cache, row in (("kc", rows[0]), ("vc", rows[1])):
-            self.emit(f"    memcpy({cache} + s->slots[t] * {n}, {row}, sizeof(float) * {n});")
+    def _store_f32(self, node: Node, rows: tuple[str, str], n: int) -> list[str]:
+        return [
+            f"    memcpy({cache} + s->slots[t] * {n}, {row}, sizeof(float) * {n});"
+            for cache, row in (("kc", rows[0]), ("vc", rows[1]))
+        ]
 
     def _attention(self, node: Node) -> None:
         if node.attrs["operands"] != "fp32":
@@ -343,11 +367,14 @@ class _Renderer:
         scales = "0, 0"  # FP8 codes: the per-head scales (the key shift cancels out)
         if node.attrs["kv_format"] != "f32":
             scales = ", ".join(self.weight(x) for x in node.inputs[7:9])
-        self.emit(
-            f"lk_decode_attention({q.at()}, kc, vc, {scales}, s->block_tables, "
-            f"s->max_blocks, s->seq_lens, {out.ptr}, T, {self.heads}, "
-            f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, "
-            "threads);"
+        self.timed(
+            "attention",
+            [
+                f"lk_decode_attention({q.at()}, kc, vc, {scales}, s->block_tables, "
+                f"s->max_blocks, s->seq_lens, {out.ptr}, T, {self.heads}, "
+                f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, "
+                "threads);"
+            ],
         )
         self.refs[id(node.outputs[0])] = out
 
@@ -360,11 +387,14 @@ class _Renderer:
         if not q.contiguous_rows():
             q = self.contiguous(q)
         out = self.arena_ref(node.outputs[0])
-        self.emit(
-            f"paged_prefill_attention_f32({q.at()}, {q.row_stride}, kc, vc, p->query_start, "
-            "p->query_lens, p->seq_lens, p->block_tables, p->max_blocks, p->prefills, "
-            f"{out.ptr}, {self.heads}, {self.kv_heads}, {self.dim}, s->block_size, "
-            f"{self.scale!r}f, s->window, threads);"
+        self.timed(
+            "attention",
+            [
+                f"paged_prefill_attention_f32({q.at()}, {q.row_stride}, kc, vc, "
+                "p->query_start, p->query_lens, p->seq_lens, p->block_tables, p->max_blocks, "
+                f"p->prefills, {out.ptr}, {self.heads}, {self.kv_heads}, {self.dim}, "
+                f"s->block_size, {self.scale!r}f, s->window, threads);"
+            ],
         )
         self.refs[id(node.outputs[0])] = out
 
@@ -378,14 +408,25 @@ class _Renderer:
             ref = self.refs[id(value)]
             n = ref.row_elements()
             tail.append(
-                f"        for (long t = 0; t < T; ++t) memcpy({target} + t * {n}, "
+                f"for (long t = 0; t < T; ++t) memcpy({target} + t * {n}, "
                 f"{ref.at()} + t * {ref.row_stride}, sizeof(float) * {n});"
             )
+        self.timed("copy out (h, delta)", tail)
         nw, ng = len(self.weight_inputs), len(self.linears)
-        includes = ["#include <string.h>", '#include "layer_kernels.h"']
+        includes = ["#include <omp.h>", "#include <string.h>", '#include "layer_kernels.h"']
+        sites = max(1, len(self.sites))
         definitions = "\n".join(
             [
                 *self.groups,
+                "/* seconds per call site since the last reset, summed over layers and calls",
+                f" * (profiling: {self.name}_timers copies them out, then times on or off) */",
+                f"static double {self.name}_seconds[{sites}];",
+                f"static int {self.name}_timing = 0;",
+                f"void {self.name}_timers(int enable, double *out) {{",
+                f"    if (out) memcpy(out, {self.name}_seconds, sizeof {self.name}_seconds);",
+                f"    memset({self.name}_seconds, 0, sizeof {self.name}_seconds);",
+                f"    {self.name}_timing = enable;",
+                "}",
                 f"void {self.name}(const void *const *weights, const long *formats, "
                 "float *const *caches, long n_layers, const step_args *s, float *h, float *delta, "
                 "float *arena, int threads, const prefill_args *p) {",
@@ -396,7 +437,6 @@ class _Renderer:
                 "        float *kc = caches[2 * l], *vc = caches[2 * l + 1];",
                 "        (void)W; (void)F; (void)p;",
                 *self.body,
-                *tail,
                 "    }",
                 "}",
                 "",
@@ -404,8 +444,17 @@ class _Renderer:
         )
         program = LayerProgram("", self.name, self.weight_inputs, self.linears, self.arena)
         program.includes, program.definitions = includes, definitions
+        program.sites = list(self.sites)
         program.source = _translation_unit([program])
         return program
+
+
+def _site_name(value: Value) -> str:
+    """A call site's name from the value it reads or writes: a weight's module path
+    ("attn.qkv"), an activation's name without its slice and version marks ("attn_norm")."""
+    if value.role == "weight":
+        return value.name.removesuffix(".weight")
+    return re.sub(r"\.\d+", "", re.sub(r"\[[^\]]*\]", "", value.name))
 
 
 def _translation_unit(programs: list[LayerProgram]) -> str:

@@ -5,6 +5,7 @@ the prefill program for steps with prefills (and decode rows beside them)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 
@@ -127,6 +128,7 @@ class LayerProgramRunner:
         self.program, self.cache = program, cache
         self.builds: list[Built] = []  # what building the variants took (compile report)
         self._calls: dict[ProgramVariant, object] = {}
+        self._timers: list[object] = []  # each built variant's `<function>_timers`
         try:
             self.built = self.build(DEFAULT)
         except NotBuilt:
@@ -164,13 +166,34 @@ class LayerProgramRunner:
         )
         if variant not in self._calls:
             fn = built.fn
+            library_ = ctypes.CDLL(str(built.path))  # (the entry's handle: its globals)
             if self.program.function != FUNCTIONS["decode"]:
-                fn = getattr(ctypes.CDLL(str(built.path)), f"{self.program.function}_{key}")
+                fn = getattr(library_, f"{self.program.function}_{key}")
+            timers = getattr(library_, f"{self.program.function}_timers")
+            timers.restype, timers.argtypes = None, [ctypes.c_int, ctypes.c_void_p]
+            self._timers.append(timers)
             fn.restype = None
             fn.argtypes = _ARGTYPES
             self._calls[variant] = profiling.native(fn, self.program.function, profiling.JIT)
             self.builds.append(built)
         return built
+
+    @contextlib.contextmanager
+    def timed(self):
+        """The program's call-site timers on while the block runs (every variant's): yields a
+        dict that holds, after the block, seconds per call site summed over layers and calls
+        ("attn.qkv", "attention", "pointwise -> attn_norm", ...; `LayerProgram.sites`)."""
+        seconds: dict[str, float] = {}
+        for timers in self._timers:
+            timers(1, None)
+        try:
+            yield seconds
+        finally:
+            out = (ctypes.c_double * max(1, len(self.program.sites)))()
+            for timers in self._timers:
+                timers(0, out)
+                for site, value in zip(self.program.sites, out, strict=False):
+                    seconds[site] = seconds.get(site, 0.0) + value
 
     def _bind(self, statics: list[dict]) -> None:
         """Per-layer weight pointers and GEMM formats, and the cache pointers (fixed)."""

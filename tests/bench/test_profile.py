@@ -125,8 +125,27 @@ def test_fused_decode_is_one_named_call(model_dir):
     params = config.hidden_size * (config.q_size + 2 * config.kv_size)
     params += config.q_size * config.hidden_size + 3 * config.hidden_size * config.intermediate_size
     assert row.flops >= 2 * BATCH * params * layers * STEPS
-    assert set(decode.fused_phases) >= {"qkv", "attention", "down"}
+    assert set(decode.c_timers) >= {"qkv", "attention", "down"}
+    assert decode.c_timers_of == "the fused decode call by phase"
     assert decode.roofline is None and row.bound(None) == ("-", None)
+
+
+def test_jit_layer_programs_are_broken_down_by_call_site(model_dir):
+    """compile="jit": each phase's layer program is one call, and its own timers split it per
+    call site (the projections, attention, the pointwise groups), summed over the layers:
+    inside the call, so they add up to at most its time, and to most of it."""
+    llm = LLM(str(model_dir), kv_cache_memory="4MiB", compile="jit")
+    result = profile_engine(llm.engine, WORKLOAD, say=lambda text: None)
+    for phase, name in (("prefill", "jit::prefill_program"), ("decode", "jit::layer_program")):
+        found = result.phases[phase]
+        (call,) = [r for r in found.rows if r.kernel == name]
+        assert found.c_timers_of == f"the generated {phase} layer program by call site"
+        sites = found.c_timers
+        assert {"attn.qkv", "attention", "attn.o", "mlp.down", "kv_store"} <= set(sites), sites
+        assert any(site.startswith("pointwise -> ") for site in sites), sites
+        assert all(seconds > 0 for seconds in sites.values()), sites
+        call_s = call.seconds / found.steps
+        assert 0.5 * call_s < sum(sites.values()) <= call_s, (sites, call_s)
 
 
 @pytest.mark.parametrize(
