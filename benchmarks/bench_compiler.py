@@ -13,7 +13,7 @@ times, interleaved (best of --repeats):
 each for the whole step (all 30 layers + head) and for one decoder layer. Then the costs of
 compiling: torch.compile's first-call time per shape, infergen's cold compile (empty JIT
 cache) and warm-cache start, and process start to first token for eager, jit (warm) and
-torch.compile. Where the jit step's time goes is printed per fused group / op.
+torch.compile. Where the jit step's time goes: the layer programs' C timers per call site.
 
 Targets (issue 7): decode step ≤ 0.8× eager and ≤ 1.0× torch.compile; cold compile ≤ 0.2×
 torch.compile's; warm start ≤ 1 s over eager start.
@@ -24,6 +24,7 @@ torch.compile's; warm start ≤ 1 s over eager start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import pathlib
@@ -79,6 +80,22 @@ def step_fn(llm: LLM, batch, forward=None):
     model, cache = llm.engine.runner.model, llm.engine.kv_cache
     forward = forward or model
     return lambda: forward(batch, cache)
+
+
+def program_sites(llm: LLM, batch, steps: int = 3) -> dict[str, float]:
+    """Seconds per call site of the jit layer programs (their C timers, all layers) over
+    `steps` steps of `batch`: where the jit step's time goes inside its one native call."""
+    path = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache)
+    programs = [p for p in (path.program, path.prefill_program) if p is not None]
+    with contextlib.ExitStack() as stack:
+        found = [stack.enter_context(program.timed()) for program in programs]
+        for _ in range(steps):
+            step_fn(llm, batch)()
+    sites: dict[str, float] = {}
+    for seconds in found:
+        for site, value in seconds.items():
+            sites[site] = sites.get(site, 0.0) + value
+    return {site: value for site, value in sites.items() if value > 0}
 
 
 def layer_fn(llm: LLM, batch, mode: str, compiled_layer=None):
@@ -197,9 +214,7 @@ def main() -> None:
         }
         best = best_seconds_each(fns, args.repeats)
         results[shape] = {f"{part}_{engine}": seconds for (part, engine), seconds in best.items()}
-        warm.profile = {}
-        step_fn(engines["jit"], batches["jit"])()
-        profiles[shape], warm.profile = warm.profile, None
+        profiles[shape] = program_sites(engines["jit"], batches["jit"])
         row = "  ".join(f"{k} {v * 1e3:.2f} ms" for k, v in results[shape].items())
         print(f"[{shape}] {row}", flush=True)
     startup = {}
@@ -260,7 +275,7 @@ def lines(args, results, costs, startup, profiles) -> list[dict]:
                         "definition": "peer/infergen (ms)",
                     }
                 )
-        total = sum(profiles[shape].values())
+        total = sum(profiles[shape].values()) or 1.0
         out.append(
             {
                 **base,

@@ -315,10 +315,11 @@ def render_compiler(lines: list[dict]) -> str | None:
     ]
     profiles = [ln for ln in ours if ln.get("kind") == "profile"]
     if profiles:
-        rows += ["", "Where the jit step's time goes (graph walker, share of the step):", ""]
+        rows += ["", "Where the jit step's time goes (the layer programs' call sites, their C "
+                 "timers over all layers; share of the timed time):", ""]  # fmt: skip
         for ln in profiles:
             top = ", ".join(f"{k} {v:.0%}" for k, v in list(ln["shares"].items())[:6])
-            # (a step the layer program ran whole is one native call: no walker to break down)
+            # (older runs: the graph walker's profile, empty when the program ran the step)
             top = top or "the layer program, one native call (`jit::layer_program` in profile)"
             rows.append(f"- {ln['metric'].removeprefix('jit_step_')}: {top}")
     stamp = max(ln["timestamp"] for ln in ours)
