@@ -6,6 +6,23 @@
  * calling thread's MXCSR, so every OpenMP worker sets flush-to-zero + denormals-are-zero. */
 static inline void flush_denormals(void) { _mm_setcsr(_mm_getcsr() | 0x8040); }
 
+#ifdef __AVX512F__
+/* The accumulators of the 24-column-panel micro-kernels (gemm_packed_f32.c, gemm_bf16.c), per
+ * token row r: a<r> (a 16-float vector) and b<r> (an 8-float one) for a panel's 24 columns —
+ * rows 0..7 of one panel (ACCUMULATORS_8X24), or rows 0..3 of two panels, c<r> / d<r> the
+ * second's (ACCUMULATORS_PAIR). */
+#define ACCUMULATORS_8X24                                                                      \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,     \
+           a7 = a0;                                                                            \
+    __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0, b6 = b0,     \
+           b7 = b0
+#define ACCUMULATORS_PAIR                                                                      \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0,     \
+           c3 = a0;                                                                            \
+    __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, d0 = b0, d1 = b0, d2 = b0,     \
+           d3 = b0
+#endif
+
 /* Work below this many elements runs on one thread: a fork/join costs more than it saves. */
 #ifndef PARALLEL_MIN_ELEMENTS /* a generated program may set its own (compiler/program_tune.py) */
 #define PARALLEL_MIN_ELEMENTS 32768L

@@ -79,10 +79,7 @@ static void bf16_finish(float acc[][NR], const float *bias, float *Y, long ldy, 
                                  const float *bias, float *Y, long ldy, int cols,                  \
                                  const uint32_t *pf) {                                             \
         const int mr = MRX;                                                                        \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,     \
-               a7 = a0;                                                                            \
-        __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0, b6 = b0,     \
-               b7 = b0;                                                                            \
+        ACCUMULATORS_8X24;                                                                         \
         for (long i = 0; i < K2; ++i) {                                                            \
             if (pf) { /* the next panel's row i into L2 (one token block: no time otherwise) */  \
                 _mm_prefetch((const char *)(pf + i * NR), _MM_HINT_T1);                            \
@@ -124,10 +121,7 @@ static void bf16_finish(float acc[][NR], const float *bias, float *Y, long ldy, 
                                 long K2, const float *bias0, const float *bias1, float *Y0,        \
                                 float *Y1, long ldy) {                                             \
         const int mr = MRX;                                                                        \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0,     \
-               c3 = a0;                                                                            \
-        __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, d0 = b0, d1 = b0, d2 = b0,     \
-               d3 = b0;                                                                            \
+        ACCUMULATORS_PAIR;                                                                         \
         for (long i = 0; i < K2; ++i) {                                                            \
             __m512i w16 = _mm512_loadu_si512((const void *)(wp0 + i * NR));                        \
             __m256i w8 = _mm256_loadu_si256((const __m256i *)(wp0 + i * NR + 16));                 \

@@ -114,10 +114,7 @@ static const micro_fn MICROS[5] = {0, micro_1, micro_2, micro_3, micro_4};
                             const float *bias, int cols, const float *prefetch,                \
                             long pf_step) {                                                    \
         const int mr = MR;                                                                     \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, \
-               a7 = a0;                                                                        \
-        __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0, b6 = b0, \
-               b7 = b0;                                                                        \
+        ACCUMULATORS_8X24;                                                                     \
         for (long k = 0; k < K; ++k) {                                                         \
             __m512 w0 = _mm512_loadu_ps(wp + k * NR);                                          \
             __m256 w1 = _mm256_loadu_ps(wp + k * NR + 16);                                     \
@@ -162,10 +159,7 @@ MICRO8(8)
                           float *Y0, float *Y1, long ldy, const float *bias0,                  \
                           const float *bias1, const float *prefetch, long pf_step) {           \
         const int mr = MR;                                                                     \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, \
-               c3 = a0;                                                                        \
-        __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, d0 = b0, d1 = b0, d2 = b0, \
-               d3 = b0;                                                                        \
+        ACCUMULATORS_PAIR;                                                                     \
         for (long k = 0; k < K; ++k) {                                                         \
             __m512 w0 = _mm512_loadu_ps(wp0 + k * NR), v0 = _mm512_loadu_ps(wp1 + k * NR);     \
             __m256 w1 = _mm256_loadu_ps(wp0 + k * NR + 16);                                    \
