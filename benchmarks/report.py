@@ -870,18 +870,26 @@ def render_decode_roofline(lines: list[dict]) -> str | None:
         return None
     first = ours[0]
     rows = [
-        "| decode bs1 | step ms | roofline ms | fraction of the roofline |",
-        "|---|---|---|---|",
+        "| decode bs1 | step ms | roofline ms | fraction of the roofline | of reading its weights "
+        "in place |",
+        "|---|---|---|---|---|",
     ]
-    rows += [
-        f"| {ln['mode']} | {ln['infergen_value']:.2f} | {ln['peer_value']:.2f} | "
-        f"{ln['value']:.1%} |"
-        for ln in ours
-    ]
+    for ln in ours:
+        in_place = ln.get("fraction_of_in_place_read")
+        rows.append(
+            f"| {ln['mode']} | {ln['infergen_value']:.2f} | {ln['peer_value']:.2f} | "
+            f"{ln['value']:.1%} | " + (f"{in_place:.1%} |" if in_place is not None else "– |")
+        )
     rows.append(
         f"\nA step reads {first['step_bytes'] / 1e6:.1f} MB ({first['model']}, context "
         f"{first['context']}); read bandwidth {first['read_bandwidth_gb_s']:.1f} GB/s measured "
-        f"in the same run; {_machine(first)}; run {first['timestamp']}. Regenerate: "
+        f"in the same run (a 512 MiB buffer)"
+        + (
+            f", the model's weights read in place {first['weights_in_place_gb_s']:.1f} GB/s"
+            if "weights_in_place_gb_s" in first
+            else ""
+        )  # fmt: skip
+        + f"; {_machine(first)}; run {first['timestamp']}. Regenerate: "
         "`python benchmarks/bench_decode_roofline.py && python benchmarks/report.py`."
     )
     return "\n".join(rows)
