@@ -143,21 +143,30 @@ class CTimers:
             self._open = program.timed
             self.of = f"the generated {phase} layer program by call site"
         elif phase == "decode":
-            self._open = PhaseProfile
+            self._open = _fused_phases
             self.of = "the fused decode call by phase"
         else:
-            self._open, self.of = None, ""
+            self._open, self.of = (lambda: contextlib.nullcontext({})), ""
 
     def __enter__(self) -> CTimers:
-        self._context = self._open() if self._open is not None else contextlib.nullcontext({})
+        self._context = self._open()  # (yields a dict of seconds, filled when it closes)
         self._found = self._context.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self._context.__exit__(*exc)
-        found = self._found.seconds if isinstance(self._found, PhaseProfile) else self._found
-        for name, seconds in found.items():
+        for name, seconds in self._found.items():
             self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+
+@contextlib.contextmanager
+def _fused_phases():
+    """The fused decode step's phase timers (PhaseProfile) as the layer programs' are read: a
+    dict of seconds per phase, filled when the block ends."""
+    seconds: dict[str, float] = {}
+    with PhaseProfile() as timers:
+        yield seconds
+    seconds.update(timers.seconds)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,13 @@ static inline void flush_denormals(void) { _mm_setcsr(_mm_getcsr() | 0x8040); }
            c3 = a0;                                                                            \
     __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, d0 = b0, d1 = b0, d2 = b0,     \
            d3 = b0
+
+/* The first panel of work unit u of a GEMM that runs its full panels two at a time: units
+ * 0..pairs-1 are the pairs (panels 2u, 2u + 1), the next ones the panels left (an odd or
+ * partial last one), alone. */
+static inline long pair_unit_panel(long u, long pairs) {
+    return u < pairs ? 2 * u : pairs + u;
+}
 #endif
 
 /* Work below this many elements runs on one thread: a fork/join costs more than it saves. */

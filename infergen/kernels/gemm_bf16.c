@@ -245,7 +245,7 @@ void gemm_bf16(const uint32_t *Wp, const float *X, const float *bias, float *Y, 
             const long pairs = N / NR / 2, units = panels - pairs;
 #pragma omp for schedule(static)
             for (long u = 0; u < units; ++u) {
-                const long p = u < pairs ? 2 * u : pairs + u, n0 = p * NR;
+                const long p = pair_unit_panel(u, pairs), n0 = p * NR;
                 const uint32_t *wp = Wp + p * K2 * NR;
                 const float *b = bias ? bias + n0 : 0;
                 if (u < pairs) {

@@ -50,7 +50,7 @@ static void EPI_PAIRS(EPI_NAME)(const float *Wp, const float *X, const float *bi
         const long tile_stride = 2 * NR;
 #pragma omp for schedule(static)
         for (long u = 0; u < units; ++u) {
-            const long p = EPI_PARTS == 2 ? u : (u < pairs ? 2 * u : pairs + u);
+            const long p = EPI_PARTS == 2 ? u : pair_unit_panel(u, pairs);
             const float *wp = Wp + p * K * NR;
             const float *b = bias ? bias + p * NR : 0;
             if (u >= pairs) { /* a lone panel (1 part, odd count) */

@@ -204,7 +204,7 @@ static void gemm_pairs(const float *Wp, const float *X, const float *bias, float
         flush_denormals();
 #pragma omp for schedule(static)
         for (long u = 0; u < units; ++u) {
-            const long p = u < pairs ? 2 * u : pairs + u; /* the unit's first panel */
+            const long p = pair_unit_panel(u, pairs);
             const float *wp = Wp + p * K * NR;
             const float *b = bias ? bias + p * NR : 0;
             if (u >= pairs) { /* a lone panel */

@@ -180,6 +180,10 @@ static inline void decode_rows_e4m3(const uint8_t *const *src, float *dst, long 
 #endif
 #define CHUNK DECODE_ATTN_CHUNK
 
+/* A sequence's work items: the fewest chunks of at most CHUNK of its `span` positions (one,
+ * empty, when it has none). */
+static inline long chunks_of(long span) { return span > 0 ? (span + CHUNK - 1) / CHUNK : 1; }
+
 static void decode_attention(const float *q, const void *k_cache, const void *v_cache,
                              const float *k_scales, const float *v_scales,
                              const long *block_tables, long max_blocks, const long *seq_lens,
@@ -194,7 +198,7 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
     long items = 0, work = 0;
     for (long b = 0; b < batch; ++b) {
         long len = seq_lens[b], start = (window > 0 && len > window) ? len - window : 0;
-        items += len > start ? (len - start + CHUNK - 1) / CHUNK : 1;
+        items += chunks_of(len - start);
         work += len - start;
     }
     long *item_seq = malloc(sizeof(long) * (size_t)(3 * items));
@@ -202,9 +206,9 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
     long *first_item = malloc(sizeof(long) * (size_t)(batch + 1));
     for (long b = 0, it = 0; b < batch; ++b) {
         long len = seq_lens[b], start = (window > 0 && len > window) ? len - window : 0;
-        /* the fewest chunks of at most CHUNK positions, of equal lengths (to one): 129
-         * positions are 65 + 64, not 128 + 1, which left one thread idle */
-        long span = len - start, chunks = span > 0 ? (span + CHUNK - 1) / CHUNK : 1;
+        /* chunks of equal lengths (to one): 129 positions are 65 + 64, not 128 + 1, which
+         * left one thread idle */
+        long span = len - start, chunks = chunks_of(span);
         first_item[b] = it;
         for (long c = 0; c < chunks; ++c, ++it) {
             item_seq[it] = b;
