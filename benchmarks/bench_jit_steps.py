@@ -7,6 +7,14 @@ an older commit (`--head-benchmarks`: this script on both sides) for issue 27's 
 
     .venv/bin/python benchmarks/ab_commits.py --base 17503f0~1 --rounds 2 --head-benchmarks \\
         --bench "bench_jit_steps.py" --out benchmarks/results/ab_issue27.jsonl
+
+`--model gemma3-270m` runs Gemma-3-270M (the packaged Q4_K_M GGUF, dequantized to fp32:
+sliding-window and full-attention layers, sandwich norms, GeGLU). Its compile="off" is the
+per-op path (the hand-written fused decode takes Llama-shaped layers only), so the pair is
+the layer programs against running each op from Python:
+
+    .venv/bin/python benchmarks/bench_jit_steps.py --model gemma3-270m \\
+        --out benchmarks/results/jit_steps_gemma3.jsonl
 """
 
 from __future__ import annotations
@@ -25,21 +33,29 @@ from bench_generate import git_state, machine_info  # noqa: E402
 from results_file import base_line, bench_arguments, write_lines  # noqa: E402
 
 from infergen import LLM  # noqa: E402
+from infergen.io.packaged_models import gemma3_270m_path  # noqa: E402
 from infergen.timing import best_seconds_each  # noqa: E402
+
+# --model → (checkpoint path, its label in the results; KV cache bytes a token, all layers)
+MODELS = {
+    "smollm2-135m": (None, "SmolLM2-135M-Instruct (fp32)", 46080),
+    "gemma3-270m": (gemma3_270m_path, "Gemma-3-270M (Q4_K_M GGUF dequantized, fp32)", 36864),
+}
 
 
 def main() -> None:
     parser = bench_arguments(__doc__, 10, ROOT / "benchmarks/results/jit_steps.jsonl")
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    memory = f"{CONTEXT_TOKENS * 46080 * 2 // 2**20 + 16}MiB"
+    path, label, token_bytes = MODELS[args.model]
+    model = {} if path is None else {"model": str(path())}
+    memory = f"{CONTEXT_TOKENS * token_bytes * 2 // 2**20 + 16}MiB"
     engines = {
-        "jit": LLM(kv_cache_memory=memory, compile="jit"),
-        "off": LLM(kv_cache_memory=memory),
+        "jit": LLM(**model, kv_cache_memory=memory, compile="jit"),
+        "off": LLM(**model, kv_cache_memory=memory),
     }
-    base = base_line(
-        "jit_steps", "SmolLM2-135M-Instruct (fp32)", machine_info(args.threads), git_state()
-    )
+    base = base_line("jit_steps", label, machine_info(args.threads), git_state())
     lines = []
     shapes = {**SHAPES, "prefill_t16": (1, 0, 16), "chunk_t16_ctx256": (1, 256, 16)}
     for shape, (sequences, context, new) in shapes.items():
@@ -62,6 +78,19 @@ def main() -> None:
                     "stat": f"best of {args.repeats}",
                 }
             )
+        lines.append(
+            {
+                **base,
+                "kind": "ratio",
+                "metric": f"step_ms_{shape}",
+                "infergen_value": best["jit"] * 1e3,
+                "peer": "compile=off",
+                "peer_value": best["off"] * 1e3,
+                "value": best["off"] / best["jit"],  # > 1: the layer programs are faster
+                "unit": "ms",
+                "shape": f"{sequences} x ({context} cached + {new} new)",
+            }
+        )
     write_lines(args.out, lines)
 
 

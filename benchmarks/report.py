@@ -895,6 +895,34 @@ def render_decode_roofline(lines: list[dict]) -> str | None:
     return "\n".join(rows)
 
 
+JIT_STEPS_START, JIT_STEPS_END = "<!-- jit-steps:start -->", "<!-- jit-steps:end -->"
+
+
+def render_jit_steps(lines: list[dict]) -> str | None:
+    """bench_jit_steps: compile="jit" against compile="off" per step shape, per model (None:
+    no run kept)."""
+    ours = [ln for ln in lines if ln.get("bench") == "jit_steps" and ln["kind"] == "ratio"]
+    if not ours:
+        return None
+    rows = [
+        "| model | step | sequences x (cached + new) | jit ms | off ms | off / jit |",
+        "|---|---|---|---|---|---|",
+    ]
+    for ln in ours:
+        rows.append(
+            f"| {ln['model']} | {ln['metric'].removeprefix('step_ms_')} | {ln['shape']} | "
+            f"{ln['infergen_value']:.2f} | {ln['peer_value']:.2f} | {ln['value']:.2f}× |"
+        )
+    runs = {(ln["model"], ln["timestamp"]): ln for ln in ours}
+    for (model, stamp), ln in runs.items():
+        rows.append(f"\n{model}: {_machine(ln)}; run {stamp}.")
+    rows.append(
+        "Regenerate: `python benchmarks/bench_jit_steps.py --model gemma3-270m --out "
+        "benchmarks/results/jit_steps_gemma3.jsonl && python benchmarks/report.py`."
+    )
+    return "\n".join(rows)
+
+
 SECTIONS = (
     (QUANT_START, QUANT_END, render_quant),
     (COMPILER_START, COMPILER_END, render_compiler),
@@ -908,6 +936,7 @@ SECTIONS = (
     (TUNER_START, TUNER_END, render_tuner),
     (EPILOGUE_START, EPILOGUE_END, render_epilogue),
     (ROOFLINE_START, ROOFLINE_END, render_decode_roofline),
+    (JIT_STEPS_START, JIT_STEPS_END, render_jit_steps),
 )
 
 

@@ -43,7 +43,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 }
 
 # Architectures beyond the Llama-shaped layer (tests/models/test_architectures_hf.py); the
-# fused decode and the compiler do not take them.
+# fused decode does not take them, the compiler takes Gemma-3's (COMPILED_VARIANTS).
 _GEMMA3_TYPES = ["sliding_attention"] * 2 + ["full_attention"]
 ARCH_VARIANTS: dict[str, tuple[str, dict]] = {
     # 4 sliding + 2 full layers: three KV cache groups of two layers, window 8
@@ -210,6 +210,10 @@ ARCH_VARIANTS: dict[str, tuple[str, dict]] = {
         ),
     ),  # fmt: skip
 }
+
+# the architectures the compiler captures (compiler/runtime.py CAPTURED_FEATURES): the
+# Llama-shaped variants and Gemma-3 (cache groups, two RoPE tables, sandwich norms, GeGLU)
+COMPILED_VARIANTS = [*sorted(VARIANTS), "gemma3"]
 
 
 def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides):

@@ -107,7 +107,8 @@ def element_seconds(node: Node) -> float:
     on this machine's threads: its reference executor on CALIBRATION_SHAPE inputs less what an
     add moving as many bytes takes (a sigmoid's exponential and division: ~0.15 ns here; an
     add or a multiply: 0). Measured once per process."""
-    if node.op.kind is not OpKind.POINTWISE or node.op in (Op.CAST, Op.SILU_MUL, Op.ROPE):
+    coarse = (Op.CAST, Op.SILU_MUL, Op.GELU_MUL, Op.ROPE)
+    if node.op.kind is not OpKind.POINTWISE or node.op in coarse:
         return 0.0
     key = (node.op, repr(sorted(node.attrs.items())))
     if key not in _ARITHMETIC:

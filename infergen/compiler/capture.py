@@ -1,11 +1,11 @@
 """Capture: the IR graph of a model method, traced from the model code with torch.fx.
 
 Our layers call ops, never raw kernels, so tracing stops at them: `Linear` and `RMSNorm`
-modules and the op functions (ROPE / SILU_MUL backends, `kv_store`, `paged_attention`) become
-single IR nodes whatever backend the engine picked; the views, slices and shape arithmetic
-between them become LAYOUT nodes. Every architecture the generic decoder assembles is thus
-captured without a hand-written graph (tests/compiler/test_capture.py runs each against the
-layer itself).
+modules and the op functions (ROPE / SILU_MUL / GELU_MUL backends, `kv_store`,
+`paged_attention`) become single IR nodes whatever backend the engine picked; the views,
+slices and shape arithmetic between them become LAYOUT nodes. Every architecture the generic
+decoder assembles is thus captured without a hand-written graph (tests/compiler/
+test_capture.py runs each against the layer itself).
 
 The engine's in-place updates become SSA values: the RMSNorm that adds the pending delta into
 the residual stream returns the new stream (later reads of `h` use it), and the KV store
@@ -343,6 +343,9 @@ class _Converter:
 
     def _leaf_silu_mul(self, fn, args, kwargs, where) -> Value:
         return self.emit(Op.SILU_MUL, (args[0],), "act")[0]
+
+    def _leaf_gelu_mul(self, fn, args, kwargs, where) -> Value:
+        return self.emit(Op.GELU_MUL, (args[0],), "act")[0]
 
     def _leaf_kv_store(self, fn, args, kwargs, where) -> None:
         call = inspect.signature(fn).bind(*args, **kwargs).arguments

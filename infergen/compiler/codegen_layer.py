@@ -14,19 +14,22 @@ the offsets of the buffer plan (buffers.py: values whose live ranges do not over
 memory), T rows each.
 
     void <name>(const void *const *weights, const long *formats, float *const *caches,
-                long n_layers, const step_args *s, float *h, float *delta, float *arena,
-                int threads, const prefill_args *p)
+                long n_layers, const step_args *const *steps, float *h, float *delta,
+                float *arena, int threads, const prefill_args *const *prefills)
 
 `weights[l * W + j]` is layer l's j-th weight input (a projection's prepared panels, a norm's
 weight; NULL for a missing bias), `formats[l * G + g]` its g-th GEMM's panel format,
-`caches[2 l]`, `caches[2 l + 1]` its K / V cache; h and delta are updated in place (the
-residual stream, the pending MLP output). Two phases, two programs of one graph:
+`caches[2 l]`, `caches[2 l + 1]` its K / V cache, `steps[l]` (and `prefills[l]`) its view of
+the step: its cache group's slots, block tables and window, its RoPE table (one struct for
+every layer of a uniform model; Gemma-3's sliding and full layers point at their group's);
+h and delta are updated in place (the residual stream, the pending MLP output). Two phases,
+two programs of one graph:
 - "decode": one token per sequence, attention by the paged decode kernel over the step's
   decode block tables (fp32 or FP8 E4M3 caches); `p` is unused (NULL);
 - "prefill": a step with prefills (a prompt, or a chunk after cached context; decode rows
   beside them join as one-query sequences), attention by the paged prefill kernel
-  (paged_prefill_attention_f32.c) over `p`, all the step's rows as one varlen batch (fp32
-  caches).
+  (paged_prefill_attention_f32.c) over `prefills[l]`, all the step's rows as one varlen batch
+  (fp32 caches).
 The runtime walks the graph for the other steps (sinks, input quantizers, ...).
 """
 
@@ -428,10 +431,13 @@ class _Renderer:
                 f"    {self.name}_timing = enable;",
                 "}",
                 f"void {self.name}(const void *const *weights, const long *formats, "
-                "float *const *caches, long n_layers, const step_args *s, float *h, float *delta, "
-                "float *arena, int threads, const prefill_args *p) {",
-                "    long T = s->tokens;",
+                "float *const *caches, long n_layers, const step_args *const *steps, "
+                "float *h, float *delta, float *arena, int threads, "
+                "const prefill_args *const *prefills) {",
+                "    long T = steps[0]->tokens;",
                 "    for (long l = 0; l < n_layers; ++l) {",
+                "        const step_args *s = steps[l];  /* the layer's view of the step */",
+                "        const prefill_args *p = prefills ? prefills[l] : 0;",
                 f"        const void *const *W = weights + l * {max(nw, 1)};",
                 f"        const long *F = formats + l * {max(ng, 1)};",
                 "        float *kc = caches[2 * l], *vc = caches[2 * l + 1];",

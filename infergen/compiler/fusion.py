@@ -8,6 +8,7 @@ Specific patterns first (each names the kernel it makes):
                   each output tile in L1 (codegen_gemm.py); otherwise (another weight format,
                   a quantizer in the tail) the GEMM runs on the engine's backend and the
                   tail as one generated kernel over its whole output, after it
+- gemm_gelu_mul:  the same with GELU_MUL (GeGLU: Gemma)
 - rope_kv_store:  ROPE (and the slice that takes K out of a joint q/k rotation) feeding a KV
                   store: keys are rotated and written in one pass
 Before them (its own pass, fuse_input_quantizers, first in the "jit" pipeline):
@@ -91,17 +92,22 @@ def _match_norm_quantize(node: Node, graph: Graph):
     return [node, reader] if reader is not None and reader.op is Op.QUANTIZE_ACT else None
 
 
-def _match_gemm_silu_mul(node: Node, graph: Graph):
-    if node.op is not Op.LINEAR:
-        return None
-    act = _only_reader(graph, node.outputs[0])
-    if act is None or act.op is not Op.SILU_MUL:
-        return None
-    group = [node, act]
-    quant = _only_reader(graph, act.outputs[0])
-    if quant is not None and quant.op is Op.QUANTIZE_ACT:
-        group.append(quant)
-    return group
+def _match_gemm_gated(activation: Op):
+    """LINEAR whose output only feeds the gated `activation` (+ that output's quantizer)."""
+
+    def match(node: Node, graph: Graph):
+        if node.op is not Op.LINEAR:
+            return None
+        act = _only_reader(graph, node.outputs[0])
+        if act is None or act.op is not activation:
+            return None
+        group = [node, act]
+        quant = _only_reader(graph, act.outputs[0])
+        if quant is not None and quant.op is Op.QUANTIZE_ACT:
+            group.append(quant)
+        return group
+
+    return match
 
 
 def _match_rope_kv_store(node: Node, graph: Graph):
@@ -222,7 +228,8 @@ ADD_RMS_NORM_RULE = Rule("add_rms_norm", _match_add_norm, _rewrite_add_norm)
 EPILOGUE_RULES = (
     ADD_RMS_NORM_RULE,
     Rule("norm_quantize", _match_norm_quantize, _fuse_rewrite("norm_quantize")),
-    Rule("gemm_silu_mul", _match_gemm_silu_mul, _fuse_rewrite("gemm_silu_mul")),
+    Rule("gemm_silu_mul", _match_gemm_gated(Op.SILU_MUL), _fuse_rewrite("gemm_silu_mul")),
+    Rule("gemm_gelu_mul", _match_gemm_gated(Op.GELU_MUL), _fuse_rewrite("gemm_gelu_mul")),
     Rule("rope_kv_store", _match_rope_kv_store, _fuse_rewrite("rope_kv_store")),
 )
 PASSES.register("fuse_epilogues", Pass("fuse_epilogues", EPILOGUE_RULES))

@@ -17,7 +17,7 @@ from infergen.compiler.ir import Graph, Op, Sym, bind_shape
 from infergen.kvcache.kv_format import KV_FORMATS, encode
 from infergen.kvcache.paged_cache import KVLayer
 from infergen.layers.linear import Linear
-from infergen.ops import kv_store, linear, rms_norm, rope, silu_mul
+from infergen.ops import gelu_mul, kv_store, linear, rms_norm, rope, silu_mul
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.ops.paged_attention import paged_attention
 
@@ -122,6 +122,11 @@ def _cast(args, attrs, sizes):
 @executor(Op.SILU_MUL)
 def _silu_mul(args, attrs, sizes):
     return (silu_mul.reference(args[0]),)
+
+
+@executor(Op.GELU_MUL)
+def _gelu_mul(args, attrs, sizes):
+    return (gelu_mul.reference(args[0]),)
 
 
 @executor(Op.ROPE)

@@ -8,8 +8,9 @@ a buffer in place in the engine (the residual add of RMSNorm, the KV-cache store
 new value, and later readers use that one.
 
 Ops are an enum grouped by kind (`OpKind`): the passes match on ops and kinds, the renderers
-(C, Triton) on the kind first. Coarse ops (RMS_NORM, ROPE, SILU_MUL) are what capture sees in
-the model code; passes may lower them to the pointwise / reduction primitives they are made of.
+(C, Triton) on the kind first. Coarse ops (RMS_NORM, ROPE, SILU_MUL, GELU_MUL) are what capture
+sees in the model code; passes may lower them to the pointwise / reduction primitives they are
+made of.
 
 `Graph.dump()` is the readable text form, one node per line:
 
@@ -70,6 +71,7 @@ class Op(enum.Enum):
     CAST = ("cast", OpKind.POINTWISE, 1)  # attrs: dtype
     # coarse pointwise ops the model calls
     SILU_MUL = ("silu_mul", OpKind.POINTWISE, 1)  # silu(x[..., :n]) · x[..., n:]
+    GELU_MUL = ("gelu_mul", OpKind.POINTWISE, 1)  # gelu_tanh(x[..., :n]) · x[..., n:]
     ROPE = ("rope", OpKind.POINTWISE, 1)  # (x, positions, cos_sin table)
     # reductions over the last dimension (keepdim)
     SUM = ("sum", OpKind.REDUCTION, 1)

@@ -1,10 +1,12 @@
-"""Lowering: the coarse ops capture sees (RMS_NORM, ADD_RMS_NORM, SILU_MUL, ROPE) rewritten
-into the pointwise, row-reduction and layout primitives they are made of, in the order of
+"""Lowering: the coarse ops capture sees (RMS_NORM, ADD_RMS_NORM, SILU_MUL, GELU_MUL, ROPE)
+rewritten into the pointwise, row-reduction and layout primitives they are made of, in the order of
 the ops' references (ops/*.py), so the lowered graph computes the same values:
 
     rms_norm(x, w)      = (x · rsqrt(mean(x · x) + eps)) · w
     add_rms_norm(h, d)  = rms_norm(h + d), and h + d
     silu_mul(x)         = (g · sigmoid(g)) · u          g, u = x[..., :n], x[..., n:]
+    gelu_mul(x)         = (g · sigmoid(c·g·(1 + 0.044715·g·g))) · u     c = 2·√(2/π)
+                          (gelu_tanh: 0.5·(1 + tanh(z)) = sigmoid(2z), one exponential)
     rope(x, p, table)   = concat(x1·cos − x2·sin, x2·cos + x1·sin)   cos, sin = table[p] halves
 
 A renderer then needs only the primitives; the generic fusion puts them back together into
@@ -12,6 +14,8 @@ one loop kernel per chain. Runs inside fused groups too (after the specific fusi
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -67,12 +71,29 @@ def _lower_add_rms_norm(b: _Builder, node: Node) -> None:
     _rms(b, total, weight, node.attrs["eps"], y)
 
 
-def _lower_silu_mul(b: _Builder, node: Node) -> None:
+def _gate_up(b: _Builder, node: Node) -> tuple[Value, Value]:
+    """The halves of a gated activation's input: gate x[..., :n], up x[..., n:]."""
     (x,) = node.inputs
     last, n = x.rank - 1, x.shape[-1] // 2
-    gate = b(Op.SLICE, x, dim=last, start=0, stop=n)
-    up = b(Op.SLICE, x, dim=last, start=n, stop=2 * n)
+    return (
+        b(Op.SLICE, x, dim=last, start=0, stop=n),
+        b(Op.SLICE, x, dim=last, start=n, stop=2 * n),
+    )
+
+
+def _lower_silu_mul(b: _Builder, node: Node) -> None:
+    gate, up = _gate_up(b, node)
     b(Op.MUL, b(Op.MUL, gate, b(Op.SIGMOID, gate)), up, out=node.outputs[0])
+
+
+GELU_TANH_SCALE = 2 * math.sqrt(2 / math.pi)  # sigmoid(2z) = 0.5·(1 + tanh(z))
+
+
+def _lower_gelu_mul(b: _Builder, node: Node) -> None:
+    gate, up = _gate_up(b, node)
+    cubic = b(Op.ADD_SCALAR, b(Op.MUL_SCALAR, b(Op.MUL, gate, gate), value=0.044715), value=1.0)
+    inner = b(Op.MUL_SCALAR, b(Op.MUL, gate, cubic), value=GELU_TANH_SCALE)
+    b(Op.MUL, b(Op.MUL, gate, b(Op.SIGMOID, inner)), up, out=node.outputs[0])
 
 
 def _lower_rope(b: _Builder, node: Node) -> None:
@@ -93,6 +114,7 @@ _LOWERINGS = {
     Op.RMS_NORM: _lower_rms_norm,
     Op.ADD_RMS_NORM: _lower_add_rms_norm,
     Op.SILU_MUL: _lower_silu_mul,
+    Op.GELU_MUL: _lower_gelu_mul,
     Op.ROPE: _lower_rope,
 }
 

@@ -143,6 +143,10 @@ class LayerProgramRunner:
                 continue  # (evicted since: the default runs that bucket)
             self.by_bucket[bucket] = variant
         self.model, self.kv_cache = model, kv_cache
+        # the layers' distinct views of a step (cache group, RoPE table), and each layer's
+        layer_views = [(layer.attn.group, layer.attn.rope_index) for layer in model.layers]
+        self.views = list(dict.fromkeys(layer_views))
+        self.view_of = [self.views.index(view) for view in layer_views]
         self._bind(statics)
 
     def build(self, variant: ProgramVariant) -> Built:
@@ -233,19 +237,50 @@ class LayerProgramRunner:
         if call is None:
             self.build(variant)
             call = self._calls[variant]
-        config, plan = self.model.config, batch.attn_plan
-        tables = plan.decode_block_tables
         tokens = h.shape[0]
+        # each distinct layer view's arguments, and per layer a pointer to its view's
+        args = [self._view_args(batch.view(*view), tokens) for view in self.views]
+        steps = (ctypes.c_void_p * self.n_layers)(
+            *(ctypes.addressof(args[i][0]) for i in self.view_of)
+        )
+        prefills = None
+        if self.phase == "prefill":
+            prefills = (ctypes.c_void_p * self.n_layers)(
+                *(ctypes.addressof(args[i][1]) for i in self.view_of)
+            )
+        h = h.contiguous()
+        delta = torch.zeros_like(h)
+        arena = torch.empty(max(1, tokens * self.program.arena_floats_per_token))
+        call(
+            self.weights,
+            self.formats,
+            self.caches,
+            self.n_layers,
+            steps,
+            h.data_ptr(),
+            delta.data_ptr(),
+            arena.data_ptr(),
+            variant.threads(torch.get_num_threads()),
+            prefills,
+        )
+        return h, delta
+
+    def _view_args(self, view, tokens: int) -> tuple[StepArgs, PrefillArgs | None]:
+        """The step as the layers of one view see it (ForwardBatch.view: a cache group's
+        slots, plan and window, a RoPE table): its step_args, and its prefill_args in the
+        prefill phase."""
+        config, plan = self.model.config, view.attn_plan
+        tables = plan.decode_block_tables
         prefill = None
         if self.phase == "prefill":  # (decode rows of a mixed step: one-query sequences)
-            prefills = plan.all_rows_batch()
+            rows = plan.all_rows_batch()
             prefill = PrefillArgs(
-                prefills.query_start.data_ptr(),
-                prefills.query_lens.data_ptr(),
-                prefills.seq_lens.data_ptr(),
-                prefills.block_tables.data_ptr(),
-                prefills.block_tables.shape[1],
-                prefills.block_tables.shape[0],
+                rows.query_start.data_ptr(),
+                rows.query_lens.data_ptr(),
+                rows.seq_lens.data_ptr(),
+                rows.block_tables.data_ptr(),
+                rows.block_tables.shape[1],
+                rows.block_tables.shape[0],
             )
         args = StepArgs(
             tokens,
@@ -259,28 +294,13 @@ class LayerProgramRunner:
             plan.window,
             config.rms_norm_eps,
             0.0,
-            batch.rope.positions.data_ptr(),
-            batch.slot_mapping.data_ptr(),
+            view.rope.positions.data_ptr(),
+            view.slot_mapping.data_ptr(),
             tables.data_ptr() if tables is not None else None,
             plan.decode_seq_lens.data_ptr() if tables is not None else None,
-            self.model.rope_cache.data_ptr(),
+            view.rope.cache.data_ptr(),
         )
-        h = h.contiguous()
-        delta = torch.zeros_like(h)
-        arena = torch.empty(max(1, tokens * self.program.arena_floats_per_token))
-        call(
-            self.weights,
-            self.formats,
-            self.caches,
-            self.n_layers,
-            ctypes.byref(args),
-            h.data_ptr(),
-            delta.data_ptr(),
-            arena.data_ptr(),
-            variant.threads(torch.get_num_threads()),
-            ctypes.byref(prefill) if prefill is not None else None,
-        )
-        return h, delta
+        return args, prefill
 
     def serves(self, plan) -> bool:
         """Whether a step of this attention plan is one of the program's phase."""

@@ -41,6 +41,11 @@ class ProbeStep:
     slot_mapping: torch.Tensor
     rope: RopeInputs
 
+    def view(self, group: int, rope_index: int) -> ProbeStep:
+        """What every layer reads (ForwardBatch.view): the probe has one cache group's
+        blocks and one RoPE table, the same work for a timing."""
+        return self
+
 
 def decode_probe(model, kv_cache, tokens: int, context: int = PROBE_CONTEXT):
     """(h, step): a decode step of `tokens` sequences at `context` positions each (fewer when

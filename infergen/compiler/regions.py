@@ -19,12 +19,18 @@ import torch
 
 from infergen import profiling
 from infergen.compiler.ir import Graph, Node, Op, OpKind, bind_shape
-from infergen.ops import kv_store, rms_norm, rope, silu_mul
+from infergen.ops import gelu_mul, kv_store, rms_norm, rope, silu_mul
 from infergen.profiling import Cost
 
 # FLOPs per output element of the coarse ops (their ops/*.py `cost`); other pointwise and
 # reduction nodes count one
-_FLOPS_PER_ELEMENT = {Op.SILU_MUL: 5, Op.ROPE: 3, Op.RMS_NORM: 4, Op.ADD_RMS_NORM: 5}
+_FLOPS_PER_ELEMENT = {
+    Op.SILU_MUL: 5,
+    Op.GELU_MUL: 10,
+    Op.ROPE: 3,
+    Op.RMS_NORM: 4,
+    Op.ADD_RMS_NORM: 5,
+}
 
 
 def node_region(node: Node, args: list, sizes: dict[str, int], compiled: bool):
@@ -69,6 +75,7 @@ _ENGINE_REGIONS = {
     Op.LINEAR: _linear,
     Op.ROPE: lambda args: rope.region(args[0]),
     Op.SILU_MUL: lambda args: silu_mul.region(args[0]),
+    Op.GELU_MUL: lambda args: gelu_mul.region(args[0]),
     Op.ADD_RMS_NORM: lambda args: rms_norm.region(args[0], args[1]),
     Op.RMS_NORM: lambda args: rms_norm.region(args[0], None),
     Op.KV_STORE: lambda args: kv_store.region(*args[:4]),

@@ -37,7 +37,7 @@ from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import is_gemm_group, plan_epilogue
 from infergen.compiler.codegen_triton import TritonGroupKernel
-from infergen.compiler.decoder import capture_layer
+from infergen.compiler.decoder import capture_layers
 from infergen.compiler.interpret import EXECUTORS, kv_layer, run
 from infergen.compiler.ir import Graph, Node, Op
 from infergen.compiler.jit_cache import JitCache, NotBuilt
@@ -99,7 +99,7 @@ class CompiledLayers:
         # seconds per node kind / fused group, summed over calls (None: not profiling)
         self.profile: dict[str, float] | None = None
         started = time.perf_counter()
-        self.captured = capture_layer(model, kv_cache)
+        self.captured = capture_layers(model, kv_cache)
         self.report.capture_seconds = time.perf_counter() - started
         started = time.perf_counter()
         graph = copy.deepcopy(self.captured.graph)
@@ -115,8 +115,10 @@ class CompiledLayers:
         # the engine's startup budget chose what to build (compiler/startup.py): load only
         if getattr(model, "jit_cached_only", False):
             jit_cache = jit_cache.loading_only()
-        # weights bound once per layer; the step's inputs are bound per call
+        # weights bound once per layer; the step's inputs are bound per call, from the
+        # layer's view of the step (ForwardBatch.view: its cache group, its RoPE table)
         self.static = [self._static_env(i) for i in range(len(model.layers))]
+        self.views = [(layer.attn.group, layer.attn.rope_index) for layer in model.layers]
         if mode == "jit":
             self._compile(graph, jit_cache)
         layer0 = model.layers[0]
@@ -157,7 +159,7 @@ class CompiledLayers:
         for name, source in self.captured.sources.items():
             if source.origin in ("module", "kv"):
                 env[name] = source.fetch(layer, {"kv": kv})
-        env["rope_table"] = self.model.rope_cache
+        env["rope_table"] = self.model.rope_tables[layer.attn.rope_index]
         return env
 
     def _compile(self, graph: Graph, jit_cache: JitCache) -> None:
@@ -231,11 +233,12 @@ class CompiledLayers:
     def run_layer(self, index: int, h: torch.Tensor, delta: torch.Tensor, batch):
         """Decoder layer `index`: returns (h + delta + its attention output, its MLP output)."""
         env = dict(self.static[index])
+        view = batch.view(*self.views[index])  # the layer's cache group and RoPE table
         env.update(
             h=h,
             delta=delta,
-            slots=batch.slot_mapping,
-            plan=batch.attn_plan,
+            slots=view.slot_mapping,
+            plan=view.attn_plan,
             positions=batch.rope.positions,
         )
         bucket = bucket_of(h.shape[0])
@@ -314,7 +317,7 @@ def pointwise_groups(graph: Graph) -> list[Node]:
 
 def jit_graph(model, kv_cache) -> Graph:
     """The decoder layer after the "jit" pipeline, pointwise tails inside groups fused."""
-    graph = run_pipeline(capture_layer(model, kv_cache).graph, "jit")
+    graph = run_pipeline(capture_layers(model, kv_cache).graph, "jit")
     _fuse_inside_groups(graph)
     return graph
 
@@ -334,7 +337,7 @@ class _EngineOps:
 
     decode: Any
     rope: Any
-    silu_mul: Any
+    gated_act: Any  # the MLP's gated activation (SiLU-mul or GELU-mul)
     rms_norm: Any
     prefill: Any
 
@@ -401,8 +404,11 @@ def _rope(ops, args, attrs):
 
 
 @ENGINE_OPS.decorator("silu_mul")
-def _silu_mul(ops, args, attrs):
-    return (ops.silu_mul(args[0]),)
+def _gated_act(ops, args, attrs):
+    return (ops.gated_act(args[0]),)
+
+
+ENGINE_OPS.register("gelu_mul", _gated_act)
 
 
 @ENGINE_OPS.decorator("add_rms_norm")
@@ -425,11 +431,17 @@ def _view(ops, args, attrs):
     return (x.reshape(shape),)
 
 
+# the layer features (Transformer.layer_features) the compiler captures beyond the
+# Llama-shaped layer: Gemma-3's (each layer binds its cache group's slots and attention plan
+# and its RoPE table; sandwich norms are RMS_NORM nodes; GeGLU is GELU_MUL)
+CAPTURED_FEATURES = frozenset({"cache_groups", "rope_tables", "gelu_mlp", "sandwich_norms"})
+
+
 def _compiled(mode: str) -> FastPath:
     return FastPath(
-        supports=lambda model: model.plain_layers,
         build=lambda model, kv_cache: CompiledLayers(model, kv_cache, mode),
         description=f"the captured decoder layer, compile={mode!r}",
+        features=CAPTURED_FEATURES,
     )
 
 

@@ -74,8 +74,8 @@ def _cast(inputs, attrs) -> Result:
     return [(inputs[0].shape, attrs["dtype"])]
 
 
-@rule(Op.SILU_MUL)
-def _silu_mul(inputs, attrs) -> Result:
+@rule(Op.SILU_MUL, Op.GELU_MUL)
+def _gated_act(inputs, attrs) -> Result:
     (x,) = inputs
     last = x.shape[-1]
     _need(isinstance(last, int) and not isinstance(last, Sym) and last % 2 == 0, "odd last dim")

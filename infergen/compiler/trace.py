@@ -2,8 +2,8 @@
 
 `Linear` and `RMSNorm` modules are leaf modules; op functions are kept whole as single call
 nodes whichever backend the engine picked: the global ones (`kv_store`, `paged_attention`)
-through fx's autowrap, the ones a layer holds as an attribute (its RoPE / SiLU-mul backend)
-by standing in for them while tracing (`_LeafCall`). Any method can be traced, not only
+through fx's autowrap, the ones a layer holds as an attribute (its RoPE / SiLU-mul / GELU-mul
+backend) by standing in for them while tracing (`_LeafCall`). Any method can be traced, not only
 `forward` (`Transformer.head`).
 """
 
@@ -20,6 +20,7 @@ from torch import nn
 from infergen.compiler.ir import Op
 from infergen.layers.linear import Linear
 from infergen.layers.norm import RMSNorm
+from infergen.ops.gelu_mul import GELU_MUL_BACKENDS
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import paged_attention
 from infergen.ops.rope import ROPE_BACKENDS
@@ -30,7 +31,11 @@ from infergen.ops.silu_mul import SILU_MUL_BACKENDS
 def leaf_functions() -> dict[Callable, Op]:
     """Op functions the tracer keeps whole (every backend of the op is the same IR node)."""
     table: dict[Callable, Op] = {kv_store: Op.KV_STORE, paged_attention: Op.ATTENTION}
-    for registry, op in ((ROPE_BACKENDS, Op.ROPE), (SILU_MUL_BACKENDS, Op.SILU_MUL)):
+    for registry, op in (
+        (ROPE_BACKENDS, Op.ROPE),
+        (SILU_MUL_BACKENDS, Op.SILU_MUL),
+        (GELU_MUL_BACKENDS, Op.GELU_MUL),
+    ):
         for _, fn in registry.items():
             table[fn] = op
     return table

@@ -618,15 +618,16 @@ def _compile(built: Built) -> None:
             found=f"compile={mode!r} with sparse_decode_blocks",
             expected="compile='off' with sparse decode",
         )
-    if not FAST_PATHS.get(mode).supports(model):
-        # the compiler captures Llama-shaped layers: these run the per-op path, and the
-        # compile report says so and why (the fast path _to_device chose stays)
+    path = FAST_PATHS.get(mode)
+    if not path.supports(model):
+        # the compiler captures Llama-shaped layers and Gemma-3's: these run the per-op
+        # path, and the compile report says so and why (the fast path _to_device chose stays)
         layers = len(model.layers)
         built.compile_report = runtime.CompileReport(
             groups_op_by_op=[
                 f"all {layers} layers of {built.model_config.architecture}: the per-op path "
-                f"(the compiler captures Llama-shaped layers; these have "
-                f"{', '.join(model.layer_features())})"
+                f"(the compiler captures Llama-shaped and Gemma-3 layers; these have "
+                f"{', '.join(path.missing(model))})"
             ]
         )
         return

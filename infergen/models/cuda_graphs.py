@@ -177,7 +177,8 @@ def _supports(model) -> bool:
 FAST_PATHS.register(
     "cuda_graphs",
     FastPath(
-        supports=_supports,
+        applies=_supports,
+        features=None,
         build=GraphedDecode,
         description="decode steps replayed from CUDA graphs captured per batch-size bucket",
     ),

@@ -1,5 +1,6 @@
 """Fast paths: ways to run all decoder layers of a step at once instead of op by op. One row
-per path (FAST_PATHS), each with `supports(model)` — the layers it can run — and
+per path (FAST_PATHS), each with `supports(model)` — the layers it can run: the layer
+features it names, and its own test — and
 `build(model, kv_cache)` — a runner bound to one cache whose `run(h, batch)` returns the
 residual stream and the last layer's pending delta, or None for a step it does not cover
 (the per-op path runs those).
@@ -35,9 +36,24 @@ class FastPathRunner(Protocol):
 
 @dataclass(frozen=True)
 class FastPath:
-    supports: Callable[[Any], bool]  # model → whether its layers are ones this path runs
     build: Callable[[Any, PagedKVCache], FastPathRunner]
     description: str = ""
+    # the layer features (Transformer.layer_features) it runs beyond the Llama-shaped layer
+    # (None: whichever; `applies` decides)
+    features: frozenset[str] | None = frozenset()
+    # model → whether this path runs it at all (beside the features: a kernel set, a device)
+    applies: Callable[[Any], bool] = lambda model: True
+
+    def missing(self, model) -> list[str]:
+        """The model's layer features this path does not run, described (none: it runs
+        them)."""
+        if self.features is None:
+            return []
+        return [name for key, name in model.layer_features().items() if key not in self.features]
+
+    def supports(self, model) -> bool:
+        """Whether this path runs the model's layers."""
+        return self.applies(model) and not self.missing(model)
 
 
 FAST_PATHS: Registry[FastPath] = Registry("fast path")

@@ -234,7 +234,6 @@ class StackCost:
 FAST_PATHS.register(
     "fused",
     FastPath(
-        supports=lambda model: model.plain_layers,
         build=FusedDecode,
         description="the hand-written native decode step (kernels/decode_layers_f32.c)",
     ),

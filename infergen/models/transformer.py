@@ -259,30 +259,25 @@ class Transformer(nn.Module):
         local = getattr(self, "rope_local_cache", None)
         return [self.rope_cache] if local is None else [self.rope_cache, local]
 
-    @property
-    def plain_layers(self) -> bool:
-        """Every layer is the Llama-shaped layer the fused decode and the compiler handle: one
-        cache group, one RoPE table, SwiGLU, no sandwich norms, sinks, latent attention or
-        experts."""
-        return not self.layer_features()
-
-    def layer_features(self) -> list[str]:
-        """What makes these layers other than that Llama-shaped layer, by name (none: plain)."""
+    def layer_features(self) -> dict[str, str]:
+        """What makes these layers other than that Llama-shaped layer: feature → its
+        description (none: plain). A fast path names the features it runs (FastPath)."""
         spec, config = self.config.arch, self.config
         present = (
-            ("sliding-window and full-attention cache groups", self.num_cache_groups != 1),
-            ("recurrent state layers", bool(self.state_layers)),
-            ("per-layer RoPE tables", len(self.rope_tables) != 1),
-            (f"a {config.hidden_act} MLP", config.hidden_act != "silu"),
-            ("partial rotary dimensions", config.rotary_dim != config.head_dim),
-            ("sink tokens", bool(config.sink_tokens)),
-            ("a gated attention output", bool(spec.attention_output_gate)),
-            ("sandwich norms", bool(spec.sandwich_norms)),
-            ("attention sinks", bool(spec.attention_sinks)),
-            ("latent attention (MLA)", bool(spec.mla)),
-            ("mixture-of-experts MLPs", bool(config.moe)),
-        )
-        return [name for name, there in present if there]
+            ("cache_groups", "sliding-window and full-attention cache groups",
+             self.num_cache_groups != 1),
+            ("recurrent", "recurrent state layers", bool(self.state_layers)),
+            ("rope_tables", "per-layer RoPE tables", len(self.rope_tables) != 1),
+            ("gelu_mlp", f"a {config.hidden_act} MLP", config.hidden_act != "silu"),
+            ("partial_rotary", "partial rotary dimensions", config.rotary_dim != config.head_dim),
+            ("sink_tokens", "sink tokens", bool(config.sink_tokens)),
+            ("output_gate", "a gated attention output", bool(spec.attention_output_gate)),
+            ("sandwich_norms", "sandwich norms", bool(spec.sandwich_norms)),
+            ("attention_sinks", "attention sinks", bool(spec.attention_sinks)),
+            ("mla", "latent attention (MLA)", bool(spec.mla)),
+            ("moe", "mixture-of-experts MLPs", bool(config.moe)),
+        )  # fmt: skip
+        return {key: name for key, name, there in present if there}
 
     def fast_path_for(self, kv_cache: PagedKVCache) -> FastPathRunner | None:
         """This model's fast path built for `kv_cache` (once per cache), or None when it has

@@ -26,7 +26,7 @@ from infergen.config.description import Attention, ModelDesc
 
 
 def fused_decode_covers(desc: ModelDesc) -> bool:
-    """Whether the engine's fused decode (models/fused_decode.py, `Transformer.plain_layers`)
+    """Whether the engine's fused decode (models/fused_decode.py: no `Transformer.layer_features`)
     runs this model's decode steps: every layer Llama-shaped attention (no q/k norm, sinks or
     output gate; one window for all) with a gated dense feed-forward and no sandwich norms.
     (The engine also needs SiLU and full-width RoPE, which the description does not carry.)"""
