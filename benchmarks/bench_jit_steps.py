@@ -55,7 +55,18 @@ def main() -> None:
         "jit": LLM(**model, kv_cache_memory=memory, compile="jit"),
         "off": LLM(**model, kv_cache_memory=memory),
     }
-    base = base_line("jit_steps", label, machine_info(args.threads), git_state())
+    # the two compute the same: logits of one prompt (prefilled in chunks of 16), jit vs off
+    prompt = [100 + (7 * j) % 4000 for j in range(48)]
+    logits = {mode: llm.engine.prompt_logits(prompt, chunk=16) for mode, llm in engines.items()}
+    deviation = float((logits["jit"] - logits["off"]).abs().max() / logits["off"].abs().max())
+    print(f"max |logit jit - off| / max |logit off| over {len(prompt)} tokens: {deviation:.2e}")
+    base = base_line(
+        "jit_steps",
+        label,
+        machine_info(args.threads),
+        git_state(),
+        logits_deviation_jit_vs_off=deviation,
+    )
     lines = []
     shapes = {**SHAPES, "prefill_t16": (1, 0, 16), "chunk_t16_ctx256": (1, 256, 16)}
     for shape, (sequences, context, new) in shapes.items():
