@@ -375,7 +375,7 @@ class _Renderer:
             [
                 f"lk_decode_attention({q.at()}, kc, vc, {scales}, s->block_tables, "
                 f"s->max_blocks, s->seq_lens, {out.ptr}, T, {self.heads}, "
-                f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, "
+                f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, 0, "
                 "threads);"
             ],
         )
@@ -396,7 +396,7 @@ class _Renderer:
                 f"paged_prefill_attention_f32({q.at()}, {q.row_stride}, kc, vc, "
                 "p->query_start, p->query_lens, p->seq_lens, p->block_tables, p->max_blocks, "
                 f"p->prefills, {out.ptr}, {self.heads}, {self.kv_heads}, {self.dim}, "
-                f"s->block_size, {self.scale!r}f, s->window, threads);"
+                f"s->block_size, {self.scale!r}f, s->window, 0, threads);"
             ],
         )
         self.refs[id(node.outputs[0])] = out

@@ -134,7 +134,7 @@ void decode_layers_f32(const layer_weights *layers, long n_layers, const step_ar
         });
         PHASE(3, decode_attention(q, w->k_cache, w->v_cache, w->k_scale, w->v_scale,
                                   a->block_tables, a->max_blocks, a->seq_lens, attn, T, a->heads,
-                                  a->kv_heads, a->dim, a->block_size, a->scale, a->window,
+                                  a->kv_heads, a->dim, a->block_size, a->scale, a->window, 0,
                                   num_threads));
         PHASE(4, gemm_any(w->formats[1], w->o_w, attn, w->o_b, o, T, a->hidden, q_size, num_threads));
         PHASE(5, rms_norm_f32(h, o, w->mlp_norm, x, T, a->hidden, a->eps, num_threads));

@@ -16,10 +16,10 @@ void lk_decode_attention(const float *q, const void *k_cache, const void *v_cach
                          const float *k_scales, const float *v_scales, const long *block_tables,
                          long max_blocks, const long *seq_lens, float *out, long batch,
                          long heads, long kv_heads, long dim, long block_size, float scale,
-                         long window, int threads) {
+                         long window, const float *sinks, int threads) {
     decode_attention(q, k_cache, v_cache, k_scales, v_scales, block_tables, max_blocks,
                      seq_lens, out, batch, heads, kv_heads, dim, block_size, scale, window,
-                     threads);
+                     sinks, threads);
 }
 
 void lk_store_e4m3(const float *x, uint8_t *dst, const float *scale, const float *shift,

@@ -10,19 +10,21 @@
 /* one projection in its weight format (decode_layers_f32.c's gemm_any) */
 void lk_gemm_any(long format, const float *W, const float *X, const float *B, float *Y, long M,
                  long N, long K, int threads);
-/* decode attention over the paged cache, fp32 or FP8 E4M3 codes (paged_decode_attention_f32.c) */
+/* decode attention over the paged cache, fp32 or FP8 E4M3 codes (paged_decode_attention_f32.c);
+ * sinks: learned sink logits per head, or NULL */
 void lk_decode_attention(const float *q, const void *k_cache, const void *v_cache,
                          const float *k_scales, const float *v_scales, const long *block_tables,
                          long max_blocks, const long *seq_lens, float *out, long batch,
                          long heads, long kv_heads, long dim, long block_size, float scale,
-                         long window, int threads);
+                         long window, const float *sinks, int threads);
 /* a cache row's FP8 codes of (x - shift) / scale per KV head (decode_layers_f32.c) */
 void lk_store_e4m3(const float *x, uint8_t *dst, const float *scale, const float *shift,
                    long kv_heads, long dim);
-/* prefill attention over the paged cache (paged_prefill_attention_f32.c) */
+/* prefill attention over the paged cache (paged_prefill_attention_f32.c); sinks as above */
 void paged_prefill_attention_f32(const float *q, long q_stride, const float *k_cache,
                                  const float *v_cache, const int32_t *query_start,
                                  const int32_t *query_lens, const int32_t *seq_lens,
                                  const int32_t *block_tables, long max_blocks, long prefills,
                                  float *out, long heads, long kv_heads, long dim,
-                                 long block_size, float scale, long window, int num_threads);
+                                 long block_size, float scale, long window, const float *sinks,
+                                 int num_threads);

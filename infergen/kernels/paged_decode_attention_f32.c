@@ -5,6 +5,8 @@
  * Query head h reads KV head h / (heads / kv_heads) (GQA; MQA and MHA are the edge cases).
  * The sequence attends positions [max(0, len - window), len) (window 0 = unlimited):
  *   out = softmax(q.K^T * scale) V, two passes (scores, then weighted sum of V).
+ * With `sinks` [heads] (GPT-OSS's learned sink logits; NULL: none) the softmax has one more
+ * term per head, e^(sinks[h]), that weighs no value (ops/attention_sinks.py).
  * K/V rows of a (sequence, KV head) come from DRAM once for the group of query heads.
  * Query heads go three at a time where the group allows (each K / V row loaded once for the
  * three: 12 accumulators); other heads: scores 8 positions at a time (eight FMA chains, one
@@ -188,7 +190,8 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
                              const float *k_scales, const float *v_scales,
                              const long *block_tables, long max_blocks, const long *seq_lens,
                              float *out, long batch, long heads, long kv_heads, long dim,
-                             long block_size, float scale, long window, int num_threads) {
+                             long block_size, float scale, long window, const float *sinks,
+                             int num_threads) {
     int codes = k_scales != 0;
     long esz = codes ? 1 : 4; /* bytes per cached element */
     const char *kc = (const char *)k_cache, *vc = (const char *)v_cache;
@@ -333,7 +336,9 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
             long b = bh / heads, h = bh % heads;
             const float *st0 = partial + (first_item[b] * heads + h) * state;
             long chunks = first_item[b + 1] - first_item[b];
-            float m = -INFINITY, l = 0.0f;
+            /* a learned sink logit (GPT-OSS) is one more softmax term with no value */
+            float sink = sinks ? sinks[h] : -INFINITY;
+            float m = sink, l = 0.0f;
             for (long c = 0; c < chunks; ++c) {
                 float mc = st0[c * heads * state + dim];
                 m = mc > m ? mc : m;
@@ -343,10 +348,11 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
             for (long c = 0; c < chunks; ++c) {
                 const float *sc = st0 + c * heads * state;
                 if (!(sc[dim + 1] > 0.0f)) continue; /* (an empty chunk: nothing to add) */
-                float w = chunks == 1 ? 1.0f : expf(sc[dim] - m);
+                float w = chunks == 1 && !sinks ? 1.0f : expf(sc[dim] - m);
                 l += w * sc[dim + 1];
                 for (long d = 0; d < dim; ++d) o[d] += w * sc[d];
             }
+            if (sinks) l += expf(sink - m);
             float inv = l > 0.0f ? 1.0f / l : 0.0f;
             for (long d = 0; d < dim; ++d) o[d] *= inv;
         }
@@ -364,9 +370,10 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
 void paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                                 const long *block_tables, long max_blocks, const long *seq_lens,
                                 float *out, long batch, long heads, long kv_heads, long dim,
-                                long block_size, float scale, long window, int num_threads) {
+                                long block_size, float scale, long window, const float *sinks,
+                                int num_threads) {
     decode_attention(q, k_cache, v_cache, 0, 0, block_tables, max_blocks, seq_lens, out, batch,
-                     heads, kv_heads, dim, block_size, scale, window, num_threads);
+                     heads, kv_heads, dim, block_size, scale, window, sinks, num_threads);
 }
 
 /* k_cache / v_cache: FP8 E4M3 codes; k_scales / v_scales [kv_heads]. */
@@ -374,7 +381,9 @@ void paged_decode_attention_e4m3(const float *q, const uint8_t *k_cache, const u
                                  const float *k_scales, const float *v_scales,
                                  const long *block_tables, long max_blocks, const long *seq_lens,
                                  float *out, long batch, long heads, long kv_heads, long dim,
-                                 long block_size, float scale, long window, int num_threads) {
+                                 long block_size, float scale, long window,
+                                 const float *sinks, int num_threads) {
     decode_attention(q, k_cache, v_cache, k_scales, v_scales, block_tables, max_blocks, seq_lens,
-                     out, batch, heads, kv_heads, dim, block_size, scale, window, num_threads);
+                     out, batch, heads, kv_heads, dim, block_size, scale, window, sinks,
+                     num_threads);
 }

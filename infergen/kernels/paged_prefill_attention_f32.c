@@ -8,6 +8,8 @@
  * block_tables[b, max_blocks]; out [tokens, heads, dim]. Query at position p reads the keys
  * at positions k with p - window < k <= p (window 0: unlimited):
  *   out = softmax(q.K^T * scale) V.
+ * With `sinks` [heads] (GPT-OSS's learned sink logits; NULL: none) the softmax has one more
+ * term per head, e^(sinks[h]), that weighs no value: out = O / (l + e^(sinks[h] - m)).
  * Query head h reads KV head h / (heads / kv_heads) (GQA; MQA and MHA the edge cases).
  *
  * One work item: a tile of ROWS query rows (tq tokens x hn heads of one KV head's group,
@@ -203,7 +205,8 @@ typedef struct {
 static void tile(const float *q, long q_stride, const float *k_cache, const float *v_cache,
                  const int32_t *table, long qs, long qlen, long ctx, long t0, long tq,
                  long head0, long hn, long kvh, long kv_heads, long heads, long dim,
-                 long block_size, float scale, long window, float *out, Scratch *w) {
+                 long block_size, float scale, long window, const float *sinks, float *out,
+                 Scratch *w) {
     long nrow = tq * hn, slot_stride = kv_heads * dim;
     long first = ctx - qlen + t0; /* the tile's first query position */
     long last = first + tq - 1;
@@ -263,7 +266,9 @@ static void tile(const float *q, long q_stride, const float *k_cache, const floa
             weighted_values(w->o, w->corr, w->st, w->vr, n, dim, r0);
     }
     for (long r = 0; r < nrow; ++r) {
-        float inv = 1.0f / w->l[r];
+        float l = w->l[r];
+        if (sinks) l += expf(sinks[head0 + r % hn] - w->m[r]);
+        float inv = 1.0f / l;
         float *dst = out + ((qs + t0 + r / hn) * heads + head0 + r % hn) * dim;
         const float *src = w->o + r * dim;
         for (long d = 0; d < dim; ++d) dst[d] = src[d] * inv;
@@ -276,7 +281,8 @@ void paged_prefill_attention_f32(const float *q, long q_stride, const float *k_c
                                  const int32_t *query_lens, const int32_t *seq_lens,
                                  const int32_t *block_tables, long max_blocks, long prefills,
                                  float *out, long heads, long kv_heads, long dim,
-                                 long block_size, float scale, long window, int num_threads) {
+                                 long block_size, float scale, long window, const float *sinks,
+                                 int num_threads) {
     long group = heads / kv_heads;
     long hn = group < ROWS ? group : ROWS; /* heads per tile */
     long head_tiles = (group + hn - 1) / hn;
@@ -311,7 +317,7 @@ void paged_prefill_attention_f32(const float *q, long q_stride, const float *k_c
             /* tiles of fewer heads than hn (a group ROWS does not divide) keep hn's tokens */
             tile(q, q_stride, k_cache, v_cache, block_tables + b * max_blocks, query_start[b],
                  query_lens[b], seq_lens[b], t0, n_tok, kvh * group + h0, nh, kvh, kv_heads,
-                 heads, dim, block_size, scale, window, out, &w);
+                 heads, dim, block_size, scale, window, sinks, out, &w);
         }
         free(w.qt), free(w.st), free(w.o), free(w.m), free(w.l), free(w.corr), free(w.zero);
     }

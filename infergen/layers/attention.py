@@ -24,18 +24,22 @@ from infergen.ops import kv_store as kv_store_op
 from infergen.ops import rope as rope_op
 from infergen.ops import rope_kv_store as rope_kv_store_op
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
-from infergen.ops.attention_sinks import sink_attention
+from infergen.ops.attention_sinks import SinkCore
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import (
     DECODE_BACKENDS,
     PREFILL_BACKENDS,
     decode_attention,
+    decode_attention_native,
     paged_attention,
 )
 from infergen.ops.paged_prefill_native import prefill_attention_native  # noqa: F401 - its row
 from infergen.ops.rope import ROPE_BACKENDS
 from infergen.ops.rope_kv_store import ROPE_STORE_BACKENDS
 from infergen.ops.sparse_decode import QuestDecode
+
+# the decode rows that take an attention core (a sink core among them)
+_ROWS_WITH_CORE = (decode_attention, decode_attention_native)
 
 
 class Attention(nn.Module):
@@ -69,6 +73,7 @@ class Attention(nn.Module):
         self.rope = ROPE_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.rope_store = ROPE_STORE_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.decode = DECODE_BACKENDS.get(backend, where="kernels", fallback="torch")
+        self.decode_row = self.decode  # (the row itself, without a core bound)
         # a row that cannot serve a layer (an encoded KV format, another `core`) runs torch's
         self.prefill = PREFILL_BACKENDS.get(backend, where="kernels", fallback="torch")
         self.core = ATTENTION_OPERANDS.get("fp32")  # the attention core (prefill and decode)
@@ -79,16 +84,12 @@ class Attention(nn.Module):
             self._bind_sinks()
 
     def _bind_sinks(self) -> None:
-        """The attention cores reading the sink logits (views of `sinks`: made again when the
-        module moves to another device, `_apply`)."""
-        group = self.num_heads // self.num_kv_heads
-        self.core = functools.partial(
-            sink_attention, sinks=self.sinks.view(1, self.num_heads, 1, 1)
-        )
-        decode_core = functools.partial(
-            sink_attention, sinks=self.sinks.view(1, self.num_kv_heads, group, 1)
-        )  # the decode path folds each GQA group into the query axis
-        self.decode = functools.partial(decode_attention, core=decode_core)
+        """The attention core reading the sink logits (made again when the module moves to
+        another device, `_apply`): prefill's, and decode's through the decode rows that take
+        a core (the native kernel reads the sinks itself; other rows run torch's)."""
+        self.core = SinkCore(self.sinks)
+        row = self.decode_row if self.decode_row in _ROWS_WITH_CORE else decode_attention
+        self.decode = functools.partial(row, core=self.core)
 
     def _apply(self, fn, *args, **kwargs):
         module = super()._apply(fn, *args, **kwargs)

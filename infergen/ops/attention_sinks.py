@@ -61,6 +61,28 @@ def sink_attention(
     return p @ value
 
 
+class SinkCore:
+    """An attention core (SDPA's signature) whose softmax has one more term per head, the
+    head's sink logit: `sink_attention` with `sinks` [heads] laid over the query's head axes
+    — [1, heads, 1, 1] for prefill's [batch, heads, q_len, d], [1, kv_heads, group, 1] for the
+    decode path's [batch, kv_heads, group, d]. The native kernels read `sinks` themselves."""
+
+    def __init__(self, sinks: torch.Tensor):
+        self.sinks = sinks  # [heads]
+
+    def __call__(self, query, key, value, attn_mask=None, is_causal=False, scale=None,
+                 enable_gqa=False) -> torch.Tensor:  # fmt: skip
+        sinks = self.sinks.view(1, query.shape[1], -1, 1)
+        return sink_attention(
+            query, key, value, attn_mask, is_causal, scale, enable_gqa, sinks=sinks
+        )
+
+
+def sinks_of(core) -> torch.Tensor | None:
+    """The sink logits a core reads (None: a core without them)."""
+    return core.sinks if isinstance(core, SinkCore) else None
+
+
 def reference(
     q: torch.Tensor,  # [q_len, heads, d] the last q_len positions of the context
     k: torch.Tensor,  # [k_len, kv_heads, d]

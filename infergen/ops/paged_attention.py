@@ -18,6 +18,7 @@ launch for every prefill sequence of the step, reading K/V through the block tab
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from infergen import profiling
 from infergen.kernels.build import F as CF
 from infergen.kernels.build import I, L, P, kernel
 from infergen.kvcache.kv_protocol import KVLayer, layer_of
+from infergen.ops.attention_sinks import sinks_of
 from infergen.ops.kv_store import slot_bytes
 from infergen.profiling import Cost
 from infergen.registry import Registry
@@ -347,19 +349,28 @@ def decode_attention_native(
     attn_plan: AttentionPlan,
     scale: float,
     kv: KVLayer | None = None,
+    core: Callable[..., torch.Tensor] = F.scaled_dot_product_attention,
 ) -> torch.Tensor:
     """kernels/paged_decode_attention_f32.c: reads K/V through the block table, no gather
-    (fp32 values, or FP8 E4M3 codes with per-head scales: the format's `native_cache`)."""
+    (fp32 values, or FP8 E4M3 codes with per-head scales: the format's `native_cache`); with
+    a sink core (ops/attention_sinks.py SinkCore), the kernel adds the sink logits itself.
+    Another core, or what the kernel cannot read: the torch path."""
     kv = layer_of(kv, k_cache, v_cache)
     native = kv.fmt.native_cache(kv)
+    sinks = sinks_of(core)
+    torch_path = functools.partial(decode_attention, core=core)
     if native is None or attn_plan.sinks:  # the kernel cannot read it: the torch path
-        return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv)
+        return torch_path(q, k_cache, v_cache, attn_plan, scale, kv)
     fn = kernel(
         f"paged_decode_attention_{native.code}", P, P, P, *[P] * len(native.scales), P, L, P,
-        P, L, L, L, L, L, CF, L, I, source="paged_decode_attention_f32",
+        P, L, L, L, L, L, CF, L, P, I, source="paged_decode_attention_f32",
     )  # fmt: skip
     if fn is None or q.dtype != torch.float32:
-        return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv)
+        return torch_path(q, k_cache, v_cache, attn_plan, scale, kv)
+    if core is not F.scaled_dot_product_attention and (
+        sinks is None or sinks.dtype != torch.float32
+    ):
+        return torch_path(q, k_cache, v_cache, attn_plan, scale, kv)
     query = attn_plan.decode_queries(q).contiguous()
     batch, heads, dim = query.shape
     tables = attn_plan.decode_block_tables
@@ -380,6 +391,7 @@ def decode_attention_native(
         k_cache.shape[1],
         scale,
         attn_plan.window,
+        sinks.data_ptr() if sinks is not None else None,
         torch.get_num_threads(),
     )
     return out

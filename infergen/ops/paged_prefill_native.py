@@ -3,9 +3,10 @@ the `native` row of ops/paged_attention.PREFILL_BACKENDS, the CPU's.
 
 Every prefill sequence of the step in one call: its queries against its cached and new keys,
 read in place from the pool's pages (no gather), the GQA group's heads in one tile, the online
-softmax. Where the kernel cannot serve — a KV format that encodes its values, another attention
-core (FP8 operands, learned sinks), StreamingLLM sink positions, a dtype other than fp32 or a
-head dim the build's vector width does not divide — the torch row runs instead.
+softmax; learned sink logits (GPT-OSS, a SinkCore) are one more softmax term per head. Where
+the kernel cannot serve — a KV format that encodes its values, another attention core (FP8
+operands), StreamingLLM sink positions, a dtype other than fp32 or a head dim the build's
+vector width does not divide — the torch row runs instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from infergen.kernels.build import F as CF
 from infergen.kernels.build import I, L, P, kernel
 from infergen.kvcache.kv_protocol import ENGINE_DTYPE, KVLayer, layer_of
+from infergen.ops.attention_sinks import sinks_of
 from infergen.ops.paged_attention import PREFILL_BACKENDS, AttentionPlan, prefill_attention
 
 VECTOR_FLOATS = 16  # the widest build's vector (AVX-512): head dims it divides run natively
@@ -25,7 +27,7 @@ VECTOR_FLOATS = 16  # the widest build's vector (AVX-512): head dims it divides 
 
 def _kernel() -> Callable[..., None] | None:
     return kernel(
-        "paged_prefill_attention_f32", P, L, P, P, P, P, P, P, L, L, P, L, L, L, L, CF, L, I,
+        "paged_prefill_attention_f32", P, L, P, P, P, P, P, P, L, L, P, L, L, L, L, CF, L, P, I,
         source="paged_prefill_attention_f32",
     )  # fmt: skip
 
@@ -34,9 +36,11 @@ def native_prefill_serves(
     q: torch.Tensor, kv: KVLayer, core: Callable, plan: AttentionPlan
 ) -> bool:
     """Whether the kernel computes what the torch row would for this layer and step."""
+    sinks = sinks_of(core)  # (a sink core: the kernel adds the sink logits itself)
     return (
         kv.fmt is ENGINE_DTYPE
-        and core is F.scaled_dot_product_attention
+        and (core is F.scaled_dot_product_attention or sinks is not None)
+        and (sinks is None or sinks.dtype == torch.float32)
         and q.dtype == torch.float32
         and kv.k.dtype == torch.float32
         and q.device.type == "cpu"
@@ -91,5 +95,6 @@ def prefill_attention_native(
         k_cache.shape[1],
         scale,
         attn_plan.window,
+        sinks.data_ptr() if (sinks := sinks_of(core)) is not None else None,
         torch.get_num_threads(),
     )
