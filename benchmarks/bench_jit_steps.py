@@ -11,23 +11,29 @@ an older commit (`--head-benchmarks`: this script on both sides) for issue 27's 
 `--model gemma3-270m` runs Gemma-3-270M (the packaged Q4_K_M GGUF, dequantized to fp32:
 sliding-window and full-attention layers, sandwich norms, GeGLU). Its compile="off" is the
 per-op path (the hand-written fused decode takes Llama-shaped layers only), so the pair is
-the layer programs against running each op from Python:
+the layer programs against running each op from Python. `--model gpt-oss-row` runs
+bench_architectures' GPT-OSS row (learned sinks, 8 experts top 2, random weights), likewise:
 
     .venv/bin/python benchmarks/bench_jit_steps.py --model gemma3-270m \\
         --out benchmarks/results/jit_steps_gemma3.jsonl
+    .venv/bin/python benchmarks/bench_jit_steps.py --model gpt-oss-row \\
+        --out benchmarks/results/jit_steps_gpt_oss.jsonl
 """
 
 from __future__ import annotations
 
 import pathlib
 import sys
+import tempfile
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # (arch_rows builds tests/hf_models.py variants)
 
+from arch_rows import ARCHS, Size, build  # noqa: E402
 from bench_compiler import CONTEXT_TOKENS, SHAPES, make_batch, step_fn  # noqa: E402
 from bench_generate import git_state, machine_info  # noqa: E402
 from results_file import base_line, bench_arguments, write_lines  # noqa: E402
@@ -36,10 +42,24 @@ from infergen import LLM  # noqa: E402
 from infergen.io.packaged_models import gemma3_270m_path  # noqa: E402
 from infergen.timing import best_seconds_each  # noqa: E402
 
+
+def gpt_oss_row() -> pathlib.Path:
+    """bench_architectures' GPT-OSS row (random weights at its one size), built into a
+    temporary directory."""
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="infergen-gpt-oss-row-"))
+    build(next(a for a in ARCHS if a.name == "gpt_oss"), Size(), directory)
+    return directory
+
+
 # --model → (checkpoint path, its label in the results; KV cache bytes a token, all layers)
 MODELS = {
     "smollm2-135m": (None, "SmolLM2-135M-Instruct (fp32)", 46080),
     "gemma3-270m": (gemma3_270m_path, "Gemma-3-270M (Q4_K_M GGUF dequantized, fp32)", 36864),
+    "gpt-oss-row": (
+        gpt_oss_row,
+        "GPT-OSS row of bench_architectures (8 experts top 2, sinks; random weights, fp32)",
+        8192,
+    ),
 }
 
 

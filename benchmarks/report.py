@@ -917,8 +917,9 @@ def render_jit_steps(lines: list[dict]) -> str | None:
     for (model, stamp), ln in runs.items():
         rows.append(f"\n{model}: {_machine(ln)}; run {stamp}.")
     rows.append(
-        "Regenerate: `python benchmarks/bench_jit_steps.py --model gemma3-270m --out "
-        "benchmarks/results/jit_steps_gemma3.jsonl && python benchmarks/report.py`."
+        "Regenerate: `python benchmarks/bench_jit_steps.py --model M --out "
+        "benchmarks/results/jit_steps_<m>.jsonl && python benchmarks/report.py` (M: "
+        "gemma3-270m, gpt-oss-row)."
     )
     return "\n".join(rows)
 

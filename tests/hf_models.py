@@ -43,7 +43,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 }
 
 # Architectures beyond the Llama-shaped layer (tests/models/test_architectures_hf.py); the
-# fused decode does not take them, the compiler takes Gemma-3's (COMPILED_VARIANTS).
+# fused decode does not take them, the compiler takes Gemma-3's and GPT-OSS's
+# (COMPILED_VARIANTS).
 _GEMMA3_TYPES = ["sliding_attention"] * 2 + ["full_attention"]
 ARCH_VARIANTS: dict[str, tuple[str, dict]] = {
     # 4 sliding + 2 full layers: three KV cache groups of two layers, window 8
@@ -212,8 +213,9 @@ ARCH_VARIANTS: dict[str, tuple[str, dict]] = {
 }
 
 # the architectures the compiler captures (compiler/runtime.py CAPTURED_FEATURES): the
-# Llama-shaped variants and Gemma-3 (cache groups, two RoPE tables, sandwich norms, GeGLU)
-COMPILED_VARIANTS = [*sorted(VARIANTS), "gemma3"]
+# Llama-shaped variants, Gemma-3 (cache groups, two RoPE tables, sandwich norms, GeGLU) and
+# GPT-OSS (learned sinks, mixture-of-experts layers)
+COMPILED_VARIANTS = [*sorted(VARIANTS), "gemma3", "gpt_oss"]
 
 
 def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides):

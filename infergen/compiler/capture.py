@@ -32,8 +32,10 @@ from infergen.compiler.trace import leaf_functions, trace
 from infergen.compiler.verify import verify
 from infergen.errors import InfergenError
 from infergen.layers.linear import Linear
+from infergen.layers.moe import MoE
 from infergen.layers.norm import RMSNorm
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
+from infergen.ops.attention_sinks import SinkCore
 from infergen.ops.linear import LINEAR_BACKENDS
 
 BLOCKS = Sym("B")  # KV cache blocks: fixed per engine, not part of what a kernel is built for
@@ -167,6 +169,15 @@ class _Converter:
             self.weights[key] = self._add_input(value, Source("module", attrs))
         return self.weights[key]
 
+    def _module(self, module: nn.Module, path: str) -> Value:
+        """The graph input for a module run whole (an MoE layer): bound to the module itself
+        per layer, like a Linear for its weight; its shape [experts]."""
+        key = (id(module), "")
+        if key not in self.weights:
+            value = Value(path, (module.moe.num_experts,), module.router.dtype, "weight", "moe")
+            self.weights[key] = self._add_input(value, Source("module", tuple(path.split("."))))
+        return self.weights[key]
+
     def emit(
         self, op: Op, inputs: tuple[Value | None, ...], name: str | tuple[str, ...], **attrs
     ) -> list[Value]:
@@ -242,6 +253,10 @@ class _Converter:
             return self.emit(
                 Op.LINEAR, (x, weight, bias), name.replace(".", "_"), format=weight.format or "f32"
             )[0]
+        if isinstance(module, MoE):
+            (x,) = args
+            experts = self._module(module, name)
+            return self.emit(Op.MOE, (x, experts), name.replace(".", "_"))[0]
         if isinstance(module, RMSNorm):
             weight = self.weight(module, name, "weight")
             x, *delta = args
@@ -253,7 +268,7 @@ class _Converter:
         raise CaptureError(
             f"capture: module {name} ({type(module).__name__}) has no IR op",
             where=where,
-            expected="Linear or RMSNorm leaves",
+            expected="Linear, RMSNorm or MoE leaves",
         )
 
     def _rebind(self, old: Value, new: Value, env) -> None:
@@ -368,6 +383,8 @@ class _Converter:
     def _leaf_attention(self, fn, args, kwargs, where) -> Value:
         call = inspect.signature(fn).bind(*args, **kwargs).arguments
         core = call.get("core", ATTENTION_OPERANDS.get("fp32"))
+        if isinstance(core, SinkCore):  # learned sink logits: the module's, an input
+            return self._sink_attention(call, core, where)
         return self.emit(
             Op.ATTENTION,
             (
@@ -385,6 +402,31 @@ class _Converter:
             kv_format=call["k_cache"].format or "f32",
             operands=_name_of(ATTENTION_OPERANDS.items(), core, "attention core"),
         )[0]
+
+    def _sink_attention(self, call: dict, core: SinkCore, where: str) -> Value:
+        owner = next(
+            ((path, m) for path, m in self.root.named_modules() if m is not self.root
+             and getattr(m, "sinks", None) is core.sinks),
+            None,
+        )  # fmt: skip
+        if owner is None:
+            raise CaptureError("capture: sink logits of no module", where=where)
+        sinks = self.weight(owner[1], owner[0], "sinks")
+        inputs = (
+            call["q"],
+            call["k_new"],
+            call["v_new"],
+            call["k_cache"],
+            call["v_cache"],
+            call["attn_plan"],
+            call.get("new_slots"),
+            *_kv_scales(call.get("kv")),
+            sinks,
+        )
+        return self.emit(
+            Op.ATTENTION, inputs, "attn", scale=float(call["scale"]),
+            kv_format=call["k_cache"].format or "f32", operands="fp32", sinks=True,
+        )[0]  # fmt: skip
 
 
 def _kv_scales(kv: Any) -> tuple[Value, ...]:

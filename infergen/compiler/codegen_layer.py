@@ -9,7 +9,8 @@ Input: the layer graph after the "jit" pipeline. Fused groups that hold a GEMM o
 are flattened back into their nodes; what is left is pointwise groups (rendered by
 codegen_c.py, called as functions), GEMMs (`lk_gemm_any` on the layer's prepared weights in their
 storage format), the KV store (rows copied to their slots), decode attention (the paged decode
-kernel), and slices / views (pointer arithmetic). Activations live in one scratch arena, at
+kernel), mixture-of-experts feed-forwards (`lk_moe` on the layer's moe_args), and slices /
+views (pointer arithmetic). Activations live in one scratch arena, at
 the offsets of the buffer plan (buffers.py: values whose live ranges do not overlap share
 memory), T rows each.
 
@@ -48,7 +49,7 @@ from infergen.compiler.codegen_gemm import (
     plan_epilogue,
     render_gemm_epilogue,
 )
-from infergen.compiler.ir import TOKENS, Graph, Node, Op, Sym, Value
+from infergen.compiler.ir import TOKENS, Graph, Node, Op, Sym, Value, attention_parts
 from infergen.compiler.rewrite import toposort
 from infergen.compiler.verify import verify
 
@@ -367,16 +368,17 @@ class _Renderer:
             return
         q = self.contiguous(self.refs[id(node.inputs[0])])
         out = self.arena_ref(node.outputs[0])
+        _, kv_scales, sinks = attention_parts(node.inputs, node.attrs)
         scales = "0, 0"  # FP8 codes: the per-head scales (the key shift cancels out)
         if node.attrs["kv_format"] != "f32":
-            scales = ", ".join(self.weight(x) for x in node.inputs[7:9])
+            scales = ", ".join(self.weight(x) for x in kv_scales[:2])
         self.timed(
             "attention",
             [
                 f"lk_decode_attention({q.at()}, kc, vc, {scales}, s->block_tables, "
                 f"s->max_blocks, s->seq_lens, {out.ptr}, T, {self.heads}, "
-                f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, 0, "
-                "threads);"
+                f"{self.kv_heads}, {self.dim}, s->block_size, {self.scale!r}f, s->window, "
+                f"{self.weight(sinks)}, threads);"
             ],
         )
         self.refs[id(node.outputs[0])] = out
@@ -390,13 +392,30 @@ class _Renderer:
         if not q.contiguous_rows():
             q = self.contiguous(q)
         out = self.arena_ref(node.outputs[0])
+        sinks = attention_parts(node.inputs, node.attrs)[2]
         self.timed(
             "attention",
             [
                 f"paged_prefill_attention_f32({q.at()}, {q.row_stride}, kc, vc, "
                 "p->query_start, p->query_lens, p->seq_lens, p->block_tables, p->max_blocks, "
                 f"p->prefills, {out.ptr}, {self.heads}, {self.kv_heads}, {self.dim}, "
-                f"s->block_size, {self.scale!r}f, s->window, 0, threads);"
+                f"s->block_size, {self.scale!r}f, s->window, {self.weight(sinks)}, threads);"
+            ],
+        )
+        self.refs[id(node.outputs[0])] = out
+
+    def _moe(self, node: Node) -> None:
+        """A mixture-of-experts feed-forward: lk_moe on the layer's moe_args (the MoE input's
+        pointer in `weights`: compiler/program_moe.py builds it)."""
+        x, module = node.inputs
+        src = self.contiguous(self.refs[id(x)])
+        out = self.arena_ref(node.outputs[0])
+        slot = self.weight_inputs.index(module.name)
+        self.timed(
+            _site_name(module),
+            [
+                f"lk_moe((const moe_args *)W[{slot}], {src.at()}, {out.ptr}, T, "
+                f"{src.row_elements()}, threads);"
             ],
         )
         self.refs[id(node.outputs[0])] = out
@@ -500,6 +519,7 @@ _RENDER = {
     Op.VIEW: _Renderer._view,
     Op.KV_STORE: _Renderer._kv_store,
     Op.ATTENTION: _Renderer._attention,
+    Op.MOE: _Renderer._moe,
 }
 _KV_STORES = {"fp8_e4m3": _Renderer._store_e4m3, "f32": _Renderer._store_f32}
 

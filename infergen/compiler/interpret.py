@@ -8,18 +8,21 @@ order. Nothing is updated in place: a KV store returns new caches.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from infergen.compiler.ir import Graph, Op, Sym, bind_shape
+from infergen.compiler.ir import Graph, Op, Sym, attention_parts, bind_shape
 from infergen.kvcache.kv_format import KV_FORMATS, encode
 from infergen.kvcache.paged_cache import KVLayer
+from infergen.layers import moe
 from infergen.layers.linear import Linear
 from infergen.ops import gelu_mul, kv_store, linear, rms_norm, rope, silu_mul
 from infergen.ops.attention_operands import ATTENTION_OPERANDS
-from infergen.ops.paged_attention import paged_attention
+from infergen.ops.attention_sinks import SinkCore
+from infergen.ops.paged_attention import decode_attention, paged_attention
 
 Executor = Callable[[list[Any], dict[str, Any], dict[str, int]], tuple[Any, ...]]
 EXECUTORS: dict[Op, Executor] = {}
@@ -187,11 +190,23 @@ def _kv_store(args, attrs, sizes):
 
 @executor(Op.ATTENTION)
 def _attention(args, attrs, sizes):
-    q, k, v, k_cache, v_cache, plan, slots, *scales = args
-    core = ATTENTION_OPERANDS.get(attrs["operands"])
+    (q, k, v, k_cache, v_cache, plan, slots), scales, sinks = attention_parts(args, attrs)
+    core = attention_core(attrs, sinks)
     kv = kv_layer(k_cache, v_cache, scales, attrs.get("kv_format", "f32"))
     scale = attrs["scale"]
-    return (paged_attention(q, k, v, k_cache, v_cache, plan, scale, None, kv, core, slots),)
+    decode = functools.partial(decode_attention, core=core)
+    return (paged_attention(q, k, v, k_cache, v_cache, plan, scale, decode, kv, core, slots),)
+
+
+def attention_core(attrs: dict[str, Any], sinks) -> Callable:
+    """The attention core of an ATTENTION node: its operands' row, or the learned sinks'."""
+    return ATTENTION_OPERANDS.get(attrs["operands"]) if sinks is None else SinkCore(sinks)
+
+
+@executor(Op.MOE)
+def _moe(args, attrs, sizes):
+    x, module = args
+    return (moe.reference(x, module),)
 
 
 @executor(Op.QUANTIZE_ACT)

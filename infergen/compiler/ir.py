@@ -82,7 +82,8 @@ class Op(enum.Enum):
     LINEAR = ("linear", OpKind.MATMUL, 1)  # (x, weight[, bias]) attrs: format
     # attention and cache
     KV_STORE = ("kv_store", OpKind.KV_STORE, 2)  # (k, v, k_cache, v_cache, slots) → caches
-    ATTENTION = ("attention", OpKind.ATTENTION, 1)  # (q, k, v, k_cache, v_cache, plan, slots)
+    # (q, k, v, k_cache, v_cache, plan, slots[, k_scale, v_scale, k_shift][, sinks])
+    ATTENTION = ("attention", OpKind.ATTENTION, 1)
     # quantization
     QUANTIZE_ACT = ("quantize_act", OpKind.QUANTIZE, 1)  # attrs: fmt, granularity, quantizer
     # layout
@@ -90,6 +91,8 @@ class Op(enum.Enum):
     SLICE = ("slice", OpKind.LAYOUT, 1)  # attrs: dim, start, stop
     CONCAT = ("concat", OpKind.LAYOUT, 1)  # attrs: dim
     GATHER_ROWS = ("gather_rows", OpKind.LAYOUT, 1)  # (table, index): table[index]
+    # a mixture-of-experts feed-forward (x, the layer's MoE module): run by the module itself
+    MOE = ("moe", OpKind.CUSTOM, 1)
     # fused groups (passes build them; attrs: graph, the group's own subgraph)
     FUSED = ("fused", OpKind.CUSTOM, -1)
 
@@ -249,6 +252,16 @@ _DTYPE_NAMES = {
     torch.bool: "bool",
     torch.float8_e4m3fn: "f8e4m3",
 }
+
+
+def attention_parts(inputs: tuple, attrs: dict[str, Any]) -> tuple[tuple, tuple, Any]:
+    """An ATTENTION node's inputs (or their runtime values) in three parts: (q, k, v, k_cache,
+    v_cache, plan, slots); a scaled KV format's (k_scale, v_scale, k_shift), or (); and the
+    learned sink logits [heads] (attrs "sinks": GPT-OSS), or None."""
+    rest = tuple(inputs[7:])
+    if attrs.get("sinks"):
+        return tuple(inputs[:7]), rest[:-1], rest[-1]
+    return tuple(inputs[:7]), rest, None
 
 
 def dtype_name(dtype: torch.dtype) -> str:

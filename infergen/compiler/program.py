@@ -18,10 +18,12 @@ from infergen.compiler.codegen_gemm import TEMPLATE
 from infergen.compiler.codegen_layer import FUNCTIONS, LayerProgram, render_layer_programs
 from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
+from infergen.compiler.program_moe import moe_args
 from infergen.compiler.program_variants import ProgramVariant
 from infergen.compiler.tune import TuningRecord
 from infergen.kernels.build import _source_bytes, library
 from infergen.layers.linear import Linear
+from infergen.layers.moe import MoE
 from infergen.models.fused_decode import StepArgs
 from infergen.ops.paged_prefill_native import VECTOR_FLOATS
 
@@ -206,6 +208,14 @@ class LayerProgramRunner:
         for index, env in enumerate(statics):
             for name in self.program.weight_inputs:
                 value = env[name]
+                if isinstance(value, MoE):  # its C arguments (program_moe.py)
+                    try:
+                        args, keep = moe_args(value, f"layer {index} {name}")
+                    except CodegenError as error:
+                        raise ProgramUnavailable(str(error)) from None
+                    self._keep += [args, keep]
+                    pointers.append(ctypes.addressof(args))
+                    continue
                 if isinstance(value, Linear):
                     value = value.weight
                 pointers.append(value.data_ptr() if value is not None else None)

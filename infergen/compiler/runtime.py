@@ -38,8 +38,8 @@ from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import is_gemm_group, plan_epilogue
 from infergen.compiler.codegen_triton import TritonGroupKernel
 from infergen.compiler.decoder import capture_layers
-from infergen.compiler.interpret import EXECUTORS, kv_layer, run
-from infergen.compiler.ir import Graph, Node, Op
+from infergen.compiler.interpret import EXECUTORS, attention_core, kv_layer, run
+from infergen.compiler.ir import Graph, Node, Op, attention_parts
 from infergen.compiler.jit_cache import JitCache, NotBuilt
 from infergen.compiler.kernel import GemmEpilogueKernel, compile_gemm_epilogue, compile_group
 from infergen.compiler.passes import PASSES, run_pipeline
@@ -48,9 +48,8 @@ from infergen.compiler.regions import node_region
 from infergen.compiler.tune import TuningRecord, group_key
 from infergen.models.fast_paths import FAST_PATHS, FastPath
 from infergen.models.fused_decode import StackCost
-from infergen.ops.attention_operands import ATTENTION_OPERANDS
 from infergen.ops.kv_store import kv_store
-from infergen.ops.paged_attention import paged_attention
+from infergen.ops.paged_attention import decode_with, paged_attention
 from infergen.ops.rope import RopeInputs
 from infergen.registry import Registry
 
@@ -123,8 +122,13 @@ class CompiledLayers:
             self._compile(graph, jit_cache)
         layer0 = model.layers[0]
         attn = layer0.attn
+        mlp = layer0.mlp
         self.ops = _EngineOps(
-            attn.decode, attn.rope, layer0.mlp.act, layer0.attn_norm.fn, attn.prefill
+            attn.decode_row,
+            attn.rope,
+            getattr(mlp, "act", None),  # (an MoE layer runs its own: the MOE node's module)
+            layer0.attn_norm.fn,
+            attn.prefill,
         )
         # decode steps, and steps with prefills: the whole stack of layers as one generated
         # C function per phase (program.py)
@@ -335,7 +339,7 @@ class _EngineOps:
     """The op backends the model's layers use (rows of its kernel set: native C, Triton or
     torch)."""
 
-    decode: Any
+    decode: Any  # the decode row (bound per node to its attention core: decode_with)
     rope: Any
     gated_act: Any  # the MLP's gated activation (SiLU-mul or GELU-mul)
     rms_norm: Any
@@ -387,14 +391,20 @@ def _kv_store(ops, args, attrs):
 
 @ENGINE_OPS.decorator("attention")
 def _attention(ops, args, attrs):
-    q, k, v, k_cache, v_cache, plan, slots, *scales = args
-    core = ATTENTION_OPERANDS.get(attrs["operands"])
-    kv = kv_layer(k_cache, v_cache, scales, attrs["kv_format"])
-    scale = attrs["scale"]
+    (q, k, v, k_cache, v_cache, plan, slots), scales, sinks = attention_parts(args, attrs)
+    core = attention_core(attrs, sinks)
+    kv = kv_layer(k_cache, v_cache, list(scales), attrs["kv_format"])
+    decode = decode_with(ops.decode, core)
     out = paged_attention(
-        q, k, v, k_cache, v_cache, plan, scale, ops.decode, kv, core, slots, ops.prefill
+        q, k, v, k_cache, v_cache, plan, attrs["scale"], decode, kv, core, slots, ops.prefill
     )
     return (out,)
+
+
+@ENGINE_OPS.decorator("moe")
+def _moe(ops, args, attrs):
+    x, module = args
+    return (module(x.contiguous()),)
 
 
 @ENGINE_OPS.decorator("rope")
@@ -433,8 +443,12 @@ def _view(ops, args, attrs):
 
 # the layer features (Transformer.layer_features) the compiler captures beyond the
 # Llama-shaped layer: Gemma-3's (each layer binds its cache group's slots and attention plan
-# and its RoPE table; sandwich norms are RMS_NORM nodes; GeGLU is GELU_MUL)
-CAPTURED_FEATURES = frozenset({"cache_groups", "rope_tables", "gelu_mlp", "sandwich_norms"})
+# and its RoPE table; sandwich norms are RMS_NORM nodes; GeGLU is GELU_MUL) and GPT-OSS's
+# (learned sinks: an ATTENTION input; mixture-of-experts feed-forwards: MOE nodes the module
+# runs, which the layer programs have no code for: the graph walker runs those layers)
+CAPTURED_FEATURES = frozenset(
+    {"cache_groups", "rope_tables", "gelu_mlp", "sandwich_norms", "attention_sinks", "moe"}
+)
 
 
 def _compiled(mode: str) -> FastPath:

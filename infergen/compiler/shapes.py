@@ -13,7 +13,16 @@ from typing import Any
 
 import torch
 
-from infergen.compiler.ir import Dim, Graph, Op, Shape, Sym, Value, resolve_view
+from infergen.compiler.ir import (
+    Dim,
+    Graph,
+    Op,
+    Shape,
+    Sym,
+    Value,
+    attention_parts,
+    resolve_view,
+)
 
 Result = list[tuple[Shape, torch.dtype | None]]
 Rule = Callable[[tuple[Value | None, ...], dict[str, Any]], Result]
@@ -128,6 +137,13 @@ def _linear(inputs, attrs) -> Result:
     return [((*x.shape[:-1], out_features), x.dtype)]
 
 
+@rule(Op.MOE)
+def _moe(inputs, attrs) -> Result:
+    x, module = inputs
+    _need(x.rank == 2, f"x {x.shape}: expected [tokens, hidden]")
+    return [(x.shape, x.dtype)]
+
+
 @rule(Op.KV_STORE)
 def _kv_store(inputs, attrs) -> Result:
     k, v, k_cache, v_cache, slots, *scales = inputs
@@ -140,8 +156,9 @@ def _kv_store(inputs, attrs) -> Result:
 
 @rule(Op.ATTENTION)
 def _attention(inputs, attrs) -> Result:
-    q, k, v, k_cache, v_cache, plan, slots, *scales = inputs
-    _scales(k_cache, scales)
+    (q, k, v, k_cache, v_cache, plan, slots), scales, sinks = attention_parts(inputs, attrs)
+    _scales(k_cache, list(scales))
+    _need(sinks is None or sinks.shape == (q.shape[1],), f"sinks {sinks!r} for {q.shape[1]} heads")
     _need(q.rank == 3 and k.shape[1:] == k_cache.shape[2:], f"q {q.shape}, cache {k_cache.shape}")
     _need(q.shape[1] % k.shape[1] == 0, f"{q.shape[1]} heads over {k.shape[1]} KV heads")
     return [(q.shape, q.dtype)]

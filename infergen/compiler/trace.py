@@ -1,6 +1,6 @@
 """Tracing with torch.fx down to our ops (the first half of capture, capture.py converts).
 
-`Linear` and `RMSNorm` modules are leaf modules; op functions are kept whole as single call
+`Linear`, `RMSNorm` and `MoE` modules are leaf modules; op functions are kept whole as single call
 nodes whichever backend the engine picked: the global ones (`kv_store`, `paged_attention`)
 through fx's autowrap, the ones a layer holds as an attribute (its RoPE / SiLU-mul / GELU-mul
 backend) by standing in for them while tracing (`_LeafCall`). Any method can be traced, not only
@@ -19,6 +19,7 @@ from torch import nn
 
 from infergen.compiler.ir import Op
 from infergen.layers.linear import Linear
+from infergen.layers.moe import MoE
 from infergen.layers.norm import RMSNorm
 from infergen.ops.gelu_mul import GELU_MUL_BACKENDS
 from infergen.ops.kv_store import kv_store
@@ -26,6 +27,10 @@ from infergen.ops.paged_attention import paged_attention
 from infergen.ops.rope import ROPE_BACKENDS
 from infergen.ops.rope_kv_store import ROPE_STORE_BACKENDS
 from infergen.ops.silu_mul import SILU_MUL_BACKENDS
+
+# modules traced as one call: projections, norms, and mixture-of-experts feed-forwards (whose
+# routing depends on the values: one MOE node the module runs)
+LEAF_MODULES = (Linear, RMSNorm, MoE)
 
 
 def leaf_functions() -> dict[Callable, Op]:
@@ -68,7 +73,7 @@ class _Tracer(fx.Tracer):
         self.paths = {module: name for name, module in root.named_modules()}
 
     def is_leaf_module(self, module: nn.Module, name: str) -> bool:
-        return isinstance(module, (Linear, RMSNorm)) or super().is_leaf_module(module, name)
+        return isinstance(module, LEAF_MODULES) or super().is_leaf_module(module, name)
 
     def path_of_module(self, module: nn.Module) -> str:
         return self.paths[module]  # names relative to the module whose method is traced

@@ -26,3 +26,88 @@ void lk_store_e4m3(const float *x, uint8_t *dst, const float *scale, const float
                    long kv_heads, long dim) {
     store_e4m3(x, dst, scale, shift, kv_heads, dim);
 }
+
+/* the gated activation of one [n, 2 inter] row block into [n, inter] (layers/moe.py):
+ * SwiGLU, or GPT-OSS's (up + 1) * gate * sigmoid(alpha * gate) with gate <= limit and
+ * |up| <= limit; rows over the threads, the exponentials vectorized (common.h exp_array) */
+static void moe_activation(const moe_args *m, const float *gu, float *out, long n, int threads) {
+    long inter = m->inter;
+    int clamped = m->activation == 1;
+    float limit = m->limit, alpha = clamped ? m->alpha : 1.0f;
+#pragma omp parallel for num_threads(threads) if (n * inter >= PARALLEL_MIN_ELEMENTS)
+    for (long r = 0; r < n; ++r) {
+        const float *gate = gu + r * 2 * inter, *up = gate + inter;
+        float *o = out + r * inter;
+        for (long i = 0; i < inter; ++i) {
+            float g = clamped && gate[i] > limit ? limit : gate[i];
+            o[i] = -alpha * g;
+        }
+        exp_array(o, o, inter); /* e^(-alpha g) */
+        for (long i = 0; i < inter; ++i) {
+            float g = clamped && gate[i] > limit ? limit : gate[i], u = up[i];
+            if (clamped) u = (u < -limit ? -limit : (u > limit ? limit : u)) + 1.0f;
+            o[i] = g / (1.0f + o[i]) * u;
+        }
+    }
+}
+
+void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, int threads) {
+    long E = m->experts, k = m->top_k, inter = m->inter, pairs = T * k;
+    float *logits = malloc(sizeof(float) * (size_t)(T * E));
+    long *expert_of = malloc(sizeof(long) * (size_t)pairs);
+    float *weight_of = malloc(sizeof(float) * (size_t)pairs);
+    /* the router's logits, a token per iteration */
+#pragma omp parallel for num_threads(threads) if (T * E * hidden >= PARALLEL_MIN_ELEMENTS)
+    for (long t = 0; t < T; ++t)
+        for (long e = 0; e < E; ++e)
+            logits[t * E + e] = dot_f32(x + t * hidden, m->router + e * hidden, hidden) +
+                                (m->router_bias ? m->router_bias[e] : 0.0f);
+    /* top k by logit (the first of equal logits first, as torch.topk), softmax over them */
+    for (long t = 0; t < T; ++t) {
+        const float *l = logits + t * E;
+        long *chosen = expert_of + t * k;
+        for (long j = 0; j < k; ++j) {
+            long best = -1;
+            for (long e = 0; e < E; ++e) {
+                int taken = 0;
+                for (long i = 0; i < j; ++i) taken |= chosen[i] == e;
+                if (!taken && (best < 0 || l[e] > l[best])) best = e;
+            }
+            chosen[j] = best;
+        }
+        float top = l[chosen[0]], total = 0.0f;
+        for (long j = 0; j < k; ++j) total += weight_of[t * k + j] = expf(l[chosen[j]] - top);
+        for (long j = 0; j < k; ++j) weight_of[t * k + j] /= total;
+    }
+    /* token-expert pairs grouped by expert, in token order within an expert */
+    long *start = calloc((size_t)(E + 1), sizeof(long)), *order = malloc(sizeof(long) * (size_t)pairs);
+    for (long p = 0; p < pairs; ++p) ++start[expert_of[p] + 1];
+    for (long e = 0; e < E; ++e) start[e + 1] += start[e];
+    long *fill = malloc(sizeof(long) * (size_t)E);
+    for (long e = 0; e < E; ++e) fill[e] = start[e];
+    for (long p = 0; p < pairs; ++p) order[fill[expert_of[p]]++] = p;
+    float *xs = malloc(sizeof(float) * (size_t)(pairs * hidden));
+    float *gu = malloc(sizeof(float) * (size_t)(pairs * 2 * inter));
+    float *act = malloc(sizeof(float) * (size_t)(pairs * inter));
+    float *ys = malloc(sizeof(float) * (size_t)(pairs * hidden));
+    for (long p = 0; p < pairs; ++p)
+        memcpy(xs + p * hidden, x + order[p] / k * hidden, sizeof(float) * (size_t)hidden);
+    for (long e = 0; e < E; ++e) {
+        long n = start[e + 1] - start[e], r0 = start[e];
+        if (n == 0) continue;
+        gemm_any(m->gate_up_format[e], m->gate_up[e], xs + r0 * hidden, m->gate_up_bias[e],
+                 gu + r0 * 2 * inter, n, 2 * inter, hidden, threads);
+        moe_activation(m, gu + r0 * 2 * inter, act + r0 * inter, n, threads);
+        gemm_any(m->down_format[e], m->down[e], act + r0 * inter, m->down_bias[e],
+                 ys + r0 * hidden, n, hidden, inter, threads);
+    }
+    memset(y, 0, sizeof(float) * (size_t)(T * hidden));
+    for (long q = 0; q < pairs; ++q) { /* in expert order, as the module's index_add_ */
+        long p = order[q];
+        float w = weight_of[p], *dst = y + p / k * hidden;
+        const float *src = ys + q * hidden;
+        for (long d = 0; d < hidden; ++d) dst[d] += w * src[d];
+    }
+    free(logits), free(expert_of), free(weight_of), free(start), free(order), free(fill);
+    free(xs), free(gu), free(act), free(ys);
+}

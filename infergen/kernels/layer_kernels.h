@@ -28,3 +28,19 @@ void paged_prefill_attention_f32(const float *q, long q_stride, const float *k_c
                                  float *out, long heads, long kv_heads, long dim,
                                  long block_size, float scale, long window, const float *sinks,
                                  int num_threads);
+/* A mixture-of-experts feed-forward (layers/moe.py) as the layer program runs it: the router
+ * (dense [experts, hidden] + bias) scores each token, its top_k experts by logit are weighed
+ * by a softmax over those k (GPT-OSS's "softmax_topk"), tokens are grouped by expert, and each
+ * expert with tokens runs its gate/up GEMM, the gated activation and its down GEMM on them
+ * (lk_gemm_any, the expert's own weight format); y = sum of weight x expert output.
+ * Built by compiler/program.py (MoEArgs) per layer. */
+typedef struct {
+    long experts, top_k, inter;
+    const float *router, *router_bias;   /* [experts, hidden]; [experts] or NULL */
+    const void *const *gate_up, *const *down; /* per expert: prepared panels */
+    const float *const *gate_up_bias, *const *down_bias; /* per expert, entries may be NULL */
+    const long *gate_up_format, *down_format; /* per expert */
+    long activation;                     /* 0: SwiGLU; 1: GPT-OSS's clamped SwiGLU */
+    float limit, alpha;                  /* the clamped SwiGLU's */
+} moe_args;
+void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, int threads);

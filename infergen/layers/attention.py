@@ -8,8 +8,6 @@ RoPE table (Gemma-3's local layers have their own base)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
@@ -29,17 +27,13 @@ from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import (
     DECODE_BACKENDS,
     PREFILL_BACKENDS,
-    decode_attention,
-    decode_attention_native,
+    decode_with,
     paged_attention,
 )
 from infergen.ops.paged_prefill_native import prefill_attention_native  # noqa: F401 - its row
 from infergen.ops.rope import ROPE_BACKENDS
 from infergen.ops.rope_kv_store import ROPE_STORE_BACKENDS
 from infergen.ops.sparse_decode import QuestDecode
-
-# the decode rows that take an attention core (a sink core among them)
-_ROWS_WITH_CORE = (decode_attention, decode_attention_native)
 
 
 class Attention(nn.Module):
@@ -88,8 +82,7 @@ class Attention(nn.Module):
         another device, `_apply`): prefill's, and decode's through the decode rows that take
         a core (the native kernel reads the sinks itself; other rows run torch's)."""
         self.core = SinkCore(self.sinks)
-        row = self.decode_row if self.decode_row in _ROWS_WITH_CORE else decode_attention
-        self.decode = functools.partial(row, core=self.core)
+        self.decode = decode_with(self.decode_row, self.core)
 
     def _apply(self, fn, *args, **kwargs):
         module = super()._apply(fn, *args, **kwargs)
@@ -120,7 +113,7 @@ class Attention(nn.Module):
                 expected="None for a model with learned sink logits",
             )
         self.core = ATTENTION_OPERANDS.get(name, where="attention")
-        self.decode = functools.partial(decode_attention, core=self.core)
+        self.decode = decode_with(self.decode_row, self.core)
 
     def forward(
         self,

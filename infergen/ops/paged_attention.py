@@ -397,6 +397,19 @@ def decode_attention_native(
     return out
 
 
+# the decode rows that take an attention core (a sink core among them)
+_ROWS_WITH_CORE = (decode_attention, decode_attention_native)
+
+
+def decode_with(row: DecodeFn, core: Callable[..., torch.Tensor]) -> DecodeFn:
+    """A decode row bound to an attention core: the row itself for SDPA's; a row that takes
+    a core (torch's; the native kernel's, which reads a SinkCore's sinks itself) with it; any
+    other row's step goes to torch's with it."""
+    if core is F.scaled_dot_product_attention:
+        return row
+    return functools.partial(row if row in _ROWS_WITH_CORE else decode_attention, core=core)
+
+
 PrefillFn = Callable[..., None]  # (q, k_new, v_new, k_cache, v_cache, plan, scale, out, ...)
 PREFILL_BACKENDS: Registry[PrefillFn] = Registry("prefill attention backend")
 

@@ -16,6 +16,9 @@ from infergen.errors import ConfigError
 from tests.hf_models import COMPILED_VARIANTS, build_hf_model
 
 PROMPTS = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
+# variants whose layers the layer programs have no code for (the graph walker runs them), and
+# the reason the compile report gives
+WALKED: dict[str, str] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +35,10 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
     layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
     assert layers is not None
     program_steps = {"n": 0, "prefill": 0}
-    if mode == "jit":  # decode steps run the generated layer program (every architecture)
+    if mode == "jit" and name in WALKED:  # the walker runs every step; the report says why
+        assert layers.program is None and layers.prefill_program is None
+        assert any(WALKED[name] in why for why in layers.report.groups_op_by_op)
+    elif mode == "jit":  # decode steps run the generated layer program
         assert layers.program is not None, layers.report.groups_op_by_op
         run_program = layers.program.run
 
@@ -59,7 +65,7 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
         expected = reference.engine.prompt_logits(tokens, chunk=chunk)
         got = compiled.engine.prompt_logits(tokens, chunk=chunk)
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (name, chunk)
-    assert program_steps["n"] >= (39 if mode == "jit" else 0)
+    assert program_steps["n"] >= (39 if mode == "jit" and name not in WALKED else 0)
     if mode == "jit" and layers.prefill_program is not None:  # the 40-token and 7-token chunks
         assert program_steps["prefill"] >= 1 + 40 // 7
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -127,7 +133,7 @@ def test_fp8_kv_cache(mode, tmp_path):
 @pytest.mark.parametrize(
     "name, features",
     [
-        ("gpt_oss", "attention sinks, mixture-of-experts MLPs"),
+        ("deepseek_v2", "latent attention (MLA)"),
         ("mamba2", "recurrent state layers"),
     ],
 )
