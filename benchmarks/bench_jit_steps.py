@@ -22,7 +22,9 @@ bench_architectures' GPT-OSS row (learned sinks, 8 experts top 2, random weights
 
 from __future__ import annotations
 
+import atexit
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -45,8 +47,9 @@ from infergen.timing import best_seconds_each  # noqa: E402
 
 def gpt_oss_row() -> pathlib.Path:
     """bench_architectures' GPT-OSS row (random weights at its one size), built into a
-    temporary directory."""
+    temporary directory (removed at exit)."""
     directory = pathlib.Path(tempfile.mkdtemp(prefix="infergen-gpt-oss-row-"))
+    atexit.register(shutil.rmtree, directory, True)
     build(next(a for a in ARCHS if a.name == "gpt_oss"), Size(), directory)
     return directory
 
