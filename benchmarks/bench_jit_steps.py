@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # (arch_rows builds tests/hf_models.py 
 from arch_rows import ARCHS, Size, build  # noqa: E402
 from bench_compiler import CONTEXT_TOKENS, SHAPES, make_batch, step_fn  # noqa: E402
 from bench_generate import git_state, machine_info  # noqa: E402
-from results_file import base_line, bench_arguments, write_lines  # noqa: E402
+from results_file import base_line, bench_arguments, ratio_line, write_lines  # noqa: E402
 
 from infergen import LLM  # noqa: E402
 from infergen.io.packaged_models import gemma3_270m_path  # noqa: E402
@@ -112,19 +112,9 @@ def main() -> None:
                     "stat": f"best of {args.repeats}",
                 }
             )
-        lines.append(
-            {
-                **base,
-                "kind": "ratio",
-                "metric": f"step_ms_{shape}",
-                "infergen_value": best["jit"] * 1e3,
-                "peer": "compile=off",
-                "peer_value": best["off"] * 1e3,
-                "value": best["off"] / best["jit"],  # > 1: the layer programs are faster
-                "unit": "ms",
-                "shape": f"{sequences} x ({context} cached + {new} new)",
-            }
-        )
+        shape_text = f"{sequences} x ({context} cached + {new} new)"
+        lines.append(ratio_line(base, f"step_ms_{shape}", best["jit"] * 1e3, "compile=off",
+                                best["off"] * 1e3, "ms", shape=shape_text))  # fmt: skip
     write_lines(args.out, lines)
 
 

@@ -89,7 +89,9 @@ def _ops(scheme: str, tokens: int, repeats: int) -> dict[str, float]:
     return best
 
 
-def _engine(options: dict, prompt_len: int, new: int, repeats: int) -> dict:
+def engine_rates(options: dict, prompt_len: int, new: int, repeats: int) -> dict:
+    """An engine's prefill of `prompt_len` tokens (best) and decode of `new` after a 64-token
+    prompt (best tok/s), 2 threads; `options` are LLM options (a `model` among them)."""
     llm = LLM(num_threads=2, **options)
     prompts = [
         [(7 * j + 13 * r) % 30000 + 100 for j in range(prompt_len)] for r in range(repeats + 1)
@@ -119,6 +121,11 @@ def _llama_bench(prompt_len: int, new: int, repeats: int) -> dict[str, dict]:
     files = {"llama.cpp F32": cached_f32_gguf(source, PEERS_DIR, "F32"),
              "llama.cpp Q8_0": cached_f32_gguf(source, PEERS_DIR, "Q8_0"),
              "llama.cpp Q4_1": source}  # fmt: skip
+    return llama_bench(files, prompt_len, new, repeats)
+
+
+def llama_bench(files: dict[str, pathlib.Path], prompt_len: int, new: int, repeats: int) -> dict:
+    """llama-bench's pp `prompt_len` / tg `new` tok/s, 2 threads, on each named GGUF."""
     got = {}
     for name, path in files.items():
         cmd = [str(LLAMA_BENCH), "-m", str(path), "-p", str(prompt_len), "-n", str(new),
@@ -162,7 +169,7 @@ def main() -> None:
             print({k: v for k, v in line.items() if k != "machine"}, flush=True)
             lines.append(line)
     if not args.skip_engine:
-        got = {name: _engine(options, args.prefill, 32, 3) for name, options in ENGINE.items()}
+        got = {name: engine_rates(options, args.prefill, 32, 3) for name, options in ENGINE.items()}
         got.update(_llama_bench(args.prefill, 32, 3))
         for name, result in got.items():
             speedup = got["fp32"]["prefill_s"] / result["prefill_s"]

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from arch_rows import ARCHS, Size, build  # noqa: E402
 from bench_compiler import make_batch, step_fn  # noqa: E402
 from bench_generate import git_state, machine_info  # noqa: E402
-from results_file import base_line, bench_arguments, write_lines  # noqa: E402
+from results_file import base_line, bench_arguments, ratio_line, write_lines  # noqa: E402
 
 from infergen import LLM  # noqa: E402
 from infergen.ops import paged_attention as pa  # noqa: E402
@@ -86,20 +86,10 @@ def run(llm: LLM, args) -> None:
         ratio = best["torch"] / best["native"]
         print(f"[{shape}] native {best['native'] * 1e3:.2f} ms  torch {best['torch'] * 1e3:.2f} "
               f"ms  {ratio:.2f}x  max |logit difference| {difference:.1e}")  # fmt: skip
-        lines.append(
-            {
-                **base,
-                "kind": "ratio",
-                "metric": f"step_ms_{shape}",
-                "infergen_value": best["native"] * 1e3,
-                "peer": "torch sink attention",
-                "peer_value": best["torch"] * 1e3,
-                "value": ratio,
-                "unit": "ms",
-                "stat": f"best of {args.repeats}",
-                "max_logit_difference": difference,
-            }
-        )
+        lines.append(ratio_line(base, f"step_ms_{shape}", best["native"] * 1e3,
+                                "torch sink attention", best["torch"] * 1e3, "ms",
+                                stat=f"best of {args.repeats}",
+                                max_logit_difference=difference))  # fmt: skip
     write_lines(args.out, lines)
 
 

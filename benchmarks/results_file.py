@@ -29,6 +29,15 @@ def base_line(bench: str, model: str, machine: dict, git: dict, **extra) -> dict
     }
 
 
+def ratio_line(base: dict, metric: str, ours: float, peer: str, theirs: float, unit: str,
+               **extra) -> dict:  # fmt: skip
+    """A "ratio" line (the README's results table): our value and the peer's in `unit`, and
+    how many times better ours is (time units: theirs / ours; rates: ours / theirs)."""
+    better = theirs / ours if unit in ("ms", "s", "us") else ours / theirs
+    return {**base, "kind": "ratio", "metric": metric, "infergen_value": ours, "peer": peer,
+            "peer_value": theirs, "value": round(better, 3), "unit": unit, **extra}  # fmt: skip
+
+
 def bench_arguments(doc: str, repeats: int, out: pathlib.Path) -> argparse.ArgumentParser:
     """A benchmark's parser with the usual --repeats, --threads (default 2) and --out."""
     parser = argparse.ArgumentParser(

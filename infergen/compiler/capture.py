@@ -383,50 +383,22 @@ class _Converter:
     def _leaf_attention(self, fn, args, kwargs, where) -> Value:
         call = inspect.signature(fn).bind(*args, **kwargs).arguments
         core = call.get("core", ATTENTION_OPERANDS.get("fp32"))
-        if isinstance(core, SinkCore):  # learned sink logits: the module's, an input
-            return self._sink_attention(call, core, where)
-        return self.emit(
-            Op.ATTENTION,
-            (
-                call["q"],
-                call["k_new"],
-                call["v_new"],
-                call["k_cache"],
-                call["v_cache"],
-                call["attn_plan"],
-                call.get("new_slots"),
-                *_kv_scales(call.get("kv")),
-            ),
-            "attn",
-            scale=float(call["scale"]),
-            kv_format=call["k_cache"].format or "f32",
-            operands=_name_of(ATTENTION_OPERANDS.items(), core, "attention core"),
-        )[0]
+        names = ("q", "k_new", "v_new", "k_cache", "v_cache", "attn_plan")
+        inputs = (*(call[n] for n in names), call.get("new_slots"), *_kv_scales(call.get("kv")))
+        attrs = dict(scale=float(call["scale"]), kv_format=call["k_cache"].format or "f32")
+        if isinstance(core, SinkCore):  # learned sink logits: the module's, one more input
+            inputs += (self._sinks(core, where),)
+            attrs.update(operands="fp32", sinks=True)
+        else:
+            attrs["operands"] = _name_of(ATTENTION_OPERANDS.items(), core, "attention core")
+        return self.emit(Op.ATTENTION, inputs, "attn", **attrs)[0]
 
-    def _sink_attention(self, call: dict, core: SinkCore, where: str) -> Value:
-        owner = next(
-            ((path, m) for path, m in self.root.named_modules() if m is not self.root
-             and getattr(m, "sinks", None) is core.sinks),
-            None,
-        )  # fmt: skip
-        if owner is None:
-            raise CaptureError("capture: sink logits of no module", where=where)
-        sinks = self.weight(owner[1], owner[0], "sinks")
-        inputs = (
-            call["q"],
-            call["k_new"],
-            call["v_new"],
-            call["k_cache"],
-            call["v_cache"],
-            call["attn_plan"],
-            call.get("new_slots"),
-            *_kv_scales(call.get("kv")),
-            sinks,
-        )
-        return self.emit(
-            Op.ATTENTION, inputs, "attn", scale=float(call["scale"]),
-            kv_format=call["k_cache"].format or "f32", operands="fp32", sinks=True,
-        )[0]  # fmt: skip
+    def _sinks(self, core: SinkCore, where: str) -> Value:
+        """The graph input of a sink core's logits: the parameter of the module holding them."""
+        for path, module in self.root.named_modules():
+            if module is not self.root and getattr(module, "sinks", None) is core.sinks:
+                return self.weight(module, path, "sinks")
+        raise CaptureError("capture: sink logits of no module", where=where)
 
 
 def _kv_scales(kv: Any) -> tuple[Value, ...]:

@@ -17,7 +17,7 @@ from infergen.ops import attention_sinks
 from infergen.ops import paged_attention as pa
 from infergen.ops.attention_sinks import SinkCore
 from infergen.ops.paged_prefill_native import native_prefill_serves
-from tests.ops.scattered_pool import scattered_pool
+from tests.ops.test_paged_prefill_native import _case
 
 DECODE = pa.DECODE_BACKENDS.get("native")
 PREFILL = pa.PREFILL_BACKENDS.get("native")
@@ -49,22 +49,12 @@ CASES = [
 def test_native_kernels_with_sinks_match_the_float64_oracle(
     query_lens, seq_lens, kv_heads, group, dim, block_size, window
 ):
-    gen = torch.Generator().manual_seed(dim + len(seq_lens))
-    k, v, tables = scattered_pool(seq_lens, kv_heads, dim, block_size, torch.float32, gen)
+    q, k, v, tables, starts, k_new, v_new = _case(
+        query_lens, seq_lens, kv_heads, group, dim, block_size, seed=dim + len(seq_lens)
+    )
     heads = kv_heads * group
-    q = torch.randn(sum(query_lens), heads, dim, generator=gen)
-    sinks = torch.randn(heads, generator=gen) * 2
+    sinks = torch.randn(heads, generator=torch.Generator().manual_seed(heads)) * 2
     sinks[0] = 30.0  # a head that puts nearly all its weight on the sink
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    new = [
-        (tables[i, p // block_size], p % block_size)
-        for i, ctx in enumerate(seq_lens)
-        for p in range(ctx - query_lens[i], ctx)
-    ]
-    k_new = torch.stack([k[b, s] for b, s in new])
-    v_new = torch.stack([v[b, s] for b, s in new])
     plan = pa.plan(starts, seq_lens, tables, block_size, window)
     scale = pa.default_scale(dim)
     core = SinkCore(sinks)
