@@ -18,8 +18,9 @@ from infergen.ops.silu_mul import SILU_MUL_BACKENDS
 
 # hidden_act → the registry of its gated-activation backends
 GATED_ACTIVATIONS = {"silu": SILU_MUL_BACKENDS, "gelu_pytorch_tanh": GELU_MUL_BACKENDS}
-# hidden_act → the profiler's region of its op (infergen/profiling.py)
+# hidden_act → the profiler's region of its op (infergen/profiling.py), and its work
 GATED_REGIONS = {"silu": silu_mul.region, "gelu_pytorch_tanh": gelu_mul.region}
+GATED_COSTS = {"silu": silu_mul.cost, "gelu_pytorch_tanh": gelu_mul.cost}
 
 
 class GatedMLP(nn.Module):

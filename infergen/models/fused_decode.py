@@ -18,6 +18,8 @@ from infergen import profiling
 from infergen.kernels.build import I, L, P, kernel
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.forward_batch import ForwardBatch
+from infergen.layers.mlp import GATED_COSTS
+from infergen.layers.moe import MoE
 from infergen.models.fast_paths import FAST_PATHS, FastPath
 from infergen.ops import kv_store, rms_norm, rope, silu_mul
 from infergen.ops.paged_attention import (
@@ -186,8 +188,9 @@ class FusedDecode:
 class StackCost:
     """The work of the first `num_layers` decoder layers on a decode step of `tokens` rows, as
     the per-op path's regions count it (ops/*.py `cost`): per layer two norms (with the
-    residual add but for the first), the four projections with their weights as stored, RoPE
-    + KV store, decode attention over the step's contexts, SwiGLU — what a call that runs the
+    residual add but for the first; sandwich norms and QK-norms beside them), the projections
+    with their weights as stored, RoPE + KV store, decode attention over the step's contexts,
+    the gated activation (or a mixture of experts: `_mlp_cost`) — what a call that runs the
     whole stack does (this driver, the compiler's layer program). All but attention are affine
     in the token count: evaluated at 0 and 1 token once, per layer count."""
 
@@ -220,15 +223,35 @@ class StackCost:
         total = profiling.Cost()
         for index, layer in enumerate(self.model.layers[:num_layers]):
             kv = self.kv_cache.layer(index)
-            projections = (layer.attn.qkv, layer.attn.o, layer.mlp.gate_up, layer.mlp.down)
-            for linear in projections:
+            for linear in (layer.attn.qkv, layer.attn.o):
                 total += linear.cost(tokens, element)
-            for residual in (index > 0, True):
+            total += _mlp_cost(layer.mlp, tokens, element)
+            norms = [index > 0, True] + [False] * (2 if layer.post_attn_norm is not None else 0)
+            for residual in norms:  # (sandwich norms: two more, without the residual add)
                 total += rms_norm.cost(tokens, config.hidden_size, residual, element)
+            if getattr(layer.attn, "q_norm", None) is not None:  # QK-norm: per head
+                for rows in (heads, kv_heads):
+                    total += rms_norm.cost(tokens * rows, dim, False, element)
             total += rope.cost(tokens, heads + kv_heads, dim, element)
             total += kv_store.cost(tokens, kv_heads, dim, element, kv_store.slot_bytes(kv.k, kv.v))
-            total += silu_mul.cost(tokens, config.intermediate_size, element)
         return total
+
+
+def _mlp_cost(mlp, tokens: int, element: int) -> profiling.Cost:
+    """A feed-forward's work: a gated MLP's two projections and its activation (SwiGLU or
+    GeGLU: GATED_REGIONS' op); a mixture of experts' router and, per token, top_k experts'
+    (their weights read once each: exact at one token, a lower bound past it, when the tokens
+    pick more experts)."""
+    if isinstance(mlp, MoE):
+        moe = mlp.moe
+        router = profiling.Cost(
+            2 * tokens * moe.num_experts * mlp.router.shape[1], mlp.router.numel() * element
+        )
+        expert = mlp.gate_up[0].cost(tokens, element) + mlp.down[0].cost(tokens, element)
+        act = silu_mul.cost(tokens, moe.intermediate_size, element)
+        return router + (expert + act) * moe.top_k
+    act = GATED_COSTS[mlp.hidden_act](tokens, mlp.down.in_features, element)
+    return mlp.gate_up.cost(tokens, element) + mlp.down.cost(tokens, element) + act
 
 
 FAST_PATHS.register(

@@ -192,3 +192,18 @@ def test_cli_json(model_dir, tmp_path, capsys, options, op, kernel):
         assert n_in * n_out * layers <= weights < 1.5 * n_in * n_out * layers
     json.loads(trace.read_text())
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gpt_oss"])
+def test_jit_program_work_equals_the_per_op_regions(name, tmp_path):
+    """The work a profiled layer-program call is given (models/fused_decode.StackCost: sandwich
+    norms, GeGLU, a mixture of experts' router and top-k experts) against the per-op path's
+    own regions (ops/*.py `cost`, each op as it runs) on the same decode steps: the decode
+    phases' FLOPs agree (the head's rows are the same on both sides)."""
+    build_hf_model(name, tmp_path / "model")
+    flops = {}
+    for mode in ("off", "jit"):
+        llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile=mode)
+        result = profile_engine(llm.engine, WORKLOAD, say=lambda text: None)
+        flops[mode] = sum(row.flops for row in result.phases["decode"].rows)
+    assert flops["jit"] == pytest.approx(flops["off"], rel=0.02), flops
