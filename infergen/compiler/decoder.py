@@ -59,23 +59,30 @@ def capture_layer(model, kv_cache: PagedKVCache, index: int = 0) -> Captured:
     return capture(model.layers[index], "forward", step_inputs(model, kv_cache), "decoder_layer")
 
 
+def _kind(model, index: int) -> tuple[str, str, str]:
+    """What may make a layer's graph differ from another's: its layer type (full or sliding
+    attention, ...), its mixer's and its feed-forward's classes (DeepSeek: dense first)."""
+    layer = model.layers[index]
+    mixer, mlp = type(layer.attn).__name__, type(layer.mlp).__name__
+    return model.config.layer_type(index), mixer, mlp
+
+
 def capture_layers(model, kv_cache: PagedKVCache) -> Captured:
     """The IR every decoder layer shares: layer 0's, checked against the first layer of each
-    other layer type (Gemma-3's sliding and full layers differ only in what they bind: their
-    cache group and RoPE table). CaptureError when one computes something else."""
+    other kind (`_kind`; Gemma-3's sliding and full layers differ only in what they bind:
+    their cache group and RoPE table). CaptureError when one computes something else."""
     captured = capture_layer(model, kv_cache)
-    config = model.config
-    seen = {config.layer_type(0)}
+    seen = {_kind(model, 0)}
     for index in range(1, len(model.layers)):
-        kind = config.layer_type(index)
+        kind = _kind(model, index)
         if kind in seen:
             continue
         seen.add(kind)
         other = capture_layer(model, kv_cache, index).graph
         if other.canonical() != captured.graph.canonical():
             raise CaptureError(
-                f"capture: layer {index} ({kind}) is not the same graph as layer 0 "
-                f"({config.layer_type(0)})",
+                f"capture: layer {index} ({', '.join(kind)}) is not the same graph as layer 0 "
+                f"({', '.join(_kind(model, 0))})",
                 expected="layers that differ only in their cache group and RoPE table",
             )
     return captured

@@ -85,13 +85,16 @@ void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, in
     for (long e = 0; e < E; ++e) start[e + 1] += start[e];
     long *fill = malloc(sizeof(long) * (size_t)E);
     for (long e = 0; e < E; ++e) fill[e] = start[e];
-    for (long p = 0; p < pairs; ++p) order[fill[expert_of[p]]++] = p;
+    long *row_of = malloc(sizeof(long) * (size_t)pairs); /* pair -> its row in the groups */
+    for (long p = 0; p < pairs; ++p) row_of[p] = fill[expert_of[p]], order[fill[expert_of[p]]++] = p;
     float *xs = malloc(sizeof(float) * (size_t)(pairs * hidden));
     float *gu = malloc(sizeof(float) * (size_t)(pairs * 2 * inter));
     float *act = malloc(sizeof(float) * (size_t)(pairs * inter));
     float *ys = malloc(sizeof(float) * (size_t)(pairs * hidden));
-    for (long p = 0; p < pairs; ++p)
-        memcpy(xs + p * hidden, x + order[p] / k * hidden, sizeof(float) * (size_t)hidden);
+    int wide = pairs * hidden >= PARALLEL_MIN_ELEMENTS;
+#pragma omp parallel for num_threads(threads) if (wide)
+    for (long q = 0; q < pairs; ++q) /* each pair's token row, grouped by expert */
+        memcpy(xs + q * hidden, x + order[q] / k * hidden, sizeof(float) * (size_t)hidden);
     for (long e = 0; e < E; ++e) {
         long n = start[e + 1] - start[e], r0 = start[e];
         if (n == 0) continue;
@@ -101,13 +104,17 @@ void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, in
         gemm_any(m->down_format[e], m->down[e], act + r0 * inter, m->down_bias[e],
                  ys + r0 * hidden, n, hidden, inter, threads);
     }
-    memset(y, 0, sizeof(float) * (size_t)(T * hidden));
-    for (long q = 0; q < pairs; ++q) { /* in expert order, as the module's index_add_ */
-        long p = order[q];
-        float w = weight_of[p], *dst = y + p / k * hidden;
-        const float *src = ys + q * hidden;
-        for (long d = 0; d < hidden; ++d) dst[d] += w * src[d];
+#pragma omp parallel for num_threads(threads) if (wide)
+    for (long t = 0; t < T; ++t) { /* a token's experts' outputs, weighed, in choice order */
+        float *dst = y + t * hidden;
+        for (long d = 0; d < hidden; ++d) dst[d] = 0.0f;
+        for (long j = 0; j < k; ++j) {
+            float w = weight_of[t * k + j];
+            const float *src = ys + row_of[t * k + j] * hidden;
+            for (long d = 0; d < hidden; ++d) dst[d] += w * src[d];
+        }
     }
     free(logits), free(expert_of), free(weight_of), free(start), free(order), free(fill);
+    free(row_of);
     free(xs), free(gu), free(act), free(ys);
 }

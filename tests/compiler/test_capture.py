@@ -11,7 +11,7 @@ import torch
 
 from infergen import LLM
 from infergen.compiler.capture import CaptureError
-from infergen.compiler.decoder import capture_head, capture_layer
+from infergen.compiler.decoder import capture_head, capture_layer, capture_layers
 from infergen.compiler.interpret import run
 from infergen.compiler.ir import Op
 from infergen.compiler.verify import verify
@@ -108,3 +108,16 @@ def test_fp8_kv_cache_is_captured_with_its_scales(tmp_path):
         out, _, k_after, _ = run(captured.graph, env)
         assert _close(out, call["out"])
         assert torch.equal(k_after.view(torch.uint8), call["k_after"].view(torch.uint8))
+
+
+def test_layers_of_another_kind_must_share_the_graph(tmp_path):
+    """capture_layers compares the first layer of each kind with layer 0: a layer typed
+    otherwise that computes the same graph passes (Gemma-3's sliding and full layers); one that
+    computes something else (here a norm with another epsilon) is refused, by name."""
+    build_hf_model("gemma3", tmp_path)  # layers: sliding, sliding, full, ...
+    engine = LLM(str(tmp_path), kv_cache_memory="4MiB").engine
+    model = engine.runner.model
+    capture_layers(model, engine.kv_cache)  # (the same graph: accepted)
+    model.layers[2].mlp_norm.eps *= 2
+    with pytest.raises(CaptureError, match="layer 2 .* is not the same graph as layer 0"):
+        capture_layers(model, engine.kv_cache)
