@@ -125,6 +125,7 @@ def test_what_the_model_keeps_beside_its_tensors_moves_with_it(name, tmp_path):
     for layer in model.layers:
         attn = layer.attn
         if getattr(attn, "sinks", None) is not None:
-            core_sinks = attn.core.keywords["sinks"]
+            core_sinks = attn.core.sinks  # (a SinkCore: ops/attention_sinks.py)
             assert core_sinks.data_ptr() == attn.sinks.data_ptr()
             assert core_sinks.dtype == torch.float64
+            assert attn.decode.keywords["core"] is attn.core  # the decode row reads the same
