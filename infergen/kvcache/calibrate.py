@@ -55,7 +55,12 @@ def calibrate_kv_scales(
     the shift is each key channel's mean over the calibration text, the scales the largest
     |K − shift| and |V| of each head over the format's largest code (`smooth_keys=False`: no
     shift). `run(tokens)` runs the model on the tokens and returns the engine-dtype cache
-    holding their K / V (engine/scoring.py: scratch_runner)."""
+    holding their K / V (engine/scoring.py: scratch_runner).
+
+    With several cache groups (sliding-window and full layers), the j-th layers of the groups
+    share a page slot (storage[j], each group in blocks of its own): their statistics are
+    taken together, and each layer gets its slot's — the largest of those layers' ranges, so
+    none saturates (recurrent layers, which have no slot, get the first slot's: unused)."""
     fmt = kv_format_of(kv_format)
     count = min(CALIBRATION_TOKENS, max_model_len - 1)
     tokens = calibration_tokens(tokenizer, vocab_size, count)
@@ -66,5 +71,7 @@ def calibrate_kv_scales(
     if not smooth_keys:  # scales for the keys as they are (a checkpoint without a key shift)
         shift = torch.zeros_like(shift)
     keys = (used[:, 0] - shift[:, None]).abs().amax(dim=(1, 3))
-    amax = torch.stack([keys, used[:, 1].abs().amax(dim=(1, 3))], dim=1)
-    return fmt.scales_for(amax), shift  # amax / the largest code (all-zero head: 1)
+    amax = torch.stack([keys, used[:, 1].abs().amax(dim=(1, 3))], dim=1)  # per page slot
+    index = torch.tensor([scratch.page_slot.get(i, 0) for i in range(scratch.num_layers)])
+    # amax / the largest code (all-zero head: 1), each layer its page slot's
+    return fmt.scales_for(amax)[index], shift[index]

@@ -52,10 +52,12 @@ class PagedKVCache:
         self.dtype = dtype  # what readers compute in
         self.kv_format = kv_format
         self.format = kv_format_of(kv_format)  # kv_protocol.KVCacheFormat
-        layers = config.num_hidden_layers
+        layers = self.num_layers = config.num_hidden_layers
         self.groups = cache_groups(config) if groups is None else tuple(groups)
         # layer → its index inside its group (the page's layer slot)
-        slot = {layer: j for group in self.groups for j, layer in enumerate(group.layers)}
+        slot = self.page_slot = {
+            layer: j for group in self.groups for j, layer in enumerate(group.layers)
+        }
         # the recurrent layers' per-sequence states (state_cache.py), None without any
         self.states = StateCache(state_layers, state_slots, self.device) if state_layers else None
         planes, heads, dim = config.cache_shape  # MLA: one latent entry read as K and V

@@ -113,11 +113,14 @@ def test_activation_quantized_layers_run_integer_kernels(tmp_path):
             assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (walked, chunk)
 
 
+@pytest.mark.parametrize("name", ["qwen2_qkv_bias", "gemma3", "gpt_oss"])
 @pytest.mark.parametrize("mode", ["eager", "jit"])
-def test_fp8_kv_cache(mode, tmp_path):
+def test_fp8_kv_cache(mode, name, tmp_path):
     """The FP8 E4M3 cache (codes, per-head scales, key shift) through the compiled layers:
-    logits equal the per-op path's (which stores and reads the same codes)."""
-    build_hf_model("qwen2_qkv_bias", tmp_path / "model")
+    logits equal the per-op path's (which stores and reads the same codes); with Gemma-3's
+    cache groups and GPT-OSS's sinks too (the decode kernel merges the sink into FP8 codes'
+    softmax as into fp32's)."""
+    build_hf_model(name, tmp_path / "model")
     options = dict(kv_cache_memory="4MiB", kv_format="fp8_e4m3")
     reference = LLM(str(tmp_path / "model"), **options)
     compiled = LLM(str(tmp_path / "model"), compile=mode, **options)
