@@ -3,10 +3,12 @@
 gate/up and down panels, their formats and biases, the activation — built once when the
 program binds its weights. The program calls `lk_moe` on it (codegen_layer.py).
 
-What the C code computes is GPT-OSS's routing ("softmax_topk": the top k logits, a softmax
-over them) with SwiGLU or the clamped SwiGLU; any other router, shared experts, a rank's
-share of the experts, or an expert without packed panels is refused (CodegenError, naming
-it): the graph walker runs those layers, the module itself.
+What the C code computes: every router of layers/moe.py (GPT-OSS's, DeepSeek-V2's two,
+DeepSeek-V3's with its correction bias and groups; norm_topk, routed scaling), experts with
+SwiGLU or the clamped SwiGLU, and shared experts (a SwiGLU MLP without biases, with
+Qwen3-Next's sigmoid gate or without). A rank's share of the experts, more than 256 experts or
+64 groups, or a projection without packed panels is refused (CodegenError, naming it): the
+graph walker runs those layers, the module itself.
 """
 
 from __future__ import annotations
@@ -34,7 +36,25 @@ class MoEArgs(ctypes.Structure):  # kernels/layer_kernels.h moe_args, field for 
         ("activation", ctypes.c_long),
         ("limit", ctypes.c_float),
         ("alpha", ctypes.c_float),
+        ("router_kind", ctypes.c_long),
+        ("groups", ctypes.c_long),
+        ("topk_groups", ctypes.c_long),
+        ("norm_topk", ctypes.c_long),
+        ("routed_scaling", ctypes.c_float),
+        ("correction", ctypes.c_void_p),
+        ("shared_inter", ctypes.c_long),
+        ("shared_gate_up", ctypes.c_void_p),
+        ("shared_down", ctypes.c_void_p),
+        ("shared_gate_up_format", ctypes.c_long),
+        ("shared_down_format", ctypes.c_long),
+        ("shared_gate", ctypes.c_void_p),
     ]
+
+
+# layers/moe.py ROUTERS row → the C code's router (kernels/layer_kernels.c moe_route)
+ROUTERS = {"softmax_topk": 0, "softmax_greedy": 1, "softmax_group_limited": 2,
+           "sigmoid_group_limited": 3}  # fmt: skip
+MAX_EXPERTS, MAX_GROUPS = 256, 64  # moe_route's per-token arrays
 
 
 def _panels(linear, where: str) -> int:
@@ -48,12 +68,17 @@ def _panels(linear, where: str) -> int:
 def moe_args(module, where: str) -> tuple[MoEArgs, list]:
     """The C arguments of one MoE module, and what must stay alive while they are used."""
     moe = module.moe
-    if moe.router != "softmax_topk":
+    if moe.router not in ROUTERS:
         raise CodegenError(f"{where}: the {moe.router!r} router has no layer-program code")
-    if module.shared is not None or module.experts != (0, moe.num_experts):
-        raise CodegenError(f"{where}: shared experts or a share of the experts")
+    if module.experts != (0, moe.num_experts):
+        raise CodegenError(f"{where}: a tensor-parallel rank's share of the experts")
+    if moe.num_experts > MAX_EXPERTS or moe.num_groups > MAX_GROUPS:
+        raise CodegenError(f"{where}: more than {MAX_EXPERTS} experts or {MAX_GROUPS} groups")
     if moe.activation not in ACTIVATIONS:
         raise CodegenError(f"{where}: expert activation {moe.activation!r}")
+    shared = module.shared
+    if shared is not None and (shared.hidden_act != "silu" or shared.gate_up.bias is not None):
+        raise CodegenError(f"{where}: shared experts other than a SwiGLU MLP without biases")
     experts = moe.num_experts
 
     def pointers(values) -> ctypes.Array:
@@ -74,6 +99,19 @@ def moe_args(module, where: str) -> tuple[MoEArgs, list]:
     router = module.router.detach().contiguous()
     router_bias = module.router_bias if moe.expert_bias else None
     keep.append(router)
+    shared_args = (0, None, None, 0, 0, None)
+    if shared is not None:
+        gate = module.shared_gate.detach().reshape(-1).contiguous() if moe.shared_gate else None
+        keep.append(gate)
+        shared_args = (
+            shared.down.in_features,
+            shared.gate_up.weight.data_ptr(),
+            shared.down.weight.data_ptr(),
+            _panels(shared.gate_up, f"{where} shared gate/up"),
+            _panels(shared.down, f"{where} shared down"),
+            gate.data_ptr() if gate is not None else None,
+        )
+    correction = module.correction
     args = MoEArgs(
         experts,
         moe.top_k,
@@ -84,5 +122,12 @@ def moe_args(module, where: str) -> tuple[MoEArgs, list]:
         ACTIVATIONS[moe.activation],
         moe.swiglu_limit,
         moe.swiglu_alpha,
+        ROUTERS[moe.router],
+        moe.num_groups,
+        moe.topk_groups,
+        int(moe.norm_topk),
+        moe.routed_scaling,
+        correction.data_ptr() if correction is not None else None,
+        *shared_args,
     )
     return args, keep

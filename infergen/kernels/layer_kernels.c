@@ -30,9 +30,8 @@ void lk_store_e4m3(const float *x, uint8_t *dst, const float *scale, const float
 /* the gated activation of one [n, 2 inter] row block into [n, inter] (layers/moe.py):
  * SwiGLU, or GPT-OSS's (up + 1) * gate * sigmoid(alpha * gate) with gate <= limit and
  * |up| <= limit; rows over the threads, the exponentials vectorized (common.h exp_array) */
-static void moe_activation(const moe_args *m, const float *gu, float *out, long n, int threads) {
-    long inter = m->inter;
-    int clamped = m->activation == 1;
+static void moe_activation(const moe_args *m, const float *gu, float *out, long n, long inter,
+                           int clamped, int threads) {
     float limit = m->limit, alpha = clamped ? m->alpha : 1.0f;
 #pragma omp parallel for num_threads(threads) if (n * inter >= PARALLEL_MIN_ELEMENTS)
     for (long r = 0; r < n; ++r) {
@@ -51,6 +50,94 @@ static void moe_activation(const moe_args *m, const float *gu, float *out, long 
     }
 }
 
+/* idx[0..n): the n largest of v[0..m) among `allowed` (NULL: all), largest first, the first
+ * of equal values first (as torch.topk) */
+static void top_n(const float *v, const unsigned char *allowed, long m, long n, long *idx) {
+    for (long j = 0; j < n; ++j) {
+        long best = -1;
+        for (long e = 0; e < m; ++e) {
+            if (allowed && !allowed[e]) continue;
+            int taken = 0;
+            for (long i = 0; i < j; ++i) taken |= idx[i] == e;
+            if (!taken && (best < 0 || v[e] > v[best])) best = e;
+        }
+        idx[j] = best;
+    }
+}
+
+/* `allowed`[e]: expert e is in one of the best topk_groups groups, a group scored by its
+ * best score (top2 = 0) or the sum of its best two (top2 = 1) */
+static void group_mask(const moe_args *m, const float *score, int top2, unsigned char *allowed) {
+    long E = m->experts, G = m->groups, per = E / G, best[64], order[64];
+    float group_score[64];
+    for (long g = 0; g < G; ++g) {
+        long n = top2 && per > 1 ? 2 : 1;
+        top_n(score + g * per, 0, per, n, best);
+        group_score[g] = 0.0f;
+        for (long i = 0; i < n; ++i) group_score[g] += score[g * per + best[i]];
+    }
+    top_n(group_score, 0, G, m->topk_groups, order);
+    for (long e = 0; e < E; ++e) allowed[e] = 0;
+    for (long i = 0; i < m->topk_groups; ++i)
+        for (long e = 0; e < per; ++e) allowed[order[i] * per + e] = 1;
+}
+
+/* one token's experts and weights from its router logits (layers/moe.py ROUTERS) */
+static void moe_route(const moe_args *m, const float *l, long *chosen, float *w) {
+    long E = m->experts, k = m->top_k;
+    float p[256], choice[256];
+    unsigned char allowed[256];
+    if (m->router_kind == 0) { /* top k of the logits, a softmax over them */
+        top_n(l, 0, E, k, chosen);
+        float top = l[chosen[0]], total = 0.0f;
+        for (long j = 0; j < k; ++j) total += w[j] = expf(l[chosen[j]] - top);
+        for (long j = 0; j < k; ++j) w[j] /= total;
+        return;
+    }
+    if (m->router_kind == 3) { /* sigmoid scores; the choice adds the correction */
+        for (long e = 0; e < E; ++e) {
+            p[e] = 1.0f / (1.0f + expf(-l[e]));
+            choice[e] = p[e] + (m->correction ? m->correction[e] : 0.0f);
+        }
+        group_mask(m, choice, 1, allowed);
+        top_n(choice, allowed, E, k, chosen);
+    } else { /* a softmax over every expert, then the top k (of the best groups: kind 2) */
+        float top = l[0], total = 0.0f;
+        for (long e = 1; e < E; ++e) top = l[e] > top ? l[e] : top;
+        for (long e = 0; e < E; ++e) total += p[e] = expf(l[e] - top);
+        for (long e = 0; e < E; ++e) p[e] /= total;
+        if (m->router_kind == 2) group_mask(m, p, 0, allowed);
+        top_n(p, m->router_kind == 2 ? allowed : 0, E, k, chosen);
+    }
+    float sum = 0.0f;
+    for (long j = 0; j < k; ++j) sum += w[j] = p[chosen[j]];
+    for (long j = 0; j < k; ++j) {
+        if (m->norm_topk && m->router_kind != 2) /* (softmax_group_limited: never) */
+            w[j] /= sum + (m->router_kind == 3 ? 1e-20f : 0.0f);
+        w[j] *= m->routed_scaling;
+    }
+}
+
+/* y += the shared experts' SwiGLU MLP of x (times sigmoid(x . shared_gate) per token) */
+static void moe_shared(const moe_args *m, const float *x, float *y, long T, long hidden,
+                       int threads) {
+    long inter = m->shared_inter;
+    float *gu = malloc(sizeof(float) * (size_t)(T * 2 * inter));
+    float *act = malloc(sizeof(float) * (size_t)(T * inter));
+    float *out = malloc(sizeof(float) * (size_t)(T * hidden));
+    gemm_any(m->shared_gate_up_format, m->shared_gate_up, x, 0, gu, T, 2 * inter, hidden,
+             threads);
+    moe_activation(m, gu, act, T, inter, 0, threads);
+    gemm_any(m->shared_down_format, m->shared_down, act, 0, out, T, hidden, inter, threads);
+    for (long t = 0; t < T; ++t) {
+        float g = 1.0f;
+        if (m->shared_gate)
+            g = 1.0f / (1.0f + expf(-dot_f32(x + t * hidden, m->shared_gate, hidden)));
+        for (long d = 0; d < hidden; ++d) y[t * hidden + d] += g * out[t * hidden + d];
+    }
+    free(gu), free(act), free(out);
+}
+
 void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, int threads) {
     long E = m->experts, k = m->top_k, inter = m->inter, pairs = T * k;
     float *logits = malloc(sizeof(float) * (size_t)(T * E));
@@ -62,31 +149,18 @@ void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, in
         for (long e = 0; e < E; ++e)
             logits[t * E + e] = dot_f32(x + t * hidden, m->router + e * hidden, hidden) +
                                 (m->router_bias ? m->router_bias[e] : 0.0f);
-    /* top k by logit (the first of equal logits first, as torch.topk), softmax over them */
-    for (long t = 0; t < T; ++t) {
-        const float *l = logits + t * E;
-        long *chosen = expert_of + t * k;
-        for (long j = 0; j < k; ++j) {
-            long best = -1;
-            for (long e = 0; e < E; ++e) {
-                int taken = 0;
-                for (long i = 0; i < j; ++i) taken |= chosen[i] == e;
-                if (!taken && (best < 0 || l[e] > l[best])) best = e;
-            }
-            chosen[j] = best;
-        }
-        float top = l[chosen[0]], total = 0.0f;
-        for (long j = 0; j < k; ++j) total += weight_of[t * k + j] = expf(l[chosen[j]] - top);
-        for (long j = 0; j < k; ++j) weight_of[t * k + j] /= total;
-    }
+    for (long t = 0; t < T; ++t)
+        moe_route(m, logits + t * E, expert_of + t * k, weight_of + t * k);
     /* token-expert pairs grouped by expert, in token order within an expert */
-    long *start = calloc((size_t)(E + 1), sizeof(long)), *order = malloc(sizeof(long) * (size_t)pairs);
+    long *start = calloc((size_t)(E + 1), sizeof(long));
+    long *order = malloc(sizeof(long) * (size_t)pairs);
     for (long p = 0; p < pairs; ++p) ++start[expert_of[p] + 1];
     for (long e = 0; e < E; ++e) start[e + 1] += start[e];
     long *fill = malloc(sizeof(long) * (size_t)E);
     for (long e = 0; e < E; ++e) fill[e] = start[e];
     long *row_of = malloc(sizeof(long) * (size_t)pairs); /* pair -> its row in the groups */
-    for (long p = 0; p < pairs; ++p) row_of[p] = fill[expert_of[p]], order[fill[expert_of[p]]++] = p;
+    for (long p = 0; p < pairs; ++p)
+        row_of[p] = fill[expert_of[p]], order[fill[expert_of[p]]++] = p;
     float *xs = malloc(sizeof(float) * (size_t)(pairs * hidden));
     float *gu = malloc(sizeof(float) * (size_t)(pairs * 2 * inter));
     float *act = malloc(sizeof(float) * (size_t)(pairs * inter));
@@ -100,7 +174,8 @@ void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, in
         if (n == 0) continue;
         gemm_any(m->gate_up_format[e], m->gate_up[e], xs + r0 * hidden, m->gate_up_bias[e],
                  gu + r0 * 2 * inter, n, 2 * inter, hidden, threads);
-        moe_activation(m, gu + r0 * 2 * inter, act + r0 * inter, n, threads);
+        moe_activation(m, gu + r0 * 2 * inter, act + r0 * inter, n, inter, m->activation == 1,
+                       threads);
         gemm_any(m->down_format[e], m->down[e], act + r0 * inter, m->down_bias[e],
                  ys + r0 * hidden, n, hidden, inter, threads);
     }
@@ -116,5 +191,6 @@ void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, in
     }
     free(logits), free(expert_of), free(weight_of), free(start), free(order), free(fill);
     free(row_of);
+    if (m->shared_inter) moe_shared(m, x, y, T, hidden, threads);
     free(xs), free(gu), free(act), free(ys);
 }

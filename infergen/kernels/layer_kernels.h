@@ -29,11 +29,14 @@ void paged_prefill_attention_f32(const float *q, long q_stride, const float *k_c
                                  long block_size, float scale, long window, const float *sinks,
                                  int num_threads);
 /* A mixture-of-experts feed-forward (layers/moe.py) as the layer program runs it: the router
- * (dense [experts, hidden] + bias) scores each token, its top_k experts by logit are weighed
- * by a softmax over those k (GPT-OSS's "softmax_topk"), tokens are grouped by expert, and each
- * expert with tokens runs its gate/up GEMM, the gated activation and its down GEMM on them
- * (lk_gemm_any, the expert's own weight format); y = sum of weight x expert output.
- * Built by compiler/program.py (MoEArgs) per layer. */
+ * (dense [experts, hidden] + bias) scores each token and picks its top_k experts with their
+ * weights (`router`, layers/moe.py ROUTERS: 0 softmax_topk, GPT-OSS; 1 softmax_greedy,
+ * DeepSeek-V2 / Qwen3-Next; 2 softmax_group_limited, DeepSeek-V2; 3 sigmoid_group_limited,
+ * DeepSeek-V3), tokens are grouped by expert, and each expert with tokens runs its gate/up
+ * GEMM, the gated activation and its down GEMM on them (lk_gemm_any, the expert's own weight
+ * format); y = sum of weight x expert output, plus the shared experts' SwiGLU MLP on every
+ * token (times sigmoid(x . shared_gate) where there is one: Qwen3-Next).
+ * Built by compiler/program_moe.py (MoEArgs) per layer. */
 typedef struct {
     long experts, top_k, inter;
     const float *router, *router_bias;   /* [experts, hidden]; [experts] or NULL */
@@ -42,5 +45,12 @@ typedef struct {
     const long *gate_up_format, *down_format; /* per expert */
     long activation;                     /* 0: SwiGLU; 1: GPT-OSS's clamped SwiGLU */
     float limit, alpha;                  /* the clamped SwiGLU's */
+    long router_kind, groups, topk_groups, norm_topk;
+    float routed_scaling;
+    const float *correction;             /* [experts] or NULL (sigmoid_group_limited) */
+    long shared_inter;                   /* 0: no shared experts */
+    const void *shared_gate_up, *shared_down; /* prepared panels */
+    long shared_gate_up_format, shared_down_format;
+    const float *shared_gate;            /* [hidden] or NULL */
 } moe_args;
 void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, int threads);

@@ -22,9 +22,10 @@ from infergen.models.tensor_names import MOE_TENSORS
 HIDDEN = 48
 
 
-def _layer(router: str, activation: str, shared: int = 0, bias: bool = True, seed: int = 0):
+def _layer(router: str, activation: str, shared: int = 0, bias: bool = True, seed: int = 0,
+           shared_gate: bool = False):  # fmt: skip
     moe = MoEConfig(8, 3, 40, router, activation, 40 * shared, 1.3, True, 4, 2,
-                    expert_bias=bias, swiglu_limit=0.5)  # fmt: skip
+                    expert_bias=bias, swiglu_limit=0.5, shared_gate=shared_gate)  # fmt: skip
     arch = "gpt_oss" if activation == "clamped_swiglu" else "deepseek_v3"
     config = ModelConfig(arch, 64, HIDDEN, 40, 2, 4, 4, 8, moe=moe)
     layer = MoE(config, torch.float32, "native")  # (experts in packed panels)
@@ -32,6 +33,8 @@ def _layer(router: str, activation: str, shared: int = 0, bias: bool = True, see
     shapes = MOE_TENSORS[config.arch.mlp](config, "")
     weights = {name: torch.randn(shape, generator=gen) * 0.3 for name, shape in shapes.items()}
     layer.load(weights.__getitem__, "")
+    if layer.correction is not None:  # (DeepSeek-V3's choice bias: big enough to matter)
+        layer.correction.copy_(torch.randn(8, generator=gen))
     return layer
 
 
@@ -54,10 +57,23 @@ def test_lk_moe_matches_the_token_by_token_oracle(tokens, activation, bias):
     torch.testing.assert_close(_lk_moe(layer, x), reference(x, layer), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 40])
 @pytest.mark.parametrize(
-    "router, shared, why",
-    [("sigmoid_group_limited", 0, "router"), ("softmax_topk", 1, "shared experts")],
-)
-def test_what_lk_moe_does_not_compute_is_refused_by_name(router, shared, why):
-    with pytest.raises(CodegenError, match=why):
-        moe_args(_layer(router, "silu", shared, bias=False), "layer 3 mlp")
+    "router, shared, shared_gate",
+    [("softmax_greedy", 0, False), ("softmax_group_limited", 1, False),
+     ("sigmoid_group_limited", 2, False), ("softmax_greedy", 1, True)],
+)  # fmt: skip
+def test_every_router_and_shared_experts_match_the_oracle(tokens, router, shared, shared_gate):
+    """DeepSeek-V2's greedy and group-limited routers, DeepSeek-V3's (sigmoid, a correction
+    bias for the choice, groups scored by their best two), norm_topk and routed scaling, shared
+    experts with and without Qwen3-Next's gate."""
+    layer = _layer(router, "silu", shared, bias=False, seed=tokens, shared_gate=shared_gate)
+    x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(11))
+    torch.testing.assert_close(_lk_moe(layer, x), reference(x, layer), rtol=1e-5, atol=1e-5)
+
+
+def test_what_lk_moe_does_not_compute_is_refused_by_name():
+    layer = _layer("softmax_topk", "silu", 0, bias=False)
+    layer.experts = (0, 4)  # (a tensor-parallel rank holding half the experts)
+    with pytest.raises(CodegenError, match="layer 3 mlp: a tensor-parallel rank's share"):
+        moe_args(layer, "layer 3 mlp")
