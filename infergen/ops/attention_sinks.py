@@ -83,6 +83,15 @@ def sinks_of(core) -> torch.Tensor | None:
     return core.sinks if isinstance(core, SinkCore) else None
 
 
+def native_core(core) -> bool:
+    """Whether the native attention kernels compute this core: SDPA's, or a sink core with
+    fp32 sink logits (the kernels add them themselves)."""
+    sinks = sinks_of(core)
+    if sinks is not None:
+        return sinks.dtype == torch.float32
+    return core is torch.nn.functional.scaled_dot_product_attention
+
+
 def reference(
     q: torch.Tensor,  # [q_len, heads, d] the last q_len positions of the context
     k: torch.Tensor,  # [k_len, kv_heads, d]

@@ -30,7 +30,7 @@ from infergen import profiling
 from infergen.kernels.build import F as CF
 from infergen.kernels.build import I, L, P, kernel
 from infergen.kvcache.kv_protocol import KVLayer, layer_of
-from infergen.ops.attention_sinks import sinks_of
+from infergen.ops.attention_sinks import native_core, sinks_of
 from infergen.ops.kv_store import slot_bytes
 from infergen.profiling import Cost
 from infergen.registry import Registry
@@ -357,20 +357,15 @@ def decode_attention_native(
     Another core, or what the kernel cannot read: the torch path."""
     kv = layer_of(kv, k_cache, v_cache)
     native = kv.fmt.native_cache(kv)
+    fn = None
+    if native is not None and not attn_plan.sinks and native_core(core):
+        fn = kernel(
+            f"paged_decode_attention_{native.code}", P, P, P, *[P] * len(native.scales), P, L,
+            P, P, L, L, L, L, L, CF, L, P, I, source="paged_decode_attention_f32",
+        )  # fmt: skip
+    if fn is None or q.dtype != torch.float32:  # the kernel cannot read it: the torch path
+        return decode_attention(q, k_cache, v_cache, attn_plan, scale, kv, core)
     sinks = sinks_of(core)
-    torch_path = functools.partial(decode_attention, core=core)
-    if native is None or attn_plan.sinks:  # the kernel cannot read it: the torch path
-        return torch_path(q, k_cache, v_cache, attn_plan, scale, kv)
-    fn = kernel(
-        f"paged_decode_attention_{native.code}", P, P, P, *[P] * len(native.scales), P, L, P,
-        P, L, L, L, L, L, CF, L, P, I, source="paged_decode_attention_f32",
-    )  # fmt: skip
-    if fn is None or q.dtype != torch.float32:
-        return torch_path(q, k_cache, v_cache, attn_plan, scale, kv)
-    if core is not F.scaled_dot_product_attention and (
-        sinks is None or sinks.dtype != torch.float32
-    ):
-        return torch_path(q, k_cache, v_cache, attn_plan, scale, kv)
     query = attn_plan.decode_queries(q).contiguous()
     batch, heads, dim = query.shape
     tables = attn_plan.decode_block_tables

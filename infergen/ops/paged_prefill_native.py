@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from infergen.kernels.build import F as CF
 from infergen.kernels.build import I, L, P, kernel
 from infergen.kvcache.kv_protocol import ENGINE_DTYPE, KVLayer, layer_of
-from infergen.ops.attention_sinks import sinks_of
+from infergen.ops.attention_sinks import native_core, sinks_of
 from infergen.ops.paged_attention import PREFILL_BACKENDS, AttentionPlan, prefill_attention
 
 VECTOR_FLOATS = 16  # the widest build's vector (AVX-512): head dims it divides run natively
@@ -36,11 +36,9 @@ def native_prefill_serves(
     q: torch.Tensor, kv: KVLayer, core: Callable, plan: AttentionPlan
 ) -> bool:
     """Whether the kernel computes what the torch row would for this layer and step."""
-    sinks = sinks_of(core)  # (a sink core: the kernel adds the sink logits itself)
     return (
         kv.fmt is ENGINE_DTYPE
-        and (core is F.scaled_dot_product_attention or sinks is not None)
-        and (sinks is None or sinks.dtype == torch.float32)
+        and native_core(core)  # (a sink core: the kernel adds the sink logits itself)
         and q.dtype == torch.float32
         and kv.k.dtype == torch.float32
         and q.device.type == "cpu"
