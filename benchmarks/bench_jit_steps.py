@@ -12,12 +12,17 @@ an older commit (`--head-benchmarks`: this script on both sides) for issue 27's 
 sliding-window and full-attention layers, sandwich norms, GeGLU). Its compile="off" is the
 per-op path (the hand-written fused decode takes Llama-shaped layers only), so the pair is
 the layer programs against running each op from Python. `--model gpt-oss-row` runs
-bench_architectures' GPT-OSS row (learned sinks, 8 experts top 2, random weights), likewise:
+bench_architectures' GPT-OSS row (learned sinks, 8 experts top 2, random weights), likewise;
+`--model deepseek-v2-row | deepseek-v3-row | mamba2-row | qwen3-next-row | falcon-h1-row` the
+rows whose mixers the compiler runs as their modules (the per-layer fallback: the graph
+walker with the fused groups and GEMM epilogues around the module's call, no layer program):
 
     .venv/bin/python benchmarks/bench_jit_steps.py --model gemma3-270m \\
         --out benchmarks/results/jit_steps_gemma3.jsonl
     .venv/bin/python benchmarks/bench_jit_steps.py --model gpt-oss-row \\
         --out benchmarks/results/jit_steps_gpt_oss.jsonl
+    .venv/bin/python benchmarks/bench_jit_steps.py --model mamba2-row \\
+        --out benchmarks/results/jit_steps_mixers.jsonl
 """
 
 from __future__ import annotations
@@ -45,35 +50,45 @@ from infergen.io.packaged_models import gemma3_270m_path  # noqa: E402
 from infergen.timing import best_seconds_each  # noqa: E402
 
 
-def gpt_oss_row() -> pathlib.Path:
-    """bench_architectures' GPT-OSS row (random weights at its one size), built into a
-    temporary directory (removed at exit)."""
-    directory = pathlib.Path(tempfile.mkdtemp(prefix="infergen-gpt-oss-row-"))
+def arch_row(arch) -> tuple[pathlib.Path, int]:
+    """bench_architectures' row of `arch` (random weights at its one size), built into a
+    temporary directory (removed at exit); and its KV bytes a token if every layer cached
+    full multi-head K and V (an upper bound: sizes the cache)."""
+    directory = pathlib.Path(tempfile.mkdtemp(prefix=f"infergen-{arch.name}-row-"))
     atexit.register(shutil.rmtree, directory, True)
-    build(next(a for a in ARCHS if a.name == "gpt_oss"), Size(), directory)
-    return directory
+    info = build(arch, Size(), directory)
+    return directory, info["mha_bytes_per_token"]
 
 
 # --model → (checkpoint path, its label in the results; KV cache bytes a token, all layers)
 MODELS = {
-    "smollm2-135m": (None, "SmolLM2-135M-Instruct (fp32)", 46080),
+    "smollm2-135m": (lambda: None, "SmolLM2-135M-Instruct (fp32)", 46080),
     "gemma3-270m": (gemma3_270m_path, "Gemma-3-270M (Q4_K_M GGUF dequantized, fp32)", 36864),
-    "gpt-oss-row": (
-        gpt_oss_row,
-        "GPT-OSS row of bench_architectures (8 experts top 2, sinks; random weights, fp32)",
-        8192,
-    ),
+}
+# the architecture rows the compiler runs beyond Llama's shape: GPT-OSS (sinks, experts), and
+# those whose mixers it runs as their modules (DeepSeek's MLA, Mamba2, Qwen3-Next's DeltaNet
+# and gated attention, Falcon-H1's attention beside Mamba2)
+ROWS = {
+    f"{arch.name.replace('_', '-')}-row": arch
+    for arch in ARCHS
+    if arch.name in ("gpt_oss", "deepseek_v2", "deepseek_v3", "mamba2", "qwen3_next", "falcon_h1")
 }
 
 
 def main() -> None:
     parser = bench_arguments(__doc__, 10, ROOT / "benchmarks/results/jit_steps.jsonl")
-    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m")
+    parser.add_argument("--model", choices=sorted({**MODELS, **ROWS}), default="smollm2-135m")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    path, label, token_bytes = MODELS[args.model]
-    model = {} if path is None else {"model": str(path())}
-    memory = f"{CONTEXT_TOKENS * token_bytes * 2 // 2**20 + 16}MiB"
+    if args.model in ROWS:
+        arch = ROWS[args.model]
+        path, token_bytes = arch_row(arch)
+        label = f"{arch.name} row of bench_architectures (random weights, fp32)"
+    else:
+        make_path, label, token_bytes = MODELS[args.model]
+        path = make_path()
+    model = {} if path is None else {"model": str(path)}
+    memory = f"{CONTEXT_TOKENS * token_bytes * 2 // 2**20 + 64}MiB"
     engines = {
         "jit": LLM(**model, kv_cache_memory=memory, compile="jit"),
         "off": LLM(**model, kv_cache_memory=memory),

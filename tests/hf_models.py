@@ -216,6 +216,9 @@ ARCH_VARIANTS: dict[str, tuple[str, dict]] = {
 # Llama-shaped variants, Gemma-3 (cache groups, two RoPE tables, sandwich norms, GeGLU) and
 # GPT-OSS (learned sinks, mixture-of-experts layers)
 COMPILED_VARIANTS = [*sorted(VARIANTS), "gemma3", "gpt_oss"]
+# the architectures whose mixers the compiler runs as their modules (compiler/decoder.py
+# module_mixer: MIXER nodes, the per-layer fallback), the rest of their layers captured
+MIXER_VARIANTS = ["mamba2", "qwen3_next", "falcon_h1", "deepseek_v2", "deepseek_v3"]
 
 
 def build_hf_model(name: str, directory: Path, seed: int = 0, **overrides):

@@ -89,7 +89,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
     from infergen.compiler.buffers import plan_buffers
-    from infergen.compiler.decoder import capture_head, capture_layer
+    from infergen.compiler.decoder import capture_head, capture_kinds
     from infergen.compiler.ir import Op
     from infergen.compiler.passes import PIPELINES, run_pipeline
 
@@ -99,9 +99,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
     dump = Path(args.dump_dir) if args.dump_dir else None
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
-    layers = model.config.num_hidden_layers
-    for captured, count in ((capture_layer(model, cache), layers), (capture_head(model), 1)):
-        graph = captured.graph
+    kinds = capture_kinds(model, cache)  # (one graph per kind of decoder layer)
+    graphs = [(kind.captured.graph, len(kind.layers)) for kind in kinds]
+    for k, kind in enumerate(kinds if len(kinds) > 1 else ()):
+        graphs[k][0].name = f"decoder_layer_kind{k}"
+        print(f"decoder_layer_kind{k}: {kind.describe()}")
+    for graph, count in (*graphs, (capture_head(model).graph, 1)):
         log: list[str] = []
         compiled = run_pipeline(copy.deepcopy(graph), args.pipeline, log)
         before, after = plan_buffers(graph), plan_buffers(compiled)
@@ -131,21 +134,29 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _dump_sources(dump: Path, model, cache) -> None:
+    from infergen.compiler.runtime import jit_kinds
+
+    kinds = jit_kinds(model, cache)
+    for k, (graph, _) in enumerate(kinds):
+        _dump_kind(dump, model, graph, f"kind{k}_" if len(kinds) > 1 else "")
+
+
+def _dump_kind(dump: Path, model, graph, prefix: str) -> None:
+    """One kind of layer's generated sources (files named `prefix`group0.c, ...)."""
     from infergen.compiler.codegen_c import CodegenError, render_group
     from infergen.compiler.codegen_gemm import is_gemm_group, plan_epilogue, render_gemm_epilogue
     from infergen.compiler.codegen_triton import render_group_triton
     from infergen.compiler.codegen_triton_gemm import render_gemm_epilogue_triton
     from infergen.compiler.program import model_program
-    from infergen.compiler.runtime import jit_graph, pointwise_groups
+    from infergen.compiler.runtime import pointwise_groups
 
-    graph = jit_graph(model, cache)
     for i, node in enumerate(pointwise_groups(graph)):
         sub = node.attrs["graph"]
         for suffix, render in (("c", render_group), ("triton.py", render_group_triton)):
             try:
-                (dump / f"group{i}.{suffix}").write_text(render(sub, f"group{i}"))
+                (dump / f"{prefix}group{i}.{suffix}").write_text(render(sub, f"group{i}"))
             except CodegenError as error:
-                (dump / f"group{i}.{suffix}").write_text(f"not renderable: {error}\n")
+                (dump / f"{prefix}group{i}.{suffix}").write_text(f"not renderable: {error}\n")
     renders = {"c": render_gemm_epilogue, "triton.py": render_gemm_epilogue_triton}
     for i, node in enumerate(filter(is_gemm_group, graph.nodes)):
         for suffix, render in renders.items():
@@ -153,12 +164,12 @@ def _dump_sources(dump: Path, model, cache) -> None:
                 source = render(plan_epilogue(node.attrs["graph"]), f"gemm{i}")
             except CodegenError as error:
                 source = f"not renderable: {error}\n"
-            (dump / f"gemm{i}.{suffix}").write_text(source)
+            (dump / f"{prefix}gemm{i}.{suffix}").write_text(source)
     for phase, name in (("decode", "layer_program.c"), ("prefill", "prefill_program.c")):
         try:
-            (dump / name).write_text(model_program(model, graph, phase).source)
+            (dump / f"{prefix}{name}").write_text(model_program(model, graph, phase).source)
         except CodegenError as error:
-            (dump / name).write_text(f"/* not renderable: {error} */\n")
+            (dump / f"{prefix}{name}").write_text(f"/* not renderable: {error} */\n")
 
 
 def _build_within_budget(args: argparse.Namespace, model, cache) -> None:

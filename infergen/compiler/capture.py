@@ -127,9 +127,16 @@ class Captured:
 class _Converter:
     """fx graph → IR graph, node by node, in execution order."""
 
-    def __init__(self, root: nn.Module, name: str, args: dict[str, Value | Struct]):
+    def __init__(
+        self,
+        root: nn.Module,
+        name: str,
+        args: dict[str, Value | Struct],
+        mixers: dict[nn.Module, str],
+    ):
         self.root = root
         self.args = args
+        self.mixers = mixers  # module run whole → its label (the MIXER node's attrs)
         self.namer = Namer()
         self.inputs: list[Value] = []
         self.sources: dict[str, Source] = {}
@@ -169,13 +176,25 @@ class _Converter:
             self.weights[key] = self._add_input(value, Source("module", attrs))
         return self.weights[key]
 
-    def _module(self, module: nn.Module, path: str) -> Value:
-        """The graph input for a module run whole (an MoE layer): bound to the module itself
-        per layer, like a Linear for its weight; its shape [experts]."""
+    def _module(self, module: nn.Module, path: str, value: Value) -> Value:
+        """The graph input for a module run whole (an MoE layer, a mixer): bound to the module
+        itself per layer, like a Linear for its weight."""
         key = (id(module), "")
         if key not in self.weights:
-            value = Value(path, (module.moe.num_experts,), module.router.dtype, "weight", "moe")
             self.weights[key] = self._add_input(value, Source("module", tuple(path.split("."))))
+        return self.weights[key]
+
+    def _whole(self, arg: Any, where: str) -> Value:
+        """An argument of the traced call passed on whole (a mixer's view of the step, its
+        cache layer): one opaque graph input bound to the argument itself."""
+        name = next((n for n, spec in self.args.items() if spec is arg), None)
+        if name is None:
+            raise CaptureError(f"capture: a mixer is passed {arg!r}", where=where,
+                               expected="the traced call's own arguments")  # fmt: skip
+        key = (id(arg), "whole")
+        if key not in self.weights:
+            value = Value(f"{name}_whole", (), None, "opaque")
+            self.weights[key] = self._add_input(value, Source(name, ()))
         return self.weights[key]
 
     def emit(
@@ -255,8 +274,15 @@ class _Converter:
             )[0]
         if isinstance(module, MoE):
             (x,) = args
-            experts = self._module(module, name)
+            shape = (module.moe.num_experts,)
+            value = Value(name, shape, module.router.dtype, "weight", "moe")
+            experts = self._module(module, name, value)
             return self.emit(Op.MOE, (x, experts), name.replace(".", "_"))[0]
+        if module in self.mixers:  # (the layer's mixer seat: module(x, batch, cache layer))
+            x, step, cache = args
+            mixer = self._module(module, name, Value(name, (), None, "weight", "mixer"))
+            inputs = (x, mixer, self._whole(step, where), self._whole(cache, where))
+            return self.emit(Op.MIXER, inputs, name.replace(".", "_"), mixer=self.mixers[module])[0]
         if isinstance(module, RMSNorm):
             weight = self.weight(module, name, "weight")
             x, *delta = args
@@ -268,7 +294,7 @@ class _Converter:
         raise CaptureError(
             f"capture: module {name} ({type(module).__name__}) has no IR op",
             where=where,
-            expected="Linear, RMSNorm or MoE leaves",
+            expected="Linear, RMSNorm, MoE or mixer leaves",
         )
 
     def _rebind(self, old: Value, new: Value, env) -> None:
@@ -409,10 +435,16 @@ def _kv_scales(kv: Any) -> tuple[Value, ...]:
 
 
 def capture(
-    module: nn.Module, method: str, args: dict[str, Value | Struct], name: str | None = None
+    module: nn.Module,
+    method: str,
+    args: dict[str, Value | Struct],
+    name: str | None = None,
+    mixers: dict[nn.Module, str] | None = None,
 ) -> Captured:
     """The IR of `module.<method>(**args)`; `args` describes each argument (a Value, or a
-    Struct of them). Raises CaptureError naming the construct capture has no op for."""
-    fx_graph = trace(module, method)
-    graph, sources, roles = _Converter(module, name or method, args).run(fx_graph)
+    Struct of them); `mixers`: submodules kept whole as MIXER nodes (module → label). Raises
+    CaptureError naming the construct capture has no op for."""
+    mixers = mixers or {}
+    fx_graph = trace(module, method, tuple(mixers))
+    graph, sources, roles = _Converter(module, name or method, args, mixers).run(fx_graph)
     return Captured(graph, sources, roles)

@@ -1,6 +1,13 @@
-"""The graphs of a decoder model: one decoder layer and the head, captured from the model code
+"""The graphs of a decoder model: its decoder layers and the head, captured from the model code
 (`Transformer.layers[i].forward`, `Transformer.head`) with the step's inputs described as IR
-values. Layers of one model share a graph: their weights are graph inputs, bound per layer.
+values. Layers of one kind share a graph: their weights are graph inputs, bound per layer; a
+model whose layers are of several kinds (DeepSeek's dense first layer, Qwen3-Next's DeltaNet
+and attention layers) has one graph per kind (`capture_kinds`).
+
+The per-layer fallback: a mixer capture has no ops for (a recurrent state mixer, latent
+attention, attention with a gated output or partial rotary dimensions: `module_mixer`) is
+one MIXER node that runs the module itself; the rest of its layer (norms, MLP or experts,
+residual adds) is captured as for any other.
 
 Dynamic dimensions: T (tokens in the step) and B (KV cache blocks, fixed per engine but not
 part of what a kernel is specialised for). Everything else comes from the config.
@@ -8,24 +15,59 @@ part of what a kernel is specialised for). Everything else comes from the config
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from infergen.compiler.capture import BLOCKS, Captured, CaptureError, Struct, capture
 from infergen.compiler.ir import TOKENS, Value
 from infergen.kvcache.paged_cache import PagedKVCache
+from infergen.layers.attention import Attention
+
+# the layer features (Transformer.layer_features) of an attention that capture has no ops for:
+# where the model has one, its attention layers' mixers are MIXER nodes
+WHOLE_ATTENTION_FEATURES = ("partial_rotary", "output_gate")
 
 
-def step_inputs(model, kv_cache: PagedKVCache) -> dict[str, Value | Struct]:
-    """The decoder layer's arguments (h, delta, batch, kv) as graph inputs."""
+def module_mixer(model, index: int) -> str | None:
+    """Why layer `index`'s mixer runs as its module (a MIXER node), or None: captured op by
+    op (an attention capture has ops for)."""
+    mixer = model.layers[index].attn
+    if not isinstance(mixer, Attention):
+        return f"{model.config.layer_type(index)} mixer ({type(mixer).__name__})"
+    features = model.layer_features()
+    whole = [features[key] for key in WHOLE_ATTENTION_FEATURES if key in features]
+    return f"attention with {', '.join(whole)}" if whole else None
+
+
+def step_inputs(model, kv_cache: PagedKVCache, index: int = 0) -> dict[str, Value | Struct]:
+    """Decoder layer `index`'s arguments (h, delta, batch, kv) as graph inputs (a layer whose
+    mixer is a MIXER node gets its cache layer whole: `kv` has no fields)."""
     config, dtype = model.config, model.dtype
+    hidden = (TOKENS, config.hidden_size)
+    args = {name: Value(name, hidden, dtype, "input") for name in ("h", "delta")}
+    if module_mixer(model, index) is not None:  # (the module reads its arguments itself)
+        return {**args, "batch": Struct(), "kv": Struct()}
+    batch = Struct(
+        slot_mapping=Value("slots", (TOKENS,), torch.int64, "input"),
+        attn_plan=Value("plan", (), None, "opaque"),
+        rope=Struct(
+            positions=Value("positions", (TOKENS,), torch.int64, "input"),
+            cache=Value("rope_table", tuple(model.rope_cache.shape), torch.float32, "weight"),
+        ),
+    )
+    return {**args, "batch": batch, "kv": Struct(**_kv_inputs(model, kv_cache, index))}
+
+
+def _kv_inputs(model, kv_cache: PagedKVCache, index: int) -> dict[str, Value]:
+    """An attention layer's cache (and the scaled formats' scales) as graph inputs."""
+    config, layer = model.config, kv_cache.layer(index)
     if not kv_cache.format.supports_fast_decode:
         raise CaptureError(
             f"capture: KV format {kv_cache.kv_format!r} is not in the IR yet",
             expected="the unquantized cache or a scaled format (fp8_e4m3)",
         )
-    layer = kv_cache.layer(0)
     cache_shape = (BLOCKS, *layer.k.shape[1:])
-    hidden = (TOKENS, config.hidden_size)
     fmt = kv_cache.kv_format
     kv = dict(
         k=Value("k_cache", cache_shape, layer.k.dtype, "cache", fmt),
@@ -38,54 +80,86 @@ def step_inputs(model, kv_cache: PagedKVCache) -> dict[str, Value | Struct]:
             v_scale=Value("v_scale", (heads,), torch.float32, "weight"),
             k_shift=Value("k_shift", (heads, dim), torch.float32, "weight"),
         )
-    return {
-        "h": Value("h", hidden, dtype, "input"),
-        "delta": Value("delta", hidden, dtype, "input"),
-        "batch": Struct(
-            slot_mapping=Value("slots", (TOKENS,), torch.int64, "input"),
-            attn_plan=Value("plan", (), None, "opaque"),
-            rope=Struct(
-                positions=Value("positions", (TOKENS,), torch.int64, "input"),
-                cache=Value("rope_table", tuple(model.rope_cache.shape), torch.float32, "weight"),
-            ),
-        ),
-        "kv": Struct(**kv),
-    }
+    return kv
 
 
 def capture_layer(model, kv_cache: PagedKVCache, index: int = 0) -> Captured:
     """The IR of decoder layer `index` (outputs: the MLP's delta, the updated residual stream
-    h, the updated caches)."""
-    return capture(model.layers[index], "forward", step_inputs(model, kv_cache), "decoder_layer")
+    h, the updated caches); its mixer a MIXER node where `module_mixer` says why."""
+    layer = model.layers[index]
+    why = module_mixer(model, index)
+    mixers = {} if why is None else {layer.attn: model.config.layer_type(index)}
+    args = step_inputs(model, kv_cache, index)
+    return capture(layer, "forward", args, "decoder_layer", mixers)
 
 
 def _kind(model, index: int) -> tuple[str, str, str]:
     """What may make a layer's graph differ from another's: its layer type (full or sliding
     attention, ...), its mixer's and its feed-forward's classes (DeepSeek: dense first)."""
     layer = model.layers[index]
-    mixer, mlp = type(layer.attn).__name__, type(layer.mlp).__name__
-    return model.config.layer_type(index), mixer, mlp
+    mlp = "no MLP" if layer.mlp is None else type(layer.mlp).__name__  # (Mamba2)
+    return model.config.layer_type(index), type(layer.attn).__name__, mlp
+
+
+@dataclass
+class LayerKind:
+    """Decoder layers that share one graph."""
+
+    captured: Captured
+    layers: list[int]  # their indices, ascending
+    label: str  # "full_attention Attention GatedMLP" (their `_kind`s, joined)
+    module_mixer: str | None  # why their mixer is a MIXER node (None: captured op by op)
+
+    def describe(self) -> str:
+        """ "layers 1-2, 5 (linear_attention StateMixer MoE)" """
+        return f"{_spans(self.layers)} ({self.label})"
+
+
+def capture_kinds(model, kv_cache: PagedKVCache) -> list[LayerKind]:
+    """The distinct graphs of the decoder layers, in order of their first layer: the first
+    layer of each `_kind` captured, kinds whose graphs are equal merged (Gemma-3's sliding and
+    full layers differ only in what they bind: their cache group and RoPE table)."""
+    kinds: list[LayerKind] = []
+    of_kind: dict[tuple[str, str, str], LayerKind] = {}
+    for index in range(len(model.layers)):
+        key = _kind(model, index)
+        if key not in of_kind:
+            captured = capture_layer(model, kv_cache, index)
+            canonical = captured.graph.canonical()
+            same = next((k for k in kinds if k.captured.graph.canonical() == canonical), None)
+            if same is None:
+                same = LayerKind(captured, [], " ".join(key), module_mixer(model, index))
+                kinds.append(same)
+            elif " ".join(key) not in same.label:
+                same.label += " / " + " ".join(key)
+            of_kind[key] = same
+        of_kind[key].layers.append(index)
+    return kinds
 
 
 def capture_layers(model, kv_cache: PagedKVCache) -> Captured:
-    """The IR every decoder layer shares: layer 0's, checked against the first layer of each
-    other kind (`_kind`; Gemma-3's sliding and full layers differ only in what they bind:
-    their cache group and RoPE table). CaptureError when one computes something else."""
-    captured = capture_layer(model, kv_cache)
-    seen = {_kind(model, 0)}
-    for index in range(1, len(model.layers)):
-        kind = _kind(model, index)
-        if kind in seen:
-            continue
-        seen.add(kind)
-        other = capture_layer(model, kv_cache, index).graph
-        if other.canonical() != captured.graph.canonical():
-            raise CaptureError(
-                f"capture: layer {index} ({', '.join(kind)}) is not the same graph as layer 0 "
-                f"({', '.join(_kind(model, 0))})",
-                expected="layers that differ only in their cache group and RoPE table",
-            )
-    return captured
+    """The IR every decoder layer shares (`capture_kinds`'s one kind); CaptureError when the
+    layers are of several kinds."""
+    kinds = capture_kinds(model, kv_cache)
+    if len(kinds) > 1:
+        raise CaptureError(
+            f"capture: the layers are of {len(kinds)} kinds: "
+            + "; ".join(kind.describe() for kind in kinds),
+            expected="layers that differ only in their cache group and RoPE table",
+        )
+    return kinds[0].captured
+
+
+def _spans(indices: list[int]) -> str:
+    """[0, 1, 2, 5] → "layers 0-2, 5"; [3] → "layer 3"."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return f"layer{'s' if len(indices) > 1 else ''} {text}"
 
 
 def capture_head(model) -> Captured:

@@ -209,6 +209,12 @@ def _moe(args, attrs, sizes):
     return (moe.reference(x, module),)
 
 
+@executor(Op.MIXER)
+def _mixer(args, attrs, sizes):
+    x, module, step, cache = args  # (the module is its own reference: the per-op path's)
+    return (module(x, step, cache),)
+
+
 @executor(Op.QUANTIZE_ACT)
 def _quantize_act(args, attrs, sizes):
     return (attrs["quantizer"](args[0]),)

@@ -93,6 +93,10 @@ class Op(enum.Enum):
     GATHER_ROWS = ("gather_rows", OpKind.LAYOUT, 1)  # (table, index): table[index]
     # a mixture-of-experts feed-forward (x, the layer's MoE module): run by the module itself
     MOE = ("moe", OpKind.CUSTOM, 1)
+    # a token mixer capture keeps whole (x, the layer's mixer module, the layer's view of the
+    # step, its cache layer): a recurrent state mixer, latent attention, attention with parts
+    # capture has no ops for — the module runs itself (the per-layer fallback). attrs: mixer
+    MIXER = ("mixer", OpKind.CUSTOM, 1)
     # fused groups (passes build them; attrs: graph, the group's own subgraph)
     FUSED = ("fused", OpKind.CUSTOM, -1)
 

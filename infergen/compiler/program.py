@@ -16,7 +16,7 @@ from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import TEMPLATE
 from infergen.compiler.codegen_layer import FUNCTIONS, LayerProgram, render_layer_programs
-from infergen.compiler.ir import Graph
+from infergen.compiler.ir import Graph, Op
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
 from infergen.compiler.program_moe import moe_args
 from infergen.compiler.program_variants import ProgramVariant
@@ -53,6 +53,9 @@ def model_program(model, graph: Graph, phase: str = "decode") -> LayerProgram:
     """The `phase` layer program of `model`'s "jit" layer graph, its source the one C source
     of every phase (codegen_layer.render_layer_programs); CodegenError when not renderable."""
     config = model.config
+    mixers = [node.attrs["mixer"] for node in graph.nodes if node.op is Op.MIXER]
+    if mixers:  # (a module's Python call: the walker runs these layers)
+        raise CodegenError(f"no layer-program code for the {mixers[0]} mixer (a MIXER node)")
     programs, refused = render_layer_programs(
         graph,
         config.num_attention_heads,

@@ -37,7 +37,7 @@ from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import is_gemm_group, plan_epilogue
 from infergen.compiler.codegen_triton import TritonGroupKernel
-from infergen.compiler.decoder import capture_layers
+from infergen.compiler.decoder import capture_kinds, capture_layers
 from infergen.compiler.interpret import EXECUTORS, attention_core, kv_layer, run
 from infergen.compiler.ir import Graph, Node, Op, attention_parts
 from infergen.compiler.jit_cache import JitCache, NotBuilt
@@ -46,6 +46,8 @@ from infergen.compiler.passes import PASSES, run_pipeline
 from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
 from infergen.compiler.regions import node_region
 from infergen.compiler.tune import TuningRecord, group_key
+from infergen.layers.attention import Attention
+from infergen.layers.mlp import GatedMLP
 from infergen.models.fast_paths import FAST_PATHS, FastPath
 from infergen.models.fused_decode import StackCost
 from infergen.ops.kv_store import kv_store
@@ -98,15 +100,26 @@ class CompiledLayers:
         # seconds per node kind / fused group, summed over calls (None: not profiling)
         self.profile: dict[str, float] | None = None
         started = time.perf_counter()
-        self.captured = capture_layers(model, kv_cache)
+        # the layers' distinct graphs (decoder.py: one per kind of layer) and each layer's
+        self.kinds = capture_kinds(model, kv_cache)
+        self.kind_of = [0] * len(model.layers)
+        for k, kind in enumerate(self.kinds):
+            for index in kind.layers:
+                self.kind_of[index] = k
+            if kind.module_mixer is not None:  # (the per-layer fallback, named)
+                self.report.groups_op_by_op.append(
+                    f"{kind.describe()}: the {kind.module_mixer} runs as its module"
+                )
         self.report.capture_seconds = time.perf_counter() - started
         started = time.perf_counter()
-        graph = copy.deepcopy(self.captured.graph)
+        self.graphs = [copy.deepcopy(kind.captured.graph) for kind in self.kinds]
         if mode == "jit":
-            graph = run_pipeline(graph, "jit")
-            _fuse_inside_groups(graph)
-        self.graph = graph
+            self.graphs = [_jit(graph) for graph in self.graphs]
         self.report.passes_seconds = time.perf_counter() - started
+        # per kind, the graph inputs bound from the layer's view of each step
+        self.step_inputs = [
+            [v.name for v in graph.inputs if v.name in STEP_INPUTS] for graph in self.graphs
+        ]
         self.kernels: dict[int, dict[str, Any]] = {}  # id(FUSED node) → bucket → kernel
         # id(FUSED GEMM-with-tail node) → its fused GEMM (codegen_gemm.py; fp32 panels)
         self.gemm_epilogues: dict[int, GemmEpilogueKernel] = {}
@@ -119,28 +132,24 @@ class CompiledLayers:
         self.static = [self._static_env(i) for i in range(len(model.layers))]
         self.views = [(layer.attn.group, layer.attn.rope_index) for layer in model.layers]
         if mode == "jit":
-            self._compile(graph, jit_cache)
-        layer0 = model.layers[0]
-        attn = layer0.attn
-        mlp = layer0.mlp
-        self.ops = _EngineOps(
-            attn.decode_row,
-            attn.rope,
-            getattr(mlp, "act", None),  # (an MoE layer runs its own: the MOE node's module)
-            layer0.attn_norm.fn,
-            attn.prefill,
-        )
+            for graph in self.graphs:
+                self._compile(graph, jit_cache)
+        self.ops = _engine_ops(model)
         # decode steps, and steps with prefills: the whole stack of layers as one generated
-        # C function per phase (program.py)
+        # C function per phase (program.py) — for layers of one kind
         self.program = self.prefill_program = None
         self.stack_cost = StackCost(model, kv_cache)  # (a profiled program call's work)
         if mode == "jit" and not self.target.layer_program:
             self.report.groups_op_by_op.append(
                 f"layer program: C only (target {self.report.target!r})"
             )
+        elif mode == "jit" and len(self.graphs) > 1:
+            self.report.groups_op_by_op.append(
+                f"layer program: one graph per program, these layers have {len(self.graphs)}"
+            )
         elif mode == "jit":
-            self.program = self._program(graph, jit_cache, "decode")
-            self.prefill_program = self._program(graph, jit_cache, "prefill")
+            self.program = self._program(self.graphs[0], jit_cache, "decode")
+            self.prefill_program = self._program(self.graphs[0], jit_cache, "prefill")
 
     def _program(self, graph: Graph, jit_cache: JitCache, phase: str):
         try:
@@ -160,7 +169,7 @@ class CompiledLayers:
         """The inputs fixed for layer `index`: its weights, its KV cache (and scales)."""
         layer, kv = self.model.layers[index], self.kv_cache.layer(index)
         env = {}
-        for name, source in self.captured.sources.items():
+        for name, source in self.kinds[self.kind_of[index]].captured.sources.items():
             if source.origin in ("module", "kv"):
                 env[name] = source.fetch(layer, {"kv": kv})
         env["rope_table"] = self.model.rope_tables[layer.attn.rope_index]
@@ -238,15 +247,12 @@ class CompiledLayers:
         """Decoder layer `index`: returns (h + delta + its attention output, its MLP output)."""
         env = dict(self.static[index])
         view = batch.view(*self.views[index])  # the layer's cache group and RoPE table
-        env.update(
-            h=h,
-            delta=delta,
-            slots=view.slot_mapping,
-            plan=view.attn_plan,
-            positions=batch.rope.positions,
-        )
+        kind = self.kind_of[index]
+        env.update(h=h, delta=delta)
+        env.update((name, STEP_INPUTS[name](view)) for name in self.step_inputs[kind])
         bucket = bucket_of(h.shape[0])
-        delta, h, _, _ = run(self.graph, env, lambda n, a, s: self._timed(n, a, s, bucket))
+        run_node = lambda n, a, s: self._timed(n, a, s, bucket)  # noqa: E731
+        delta, h, *_ = run(self.graphs[kind], env, run_node)
         return h, delta
 
     def _timed(self, node: Node, args: list, sizes: dict[str, int], bucket: str) -> tuple:
@@ -285,6 +291,15 @@ class CompiledLayers:
         return EXECUTORS[node.op](args, node.attrs, sizes)
 
 
+# a graph input bound per step → its value in the layer's view of the step (ForwardBatch.view)
+STEP_INPUTS: dict[str, Callable[[Any], Any]] = {
+    "slots": lambda view: view.slot_mapping,
+    "plan": lambda view: view.attn_plan,
+    "positions": lambda view: view.rope.positions,
+    "batch_whole": lambda view: view,  # (a MIXER node's: the module takes the view whole)
+}
+
+
 def _built_or_why(build: Callable[[], Any], sub: Graph, why: list[str]) -> Any | None:
     """`build()`'s kernel, or None with the reason appended to `why` (no code for the group,
     or left out by the startup budget)."""
@@ -320,8 +335,19 @@ def pointwise_groups(graph: Graph) -> list[Node]:
 
 
 def jit_graph(model, kv_cache) -> Graph:
-    """The decoder layer after the "jit" pipeline, pointwise tails inside groups fused."""
-    graph = run_pipeline(capture_layers(model, kv_cache).graph, "jit")
+    """The decoder layer after the "jit" pipeline, pointwise tails inside groups fused (layers
+    of one kind: capture_layers)."""
+    return _jit(capture_layers(model, kv_cache).graph)
+
+
+def jit_kinds(model, kv_cache) -> list[tuple[Graph, list[int]]]:
+    """Per kind of decoder layer (decoder.capture_kinds), its graph after the "jit" pipeline
+    and the indices of its layers."""
+    return [(_jit(kind.captured.graph), kind.layers) for kind in capture_kinds(model, kv_cache)]
+
+
+def _jit(graph: Graph) -> Graph:
+    graph = run_pipeline(graph, "jit")
     _fuse_inside_groups(graph)
     return graph
 
@@ -332,6 +358,20 @@ def _fuse_inside_groups(graph: Graph) -> None:
     for node in graph.nodes:
         if node.op is Op.FUSED and node.attrs["kernel"] != "pointwise":
             PASSES.get("fuse_pointwise")(node.attrs["graph"])
+
+
+def _engine_ops(model) -> _EngineOps:
+    """The op backends of the model's layers: of its first captured attention, its first
+    gated MLP (a model may have neither: Mamba2)."""
+    attn = next((layer.attn for layer in model.layers if isinstance(layer.attn, Attention)), None)
+    act = next((layer.mlp.act for layer in model.layers if isinstance(layer.mlp, GatedMLP)), None)
+    return _EngineOps(
+        getattr(attn, "decode_row", None),
+        getattr(attn, "rope", None),
+        act,  # (an MoE layer runs its own: the MOE node's module)
+        model.layers[0].attn_norm.fn,
+        getattr(attn, "prefill", None),
+    )
 
 
 @dataclass(frozen=True)
@@ -401,6 +441,12 @@ def _attention(ops, args, attrs):
     return (out,)
 
 
+@ENGINE_OPS.decorator("mixer")
+def _mixer(ops, args, attrs):
+    x, module, step, cache = args  # (the per-layer fallback: the module runs itself)
+    return (module(x.contiguous(), step, cache),)
+
+
 @ENGINE_OPS.decorator("moe")
 def _moe(ops, args, attrs):
     x, module = args
@@ -441,14 +487,17 @@ def _view(ops, args, attrs):
     return (x.reshape(shape),)
 
 
-# the layer features (Transformer.layer_features) the compiler captures beyond the
-# Llama-shaped layer: Gemma-3's (each layer binds its cache group's slots and attention plan
-# and its RoPE table; sandwich norms are RMS_NORM nodes; GeGLU is GELU_MUL) and GPT-OSS's
-# (learned sinks: an ATTENTION input; mixture-of-experts feed-forwards: MOE nodes the module
-# runs, which the layer programs have no code for: the graph walker runs those layers)
+# the layer features (Transformer.layer_features) the compiler runs beyond the Llama-shaped
+# layer: Gemma-3's (each layer binds its cache group's slots and attention plan and its RoPE
+# table; sandwich norms are RMS_NORM nodes; GeGLU is GELU_MUL), GPT-OSS's (learned sinks: an
+# ATTENTION input; mixture-of-experts feed-forwards: MOE nodes the module runs, lk_moe in the
+# layer programs), and as the per-layer fallback (decoder.py: MIXER nodes the module runs;
+# the walker runs those layers) recurrent state mixers, latent attention, gated attention
+# outputs and partial rotary dimensions
 CAPTURED_FEATURES = frozenset(
-    {"cache_groups", "rope_tables", "gelu_mlp", "sandwich_norms", "attention_sinks", "moe"}
-)
+    {"cache_groups", "rope_tables", "gelu_mlp", "sandwich_norms", "attention_sinks", "moe",
+     "recurrent", "mla", "output_gate", "partial_rotary"}
+)  # fmt: skip
 
 
 def _compiled(mode: str) -> FastPath:

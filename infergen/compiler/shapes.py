@@ -144,6 +144,13 @@ def _moe(inputs, attrs) -> Result:
     return [(x.shape, x.dtype)]
 
 
+@rule(Op.MIXER)
+def _mixer(inputs, attrs) -> Result:
+    x, module, step, cache = inputs
+    _need(x.rank == 2, f"x {x.shape}: expected [tokens, hidden]")
+    return [(x.shape, x.dtype)]
+
+
 @rule(Op.KV_STORE)
 def _kv_store(inputs, attrs) -> Result:
     k, v, k_cache, v_cache, slots, *scales = inputs

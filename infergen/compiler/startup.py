@@ -37,7 +37,7 @@ from infergen.compiler.program import (
     tuning_key,
 )
 from infergen.compiler.program_tune import decode_probe, prefill_probe, tune_program
-from infergen.compiler.runtime import CompiledLayers, jit_graph, pointwise_groups
+from infergen.compiler.runtime import CompiledLayers, jit_kinds, pointwise_groups
 from infergen.compiler.tune import TuningRecord
 from infergen.kernels.build import library_built
 from infergen.timing import best_seconds_each
@@ -61,18 +61,30 @@ def plan_startup(
     steps); returns every item with what happened to it. Run it before the engine holds any
     sequence (timing the layer program writes KV slots)."""
     deadline = time.perf_counter() + budget_s
-    graph = jit_graph(model, kv_cache)
-    groups = [
-        (f"group {i} -> " + ", ".join(v.name for v in node.outputs), node.attrs["graph"])
-        for i, node in enumerate(pointwise_groups(graph))
-    ]
-    layers = model.config.num_hidden_layers
+    kinds = jit_kinds(model, kv_cache)
     eager = CompiledLayers(model, kv_cache, "eager")  # the walk, and the weight bindings
-    plan = compile_groups(groups, traffic, layers, deadline, cache)
-    plan.items += epilogue_items(graph, traffic, layers, deadline, cache, eager.static)
-    plan.items += program_items(model, kv_cache, graph, traffic, deadline, cache, eager)
-    tune_groups(plan, traffic, layers, deadline, cache)
-    return plan.items
+    plans = []
+    for k, (graph, indices) in enumerate(kinds):  # (a group's gain: times its kind's layers)
+        prefix = f"kind {k} " if len(kinds) > 1 else ""
+        groups = [
+            (f"{prefix}group {i} -> {', '.join(v.name for v in node.outputs)}", node.attrs["graph"])
+            for i, node in enumerate(pointwise_groups(graph))
+        ]
+        plan = compile_groups(groups, traffic, len(indices), deadline, cache)
+        statics = [eager.static[i] for i in indices]
+        plan.items += epilogue_items(graph, traffic, len(indices), deadline, cache, statics)
+        plans.append((plan, len(indices)))
+    if len(kinds) == 1:
+        plans[0][0].items += program_items(
+            model, kv_cache, kinds[0][0], traffic, deadline, cache, eager
+        )
+    else:  # (one graph per program: CompiledLayers walks these layers)
+        why = f"not renderable (layers of {len(kinds)} kinds)"
+        plans[0][0].items += [Item(name, "compile", None, 0.0, status=why)
+                              for name in (PROGRAM, PREFILL)]  # fmt: skip
+    for plan, layers in plans:
+        tune_groups(plan, traffic, layers, deadline, cache)
+    return [item for plan, _ in plans for item in plan.items]
 
 
 def program_items(

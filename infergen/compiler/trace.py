@@ -1,6 +1,7 @@
 """Tracing with torch.fx down to our ops (the first half of capture, capture.py converts).
 
-`Linear`, `RMSNorm` and `MoE` modules are leaf modules; op functions are kept whole as single call
+`Linear`, `RMSNorm` and `MoE` modules are leaf modules (and the mixers the caller names:
+the per-layer fallback, capture.py's MIXER nodes); op functions are kept whole as single call
 nodes whichever backend the engine picked: the global ones (`kv_store`, `paged_attention`)
 through fx's autowrap, the ones a layer holds as an attribute (its RoPE / SiLU-mul / GELU-mul
 backend) by standing in for them while tracing (`_LeafCall`). Any method can be traced, not only
@@ -68,12 +69,17 @@ class _LeafCall:
 
 
 class _Tracer(fx.Tracer):
-    def __init__(self, root: nn.Module):
+    def __init__(self, root: nn.Module, whole: frozenset[int]):
         super().__init__(autowrap_functions=(kv_store, paged_attention))
         self.paths = {module: name for name, module in root.named_modules()}
+        self.whole = whole  # id()s of further modules traced as one call (opaque mixers)
 
     def is_leaf_module(self, module: nn.Module, name: str) -> bool:
-        return isinstance(module, LEAF_MODULES) or super().is_leaf_module(module, name)
+        return (
+            isinstance(module, LEAF_MODULES)
+            or id(module) in self.whole
+            or super().is_leaf_module(module, name)
+        )
 
     def path_of_module(self, module: nn.Module) -> str:
         return self.paths[module]  # names relative to the module whose method is traced
@@ -86,9 +92,9 @@ class _Tracer(fx.Tracer):
         return super().create_arg(a)
 
 
-def trace(module: nn.Module, method: str) -> fx.Graph:
+def trace(module: nn.Module, method: str, whole: tuple[nn.Module, ...] = ()) -> fx.Graph:
     """The fx graph of `module.<method>` (any method, not only forward), with op functions
-    held as module attributes kept whole."""
+    held as module attributes kept whole, and the submodules `whole` as one call each."""
     leaves, composites = leaf_functions(), composite_functions()
     swapped: list[tuple[nn.Module, str, Any]] = []
     for sub in module.modules():
@@ -103,7 +109,8 @@ def trace(module: nn.Module, method: str) -> fx.Graph:
         with warnings.catch_warnings():  # fx cannot assert on the specialised `self`
             warnings.simplefilter("ignore", UserWarning)
             fn = getattr(type(module), method)
-            return _Tracer(module).trace(fn, concrete_args={"self": module})
+            tracer = _Tracer(module, frozenset(id(m) for m in whole))
+            return tracer.trace(fn, concrete_args={"self": module})
     finally:
         for sub, attr, value in swapped:
             setattr(sub, attr, value)

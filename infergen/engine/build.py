@@ -620,14 +620,13 @@ def _compile(built: Built) -> None:
         )
     path = FAST_PATHS.get(mode)
     if not path.supports(model):
-        # the compiler captures Llama-shaped, Gemma-3 and GPT-OSS layers: others run the per-op
-        # path, and the compile report says so and why (the fast path _to_device chose stays)
+        # layers with features the compiler has no ops or fallback for run the per-op path,
+        # and the compile report says so and why (the fast path _to_device chose stays)
         layers = len(model.layers)
         built.compile_report = runtime.CompileReport(
             groups_op_by_op=[
                 f"all {layers} layers of {built.model_config.architecture}: the per-op path "
-                f"(the compiler captures Llama-shaped, Gemma-3 and GPT-OSS layers; these have "
-                f"{', '.join(path.missing(model))})"
+                f"(the compiler has no ops for their {', '.join(path.missing(model))})"
             ]
         )
         return

@@ -9,6 +9,31 @@ from infergen import LLM, SamplingParams
 from infergen.kvcache.paged_cache import KVLayer
 
 
+def clone_cache(cache):
+    """A copy of a layer's cache: an attention layer's K / V (its scales left out), a recurrent
+    layer's state tensors, or both (Falcon-H1's parallel mixer)."""
+    if isinstance(cache, KVLayer):
+        k = cache.k.clone()
+        return KVLayer(k, k if cache.v is cache.k or _same(cache.v, cache.k) else cache.v.clone())
+    if isinstance(cache, dict):
+        return {name: tensor.clone() for name, tensor in cache.items()}
+    return tuple(clone_cache(part) for part in cache)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two pages are one tensor (MLA's latent cache stands for K and V)."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+
+def cache_tensors(cache) -> list[torch.Tensor]:
+    """A layer's cache tensors, in a fixed order (clone_cache's)."""
+    if isinstance(cache, KVLayer):
+        return [t for t in (cache.k, cache.v) if t is not None]
+    if isinstance(cache, dict):
+        return [cache[name] for name in sorted(cache)]
+    return [t for part in cache for t in cache_tensors(part)]
+
+
 def _snapshot_calls(layer, calls: list) -> list:
     """Records each call of `layer`: inputs before (cloned: the layer updates h and the cache
     in place) and results after."""
@@ -18,17 +43,17 @@ def _snapshot_calls(layer, calls: list) -> list:
         calls.append(
             {
                 "h": h.clone(),
-                "delta": delta.clone(),
+                "delta": None if delta is None else delta.clone(),
                 "batch": batch,
-                "kv": KVLayer(kv.k.clone(), kv.v.clone()),
+                "kv": clone_cache(kv),
             }
         )
 
     def after(module, args, out):
         h, _, _, kv = args
-        calls[-1].update(
-            out=out.clone(), h_after=h.clone(), k_after=kv.k.clone(), v_after=kv.v.clone()
-        )
+        calls[-1].update(out=out.clone(), h_after=h.clone(), cache_after=clone_cache(kv))
+        if isinstance(kv, KVLayer):
+            calls[-1].update(k_after=kv.k.clone(), v_after=kv.v.clone())
 
     return [layer.register_forward_pre_hook(before), layer.register_forward_hook(after)]
 

@@ -11,12 +11,12 @@ import torch
 
 from infergen import LLM
 from infergen.compiler.capture import CaptureError
-from infergen.compiler.decoder import capture_head, capture_layer, capture_layers
+from infergen.compiler.decoder import capture_head, capture_kinds, capture_layer, capture_layers
 from infergen.compiler.interpret import run
 from infergen.compiler.ir import Op
 from infergen.compiler.verify import verify
-from tests.compiler.layer_calls import record_layer_calls
-from tests.hf_models import COMPILED_VARIANTS, build_hf_model
+from tests.compiler.layer_calls import cache_tensors, clone_cache, record_layer_calls
+from tests.hf_models import COMPILED_VARIANTS, MIXER_VARIANTS, build_hf_model
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -41,6 +41,38 @@ def test_captured_layer_reproduces_the_engine(name, tmp_path):
         assert _close(out, call["out"]), name
         assert _close(h_after, call["h_after"]), name
         assert _close(k_after, call["k_after"]) and _close(v_after, call["v_after"]), name
+
+
+@pytest.mark.parametrize("name", MIXER_VARIANTS)
+def test_mixer_layers_reproduce_the_engine(name, tmp_path):
+    """A mixer capture has no ops for (a recurrent state mixer, latent attention, a gated
+    attention with partial rotary dimensions) is one MIXER node that runs the module: the
+    graph, run by the interpreter on a copy of the cache, reproduces the layer's output, the
+    residual stream and the cache (KV or recurrent states) it left, on every recorded call;
+    the norms and MLP around it are captured ops."""
+    build_hf_model(name, tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory="4MiB")
+    model = llm.engine.runner.model
+    model.fast_path = None
+    index = len(model.layers) - 1  # (Qwen3-Next's attention layer, DeepSeek's MoE layers)
+    layer = model.layers[index]
+    captured = capture_layer(model, llm.engine.kv_cache, index=index)
+    verify(captured.graph)
+    (mixer,) = [n for n in captured.graph.nodes if n.op is Op.MIXER]
+    assert mixer.attrs["mixer"] == model.config.layer_type(index)
+    assert captured.graph.count()["add_rms_norm"] == (1 if layer.mlp is None else 2)
+    calls = record_layer_calls(llm, layer)
+    assert len(calls) >= 6
+    for call in calls:
+        cache = clone_cache(call["kv"])  # (the module updates it in place)
+        delta = torch.zeros_like(call["h"]) if call["delta"] is None else call["delta"]
+        args = dict(h=call["h"], delta=delta, batch=call["batch"], kv=cache)
+        out, h_after = run(captured.graph, captured.bind(layer, **args))[:2]
+        assert _close(out, call["out"]) and _close(h_after, call["h_after"]), name
+        for got, expected in zip(
+            cache_tensors(cache), cache_tensors(call["cache_after"]), strict=True
+        ):
+            assert _close(got.float(), expected.float()), name
 
 
 def test_layer_graph_has_the_architecture_ops(tmp_path):
@@ -110,14 +142,23 @@ def test_fp8_kv_cache_is_captured_with_its_scales(tmp_path):
         assert torch.equal(k_after.view(torch.uint8), call["k_after"].view(torch.uint8))
 
 
-def test_layers_of_another_kind_must_share_the_graph(tmp_path):
-    """capture_layers compares the first layer of each kind with layer 0: a layer typed
-    otherwise that computes the same graph passes (Gemma-3's sliding and full layers); one that
-    computes something else (here a norm with another epsilon) is refused, by name."""
-    build_hf_model("gemma3", tmp_path)  # layers: sliding, sliding, full, ...
+def test_layers_of_another_kind_get_their_own_graph(tmp_path):
+    """capture_kinds captures the first layer of each kind: a layer typed otherwise that
+    computes the same graph shares it (Gemma-3's sliding and full layers); one that computes
+    something else (here the full layers' norms with another epsilon) gets its own graph (layers
+    of one kind are built from one config: the first one's graph serves all), and capture_layers
+    (one graph for every layer) refuses the model, naming the kinds."""
+    build_hf_model("gemma3", tmp_path)  # layers: sliding, sliding, full, sliding, sliding, full
     engine = LLM(str(tmp_path), kv_cache_memory="4MiB").engine
     model = engine.runner.model
-    capture_layers(model, engine.kv_cache)  # (the same graph: accepted)
-    model.layers[2].mlp_norm.eps *= 2
-    with pytest.raises(CaptureError, match="layer 2 .* is not the same graph as layer 0"):
+    (kind,) = capture_kinds(model, engine.kv_cache)  # (the same graph: one kind)
+    assert kind.layers == list(range(len(model.layers)))
+    assert "sliding_attention" in kind.label and "full_attention" in kind.label
+    capture_layers(model, engine.kv_cache)
+    for index in (2, 5):
+        model.layers[index].mlp_norm.eps *= 2
+    kinds = capture_kinds(model, engine.kv_cache)
+    assert [k.layers for k in kinds] == [[0, 1, 3, 4], [2, 5]]
+    assert kinds[1].describe() == "layers 2, 5 (full_attention Attention GatedMLP)"
+    with pytest.raises(CaptureError, match="of 2 kinds: layers 0-1, 3-4 .*; layers 2, 5"):
         capture_layers(model, engine.kv_cache)

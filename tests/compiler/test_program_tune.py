@@ -156,6 +156,30 @@ def test_engine_start_budget_builds_what_fits_and_runs_the_rest_op_by_op(jit, mo
     assert _program(again).by_bucket == {"1": ProgramVariant.parse("threads=1")}
 
 
+def test_engine_start_budget_plans_each_kind_of_layer(jit, tmp_path):
+    """DeepSeek-V2: a dense first layer and MoE layers (two graphs), their MLA mixers run as
+    modules. The startup budget plans each kind's groups (gains times its own layers), no
+    layer program (one graph per program), and the engine's tokens equal the per-op path's."""
+    build_hf_model("deepseek_v2", tmp_path / "model")
+    model_dir = str(tmp_path / "model")
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    reference = LLM(model_dir, kv_cache_memory="4MiB")
+    expected = [o.token_ids for o in reference.generate(PROMPTS, params)]
+    llm = LLM(model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=20,
+              compile_traffic="1=1")  # fmt: skip
+    plan = llm.engine.compile_plan
+    kinds = {i.group.split(" group")[0] for i in plan if " group " in i.group}
+    assert kinds == {"kind 0", "kind 1"}, [i.group for i in plan]
+    compiles = [i for i in plan if i.kind == "compile" and " group " in i.group]
+    # (a group both kinds hold is built once: the other's status names it, "= kind 1 ...")
+    assert compiles and all(i.status in ("built", "cached") or i.status.startswith("= kind")
+                            for i in compiles)  # fmt: skip
+    assert any(i.status == "built" for i in compiles)
+    programs = [i for i in plan if i.group in (PROGRAM, "prefill layer program")]
+    assert [i.status for i in programs] == ["not renderable (layers of 2 kinds)"] * 2
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
+
+
 def test_bad_traffic_option(jit, model_dir):
     with pytest.raises(Exception, match="traffic bucket '3'"):
         LLM(model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=1,

@@ -13,12 +13,32 @@ from infergen import LLM, SamplingParams
 from infergen.compiler import runtime
 from infergen.compiler.jit_cache import JitCache
 from infergen.errors import ConfigError
-from tests.hf_models import COMPILED_VARIANTS, build_hf_model
+from tests.hf_models import COMPILED_VARIANTS, MIXER_VARIANTS, build_hf_model
 
 PROMPTS = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
 # variants whose layers the layer programs have no code for (the graph walker runs them), and
-# the reason the compile report gives
-WALKED: dict[str, str] = {}
+# the reason the compile report gives: a mixer the module runs (a MIXER node), or layers of
+# several kinds (one graph per program)
+WALKED: dict[str, str] = {
+    "mamba2": "no layer-program code for the mamba mixer",
+    "falcon_h1": "no layer-program code for the attention_mamba mixer",
+    "qwen3_next": "these layers have 3",  # (DeltaNet with experts / a dense MLP, attention)
+    "deepseek_v2": "these layers have 2",  # (the dense first layer, the MoE ones)
+    "deepseek_v3": "these layers have 2",
+}
+# variant → the per-layer fallbacks the compile report names
+MODULE_MIXERS: dict[str, list[str]] = {
+    "mamba2": ["layers 0-2 (mamba StateMixer no MLP): the mamba mixer (StateMixer)"],
+    "falcon_h1": ["layers 0-2 (attention_mamba ParallelMixer GatedMLP)"],
+    "qwen3_next": [
+        "layers 0, 2 (linear_attention StateMixer MoE): the linear_attention mixer",
+        "layer 1 (linear_attention StateMixer GatedMLP)",
+        "layer 3 (full_attention Attention MoE): the attention with partial rotary "
+        "dimensions, a gated attention output",
+    ],
+    "deepseek_v2": ["layer 0 (full_attention MLAttention GatedMLP)", "layers 1-2"],
+    "deepseek_v3": ["layer 0 (full_attention MLAttention GatedMLP)", "layers 1-2"],
+}
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +46,7 @@ def private_jit_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "JitCache", lambda: JitCache(tmp_path / "jit"))
 
 
-@pytest.mark.parametrize("name", COMPILED_VARIANTS)
+@pytest.mark.parametrize("name", COMPILED_VARIANTS + MIXER_VARIANTS)
 @pytest.mark.parametrize("mode", ["eager", "jit"])
 def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
     hf_model = build_hf_model(name, tmp_path / "model")
@@ -34,6 +54,10 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
     compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile=mode)
     layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
     assert layers is not None
+    fallbacks = [why for why in layers.report.groups_op_by_op if "runs as its module" in why]
+    assert len(fallbacks) == len(MODULE_MIXERS.get(name, [])), fallbacks
+    for why, expected in zip(fallbacks, MODULE_MIXERS.get(name, []), strict=False):
+        assert why.startswith(expected), (why, expected)
     program_steps = {"n": 0, "prefill": 0}
     if mode == "jit" and name in WALKED:  # the walker runs every step; the report says why
         assert layers.program is None and layers.prefill_program is None
@@ -133,19 +157,15 @@ def test_fp8_kv_cache(mode, name, tmp_path):
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), chunk
 
 
-@pytest.mark.parametrize(
-    "name, features",
-    [
-        ("deepseek_v2", "latent attention (MLA)"),
-        ("mamba2", "recurrent state layers"),
-    ],
-)
-def test_layers_the_compiler_does_not_capture_run_the_per_op_path(name, features, tmp_path):
-    build_hf_model(name, tmp_path / "model")
-    reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
-    compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
+def test_layers_the_compiler_has_no_fallback_for_run_the_per_op_path(tmp_path):
+    """StreamingLLM's sink tokens (a window that also reads the first positions): the compiler
+    neither captures nor falls back for them; the report says so, the per-op path runs."""
+    build_hf_model("llama_gqa", tmp_path / "model")
+    options = dict(kv_cache_memory="4MiB", streaming_window=8, streaming_sinks=2)
+    reference = LLM(str(tmp_path / "model"), **options)
+    compiled = LLM(str(tmp_path / "model"), compile="jit", **options)
     (why,) = compiled.engine.compile_report.groups_op_by_op
-    assert why.startswith("all ") and "the per-op path" in why and features in why, why
+    assert why.startswith("all ") and "the per-op path" in why and "sink tokens" in why, why
     assert compiled.engine.compile_report.kernels_built == 0
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     for a, b in zip(
