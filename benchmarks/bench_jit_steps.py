@@ -14,15 +14,15 @@ per-op path (the hand-written fused decode takes Llama-shaped layers only), so t
 the layer programs against running each op from Python. `--model gpt-oss-row` runs
 bench_architectures' GPT-OSS row (learned sinks, 8 experts top 2, random weights), likewise;
 `--model deepseek-v2-row | deepseek-v3-row | mamba2-row | qwen3-next-row | falcon-h1-row` the
-rows whose mixers the compiler runs as their modules (the per-layer fallback: the graph
-walker with the fused groups and GEMM epilogues around the module's call, no layer program):
+rows whose mixers the compiler runs as their modules (the per-layer fallback: the layer
+programs, one per kind of layer, call the module back from C):
 
     .venv/bin/python benchmarks/bench_jit_steps.py --model gemma3-270m \\
         --out benchmarks/results/jit_steps_gemma3.jsonl
     .venv/bin/python benchmarks/bench_jit_steps.py --model gpt-oss-row \\
         --out benchmarks/results/jit_steps_gpt_oss.jsonl
-    .venv/bin/python benchmarks/bench_jit_steps.py --model mamba2-row \\
-        --out benchmarks/results/jit_steps_mixers.jsonl
+    .venv/bin/python benchmarks/bench_jit_steps.py --model deepseek-v2-row \\
+        --out benchmarks/results/jit_steps_deepseek_v2.jsonl
 """
 
 from __future__ import annotations

@@ -10,18 +10,21 @@ import ctypes
 import hashlib
 
 import torch
+from torch import nn
 
 from infergen import profiling
 from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import TEMPLATE
 from infergen.compiler.codegen_layer import FUNCTIONS, LayerProgram, render_layer_programs
-from infergen.compiler.ir import Graph, Op
+from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
 from infergen.compiler.program_moe import moe_args
 from infergen.compiler.program_variants import ProgramVariant
 from infergen.compiler.tune import TuningRecord
 from infergen.kernels.build import _source_bytes, library
+from infergen.kvcache.paged_cache import KVLayer
+from infergen.layers.attention import Attention
 from infergen.layers.linear import Linear
 from infergen.layers.moe import MoE
 from infergen.models.fused_decode import StepArgs
@@ -53,15 +56,14 @@ def model_program(model, graph: Graph, phase: str = "decode") -> LayerProgram:
     """The `phase` layer program of `model`'s "jit" layer graph, its source the one C source
     of every phase (codegen_layer.render_layer_programs); CodegenError when not renderable."""
     config = model.config
-    mixers = [node.attrs["mixer"] for node in graph.nodes if node.op is Op.MIXER]
-    if mixers:  # (a module's Python call: the walker runs these layers)
-        raise CodegenError(f"no layer-program code for the {mixers[0]} mixer (a MIXER node)")
+    attention = next((layer.attn for layer in model.layers if isinstance(layer.attn, Attention)),
+                     None)  # fmt: skip
     programs, refused = render_layer_programs(
         graph,
         config.num_attention_heads,
         config.num_key_value_heads,
         config.head_dim,
-        model.layers[0].attn.scale,
+        attention.scale if attention is not None else 0.0,  # (no ATTENTION node: unused)
     )
     if phase not in programs:
         raise CodegenError(refused[phase])
@@ -100,6 +102,20 @@ def recorded_variants(record: TuningRecord, key: str) -> dict[str, ProgramVarian
     return found
 
 
+class MixerArgs(ctypes.Structure):  # codegen_layer.MIXER_ARGS, field for field
+    _fields_ = [("call", ctypes.c_void_p), ("layer", ctypes.c_long)]
+
+
+# the callback a MIXER node calls: (layer, x, out, tokens)
+MIXER_CALL = ctypes.CFUNCTYPE(None, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long)
+
+
+def _rows_at(address: int, tokens: int, width: int) -> torch.Tensor:
+    """The fp32 rows [tokens, width] at `address` (the program's arena), without a copy."""
+    floats = (ctypes.c_float * (tokens * width)).from_address(address)
+    return torch.frombuffer(floats, dtype=torch.float32).view(tokens, width)
+
+
 class ProgramUnavailable(Exception):
     """The layers hold something the layer program has no code for (the walker runs them)."""
 
@@ -118,14 +134,17 @@ class LayerProgramRunner:
         cache: JitCache,
         tuned: bool = True,
         phase: str = "decode",
+        layers: list[int] | None = None,
     ):
+        """`statics`: every layer's bound inputs (CompiledLayers.static); `layers`: the layers
+        of `graph`'s kind that this program runs (None: all of them)."""
         try:
             program = model_program(model, graph, phase)
         except CodegenError as error:
             raise ProgramUnavailable(str(error)) from None
         self.phase = phase
         tuned = tuned and phase == "decode"  # (the tuner searches decode steps)
-        if phase == "prefill" and model.config.head_dim % VECTOR_FLOATS:
+        if phase == "prefill" and program.attention and model.config.head_dim % VECTOR_FLOATS:
             raise ProgramUnavailable(
                 f"head dim {model.config.head_dim}: the prefill kernel needs a multiple of "
                 f"{VECTOR_FLOATS}"
@@ -148,8 +167,10 @@ class LayerProgramRunner:
                 continue  # (evicted since: the default runs that bucket)
             self.by_bucket[bucket] = variant
         self.model, self.kv_cache = model, kv_cache
+        self.layers = list(range(len(model.layers))) if layers is None else list(layers)
         # the layers' distinct views of a step (cache group, RoPE table), and each layer's
-        layer_views = [(layer.attn.group, layer.attn.rope_index) for layer in model.layers]
+        mixers = [model.layers[i].attn for i in self.layers]
+        layer_views = [(mixer.group, mixer.rope_index) for mixer in mixers]
         self.views = list(dict.fromkeys(layer_views))
         self.view_of = [self.views.index(view) for view in layer_views]
         self._bind(statics)
@@ -208,7 +229,11 @@ class LayerProgramRunner:
         """Per-layer weight pointers and GEMM formats, and the cache pointers (fixed)."""
         pointers, formats, caches = [], [], []
         self._keep = []
-        for index, env in enumerate(statics):
+        # MIXER nodes call back into Python (the module on the layer's view of the step)
+        self._mixer_call = MIXER_CALL(self._call_mixer)
+        self._step, self._error = None, None
+        for index in self.layers:
+            env = statics[index]
             for name in self.program.weight_inputs:
                 value = env[name]
                 if isinstance(value, MoE):  # its C arguments (program_moe.py)
@@ -217,6 +242,11 @@ class LayerProgramRunner:
                     except CodegenError as error:
                         raise ProgramUnavailable(str(error)) from None
                     self._keep += [args, keep]
+                    pointers.append(ctypes.addressof(args))
+                    continue
+                if isinstance(value, nn.Module) and not isinstance(value, Linear):  # a mixer
+                    args = MixerArgs(ctypes.cast(self._mixer_call, ctypes.c_void_p), index)
+                    self._keep.append(args)
                     pointers.append(ctypes.addressof(args))
                     continue
                 if isinstance(value, Linear):
@@ -231,44 +261,57 @@ class LayerProgramRunner:
                     raise ProgramUnavailable(f"layer {index} {name}: no packed-panel GEMM")
                 formats.append(fmt)
             kv = self.kv_cache.layer(index)
+            if not isinstance(kv, KVLayer) or not self.program.attention:
+                caches += [None, None]  # (a mixer module reads its own cache layer)
+                continue
             if kv.k.dtype not in (torch.float32, torch.float8_e4m3fn):
                 raise ProgramUnavailable(f"a {kv.k.dtype} KV cache")
             caches += [kv.k.data_ptr(), kv.v.data_ptr()]
         self.weights = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
         self.formats = (ctypes.c_long * max(1, len(formats)))(*formats)
         self.caches = (ctypes.c_void_p * len(caches))(*caches)
-        self.n_layers = len(statics)
+        self.n_layers = len(self.layers)
+        self._widths = (len(self.program.weight_inputs), len(self.program.linears))
 
     def run(
-        self, h: torch.Tensor, batch, variant: ProgramVariant | None = None
+        self,
+        h: torch.Tensor,
+        batch,
+        variant: ProgramVariant | None = None,
+        delta: torch.Tensor | None = None,
+        run: range | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """All layers of a step of the program's phase, in `variant` (default: the one of the
-        step's bucket)."""
+        """The program's layers on a step of its phase, in `variant` (default: the one of the
+        step's bucket): all of them, or the run `run` of positions in `self.layers` (a model
+        whose layer kinds alternate runs each kind's program per run of its layers), from
+        the pending `delta` (None: zeros, before the first layer)."""
         if variant is None:
             variant = self.by_bucket.get(bucket_of(h.shape[0]), DEFAULT)
         call = self._calls.get(variant)
         if call is None:
             self.build(variant)
             call = self._calls[variant]
+        run = range(self.n_layers) if run is None else run
         tokens = h.shape[0]
         # each distinct layer view's arguments, and per layer a pointer to its view's
         args = [self._view_args(batch.view(*view), tokens) for view in self.views]
-        steps = (ctypes.c_void_p * self.n_layers)(
-            *(ctypes.addressof(args[i][0]) for i in self.view_of)
-        )
+        views = [self.view_of[i] for i in run]
+        steps = (ctypes.c_void_p * len(run))(*(ctypes.addressof(args[i][0]) for i in views))
         prefills = None
-        if self.phase == "prefill":
-            prefills = (ctypes.c_void_p * self.n_layers)(
-                *(ctypes.addressof(args[i][1]) for i in self.view_of)
-            )
+        if self.phase == "prefill" and self.program.attention:
+            prefills = (ctypes.c_void_p * len(run))(*(ctypes.addressof(args[i][1]) for i in views))
         h = h.contiguous()
-        delta = torch.zeros_like(h)
+        delta = torch.zeros_like(h) if delta is None else delta.contiguous()
         arena = torch.empty(max(1, tokens * self.program.arena_floats_per_token))
+        weights, formats = self._widths
+        pointer = ctypes.sizeof(ctypes.c_void_p)
+        self._step, self._error = batch, None
         call(
-            self.weights,
-            self.formats,
-            self.caches,
-            self.n_layers,
+            ctypes.addressof(self.weights) + run.start * max(weights, 1) * pointer,
+            ctypes.addressof(self.formats)
+            + run.start * max(formats, 1) * ctypes.sizeof(ctypes.c_long),
+            ctypes.addressof(self.caches) + run.start * 2 * pointer,
+            len(run),
             steps,
             h.data_ptr(),
             delta.data_ptr(),
@@ -276,13 +319,34 @@ class LayerProgramRunner:
             variant.threads(torch.get_num_threads()),
             prefills,
         )
+        self._step = None
+        if self._error is not None:  # (raised inside a mixer's callback)
+            raise self._error
         return h, delta
+
+    def _call_mixer(self, layer: int, x: int, out: int, tokens: int) -> None:
+        """A MIXER node's callback: layer `layer`'s mixer module on its view of the step, the
+        rows at `x` into the rows at `out`. An exception is kept and raised by `run` (a
+        ctypes callback cannot raise through C); the rest of the program's output is unused."""
+        if self._error is not None:
+            return
+        try:
+            width = self.model.config.hidden_size
+            module = self.model.layers[layer].attn
+            view = self._step.view(module.group, module.rope_index)
+            result = module(_rows_at(x, tokens, width), view, self.kv_cache.layer(layer))
+            _rows_at(out, tokens, width).copy_(result)
+        except BaseException as error:  # noqa: BLE001 - re-raised by run()
+            self._error = error
 
     def _view_args(self, view, tokens: int) -> tuple[StepArgs, PrefillArgs | None]:
         """The step as the layers of one view see it (ForwardBatch.view: a cache group's
         slots, plan and window, a RoPE table): its step_args, and its prefill_args in the
         prefill phase."""
-        config, plan = self.model.config, view.attn_plan
+        config = self.model.config
+        if not self.program.attention:  # (layers that read no KV cache through the program)
+            return self._stateless_args(view, tokens), None
+        plan = view.attn_plan
         tables = plan.decode_block_tables
         prefill = None
         if self.phase == "prefill":  # (decode rows of a mixed step: one-query sequences)
@@ -315,8 +379,28 @@ class LayerProgramRunner:
         )
         return args, prefill
 
-    def serves(self, plan) -> bool:
-        """Whether a step of this attention plan is one of the program's phase."""
+    def _stateless_args(self, view, tokens: int) -> StepArgs:
+        """The step_args of layers without an ATTENTION node (the program reads the token
+        count, sizes and the RoPE inputs; no slots, block tables or window)."""
+        config = self.model.config
+        rope = view.rope
+        return StepArgs(
+            tokens, config.hidden_size, config.num_attention_heads,
+            config.num_key_value_heads, config.head_dim, config.intermediate_size,
+            0, 0, 0, config.rms_norm_eps, 0.0,
+            rope.positions.data_ptr() if rope is not None else None, None, None, None,
+            rope.cache.data_ptr() if rope is not None else None,
+        )  # fmt: skip
+
+    def serves(self, batch) -> bool:
+        """Whether a step (ForwardBatch) is one of the program's phase."""
+        if not self.program.attention:  # (decode: one token per sequence)
+            if batch.attn_plans:
+                decode = batch.attn_plan.decode_only
+            else:  # (no attention in the model: Mamba2)
+                decode = batch.num_tokens == len(batch.query_start_loc) - 1
+            return decode == (self.phase == "decode")
+        plan = batch.attn_plan
         if self.phase == "decode":
             return plan.decode_only
         return (

@@ -36,6 +36,7 @@ from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
 from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import is_gemm_group, plan_epilogue
+from infergen.compiler.codegen_layer import PHASES
 from infergen.compiler.codegen_triton import TritonGroupKernel
 from infergen.compiler.decoder import capture_kinds, capture_layers
 from infergen.compiler.interpret import EXECUTORS, attention_core, kv_layer, run
@@ -135,29 +136,48 @@ class CompiledLayers:
             for graph in self.graphs:
                 self._compile(graph, jit_cache)
         self.ops = _engine_ops(model)
-        # decode steps, and steps with prefills: the whole stack of layers as one generated
-        # C function per phase (program.py) — for layers of one kind
-        self.program = self.prefill_program = None
-        self.stack_cost = StackCost(model, kv_cache)  # (a profiled program call's work)
+        # decode steps, and steps with prefills: the layers of each kind as one generated C
+        # function per phase (program.py), called per run of consecutive layers of the kind
+        self.runs = _runs(self.kind_of)
+        self.programs: dict[str, list] = {phase: [None] * len(self.graphs) for phase in PHASES}
+        # (a profiled program call's work: a mixer the module runs counts its own)
+        attends = [self.kinds[kind].module_mixer is None for kind in self.kind_of]
+        self.stack_cost = StackCost(model, kv_cache, attends.__getitem__)
         if mode == "jit" and not self.target.layer_program:
             self.report.groups_op_by_op.append(
                 f"layer program: C only (target {self.report.target!r})"
             )
-        elif mode == "jit" and len(self.graphs) > 1:
-            self.report.groups_op_by_op.append(
-                f"layer program: one graph per program, these layers have {len(self.graphs)}"
-            )
         elif mode == "jit":
-            self.program = self._program(self.graphs[0], jit_cache, "decode")
-            self.prefill_program = self._program(self.graphs[0], jit_cache, "prefill")
+            for phase, programs in self.programs.items():
+                for k, graph in enumerate(self.graphs):
+                    programs[k] = self._program(graph, jit_cache, phase, k)
 
-    def _program(self, graph: Graph, jit_cache: JitCache, phase: str):
+    @property
+    def program(self):
+        """The decode program of the first kind of layer (of every layer, for most models)."""
+        return self.programs["decode"][0]
+
+    @program.setter
+    def program(self, runner) -> None:
+        self.programs["decode"][0] = runner
+
+    @property
+    def prefill_program(self):
+        return self.programs["prefill"][0]
+
+    @prefill_program.setter
+    def prefill_program(self, runner) -> None:
+        self.programs["prefill"][0] = runner
+
+    def _program(self, graph: Graph, jit_cache: JitCache, phase: str, kind: int):
+        layers = self.kinds[kind].layers
         try:
-            program = LayerProgramRunner(
-                self.model, self.kv_cache, graph, self.static, jit_cache, phase=phase
-            )
+            program = LayerProgramRunner(self.model, self.kv_cache, graph, self.static,
+                                         jit_cache, phase=phase, layers=layers)  # fmt: skip
         except ProgramUnavailable as why:
             label = "layer program" if phase == "decode" else f"{phase} layer program"
+            if len(self.kinds) > 1:
+                label += f" of {self.kinds[kind].describe()}"
             self.report.groups_op_by_op.append(f"{label}: {why}")
             return None
         for built in program.builds:
@@ -226,22 +246,41 @@ class CompiledLayers:
     # ---- per step ------------------------------------------------------------------------
     def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """All decoder layers of the step: returns (residual stream h, pending delta)."""
-        program = next(
-            (p for p in (self.program, self.prefill_program) if p and p.serves(batch.attn_plan)),
-            None,
-        )
-        if program is not None and self.profile is None:
-            if profiling.enabled():
-                layers = len(self.model.layers)
-                work = self.stack_cost(h.shape[0], batch.attn_plan, layers)
-                title = f"{layers} layers, jit {program.phase} program"
-                with profiling.region(f"{program.phase}_layers", title, work):
-                    return program.run(h, batch)
-            return program.run(h, batch)
+        programs = self._serving(batch) if self.profile is None else None
         delta = torch.zeros_like(h)
-        for index in range(len(self.model.layers)):
-            h, delta = self.run_layer(index, h, delta, batch)
+        if programs is None:  # the graph walker, layer by layer
+            for index in range(len(self.model.layers)):
+                h, delta = self.run_layer(index, h, delta, batch)
+            return h, delta
+        for kind, layers in self.runs:  # each run of one kind's layers: its program (or walked)
+            program = programs[kind]
+            if program is None:
+                for position in layers:
+                    index = self.kinds[kind].layers[position]
+                    h, delta = self.run_layer(index, h, delta, batch)
+            elif profiling.enabled():
+                with self._program_region(program, kind, layers, h.shape[0], batch):
+                    h, delta = program.run(h, batch, delta=delta, run=layers)
+            else:
+                h, delta = program.run(h, batch, delta=delta, run=layers)
         return h, delta
+
+    def _serving(self, batch) -> list | None:
+        """Per kind, the program of the step's phase (None for a kind without one); None when
+        no kind has one (the step is walked)."""
+        for programs in self.programs.values():
+            serving = [p if p is not None and p.serves(batch) else None for p in programs]
+            if any(serving):
+                return serving
+        return None
+
+    def _program_region(self, program, kind: int, run: range, tokens: int, batch):
+        """The profiler's region of a program call on a run of one kind's layers."""
+        layers = [self.kinds[kind].layers[position] for position in run]
+        plan = batch.attn_plans[0] if batch.attn_plans else None
+        work = self.stack_cost(tokens, plan, layers)
+        title = f"{len(layers)} layers, jit {program.phase} program"
+        return profiling.region(f"{program.phase}_layers", title, work)
 
     def run_layer(self, index: int, h: torch.Tensor, delta: torch.Tensor, batch):
         """Decoder layer `index`: returns (h + delta + its attention output, its MLP output)."""
@@ -298,6 +337,20 @@ STEP_INPUTS: dict[str, Callable[[Any], Any]] = {
     "positions": lambda view: view.rope.positions,
     "batch_whole": lambda view: view,  # (a MIXER node's: the module takes the view whole)
 }
+
+
+def _runs(kind_of: list[int]) -> list[tuple[int, range]]:
+    """The runs of consecutive layers of one kind: (kind, positions of its layers in the
+    kind's list). [0, 0, 1, 0] → [(0, range(0, 2)), (1, range(0, 1)), (0, range(2, 3))]."""
+    runs: list[tuple[int, range]] = []
+    seen = [0] * (max(kind_of, default=-1) + 1)
+    for kind in kind_of:
+        if runs and runs[-1][0] == kind:
+            runs[-1] = (kind, range(runs[-1][1].start, runs[-1][1].stop + 1))
+        else:
+            runs.append((kind, range(seen[kind], seen[kind] + 1)))
+        seen[kind] += 1
+    return runs
 
 
 def _built_or_why(build: Callable[[], Any], sub: Graph, why: list[str]) -> Any | None:

@@ -78,8 +78,8 @@ def plan_startup(
         plans[0][0].items += program_items(
             model, kv_cache, kinds[0][0], traffic, deadline, cache, eager
         )
-    else:  # (one graph per program: CompiledLayers walks these layers)
-        why = f"not renderable (layers of {len(kinds)} kinds)"
+    else:  # (a program per kind: not planned yet, so not built under a budget)
+        why = f"not planned (layers of {len(kinds)} kinds: built without compile_budget_s)"
         plans[0][0].items += [Item(name, "compile", None, 0.0, status=why)
                               for name in (PROGRAM, PREFILL)]  # fmt: skip
     for plan, layers in plans:

@@ -11,6 +11,7 @@ not cover (prefill, the torch kernels, QK-norm, non-fp32).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -186,33 +187,45 @@ class FusedDecode:
 
 
 class StackCost:
-    """The work of the first `num_layers` decoder layers on a decode step of `tokens` rows, as
-    the per-op path's regions count it (ops/*.py `cost`): per layer two norms (with the
+    """The work of decoder layers (the first n, or a run of one kind's) on a step of `tokens`
+    rows, as the per-op path's regions count it (ops/*.py `cost`): per layer two norms (with the
     residual add but for the first; sandwich norms and QK-norms beside them), the projections
     with their weights as stored, RoPE + KV store, decode attention over the step's contexts,
     the gated activation (or a mixture of experts: `_mlp_cost`) — what a call that runs the
-    whole stack does (this driver, the compiler's layer program). All but attention are affine
-    in the token count: evaluated at 0 and 1 token once, per layer count."""
+    whole stack does (this driver, the compiler's layer program). A mixer its module runs (the
+    compiler's per-layer fallback) counts its layer's norms and MLP only: its own ops report
+    their work. All but attention are affine in the token count: evaluated at 0 and 1 token
+    once, per list of layers."""
 
-    def __init__(self, model, kv_cache: PagedKVCache):
+    def __init__(self, model, kv_cache: PagedKVCache, attends: Callable[[int], bool] | None = None):
         self.model, self.kv_cache = model, kv_cache
-        self._affine: dict[int, tuple[profiling.Cost, profiling.Cost]] = {}
+        self._affine: dict[tuple[int, ...], tuple[profiling.Cost, profiling.Cost]] = {}
+        # layer index → whether the call runs its attention itself (not: a mixer its module
+        # runs, whose ops report their own work; default: every attention layer)
+        self.attends = attends or (lambda index: hasattr(model.layers[index].attn, "qkv"))
 
-    def __call__(self, tokens: int, plan: AttentionPlan, num_layers: int) -> profiling.Cost:
-        if num_layers not in self._affine:
-            fixed = self._layers(0, num_layers)
-            self._affine[num_layers] = (fixed, self._layers(1, num_layers) - fixed)
-        fixed, per_token = self._affine[num_layers]
-        config, kv = self.model.config, self.kv_cache.layer(0)  # (one cache group: uniform)
+    def __call__(
+        self, tokens: int, plan: AttentionPlan | None, layers: int | list[int]
+    ) -> profiling.Cost:
+        """The work of the first `layers` layers (or of the layers listed)."""
+        key = tuple(range(layers)) if isinstance(layers, int) else tuple(layers)
+        if key not in self._affine:
+            fixed = self._layers(0, key)
+            self._affine[key] = (fixed, self._layers(1, key) - fixed)
+        fixed, per_token = self._affine[key]
+        attending = [i for i in key if self.attends(i)]
+        if not attending or plan is None:
+            return fixed + per_token * tokens
+        config, kv = self.model.config, self.kv_cache.layer(attending[0])  # (uniform)
         position = kv_store.slot_bytes(kv.k, kv.v)
         element = self.model.dtype.itemsize
         heads, dim = config.num_attention_heads, config.head_dim
         attention = (decode_cost if plan.decode_only else prefill_cost)(
             heads, dim, element, plan, position
         )  # (a step of prefills only: the prefill layer program's)
-        return fixed + per_token * tokens + attention * num_layers
+        return fixed + per_token * tokens + attention * len(attending)
 
-    def _layers(self, tokens: int, num_layers: int) -> profiling.Cost:
+    def _layers(self, tokens: int, layers: tuple[int, ...]) -> profiling.Cost:
         config = self.model.config
         heads, kv_heads, dim = (
             config.num_attention_heads,
@@ -221,14 +234,18 @@ class StackCost:
         )
         element = self.model.dtype.itemsize
         total = profiling.Cost()
-        for index, layer in enumerate(self.model.layers[:num_layers]):
-            kv = self.kv_cache.layer(index)
-            for linear in (layer.attn.qkv, layer.attn.o):
-                total += linear.cost(tokens, element)
-            total += _mlp_cost(layer.mlp, tokens, element)
-            norms = [index > 0, True] + [False] * (2 if layer.post_attn_norm is not None else 0)
+        for index in layers:
+            layer, kv = self.model.layers[index], self.kv_cache.layer(index)
+            if layer.mlp is not None:
+                total += _mlp_cost(layer.mlp, tokens, element)
+            norms = [index > 0] + [True] * (layer.mlp is not None)
+            norms += [False] * (2 if layer.post_attn_norm is not None else 0)
             for residual in norms:  # (sandwich norms: two more, without the residual add)
                 total += rms_norm.cost(tokens, config.hidden_size, residual, element)
+            if not self.attends(index):  # (a mixer the module runs: its ops count their own)
+                continue
+            for linear in (layer.attn.qkv, layer.attn.o):
+                total += linear.cost(tokens, element)
             if getattr(layer.attn, "q_norm", None) is not None:  # QK-norm: per head
                 for rows in (heads, kv_heads):
                     total += rms_norm.cost(tokens * rows, dim, False, element)
@@ -241,7 +258,7 @@ def _mlp_cost(mlp, tokens: int, element: int) -> profiling.Cost:
     """A feed-forward's work: a gated MLP's two projections and its activation (SwiGLU or
     GeGLU: GATED_REGIONS' op); a mixture of experts' router and, per token, top_k experts'
     (their weights read once each: exact at one token, a lower bound past it, when the tokens
-    pick more experts)."""
+    pick more experts), and its shared experts' gated MLP."""
     if isinstance(mlp, MoE):
         moe = mlp.moe
         router = profiling.Cost(
@@ -249,7 +266,8 @@ def _mlp_cost(mlp, tokens: int, element: int) -> profiling.Cost:
         )
         expert = mlp.gate_up[0].cost(tokens, element) + mlp.down[0].cost(tokens, element)
         act = silu_mul.cost(tokens, moe.intermediate_size, element)
-        return router + (expert + act) * moe.top_k
+        shared = profiling.Cost() if mlp.shared is None else _mlp_cost(mlp.shared, tokens, element)
+        return router + (expert + act) * moe.top_k + shared
     act = GATED_COSTS[mlp.hidden_act](tokens, mlp.down.in_features, element)
     return mlp.gate_up.cost(tokens, element) + mlp.down.cost(tokens, element) + act
 

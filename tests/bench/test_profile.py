@@ -194,10 +194,14 @@ def test_cli_json(model_dir, tmp_path, capsys, options, op, kernel):
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "gpt_oss"])
+@pytest.mark.parametrize(
+    "name", ["gemma3", "gpt_oss", "mamba2", "falcon_h1", "deepseek_v2", "qwen3_next"]
+)
 def test_jit_program_work_equals_the_per_op_regions(name, tmp_path):
     """The work a profiled layer-program call is given (models/fused_decode.StackCost: sandwich
-    norms, GeGLU, a mixture of experts' router and top-k experts) against the per-op path's
+    norms, GeGLU, a mixture of experts' router and top-k experts; for a mixer the module runs,
+    called back from the program, its layer's norms and MLP: the mixer's ops count their own,
+    per run of one kind's layers) against the per-op path's
     own regions (ops/*.py `cost`, each op as it runs) on the same decode steps: the decode
     phases' FLOPs agree (the head's rows are the same on both sides)."""
     build_hf_model(name, tmp_path / "model")

@@ -158,8 +158,9 @@ def test_engine_start_budget_builds_what_fits_and_runs_the_rest_op_by_op(jit, mo
 
 def test_engine_start_budget_plans_each_kind_of_layer(jit, tmp_path):
     """DeepSeek-V2: a dense first layer and MoE layers (two graphs), their MLA mixers run as
-    modules. The startup budget plans each kind's groups (gains times its own layers), no
-    layer program (one graph per program), and the engine's tokens equal the per-op path's."""
+    modules. The startup budget plans each kind's groups (gains times its own layers), not the
+    per-kind layer programs (the walker runs the layers), and the engine's tokens equal the
+    per-op path's."""
     build_hf_model("deepseek_v2", tmp_path / "model")
     model_dir = str(tmp_path / "model")
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -176,7 +177,9 @@ def test_engine_start_budget_plans_each_kind_of_layer(jit, tmp_path):
                             for i in compiles)  # fmt: skip
     assert any(i.status == "built" for i in compiles)
     programs = [i for i in plan if i.group in (PROGRAM, "prefill layer program")]
-    assert [i.status for i in programs] == ["not renderable (layers of 2 kinds)"] * 2
+    assert [i.status for i in programs] == [
+        "not planned (layers of 2 kinds: built without compile_budget_s)"
+    ] * 2
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
 
 

@@ -17,15 +17,9 @@ from tests.hf_models import COMPILED_VARIANTS, MIXER_VARIANTS, build_hf_model
 
 PROMPTS = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
 # variants whose layers the layer programs have no code for (the graph walker runs them), and
-# the reason the compile report gives: a mixer the module runs (a MIXER node), or layers of
-# several kinds (one graph per program)
-WALKED: dict[str, str] = {
-    "mamba2": "no layer-program code for the mamba mixer",
-    "falcon_h1": "no layer-program code for the attention_mamba mixer",
-    "qwen3_next": "these layers have 3",  # (DeltaNet with experts / a dense MLP, attention)
-    "deepseek_v2": "these layers have 2",  # (the dense first layer, the MoE ones)
-    "deepseek_v3": "these layers have 2",
-}
+# the reason the compile report gives (none now: mixers the module runs are called back from
+# the programs, and a model with several kinds of layers runs a program per kind)
+WALKED: dict[str, str] = {}
 # variant → the per-layer fallbacks the compile report names
 MODULE_MIXERS: dict[str, list[str]] = {
     "mamba2": ["layers 0-2 (mamba StateMixer no MLP): the mamba mixer (StateMixer)"],
@@ -58,45 +52,52 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
     assert len(fallbacks) == len(MODULE_MIXERS.get(name, [])), fallbacks
     for why, expected in zip(fallbacks, MODULE_MIXERS.get(name, []), strict=False):
         assert why.startswith(expected), (why, expected)
-    program_steps = {"n": 0, "prefill": 0}
+    calls = {"decode": 0, "prefill": 0}  # program calls per phase (every kind's, every run)
     if mode == "jit" and name in WALKED:  # the walker runs every step; the report says why
         assert layers.program is None and layers.prefill_program is None
         assert any(WALKED[name] in why for why in layers.report.groups_op_by_op)
-    elif mode == "jit":  # decode steps run the generated layer program
-        assert layers.program is not None, layers.report.groups_op_by_op
-        run_program = layers.program.run
-
-        def counting(h, batch):
-            program_steps["n"] += 1
-            return run_program(h, batch)
-
-        layers.program.run = counting
-        if layers.prefill_program is None:  # (the prefill kernel's vector width)
+    elif mode == "jit":  # decode steps run the generated layer programs, one per kind
+        assert all(layers.programs["decode"]), layers.report.groups_op_by_op
+        for phase, programs in layers.programs.items():
+            for program in filter(None, programs):
+                program.run = _counting(program.run, calls, phase)
+        if not all(layers.programs["prefill"]):  # (the prefill kernel's vector width)
             assert any(
-                "prefill layer program: head dim" in w for w in layers.report.groups_op_by_op
+                "prefill layer program" in w and "head dim" in w
+                for w in layers.report.groups_op_by_op
             )
-        else:
-            run_prefill = layers.prefill_program.run
-
-            def counting_prefill(h, batch):
-                program_steps["prefill"] += 1
-                return run_prefill(h, batch)
-
-            layers.prefill_program.run = counting_prefill
     torch.manual_seed(0)
     tokens = torch.randint(0, hf_model.config.vocab_size, (40,)).tolist()
     for chunk in (40, 7, 1):
         expected = reference.engine.prompt_logits(tokens, chunk=chunk)
         got = compiled.engine.prompt_logits(tokens, chunk=chunk)
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (name, chunk)
-    assert program_steps["n"] >= (39 if mode == "jit" and name not in WALKED else 0)
-    if mode == "jit" and layers.prefill_program is not None:  # the 40-token and 7-token chunks
-        assert program_steps["prefill"] >= 1 + 40 // 7
+    if mode == "jit" and name not in WALKED:  # (each step: every kind's program at least once)
+        assert calls["decode"] >= 39 * len(layers.kinds), calls
+    if mode == "jit" and any(layers.programs["prefill"]):  # the 40-token and 7-token chunks
+        assert calls["prefill"] >= 1 + 40 // 7
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     for a, b in zip(
         reference.generate(PROMPTS, params), compiled.generate(PROMPTS, params), strict=True
     ):
         assert a.token_ids == b.token_ids, name
+
+
+def _counting(run, calls: dict[str, int], phase: str):
+    def counted(*args, **kwargs):
+        calls[phase] += 1
+        return run(*args, **kwargs)
+
+    return counted
+
+
+def test_runs_of_layer_kinds():
+    """A model whose kinds of layer alternate runs each kind's program per run of its layers
+    (the positions are in the kind's own list of layers)."""
+    assert runtime._runs([0, 0, 1, 0, 0, 2]) == [
+        (0, range(0, 2)), (1, range(0, 1)), (0, range(2, 4)), (2, range(0, 1))
+    ]  # fmt: skip
+    assert runtime._runs([0, 0, 0]) == [(0, range(0, 3))]
 
 
 def test_second_start_compiles_nothing(tmp_path):
@@ -186,9 +187,9 @@ def test_mixed_steps_run_the_prefill_program(tmp_path):
     steps = {"mixed": 0}
     run = layers.prefill_program.run
 
-    def counting(h, batch):
+    def counting(h, batch, **kwargs):
         steps["mixed"] += batch.attn_plan.decode_rows is not None
-        return run(h, batch)
+        return run(h, batch, **kwargs)
 
     layers.prefill_program.run = counting
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -198,3 +199,26 @@ def test_mixed_steps_run_the_prefill_program(tmp_path):
     ):
         assert a.token_ids == b.token_ids
     assert steps["mixed"] > 0
+
+
+def test_a_mixer_that_raises_inside_the_layer_program_raises_its_error(tmp_path):
+    """The layer program calls a mixer module back from C (the per-layer fallback); an error
+    there cannot cross C, so the program keeps it and raises it when it returns — the step
+    fails with the mixer's own error, and the next step runs normally."""
+    build_hf_model("mamba2", tmp_path / "model")
+    llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
+    layers = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache)
+    assert layers.program is not None
+    mixer = llm.engine.runner.model.layers[1].attn
+    forward = mixer.forward
+
+    def broken(*args):
+        raise RuntimeError("mixer broke")
+
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    expected = llm.generate([[3, 17, 42]], params)[0].token_ids
+    mixer.forward = broken
+    with pytest.raises(RuntimeError, match="mixer broke"):  # (one token a step: the program)
+        llm.engine.prompt_logits([5, 8, 150], chunk=1)
+    mixer.forward = forward
+    assert llm.generate([[3, 17, 42]], params)[0].token_ids == expected
