@@ -10,7 +10,8 @@ are flattened back into their nodes; what is left is pointwise groups (rendered 
 codegen_c.py, called as functions), GEMMs (`lk_gemm_any` on the layer's prepared weights in their
 storage format), the KV store (rows copied to their slots), decode attention (the paged decode
 kernel), mixture-of-experts feed-forwards (`lk_moe` on the layer's moe_args), mixers the module
-runs (a callback into Python through the layer's mixer_args: the per-layer fallback), and
+runs (a callback into Python through the layer's mixer_args: the per-layer fallback; in decode
+steps a Mamba2 mixer's native step, `lk_ssm_decode`, where program_ssm.py builds one), and
 slices / views (pointer arithmetic). Activations live in one scratch arena, at
 the offsets of the buffer plan (buffers.py: values whose live ranges do not overlap share
 memory), T rows each.
@@ -149,6 +150,7 @@ PREFILL_ARGS = """typedef struct {
 MIXER_ARGS = """typedef struct {
     void (*call)(long layer, const float *x, float *out, long tokens);
     long layer;
+    const void *native; /* the decode program's native form (ssm_args: lk_ssm_decode) or NULL */
 } mixer_args;"""
 
 
@@ -491,11 +493,14 @@ class _Renderer:
         src = self.contiguous(self.refs[id(x)])
         out = self.arena_ref(node.outputs[0])
         slot = self.weight_inputs.index(module.name)
-        call = f"{{ const mixer_args *m_ = (const mixer_args *)W[{slot}];"
-        self.timed(
-            f"mixer {node.attrs['mixer']}",
-            [f"{call} m_->call(m_->layer, {src.at()}, {out.ptr}, T); }}"],
-        )
+        args = f"const mixer_args *m_ = (const mixer_args *)W[{slot}];"
+        callback = f"m_->call(m_->layer, {src.at()}, {out.ptr}, T);"
+        if self.phase == "decode":  # (a Mamba2 mixer's native decode step, where it has one)
+            native = (
+                f"lk_ssm_decode((const ssm_args *)m_->native, {src.at()}, {out.ptr}, T, threads);"
+            )
+            callback = f"if (m_->native) {native} else {callback}"
+        self.timed(f"mixer {node.attrs['mixer']}", [f"{{ {args} {callback} }}"])
         self.refs[id(node.outputs[0])] = out
 
 

@@ -20,6 +20,7 @@ from infergen.compiler.codegen_layer import FUNCTIONS, LayerProgram, render_laye
 from infergen.compiler.ir import Graph
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
 from infergen.compiler.program_moe import moe_args
+from infergen.compiler.program_ssm import SSMArgs, ssm_args
 from infergen.compiler.program_variants import ProgramVariant
 from infergen.compiler.tune import TuningRecord
 from infergen.kernels.build import _source_bytes, library
@@ -27,6 +28,7 @@ from infergen.kvcache.paged_cache import KVLayer
 from infergen.layers.attention import Attention
 from infergen.layers.linear import Linear
 from infergen.layers.moe import MoE
+from infergen.layers.ssm import Mamba2Mixer
 from infergen.models.fused_decode import StepArgs
 from infergen.ops.paged_prefill_native import VECTOR_FLOATS
 
@@ -103,7 +105,19 @@ def recorded_variants(record: TuningRecord, key: str) -> dict[str, ProgramVarian
 
 
 class MixerArgs(ctypes.Structure):  # codegen_layer.MIXER_ARGS, field for field
-    _fields_ = [("call", ctypes.c_void_p), ("layer", ctypes.c_long)]
+    _fields_ = [("call", ctypes.c_void_p), ("layer", ctypes.c_long), ("native", ctypes.c_void_p)]
+
+
+def native_mixer(module, cache_layer, where: str) -> tuple[SSMArgs, list] | None:
+    """A mixer module's native decode form (program_ssm.py: a Mamba2 mixer's ssm_args), or
+    None: the program calls the module back."""
+    inner = getattr(module, "mixer", None)  # (layers/state_mixer.StateMixer)
+    if not isinstance(inner, Mamba2Mixer):
+        return None
+    try:
+        return ssm_args(inner, cache_layer, where)
+    except CodegenError:
+        return None
 
 
 # the callback a MIXER node calls: (layer, x, out, tokens)
@@ -232,6 +246,7 @@ class LayerProgramRunner:
         # MIXER nodes call back into Python (the module on the layer's view of the step)
         self._mixer_call = MIXER_CALL(self._call_mixer)
         self._step, self._error = None, None
+        self._stepped: list = []  # native mixers' args, given each step's state slots
         for index in self.layers:
             env = statics[index]
             for name in self.program.weight_inputs:
@@ -245,7 +260,18 @@ class LayerProgramRunner:
                     pointers.append(ctypes.addressof(args))
                     continue
                 if isinstance(value, nn.Module) and not isinstance(value, Linear):  # a mixer
-                    args = MixerArgs(ctypes.cast(self._mixer_call, ctypes.c_void_p), index)
+                    native = None
+                    if self.phase == "decode":
+                        where = f"layer {index} {name}"
+                        native = native_mixer(value, self.kv_cache.layer(index), where)
+                    if native is not None:
+                        self._keep.append(native)
+                        self._stepped.append(native[0])
+                    args = MixerArgs(
+                        ctypes.cast(self._mixer_call, ctypes.c_void_p),
+                        index,
+                        ctypes.addressof(native[0]) if native is not None else None,
+                    )
                     self._keep.append(args)
                     pointers.append(ctypes.addressof(args))
                     continue
@@ -306,6 +332,10 @@ class LayerProgramRunner:
         weights, formats = self._widths
         pointer = ctypes.sizeof(ctypes.c_void_p)
         self._step, self._error = batch, None
+        if self._stepped:  # (decode: row t is sequence t)
+            slots, fresh = batch.state_slots.contiguous(), batch.fresh.contiguous()
+            for native in self._stepped:
+                native.slots, native.fresh = slots.data_ptr(), fresh.data_ptr()
         call(
             ctypes.addressof(self.weights) + run.start * max(weights, 1) * pointer,
             ctypes.addressof(self.formats)

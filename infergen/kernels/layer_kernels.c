@@ -7,6 +7,8 @@
 #include "layer_kernels.h"
 #include "paged_prefill_attention_f32.c"
 
+#include <math.h>
+
 void lk_gemm_any(long format, const float *W, const float *X, const float *B, float *Y, long M,
                  long N, long K, int threads) {
     gemm_any(format, W, X, B, Y, M, N, K, threads);
@@ -193,4 +195,83 @@ void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, in
     free(row_of);
     if (m->shared_inter) moe_shared(m, x, y, T, hidden, threads);
     free(xs), free(gu), free(act), free(ys);
+}
+
+static inline float ssm_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+static inline float ssm_silu(float v) { return v / (1.0f + expf(-v)); }
+
+void lk_ssm_decode(const ssm_args *a, const float *x, float *y, long T, int threads) {
+    long I = a->inter, H = a->heads, P = a->head_dim, G = a->groups, N = a->state;
+    long C = a->conv_dim, W = a->width, proj = I + C + H, R = H / G;
+    float *zx = malloc(sizeof(float) * (size_t)(T * proj));
+    float *yv = malloc(sizeof(float) * (size_t)(T * I));
+    lk_gemm_any(a->in_format, a->in_proj, x, a->in_bias, zx, T, proj, a->hidden, threads);
+    for (long t = 0; t < T; ++t) { /* the conv over the state's W-1 inputs and the token */
+        float *xbc = zx + t * proj + I;
+        float *cs = a->conv_state + a->slots[t] * C * (W - 1);
+        int fresh = a->fresh[t] != 0;
+        for (long c = 0; c < C; ++c) {
+            float *hist = cs + c * (W - 1);
+            const float *w = a->conv_w + c * W;
+            float v = xbc[c], acc = a->conv_b ? a->conv_b[c] : 0.0f;
+            for (long j = 0; j < W - 1; ++j) {
+                float h = fresh ? 0.0f : hist[j];
+                acc += w[j] * h;
+                hist[j] = j + 1 < W - 1 ? (fresh ? 0.0f : hist[j + 1]) : v;
+            }
+            acc += w[W - 1] * v;
+            xbc[c] = a->activation == 0 ? ssm_silu(acc) : acc;
+        }
+    }
+    /* the state update and y, a (token, head) per iteration */
+#pragma omp parallel for num_threads(threads) if (T * H * P * N >= PARALLEL_MIN_ELEMENTS)
+    for (long th = 0; th < T * H; ++th) {
+        long t = th / H, h = th % H, g = h / R;
+        const float *row = zx + t * proj, *xs = row + I + h * P;
+        /* xBC after the conv: x [I] | B [G, N] | C [G, N]; then dt [H] */
+        const float *B = row + 2 * I + g * N, *Cm = row + 2 * I + G * N + g * N;
+        float d = row[I + C + h] + (a->dt_bias ? a->dt_bias[h] : 0.0f);
+        d = ssm_softplus(d);
+        d = d < a->dt_lo ? a->dt_lo : (d > a->dt_hi ? a->dt_hi : d);
+        float decay = expf(d * a->A[h]), Dh = a->D ? a->D[h] : 0.0f;
+        float *hs = a->ssm_state + (a->slots[t] * H + h) * P * N;
+        int fresh = a->fresh[t] != 0;
+        for (long p = 0; p < P; ++p) {
+            float xv = xs[p], dx = d * xv, acc = 0.0f;
+            float *hrow = hs + p * N;
+            for (long n = 0; n < N; ++n) {
+                float v = (fresh ? 0.0f : hrow[n]) * decay + dx * B[n];
+                hrow[n] = v;
+                acc += v * Cm[n];
+            }
+            yv[t * I + h * P + p] = acc + Dh * xv;
+        }
+    }
+    /* the gated RMSNorm, per group of I / G channels */
+    long width = I / G;
+    for (long t = 0; t < T; ++t) {
+        const float *z = zx + t * proj;
+        float *yt = yv + t * I;
+        for (long g = 0; g < G; ++g) {
+            float *v = yt + g * width;
+            const float *zg = z + g * width;
+            if (!a->norm_w) {
+                for (long i = 0; i < width; ++i) v[i] *= ssm_silu(zg[i]);
+                continue;
+            }
+            if (!a->norm_before_gate)
+                for (long i = 0; i < width; ++i) v[i] *= ssm_silu(zg[i]);
+            double ss = 0.0;
+            for (long i = 0; i < width; ++i) ss += (double)v[i] * v[i];
+            float inv = 1.0f / sqrtf((float)(ss / (double)width) + a->eps);
+            const float *wg = a->norm_w + g * width;
+            for (long i = 0; i < width; ++i) {
+                float o = v[i] * inv * wg[i];
+                v[i] = a->norm_before_gate ? o * ssm_silu(zg[i]) : o;
+            }
+        }
+    }
+    lk_gemm_any(a->out_format, a->out_proj, yv, a->out_bias, y, T, a->hidden, I, threads);
+    free(zx);
+    free(yv);
 }

@@ -54,3 +54,24 @@ typedef struct {
     const float *shared_gate;            /* [hidden] or NULL */
 } moe_args;
 void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, int threads);
+/* A Mamba2 mixer's decode step (layers/ssm.py), one token per sequence (row t is sequence
+ * t's token, its state in slot slots[t], zeros where fresh[t]): in_proj, the causal conv1d
+ * over the conv state (silu or none), the SSM state update with clamp(softplus(dt + dt_bias)),
+ * y = C . state + D x, the gated RMSNorm over groups (before or after the gate, or none),
+ * out_proj. Built by compiler/program_ssm.py (SSMArgs) per layer; `slots` and `fresh` are set
+ * per step. */
+typedef struct {
+    long hidden, inter, heads, head_dim, groups, state, conv_dim, width;
+    const void *in_proj; long in_format; const float *in_bias;
+    const float *conv_w, *conv_b;        /* [conv_dim, width], [conv_dim] or NULL */
+    long activation;                     /* 0: silu; 1: none */
+    const float *A, *D, *dt_bias;        /* [heads] each; D, dt_bias may be NULL */
+    float dt_lo, dt_hi;
+    const float *norm_w;                 /* [inter] or NULL: y * silu(z) */
+    long norm_before_gate;
+    float eps;
+    const void *out_proj; long out_format; const float *out_bias;
+    float *conv_state, *ssm_state;       /* [slots, conv_dim, width-1], [slots, H, P, N] */
+    const int64_t *slots; const uint8_t *fresh;  /* per step: [T] */
+} ssm_args;
+void lk_ssm_decode(const ssm_args *a, const float *x, float *y, long T, int threads);

@@ -83,6 +83,39 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
         assert a.token_ids == b.token_ids, name
 
 
+def test_mamba2_decode_steps_run_the_native_mixer(tmp_path):
+    """Mamba2's decode program runs each mixer's native step (lk_ssm_decode, program_ssm.py)
+    instead of calling the module back, fresh sequences (a one-token prompt's first step)
+    included: greedy tokens and every step's logits equal the per-op path's (its conv1d and
+    SSD scan kernels); prefill steps call the module back."""
+    build_hf_model("mamba2", tmp_path / "model")
+    reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
+    compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
+    layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
+    assert len(layers.program._stepped) == len(layers.kinds[0].layers)
+    assert not layers.prefill_program._stepped
+    tokens = list(range(3, 40))
+    expected = reference.engine.prompt_logits(tokens, chunk=1)
+    got = compiled.engine.prompt_logits(tokens, chunk=1)
+    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    for a, b in zip(
+        reference.generate(PROMPTS, params), compiled.generate(PROMPTS, params), strict=True
+    ):
+        assert a.token_ids == b.token_ids
+    # a fresh sequence's first step (one token) is a decode-shaped step: the native step must
+    # start from zero states, whatever its slot holds (here NaN in every slot of both engines)
+    for llm in (reference, compiled):
+        cache = llm.engine.kv_cache
+        for index in range(len(llm.engine.runner.model.layers)):
+            for tensor in cache.layer(index).values():
+                tensor.fill_(float("nan"))
+    for prompt in ([9, 10, 11], [200, 7]):
+        expected = reference.engine.prompt_logits(prompt, chunk=1)
+        got = compiled.engine.prompt_logits(prompt, chunk=1)
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), prompt
+
+
 def _counting(run, calls: dict[str, int], phase: str):
     def counted(*args, **kwargs):
         calls[phase] += 1
@@ -205,10 +238,10 @@ def test_a_mixer_that_raises_inside_the_layer_program_raises_its_error(tmp_path)
     """The layer program calls a mixer module back from C (the per-layer fallback); an error
     there cannot cross C, so the program keeps it and raises it when it returns — the step
     fails with the mixer's own error, and the next step runs normally."""
-    build_hf_model("mamba2", tmp_path / "model")
+    build_hf_model("falcon_h1", tmp_path / "model")  # (its parallel mixer: called back)
     llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
     layers = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache)
-    assert layers.program is not None
+    assert layers.program is not None and not layers.program._stepped
     mixer = llm.engine.runner.model.layers[1].attn
     forward = mixer.forward
 

@@ -1,0 +1,104 @@
+"""The decode layer program's native Mamba2 step (kernels/layer_kernels.c lk_ssm_decode,
+compiler/program_ssm.py) called directly on a mixer's arguments, against the module itself
+with the plain-torch conv1d and SSD scan rows: one token per sequence, 1 / 3 / 16 sequences in
+scattered state slots, fresh and continuing ones, the gated RMSNorm after the gate, before it
+and absent, one and two groups, conv bias on and off, a finite dt limit; outputs and both
+states after the step. And what it refuses, by name."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from infergen.compiler.codegen_c import CodegenError
+from infergen.compiler.program import LIBRARY
+from infergen.compiler.program_ssm import ssm_args
+from infergen.config.mixers import SSMSpec
+from infergen.kernels.build import library
+from infergen.layers.ssm import Mamba2Mixer
+
+SLOTS = 20
+
+
+def _mixer(spec: SSMSpec, seed: int = 0) -> Mamba2Mixer:
+    """A mixer with random weights: packed-panel projections, the plain-torch scan and conv."""
+    mixer = Mamba2Mixer(spec, torch.float32, "native", op_backend="torch")
+    gen = torch.Generator().manual_seed(seed)
+    s = spec
+    shapes = {
+        "in_proj.weight": (s.projection_size, s.hidden_size),
+        "out_proj.weight": (s.hidden_size, s.intermediate_size),
+        "conv1d.weight": (s.conv_dim, 1, s.conv_kernel),
+        "conv1d.bias": (s.conv_dim,),
+        "A_log": (s.num_heads,),
+        "D": (s.num_heads,),
+        "dt_bias": (s.num_heads,),
+        "norm.weight": (s.intermediate_size,),
+    }
+    weights = {name: torch.randn(shape, generator=gen) * 0.3 for name, shape in shapes.items()}
+    mixer.load(weights.__getitem__, "")
+    return mixer
+
+
+def _states(mixer: Mamba2Mixer, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.randn(SLOTS, *shape, generator=gen)
+        for name, shape in mixer.state_shapes().items()
+    }
+
+
+def _lk_ssm_decode(mixer, x, states, slots, fresh) -> torch.Tensor:
+    fn = ctypes.CDLL(str(library(LIBRARY))).lk_ssm_decode
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_int]
+    args, keep = ssm_args(mixer, states, "test")
+    args.slots, args.fresh = slots.data_ptr(), fresh.data_ptr()
+    y = torch.full_like(x, float("nan"))
+    fn(ctypes.addressof(args), x.data_ptr(), y.data_ptr(), x.shape[0], 2)
+    del keep
+    return y
+
+
+SPECS = {
+    "mamba2": dict(),
+    "norm_before_gate_two_groups": dict(n_groups=2, norm_before_gate=True),
+    "no_norm_no_conv_bias": dict(rms_norm=False, conv_bias=False),
+    "dt_limit": dict(time_step_limit=(0.01, 0.5)),
+}
+
+
+@pytest.mark.parametrize("sequences", [1, 3, 16])
+@pytest.mark.parametrize("variant", sorted(SPECS))
+def test_lk_ssm_decode_matches_the_module(variant, sequences):
+    shape = dict(n_groups=1, conv_kernel=4, chunk_size=64, norm_eps=1e-5)
+    spec = SSMSpec(48, 4, 8, 16, **{**shape, **SPECS[variant]})
+    mixer = _mixer(spec, seed=sequences)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(sequences, spec.hidden_size, generator=gen)
+    slots = torch.randperm(SLOTS, generator=gen)[:sequences]
+    fresh = torch.arange(sequences) % 3 == 1  # (some start from zeros: their slots hold noise)
+    expected_states, states = _states(mixer, 5), _states(mixer, 5)
+    expected = mixer(x, expected_states, list(range(sequences + 1)), slots, fresh)
+    got = _lk_ssm_decode(mixer, x, states, slots, fresh)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    for name in ("conv", "ssm"):  # (the untouched slots too)
+        torch.testing.assert_close(states[name], expected_states[name], rtol=1e-5, atol=1e-6)
+
+
+def test_what_the_native_step_refuses():
+    """Named refusals (the program then calls the module back): state tensors that are not
+    fp32 or not contiguous, projections without packed panels."""
+    spec = SSMSpec(48, 4, 8, 16, 1, 4, 64, 1e-5)
+    mixer = _mixer(spec)
+    states = {name: t.to(torch.float64) for name, t in _states(mixer, 0).items()}
+    with pytest.raises(CodegenError, match="layer 3 mixer: a Mamba2 mixer that is not fp32"):
+        ssm_args(mixer, states, "layer 3 mixer")
+    states = {name: t.transpose(0, -1) for name, t in _states(mixer, 0).items()}
+    with pytest.raises(CodegenError, match="layer 3 mixer: strided state tensors"):
+        ssm_args(mixer, states, "layer 3 mixer")
+    plain = Mamba2Mixer(spec, torch.float32, "torch", op_backend="torch")
+    with pytest.raises(CodegenError, match="layer 3 mixer in_proj: no packed-panel GEMM"):
+        ssm_args(plain, _states(plain, 0), "layer 3 mixer")
