@@ -108,8 +108,8 @@ class Source:
 
     def fetch(self, module: nn.Module, args: dict[str, Any]) -> Any:
         obj = module if self.origin == "module" else args[self.origin]
-        for attr in self.attrs:
-            obj = getattr(obj, attr)
+        for attr in self.attrs:  # (a digit: an item of a tuple, a (KV, states) cache pair)
+            obj = obj[int(attr)] if attr.isdigit() else getattr(obj, attr)
         return obj
 
 
@@ -185,16 +185,17 @@ class _Converter:
         return self.weights[key]
 
     def _whole(self, arg: Any, where: str) -> Value:
-        """An argument of the traced call passed on whole (a mixer's view of the step, its
-        cache layer): one opaque graph input bound to the argument itself."""
-        name = next((n for n, spec in self.args.items() if spec is arg), None)
-        if name is None:
+        """An argument of the traced call, or a part of one, passed on whole (a mixer's view of
+        the step, its cache layer): one opaque graph input bound to it."""
+        path = next((p for n, spec in self.args.items() if (p := _path_of(arg, spec, n))), None)
+        if path is None:
             raise CaptureError(f"capture: a mixer is passed {arg!r}", where=where,
-                               expected="the traced call's own arguments")  # fmt: skip
+                               expected="the traced call's arguments or their parts")  # fmt: skip
         key = (id(arg), "whole")
         if key not in self.weights:
-            value = Value(f"{name}_whole", (), None, "opaque")
-            self.weights[key] = self._add_input(value, Source(name, ()))
+            origin, *attrs = path.split(".")
+            value = Value(f"{path}_whole", (), None, "opaque")
+            self.weights[key] = self._add_input(value, Source(origin, tuple(attrs)))
         return self.weights[key]
 
     def emit(
@@ -336,6 +337,8 @@ class _Converter:
             raise CaptureError(f"capture: reads .{attr} of {obj!r}", where=where)
         if target is operator.getitem and isinstance(args[0], Value):
             return self._index(args[0], args[1], where)
+        if target is operator.getitem and isinstance(args[0], Struct):  # (a cache pair's part)
+            return args[0].get(str(args[1]), where)
         values = [a for a in (*args, *kwargs.values()) if isinstance(a, Value)]
         if target in FX_POINTWISE and values:
             return self._pointwise(target, args, where)
@@ -425,6 +428,18 @@ class _Converter:
             if module is not self.root and getattr(module, "sinks", None) is core.sinks:
                 return self.weight(module, path, "sinks")
         raise CaptureError("capture: sink logits of no module", where=where)
+
+
+def _path_of(arg: Any, spec: Any, path: str) -> str | None:
+    """The dotted path of `arg` inside the argument described by `spec` (named `path`)."""
+    if spec is arg:
+        return path
+    if isinstance(spec, Struct):
+        for attr, field in spec.fields.items():
+            found = _path_of(arg, field, f"{path}.{attr}")
+            if found:
+                return found
+    return None
 
 
 def _kv_scales(kv: Any) -> tuple[Value, ...]:

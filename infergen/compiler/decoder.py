@@ -5,9 +5,9 @@ model whose layers are of several kinds (DeepSeek's dense first layer, Qwen3-Nex
 and attention layers) has one graph per kind (`capture_kinds`).
 
 The per-layer fallback: a mixer capture has no ops for (a recurrent state mixer, latent
-attention, attention with a gated output or partial rotary dimensions: `module_mixer`) is
+attention, attention with a gated output or partial rotary dimensions: `whole_mixers`) is
 one MIXER node that runs the module itself; the rest of its layer (norms, MLP or experts,
-residual adds) is captured as for any other.
+residual adds; Falcon-H1's attention beside its Mamba2 mixer) is captured as for any other.
 
 Dynamic dimensions: T (tokens in the step) and B (KV cache blocks, fixed per engine but not
 part of what a kernel is specialised for). Everything else comes from the config.
@@ -21,32 +21,59 @@ import torch
 
 from infergen.compiler.capture import BLOCKS, Captured, CaptureError, Struct, capture
 from infergen.compiler.ir import TOKENS, Value
+from infergen.kvcache.kv_protocol import attention_part
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.attention import Attention
+from infergen.layers.state_mixer import ParallelMixer
 
 # the layer features (Transformer.layer_features) of an attention that capture has no ops for:
 # where the model has one, its attention layers' mixers are MIXER nodes
 WHOLE_ATTENTION_FEATURES = ("partial_rotary", "output_gate")
 
 
-def module_mixer(model, index: int) -> str | None:
-    """Why layer `index`'s mixer runs as its module (a MIXER node), or None: captured op by
-    op (an attention capture has ops for)."""
-    mixer = model.layers[index].attn
+def whole_mixers(model, index: int) -> tuple[dict, str | None]:
+    """The modules of layer `index`'s mixer seat that capture keeps whole (MIXER nodes) →
+    their labels, and why (None: the mixer is captured op by op). Falcon-H1's attention beside
+    a Mamba2 mixer keeps the Mamba2 mixer whole only: its attention is captured."""
+    mixer, kind = model.layers[index].attn, model.config.layer_type(index)
+    if isinstance(mixer, ParallelMixer) and _attention_why(model, mixer.attention) is None:
+        return {mixer.ssm: "mamba"}, "mamba mixer beside the attention (StateMixer)"
     if not isinstance(mixer, Attention):
-        return f"{model.config.layer_type(index)} mixer ({type(mixer).__name__})"
+        return {mixer: kind}, f"{kind} mixer ({type(mixer).__name__})"
+    why = _attention_why(model, mixer)
+    return ({}, None) if why is None else ({mixer: kind}, why)
+
+
+def _attention_why(model, attention) -> str | None:
+    """Why capture keeps an attention whole (features it has no ops for), or None."""
+    if not isinstance(attention, Attention):
+        return f"{type(attention).__name__}"
     features = model.layer_features()
     whole = [features[key] for key in WHOLE_ATTENTION_FEATURES if key in features]
     return f"attention with {', '.join(whole)}" if whole else None
 
 
+def module_mixer(model, index: int) -> str | None:
+    """Why (part of) layer `index`'s mixer runs as its module (a MIXER node), or None."""
+    return whole_mixers(model, index)[1]
+
+
+def attention_captured(model, index: int) -> bool:
+    """Whether layer `index` has an attention that capture turns into ops (an ATTENTION node
+    the layer program runs)."""
+    mixer = model.layers[index].attn
+    attention = mixer.attention if isinstance(mixer, ParallelMixer) else mixer
+    return _attention_why(model, attention) is None
+
+
 def step_inputs(model, kv_cache: PagedKVCache, index: int = 0) -> dict[str, Value | Struct]:
     """Decoder layer `index`'s arguments (h, delta, batch, kv) as graph inputs (a layer whose
-    mixer is a MIXER node gets its cache layer whole: `kv` has no fields)."""
+    mixer is one MIXER node gets its cache layer whole: `kv` has no fields; an attention
+    beside a recurrent mixer gets the pair: kv.0 the attention's, kv.1 the states)."""
     config, dtype = model.config, model.dtype
     hidden = (TOKENS, config.hidden_size)
     args = {name: Value(name, hidden, dtype, "input") for name in ("h", "delta")}
-    if module_mixer(model, index) is not None:  # (the module reads its arguments itself)
+    if not attention_captured(model, index):  # (the module reads its arguments itself)
         return {**args, "batch": Struct(), "kv": Struct()}
     batch = Struct(
         slot_mapping=Value("slots", (TOKENS,), torch.int64, "input"),
@@ -56,12 +83,15 @@ def step_inputs(model, kv_cache: PagedKVCache, index: int = 0) -> dict[str, Valu
             cache=Value("rope_table", tuple(model.rope_cache.shape), torch.float32, "weight"),
         ),
     )
-    return {**args, "batch": batch, "kv": Struct(**_kv_inputs(model, kv_cache, index))}
+    kv = Struct(**_kv_inputs(model, kv_cache, index))
+    if isinstance(model.layers[index].attn, ParallelMixer):
+        kv = Struct(**{"0": kv, "1": Struct()})
+    return {**args, "batch": batch, "kv": kv}
 
 
 def _kv_inputs(model, kv_cache: PagedKVCache, index: int) -> dict[str, Value]:
     """An attention layer's cache (and the scaled formats' scales) as graph inputs."""
-    config, layer = model.config, kv_cache.layer(index)
+    config, layer = model.config, attention_part(kv_cache.layer(index))
     if not kv_cache.format.supports_fast_decode:
         raise CaptureError(
             f"capture: KV format {kv_cache.kv_format!r} is not in the IR yet",
@@ -86,11 +116,9 @@ def _kv_inputs(model, kv_cache: PagedKVCache, index: int) -> dict[str, Value]:
 def capture_layer(model, kv_cache: PagedKVCache, index: int = 0) -> Captured:
     """The IR of decoder layer `index` (outputs: the MLP's delta, the updated residual stream
     h, the updated caches); its mixer a MIXER node where `module_mixer` says why."""
-    layer = model.layers[index]
-    why = module_mixer(model, index)
-    mixers = {} if why is None else {layer.attn: model.config.layer_type(index)}
+    mixers, _ = whole_mixers(model, index)
     args = step_inputs(model, kv_cache, index)
-    return capture(layer, "forward", args, "decoder_layer", mixers)
+    return capture(model.layers[index], "forward", args, "decoder_layer", mixers)
 
 
 def _kind(model, index: int) -> tuple[str, str, str]:

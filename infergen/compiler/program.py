@@ -17,15 +17,14 @@ from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import TEMPLATE
 from infergen.compiler.codegen_layer import FUNCTIONS, LayerProgram, render_layer_programs
-from infergen.compiler.ir import Graph
+from infergen.compiler.ir import Graph, Op
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
 from infergen.compiler.program_moe import moe_args
 from infergen.compiler.program_ssm import SSMArgs, ssm_args
 from infergen.compiler.program_variants import ProgramVariant
 from infergen.compiler.tune import TuningRecord
 from infergen.kernels.build import _source_bytes, library
-from infergen.kvcache.paged_cache import KVLayer
-from infergen.layers.attention import Attention
+from infergen.kvcache.kv_protocol import attention_part
 from infergen.layers.linear import Linear
 from infergen.layers.moe import MoE
 from infergen.layers.ssm import Mamba2Mixer
@@ -58,18 +57,28 @@ def model_program(model, graph: Graph, phase: str = "decode") -> LayerProgram:
     """The `phase` layer program of `model`'s "jit" layer graph, its source the one C source
     of every phase (codegen_layer.render_layer_programs); CodegenError when not renderable."""
     config = model.config
-    attention = next((layer.attn for layer in model.layers if isinstance(layer.attn, Attention)),
-                     None)  # fmt: skip
     programs, refused = render_layer_programs(
         graph,
         config.num_attention_heads,
         config.num_key_value_heads,
         config.head_dim,
-        attention.scale if attention is not None else 0.0,  # (no ATTENTION node: unused)
+        _attention_scale(graph),
     )
     if phase not in programs:
         raise CodegenError(refused[phase])
     return programs[phase]
+
+
+def _attention_scale(graph: Graph) -> float:
+    """The softmax scale of the graph's ATTENTION node (0.0 without one: unused)."""
+    for node in graph.nodes:
+        if node.op is Op.ATTENTION:
+            return node.attrs["scale"]
+        if node.op is Op.FUSED:
+            scale = _attention_scale(node.attrs["graph"])
+            if scale:
+                return scale
+    return 0.0
 
 
 def program_key(source: str, cache: JitCache) -> str:
@@ -182,6 +191,9 @@ class LayerProgramRunner:
             self.by_bucket[bucket] = variant
         self.model, self.kv_cache = model, kv_cache
         self.layers = list(range(len(model.layers))) if layers is None else list(layers)
+        # a MIXER node's module input → its cache input (bound per layer: CompiledLayers.static)
+        self._mixer_caches = {n.inputs[1].name: n.inputs[3].name
+                              for n in graph.nodes if n.op is Op.MIXER}  # fmt: skip
         # the layers' distinct views of a step (cache group, RoPE table), and each layer's
         mixers = [model.layers[i].attn for i in self.layers]
         layer_views = [(mixer.group, mixer.rope_index) for mixer in mixers]
@@ -247,6 +259,8 @@ class LayerProgramRunner:
         self._mixer_call = MIXER_CALL(self._call_mixer)
         self._step, self._error = None, None
         self._stepped: list = []  # native mixers' args, given each step's state slots
+        self._mixers: list[tuple[nn.Module, object]] = []  # (module, its cache) per call site
+        self.native_projections: dict[int, list] = {}  # layer → a native mixer's projections
         for index in self.layers:
             env = statics[index]
             for name in self.program.weight_inputs:
@@ -260,20 +274,8 @@ class LayerProgramRunner:
                     pointers.append(ctypes.addressof(args))
                     continue
                 if isinstance(value, nn.Module) and not isinstance(value, Linear):  # a mixer
-                    native = None
-                    if self.phase == "decode":
-                        where = f"layer {index} {name}"
-                        native = native_mixer(value, self.kv_cache.layer(index), where)
-                    if native is not None:
-                        self._keep.append(native)
-                        self._stepped.append(native[0])
-                    args = MixerArgs(
-                        ctypes.cast(self._mixer_call, ctypes.c_void_p),
-                        index,
-                        ctypes.addressof(native[0]) if native is not None else None,
-                    )
-                    self._keep.append(args)
-                    pointers.append(ctypes.addressof(args))
+                    cache = env[self._mixer_caches[name]]
+                    pointers.append(self._bind_mixer(value, cache, index, f"layer {index} {name}"))
                     continue
                 if isinstance(value, Linear):
                     value = value.weight
@@ -286,8 +288,8 @@ class LayerProgramRunner:
                 if fmt is None or linear.weight.dim() != 3:
                     raise ProgramUnavailable(f"layer {index} {name}: no packed-panel GEMM")
                 formats.append(fmt)
-            kv = self.kv_cache.layer(index)
-            if not isinstance(kv, KVLayer) or not self.program.attention:
+            kv = attention_part(self.kv_cache.layer(index))
+            if kv is None or not self.program.attention:
                 caches += [None, None]  # (a mixer module reads its own cache layer)
                 continue
             if kv.k.dtype not in (torch.float32, torch.float8_e4m3fn):
@@ -298,6 +300,22 @@ class LayerProgramRunner:
         self.caches = (ctypes.c_void_p * len(caches))(*caches)
         self.n_layers = len(self.layers)
         self._widths = (len(self.program.weight_inputs), len(self.program.linears))
+
+    def _bind_mixer(self, module: nn.Module, cache, index: int, where: str) -> int:
+        """A MIXER node's mixer_args for one layer (the callback's index of the module and its
+        cache; the decode program's native form where the module has one): its address."""
+        native = native_mixer(module, cache, where) if self.phase == "decode" else None
+        if native is not None:
+            self._keep.append(native)
+            self._stepped.append(native[0])
+            inner = module.mixer  # (its projections: what a profiled call's work counts)
+            self.native_projections[index] = [inner.in_proj, inner.out_proj]
+        self._mixers.append((module, cache))
+        call = ctypes.cast(self._mixer_call, ctypes.c_void_p)
+        address = ctypes.addressof(native[0]) if native is not None else None
+        args = MixerArgs(call, len(self._mixers) - 1, address)
+        self._keep.append(args)
+        return ctypes.addressof(args)
 
     def run(
         self,
@@ -354,17 +372,18 @@ class LayerProgramRunner:
             raise self._error
         return h, delta
 
-    def _call_mixer(self, layer: int, x: int, out: int, tokens: int) -> None:
-        """A MIXER node's callback: layer `layer`'s mixer module on its view of the step, the
-        rows at `x` into the rows at `out`. An exception is kept and raised by `run` (a
-        ctypes callback cannot raise through C); the rest of the program's output is unused."""
+    def _call_mixer(self, site: int, x: int, out: int, tokens: int) -> None:
+        """A MIXER node's callback: the mixer module of call site `site` (_bind_mixer) on its
+        view of the step and its cache, the rows at `x` into the rows at `out`. An exception
+        is kept and raised by `run` (a ctypes callback cannot raise through C); the rest of
+        the program's output is unused."""
         if self._error is not None:
             return
         try:
             width = self.model.config.hidden_size
-            module = self.model.layers[layer].attn
+            module, cache = self._mixers[site]
             view = self._step.view(module.group, module.rope_index)
-            result = module(_rows_at(x, tokens, width), view, self.kv_cache.layer(layer))
+            result = module(_rows_at(x, tokens, width), view, cache)
             _rows_at(out, tokens, width).copy_(result)
         except BaseException as error:  # noqa: BLE001 - re-raised by run()
             self._error = error
@@ -396,7 +415,7 @@ class LayerProgramRunner:
             config.num_key_value_heads,
             config.head_dim,
             config.intermediate_size,
-            self.kv_cache.layer(0).k.shape[1],
+            self.kv_cache.block_size,
             tables.shape[1] if tables is not None else 0,
             plan.window,
             config.rms_norm_eps,

@@ -38,7 +38,7 @@ from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.codegen_gemm import is_gemm_group, plan_epilogue
 from infergen.compiler.codegen_layer import PHASES
 from infergen.compiler.codegen_triton import TritonGroupKernel
-from infergen.compiler.decoder import capture_kinds, capture_layers
+from infergen.compiler.decoder import attention_captured, capture_kinds, capture_layers
 from infergen.compiler.interpret import EXECUTORS, attention_core, kv_layer, run
 from infergen.compiler.ir import Graph, Node, Op, attention_parts
 from infergen.compiler.jit_cache import JitCache, NotBuilt
@@ -141,7 +141,7 @@ class CompiledLayers:
         self.runs = _runs(self.kind_of)
         self.programs: dict[str, list] = {phase: [None] * len(self.graphs) for phase in PHASES}
         # (a profiled program call's work: a mixer the module runs counts its own)
-        attends = [self.kinds[kind].module_mixer is None for kind in self.kind_of]
+        attends = [attention_captured(model, index) for index in range(len(model.layers))]
         self.stack_cost = StackCost(model, kv_cache, attends.__getitem__)
         if mode == "jit" and not self.target.layer_program:
             self.report.groups_op_by_op.append(
@@ -278,7 +278,7 @@ class CompiledLayers:
         """The profiler's region of a program call on a run of one kind's layers."""
         layers = [self.kinds[kind].layers[position] for position in run]
         plan = batch.attn_plans[0] if batch.attn_plans else None
-        work = self.stack_cost(tokens, plan, layers)
+        work = self.stack_cost(tokens, plan, layers, program.native_projections)
         title = f"{len(layers)} layers, jit {program.phase} program"
         return profiling.region(f"{program.phase}_layers", title, work)
 
@@ -416,7 +416,8 @@ def _fuse_inside_groups(graph: Graph) -> None:
 def _engine_ops(model) -> _EngineOps:
     """The op backends of the model's layers: of its first captured attention, its first
     gated MLP (a model may have neither: Mamba2)."""
-    attn = next((layer.attn for layer in model.layers if isinstance(layer.attn, Attention)), None)
+    attentions = (getattr(layer.attn, "attention", layer.attn) for layer in model.layers)
+    attn = next((a for a in attentions if isinstance(a, Attention)), None)  # (Falcon-H1's too)
     act = next((layer.mlp.act for layer in model.layers if isinstance(layer.mlp, GatedMLP)), None)
     return _EngineOps(
         getattr(attn, "decode_row", None),

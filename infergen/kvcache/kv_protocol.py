@@ -390,3 +390,14 @@ def layer_of(kv: KVLayer | None, k_cache: torch.Tensor, v_cache: torch.Tensor) -
     """The KVLayer an op reads through: `kv` with its format, or the bare pages k_cache /
     v_cache as ENGINE_DTYPE values (an op called without a KVLayer: MLA, tests, kernels)."""
     return kv if kv is not None else KVLayer(k_cache, v_cache)
+
+
+def attention_part(cache) -> KVLayer | None:
+    """The attention cache of one layer's cache (PagedKVCache.layer): the KVLayer itself, the
+    KVLayer of a (KV, states) pair (an attention beside a recurrent mixer: Falcon-H1), or None
+    (a recurrent layer's states)."""
+    if isinstance(cache, KVLayer):
+        return cache
+    if isinstance(cache, tuple):
+        return next((part for part in cache if isinstance(part, KVLayer)), None)
+    return None

@@ -17,6 +17,7 @@ import torch
 
 from infergen import profiling
 from infergen.kernels.build import I, L, P, kernel
+from infergen.kvcache.kv_protocol import attention_part
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.forward_batch import ForwardBatch
 from infergen.layers.mlp import GATED_COSTS
@@ -205,18 +206,29 @@ class StackCost:
         self.attends = attends or (lambda index: hasattr(model.layers[index].attn, "qkv"))
 
     def __call__(
-        self, tokens: int, plan: AttentionPlan | None, layers: int | list[int]
+        self,
+        tokens: int,
+        plan: AttentionPlan | None,
+        layers: int | list[int],
+        native: dict | None = None,
     ) -> profiling.Cost:
-        """The work of the first `layers` layers (or of the layers listed)."""
+        """The work of the first `layers` layers (or of the layers listed); `native`: layer
+        index → the projections of a mixer the call runs natively (the compiler's native
+        Mamba2 step), counted as the module's own regions would count them."""
         key = tuple(range(layers)) if isinstance(layers, int) else tuple(layers)
         if key not in self._affine:
             fixed = self._layers(0, key)
             self._affine[key] = (fixed, self._layers(1, key) - fixed)
         fixed, per_token = self._affine[key]
+        element = self.model.dtype.itemsize
+        for index in key if native else ():
+            for linear in native.get(index, ()):
+                fixed += linear.cost(0, element)
+                per_token += linear.cost(1, element) - linear.cost(0, element)
         attending = [i for i in key if self.attends(i)]
         if not attending or plan is None:
             return fixed + per_token * tokens
-        config, kv = self.model.config, self.kv_cache.layer(attending[0])  # (uniform)
+        config, kv = self.model.config, attention_part(self.kv_cache.layer(attending[0]))
         position = kv_store.slot_bytes(kv.k, kv.v)
         element = self.model.dtype.itemsize
         heads, dim = config.num_attention_heads, config.head_dim
@@ -235,7 +247,7 @@ class StackCost:
         element = self.model.dtype.itemsize
         total = profiling.Cost()
         for index in layers:
-            layer, kv = self.model.layers[index], self.kv_cache.layer(index)
+            layer, kv = self.model.layers[index], attention_part(self.kv_cache.layer(index))
             if layer.mlp is not None:
                 total += _mlp_cost(layer.mlp, tokens, element)
             norms = [index > 0] + [True] * (layer.mlp is not None)
@@ -244,9 +256,10 @@ class StackCost:
                 total += rms_norm.cost(tokens, config.hidden_size, residual, element)
             if not self.attends(index):  # (a mixer the module runs: its ops count their own)
                 continue
-            for linear in (layer.attn.qkv, layer.attn.o):
+            attn = getattr(layer.attn, "attention", layer.attn)  # (beside an SSM: Falcon-H1)
+            for linear in (attn.qkv, attn.o):
                 total += linear.cost(tokens, element)
-            if getattr(layer.attn, "q_norm", None) is not None:  # QK-norm: per head
+            if getattr(attn, "q_norm", None) is not None:  # QK-norm: per head
                 for rows in (heads, kv_heads):
                     total += rms_norm.cost(tokens * rows, dim, False, element)
             total += rope.cost(tokens, heads + kv_heads, dim, element)

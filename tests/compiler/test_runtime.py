@@ -23,7 +23,10 @@ WALKED: dict[str, str] = {}
 # variant → the per-layer fallbacks the compile report names
 MODULE_MIXERS: dict[str, list[str]] = {
     "mamba2": ["layers 0-2 (mamba StateMixer no MLP): the mamba mixer (StateMixer)"],
-    "falcon_h1": ["layers 0-2 (attention_mamba ParallelMixer GatedMLP)"],
+    "falcon_h1": [  # (its attention captured, the Mamba2 mixer beside it kept whole)
+        "layers 0-2 (attention_mamba ParallelMixer GatedMLP): the mamba mixer beside the "
+        "attention (StateMixer)"
+    ],
     "qwen3_next": [
         "layers 0, 2 (linear_attention StateMixer MoE): the linear_attention mixer",
         "layer 1 (linear_attention StateMixer GatedMLP)",
@@ -238,7 +241,7 @@ def test_a_mixer_that_raises_inside_the_layer_program_raises_its_error(tmp_path)
     """The layer program calls a mixer module back from C (the per-layer fallback); an error
     there cannot cross C, so the program keeps it and raises it when it returns — the step
     fails with the mixer's own error, and the next step runs normally."""
-    build_hf_model("falcon_h1", tmp_path / "model")  # (its parallel mixer: called back)
+    build_hf_model("deepseek_v2", tmp_path / "model")  # (its latent attention: called back)
     llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
     layers = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache)
     assert layers.program is not None and not layers.program._stepped
