@@ -11,7 +11,7 @@ codegen_c.py, called as functions), GEMMs (`lk_gemm_any` on the layer's prepared
 storage format), the KV store (rows copied to their slots), decode attention (the paged decode
 kernel), mixture-of-experts feed-forwards (`lk_moe` on the layer's moe_args), mixers the module
 runs (a callback into Python through the layer's mixer_args: the per-layer fallback; in decode
-steps a Mamba2 mixer's native step, `lk_ssm_decode`, where program_ssm.py builds one), and
+steps a mixer's native step, `lk_mixer_decode`: Mamba2's and gated DeltaNet's), and
 slices / views (pointer arithmetic). Activations live in one scratch arena, at
 the offsets of the buffer plan (buffers.py: values whose live ranges do not overlap share
 memory), T rows each.
@@ -150,7 +150,8 @@ PREFILL_ARGS = """typedef struct {
 MIXER_ARGS = """typedef struct {
     void (*call)(long layer, const float *x, float *out, long tokens);
     long layer;
-    const void *native; /* the decode program's native form (ssm_args: lk_ssm_decode) or NULL */
+    const void *native; /* the decode program's native form (lk_mixer_decode's) or NULL */
+    long kind;          /* its kind (0: none) */
 } mixer_args;"""
 
 
@@ -495,11 +496,9 @@ class _Renderer:
         slot = self.weight_inputs.index(module.name)
         args = f"const mixer_args *m_ = (const mixer_args *)W[{slot}];"
         callback = f"m_->call(m_->layer, {src.at()}, {out.ptr}, T);"
-        if self.phase == "decode":  # (a Mamba2 mixer's native decode step, where it has one)
-            native = (
-                f"lk_ssm_decode((const ssm_args *)m_->native, {src.at()}, {out.ptr}, T, threads);"
-            )
-            callback = f"if (m_->native) {native} else {callback}"
+        if self.phase == "decode":  # (a mixer's native decode step, where it has one)
+            native = f"lk_mixer_decode(m_->kind, m_->native, {src.at()}, {out.ptr}, T, threads)"
+            callback = f"if (!{native}) {callback}"
         self.timed(f"mixer {node.attrs['mixer']}", [f"{{ {args} {callback} }}"])
         self.refs[id(node.outputs[0])] = out
 

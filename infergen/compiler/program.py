@@ -19,13 +19,15 @@ from infergen.compiler.codegen_gemm import TEMPLATE
 from infergen.compiler.codegen_layer import FUNCTIONS, LayerProgram, render_layer_programs
 from infergen.compiler.ir import Graph, Op
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
+from infergen.compiler.program_deltanet import deltanet_args
 from infergen.compiler.program_moe import moe_args
-from infergen.compiler.program_ssm import SSMArgs, ssm_args
+from infergen.compiler.program_ssm import ssm_args
 from infergen.compiler.program_variants import ProgramVariant
 from infergen.compiler.tune import TuningRecord
 from infergen.kernels.build import _source_bytes, library
 from infergen.kvcache.kv_protocol import attention_part
 from infergen.layers.linear import Linear
+from infergen.layers.linear_attention import GatedDeltaNet
 from infergen.layers.moe import MoE
 from infergen.layers.ssm import Mamba2Mixer
 from infergen.models.fused_decode import StepArgs
@@ -114,19 +116,35 @@ def recorded_variants(record: TuningRecord, key: str) -> dict[str, ProgramVarian
 
 
 class MixerArgs(ctypes.Structure):  # codegen_layer.MIXER_ARGS, field for field
-    _fields_ = [("call", ctypes.c_void_p), ("layer", ctypes.c_long), ("native", ctypes.c_void_p)]
+    _fields_ = [
+        ("call", ctypes.c_void_p),
+        ("layer", ctypes.c_long),
+        ("native", ctypes.c_void_p),
+        ("kind", ctypes.c_long),
+    ]
 
 
-def native_mixer(module, cache_layer, where: str) -> tuple[SSMArgs, list] | None:
-    """A mixer module's native decode form (program_ssm.py: a Mamba2 mixer's ssm_args), or
-    None: the program calls the module back."""
+# the mixers with a native decode step: the module's class → (its kind in lk_mixer_decode,
+# the builder of its C arguments over its states: (args, what to keep alive) or CodegenError)
+NATIVE_MIXERS: dict[type, tuple[int, object]] = {
+    Mamba2Mixer: (1, ssm_args),
+    GatedDeltaNet: (2, deltanet_args),
+}
+
+
+def native_mixer(module, cache_layer, where: str) -> tuple[int, object, list] | None:
+    """A mixer module's native decode form (its kind, its C arguments, what to keep alive),
+    or None: the program calls the module back."""
     inner = getattr(module, "mixer", None)  # (layers/state_mixer.StateMixer)
-    if not isinstance(inner, Mamba2Mixer):
+    row = NATIVE_MIXERS.get(type(inner))
+    if row is None:
         return None
+    kind, build = row
     try:
-        return ssm_args(inner, cache_layer, where)
+        args, keep = build(inner, cache_layer, where)
     except CodegenError:
         return None
+    return kind, args, keep
 
 
 # the callback a MIXER node calls: (layer, x, out, tokens)
@@ -305,15 +323,17 @@ class LayerProgramRunner:
         """A MIXER node's mixer_args for one layer (the callback's index of the module and its
         cache; the decode program's native form where the module has one): its address."""
         native = native_mixer(module, cache, where) if self.phase == "decode" else None
+        kind, address = 0, None
         if native is not None:
-            self._keep.append(native)
-            self._stepped.append(native[0])
+            kind, native_args, keep = native
+            self._keep += [native_args, keep]
+            self._stepped.append(native_args)
+            address = ctypes.addressof(native_args)
             inner = module.mixer  # (its projections: what a profiled call's work counts)
             self.native_projections[index] = [inner.in_proj, inner.out_proj]
         self._mixers.append((module, cache))
         call = ctypes.cast(self._mixer_call, ctypes.c_void_p)
-        address = ctypes.addressof(native[0]) if native is not None else None
-        args = MixerArgs(call, len(self._mixers) - 1, address)
+        args = MixerArgs(call, len(self._mixers) - 1, address, kind)
         self._keep.append(args)
         return ctypes.addressof(args)
 

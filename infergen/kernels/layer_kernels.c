@@ -200,29 +200,34 @@ void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, in
 static inline float ssm_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 static inline float ssm_silu(float v) { return v / (1.0f + expf(-v)); }
 
+/* One token of a causal depthwise conv over its sequence's state (ops/causal_conv1d.py): x
+ * [C] becomes act(bias + w . [state's W-1 inputs | x]) in place, the state drops its oldest
+ * input for x (zeros instead of the state where `fresh`). activation 0: silu; 1: none. */
+static void conv_step(float *x, float *state, const float *conv_w, const float *conv_b, long C,
+                      long W, int fresh, long activation) {
+    for (long c = 0; c < C; ++c) {
+        float *hist = state + c * (W - 1);
+        const float *w = conv_w + c * W;
+        float v = x[c], acc = conv_b ? conv_b[c] : 0.0f;
+        for (long j = 0; j < W - 1; ++j) {
+            float h = fresh ? 0.0f : hist[j];
+            acc += w[j] * h;
+            hist[j] = j + 1 < W - 1 ? (fresh ? 0.0f : hist[j + 1]) : v;
+        }
+        acc += w[W - 1] * v;
+        x[c] = activation == 0 ? ssm_silu(acc) : acc;
+    }
+}
+
 void lk_ssm_decode(const ssm_args *a, const float *x, float *y, long T, int threads) {
     long I = a->inter, H = a->heads, P = a->head_dim, G = a->groups, N = a->state;
     long C = a->conv_dim, W = a->width, proj = I + C + H, R = H / G;
     float *zx = malloc(sizeof(float) * (size_t)(T * proj));
     float *yv = malloc(sizeof(float) * (size_t)(T * I));
     lk_gemm_any(a->in_format, a->in_proj, x, a->in_bias, zx, T, proj, a->hidden, threads);
-    for (long t = 0; t < T; ++t) { /* the conv over the state's W-1 inputs and the token */
-        float *xbc = zx + t * proj + I;
-        float *cs = a->conv_state + a->slots[t] * C * (W - 1);
-        int fresh = a->fresh[t] != 0;
-        for (long c = 0; c < C; ++c) {
-            float *hist = cs + c * (W - 1);
-            const float *w = a->conv_w + c * W;
-            float v = xbc[c], acc = a->conv_b ? a->conv_b[c] : 0.0f;
-            for (long j = 0; j < W - 1; ++j) {
-                float h = fresh ? 0.0f : hist[j];
-                acc += w[j] * h;
-                hist[j] = j + 1 < W - 1 ? (fresh ? 0.0f : hist[j + 1]) : v;
-            }
-            acc += w[W - 1] * v;
-            xbc[c] = a->activation == 0 ? ssm_silu(acc) : acc;
-        }
-    }
+    for (long t = 0; t < T; ++t) /* the conv over the state's W-1 inputs and the token */
+        conv_step(zx + t * proj + I, a->conv_state + a->slots[t] * C * (W - 1), a->conv_w,
+                  a->conv_b, C, W, a->fresh[t] != 0, a->activation);
     /* the state update and y, a (token, head) per iteration */
 #pragma omp parallel for num_threads(threads) if (T * H * P * N >= PARALLEL_MIN_ELEMENTS)
     for (long th = 0; th < T * H; ++th) {
@@ -274,4 +279,80 @@ void lk_ssm_decode(const ssm_args *a, const float *x, float *y, long T, int thre
     lk_gemm_any(a->out_format, a->out_proj, yv, a->out_bias, y, T, a->hidden, I, threads);
     free(zx);
     free(yv);
+}
+
+void lk_deltanet_decode(const deltanet_args *a, const float *x, float *y, long T, int threads) {
+    long Hk = a->k_heads, Hv = a->v_heads, Dk = a->k_dim, Dv = a->v_dim, C = a->conv_dim;
+    long W = a->width, key_dim = Hk * Dk, value_dim = Hv * Dv, proj = C + value_dim + 2 * Hv;
+    long per_k = Hv / Hk;
+    float *zx = malloc(sizeof(float) * (size_t)(T * proj));
+    float *yv = malloc(sizeof(float) * (size_t)(T * value_dim));
+    lk_gemm_any(a->in_format, a->in_proj, x, 0, zx, T, proj, a->hidden, threads);
+    for (long t = 0; t < T; ++t) /* the conv over q | k | v */
+        conv_step(zx + t * proj, a->conv_state + a->slots[t] * C * (W - 1), a->conv_w, 0, C, W,
+                  a->fresh[t] != 0, a->activation);
+    float q_scale = 1.0f / sqrtf((float)Dk);
+    /* the gated delta rule and the gated norm, a (token, value head) per iteration */
+#pragma omp parallel for num_threads(threads) if (T * Hv * Dk * Dv >= PARALLEL_MIN_ELEMENTS)
+    for (long th = 0; th < T * Hv; ++th) {
+        long t = th / Hv, h = th % Hv, kh = h / per_k;
+        const float *row = zx + t * proj;
+        const float *q = row + kh * Dk, *k = row + key_dim + kh * Dk;
+        const float *v = row + 2 * key_dim + h * Dv, *z = row + C + h * Dv;
+        float b = row[C + value_dim + h], av = row[C + value_dim + Hv + h];
+        float qn[Dk], kn[Dk], read[Dv], out[Dv];
+        float sq = 0.0f, sk = 0.0f;
+        for (long i = 0; i < Dk; ++i) {
+            sq += q[i] * q[i];
+            sk += k[i] * k[i];
+        }
+        float iq = q_scale / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
+        for (long i = 0; i < Dk; ++i) {
+            qn[i] = q[i] * iq;
+            kn[i] = k[i] * ik;
+        }
+        float beta = 1.0f / (1.0f + expf(-b));
+        float decay = expf(-a->decay_rate[h] * ssm_softplus(av + a->dt_bias[h]));
+        float *S = a->rec_state + ((a->slots[t] * Hv + h) * Dk) * Dv;
+        int fresh = a->fresh[t] != 0;
+        for (long j = 0; j < Dv; ++j) read[j] = out[j] = 0.0f;
+        for (long i = 0; i < Dk; ++i) { /* decay, then read the state along k */
+            float *Si = S + i * Dv;
+            for (long j = 0; j < Dv; ++j) {
+                float sv = fresh ? 0.0f : Si[j] * decay;
+                Si[j] = sv;
+                read[j] += kn[i] * sv;
+            }
+        }
+        for (long j = 0; j < Dv; ++j) read[j] = beta * (v[j] - read[j]); /* the correction */
+        for (long i = 0; i < Dk; ++i) { /* write it, and read the new state along q */
+            float *Si = S + i * Dv;
+            for (long j = 0; j < Dv; ++j) {
+                Si[j] += kn[i] * read[j];
+                out[j] += qn[i] * Si[j];
+            }
+        }
+        float ss = 0.0f;
+        for (long j = 0; j < Dv; ++j) ss += out[j] * out[j];
+        float inv = 1.0f / sqrtf(ss / (float)Dv + a->eps);
+        float *o = yv + t * value_dim + h * Dv;
+        for (long j = 0; j < Dv; ++j) o[j] = out[j] * inv * a->norm_w[j] * ssm_silu(z[j]);
+    }
+    lk_gemm_any(a->out_format, a->out_proj, yv, 0, y, T, a->hidden, value_dim, threads);
+    free(zx);
+    free(yv);
+}
+
+int lk_mixer_decode(long kind, const void *native, const float *x, float *y, long T,
+                    int threads) {
+    switch (kind) {
+    case 1:
+        lk_ssm_decode((const ssm_args *)native, x, y, T, threads);
+        return 1;
+    case 2:
+        lk_deltanet_decode((const deltanet_args *)native, x, y, T, threads);
+        return 1;
+    default:
+        return 0;
+    }
 }

@@ -75,3 +75,25 @@ typedef struct {
     const int64_t *slots; const uint8_t *fresh;  /* per step: [T] */
 } ssm_args;
 void lk_ssm_decode(const ssm_args *a, const float *x, float *y, long T, int threads);
+/* A gated DeltaNet mixer's decode step (layers/linear_attention.py), one token per sequence as
+ * lk_ssm_decode's: in_proj, the conv1d step over q | k | v, l2-normed q (times k_dim^-1/2) and
+ * k, beta = sigmoid(b), decay = exp(-decay_rate softplus(a + dt_bias)), the delta rule on the
+ * [k_dim, v_dim] state of each value head, the RMSNorm of its output times silu(z), out_proj.
+ * Built by compiler/program_deltanet.py (DeltaNetArgs) per layer. */
+typedef struct {
+    long hidden, k_heads, v_heads, k_dim, v_dim, conv_dim, width;
+    const void *in_proj; long in_format;
+    const void *out_proj; long out_format;
+    const float *conv_w;                 /* [conv_dim, width] */
+    long activation;                     /* 0: silu; 1: none */
+    const float *decay_rate, *dt_bias;   /* [v_heads] */
+    const float *norm_w;                 /* [v_dim] */
+    float eps;
+    float *conv_state, *rec_state;       /* [slots, conv_dim, width-1], [slots, Hv, Dk, Dv] */
+    const int64_t *slots; const uint8_t *fresh;  /* per step: [T] */
+} deltanet_args;
+void lk_deltanet_decode(const deltanet_args *a, const float *x, float *y, long T, int threads);
+/* a mixer's native decode step by kind (compiler/program.py NATIVE_MIXERS: 1 lk_ssm_decode,
+ * 2 lk_deltanet_decode); 0 when it has none (the program calls the module back) */
+int lk_mixer_decode(long kind, const void *native, const float *x, float *y, long T,
+                    int threads);

@@ -86,17 +86,20 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
         assert a.token_ids == b.token_ids, name
 
 
-def test_mamba2_decode_steps_run_the_native_mixer(tmp_path):
-    """Mamba2's decode program runs each mixer's native step (lk_ssm_decode, program_ssm.py)
-    instead of calling the module back, fresh sequences (a one-token prompt's first step)
-    included: greedy tokens and every step's logits equal the per-op path's (its conv1d and
-    SSD scan kernels); prefill steps call the module back."""
-    build_hf_model("mamba2", tmp_path / "model")
+@pytest.mark.parametrize("name", ["mamba2", "falcon_h1", "qwen3_next"])
+def test_decode_steps_run_the_native_mixers(name, tmp_path):
+    """Decode programs run each Mamba2 / gated DeltaNet mixer's native step (lk_mixer_decode:
+    program_ssm.py, program_deltanet.py) instead of calling the module back, fresh sequences
+    (a one-token prompt's first step) included: greedy tokens and every step's logits equal the
+    per-op path's; prefill steps call the modules back."""
+    build_hf_model(name, tmp_path / "model")
     reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
     compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
     layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
-    assert len(layers.program._stepped) == len(layers.kinds[0].layers)
-    assert not layers.prefill_program._stepped
+    model, cache = compiled.engine.runner.model, compiled.engine.kv_cache
+    stepped = sum(len(p._stepped) for p in layers.programs["decode"] if p)  # (natives bound)
+    assert stepped == sum(1 for i in range(len(model.layers)) if _states_of(cache.layer(i)))
+    assert not any(p._stepped for p in layers.programs["prefill"] if p)
     tokens = list(range(3, 40))
     expected = reference.engine.prompt_logits(tokens, chunk=1)
     got = compiled.engine.prompt_logits(tokens, chunk=1)
@@ -111,12 +114,21 @@ def test_mamba2_decode_steps_run_the_native_mixer(tmp_path):
     for llm in (reference, compiled):
         cache = llm.engine.kv_cache
         for index in range(len(llm.engine.runner.model.layers)):
-            for tensor in cache.layer(index).values():
+            for tensor in _states_of(cache.layer(index)).values():
                 tensor.fill_(float("nan"))
     for prompt in ([9, 10, 11], [200, 7]):
         expected = reference.engine.prompt_logits(prompt, chunk=1)
         got = compiled.engine.prompt_logits(prompt, chunk=1)
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), prompt
+
+
+def _states_of(cache) -> dict:
+    """A layer cache's recurrent states (a recurrent layer's, or the pair's), or {}."""
+    if isinstance(cache, dict):
+        return cache
+    if isinstance(cache, tuple) and not hasattr(cache, "k"):
+        return next((part for part in cache if isinstance(part, dict)), {})
+    return {}
 
 
 def _counting(run, calls: dict[str, int], phase: str):
