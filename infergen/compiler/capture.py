@@ -339,6 +339,8 @@ class _Converter:
             return self._index(args[0], args[1], where)
         if target is operator.getitem and isinstance(args[0], Struct):  # (a cache pair's part)
             return args[0].get(str(args[1]), where)
+        if target is torch.cat and any(isinstance(a, Value) for a in args[0]):
+            return self._concat(args, kwargs, where)
         values = [a for a in (*args, *kwargs.values()) if isinstance(a, Value)]
         if target in FX_POINTWISE and values:
             return self._pointwise(target, args, where)
@@ -347,6 +349,15 @@ class _Converter:
                 f"capture: {getattr(target, '__name__', target)} has no IR op", where=where
             )
         return target(*args, **kwargs)  # plain Python on constants (shape arithmetic)
+
+    def _concat(self, args, kwargs, where: str) -> Value:
+        """torch.cat of graph values along one dimension (Qwen3-Next's partial RoPE: rotated
+        dims beside the rest)."""
+        tensors, dim = args[0], kwargs.get("dim", args[1] if len(args) > 1 else 0)
+        if not all(isinstance(t, Value) for t in tensors):
+            raise CaptureError("capture: torch.cat of a graph value and a constant", where=where)
+        dim = dim % tensors[0].rank
+        return self.emit(Op.CONCAT, tuple(tensors), "cat", dim=dim)[0]
 
     def _pointwise(self, target, args, where) -> Value:
         op, scalar_op = FX_POINTWISE[target]
@@ -362,6 +373,10 @@ class _Converter:
 
     def _index(self, x: Value, index: Any, where: str) -> Value:
         index = index if isinstance(index, tuple) else (index,)
+        if Ellipsis in index:  # (the dimensions it stands for: whole)
+            at = index.index(Ellipsis)
+            whole = (slice(None),) * (x.rank - len(index) + 1)
+            index = index[:at] + whole + index[at + 1 :]
         if any(not isinstance(i, slice) or i.step not in (None, 1) for i in index):
             raise CaptureError(
                 f"capture: indexing {x!r} with {index}",

@@ -5,9 +5,10 @@ model whose layers are of several kinds (DeepSeek's dense first layer, Qwen3-Nex
 and attention layers) has one graph per kind (`capture_kinds`).
 
 The per-layer fallback: a mixer capture has no ops for (a recurrent state mixer, latent
-attention, attention with a gated output or partial rotary dimensions: `whole_mixers`) is
-one MIXER node that runs the module itself; the rest of its layer (norms, MLP or experts,
-residual adds; Falcon-H1's attention beside its Mamba2 mixer) is captured as for any other.
+attention: `whole_mixers`) is one MIXER node that runs the module itself; the rest of its
+layer (norms, MLP or experts, residual adds; Falcon-H1's attention beside its Mamba2 mixer)
+is captured as for any other. Qwen3-Next's gated attention is captured whole: its partial
+RoPE a ROPE on the first dims beside the rest (CONCAT), its gate a SIGMOID and MUL.
 
 Dynamic dimensions: T (tokens in the step) and B (KV cache blocks, fixed per engine but not
 part of what a kernel is specialised for). Everything else comes from the config.
@@ -26,10 +27,6 @@ from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.attention import Attention
 from infergen.layers.state_mixer import ParallelMixer
 
-# the layer features (Transformer.layer_features) of an attention that capture has no ops for:
-# where the model has one, its attention layers' mixers are MIXER nodes
-WHOLE_ATTENTION_FEATURES = ("partial_rotary", "output_gate")
-
 
 def whole_mixers(model, index: int) -> tuple[dict, str | None]:
     """The modules of layer `index`'s mixer seat that capture keeps whole (MIXER nodes) →
@@ -45,12 +42,8 @@ def whole_mixers(model, index: int) -> tuple[dict, str | None]:
 
 
 def _attention_why(model, attention) -> str | None:
-    """Why capture keeps an attention whole (features it has no ops for), or None."""
-    if not isinstance(attention, Attention):
-        return f"{type(attention).__name__}"
-    features = model.layer_features()
-    whole = [features[key] for key in WHOLE_ATTENTION_FEATURES if key in features]
-    return f"attention with {', '.join(whole)}" if whole else None
+    """Why capture keeps an attention whole (latent attention: another class), or None."""
+    return None if isinstance(attention, Attention) else type(attention).__name__
 
 
 def module_mixer(model, index: int) -> str | None:

@@ -545,9 +545,10 @@ def _view(ops, args, attrs):
 # layer: Gemma-3's (each layer binds its cache group's slots and attention plan and its RoPE
 # table; sandwich norms are RMS_NORM nodes; GeGLU is GELU_MUL), GPT-OSS's (learned sinks: an
 # ATTENTION input; mixture-of-experts feed-forwards: MOE nodes the module runs, lk_moe in the
-# layer programs), and as the per-layer fallback (decoder.py: MIXER nodes the module runs;
-# the walker runs those layers) recurrent state mixers, latent attention, gated attention
-# outputs and partial rotary dimensions
+# layer programs), Qwen3-Next's (a gated attention output: SIGMOID, MUL; partial rotary
+# dimensions: ROPE and CONCAT), and as the per-layer fallback (decoder.py: MIXER nodes the
+# module runs, or the layer programs call back or run natively) recurrent state mixers and
+# latent attention
 CAPTURED_FEATURES = frozenset(
     {"cache_groups", "rope_tables", "gelu_mlp", "sandwich_norms", "attention_sinks", "moe",
      "recurrent", "mla", "output_gate", "partial_rotary"}

@@ -15,6 +15,7 @@ from infergen.compiler.decoder import capture_head, capture_kinds, capture_layer
 from infergen.compiler.interpret import run
 from infergen.compiler.ir import Op
 from infergen.compiler.verify import verify
+from infergen.kvcache.kv_protocol import KVLayer, attention_part
 from tests.compiler.layer_calls import cache_tensors, clone_cache, record_layer_calls
 from tests.hf_models import COMPILED_VARIANTS, MIXER_VARIANTS, build_hf_model
 
@@ -45,24 +46,34 @@ def test_captured_layer_reproduces_the_engine(name, tmp_path):
 
 @pytest.mark.parametrize("name", MIXER_VARIANTS)
 def test_mixer_layers_reproduce_the_engine(name, tmp_path):
-    """A mixer capture has no ops for (a recurrent state mixer, latent attention, a gated
-    attention with partial rotary dimensions) is one MIXER node that runs the module: the
-    graph, run by the interpreter on a copy of the cache, reproduces the layer's output, the
-    residual stream and the cache (KV or recurrent states) it left, on every recorded call;
-    the norms and MLP around it are captured ops."""
+    """A mixer capture has no ops for (a recurrent state mixer, latent attention) is one MIXER
+    node that runs the module: the graph of the first layer of each kind, run by the
+    interpreter on a copy of the cache, reproduces the layer's output, the residual stream and
+    the cache (KV or recurrent states) it left, on every recorded call; the norms and MLP
+    around it, Falcon-H1's attention beside its Mamba2 mixer and Qwen3-Next's gated attention
+    with partial RoPE are captured ops."""
     build_hf_model(name, tmp_path)
     llm = LLM(str(tmp_path), kv_cache_memory="4MiB")
     model = llm.engine.runner.model
     model.fast_path = None
-    index = len(model.layers) - 1  # (Qwen3-Next's attention layer, DeepSeek's MoE layers)
+    for index in sorted({kind.layers[0] for kind in capture_kinds(model, llm.engine.kv_cache)}):
+        _reproduces_the_engine(llm, model, index, name)
+
+
+def _reproduces_the_engine(llm, model, index: int, name: str) -> None:
     layer = model.layers[index]
     captured = capture_layer(model, llm.engine.kv_cache, index=index)
     verify(captured.graph)
-    (mixer,) = [n for n in captured.graph.nodes if n.op is Op.MIXER]
-    beside = name == "falcon_h1"  # (its attention captured, the Mamba2 mixer beside it whole)
-    assert mixer.attrs["mixer"] == ("mamba" if beside else model.config.layer_type(index))
+    mixers = [n for n in captured.graph.nodes if n.op is Op.MIXER]
+    attends = captured.graph.count().get("attention", 0)
+    if name == "falcon_h1":  # (its attention captured, the Mamba2 mixer beside it whole)
+        assert [m.attrs["mixer"] for m in mixers] == ["mamba"] and attends == 1
+    elif model.config.layer_type(index) == "full_attention" and name == "qwen3_next":
+        assert not mixers and attends == 1  # (gated, partial RoPE: captured as ops)
+    else:
+        assert [m.attrs["mixer"] for m in mixers] == [model.config.layer_type(index)]
+        assert attends == 0
     assert captured.graph.count()["add_rms_norm"] == (1 if layer.mlp is None else 2)
-    assert captured.graph.count().get("attention", 0) == (1 if beside else 0)
     calls = record_layer_calls(llm, layer)
     assert len(calls) >= 6
     for call in calls:
@@ -70,14 +81,17 @@ def test_mixer_layers_reproduce_the_engine(name, tmp_path):
         delta = torch.zeros_like(call["h"]) if call["delta"] is None else call["delta"]
         args = dict(h=call["h"], delta=delta, batch=call["batch"], kv=cache)
         out, h_after, *kv_after = run(captured.graph, captured.bind(layer, **args))
-        assert _close(out, call["out"]) and _close(h_after, call["h_after"]), name
+        assert _close(out, call["out"]) and _close(h_after, call["h_after"]), (name, index)
         after = call["cache_after"]
-        if kv_after:  # (a captured attention: the graph returns its new K / V, the module
+        if kv_after:  # (a captured attention: the graph returns its new K / V; a module
             k, v = kv_after  # beside it updates its states in place)
-            assert _close(k, after[0].k) and _close(v, after[0].v), name
+            kv_part = attention_part(after)
+            assert _close(k, kv_part.k) and _close(v, kv_part.v), (name, index)
+            if isinstance(after, KVLayer):
+                continue
             cache, after = cache[1], after[1]
         for got, expected in zip(cache_tensors(cache), cache_tensors(after), strict=True):
-            assert _close(got.float(), expected.float()), name
+            assert _close(got.float(), expected.float()), (name, index)
 
 
 def test_layer_graph_has_the_architecture_ops(tmp_path):

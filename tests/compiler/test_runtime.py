@@ -29,9 +29,7 @@ MODULE_MIXERS: dict[str, list[str]] = {
     ],
     "qwen3_next": [
         "layers 0, 2 (linear_attention StateMixer MoE): the linear_attention mixer",
-        "layer 1 (linear_attention StateMixer GatedMLP)",
-        "layer 3 (full_attention Attention MoE): the attention with partial rotary "
-        "dimensions, a gated attention output",
+        "layer 1 (linear_attention StateMixer GatedMLP)",  # (its gated attention: captured)
     ],
     "deepseek_v2": ["layer 0 (full_attention MLAttention GatedMLP)", "layers 1-2"],
     "deepseek_v3": ["layer 0 (full_attention MLAttention GatedMLP)", "layers 1-2"],
