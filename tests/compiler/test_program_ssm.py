@@ -7,19 +7,14 @@ states after the step. And what it refuses, by name."""
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 
 from infergen.compiler.codegen_c import CodegenError
-from infergen.compiler.program import LIBRARY
 from infergen.compiler.program_ssm import ssm_args
 from infergen.config.mixers import SSMSpec
-from infergen.kernels.build import library
 from infergen.layers.ssm import Mamba2Mixer
-
-SLOTS = 20
+from tests.compiler.native_mixers import check_step, random_states
 
 
 def _mixer(spec: SSMSpec, seed: int = 0) -> Mamba2Mixer:
@@ -42,26 +37,6 @@ def _mixer(spec: SSMSpec, seed: int = 0) -> Mamba2Mixer:
     return mixer
 
 
-def _states(mixer: Mamba2Mixer, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        name: torch.randn(SLOTS, *shape, generator=gen)
-        for name, shape in mixer.state_shapes().items()
-    }
-
-
-def _lk_ssm_decode(mixer, x, states, slots, fresh) -> torch.Tensor:
-    fn = ctypes.CDLL(str(library(LIBRARY))).lk_ssm_decode
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_int]
-    args, keep = ssm_args(mixer, states, "test")
-    args.slots, args.fresh = slots.data_ptr(), fresh.data_ptr()
-    y = torch.full_like(x, float("nan"))
-    fn(ctypes.addressof(args), x.data_ptr(), y.data_ptr(), x.shape[0], 2)
-    del keep
-    return y
-
-
 SPECS = {
     "mamba2": dict(),
     "norm_before_gate_two_groups": dict(n_groups=2, norm_before_gate=True),
@@ -76,16 +51,7 @@ def test_lk_ssm_decode_matches_the_module(variant, sequences):
     shape = dict(n_groups=1, conv_kernel=4, chunk_size=64, norm_eps=1e-5)
     spec = SSMSpec(48, 4, 8, 16, **{**shape, **SPECS[variant]})
     mixer = _mixer(spec, seed=sequences)
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(sequences, spec.hidden_size, generator=gen)
-    slots = torch.randperm(SLOTS, generator=gen)[:sequences]
-    fresh = torch.arange(sequences) % 3 == 1  # (some start from zeros: their slots hold noise)
-    expected_states, states = _states(mixer, 5), _states(mixer, 5)
-    expected = mixer(x, expected_states, list(range(sequences + 1)), slots, fresh)
-    got = _lk_ssm_decode(mixer, x, states, slots, fresh)
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-    for name in ("conv", "ssm"):  # (the untouched slots too)
-        torch.testing.assert_close(states[name], expected_states[name], rtol=1e-5, atol=1e-6)
+    check_step("lk_ssm_decode", ssm_args, mixer, spec.hidden_size, sequences)
 
 
 def test_what_the_native_step_refuses():
@@ -93,12 +59,12 @@ def test_what_the_native_step_refuses():
     fp32 or not contiguous, projections without packed panels."""
     spec = SSMSpec(48, 4, 8, 16, 1, 4, 64, 1e-5)
     mixer = _mixer(spec)
-    states = {name: t.to(torch.float64) for name, t in _states(mixer, 0).items()}
+    states = {name: t.to(torch.float64) for name, t in random_states(mixer, 0).items()}
     with pytest.raises(CodegenError, match="layer 3 mixer: a Mamba2 mixer that is not fp32"):
         ssm_args(mixer, states, "layer 3 mixer")
-    states = {name: t.transpose(0, -1) for name, t in _states(mixer, 0).items()}
+    states = {name: t.transpose(0, -1) for name, t in random_states(mixer, 0).items()}
     with pytest.raises(CodegenError, match="layer 3 mixer: strided state tensors"):
         ssm_args(mixer, states, "layer 3 mixer")
     plain = Mamba2Mixer(spec, torch.float32, "torch", op_backend="torch")
     with pytest.raises(CodegenError, match="layer 3 mixer in_proj: no packed-panel GEMM"):
-        ssm_args(plain, _states(plain, 0), "layer 3 mixer")
+        ssm_args(plain, random_states(plain, 0), "layer 3 mixer")
