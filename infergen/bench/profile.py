@@ -22,6 +22,7 @@ step's per phase otherwise — models/fused_decode.py PhaseProfile), summed over
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pathlib
@@ -138,9 +139,9 @@ class CTimers:
     def __init__(self, engine: Engine, phase: str):
         self.seconds: dict[str, float] = {}
         path = engine.runner.model.fast_path_for(engine.kv_cache)
-        program = getattr(path, "program" if phase == "decode" else "prefill_program", None)
-        if program is not None:
-            self._open = program.timed
+        programs = getattr(path, "programs", {}).get(phase, [])
+        if any(programs):  # (every kind of layer's program: CompiledLayers.timed)
+            self._open = functools.partial(path.timed, phase)
             self.of = f"the generated {phase} layer program by call site"
         elif phase == "decode":
             self._open = _fused_phases

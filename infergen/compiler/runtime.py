@@ -23,6 +23,7 @@ delta); the KV cache is written in place, as the per-op path does.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable
@@ -168,6 +169,20 @@ class CompiledLayers:
     @prefill_program.setter
     def prefill_program(self, runner) -> None:
         self.programs["prefill"][0] = runner
+
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        """Every kind's `phase` program's call-site timers on while the block runs: yields a
+        dict of seconds per call site, filled when the block ends (kinds whose programs are
+        one compiled library — the same code — share their timers: counted once)."""
+        seconds: dict[str, float] = {}
+        programs = {str(p.built.path): p for p in self.programs[phase] if p is not None}
+        with contextlib.ExitStack() as stack:
+            found = [stack.enter_context(p.timed()) for p in programs.values()]
+            yield seconds
+        for sites in found:
+            for site, value in sites.items():
+                seconds[site] = seconds.get(site, 0.0) + value
 
     def _program(self, graph: Graph, jit_cache: JitCache, phase: str, kind: int):
         layers = self.kinds[kind].layers

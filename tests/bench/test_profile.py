@@ -148,6 +148,20 @@ def test_jit_layer_programs_are_broken_down_by_call_site(model_dir):
         assert 0.5 * call_s < sum(sites.values()) <= call_s, (sites, call_s)
 
 
+def test_every_kind_of_layer_program_is_broken_down_by_call_site(tmp_path):
+    """Qwen3-Next's decode steps call two programs (DeltaNet layers, with their native mixer
+    step; the gated attention layers): the call-site table holds both kinds' sites, and they
+    add up to at most the programs' calls' time."""
+    build_hf_model("qwen3_next", tmp_path / "model")
+    llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
+    result = profile_engine(llm.engine, WORKLOAD, say=lambda text: None)
+    found = result.phases["decode"]
+    sites = found.c_timers
+    assert {"mixer linear_attention", "attention", "attn.qkv", "mlp"} <= set(sites), sites
+    calls = [r for r in found.rows if r.kernel == "jit::layer_program"]
+    assert calls and sum(sites.values()) <= sum(r.seconds for r in calls) / found.steps
+
+
 @pytest.mark.parametrize(
     "options, op, kernel",
     [
