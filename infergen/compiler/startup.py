@@ -74,17 +74,28 @@ def plan_startup(
         statics = [eager.static[i] for i in indices]
         plan.items += epilogue_items(graph, traffic, len(indices), deadline, cache, statics)
         plans.append((plan, len(indices)))
-    if len(kinds) == 1:
+    unplanned = _programs_unplanned(model, kinds)
+    if unplanned is None:
         plans[0][0].items += program_items(
             model, kv_cache, kinds[0][0], traffic, deadline, cache, eager
         )
-    else:  # (a program per kind: not planned yet, so not built under a budget)
-        why = f"not planned (layers of {len(kinds)} kinds: built without compile_budget_s)"
+    else:  # (not built under a budget: the walker runs these layers)
+        why = f"not planned ({unplanned}: built without compile_budget_s)"
         plans[0][0].items += [Item(name, "compile", None, 0.0, status=why)
                               for name in (PROGRAM, PREFILL)]  # fmt: skip
     for plan, layers in plans:
         tune_groups(plan, traffic, layers, deadline, cache)
     return [item for plan, _ in plans for item in plan.items]
+
+
+def _programs_unplanned(model, kinds: list) -> str | None:
+    """Why the layer programs are not planned (their probes are decode steps of attention
+    layers of one kind), or None."""
+    if len(kinds) > 1:
+        return f"layers of {len(kinds)} kinds"
+    if getattr(model, "state_layers", None):
+        return "recurrent state layers"
+    return None
 
 
 def program_items(

@@ -183,6 +183,24 @@ def test_engine_start_budget_plans_each_kind_of_layer(jit, tmp_path):
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
 
 
+def test_engine_start_budget_with_recurrent_layers(jit, tmp_path):
+    """Mamba2 (one kind of layer, recurrent states): the budget plans its groups, not its
+    layer programs (their probes are attention decode steps), says so, and the engine's
+    tokens equal the per-op path's."""
+    build_hf_model("mamba2", tmp_path / "model")
+    model_dir = str(tmp_path / "model")
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    reference = LLM(model_dir, kv_cache_memory="4MiB")
+    expected = [o.token_ids for o in reference.generate(PROMPTS, params)]
+    llm = LLM(model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=20,
+              compile_traffic="1=1")  # fmt: skip
+    programs = [i for i in llm.engine.compile_plan if i.group in (PROGRAM, "prefill layer program")]
+    assert [i.status for i in programs] == [
+        "not planned (recurrent state layers: built without compile_budget_s)"
+    ] * 2
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
+
+
 def test_bad_traffic_option(jit, model_dir):
     with pytest.raises(Exception, match="traffic bucket '3'"):
         LLM(model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=1,
