@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,6 +23,7 @@ from infergen.compiler.codegen_layer import FUNCTIONS, LayerProgram, render_laye
 from infergen.compiler.ir import Graph, Op
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
 from infergen.compiler.program_deltanet import deltanet_args
+from infergen.compiler.program_mla import mla_args, mla_step
 from infergen.compiler.program_moe import moe_args
 from infergen.compiler.program_ssm import ssm_args
 from infergen.compiler.program_variants import ProgramVariant
@@ -28,9 +32,12 @@ from infergen.kernels.build import _source_bytes, library
 from infergen.kvcache.kv_protocol import attention_part
 from infergen.layers.linear import Linear
 from infergen.layers.linear_attention import GatedDeltaNet
+from infergen.layers.mla import MLAttention
 from infergen.layers.moe import MoE
 from infergen.layers.ssm import Mamba2Mixer
 from infergen.models.fused_decode import StepArgs
+from infergen.ops import rms_norm, rope
+from infergen.ops.paged_attention import decode_cost
 from infergen.ops.paged_prefill_native import VECTOR_FLOATS
 
 _ARGTYPES = [
@@ -124,27 +131,79 @@ class MixerArgs(ctypes.Structure):  # codegen_layer.MIXER_ARGS, field for field
     ]
 
 
-# the mixers with a native decode step: the module's class → (its kind in lk_mixer_decode,
-# the builder of its C arguments over its states: (args, what to keep alive) or CodegenError)
-NATIVE_MIXERS: dict[type, tuple[int, object]] = {
-    Mamba2Mixer: (1, ssm_args),
-    GatedDeltaNet: (2, deltanet_args),
+def _state_step(args, view, batch) -> list:
+    """A recurrent mixer's step fields: each row's state slot and fresh flag (decode: row t
+    is sequence t)."""
+    slots, fresh = batch.state_slots.contiguous(), batch.fresh.contiguous()
+    args.slots, args.fresh = slots.data_ptr(), fresh.data_ptr()
+    return [slots, fresh]
+
+
+@dataclass(frozen=True)
+class NativeMixer:
+    """A mixer with a native decode step (lk_mixer_decode's `kind`)."""
+
+    kind: int
+    build: Callable  # (module, its cache layer, where) → (C args, keep); CodegenError: none
+    step: Callable  # (args, the layer's view, the batch) → tensors to keep: the step's fields
+    # (module, tokens, attention plan, element bytes) → the work of a step, as the module's
+    # own op regions count it (what a profiled program call adds for it)
+    cost: Callable
+
+
+def _projections_cost(*names: str) -> Callable:
+    """The work of a module's projections (those of `names` it has)."""
+
+    def cost(module, tokens: int, plan, element: int) -> profiling.Cost:
+        total = profiling.Cost()
+        for linear in (getattr(module, name) for name in names):
+            total += linear.cost(tokens, element) if linear is not None else profiling.Cost()
+        return total
+
+    return cost
+
+
+def _mla_cost(module, tokens: int, plan, element: int) -> profiling.Cost:
+    """A latent attention's step as its regions count it: its projections, norms, RoPE of
+    the queries' and the key's rope dims, decode attention over the [latent | k_pe] rows."""
+    total = _projections_cost("down", "q_up", "o")(module, tokens, plan, element)
+    if module.q_norm is not None:
+        total += rms_norm.cost(tokens, module.mla.q_lora_rank, False, element)
+    total += rms_norm.cost(tokens, module.latent, False, element)
+    for heads in (module.num_heads, 1):
+        total += rope.cost(tokens, heads, module.rope_dim, element)
+    row = module.latent + module.rope_dim
+    return total + decode_cost(module.num_heads, row, element, plan, 2 * row * element)
+
+
+# the module's class → its native decode step
+NATIVE_MIXERS: dict[type, NativeMixer] = {
+    Mamba2Mixer: NativeMixer(1, ssm_args, _state_step, _projections_cost("in_proj", "out_proj")),
+    GatedDeltaNet: NativeMixer(
+        2, deltanet_args, _state_step, _projections_cost("in_proj", "out_proj")
+    ),
+    MLAttention: NativeMixer(
+        3, mla_args, lambda args, view, batch: mla_step(args, view), _mla_cost
+    ),
 }
 
 
-def native_mixer(module, cache_layer, where: str) -> tuple[int, object, list] | None:
-    """A mixer module's native decode form (its kind, its C arguments, what to keep alive),
-    or None: the program calls the module back."""
-    inner = getattr(module, "mixer", None)  # (layers/state_mixer.StateMixer)
+def _native_cost(row: NativeMixer, module, element: int, tokens: int, plan) -> profiling.Cost:
+    return row.cost(module, tokens, plan, element)
+
+
+def native_mixer(module, cache_layer, where: str):
+    """A mixer module's native decode form (its NativeMixer row, its C arguments, what to keep
+    alive), or None: the program calls the module back."""
+    inner = getattr(module, "mixer", module)  # (layers/state_mixer.StateMixer wraps one)
     row = NATIVE_MIXERS.get(type(inner))
     if row is None:
         return None
-    kind, build = row
     try:
-        args, keep = build(inner, cache_layer, where)
+        args, keep = row.build(inner, cache_layer, where)
     except CodegenError:
         return None
-    return kind, args, keep
+    return row, args, keep
 
 
 # the callback a MIXER node calls: (layer, x, out, tokens)
@@ -278,7 +337,8 @@ class LayerProgramRunner:
         self._step, self._error = None, None
         self._stepped: list = []  # native mixers' args, given each step's state slots
         self._mixers: list[tuple[nn.Module, object]] = []  # (module, its cache) per call site
-        self.native_projections: dict[int, list] = {}  # layer → a native mixer's projections
+        # layer → the work of its native mixer's step: (tokens, plan) → Cost
+        self.native_costs: dict[int, Callable] = {}
         for index in self.layers:
             env = statics[index]
             for name in self.program.weight_inputs:
@@ -325,12 +385,12 @@ class LayerProgramRunner:
         native = native_mixer(module, cache, where) if self.phase == "decode" else None
         kind, address = 0, None
         if native is not None:
-            kind, native_args, keep = native
+            row, native_args, keep = native
+            kind, address = row.kind, ctypes.addressof(native_args)
             self._keep += [native_args, keep]
-            self._stepped.append(native_args)
-            address = ctypes.addressof(native_args)
-            inner = module.mixer  # (its projections: what a profiled call's work counts)
-            self.native_projections[index] = [inner.in_proj, inner.out_proj]
+            self._stepped.append((row, native_args, module))
+            inner, element = getattr(module, "mixer", module), self.model.dtype.itemsize
+            self.native_costs[index] = functools.partial(_native_cost, row, inner, element)
         self._mixers.append((module, cache))
         call = ctypes.cast(self._mixer_call, ctypes.c_void_p)
         args = MixerArgs(call, len(self._mixers) - 1, address, kind)
@@ -370,10 +430,10 @@ class LayerProgramRunner:
         weights, formats = self._widths
         pointer = ctypes.sizeof(ctypes.c_void_p)
         self._step, self._error = batch, None
-        if self._stepped:  # (decode: row t is sequence t)
-            slots, fresh = batch.state_slots.contiguous(), batch.fresh.contiguous()
-            for native in self._stepped:
-                native.slots, native.fresh = slots.data_ptr(), fresh.data_ptr()
+        stepped = []  # (the step's fields of the native mixers: alive until the call returns)
+        for row, native_args, module in self._stepped:
+            view = batch.view(module.group, module.rope_index)
+            stepped += row.step(native_args, view, batch)
         call(
             ctypes.addressof(self.weights) + run.start * max(weights, 1) * pointer,
             ctypes.addressof(self.formats)

@@ -343,6 +343,94 @@ void lk_deltanet_decode(const deltanet_args *a, const float *x, float *y, long T
     free(yv);
 }
 
+/* RMSNorm of n values in place: x / sqrt(mean(x^2) + eps) * w */
+static void mla_rms_norm(float *x, const float *w, long n, float eps) {
+    float ss = 0.0f;
+    for (long i = 0; i < n; ++i) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (long i = 0; i < n; ++i) x[i] = x[i] * inv * w[i];
+}
+
+/* RoPE of one head's r dims in place (half split: cos | sin rows of the table) */
+static void mla_rope(float *x, const float *table, long r) {
+    long half = r / 2;
+    const float *cs = table, *sn = table + half;
+    for (long i = 0; i < half; ++i) {
+        float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * cs[i] - x2 * sn[i];
+        x[i + half] = x2 * cs[i] + x1 * sn[i];
+    }
+}
+
+void lk_mla_decode(const mla_args *a, const float *x, float *y, long T, int threads) {
+    long H = a->heads, nope = a->nope, r = a->rope, L = a->latent, V = a->v_dim;
+    long qk = nope + r, q_rows = a->q_lora ? a->q_lora : H * qk, width = q_rows + L + r;
+    long row = L + r;
+    float *down = malloc(sizeof(float) * (size_t)(T * width));
+    float *q = a->q_lora ? malloc(sizeof(float) * (size_t)(T * H * qk)) : 0;
+    float *query = malloc(sizeof(float) * (size_t)(T * H * row));
+    float *att = malloc(sizeof(float) * (size_t)(T * H * row));
+    float *heads_out = malloc(sizeof(float) * (size_t)(T * H * V));
+    lk_gemm_any(a->down_format, a->down, x, 0, down, T, width, a->hidden, threads);
+    long q_stride = width;
+    const float *qsrc = down;
+    if (a->q_lora) {
+        for (long t = 0; t < T; ++t) mla_rms_norm(down + t * width, a->q_norm_w, a->q_lora, a->eps);
+        /* the up projection reads rows of `width` floats: pack them first */
+        float *qa = malloc(sizeof(float) * (size_t)(T * a->q_lora));
+        for (long t = 0; t < T; ++t)
+            memcpy(qa + t * a->q_lora, down + t * width, sizeof(float) * (size_t)a->q_lora);
+        lk_gemm_any(a->q_up_format, a->q_up, qa, 0, q, T, H * qk, a->q_lora, threads);
+        free(qa);
+        qsrc = q;
+        q_stride = H * qk;
+    }
+    for (long t = 0; t < T; ++t) { /* the cache row: normed latent, rotated k_pe */
+        float *lat = down + t * width + q_rows;
+        mla_rms_norm(lat, a->kv_norm_w, L, a->eps);
+        const float *table = a->rope_cache + a->positions[t] * r;
+        mla_rope(lat + L, table, r);
+        memcpy(a->cache + a->slots[t] * row, lat, sizeof(float) * (size_t)row);
+    }
+#pragma omp parallel for num_threads(threads) if (T * H * nope * L >= PARALLEL_MIN_ELEMENTS)
+    for (long th = 0; th < T * H; ++th) { /* [W_uk^T q_nope | rope(q_pe)] */
+        long t = th / H, h = th % H;
+        const float *qh = qsrc + t * q_stride + h * qk;
+        float *out = query + th * row;
+        for (long c = 0; c < L; ++c) out[c] = 0.0f;
+        const float *w = a->w_uk + h * nope * L;
+        for (long n = 0; n < nope; ++n) {
+            float qv = qh[n];
+            const float *wn = w + n * L;
+            for (long c = 0; c < L; ++c) out[c] += qv * wn[c];
+        }
+        memcpy(out + L, qh + nope, sizeof(float) * (size_t)r);
+        mla_rope(out + L, a->rope_cache + a->positions[t] * r, r);
+    }
+    lk_decode_attention(query, a->cache, a->cache, 0, 0, (const long *)a->block_tables,
+                        a->max_blocks, (const long *)a->seq_lens, att, T, H, 1, row,
+                        a->block_size, a->scale, 0, 0, threads);
+#pragma omp parallel for num_threads(threads) if (T * H * V * L >= PARALLEL_MIN_ELEMENTS)
+    for (long th = 0; th < T * H; ++th) { /* W_uv on the latent part */
+        long h = th % H;
+        const float *o = att + th * row;
+        const float *w = a->w_uv + h * V * L;
+        float *dst = heads_out + th * V;
+        for (long v = 0; v < V; ++v) {
+            float acc = 0.0f;
+            const float *wv = w + v * L;
+            for (long c = 0; c < L; ++c) acc += o[c] * wv[c];
+            dst[v] = acc;
+        }
+    }
+    lk_gemm_any(a->o_format, a->o, heads_out, 0, y, T, a->hidden, H * V, threads);
+    free(down);
+    free(q);
+    free(query);
+    free(att);
+    free(heads_out);
+}
+
 int lk_mixer_decode(long kind, const void *native, const float *x, float *y, long T,
                     int threads) {
     switch (kind) {
@@ -351,6 +439,9 @@ int lk_mixer_decode(long kind, const void *native, const float *x, float *y, lon
         return 1;
     case 2:
         lk_deltanet_decode((const deltanet_args *)native, x, y, T, threads);
+        return 1;
+    case 3:
+        lk_mla_decode((const mla_args *)native, x, y, T, threads);
         return 1;
     default:
         return 0;

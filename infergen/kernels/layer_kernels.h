@@ -94,6 +94,27 @@ typedef struct {
 } deltanet_args;
 void lk_deltanet_decode(const deltanet_args *a, const float *x, float *y, long T, int threads);
 /* a mixer's native decode step by kind (compiler/program.py NATIVE_MIXERS: 1 lk_ssm_decode,
- * 2 lk_deltanet_decode); 0 when it has none (the program calls the module back) */
+ * 2 lk_deltanet_decode, 3 lk_mla_decode); 0 when it has none (the program calls the module back) */
 int lk_mixer_decode(long kind, const void *native, const float *x, float *y, long T,
                     int threads);
+/* A latent attention's decode step (layers/mla.py, DeepSeek-V2/V3), one token per sequence,
+ * the weight-absorbed form: the down projection (q LoRA: its RMSNorm and up projection), the
+ * latent's RMSNorm and the RoPE key written as the token's cache row [latent | k_pe], q's
+ * nope part absorbed through W_uk, decode attention of [q_latent | rope(q_pe)] over the cached
+ * rows (one KV head, V = the rows' latent part), W_uv, o_proj. Built by
+ * compiler/program_mla.py (MLAArgs) per layer; the step's fields are set per call. */
+typedef struct {
+    long hidden, heads, nope, rope, latent, v_dim, q_lora; /* q_lora 0: no q LoRA */
+    const void *down; long down_format;
+    const float *q_norm_w; const void *q_up; long q_up_format;
+    const float *kv_norm_w; float eps;
+    const float *w_uk, *w_uv;            /* [heads, nope, latent], [heads, v_dim, latent] */
+    const void *o; long o_format;
+    float scale;
+    float *cache; long block_size;       /* [blocks, block_size, 1, latent + rope] */
+    /* per step */
+    const int64_t *positions, *slots, *block_tables, *seq_lens;
+    long max_blocks;
+    const float *rope_cache;             /* [positions, rope]: cos | sin halves */
+} mla_args;
+void lk_mla_decode(const mla_args *a, const float *x, float *y, long T, int threads);

@@ -213,18 +213,16 @@ class StackCost:
         native: dict | None = None,
     ) -> profiling.Cost:
         """The work of the first `layers` layers (or of the layers listed); `native`: layer
-        index → the projections of a mixer the call runs natively (the compiler's native
-        Mamba2 step), counted as the module's own regions would count them."""
+        index → the work of a mixer the call runs natively (the compiler's native decode
+        steps), (tokens, plan) → Cost, as the module's own regions would count it."""
         key = tuple(range(layers)) if isinstance(layers, int) else tuple(layers)
         if key not in self._affine:
             fixed = self._layers(0, key)
             self._affine[key] = (fixed, self._layers(1, key) - fixed)
         fixed, per_token = self._affine[key]
-        element = self.model.dtype.itemsize
         for index in key if native else ():
-            for linear in native.get(index, ()):
-                fixed += linear.cost(0, element)
-                per_token += linear.cost(1, element) - linear.cost(0, element)
+            if index in native:
+                fixed += native[index](tokens, plan)
         attending = [i for i in key if self.attends(i)]
         if not attending or plan is None:
             return fixed + per_token * tokens

@@ -84,10 +84,13 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
         assert a.token_ids == b.token_ids, name
 
 
-@pytest.mark.parametrize("name", ["mamba2", "falcon_h1", "qwen3_next"])
+@pytest.mark.parametrize(
+    "name", ["mamba2", "falcon_h1", "qwen3_next", "deepseek_v2", "deepseek_v3"]
+)
 def test_decode_steps_run_the_native_mixers(name, tmp_path):
-    """Decode programs run each Mamba2 / gated DeltaNet mixer's native step (lk_mixer_decode:
-    program_ssm.py, program_deltanet.py) instead of calling the module back, fresh sequences
+    """Decode programs run each Mamba2 / gated DeltaNet / latent attention mixer's native step
+    (lk_mixer_decode: program_ssm.py, program_deltanet.py, program_mla.py) instead of calling
+    the module back, fresh sequences
     (a one-token prompt's first step) included: greedy tokens and every step's logits equal the
     per-op path's; prefill steps call the modules back."""
     build_hf_model(name, tmp_path / "model")
@@ -96,7 +99,9 @@ def test_decode_steps_run_the_native_mixers(name, tmp_path):
     layers = compiled.engine.runner.model.fast_path_for(compiled.engine.kv_cache)
     model, cache = compiled.engine.runner.model, compiled.engine.kv_cache
     stepped = sum(len(p._stepped) for p in layers.programs["decode"] if p)  # (natives bound)
-    assert stepped == sum(1 for i in range(len(model.layers)) if _states_of(cache.layer(i)))
+    mla = [type(layer.attn).__name__ == "MLAttention" for layer in model.layers]
+    natives = [i for i in range(len(model.layers)) if _states_of(cache.layer(i)) or mla[i]]
+    assert stepped == len(natives)
     assert not any(p._stepped for p in layers.programs["prefill"] if p)
     tokens = list(range(3, 40))
     expected = reference.engine.prompt_logits(tokens, chunk=1)
@@ -251,10 +256,10 @@ def test_a_mixer_that_raises_inside_the_layer_program_raises_its_error(tmp_path)
     """The layer program calls a mixer module back from C (the per-layer fallback); an error
     there cannot cross C, so the program keeps it and raises it when it returns — the step
     fails with the mixer's own error, and the next step runs normally."""
-    build_hf_model("deepseek_v2", tmp_path / "model")  # (its latent attention: called back)
+    build_hf_model("mamba2", tmp_path / "model")  # (prefill steps: its mixers called back)
     llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
     layers = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache)
-    assert layers.program is not None and not layers.program._stepped
+    assert layers.prefill_program is not None and not layers.prefill_program._stepped
     mixer = llm.engine.runner.model.layers[1].attn
     forward = mixer.forward
 
@@ -264,7 +269,7 @@ def test_a_mixer_that_raises_inside_the_layer_program_raises_its_error(tmp_path)
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     expected = llm.generate([[3, 17, 42]], params)[0].token_ids
     mixer.forward = broken
-    with pytest.raises(RuntimeError, match="mixer broke"):  # (one token a step: the program)
-        llm.engine.prompt_logits([5, 8, 150], chunk=1)
+    with pytest.raises(RuntimeError, match="mixer broke"):  # (a prefill: the program)
+        llm.engine.prompt_logits([5, 8, 150, 7, 9], chunk=5)
     mixer.forward = forward
     assert llm.generate([[3, 17, 42]], params)[0].token_ids == expected
