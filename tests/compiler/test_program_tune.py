@@ -156,18 +156,33 @@ def test_engine_start_budget_builds_what_fits_and_runs_the_rest_op_by_op(jit, mo
     assert _program(again).by_bucket == {"1": ProgramVariant.parse("threads=1")}
 
 
-def test_engine_start_budget_plans_each_kind_of_layer(jit, tmp_path):
-    """DeepSeek-V2: a dense first layer and MoE layers (two graphs), their MLA mixers run as
-    modules. The startup budget plans each kind's groups (gains times its own layers), not the
-    per-kind layer programs (the walker runs the layers), and the engine's tokens equal the
-    per-op path's."""
-    build_hf_model("deepseek_v2", tmp_path / "model")
-    model_dir = str(tmp_path / "model")
+def _budget_start(name: str, directory) -> tuple[LLM, list[list[int]]]:
+    """An engine of test variant `name` started with a 20 s budget for batch-1 traffic, and
+    the per-op path's greedy tokens for PROMPTS."""
+    build_hf_model(name, directory)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    reference = LLM(model_dir, kv_cache_memory="4MiB")
+    reference = LLM(str(directory), kv_cache_memory="4MiB")
     expected = [o.token_ids for o in reference.generate(PROMPTS, params)]
-    llm = LLM(model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=20,
+    llm = LLM(str(directory), kv_cache_memory="4MiB", compile="jit", compile_budget_s=20,
               compile_traffic="1=1")  # fmt: skip
+    return llm, expected
+
+
+def _programs_not_planned(llm: LLM, why: str) -> list[list[int]]:
+    """The plan's program items say why they are not planned; the engine's greedy tokens."""
+    programs = [i for i in llm.engine.compile_plan if i.group in (PROGRAM, "prefill layer program")]
+    assert [i.status for i in programs] == [
+        f"not planned ({why}: built without compile_budget_s)"
+    ] * 2
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(PROMPTS, params)]
+
+
+def test_engine_start_budget_plans_each_kind_of_layer(jit, tmp_path):
+    """DeepSeek-V2: a dense first layer and MoE layers (two graphs). The startup budget plans
+    each kind's groups (gains times its own layers), not the per-kind layer programs (the
+    walker runs the layers under a budget), and the engine's tokens equal the per-op path's."""
+    llm, expected = _budget_start("deepseek_v2", tmp_path / "model")
     plan = llm.engine.compile_plan
     kinds = {i.group.split(" group")[0] for i in plan if " group " in i.group}
     assert kinds == {"kind 0", "kind 1"}, [i.group for i in plan]
@@ -176,29 +191,15 @@ def test_engine_start_budget_plans_each_kind_of_layer(jit, tmp_path):
     assert compiles and all(i.status in ("built", "cached") or i.status.startswith("= kind")
                             for i in compiles)  # fmt: skip
     assert any(i.status == "built" for i in compiles)
-    programs = [i for i in plan if i.group in (PROGRAM, "prefill layer program")]
-    assert [i.status for i in programs] == [
-        "not planned (layers of 2 kinds: built without compile_budget_s)"
-    ] * 2
-    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
+    assert _programs_not_planned(llm, "layers of 2 kinds") == expected
 
 
 def test_engine_start_budget_with_recurrent_layers(jit, tmp_path):
     """Mamba2 (one kind of layer, recurrent states): the budget plans its groups, not its
     layer programs (their probes are attention decode steps), says so, and the engine's
     tokens equal the per-op path's."""
-    build_hf_model("mamba2", tmp_path / "model")
-    model_dir = str(tmp_path / "model")
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    reference = LLM(model_dir, kv_cache_memory="4MiB")
-    expected = [o.token_ids for o in reference.generate(PROMPTS, params)]
-    llm = LLM(model_dir, kv_cache_memory="4MiB", compile="jit", compile_budget_s=20,
-              compile_traffic="1=1")  # fmt: skip
-    programs = [i for i in llm.engine.compile_plan if i.group in (PROGRAM, "prefill layer program")]
-    assert [i.status for i in programs] == [
-        "not planned (recurrent state layers: built without compile_budget_s)"
-    ] * 2
-    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
+    llm, expected = _budget_start("mamba2", tmp_path / "model")
+    assert _programs_not_planned(llm, "recurrent state layers") == expected
 
 
 def test_bad_traffic_option(jit, model_dir):
