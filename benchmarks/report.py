@@ -919,7 +919,8 @@ def render_jit_steps(lines: list[dict]) -> str | None:
     rows.append(
         "Regenerate: `python benchmarks/bench_jit_steps.py --model M --out "
         "benchmarks/results/jit_steps_<m>.jsonl && python benchmarks/report.py` (M: "
-        "gemma3-270m, gpt-oss-row, deepseek-v2-row, qwen3-next-row, mamba2-row, falcon-h1-row)."
+        "gemma3-270m, gpt-oss-row, deepseek-v2-row, deepseek-v3-row, qwen3-next-row, mamba2-row, "
+        "falcon-h1-row)."
     )
     return "\n".join(rows)
 
