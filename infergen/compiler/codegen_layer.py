@@ -11,7 +11,7 @@ codegen_c.py, called as functions), GEMMs (`lk_gemm_any` on the layer's prepared
 storage format), the KV store (rows copied to their slots), decode attention (the paged decode
 kernel), mixture-of-experts feed-forwards (`lk_moe` on the layer's moe_args), mixers the module
 runs (a callback into Python through the layer's mixer_args: the per-layer fallback; in decode
-steps a mixer's native step, `lk_mixer_decode`: Mamba2's and gated DeltaNet's), and
+steps a mixer's native step, `lk_mixer_decode`: Mamba2's, gated DeltaNet's, MLA's), and
 slices / views (pointer arithmetic). Activations live in one scratch arena, at
 the offsets of the buffer plan (buffers.py: values whose live ranges do not overlap share
 memory), T rows each.

@@ -142,15 +142,16 @@ def capture_kinds(model, kv_cache: PagedKVCache) -> list[LayerKind]:
     full layers differ only in what they bind: their cache group and RoPE table)."""
     kinds: list[LayerKind] = []
     of_kind: dict[tuple[str, str, str], LayerKind] = {}
+    by_graph: dict[str, LayerKind] = {}  # canonical graph text → its kind
     for index in range(len(model.layers)):
         key = _kind(model, index)
         if key not in of_kind:
             captured = capture_layer(model, kv_cache, index)
-            canonical = captured.graph.canonical()
-            same = next((k for k in kinds if k.captured.graph.canonical() == canonical), None)
+            same = by_graph.get(canonical := captured.graph.canonical())
             if same is None:
                 same = LayerKind(captured, [], " ".join(key), module_mixer(model, index))
                 kinds.append(same)
+                by_graph[canonical] = same
             elif " ".join(key) not in same.label:
                 same.label += " / " + " ".join(key)
             of_kind[key] = same

@@ -335,7 +335,9 @@ class LayerProgramRunner:
         # MIXER nodes call back into Python (the module on the layer's view of the step)
         self._mixer_call = MIXER_CALL(self._call_mixer)
         self._step, self._error = None, None
-        self._stepped: list = []  # native mixers' args, given each step's state slots
+        # (position in self.layers, NativeMixer row, C args, module) of the native mixers: each
+        # call sets the step's fields of those in its run of layers
+        self._stepped: list = []
         self._mixers: list[tuple[nn.Module, object]] = []  # (module, its cache) per call site
         # layer → the work of its native mixer's step: (tokens, plan) → Cost
         self.native_costs: dict[int, Callable] = {}
@@ -388,7 +390,7 @@ class LayerProgramRunner:
             row, native_args, keep = native
             kind, address = row.kind, ctypes.addressof(native_args)
             self._keep += [native_args, keep]
-            self._stepped.append((row, native_args, module))
+            self._stepped.append((self.layers.index(index), row, native_args, module))
             inner, element = getattr(module, "mixer", module), self.model.dtype.itemsize
             self.native_costs[index] = functools.partial(_native_cost, row, inner, element)
         self._mixers.append((module, cache))
@@ -431,7 +433,9 @@ class LayerProgramRunner:
         pointer = ctypes.sizeof(ctypes.c_void_p)
         self._step, self._error = batch, None
         stepped = []  # (the step's fields of the native mixers: alive until the call returns)
-        for row, native_args, module in self._stepped:
+        for position, row, native_args, module in self._stepped:
+            if position not in run:
+                continue
             view = batch.view(module.group, module.rope_index)
             stepped += row.step(native_args, view, batch)
         call(
