@@ -16,10 +16,6 @@ from infergen.errors import ConfigError
 from tests.hf_models import COMPILED_VARIANTS, MIXER_VARIANTS, build_hf_model
 
 PROMPTS = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
-# variants whose layers the layer programs have no code for (the graph walker runs them), and
-# the reason the compile report gives (none now: mixers the module runs are called back from
-# the programs, and a model with several kinds of layers runs a program per kind)
-WALKED: dict[str, str] = {}
 # variant → the per-layer fallbacks the compile report names
 MODULE_MIXERS: dict[str, list[str]] = {
     "mamba2": ["layers 0-2 (mamba StateMixer no MLP): the mamba mixer (StateMixer)"],
@@ -54,10 +50,7 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
     for why, expected in zip(fallbacks, MODULE_MIXERS.get(name, []), strict=False):
         assert why.startswith(expected), (why, expected)
     calls = {"decode": 0, "prefill": 0}  # program calls per phase (every kind's, every run)
-    if mode == "jit" and name in WALKED:  # the walker runs every step; the report says why
-        assert layers.program is None and layers.prefill_program is None
-        assert any(WALKED[name] in why for why in layers.report.groups_op_by_op)
-    elif mode == "jit":  # decode steps run the generated layer programs, one per kind
+    if mode == "jit":  # decode steps run the generated layer programs, one per kind
         assert all(layers.programs["decode"]), layers.report.groups_op_by_op
         for phase, programs in layers.programs.items():
             for program in filter(None, programs):
@@ -73,7 +66,7 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
         expected = reference.engine.prompt_logits(tokens, chunk=chunk)
         got = compiled.engine.prompt_logits(tokens, chunk=chunk)
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), (name, chunk)
-    if mode == "jit" and name not in WALKED:  # (each step: every kind's program at least once)
+    if mode == "jit":  # (each step: every kind's program at least once)
         assert calls["decode"] >= 39 * len(layers.kinds), calls
     if mode == "jit" and any(layers.programs["prefill"]):  # the 40-token and 7-token chunks
         assert calls["prefill"] >= 1 + 40 // 7
@@ -90,9 +83,8 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
 def test_decode_steps_run_the_native_mixers(name, tmp_path):
     """Decode programs run each Mamba2 / gated DeltaNet / latent attention mixer's native step
     (lk_mixer_decode: program_ssm.py, program_deltanet.py, program_mla.py) instead of calling
-    the module back, fresh sequences
-    (a one-token prompt's first step) included: greedy tokens and every step's logits equal the
-    per-op path's; prefill steps call the modules back."""
+    the module back, fresh sequences (a one-token prompt's first step) included: greedy tokens
+    and every step's logits equal the per-op path's; prefill steps call the modules back."""
     build_hf_model(name, tmp_path / "model")
     reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
     compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
