@@ -149,6 +149,9 @@ class NativeMixer:
     # (module, tokens, attention plan, element bytes) → the work of a step, as the module's
     # own op regions count it (what a profiled program call adds for it)
     cost: Callable
+    # the module's projections (Linear attributes; None where absent): the GEMMs its native
+    # step runs as the module does (the startup budget's floor of its gain)
+    projections: tuple[str, ...]
 
 
 def _projections_cost(*names: str) -> Callable:
@@ -177,15 +180,26 @@ def _mla_cost(module, tokens: int, plan, element: int) -> profiling.Cost:
 
 
 # the module's class → its native decode step
+_IN_OUT = ("in_proj", "out_proj")
 NATIVE_MIXERS: dict[type, NativeMixer] = {
-    Mamba2Mixer: NativeMixer(1, ssm_args, _state_step, _projections_cost("in_proj", "out_proj")),
-    GatedDeltaNet: NativeMixer(
-        2, deltanet_args, _state_step, _projections_cost("in_proj", "out_proj")
-    ),
+    Mamba2Mixer: NativeMixer(1, ssm_args, _state_step, _projections_cost(*_IN_OUT), _IN_OUT),
+    GatedDeltaNet: NativeMixer(2, deltanet_args, _state_step, _projections_cost(*_IN_OUT), _IN_OUT),
     MLAttention: NativeMixer(
-        3, mla_args, lambda args, view, batch: mla_step(args, view), _mla_cost
-    ),
+        3,
+        mla_args,
+        lambda args, view, batch: mla_step(args, view),
+        _mla_cost,
+        ("down", "q_up", "o"),
+    ),  # fmt: skip
 }
+
+
+def native_row(module) -> tuple[NativeMixer, nn.Module] | None:
+    """A mixer module's NATIVE_MIXERS row and the module it describes (a StateMixer's inner
+    mixer), or None: it has no native decode step."""
+    inner = getattr(module, "mixer", module)  # (layers/state_mixer.StateMixer wraps one)
+    row = NATIVE_MIXERS.get(type(inner))
+    return None if row is None else (row, inner)
 
 
 def _native_cost(row: NativeMixer, module, element: int, tokens: int, plan) -> profiling.Cost:
@@ -195,10 +209,10 @@ def _native_cost(row: NativeMixer, module, element: int, tokens: int, plan) -> p
 def native_mixer(module, cache_layer, where: str):
     """A mixer module's native decode form (its NativeMixer row, its C arguments, what to keep
     alive), or None: the program calls the module back."""
-    inner = getattr(module, "mixer", module)  # (layers/state_mixer.StateMixer wraps one)
-    row = NATIVE_MIXERS.get(type(inner))
-    if row is None:
+    found = native_row(module)
+    if found is None:
         return None
+    row, inner = found
     try:
         args, keep = row.build(inner, cache_layer, where)
     except CodegenError:

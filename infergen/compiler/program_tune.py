@@ -35,11 +35,24 @@ MARGIN = 0.02  # a value replaces the one kept only when its step is this much f
 
 @dataclass(frozen=True)
 class ProbeStep:
-    """The parts of a decode step the layer program reads."""
+    """The parts of a step the layer programs and the layers walked op by op read: the
+    attention plan, KV slots and RoPE inputs (None: a model without KV layers, Mamba2), and
+    for recurrent layers each sequence's token rows, state slot and fresh flag."""
 
-    attn_plan: AttentionPlan
-    slot_mapping: torch.Tensor
+    attn_plan: AttentionPlan | None
+    slot_mapping: torch.Tensor | None
     rope: RopeInputs
+    query_start_loc: list[int]
+    state_slots: torch.Tensor
+    fresh: torch.Tensor
+
+    @property
+    def attn_plans(self) -> list[AttentionPlan]:
+        return [self.attn_plan] if self.attn_plan is not None else []
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start_loc[-1]
 
     def view(self, group: int, rope_index: int) -> ProbeStep:
         """What every layer reads (ForwardBatch.view): the probe has one cache group's
@@ -47,52 +60,87 @@ class ProbeStep:
         return self
 
 
+def _probe(model, kv_cache, lengths: list[int], tables, plan_of, positions, fresh: bool):
+    """A ProbeStep of sequences of `lengths` new tokens each at `positions` (per token row),
+    their KV through block `tables` ([seqs, width]; `plan_of(window)` their attention plan;
+    None: the model caches no KV), sequence i in state slot i (wrapping around the cache's
+    slots), its state fresh or not."""
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    seqs = len(lengths)
+    plan = slots = None
+    if tables is not None:
+        block_size = kv_cache.block_size
+        row_seq = torch.repeat_interleave(torch.arange(seqs), torch.tensor(lengths))
+        slots = tables[row_seq, positions // block_size] * block_size + positions % block_size
+        plan = plan_of(getattr(kv_cache.groups[0], "window", 0) or 0)
+    states = kv_cache.states
+    count = states.num_slots if states is not None else 1
+    return ProbeStep(
+        plan, slots, RopeInputs(positions, model.rope_cache), starts,
+        torch.arange(seqs, dtype=torch.int64) % count,
+        torch.full((seqs,), fresh, dtype=torch.bool),
+    )  # fmt: skip
+
+
+def _kv_blocks(kv_cache) -> int:
+    """The blocks of the KV pool (0: a model without KV layers, Mamba2)."""
+    return kv_cache.num_blocks if kv_cache.page_slot else 0
+
+
 def decode_probe(model, kv_cache, tokens: int, context: int = PROBE_CONTEXT):
     """(h, step): a decode step of `tokens` sequences at `context` positions each (fewer when
     the cache is smaller), sequence i over cache blocks [i·n, (i+1)·n) (wrapping around a
-    small cache). Each step writes one KV slot per sequence: run it before the engine holds
-    any sequence."""
-    blocks, block_size = kv_cache.layer(0).k.shape[:2]
-    context = max(1, min(context, max(1, blocks // tokens) * block_size))
-    width = -(-context // block_size)
-    tables = (torch.arange(tokens * width, dtype=torch.int64) % blocks).reshape(tokens, width)
-    last = context - 1
-    slots = tables[:, last // block_size] * block_size + last % block_size
-    positions = torch.full((tokens,), last, dtype=torch.int64)
-    window = getattr(kv_cache.groups[0], "window", 0) or 0
-    plan = AttentionPlan(
-        decode_rows=torch.arange(tokens),
-        prefills=[],
-        decode_only=True,
-        decode_block_tables=tables,
-        decode_seq_lens=torch.full((tokens,), context, dtype=torch.int64),
-        window=window,
-        block_size=block_size,
-        decode_max_context=context,
-    )
+    small cache), in state slot i (wrapping likewise). Each step writes one KV slot and the
+    states of each sequence: run it before the engine holds any sequence."""
+    blocks, block_size = _kv_blocks(kv_cache), kv_cache.block_size
+    tables = None
+    if blocks:
+        context = max(1, min(context, max(1, blocks // tokens) * block_size))
+        width = -(-context // block_size)
+        tables = (torch.arange(tokens * width, dtype=torch.int64) % blocks).reshape(tokens, width)
+    positions = torch.full((tokens,), context - 1, dtype=torch.int64)
+
+    def plan_of(window: int) -> AttentionPlan:
+        return AttentionPlan(
+            decode_rows=torch.arange(tokens),
+            prefills=[],
+            decode_only=True,
+            decode_block_tables=tables,
+            decode_seq_lens=torch.full((tokens,), context, dtype=torch.int64),
+            window=window,
+            block_size=block_size,
+            decode_max_context=context,
+        )
+
+    step = _probe(model, kv_cache, [1] * tokens, tables, plan_of, positions, fresh=False)
     generator = torch.Generator().manual_seed(0)
-    h = torch.randn(tokens, model.config.hidden_size, generator=generator)
-    return h, ProbeStep(plan, slots, RopeInputs(positions, model.rope_cache))
+    return torch.randn(tokens, model.config.hidden_size, generator=generator), step
 
 
 def prefill_probe(model, kv_cache, tokens: int):
     """(h, step): one sequence's prompt of `tokens` tokens (fewer when the cache is smaller)
-    over cache blocks [0, n): what the prefill layer program runs. Writes those KV slots: run
-    it before the engine holds any sequence."""
-    blocks, block_size = kv_cache.layer(0).k.shape[:2]
-    tokens = max(2, min(tokens, blocks * block_size))
-    width = -(-tokens // block_size)
-    tables = torch.arange(width, dtype=torch.int64).reshape(1, width)
+    over cache blocks [0, n), from a fresh state in slot 0: what the prefill layer program
+    runs. Writes those KV slots and that state: run it before the engine holds any
+    sequence."""
+    blocks, block_size = _kv_blocks(kv_cache), kv_cache.block_size
+    tables = None
+    if blocks:
+        tokens = max(2, min(tokens, blocks * block_size))
+        tables = torch.arange(-(-tokens // block_size), dtype=torch.int64).reshape(1, -1)
     positions = torch.arange(tokens, dtype=torch.int64)
-    window = getattr(kv_cache.groups[0], "window", 0) or 0
-    item = PrefillItem(0, tokens, tokens, 0, tables, block_size)
-    plan = AttentionPlan(
-        decode_rows=None, prefills=[item], window=window, block_tables=tables,
-        block_size=block_size,
-    )  # fmt: skip
+
+    def plan_of(window: int) -> AttentionPlan:
+        item = PrefillItem(0, tokens, tokens, 0, tables, block_size)
+        return AttentionPlan(
+            decode_rows=None, prefills=[item], window=window, block_tables=tables,
+            block_size=block_size,
+        )  # fmt: skip
+
+    step = _probe(model, kv_cache, [tokens], tables, plan_of, positions, fresh=True)
     generator = torch.Generator().manual_seed(0)
-    h = torch.randn(tokens, model.config.hidden_size, generator=generator)
-    return h, ProbeStep(plan, positions, RopeInputs(positions, model.rope_cache))
+    return torch.randn(tokens, model.config.hidden_size, generator=generator), step
 
 
 def time_variants(

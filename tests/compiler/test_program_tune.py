@@ -16,7 +16,7 @@ from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.program import DEFAULT, tuning_key
 from infergen.compiler.program_tune import decode_probe, tune_program
 from infergen.compiler.program_variants import KNOBS, ProgramVariant
-from infergen.compiler.startup import PROGRAM
+from infergen.compiler.startup import PREFILL, PROGRAM
 from infergen.compiler.tune import BucketResult, TuningRecord
 from infergen.registry import Registry
 from tests.hf_models import build_hf_model
@@ -168,20 +168,29 @@ def _budget_start(name: str, directory) -> tuple[LLM, list[list[int]]]:
     return llm, expected
 
 
-def _programs_not_planned(llm: LLM, why: str) -> list[list[int]]:
-    """The plan's program items say why they are not planned; the engine's greedy tokens."""
-    programs = [i for i in llm.engine.compile_plan if i.group in (PROGRAM, "prefill layer program")]
-    assert [i.status for i in programs] == [
-        f"not planned ({why}: built without compile_budget_s)"
-    ] * 2
+def _programs_planned(llm: LLM, kinds: int) -> list[list[int]]:
+    """Each kind's decode and prefill programs were planned and built within the budget
+    (expected gain beside measured), the engine runs them (no layer walked op by op); the
+    engine's greedy tokens."""
+    plan = llm.engine.compile_plan
+    prefixes = [f"kind {k} " for k in range(kinds)] if kinds > 1 else [""]
+    for prefix in prefixes:
+        for name in (PROGRAM, PREFILL):
+            (item,) = [i for i in plan if i.kind == "compile" and i.group == prefix + name]
+            assert item.status in ("built", "cached"), (item.group, item.status)
+            assert item.gain_ms is not None and item.measured_ms is not None
+    layers = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache)
+    for phase, programs in layers.programs.items():
+        assert len(programs) == kinds and all(p is not None for p in programs), phase
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     return [o.token_ids for o in llm.generate(PROMPTS, params)]
 
 
 def test_engine_start_budget_plans_each_kind_of_layer(jit, tmp_path):
-    """DeepSeek-V2: a dense first layer and MoE layers (two graphs). The startup budget plans
-    each kind's groups (gains times its own layers), not the per-kind layer programs (the
-    walker runs the layers under a budget), and the engine's tokens equal the per-op path's."""
+    """DeepSeek-V2: a dense first layer and MoE layers (two graphs, MLA in both). The startup
+    budget plans each kind's groups (gains times its own layers) and each kind's layer
+    programs (their gains timed on that kind's layers), and the engine's tokens equal the
+    per-op path's."""
     llm, expected = _budget_start("deepseek_v2", tmp_path / "model")
     plan = llm.engine.compile_plan
     kinds = {i.group.split(" group")[0] for i in plan if " group " in i.group}
@@ -191,15 +200,33 @@ def test_engine_start_budget_plans_each_kind_of_layer(jit, tmp_path):
     assert compiles and all(i.status in ("built", "cached") or i.status.startswith("= kind")
                             for i in compiles)  # fmt: skip
     assert any(i.status == "built" for i in compiles)
-    assert _programs_not_planned(llm, "layers of 2 kinds") == expected
+    assert _programs_planned(llm, 2) == expected
 
 
-def test_engine_start_budget_with_recurrent_layers(jit, tmp_path):
-    """Mamba2 (one kind of layer, recurrent states): the budget plans its groups, not its
-    layer programs (their probes are attention decode steps), says so, and the engine's
-    tokens equal the per-op path's."""
-    llm, expected = _budget_start("mamba2", tmp_path / "model")
-    assert _programs_not_planned(llm, "recurrent state layers") == expected
+@pytest.mark.parametrize("name", ["mamba2", "qwen3_next"])
+def test_engine_start_budget_with_recurrent_layers(jit, tmp_path, name):
+    """Mamba2 (one kind of layer, recurrent states, no KV cache) and Qwen3-Next (DeltaNet and
+    gated-attention layers): the budget's probes step the recurrent states too, so their
+    layer programs are planned, built and run, and the engine's tokens equal the per-op
+    path's."""
+    llm, expected = _budget_start(name, tmp_path / "model")
+    kinds = len(runtime.jit_kinds(llm.engine.runner.model, llm.engine.kv_cache))
+    assert _programs_planned(llm, kinds) == expected
+
+
+def test_probes_step_the_states(jit, tmp_path):
+    """The decode probe of a recurrent model gives each sequence its own state slot (wrapped
+    around the cache's slots) and one token row; the prefill probe one fresh sequence."""
+    build_hf_model("mamba2", tmp_path / "model")
+    llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
+    model, cache = llm.engine.runner.model, llm.engine.kv_cache
+    slots = cache.states.num_slots
+    h, step = decode_probe(model, cache, slots + 2)
+    assert h.shape == (slots + 2, model.config.hidden_size)
+    assert step.query_start_loc == list(range(slots + 3)) and step.attn_plan is None
+    assert step.state_slots.tolist() == [*range(slots), 0, 1] and not step.fresh.any()
+    h, step = program_tune.prefill_probe(model, cache, 5)
+    assert step.query_start_loc == [0, 5] and step.fresh.tolist() == [True]
 
 
 def test_bad_traffic_option(jit, model_dir):
