@@ -241,6 +241,16 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
              * at a time while this one computes */
             long pf_cursor = 0, pf_total = 0, pf_it = it + nthr;
             if (pf_it < items) pf_total = (item_end[pf_it] - item_pos[pf_it]) * 2 * lines_per_slot;
+            if (it < nthr) /* a thread's first item, which no earlier item prefetched: all of
+                            * its lines asked for now (batch 1 at 129 positions, 30 layers,
+                            * cold: 0.91 -> 0.74 ms; 512: 1.41 -> 1.27 ms) */
+                for (long i = 0; i < n; ++i) {
+                    long off = slot_of(table, start + i, block_size) * slot_stride * esz;
+                    for (long l = 0; l < lines_per_slot; ++l) {
+                        _mm_prefetch(kc + off + l * 64, _MM_HINT_T1);
+                        _mm_prefetch(vc + off + l * 64, _MM_HINT_T1);
+                    }
+                }
             for (long kvh = 0; kvh < kv_heads; ++kvh) {
                 for (long i = 0; i < n; ++i) { /* slots once per (chunk, KV head) */
                     long offset = slot_of(table, start + i, block_size) * slot_stride + kvh * dim;
