@@ -6,7 +6,8 @@ its values compiled (through the JIT cache) and timed round robin on the same de
 `tokens` sequences (the bucket's representative count) each `context` positions long, over
 blocks of the engine's still empty KV cache — and the fastest value is kept before the next
 knob when it beats the value kept by more than MARGIN (these machines are noisy); a winner
-other than the default must beat it again, by MARGIN, in rounds of their own. The winner
+other than the default must beat it again, by MARGIN, in rounds of their own (whose times are
+the two recorded: a winner's recorded gain is never below the margin). The winner
 per bucket and every variant's best time go into tuning.json under the program's tuning key;
 LayerProgramRunner runs the winners from then on. It stops where the time given runs out: a
 knob whose values are not all built by then keeps its value, the buckets after get nothing
@@ -186,10 +187,12 @@ def tune_program(
                 current = fastest
         if current != DEFAULT:  # confirmed against the default in rounds of their own
             times = time_variants(runner, [DEFAULT, current], h, step, 2 * rounds)
-            for variant, t in times.items():
-                best[variant] = min(best.get(variant, t), t)
-            if not times[current] < (1.0 - MARGIN) * times[DEFAULT]:
+            if times[current] < (1.0 - MARGIN) * times[DEFAULT]:
+                best.update(times)  # (the gain recorded is the one that confirmed it)
+            else:
                 current = DEFAULT
+                for variant, t in times.items():
+                    best[variant] = min(best[variant], t)
         found[bucket] = BucketResult(current.label, {v.label: t for v, t in best.items()})
     if found:
         TuningRecord(runner.cache).store(tuning_key(runner.program, runner.cache), found)

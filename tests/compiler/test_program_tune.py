@@ -112,6 +112,32 @@ def test_tuner_records_winners_and_a_new_engine_runs_them(jit, model_dir, monkey
         assert a.token_ids == b.token_ids
 
 
+def test_a_winner_records_the_times_that_confirmed_it(jit, model_dir, monkeypatch):
+    """The knob's round found threads=1 faster; the confirming rounds agree, but the default
+    had one lucky time in the knob's round: the recorded times are the confirming rounds'
+    (the gain is the margin it won by, never negative), and a winner the confirming rounds
+    reject is not recorded."""
+    llm = LLM(model_dir, kv_cache_memory="4MiB", compile="jit")
+    runner = _program(llm)
+    threads_only = Registry("layer program knob")
+    threads_only.register("threads", KNOBS.get("threads"))
+    monkeypatch.setattr(program_tune, "KNOBS", threads_only)
+    for confirm, winner in (({"default": 0.010, "threads=1": 0.008}, "threads=1"),
+                            ({"default": 0.010, "threads=1": 0.0099}, "default")):  # fmt: skip
+        scripted = iter([{"default": 0.005, "threads=1": 0.004}, confirm])
+
+        def timed(runner, variants, h, step, rounds=2, scripted=scripted):
+            times = next(scripted)
+            return {v: times[v.label] for v in variants}
+
+        monkeypatch.setattr(program_tune, "time_variants", timed)
+        (result,) = tune_program(runner, ["1"], seconds=30, rounds=2).values()
+        assert result.winner == winner
+        if winner != "default":
+            assert result.seconds == confirm
+        assert result.seconds[winner] <= result.seconds["default"]
+
+
 def test_engine_start_budget_builds_what_fits_and_runs_the_rest_op_by_op(jit, model_dir):
     reference = LLM(model_dir, kv_cache_memory="4MiB")
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
