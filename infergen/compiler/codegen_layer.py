@@ -496,9 +496,9 @@ class _Renderer:
         slot = self.weight_inputs.index(module.name)
         args = f"const mixer_args *m_ = (const mixer_args *)W[{slot}];"
         callback = f"m_->call(m_->layer, {src.at()}, {out.ptr}, T);"
-        if self.phase == "decode":  # (a mixer's native decode step, where it has one)
-            native = f"lk_mixer_decode(m_->kind, m_->native, {src.at()}, {out.ptr}, T, threads)"
-            callback = f"if (!{native}) {callback}"
+        # a mixer's native step where it has one and the step runs it (kind 0: the callback)
+        native = f"lk_mixer_decode(m_->kind, m_->native, {src.at()}, {out.ptr}, T, threads)"
+        callback = f"if (!{native}) {callback}"
         self.timed(f"mixer {node.attrs['mixer']}", [f"{{ {args} {callback} }}"])
         self.refs[id(node.outputs[0])] = out
 

@@ -132,11 +132,25 @@ class MixerArgs(ctypes.Structure):  # codegen_layer.MIXER_ARGS, field for field
 
 
 def _state_step(args, view, batch) -> list:
-    """A recurrent mixer's step fields: each row's state slot and fresh flag (decode: row t
-    is sequence t)."""
-    slots, fresh = batch.state_slots.contiguous(), batch.fresh.contiguous()
+    """A recurrent mixer's step fields: each token row's state slot and fresh flag (decode:
+    row t is sequence t; a prefill's rows are its sequence's, only the first one fresh)."""
+    slots, fresh = row_states(batch.query_start_loc, batch.state_slots, batch.fresh)
     args.slots, args.fresh = slots.data_ptr(), fresh.data_ptr()
     return [slots, fresh]
+
+
+def row_states(
+    starts: list[int], slots: torch.Tensor, fresh: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token row of sequences whose rows are starts[i]:starts[i+1]: the sequence's state
+    slot, and whether the row starts from zeros (its sequence is fresh and it is the first)."""
+    if starts[-1] == len(starts) - 1:  # (a row per sequence: decode)
+        return slots.contiguous(), fresh.contiguous()
+    lengths = torch.tensor([b - a for a, b in zip(starts[:-1], starts[1:], strict=True)])
+    first = torch.zeros(starts[-1], dtype=torch.bool)
+    first[torch.tensor(starts[:-1])[lengths > 0]] = True
+    rows_fresh = torch.repeat_interleave(fresh.to(torch.bool), lengths) & first
+    return torch.repeat_interleave(slots, lengths).contiguous(), rows_fresh.contiguous()
 
 
 @dataclass(frozen=True)
@@ -149,6 +163,10 @@ class NativeMixer:
     # (module, tokens, attention plan, element bytes) → the work of a step, as the module's
     # own op regions count it (what a profiled program call adds for it)
     cost: Callable
+    # the most rows of a prefill step the native step runs (a sequence's rows one after
+    # another, its state carried from one to the next; 0: none, the module is called back):
+    # above it the module's chunked form (matrix products over chunks of tokens) is faster
+    prefill_rows: int
     # the module's projections (Linear attributes; None where absent): the GEMMs its native
     # step runs as the module does (the startup budget's floor of its gain)
     projections: tuple[str, ...]
@@ -182,15 +200,22 @@ def _mla_cost(module, tokens: int, plan, element: int) -> profiling.Cost:
 # the module's class → its native decode step
 _IN_OUT = ("in_proj", "out_proj")
 NATIVE_MIXERS: dict[type, NativeMixer] = {
-    Mamba2Mixer: NativeMixer(1, ssm_args, _state_step, _projections_cost(*_IN_OUT), _IN_OUT),
-    GatedDeltaNet: NativeMixer(2, deltanet_args, _state_step, _projections_cost(*_IN_OUT), _IN_OUT),
+    # (prefill rows: below where the native step stops beating the module on the prefills of
+    # bench_architectures' rows, AMD EPYC Zen 4, 2 threads — Mamba2's step time 0.80x the
+    # module's at 8 rows, 0.94-0.96x at 16, 1.08x at 32 (its state, read and written per row,
+    # is larger than DeltaNet's); DeltaNet 0.62x at 8, 0.65x at 16, 0.84x at 256)
+    Mamba2Mixer: NativeMixer(1, ssm_args, _state_step, _projections_cost(*_IN_OUT), 8, _IN_OUT),
+    GatedDeltaNet: NativeMixer(
+        2, deltanet_args, _state_step, _projections_cost(*_IN_OUT), 512, _IN_OUT
+    ),
     MLAttention: NativeMixer(
         3,
         mla_args,
         lambda args, view, batch: mla_step(args, view),
         _mla_cost,
+        0,
         ("down", "q_up", "o"),
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -355,6 +380,7 @@ class LayerProgramRunner:
         self._mixers: list[tuple[nn.Module, object]] = []  # (module, its cache) per call site
         # layer → the work of its native mixer's step: (tokens, plan) → Cost
         self.native_costs: dict[int, Callable] = {}
+        self._native_rows: dict[int, NativeMixer] = {}  # layer → its native mixer's row
         for index in self.layers:
             env = statics[index]
             for name in self.program.weight_inputs:
@@ -398,20 +424,43 @@ class LayerProgramRunner:
     def _bind_mixer(self, module: nn.Module, cache, index: int, where: str) -> int:
         """A MIXER node's mixer_args for one layer (the callback's index of the module and its
         cache; the decode program's native form where the module has one): its address."""
-        native = native_mixer(module, cache, where) if self.phase == "decode" else None
-        kind, address = 0, None
-        if native is not None:
-            row, native_args, keep = native
-            kind, address = row.kind, ctypes.addressof(native_args)
-            self._keep += [native_args, keep]
-            self._stepped.append((self.layers.index(index), row, native_args, module))
-            inner, element = getattr(module, "mixer", module), self.model.dtype.itemsize
-            self.native_costs[index] = functools.partial(_native_cost, row, inner, element)
+        native = native_mixer(module, cache, where)
+        if native is not None and self.phase == "prefill" and not native[0].prefill_rows:
+            native = None
         self._mixers.append((module, cache))
         call = ctypes.cast(self._mixer_call, ctypes.c_void_p)
-        args = MixerArgs(call, len(self._mixers) - 1, address, kind)
+        args = MixerArgs(call, len(self._mixers) - 1, None, 0)
         self._keep.append(args)
+        if native is not None:
+            row, native_args, keep = native
+            args.native, args.kind = ctypes.addressof(native_args), row.kind
+            self._keep += [native_args, keep]
+            self._stepped.append((self.layers.index(index), row, native_args, module, args))
+            inner, element = getattr(module, "mixer", module), self.model.dtype.itemsize
+            self.native_costs[index] = functools.partial(_native_cost, row, inner, element)
+            self._native_rows[index] = row
         return ctypes.addressof(args)
+
+    def native_runs(self, row: NativeMixer, batch) -> bool:
+        """Whether mixer `row`'s native step runs this step (always in decode; in prefill,
+        steps of at most its prefill_rows rows, every sequence with some)."""
+        if self.phase == "decode":
+            return True
+        starts = batch.query_start_loc
+        return (
+            starts is not None
+            and starts[-1] <= row.prefill_rows
+            and all(b > a for a, b in zip(starts[:-1], starts[1:], strict=True))
+        )
+
+    def native_costs_at(self, batch) -> dict[int, Callable]:
+        """native_costs of the layers whose native steps run this step (the others' modules
+        run: their own regions count their work)."""
+        return {
+            index: cost
+            for index, cost in self.native_costs.items()
+            if self.native_runs(self._native_rows[index], batch)
+        }
 
     def run(
         self,
@@ -447,11 +496,14 @@ class LayerProgramRunner:
         pointer = ctypes.sizeof(ctypes.c_void_p)
         self._step, self._error = batch, None
         stepped = []  # (the step's fields of the native mixers: alive until the call returns)
-        for position, row, native_args, module in self._stepped:
+        for position, row, native_args, module, mixer_args in self._stepped:
             if position not in run:
                 continue
-            view = batch.view(module.group, module.rope_index)
-            stepped += row.step(native_args, view, batch)
+            native = self.native_runs(row, batch)
+            mixer_args.kind = row.kind if native else 0  # (0: the module, called back)
+            if native:
+                view = batch.view(module.group, module.rope_index)
+                stepped += row.step(native_args, view, batch)
         call(
             ctypes.addressof(self.weights) + run.start * max(weights, 1) * pointer,
             ctypes.addressof(self.formats)

@@ -293,7 +293,7 @@ class CompiledLayers:
         """The profiler's region of a program call on a run of one kind's layers."""
         layers = [self.kinds[kind].layers[position] for position in run]
         plan = batch.attn_plans[0] if batch.attn_plans else None
-        work = self.stack_cost(tokens, plan, layers, program.native_costs)
+        work = self.stack_cost(tokens, plan, layers, program.native_costs_at(batch))
         title = f"{len(layers)} layers, jit {program.phase} program"
         return profiling.region(f"{program.phase}_layers", title, work)
 

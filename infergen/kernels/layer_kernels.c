@@ -197,6 +197,14 @@ void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, in
     free(xs), free(gu), free(act), free(ys);
 }
 
+/* Whether some token rows share a state slot: rows of one sequence (a prefill's tokens, in
+ * order, only the first one `fresh`), each reading the state the row before it wrote. */
+static int rows_chained(const long *slots, long T) {
+    for (long t = 1; t < T; ++t)
+        if (slots[t] == slots[t - 1]) return 1;
+    return 0;
+}
+
 static inline float ssm_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 static inline float ssm_silu(float v) { return v / (1.0f + expf(-v)); }
 
@@ -228,10 +236,14 @@ void lk_ssm_decode(const ssm_args *a, const float *x, float *y, long T, int thre
     for (long t = 0; t < T; ++t) /* the conv over the state's W-1 inputs and the token */
         conv_step(zx + t * proj + I, a->conv_state + a->slots[t] * C * (W - 1), a->conv_w,
                   a->conv_b, C, W, a->fresh[t] != 0, a->activation);
-    /* the state update and y, a (token, head) per iteration */
+    /* the state update and y, a (token, head) per iteration; rows of one sequence (a
+     * prefill's tokens, in order) read the state the row before wrote: then the heads go
+     * over the threads, each head's rows in order */
+    int chained = rows_chained(a->slots, T);
 #pragma omp parallel for num_threads(threads) if (T * H * P * N >= PARALLEL_MIN_ELEMENTS)
-    for (long th = 0; th < T * H; ++th) {
-        long t = th / H, h = th % H, g = h / R;
+    for (long it = 0; it < (chained ? H : T * H); ++it)
+    for (long row = 0; row < (chained ? T : 1); ++row) {
+        long t = chained ? row : it / H, h = chained ? it : it % H, g = h / R;
         const float *row = zx + t * proj, *xs = row + I + h * P;
         /* xBC after the conv: x [I] | B [G, N] | C [G, N]; then dt [H] */
         const float *B = row + 2 * I + g * N, *Cm = row + 2 * I + G * N + g * N;
@@ -244,6 +256,7 @@ void lk_ssm_decode(const ssm_args *a, const float *x, float *y, long T, int thre
         for (long p = 0; p < P; ++p) {
             float xv = xs[p], dx = d * xv, acc = 0.0f;
             float *hrow = hs + p * N;
+#pragma omp simd reduction(+ : acc) /* (a float sum: not vectorized without it) */
             for (long n = 0; n < N; ++n) {
                 float v = (fresh ? 0.0f : hrow[n]) * decay + dx * B[n];
                 hrow[n] = v;
@@ -292,10 +305,13 @@ void lk_deltanet_decode(const deltanet_args *a, const float *x, float *y, long T
         conv_step(zx + t * proj, a->conv_state + a->slots[t] * C * (W - 1), a->conv_w, 0, C, W,
                   a->fresh[t] != 0, a->activation);
     float q_scale = 1.0f / sqrtf((float)Dk);
-    /* the gated delta rule and the gated norm, a (token, value head) per iteration */
+    /* the gated delta rule and the gated norm, a (token, value head) per iteration; each
+     * head's rows in order where rows of one sequence follow each other (as lk_ssm_decode) */
+    int chained = rows_chained(a->slots, T);
 #pragma omp parallel for num_threads(threads) if (T * Hv * Dk * Dv >= PARALLEL_MIN_ELEMENTS)
-    for (long th = 0; th < T * Hv; ++th) {
-        long t = th / Hv, h = th % Hv, kh = h / per_k;
+    for (long it = 0; it < (chained ? Hv : T * Hv); ++it)
+    for (long row = 0; row < (chained ? T : 1); ++row) {
+        long t = chained ? row : it / Hv, h = chained ? it : it % Hv, kh = h / per_k;
         const float *row = zx + t * proj;
         const float *q = row + kh * Dk, *k = row + key_dim + kh * Dk;
         const float *v = row + 2 * key_dim + h * Dv, *z = row + C + h * Dv;

@@ -54,8 +54,11 @@ typedef struct {
     const float *shared_gate;            /* [hidden] or NULL */
 } moe_args;
 void lk_moe(const moe_args *m, const float *x, float *y, long T, long hidden, int threads);
-/* A Mamba2 mixer's decode step (layers/ssm.py), one token per sequence (row t is sequence
- * t's token, its state in slot slots[t], zeros where fresh[t]): in_proj, the causal conv1d
+/* A Mamba2 mixer's step (layers/ssm.py) over T token rows, row t's state in slot slots[t]
+ * (zeros where fresh[t]): one row per sequence (decode), or a prefill's rows, a sequence's
+ * following each other in order (only its first fresh), each reading the state the row
+ * before wrote (then the heads go over the threads, each head's rows in order): in_proj, the
+ * causal conv1d
  * over the conv state (silu or none), the SSM state update with clamp(softplus(dt + dt_bias)),
  * y = C . state + D x, the gated RMSNorm over groups (before or after the gate, or none),
  * out_proj. Built by compiler/program_ssm.py (SSMArgs) per layer; `slots` and `fresh` are set
@@ -75,7 +78,7 @@ typedef struct {
     const int64_t *slots; const uint8_t *fresh;  /* per step: [T] */
 } ssm_args;
 void lk_ssm_decode(const ssm_args *a, const float *x, float *y, long T, int threads);
-/* A gated DeltaNet mixer's decode step (layers/linear_attention.py), one token per sequence as
+/* A gated DeltaNet mixer's step (layers/linear_attention.py) over token rows as
  * lk_ssm_decode's: in_proj, the conv1d step over q | k | v, l2-normed q (times k_dim^-1/2) and
  * k, beta = sigmoid(b), decay = exp(-decay_rate softplus(a + dt_bias)), the delta rule on the
  * [k_dim, v_dim] state of each value head, the RMSNorm of its output times silu(z), out_proj.

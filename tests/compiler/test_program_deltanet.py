@@ -45,6 +45,15 @@ def test_lk_deltanet_decode_matches_the_module(v_heads, sequences):
     check_step("lk_deltanet_decode", deltanet_args, mixer, spec.hidden_size, sequences)
 
 
+@pytest.mark.parametrize("lengths", [[5], [40, 1, 25], [3, 7, 2, 9]])
+def test_lk_deltanet_decode_runs_prefill_rows_in_order(lengths):
+    """Several rows per sequence (a prefill step), against the module's chunked form; 66 rows
+    reach the threaded loop (the heads over the threads, each head's rows in order)."""
+    spec = DeltaNetSpec(48, 2, 4, 16, 8)
+    mixer = _mixer(spec, seed=len(lengths))
+    check_step("lk_deltanet_decode", deltanet_args, mixer, spec.hidden_size, len(lengths), lengths)
+
+
 def test_what_the_native_step_refuses():
     spec = DeltaNetSpec(48, 2, 2, 16, 8)
     mixer = _mixer(spec)

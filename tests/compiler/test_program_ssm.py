@@ -54,6 +54,16 @@ def test_lk_ssm_decode_matches_the_module(variant, sequences):
     check_step("lk_ssm_decode", ssm_args, mixer, spec.hidden_size, sequences)
 
 
+@pytest.mark.parametrize("lengths", [[5], [40, 1, 25], [3, 7, 2, 9]])
+def test_lk_ssm_decode_runs_prefill_rows_in_order(lengths):
+    """Several rows per sequence (a prefill step: prefill programs call the native step for
+    up to its prefill_rows), against the module's chunked form; 66 rows reach the
+    threaded loop (the heads over the threads, each head's rows in order)."""
+    spec = SSMSpec(48, 4, 8, 16, n_groups=1, conv_kernel=4, chunk_size=16, norm_eps=1e-5)
+    mixer = _mixer(spec, seed=len(lengths))
+    check_step("lk_ssm_decode", ssm_args, mixer, spec.hidden_size, len(lengths), lengths)
+
+
 def test_what_the_native_step_refuses():
     """Named refusals (the program then calls the module back): state tensors that are not
     fp32 or not contiguous, projections without packed panels."""

@@ -12,7 +12,9 @@ import torch
 from infergen import LLM, SamplingParams
 from infergen.compiler import runtime
 from infergen.compiler.jit_cache import JitCache
+from infergen.compiler.program import NATIVE_MIXERS
 from infergen.errors import ConfigError
+from infergen.layers.ssm import Mamba2Mixer
 from tests.hf_models import COMPILED_VARIANTS, MIXER_VARIANTS, build_hf_model
 
 PROMPTS = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
@@ -83,8 +85,10 @@ def test_compiled_layers_equal_the_per_op_path(name, mode, tmp_path):
 def test_decode_steps_run_the_native_mixers(name, tmp_path):
     """Decode programs run each Mamba2 / gated DeltaNet / latent attention mixer's native step
     (lk_mixer_decode: program_ssm.py, program_deltanet.py, program_mla.py) instead of calling
-    the module back, fresh sequences (a one-token prompt's first step) included: greedy tokens
-    and every step's logits equal the per-op path's; prefill steps call the modules back."""
+    the module back, fresh sequences (a one-token prompt's first step) included; prefill
+    programs run Mamba2's and DeltaNet's native steps row after row for steps of up to their
+    prefill_rows (fresh prompts too) and call the modules back for longer ones and for MLA:
+    greedy tokens and every step's logits equal the per-op path's."""
     build_hf_model(name, tmp_path / "model")
     reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
     compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
@@ -94,11 +98,15 @@ def test_decode_steps_run_the_native_mixers(name, tmp_path):
     mla = [type(layer.attn).__name__ == "MLAttention" for layer in model.layers]
     natives = [i for i in range(len(model.layers)) if _states_of(cache.layer(i)) or mla[i]]
     assert stepped == len(natives)
-    assert not any(p._stepped for p in layers.programs["prefill"] if p)
-    tokens = list(range(3, 40))
-    expected = reference.engine.prompt_logits(tokens, chunk=1)
-    got = compiled.engine.prompt_logits(tokens, chunk=1)
-    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+    prefills = sum(len(p._stepped) for p in layers.programs["prefill"] if p)
+    assert prefills == len([i for i in natives if not mla[i]])
+    # chunks of 7 rows run the native steps; 40 rows are over Mamba2's prefill_rows
+    tokens = list(range(3, 43))
+    assert NATIVE_MIXERS[Mamba2Mixer].prefill_rows < len(tokens)
+    for chunk in (1, 7, len(tokens)):
+        expected = reference.engine.prompt_logits(tokens, chunk=chunk)
+        got = compiled.engine.prompt_logits(tokens, chunk=chunk)
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), chunk
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     for a, b in zip(
         reference.generate(PROMPTS, params), compiled.generate(PROMPTS, params), strict=True
@@ -111,9 +119,9 @@ def test_decode_steps_run_the_native_mixers(name, tmp_path):
         for index in range(len(llm.engine.runner.model.layers)):
             for tensor in _states_of(cache.layer(index)).values():
                 tensor.fill_(float("nan"))
-    for prompt in ([9, 10, 11], [200, 7]):
-        expected = reference.engine.prompt_logits(prompt, chunk=1)
-        got = compiled.engine.prompt_logits(prompt, chunk=1)
+    for prompt, chunk in (([9, 10, 11], 1), ([200, 7], 1), ([5, 6, 7, 8, 9], 5)):
+        expected = reference.engine.prompt_logits(prompt, chunk=chunk)
+        got = compiled.engine.prompt_logits(prompt, chunk=chunk)
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), prompt
 
 
@@ -248,10 +256,12 @@ def test_a_mixer_that_raises_inside_the_layer_program_raises_its_error(tmp_path)
     """The layer program calls a mixer module back from C (the per-layer fallback); an error
     there cannot cross C, so the program keeps it and raises it when it returns — the step
     fails with the mixer's own error, and the next step runs normally."""
-    build_hf_model("mamba2", tmp_path / "model")  # (prefill steps: its mixers called back)
+    build_hf_model("mamba2", tmp_path / "model")
     llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
     layers = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache)
-    assert layers.prefill_program is not None and not layers.prefill_program._stepped
+    assert layers.prefill_program is not None
+    prompt = list(range(5, 30))  # (a prefill over the native step's rows: the module runs)
+    assert NATIVE_MIXERS[Mamba2Mixer].prefill_rows < len(prompt)
     mixer = llm.engine.runner.model.layers[1].attn
     forward = mixer.forward
 
@@ -262,6 +272,6 @@ def test_a_mixer_that_raises_inside_the_layer_program_raises_its_error(tmp_path)
     expected = llm.generate([[3, 17, 42]], params)[0].token_ids
     mixer.forward = broken
     with pytest.raises(RuntimeError, match="mixer broke"):  # (a prefill: the program)
-        llm.engine.prompt_logits([5, 8, 150, 7, 9], chunk=5)
+        llm.engine.prompt_logits(prompt, chunk=len(prompt))
     mixer.forward = forward
     assert llm.generate([[3, 17, 42]], params)[0].token_ids == expected
