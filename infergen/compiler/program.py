@@ -167,6 +167,9 @@ class NativeMixer:
     # another, its state carried from one to the next; 0: none, the module is called back):
     # above it the module's chunked form (matrix products over chunks of tokens) is faster
     prefill_rows: int
+    # and the longest context a row of such a step may have (0: any): MLA's rows each read
+    # their context whole (as decode rows), the module's prefill reads it once per step
+    prefill_context: int
     # the module's projections (Linear attributes; None where absent): the GEMMs its native
     # step runs as the module does (the startup budget's floor of its gain)
     projections: tuple[str, ...]
@@ -203,17 +206,20 @@ NATIVE_MIXERS: dict[type, NativeMixer] = {
     # (prefill rows: below where the native step stops beating the module on the prefills of
     # bench_architectures' rows, AMD EPYC Zen 4, 2 threads — Mamba2's step time 0.80x the
     # module's at 8 rows, 0.94-0.96x at 16, 1.08x at 32 (its state, read and written per row,
-    # is larger than DeltaNet's); DeltaNet 0.62x at 8, 0.65x at 16, 0.84x at 256)
-    Mamba2Mixer: NativeMixer(1, ssm_args, _state_step, _projections_cost(*_IN_OUT), 8, _IN_OUT),
+    # is larger than DeltaNet's); DeltaNet 0.62x at 8, 0.65x at 16, 0.84x at 256; MLA (each
+    # row a one-query sequence of the absorbed decode attention) 0.77x at 8, 0.90x at 16,
+    # 1.01x at 32, 1.12x at 64; 16 rows after 256 cached 1.14x: at most 32 positions)
+    Mamba2Mixer: NativeMixer(1, ssm_args, _state_step, _projections_cost(*_IN_OUT), 8, 0, _IN_OUT),
     GatedDeltaNet: NativeMixer(
-        2, deltanet_args, _state_step, _projections_cost(*_IN_OUT), 512, _IN_OUT
+        2, deltanet_args, _state_step, _projections_cost(*_IN_OUT), 512, 0, _IN_OUT
     ),
     MLAttention: NativeMixer(
         3,
         mla_args,
         lambda args, view, batch: mla_step(args, view),
         _mla_cost,
-        0,
+        16,
+        32,
         ("down", "q_up", "o"),
     ),
 }
@@ -443,15 +449,17 @@ class LayerProgramRunner:
 
     def native_runs(self, row: NativeMixer, batch) -> bool:
         """Whether mixer `row`'s native step runs this step (always in decode; in prefill,
-        steps of at most its prefill_rows rows, every sequence with some)."""
+        steps of at most its prefill_rows rows, none beyond its prefill_context, every
+        sequence with some)."""
         if self.phase == "decode":
             return True
-        starts = batch.query_start_loc
-        return (
-            starts is not None
-            and starts[-1] <= row.prefill_rows
-            and all(b > a for a, b in zip(starts[:-1], starts[1:], strict=True))
-        )
+        if batch.num_tokens > row.prefill_rows:
+            return False
+        if row.prefill_context and int(batch.positions.max()) >= row.prefill_context:
+            return False
+        starts = batch.query_start_loc  # (recurrent models': a sequence without rows keeps
+        # its state, or zeroes it when fresh — the module does that)
+        return starts is None or all(b > a for a, b in zip(starts[:-1], starts[1:], strict=True))
 
     def native_costs_at(self, batch) -> dict[int, Callable]:
         """native_costs of the layers whose native steps run this step (the others' modules

@@ -4,7 +4,8 @@ LoRA up) projections' panels, the norms' weights, W_uk and W_uv, o_proj's panels
 cache — built once when the program binds its weights; each decode step sets the positions,
 cache slots, block tables, context lengths and RoPE table of the layer's view of the step
 (`mla_step`). The decode program calls `lk_mla_decode` (the weight-absorbed form) instead of
-calling the module back; prefill and mixed steps call the module back.
+calling the module back; so does the prefill program for steps of a few rows (each row a
+one-query sequence: `rows_as_sequences`), longer ones call the module back.
 
 Refused (CodegenError, naming it: the module runs, called back): weights or a cache that are
 not fp32, a strided cache, projections without packed panels.
@@ -75,12 +76,34 @@ def mla_args(module, kv, where: str) -> tuple[MLAArgs, list]:
 
 
 def mla_step(args: MLAArgs, view) -> list:
-    """Set the step's fields from the layer's view of a decode step; returns the tensors the
-    call reads (kept alive until it returns)."""
+    """Set the step's fields from the layer's view of a step; returns the tensors the call
+    reads (kept alive until it returns). A step with prefills gives each token row its own
+    block table and context (rows_as_sequences): the call writes every row's cache entry
+    before it attends, so a row reads its own sequence's rows up to itself."""
     plan = view.attn_plan  # (no window: latent attention models have none)
-    tables, lens = plan.decode_block_tables.contiguous(), plan.decode_seq_lens.contiguous()
+    if plan.decode_only:
+        tables, lens = plan.decode_block_tables.contiguous(), plan.decode_seq_lens.contiguous()
+    else:
+        tables, lens = rows_as_sequences(plan)
     positions, slots = view.rope.positions.contiguous(), view.slot_mapping.contiguous()
     args.positions, args.slots = positions.data_ptr(), slots.data_ptr()
     args.block_tables, args.seq_lens = tables.data_ptr(), lens.data_ptr()
     args.max_blocks, args.rope_cache = tables.shape[1], view.rope.cache.data_ptr()
     return [tables, lens, positions, slots]
+
+
+def rows_as_sequences(plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token row of a step with prefills as a one-query sequence for the decode kernel:
+    per row (in the step's token order), its sequence's block table and its context length
+    (the positions it attends: those before it and its own)."""
+    rows = plan.all_rows_batch()  # (prefills, then decode rows: sequences of one query)
+    n = rows.query_lens.long()
+    total = int(n.sum())
+    seq = torch.repeat_interleave(torch.arange(n.numel()), n, output_size=total)
+    offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
+    token = rows.query_start.long()[seq] + offset  # the row's place in the step
+    tables = torch.empty(total, rows.block_tables.shape[1], dtype=torch.int64)
+    tables[token] = rows.block_tables.long()[seq]
+    lens = torch.empty(total, dtype=torch.int64)
+    lens[token] = (rows.seq_lens.long() - n)[seq] + offset + 1
+    return tables, lens

@@ -55,6 +55,10 @@ class ProbeStep:
     def num_tokens(self) -> int:
         return self.query_start_loc[-1]
 
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.rope.positions
+
     def view(self, group: int, rope_index: int) -> ProbeStep:
         """What every layer reads (ForwardBatch.view): the probe has one cache group's
         blocks and one RoPE table, the same work for a timing."""

@@ -14,6 +14,7 @@ from infergen.compiler import runtime
 from infergen.compiler.jit_cache import JitCache
 from infergen.compiler.program import NATIVE_MIXERS
 from infergen.errors import ConfigError
+from infergen.layers.mla import MLAttention
 from infergen.layers.ssm import Mamba2Mixer
 from tests.hf_models import COMPILED_VARIANTS, MIXER_VARIANTS, build_hf_model
 
@@ -86,9 +87,9 @@ def test_decode_steps_run_the_native_mixers(name, tmp_path):
     """Decode programs run each Mamba2 / gated DeltaNet / latent attention mixer's native step
     (lk_mixer_decode: program_ssm.py, program_deltanet.py, program_mla.py) instead of calling
     the module back, fresh sequences (a one-token prompt's first step) included; prefill
-    programs run Mamba2's and DeltaNet's native steps row after row for steps of up to their
-    prefill_rows (fresh prompts too) and call the modules back for longer ones and for MLA:
-    greedy tokens and every step's logits equal the per-op path's."""
+    programs run them too for steps of up to their prefill_rows (the recurrent ones row after
+    row, fresh prompts too; MLA each row as a one-query sequence) and call the modules back
+    for longer ones: greedy tokens and every step's logits equal the per-op path's."""
     build_hf_model(name, tmp_path / "model")
     reference = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB")
     compiled = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
@@ -98,20 +99,22 @@ def test_decode_steps_run_the_native_mixers(name, tmp_path):
     mla = [type(layer.attn).__name__ == "MLAttention" for layer in model.layers]
     natives = [i for i in range(len(model.layers)) if _states_of(cache.layer(i)) or mla[i]]
     assert stepped == len(natives)
-    prefills = sum(len(p._stepped) for p in layers.programs["prefill"] if p)
-    assert prefills == len([i for i in natives if not mla[i]])
-    # chunks of 7 rows run the native steps; 40 rows are over Mamba2's prefill_rows
+    assert sum(len(p._stepped) for p in layers.programs["prefill"] if p) == len(natives)
+    # chunks of 7 rows run the native steps; 40 rows are over Mamba2's and MLA's prefill_rows
     tokens = list(range(3, 43))
-    assert NATIVE_MIXERS[Mamba2Mixer].prefill_rows < len(tokens)
+    assert max(NATIVE_MIXERS[t].prefill_rows for t in (Mamba2Mixer, MLAttention)) < len(tokens)
     for chunk in (1, 7, len(tokens)):
         expected = reference.engine.prompt_logits(tokens, chunk=chunk)
         got = compiled.engine.prompt_logits(tokens, chunk=chunk)
         assert (got - expected).abs().max() <= 1e-4 * expected.abs().max(), chunk
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    for a, b in zip(
-        reference.generate(PROMPTS, params), compiled.generate(PROMPTS, params), strict=True
-    ):
-        assert a.token_ids == b.token_ids
+    expected = [o.token_ids for o in reference.generate(PROMPTS, params)]
+    assert [o.token_ids for o in compiled.generate(PROMPTS, params)] == expected
+    # steps of at most 8 tokens: prompts in chunks beside other sequences' decode rows (mixed
+    # steps of few rows: the prefill program's native steps)
+    mixed = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit",
+                max_num_batched_tokens=8)  # fmt: skip
+    assert [o.token_ids for o in mixed.generate(PROMPTS, params)] == expected
     # a fresh sequence's first step (one token) is a decode-shaped step: the native step must
     # start from zero states, whatever its slot holds (here NaN in every slot of both engines)
     for llm in (reference, compiled):
