@@ -199,7 +199,8 @@ def _prefill_item(
     item = Item(name, "compile", None, 0.0 if cached else program_seconds())
     share = sum(w for b, w in traffic.items() if BUCKET_TOKENS[b] > 1)
     h, step = prefill_probe(model, kv_cache, PREFILL_PROBE_TOKENS)
-    walk, floor = _walk_seconds(eager, h, step, layers)
+    native = _native_floor(eager, layers, h.shape[0], prefill=True)
+    walk, floor = _walk_seconds(eager, h, step, layers, native)
     item.gain_ms = 1e3 * share * (walk - floor)
     if item.cost_s and time.perf_counter() + item.cost_s > deadline:
         return item
@@ -260,11 +261,14 @@ def _walk_seconds(
     return total, floor
 
 
-def _native_floor(eager: CompiledLayers, layers: list[int], tokens: int) -> float | None:
+def _native_floor(
+    eager: CompiledLayers, layers: list[int], tokens: int, prefill: bool = False
+) -> float | None:
     """Seconds of the projections of `layers`' mixers at `tokens` rows, where each has a
-    native decode step (program.NATIVE_MIXERS: the step runs those GEMMs as the module does,
-    the rest of the module's work is what it saves); None where one has none (the program
-    calls it back: its whole time is the floor)."""
+    native step that runs a step of them (program.NATIVE_MIXERS: every decode step; a prefill
+    of a fresh prompt of at most its prefill_rows and prefill_context; the step runs those
+    GEMMs as the module does, the rest of the module's work is what it saves); None where
+    one has none (the program calls it back: its whole time is the floor)."""
     total = 0.0
     for index in layers:
         for module in eager.static[index].values():
@@ -274,6 +278,10 @@ def _native_floor(eager: CompiledLayers, layers: list[int], tokens: int) -> floa
             if found is None:
                 return None
             row, inner = found
+            if prefill and not (
+                tokens <= row.prefill_rows and tokens <= (row.prefill_context or tokens)
+            ):
+                return None
             for linear in filter(None, (getattr(inner, name) for name in row.projections)):
                 x = torch.randn(tokens, linear.in_features, dtype=eager.model.dtype)
                 total += best_seconds(lambda linear=linear, x=x: linear(x), 5)
