@@ -23,7 +23,7 @@ from infergen.compiler.codegen_layer import FUNCTIONS, LayerProgram, render_laye
 from infergen.compiler.ir import Graph, Op
 from infergen.compiler.jit_cache import Built, JitCache, NotBuilt
 from infergen.compiler.program_deltanet import deltanet_args
-from infergen.compiler.program_mla import mla_args, mla_step
+from infergen.compiler.program_mla import mla_args, mla_bind, mla_fields
 from infergen.compiler.program_moe import moe_args
 from infergen.compiler.program_ssm import ssm_args
 from infergen.compiler.program_variants import ProgramVariant
@@ -131,12 +131,15 @@ class MixerArgs(ctypes.Structure):  # codegen_layer.MIXER_ARGS, field for field
     ]
 
 
-def _state_step(args, view, batch) -> list:
+def _state_fields(view, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """A recurrent mixer's step fields: each token row's state slot and fresh flag (decode:
     row t is sequence t; a prefill's rows are its sequence's, only the first one fresh)."""
-    slots, fresh = row_states(batch.query_start_loc, batch.state_slots, batch.fresh)
+    return row_states(batch.query_start_loc, batch.state_slots, batch.fresh)
+
+
+def _state_bind(args, fields: tuple[torch.Tensor, torch.Tensor]) -> None:
+    slots, fresh = fields
     args.slots, args.fresh = slots.data_ptr(), fresh.data_ptr()
-    return [slots, fresh]
 
 
 def row_states(
@@ -159,7 +162,10 @@ class NativeMixer:
 
     kind: int
     build: Callable  # (module, its cache layer, where) → (C args, keep); CodegenError: none
-    step: Callable  # (args, the layer's view, the batch) → tensors to keep: the step's fields
+    # (the layer's view, the batch) → the step's fields: tensors the same for every layer of
+    # one view of the step (computed once a step, kept alive until the call returns)
+    fields: Callable
+    bind: Callable  # (C args, fields) → points one layer's step fields at them
     # (module, tokens, attention plan, element bytes) → the work of a step, as the module's
     # own op regions count it (what a profiled program call adds for it)
     cost: Callable
@@ -187,10 +193,14 @@ def _projections_cost(*names: str) -> Callable:
     return cost
 
 
+_IN_OUT = ("in_proj", "out_proj")  # a recurrent mixer's projections
+_MLA_PROJECTIONS = ("down", "q_up", "o")
+
+
 def _mla_cost(module, tokens: int, plan, element: int) -> profiling.Cost:
     """A latent attention's step as its regions count it: its projections, norms, RoPE of
     the queries' and the key's rope dims, decode attention over the [latent | k_pe] rows."""
-    total = _projections_cost("down", "q_up", "o")(module, tokens, plan, element)
+    total = _projections_cost(*_MLA_PROJECTIONS)(module, tokens, plan, element)
     if module.q_norm is not None:
         total += rms_norm.cost(tokens, module.mla.q_lora_rank, False, element)
     total += rms_norm.cost(tokens, module.latent, False, element)
@@ -201,7 +211,6 @@ def _mla_cost(module, tokens: int, plan, element: int) -> profiling.Cost:
 
 
 # the module's class → its native decode step
-_IN_OUT = ("in_proj", "out_proj")
 NATIVE_MIXERS: dict[type, NativeMixer] = {
     # (prefill rows: below where the native step stops beating the module on the prefills of
     # bench_architectures' rows, AMD EPYC Zen 4, 2 threads — Mamba2's step time 0.80x the
@@ -209,18 +218,21 @@ NATIVE_MIXERS: dict[type, NativeMixer] = {
     # is larger than DeltaNet's); DeltaNet 0.62x at 8, 0.65x at 16, 0.84x at 256; MLA (each
     # row a one-query sequence of the absorbed decode attention) 0.77x at 8, 0.90x at 16,
     # 1.01x at 32, 1.12x at 64; 16 rows after 256 cached 1.14x: at most 32 positions)
-    Mamba2Mixer: NativeMixer(1, ssm_args, _state_step, _projections_cost(*_IN_OUT), 8, 0, _IN_OUT),
-    GatedDeltaNet: NativeMixer(
-        2, deltanet_args, _state_step, _projections_cost(*_IN_OUT), 512, 0, _IN_OUT
+    Mamba2Mixer: NativeMixer(
+        1, ssm_args, _state_fields, _state_bind, _projections_cost(*_IN_OUT), 8, 0, _IN_OUT
     ),
+    GatedDeltaNet: NativeMixer(
+        2,
+        deltanet_args,
+        _state_fields,
+        _state_bind,
+        _projections_cost(*_IN_OUT),
+        512,
+        0,
+        _IN_OUT,
+    ),  # fmt: skip
     MLAttention: NativeMixer(
-        3,
-        mla_args,
-        lambda args, view, batch: mla_step(args, view),
-        _mla_cost,
-        16,
-        32,
-        ("down", "q_up", "o"),
+        3, mla_args, mla_fields, mla_bind, _mla_cost, 16, 32, _MLA_PROJECTIONS
     ),
 }
 
@@ -503,15 +515,20 @@ class LayerProgramRunner:
         weights, formats = self._widths
         pointer = ctypes.sizeof(ctypes.c_void_p)
         self._step, self._error = batch, None
-        stepped = []  # (the step's fields of the native mixers: alive until the call returns)
+        runs: dict[int, bool] = {}  # mixer kind → whether its native step runs this step
+        # (mixer kind, view) → the step's fields (alive until the call returns)
+        fields: dict[tuple, tuple] = {}
         for position, row, native_args, module, mixer_args in self._stepped:
             if position not in run:
                 continue
-            native = self.native_runs(row, batch)
-            mixer_args.kind = row.kind if native else 0  # (0: the module, called back)
-            if native:
-                view = batch.view(module.group, module.rope_index)
-                stepped += row.step(native_args, view, batch)
+            if row.kind not in runs:
+                runs[row.kind] = self.native_runs(row, batch)
+            mixer_args.kind = row.kind if runs[row.kind] else 0  # (0: the module, called back)
+            if runs[row.kind]:
+                view = (module.group, module.rope_index)
+                if (row.kind, view) not in fields:
+                    fields[row.kind, view] = row.fields(batch.view(*view), batch)
+                row.bind(native_args, fields[row.kind, view])
         call(
             ctypes.addressof(self.weights) + run.start * max(weights, 1) * pointer,
             ctypes.addressof(self.formats)

@@ -2,9 +2,10 @@
 as the decode layer program runs it natively: the C `deltanet_args` (kernels/layer_kernels.h)
 of one layer's mixer — in_proj and out_proj panels, the conv weight, the decay rate, dt_bias,
 the output norm's weight, the state tensors — built once when the program binds its weights;
-each decode step sets the rows' state slots and fresh flags (program.py). The decode program
-calls `lk_deltanet_decode` on it instead of calling the module back; prefill and mixed steps
-call the module back.
+each step sets the rows' state slots and fresh flags (program.py). The decode program
+calls `lk_deltanet_decode` on it instead of calling the module back; so does the prefill
+program for steps of up to its prefill_rows rows (program.NATIVE_MIXERS), longer ones call
+the module back.
 
 Refused (CodegenError, naming it: the module runs, called back): weights or states that are
 not fp32, strided states, projections without packed panels, a conv activation other than

@@ -1,11 +1,12 @@
 """A latent attention (layers/mla.py, DeepSeek-V2/V3) as the decode layer program runs it
 natively: the C `mla_args` (kernels/layer_kernels.h) of one layer's module — the down (and q
 LoRA up) projections' panels, the norms' weights, W_uk and W_uv, o_proj's panels, its latent
-cache — built once when the program binds its weights; each decode step sets the positions,
-cache slots, block tables, context lengths and RoPE table of the layer's view of the step
-(`mla_step`). The decode program calls `lk_mla_decode` (the weight-absorbed form) instead of
-calling the module back; so does the prefill program for steps of a few rows (each row a
-one-query sequence: `rows_as_sequences`), longer ones call the module back.
+cache — built once when the program binds its weights; each step sets the positions, cache
+slots, block tables, context lengths and RoPE table of the layer's view of the step
+(`mla_fields`, computed once a step; `mla_bind`, per layer). The decode program calls
+`lk_mla_decode` (the weight-absorbed form) instead of calling the module back; so does the
+prefill program for steps of a few rows (each row a one-query sequence: `rows_as_sequences`),
+longer ones call the module back.
 
 Refused (CodegenError, naming it: the module runs, called back): weights or a cache that are
 not fp32, a strided cache, projections without packed panels.
@@ -75,21 +76,26 @@ def mla_args(module, kv, where: str) -> tuple[MLAArgs, list]:
     return args, keep
 
 
-def mla_step(args: MLAArgs, view) -> list:
-    """Set the step's fields from the layer's view of a step; returns the tensors the call
-    reads (kept alive until it returns). A step with prefills gives each token row its own
-    block table and context (rows_as_sequences): the call writes every row's cache entry
-    before it attends, so a row reads its own sequence's rows up to itself."""
+def mla_fields(view, batch) -> tuple[torch.Tensor, ...]:
+    """A step's fields as the layers of one view read them — block tables, context lengths,
+    positions, cache slots, the RoPE table — computed once a step. A step with prefills gives
+    each token row its own block table and context (rows_as_sequences): the call writes every
+    row's cache entry before it attends, so a row reads its own sequence's rows up to itself."""
     plan = view.attn_plan  # (no window: latent attention models have none)
     if plan.decode_only:
         tables, lens = plan.decode_block_tables.contiguous(), plan.decode_seq_lens.contiguous()
     else:
         tables, lens = rows_as_sequences(plan)
     positions, slots = view.rope.positions.contiguous(), view.slot_mapping.contiguous()
+    return tables, lens, positions, slots, view.rope.cache
+
+
+def mla_bind(args: MLAArgs, fields: tuple[torch.Tensor, ...]) -> None:
+    """Point one layer's step fields at `fields` (mla_fields)."""
+    tables, lens, positions, slots, rope_cache = fields
     args.positions, args.slots = positions.data_ptr(), slots.data_ptr()
     args.block_tables, args.seq_lens = tables.data_ptr(), lens.data_ptr()
-    args.max_blocks, args.rope_cache = tables.shape[1], view.rope.cache.data_ptr()
-    return [tables, lens, positions, slots]
+    args.max_blocks, args.rope_cache = tables.shape[1], rope_cache.data_ptr()
 
 
 def rows_as_sequences(plan) -> tuple[torch.Tensor, torch.Tensor]:

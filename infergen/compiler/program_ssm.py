@@ -1,9 +1,11 @@
 """A Mamba2 mixer (layers/ssm.py) as the decode layer program runs it natively: the C
 `ssm_args` (kernels/layer_kernels.h) of one layer's mixer — in_proj and out_proj panels, the
 conv weights, A, D, dt_bias, the gated norm's weight, the state tensors — built once when the
-program binds its weights; each decode step sets the rows' state slots and fresh flags. The
+program binds its weights; each step sets the rows' state slots and fresh flags. The
 decode program calls `lk_ssm_decode` on it instead of calling the module back (a MIXER node's
-native form, codegen_layer.py); prefill and mixed steps call the module back.
+native form, codegen_layer.py); so does the prefill program for steps of up to its
+prefill_rows rows (program.NATIVE_MIXERS: a sequence's rows in order), longer ones call the
+module back.
 
 Refused (CodegenError, naming it: the module runs, called back): a mixer other than Mamba2's,
 weights that are not fp32 packed panels, an activation other than silu or none.
