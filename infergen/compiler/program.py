@@ -237,6 +237,12 @@ NATIVE_MIXERS: dict[type, NativeMixer] = {
 }
 
 
+def is_mixer(value) -> bool:
+    """Whether a layer's bound input is a mixer module (a MIXER node's module input): a module
+    other than a projection or an experts block."""
+    return isinstance(value, nn.Module) and not isinstance(value, (Linear, MoE))
+
+
 def native_row(module) -> tuple[NativeMixer, nn.Module] | None:
     """A mixer module's NATIVE_MIXERS row and the module it describes (a StateMixer's inner
     mixer), or None: it has no native decode step."""
@@ -411,7 +417,7 @@ class LayerProgramRunner:
                     self._keep += [args, keep]
                     pointers.append(ctypes.addressof(args))
                     continue
-                if isinstance(value, nn.Module) and not isinstance(value, Linear):  # a mixer
+                if is_mixer(value):
                     cache = env[self._mixer_caches[name]]
                     pointers.append(self._bind_mixer(value, cache, index, f"layer {index} {name}"))
                     continue

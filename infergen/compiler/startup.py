@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from infergen.compiler.buckets import BUCKET_TOKENS
 from infergen.compiler.budget import Item, compile_groups, tune_groups
@@ -39,6 +38,7 @@ from infergen.compiler.program import (
     LIBRARY,
     LayerProgramRunner,
     ProgramUnavailable,
+    is_mixer,
     model_program,
     native_row,
     program_key,
@@ -48,8 +48,6 @@ from infergen.compiler.program_tune import decode_probe, prefill_probe, tune_pro
 from infergen.compiler.runtime import CompiledLayers, jit_kinds, pointwise_groups
 from infergen.compiler.tune import TuningRecord
 from infergen.kernels.build import library_built
-from infergen.layers.linear import Linear
-from infergen.layers.moe import MoE
 from infergen.timing import best_seconds, best_seconds_each
 
 PROGRAM_SECONDS_PRIOR = 1.0  # compiling the layer programs' own code
@@ -271,9 +269,7 @@ def _native_floor(
     one has none (the program calls it back: its whole time is the floor)."""
     total = 0.0
     for index in layers:
-        for module in eager.static[index].values():
-            if not isinstance(module, nn.Module) or isinstance(module, (Linear, MoE)):
-                continue  # (weights, projections, experts: the layer's other inputs)
+        for module in filter(is_mixer, eager.static[index].values()):
             found = native_row(module)
             if found is None:
                 return None

@@ -13,6 +13,9 @@ from infergen.compiler.program import LIBRARY
 from infergen.kernels.build import library
 
 SLOTS = 20
+# rows per sequence of the prefill-step cases: one sequence; 66 rows (enough to reach the
+# steps' threaded loop) of three, one of a single row; four short ones
+PREFILL_LENGTHS = [[5], [40, 1, 25], [3, 7, 2, 9]]
 
 
 def random_states(mixer, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:

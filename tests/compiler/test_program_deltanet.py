@@ -13,7 +13,7 @@ from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.program_deltanet import deltanet_args
 from infergen.config.mixers import DeltaNetSpec
 from infergen.layers.linear_attention import GatedDeltaNet
-from tests.compiler.native_mixers import check_step, random_states
+from tests.compiler.native_mixers import PREFILL_LENGTHS, check_step, random_states
 
 
 def _mixer(spec: DeltaNetSpec, seed: int = 0, backend: str = "native") -> GatedDeltaNet:
@@ -45,7 +45,7 @@ def test_lk_deltanet_decode_matches_the_module(v_heads, sequences):
     check_step("lk_deltanet_decode", deltanet_args, mixer, spec.hidden_size, sequences)
 
 
-@pytest.mark.parametrize("lengths", [[5], [40, 1, 25], [3, 7, 2, 9]])
+@pytest.mark.parametrize("lengths", PREFILL_LENGTHS)
 def test_lk_deltanet_decode_runs_prefill_rows_in_order(lengths):
     """Several rows per sequence (a prefill step), against the module's chunked form; 66 rows
     reach the threaded loop (the heads over the threads, each head's rows in order)."""

@@ -14,7 +14,7 @@ from infergen.compiler.codegen_c import CodegenError
 from infergen.compiler.program_ssm import ssm_args
 from infergen.config.mixers import SSMSpec
 from infergen.layers.ssm import Mamba2Mixer
-from tests.compiler.native_mixers import check_step, random_states
+from tests.compiler.native_mixers import PREFILL_LENGTHS, check_step, random_states
 
 
 def _mixer(spec: SSMSpec, seed: int = 0) -> Mamba2Mixer:
@@ -54,7 +54,7 @@ def test_lk_ssm_decode_matches_the_module(variant, sequences):
     check_step("lk_ssm_decode", ssm_args, mixer, spec.hidden_size, sequences)
 
 
-@pytest.mark.parametrize("lengths", [[5], [40, 1, 25], [3, 7, 2, 9]])
+@pytest.mark.parametrize("lengths", PREFILL_LENGTHS)
 def test_lk_ssm_decode_runs_prefill_rows_in_order(lengths):
     """Several rows per sequence (a prefill step: prefill programs call the native step for
     up to its prefill_rows), against the module's chunked form; 66 rows reach the
