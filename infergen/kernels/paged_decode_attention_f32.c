@@ -13,8 +13,11 @@
  * transpose-add for the eight horizontal sums), the weighted sum of V in registers.
  * Decode steps read scattered KV blocks and stall on DRAM latency more than on bandwidth: work
  * is split into chunks of CHUNK positions (decode_attention below), a thread prefetches its
- * next chunk's K/V lines a slice at a time while it computes this one, and a KV head's rows a
- * few positions ahead. Chunks of 128 against whole sequences, batch 1 (9 heads, 3 KV heads,
+ * next chunk's K/V lines a few per row it computes in this one (a cursor over the chunk's
+ * runs of slots: no division per line), and a KV head's rows a few positions ahead. The
+ * cursor against the slice-per-head loop before it (two integer divisions a line; 2 threads,
+ * 30 layers, medians): batch 16 at 138 positions 112 -> 75 us a layer with KV in cache, the
+ * same cold (~150-160 us: DRAM-bound); batch 1 at 512 positions cold 43 -> 39 us. Chunks of 128 against whole sequences, batch 1 (9 heads, 3 KV heads,
  * dim 64, cold caches, 2 threads, medians of 40): 512 positions 99 -> 88 us, 2048 352 -> 164,
  * 8192 1558 -> 563; in the engine's decode step at 2048 positions the 30 layers' attention
  * 9.3 -> 4.0-5.0 ms.
@@ -37,6 +40,52 @@ static inline long slot_of(const long *table, long p, long block_size) {
     return table[p / block_size] * block_size + p % block_size;
 }
 
+/* A work item's most positions (see decode_attention; a tuner knob). */
+#ifndef DECODE_ATTN_CHUNK
+#define DECODE_ATTN_CHUNK 128
+#endif
+#define CHUNK DECODE_ATTN_CHUNK
+
+/* The lines of a work item's K and V slots, walked in order without a division per line: the
+ * item's positions fall in runs of consecutive slots (a run per cache block), and a run's K
+ * (or V) rows are one contiguous span of bytes. */
+typedef struct {
+    const char *k, *v;          /* the caches */
+    long off[CHUNK + 1], end[CHUNK + 1]; /* run r: bytes [off, end) of either cache */
+    long runs, lines;           /* its runs, and lines (of each cache) */
+    long r, at, done;           /* the next line (run r, byte at); lines prefetched so far */
+} line_cursor;
+
+/* the cursor at the first line of positions [p0, p1) of the sequence with block `table` */
+static inline void cursor_start(line_cursor *c, const char *k, const char *v, const long *table,
+                                long p0, long p1, long block_size, long slot_bytes) {
+    c->k = k, c->v = v, c->runs = 0, c->lines = 0, c->r = 0, c->done = 0;
+    for (long p = p0; p < p1;) { /* (at most CHUNK positions: CHUNK + 1 runs) */
+        long blk = p / block_size, stop = (blk + 1) * block_size;
+        stop = stop < p1 ? stop : p1;
+        long first = table[blk] * block_size + (p - blk * block_size);
+        c->off[c->runs] = first * slot_bytes & ~63L; /* (from the line the run starts in) */
+        c->end[c->runs] = (first + stop - p) * slot_bytes;
+        c->lines += (c->end[c->runs] - c->off[c->runs] + 63) / 64;
+        ++c->runs, p = stop;
+    }
+    c->at = c->runs ? c->off[0] : 0;
+}
+
+/* prefetch the next n lines of K and of V (fewer where the item ends) */
+static inline void cursor_prefetch(line_cursor *c, long n) {
+    for (; n > 0 && c->r < c->runs; --n) {
+        _mm_prefetch(c->k + c->at, _MM_HINT_T1);
+        _mm_prefetch(c->v + c->at, _MM_HINT_T1);
+        c->at += 64, ++c->done;
+        if (c->at >= c->end[c->r] && ++c->r < c->runs) c->at = c->off[c->r];
+    }
+}
+
+/* prefetch up to the item's first `target` lines */
+static inline void cursor_prefetch_to(line_cursor *c, long target) {
+    cursor_prefetch(c, target - c->done);
+}
 
 #ifdef __AVX2__
 /* [sum(a0), sum(a1), ..., sum(a7)]: eight horizontal sums in one transpose-add tree. */
@@ -98,7 +147,8 @@ static inline void weighted_sum64(float *o, const float *w, const float *const *
  * s_h[j] = q_h . K[p_j] for 4 rows at a time (12 accumulators + 3 query + 1 row register). */
 static inline void dot4_rows_3heads(const float *q0, const float *q1, const float *q2,
                                     const float *const kr[4], long dim, float *s0, float *s1,
-                                    float *s2, float scale) {
+                                    float *s2, float scale, line_cursor *pf, long rate) {
+    cursor_prefetch(pf, rate);
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
            a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
     for (long i = 0; i < dim; i += 8) {
@@ -125,10 +175,12 @@ static inline void dot4_rows_3heads(const float *q0, const float *q1, const floa
 /* o_h[0..32) = sum_i w_h[i] * V[rows i][offset..offset+32) for three heads (12 accumulators). */
 static inline void weighted_sum32_3heads(float *o0, float *o1, float *o2, const float *w0,
                                          const float *w1, const float *w2,
-                                         const float *const *vr, long n, long offset) {
+                                         const float *const *vr, long n, long offset,
+                                         line_cursor *pf, long rate) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
            a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
     for (long i = 0; i < n; ++i) {
+        cursor_prefetch(pf, rate);
         const float *v = vr[i] + offset;
         __m256 b0 = _mm256_broadcast_ss(w0 + i), b1 = _mm256_broadcast_ss(w1 + i),
                b2 = _mm256_broadcast_ss(w2 + i);
@@ -177,10 +229,6 @@ static inline void decode_rows_e4m3(const uint8_t *const *src, float *dst, long 
  * on the sequence alone, so its result does not depend on the batch or the thread count.
  * A generated layer program may set another chunk length (DECODE_ATTN_CHUNK, a tuner knob:
  * compiler/program_tune.py). */
-#ifndef DECODE_ATTN_CHUNK
-#define DECODE_ATTN_CHUNK 128
-#endif
-#define CHUNK DECODE_ATTN_CHUNK
 
 /* A sequence's work items: the fewest chunks of at most CHUNK of its `span` positions (one,
  * empty, when it has none). */
@@ -232,26 +280,31 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
         float *kbuf = codes ? malloc(sizeof(float) * (size_t)(CHUNK * dim)) : 0;
         float *vbuf = codes ? malloc(sizeof(float) * (size_t)(CHUNK * dim)) : 0;
         int nthr = omp_get_num_threads();
-        long lines_per_slot = slot_stride * esz / 64 > 0 ? slot_stride * esz / 64 : 1;
+        const long slot_bytes = slot_stride * esz; /* a slot's K (or V) rows, every KV head */
+        line_cursor pf;
 #pragma omp for schedule(static, 1)
         for (long it = 0; it < items; ++it) {
             long b = item_seq[it], start = item_pos[it], n = item_end[it] - start;
             const long *table = block_tables + b * max_blocks;
-            /* this thread's next item: its slots (every KV head), K and V, prefetched a slice
-             * at a time while this one computes */
-            long pf_cursor = 0, pf_total = 0, pf_it = it + nthr;
-            if (pf_it < items) pf_total = (item_end[pf_it] - item_pos[pf_it]) * 2 * lines_per_slot;
-            if (it < nthr) /* a thread's first item, which no earlier item prefetched: all of
-                            * its lines asked for now (batch 1 at 129 positions, 30 layers,
-                            * cold: 0.91 -> 0.74 ms; 512: 1.41 -> 1.27 ms) */
-                for (long i = 0; i < n; ++i) {
-                    long off = slot_of(table, start + i, block_size) * slot_stride * esz;
-                    for (long l = 0; l < lines_per_slot; ++l) {
-                        _mm_prefetch(kc + off + l * 64, _MM_HINT_T1);
-                        _mm_prefetch(vc + off + l * 64, _MM_HINT_T1);
-                    }
-                }
+            if (it < nthr) { /* a thread's first item, which no earlier item prefetched: all
+                              * of its lines asked for now (batch 1 at 129 positions, 30
+                              * layers, cold: 0.91 -> 0.74 ms; 512: 1.41 -> 1.27 ms) */
+                cursor_start(&pf, kc, vc, table, start, start + n, block_size, slot_bytes);
+                cursor_prefetch(&pf, pf.lines);
+            }
+            /* this thread's next item: its slots (every KV head), K and V, prefetched a few
+             * lines per row computed here (the 3-head path: pf_rate per call of its n / 4
+             * score blocks and dim / 32 weighted sums of n rows, each KV head), the rest
+             * after each KV head (up to its share) */
+            long pf_it = it + nthr;
+            cursor_start(&pf, kc, vc, pf_it < items ? block_tables + item_seq[pf_it] * max_blocks : 0,
+                         pf_it < items ? item_pos[pf_it] : 0, pf_it < items ? item_end[pf_it] : 0,
+                         block_size, slot_bytes);
+            long pf_lines = pf.lines;
+            long pf_rate = pf_lines / (kv_heads * (n / 4 + n * (dim / 32)) + 1) + 1;
             for (long kvh = 0; kvh < kv_heads; ++kvh) {
+                /* the next item's lines not yet asked for, up to this KV head's share */
+                cursor_prefetch_to(&pf, pf_lines * kvh / kv_heads);
                 for (long i = 0; i < n; ++i) { /* slots once per (chunk, KV head) */
                     long offset = slot_of(table, start + i, block_size) * slot_stride + kvh * dim;
                     krows[i] = (const float *)(kc + offset * esz);
@@ -280,22 +333,13 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
                             }
                             dot4_rows_3heads(qh, qh + dim, qh + 2 * dim, krows + i, dim,
                                              scores + g3 * n + i, scores + (g3 + 1) * n + i,
-                                             scores + (g3 + 2) * n + i, scale);
+                                             scores + (g3 + 2) * n + i, scale, &pf, pf_rate);
                         }
                     }
                 }
 #endif
                 float *st = partial + (it * heads + kvh * group) * state; /* the group's states */
                 for (long g = 0; g < group; ++g) {
-                    if (pf_total) { /* a share of the next item's lines per (KV head, head) */
-                        long share = pf_total / (kv_heads * group) + 1;
-                        const long *pt = block_tables + item_seq[pf_it] * max_blocks;
-                        for (long e2 = pf_cursor + share; pf_cursor < e2 && pf_cursor < pf_total; ++pf_cursor) {
-                            long line = pf_cursor >> 1, pos = item_pos[pf_it] + line / lines_per_slot;
-                            long off = slot_of(pt, pos, block_size) * slot_stride * esz + (line % lines_per_slot) * 64;
-                            _mm_prefetch((pf_cursor & 1 ? vc : kc) + off, _MM_HINT_T1);
-                        }
-                    }
                     const float *qh = q + (b * heads + kvh * group + g) * dim;
                     float *s = scores + g * n;
                     long i = g < g3 ? n4 : 0;
@@ -323,7 +367,7 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
                             weighted_sum32_3heads(st + g * state + c, st + (g + 1) * state + c,
                                                   st + (g + 2) * state + c, scores + g * n,
                                                   scores + (g + 1) * n, scores + (g + 2) * n,
-                                                  vrows, n, c);
+                                                  vrows, n, c, &pf, pf_rate);
                     continue;
                 }
                 if (dim % 64 == 0) { /* V rows from cache (L1/L2) once per head, o in registers */
@@ -339,6 +383,7 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
                     for (long g = 0; g < group; ++g)
                         axpy_f32(st + g * state, scores[g * n + i], vrows[i], dim);
             }
+            cursor_prefetch_to(&pf, pf_lines); /* (what the 3-head rate left) */
         }
         /* the merge: a sequence's chunks, per query head */
 #pragma omp for schedule(static)
