@@ -8,7 +8,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.infergen-installed
 TRITON := $(VENV)/.infergen-triton
 
-.PHONY: demo test test-fast lint bench setup clean
+.PHONY: demo test test-slow test-all lint bench setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,13 +37,16 @@ demo: $(STAMP)
 	$(VENV)/bin/infergen generate --max-tokens 48 "The capital of France is"
 	$(VENV)/bin/infergen chat --max-tokens 64 --once "Write a haiku about the sea."
 
+# the default run leaves out the tests marked slow (real-model oracle runs and end-to-end
+# runs of ~15 s and more: ~6 min here); CI runs them after it (.ci/run), as `make test-all`
 test: $(TRITON)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
-
-test-fast: $(TRITON)
-	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(TRITON)
+	$(PY) -m pytest -q -m slow
+
+test-all: test test-slow
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

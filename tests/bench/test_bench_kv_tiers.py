@@ -11,10 +11,13 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+@pytest.mark.slow
 def test_bench_kv_tiers_quick(tmp_path):
     from report import render
 

@@ -243,6 +243,7 @@ def test_stop_tokens_end_a_verified_run_of_tokens(tmp_path):
     _assert_no_block_held(llm)
 
 
+@pytest.mark.slow
 def test_stop_strings_with_the_fp8_kv_cache_and_compiled_layers():
     """A stop string inside a verified run of tokens ends the text there; the FP8 KV cache
     and compile="jit" (the compiled layers run the verifying steps) speculate with outputs
@@ -278,6 +279,7 @@ def test_recurrent_states_roll_back_after_a_rejection(name, tmp_path):
     _assert_no_block_held(llm)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not INTERPRETED or not HAS_TRITON, reason="needs Triton's interpreter")
 def test_batched_triton_sampler_draws_the_same_tokens(tmp_path):
     """With kernels="triton" the batched sampler's Philox stream is keyed by the draw count:
@@ -355,6 +357,7 @@ def test_no_exploring_while_drafts_could_not_pay():
     assert stats["decodes"] > 64 and stats["steps"] == 0
 
 
+@pytest.mark.slow
 def test_layerskip_on_the_default_model_and_its_errors(tmp_path):
     """The default model (the fused decode's first layers): outputs unchanged, drafts kept;
     a recurrent model and a draft depth that is not one are refused."""
@@ -418,6 +421,7 @@ def test_a_draft_model_drafts_its_own_greedy_tokens(tmp_path):
         assert logits.argmax(dim=-1).tolist() == drafts
 
 
+@pytest.mark.slow
 def test_the_target_int4_as_its_own_draft_and_the_errors(tmp_path):
     """draft_model="self:int4" on the default model: drafts kept, outputs unchanged; no draft
     model, or one with another vocabulary, is a clear error."""

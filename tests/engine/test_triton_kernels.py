@@ -38,7 +38,14 @@ ACTIVATION = dict.fromkeys(MODELS, "silu_mul_triton") | {"gemma3": "gelu_mul_tri
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
 
 
-@pytest.fixture(scope="module", params=MODELS)
+# (Gemma-3's run, the longest, only with the slow tests)
+SLOW = {"gemma3"}
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in MODELS],
+)
 def model(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param + "-")
     build_hf_model(request.param, directory)
@@ -93,6 +100,7 @@ def test_greedy_and_logprobs_equal_the_native_path(model, monkeypatch):
     assert_greedy_equivalent(again, want[0])
 
 
+@pytest.mark.slow
 def test_fp8_kv_cache_codes_written_by_the_fused_kernel(tmp_path, monkeypatch):
     """kv_format="fp8_e4m3": the Triton RoPE + KV store writes the E4M3 codes (and the
     engine-dtype scratch cache of calibration); greedy tokens and logprobs equal the native
@@ -132,6 +140,7 @@ def _default_model_slice(layers: int = 2):
     return dataclasses.replace(checkpoint, config=config, tensors=tensors)
 
 
+@pytest.mark.slow
 def test_a_slice_of_the_default_model_equals_the_native_path():
     """Two layers of the real default model (GQA 9:3, head_dim 64, tied embeddings): the
     teacher-forced logits of a chunked prompt equal the native path's within fp32 tolerance

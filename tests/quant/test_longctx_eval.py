@@ -42,6 +42,7 @@ def test_task_prompts_hold_their_answer_at_the_length(tokenizer, name, length):
             assert text.index(f"VAR A = {answer}") < text.index("VAR B = A")
 
 
+@pytest.mark.slow
 def test_eval_longctx_cli(tmp_path):
     """The full cache and a press: a row each in the table, the JSON and the PNG; the full
     cache finds a key in 512 tokens (the fp32 default model: 100 %); the press gives back

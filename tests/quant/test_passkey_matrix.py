@@ -27,6 +27,7 @@ def test_passkey_prompt_length_and_depth(tokenizer, length, depth):
     assert text[: text.index(needle)].count(FILLER) == round(depth * repeats)
 
 
+@pytest.mark.slow
 def test_eval_matrix_cli(tmp_path, capsys):
     prefix = tmp_path / "m"
     argv = ["eval", "--weights", "int8", "--kv-format", "fp8_e4m3", "--tokens", "64"]

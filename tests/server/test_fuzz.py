@@ -49,7 +49,9 @@ def test_openapi_document_lists_every_endpoint(fuzz_server):
     assert {"POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models"} <= labels
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+@pytest.mark.parametrize(
+    "mode", [pytest.param(GenerationMode.POSITIVE, marks=pytest.mark.slow), GenerationMode.NEGATIVE]
+)
 def test_no_request_gets_a_server_error(fuzz_server, mode):
     """Schema-valid (positive) and schema-violating (negative) requests for every operation:
     any status but 5xx; error statuses carry an OpenAI-style error body."""
