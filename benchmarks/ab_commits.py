@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from results_file import write_lines  # noqa: E402
 
 # units whose smaller values are better
-LOWER_IS_BETTER = {"s", "ms", "seconds"}
+LOWER_IS_BETTER = {"s", "ms", "us", "seconds"}
 
 
 def checkout(commit: str, where: pathlib.Path) -> pathlib.Path:

@@ -15,9 +15,12 @@
  * is split into chunks of CHUNK positions (decode_attention below), a thread prefetches its
  * next chunk's K/V lines a few per row it computes in this one (a cursor over the chunk's
  * runs of slots: no division per line), and a KV head's rows a few positions ahead. The
- * cursor against the slice-per-head loop before it (two integer divisions a line; 2 threads,
- * 30 layers, medians): batch 16 at 138 positions 112 -> 75 us a layer with KV in cache, the
- * same cold (~150-160 us: DRAM-bound); batch 1 at 512 positions cold 43 -> 39 us. Chunks of 128 against whole sequences, batch 1 (9 heads, 3 KV heads,
+ * cursor against the slice-per-head loop before it (two integer divisions a line), in
+ * benchmarks/bench_decode_attention.py (2 threads, 30 layers; AMD EPYC Zen 4, 3 rounds of
+ * ab_commits): KV in cache, batch 16 at 138 positions 124 -> 86 us a layer, batch 4 at 2048
+ * 421 -> 286 us, Gemma-3's 4 heads of 256 at 1024 84 -> 61 us; cold, batch 1 at 129 / 512
+ * positions 1.20x / 1.12x faster, Gemma-3's 1.08x, batch 16 and batch 4 at 2048 within
+ * +-5 % (DRAM-bound: ~150-170 and ~500-570 us). Chunks of 128 against whole sequences, batch 1 (9 heads, 3 KV heads,
  * dim 64, cold caches, 2 threads, medians of 40): 512 positions 99 -> 88 us, 2048 352 -> 164,
  * 8192 1558 -> 563; in the engine's decode step at 2048 positions the 30 layers' attention
  * 9.3 -> 4.0-5.0 ms.
@@ -99,7 +102,9 @@ static inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 
 
 /* s[j] = q . K[p_j] for the 8 rows kr[0..7] (dim % 8 == 0): eight independent FMA chains,
  * q read once per 8 rows. */
-static inline __m256 dot8_rows(const float *q, const float *const kr[8], long dim) {
+static inline __m256 dot8_rows(const float *q, const float *const kr[8], long dim,
+                               line_cursor *pf, long rate) {
+    cursor_prefetch(pf, rate);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
            a7 = a0;
     for (long i = 0; i < dim; i += 8) {
@@ -119,10 +124,11 @@ static inline __m256 dot8_rows(const float *q, const float *const kr[8], long di
 /* o[0..64) = sum_i w[i] * V[rows i][0..64): eight accumulators held in registers across all
  * positions (the axpy form loads and stores o for every position). */
 static inline void weighted_sum64(float *o, const float *w, const float *const *vr, long n,
-                                  long offset) {
+                                  long offset, line_cursor *pf, long rate) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
            a7 = a0;
     for (long i = 0; i < n; ++i) {
+        cursor_prefetch(pf, rate);
         const float *v = vr[i] + offset;
         __m256 wv = _mm256_broadcast_ss(w + i);
         a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v), a0);
@@ -198,6 +204,23 @@ static inline void weighted_sum32_3heads(float *o0, float *o1, float *o2, const 
     _mm256_storeu_ps(o2, a20), _mm256_storeu_ps(o2 + 8, a21), _mm256_storeu_ps(o2 + 16, a22), _mm256_storeu_ps(o2 + 24, a23);
 }
 #endif
+
+/* The calls to the row functions above that take a line cursor (each prefetches `rate` of the
+ * next item's lines) for one KV head's n rows: scores of three heads per call of 4 rows, of
+ * the other heads per call of 8 rows; weighted sums a call a row and 32 (three heads) or 64
+ * (one head) columns. 0 without AVX2 (the next item's lines then go after each KV head). */
+static inline long row_steps(long n, long group, long dim) {
+#ifdef __AVX2__
+    long triples = dim % 8 == 0 ? group / 3 : 0, scores = 0, sums = 0;
+    if (dim % 8 == 0) scores = triples * (n / 4) + (group - 3 * triples) * (n / 8);
+    if (dim % 32 == 0 && group % 3 == 0) sums = group / 3 * n * (dim / 32);
+    else if (dim % 64 == 0) sums = group * n * (dim / 64);
+    return scores + sums;
+#else
+    (void)n, (void)group, (void)dim;
+    return 0;
+#endif
+}
 
 /* Rows of FP8 E4M3 codes → fp32 values · s (one rounding, as the torch path decodes them). */
 static inline void decode_rows_e4m3(const uint8_t *const *src, float *dst, long n, long dim,
@@ -293,15 +316,14 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
                 cursor_prefetch(&pf, pf.lines);
             }
             /* this thread's next item: its slots (every KV head), K and V, prefetched a few
-             * lines per row computed here (the 3-head path: pf_rate per call of its n / 4
-             * score blocks and dim / 32 weighted sums of n rows, each KV head), the rest
-             * after each KV head (up to its share) */
+             * lines (pf_rate) per call of the row functions (row_steps), the rest after each
+             * KV head (up to its share) */
             long pf_it = it + nthr;
             cursor_start(&pf, kc, vc, pf_it < items ? block_tables + item_seq[pf_it] * max_blocks : 0,
                          pf_it < items ? item_pos[pf_it] : 0, pf_it < items ? item_end[pf_it] : 0,
                          block_size, slot_bytes);
             long pf_lines = pf.lines;
-            long pf_rate = pf_lines / (kv_heads * (n / 4 + n * (dim / 32)) + 1) + 1;
+            long pf_rate = pf_lines / (kv_heads * row_steps(n, group, dim) + 1) + 1;
             for (long kvh = 0; kvh < kv_heads; ++kvh) {
                 /* the next item's lines not yet asked for, up to this KV head's share */
                 cursor_prefetch_to(&pf, pf_lines * kvh / kv_heads);
@@ -346,7 +368,7 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
 #ifdef __AVX2__
                     if (dim % 8 == 0)
                         for (; i + 8 <= n; i += 8)
-                            _mm256_storeu_ps(s + i, _mm256_mul_ps(dot8_rows(qh, krows + i, dim),
+                            _mm256_storeu_ps(s + i, _mm256_mul_ps(dot8_rows(qh, krows + i, dim, &pf, pf_rate),
                                                                   _mm256_set1_ps(scale)));
 #endif
                     for (; i < n; ++i) s[i] = dot_f32(qh, krows[i], dim) * scale;
@@ -373,7 +395,8 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
                 if (dim % 64 == 0) { /* V rows from cache (L1/L2) once per head, o in registers */
                     for (long g = 0; g < group; ++g)
                         for (long c = 0; c < dim; c += 64)
-                            weighted_sum64(st + g * state + c, scores + g * n, vrows, n, c);
+                            weighted_sum64(st + g * state + c, scores + g * n, vrows, n, c, &pf,
+                                           pf_rate);
                     continue;
                 }
 #endif
@@ -383,7 +406,7 @@ static void decode_attention(const float *q, const void *k_cache, const void *v_
                     for (long g = 0; g < group; ++g)
                         axpy_f32(st + g * state, scores[g * n + i], vrows[i], dim);
             }
-            cursor_prefetch_to(&pf, pf_lines); /* (what the 3-head rate left) */
+            cursor_prefetch_to(&pf, pf_lines); /* (what the rate left) */
         }
         /* the merge: a sequence's chunks, per query head */
 #pragma omp for schedule(static)
