@@ -332,9 +332,16 @@ def format_phase(result: PhaseResult, top: int | None = 30) -> str:
         lines.append(f"{more:<84} {seconds / per_step * 1e3:>8.3f} {100 * seconds / total:>5.1f}%")
     if result.c_timers:
         timed = sum(result.c_timers.values())
-        parts = ", ".join(f"{name} {s * 1e3:.2f} ms ({100 * s / timed:.0f} %)"
-                          for name, s in result.c_timers.items())  # fmt: skip
-        lines += ["", f"  {result.c_timers_of} (its C timers, all layers): {parts}"]
+        kinds: dict[str, list[str]] = {}  # a layer kind ("" for one kind) → its sites' parts
+        for name, s in result.c_timers.items():
+            kind, _, site = name.rpartition(": ")
+            kinds.setdefault(kind, []).append(f"{site} {s * 1e3:.2f} ms ({100 * s / timed:.0f} %)")
+        lines.append("")
+        for kind, parts in kinds.items():
+            whose = f"{result.c_timers_of} (its C timers, all layers)"
+            if kind:
+                whose = f"{result.c_timers_of}, {kind} (its C timers, these layers)"
+            lines.append(f"  {whose}: {', '.join(parts)}")
     return "\n".join(lines)
 
 

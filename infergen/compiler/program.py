@@ -316,6 +316,7 @@ class LayerProgramRunner:
         self.builds: list[Built] = []  # what building the variants took (compile report)
         self._calls: dict[ProgramVariant, object] = {}
         self._timers: list[object] = []  # each built variant's `<function>_timers`
+        self._timed: dict[str, float] | None = None  # seconds per call site, while `timed`
         try:
             self.built = self.build(DEFAULT)
         except NotBuilt:
@@ -378,18 +379,27 @@ class LayerProgramRunner:
     def timed(self):
         """The program's call-site timers on while the block runs (every variant's): yields a
         dict that holds, after the block, seconds per call site summed over layers and calls
-        ("attn.qkv", "attention", "pointwise -> attn_norm", ...; `LayerProgram.sites`)."""
+        ("attn.qkv", "attention", "pointwise -> attn_norm", ...; `LayerProgram.sites`). The
+        timers are read after each of this program's calls (`run`), so programs whose code is
+        one library — the same static timers — each count only their own calls."""
         seconds: dict[str, float] = {}
         for timers in self._timers:
             timers(1, None)
+        self._timed = seconds
         try:
             yield seconds
         finally:
-            out = (ctypes.c_double * max(1, len(self.program.sites)))()
-            for timers in self._timers:
-                timers(0, out)
-                for site, value in zip(self.program.sites, out, strict=False):
-                    seconds[site] = seconds.get(site, 0.0) + value
+            self._read_timers(enable=0)
+            self._timed = None
+
+    def _read_timers(self, enable: int) -> None:
+        """Add the variants' timers to the open `timed` dict, reset them, and leave them on
+        (1) or off (0)."""
+        out = (ctypes.c_double * max(1, len(self.program.sites)))()
+        for timers in self._timers:
+            timers(enable, out)
+            for site, value in zip(self.program.sites, out, strict=False):
+                self._timed[site] = self._timed.get(site, 0.0) + value
 
     def _bind(self, statics: list[dict]) -> None:
         """Per-layer weight pointers and GEMM formats, and the cache pointers (fixed)."""
@@ -549,6 +559,8 @@ class LayerProgramRunner:
             prefills,
         )
         self._step = None
+        if self._timed is not None:  # (profiling: this call's timers, before another's)
+            self._read_timers(enable=1)
         if self._error is not None:  # (raised inside a mixer's callback)
             raise self._error
         return h, delta

@@ -173,16 +173,17 @@ class CompiledLayers:
     @contextlib.contextmanager
     def timed(self, phase: str):
         """Every kind's `phase` program's call-site timers on while the block runs: yields a
-        dict of seconds per call site, filled when the block ends (kinds whose programs are
-        one compiled library — the same code — share their timers: counted once)."""
+        dict of seconds per call site, filled when the block ends; with several kinds of
+        layer, per kind and call site ("layers 0-2, 4-6 (linear_attention ...): attn.qkv")."""
         seconds: dict[str, float] = {}
-        programs = {str(p.built.path): p for p in self.programs[phase] if p is not None}
+        programs = [(k, p) for k, p in enumerate(self.programs[phase]) if p is not None]
         with contextlib.ExitStack() as stack:
-            found = [stack.enter_context(p.timed()) for p in programs.values()]
+            found = [(k, stack.enter_context(p.timed())) for k, p in programs]
             yield seconds
-        for sites in found:
+        for k, sites in found:
+            kind = f"{self.kinds[k].describe()}: " if len(self.kinds) > 1 else ""
             for site, value in sites.items():
-                seconds[site] = seconds.get(site, 0.0) + value
+                seconds[kind + site] = seconds.get(kind + site, 0.0) + value
 
     def _program(self, graph: Graph, jit_cache: JitCache, phase: str, kind: int):
         layers = self.kinds[kind].layers

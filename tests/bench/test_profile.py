@@ -149,17 +149,36 @@ def test_jit_layer_programs_are_broken_down_by_call_site(model_dir):
 
 
 def test_every_kind_of_layer_program_is_broken_down_by_call_site(tmp_path):
-    """Qwen3-Next's decode steps call two programs (DeltaNet layers, with their native mixer
-    step; the gated attention layers): the call-site table holds both kinds' sites, and they
-    add up to at most the programs' calls' time."""
+    """Qwen3-Next's steps call three programs (DeltaNet layers with experts or a gated MLP,
+    with their native mixer step; the gated attention layers): the call-site table holds each
+    kind's sites under the kind's name — a DeltaNet kind's mixer never counted as attention,
+    or the reverse — they add up to at most the programs' calls' time, and the table prints
+    a line per kind."""
     build_hf_model("qwen3_next", tmp_path / "model")
     llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
     result = profile_engine(llm.engine, WORKLOAD, say=lambda text: None)
-    found = result.phases["decode"]
-    sites = found.c_timers
-    assert {"mixer linear_attention", "attention", "attn.qkv", "mlp"} <= set(sites), sites
-    calls = [r for r in found.rows if r.kernel == "jit::layer_program"]
-    assert calls and sum(sites.values()) <= sum(r.seconds for r in calls) / found.steps
+    kinds = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache).kinds
+    assert len(kinds) == 3
+    for phase, name in (("prefill", "jit::prefill_program"), ("decode", "jit::layer_program")):
+        found = result.phases[phase]
+        by_kind: dict[str, dict[str, float]] = {}
+        for key, seconds in found.c_timers.items():
+            kind, _, site = key.rpartition(": ")
+            by_kind.setdefault(kind, {})[site] = seconds
+        assert set(by_kind) == {kind.describe() for kind in kinds}, found.c_timers
+        for kind in kinds:
+            sites = by_kind[kind.describe()]
+            assert all(seconds > 0 for seconds in sites.values()), sites
+            if "linear_attention" in kind.label:
+                assert "mixer linear_attention" in sites and "attention" not in sites, sites
+            else:
+                assert {"attention", "attn.qkv"} <= set(sites), sites
+                assert "mixer linear_attention" not in sites, sites
+        calls = [r for r in found.rows if r.kernel == name]
+        assert calls and sum(found.c_timers.values()) <= sum(r.seconds for r in calls) / found.steps
+        table = format_phase(found).split("\n")
+        for kind in kinds:
+            assert sum(kind.describe() + " (its C timers" in line for line in table) == 1, table
 
 
 @pytest.mark.parametrize(
