@@ -20,8 +20,6 @@ ratio per shape and state (>1: native faster).
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import pathlib
 import statistics
 import sys
@@ -35,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_generate import git_state, machine_info  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
-from results_file import write_lines  # noqa: E402
+from results_file import base_line, bench_arguments, ratio_line, write_lines  # noqa: E402
 
 from infergen.ops import paged_attention as pa  # noqa: E402
 from tests.ops.scattered_pool import scattered_pool  # noqa: E402
@@ -77,26 +75,12 @@ def run(name: str, ops, layers) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--repeats", type=int, default=15, help="timed stacks per row, state")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/decode_attention.jsonl"
-    )
+    parser = bench_arguments(__doc__, 15, ROOT / "benchmarks/results/decode_attention.jsonl")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
-    base = {
-        "bench": "decode_attention",
-        "quick": False,
-        "dtype": "fp32",
-        "git": git_state(),
-        "machine": machine_info(args.threads),
-        "peer_versions": {"torch": torch.__version__},
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    base = base_line("decode_attention", "random KV", machine_info(args.threads), git_state(),
+                     quick=False, dtype="fp32")  # fmt: skip
     states = {"cold": range(LAYERS), "hot": [0] * LAYERS}
     lines = []
     print(f"{'shape':>12} {'state':>5} {'native us':>10} {'torch us':>9} {'native GB/s':>12} "
@@ -113,12 +97,11 @@ def main() -> None:
                   "kv_bytes_per_layer": kv_bytes, "max_abs_diff": err}  # fmt: skip
         for state, layers in states.items():
             runs: dict[str, list[float]] = {"native": [], "torch": []}
-            others: dict[str, float] = {}
-            for i in range(args.repeats):
-                for name in ("native", "torch") if i % 2 == 0 else ("torch", "native"):
-                    with OtherCpu() as other:
+            with OtherCpu() as other:  # (over all the repeats: /proc/stat counts 10 ms ticks)
+                for i in range(args.repeats):
+                    for name in ("native", "torch") if i % 2 == 0 else ("torch", "native"):
                         runs[name].append(run(name, ops, layers))
-                    others[name] = max(others.get(name, 0.0), other.cores)
+            others = dict.fromkeys(runs, other.cores)
             seconds = {name: statistics.median(r) for name, r in runs.items()}
             metric = f"decode_attention_us_per_layer [{shape}, {state}]"
             for name, engine in (("native", "infergen"), ("torch", "torch")):
@@ -128,12 +111,10 @@ def main() -> None:
                               "stat": f"median of {args.repeats}", "params": params,
                               "other_cpu_cores": others[name]})  # fmt: skip
             ratio = seconds["torch"] / seconds["native"]
-            lines.append({**base, "kind": "ratio", "metric": metric, "engine": "infergen",
-                          "peer": "torch (gather + F.scaled_dot_product_attention)",
-                          "infergen_value": seconds["native"] * 1e6,
-                          "peer_value": seconds["torch"] * 1e6, "value": ratio, "unit": "x",
-                          "definition": "peer us / infergen us", "params": params,
-                          "other_cpu_cores": others})  # fmt: skip
+            lines.append(ratio_line(base, metric, seconds["native"] * 1e6,
+                                    "torch (gather + F.scaled_dot_product_attention)",
+                                    seconds["torch"] * 1e6, "us", params=params,
+                                    other_cpu_cores=others))  # fmt: skip
             print(f"{shape:>12} {state:>5} {seconds['native'] * 1e6:10.1f} "
                   f"{seconds['torch'] * 1e6:9.1f} {kv_bytes / seconds['native'] / 1e9:12.1f} "
                   f"{ratio:6.2f}")  # fmt: skip

@@ -17,8 +17,6 @@ head_dim per attended key). JSON lines to --out: a result per row and shape, a r
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import pathlib
 import statistics
 import sys
@@ -32,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_generate import git_state, machine_info  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
-from results_file import write_lines  # noqa: E402
+from results_file import base_line, bench_arguments, ratio_line, write_lines  # noqa: E402
 
 from infergen.ops import paged_attention as pa  # noqa: E402
 from infergen.ops.paged_prefill_native import prefill_attention_native  # noqa: E402, F401
@@ -78,26 +76,12 @@ def attended(new: int, context: int, window) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--repeats", type=int, default=21, help="timed steps per row and shape")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=ROOT / "benchmarks/results/prefill_attention.jsonl"
-    )
+    parser = bench_arguments(__doc__, 21, ROOT / "benchmarks/results/prefill_attention.jsonl")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
-    base = {
-        "bench": "prefill_attention",
-        "quick": False,
-        "dtype": "fp32",
-        "git": git_state(),
-        "machine": machine_info(args.threads),
-        "peer_versions": {"torch": torch.__version__},
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    base = base_line("prefill_attention", "random KV", machine_info(args.threads), git_state(),
+                     quick=False, dtype="fp32")  # fmt: skip
     lines = []
     print(f"{'shape':>14} {'native ms':>10} {'torch ms':>9} {'native GF/s':>12} {'ratio':>6}")
     for shape, (new, context, kv_heads, group, dim, window) in SHAPES.items():
@@ -126,12 +110,10 @@ def main() -> None:
                           "stat": f"median of {args.repeats}", "params": params,
                           "other_cpu_cores": others[name]})  # fmt: skip
         ratio = seconds["torch"] / seconds["native"]
-        lines.append({**base, "kind": "ratio", "metric": metric, "engine": "infergen",
-                      "peer": "torch (gather + F.scaled_dot_product_attention)",
-                      "infergen_value": seconds["native"] * 1e3,
-                      "peer_value": seconds["torch"] * 1e3, "value": ratio, "unit": "x",
-                      "definition": "peer ms / infergen ms", "params": params,
-                      "other_cpu_cores": others})  # fmt: skip
+        lines.append(ratio_line(base, metric, seconds["native"] * 1e3,
+                                "torch (gather + F.scaled_dot_product_attention)",
+                                seconds["torch"] * 1e3, "ms", params=params,
+                                other_cpu_cores=others))  # fmt: skip
         print(f"{shape:>14} {seconds['native'] * 1e3:10.2f} {seconds['torch'] * 1e3:9.2f} "
               f"{flops / seconds['native'] / 1e9:12.0f} {ratio:6.2f}")  # fmt: skip
     write_lines(args.out, lines)
