@@ -31,9 +31,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from bench_generate import git_state, machine_info  # noqa: E402
+from attention_bench import native_torch_lines, start  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
-from results_file import base_line, bench_arguments, ratio_line, write_lines  # noqa: E402
+from results_file import write_lines  # noqa: E402
 
 from infergen.ops import paged_attention as pa  # noqa: E402
 from tests.ops.scattered_pool import scattered_pool  # noqa: E402
@@ -75,12 +75,9 @@ def run(name: str, ops, layers) -> float:
 
 
 def main() -> None:
-    parser = bench_arguments(__doc__, 15, ROOT / "benchmarks/results/decode_attention.jsonl")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
-    base = base_line("decode_attention", "random KV", machine_info(args.threads), git_state(),
-                     quick=False, dtype="fp32")  # fmt: skip
+    args, base = start(
+        __doc__, "decode_attention", 15, ROOT / "benchmarks/results/decode_attention.jsonl"
+    )
     states = {"cold": range(LAYERS), "hot": [0] * LAYERS}
     lines = []
     print(f"{'shape':>12} {'state':>5} {'native us':>10} {'torch us':>9} {'native GB/s':>12} "
@@ -104,17 +101,10 @@ def main() -> None:
             others = dict.fromkeys(runs, other.cores)
             seconds = {name: statistics.median(r) for name, r in runs.items()}
             metric = f"decode_attention_us_per_layer [{shape}, {state}]"
-            for name, engine in (("native", "infergen"), ("torch", "torch")):
-                lines.append({**base, "kind": "result", "metric": metric, "engine": engine,
-                              "value": seconds[name] * 1e6, "unit": "us",
-                              "gb_per_s": kv_bytes / seconds[name] / 1e9,
-                              "stat": f"median of {args.repeats}", "params": params,
-                              "other_cpu_cores": others[name]})  # fmt: skip
+            lines += native_torch_lines(base, metric, seconds, "us", ("gb_per_s", kv_bytes),
+                                        f"median of {args.repeats}", params=params,
+                                        other_cpu_cores=others)  # fmt: skip
             ratio = seconds["torch"] / seconds["native"]
-            lines.append(ratio_line(base, metric, seconds["native"] * 1e6,
-                                    "torch (gather + F.scaled_dot_product_attention)",
-                                    seconds["torch"] * 1e6, "us", params=params,
-                                    other_cpu_cores=others))  # fmt: skip
             print(f"{shape:>12} {state:>5} {seconds['native'] * 1e6:10.1f} "
                   f"{seconds['torch'] * 1e6:9.1f} {kv_bytes / seconds['native'] / 1e9:12.1f} "
                   f"{ratio:6.2f}")  # fmt: skip

@@ -28,9 +28,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from bench_generate import git_state, machine_info  # noqa: E402
+from attention_bench import native_torch_lines, start  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
-from results_file import base_line, bench_arguments, ratio_line, write_lines  # noqa: E402
+from results_file import write_lines  # noqa: E402
 
 from infergen.ops import paged_attention as pa  # noqa: E402
 from infergen.ops.paged_prefill_native import prefill_attention_native  # noqa: E402, F401
@@ -76,12 +76,9 @@ def attended(new: int, context: int, window) -> int:
 
 
 def main() -> None:
-    parser = bench_arguments(__doc__, 21, ROOT / "benchmarks/results/prefill_attention.jsonl")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
-    base = base_line("prefill_attention", "random KV", machine_info(args.threads), git_state(),
-                     quick=False, dtype="fp32")  # fmt: skip
+    args, base = start(
+        __doc__, "prefill_attention", 21, ROOT / "benchmarks/results/prefill_attention.jsonl"
+    )
     lines = []
     print(f"{'shape':>14} {'native ms':>10} {'torch ms':>9} {'native GF/s':>12} {'ratio':>6}")
     for shape, (new, context, kv_heads, group, dim, window) in SHAPES.items():
@@ -103,17 +100,10 @@ def main() -> None:
                   "kv_heads": kv_heads, "head_dim": dim, "window": window,
                   "max_abs_diff": err}  # fmt: skip
         metric = f"prefill_attention_ms_per_layer [{shape}]"
-        for name, engine in (("native", "infergen"), ("torch", "torch")):
-            lines.append({**base, "kind": "result", "metric": metric, "engine": engine,
-                          "value": seconds[name] * 1e3, "unit": "ms",
-                          "gflops": flops / seconds[name] / 1e9,
-                          "stat": f"median of {args.repeats}", "params": params,
-                          "other_cpu_cores": others[name]})  # fmt: skip
+        lines += native_torch_lines(base, metric, seconds, "ms", ("gflops", flops),
+                                    f"median of {args.repeats}", params=params,
+                                    other_cpu_cores=others)  # fmt: skip
         ratio = seconds["torch"] / seconds["native"]
-        lines.append(ratio_line(base, metric, seconds["native"] * 1e3,
-                                "torch (gather + F.scaled_dot_product_attention)",
-                                seconds["torch"] * 1e3, "ms", params=params,
-                                other_cpu_cores=others))  # fmt: skip
         print(f"{shape:>14} {seconds['native'] * 1e3:10.2f} {seconds['torch'] * 1e3:9.2f} "
               f"{flops / seconds['native'] / 1e9:12.0f} {ratio:6.2f}")  # fmt: skip
     write_lines(args.out, lines)
