@@ -183,6 +183,7 @@ class _Renderer:
             offsets.append(total)
             total += size
         self.buffer_of, self.offsets, self.arena = plan.buffer_of, offsets, total
+        self.streams = _streams(graph)
 
     def emit(self, line: str) -> None:
         self.body.append("        " + line)
@@ -199,7 +200,11 @@ class _Renderer:
         self.emit(f"  if ({self.name}_timing) {seconds} += omp_get_wtime() - t0_; }}")
 
     def arena_ref(self, value: Value) -> TRef:
+        """Where a node writes `value`: its buffer in the arena, or the step's h / delta for
+        the layer's outputs that may be written there (`_streams`)."""
         shape = _row(value)
+        if value.name in self.streams:
+            return TRef(self.streams[value.name], str(prod(shape)), 0, shape, _strides(shape))
         offset = self.offsets[self.buffer_of[value.name]]
         return TRef(f"(arena + T * {offset})", str(prod(shape)), 0, shape, _strides(shape))
 
@@ -442,11 +447,14 @@ class _Renderer:
         for target, value in (("h", h_out), ("delta", delta_out)):
             ref = self.refs[id(value)]
             n = ref.row_elements()
+            if ref == TRef(target, str(n), 0, ref.shape, ref.strides):
+                continue  # (written there by its producer)
             tail.append(
                 f"for (long t = 0; t < T; ++t) memcpy({target} + t * {n}, "
                 f"{ref.at()} + t * {ref.row_stride}, sizeof(float) * {n});"
             )
-        self.timed("copy out (h, delta)", tail)
+        if tail:  # (what its producer could not write in place)
+            self.timed("copy out (h, delta)", tail)
         nw, ng = len(self.weight_inputs), len(self.linears)
         includes = ["#include <omp.h>", "#include <string.h>", '#include "layer_kernels.h"']
         sites = max(1, len(self.sites))
@@ -501,6 +509,24 @@ class _Renderer:
         callback = f"if (!{native}) {callback}"
         self.timed(f"mixer {node.attrs['mixer']}", [f"{{ {args} {callback} }}"])
         self.refs[id(node.outputs[0])] = out
+
+
+def _streams(graph: Graph) -> dict[str, str]:
+    """The layer's outputs (delta, h) that its producer may write straight into the step's
+    `delta` / `h` — the buffers the program otherwise copies them to at the end of the layer
+    ("copy out"): those produced after the last node that reads the input of that name, of
+    its shape. Value name → "h" / "delta"."""
+    inputs = {value.name: value for value in graph.inputs}
+    streams = {}
+    for target, value in (("delta", graph.outputs[0]), ("h", graph.outputs[1])):
+        source = inputs.get(target)
+        producer = [i for i, n in enumerate(graph.nodes) if any(o is value for o in n.outputs)]
+        if source is None or not producer or value.shape != source.shape:
+            continue
+        readers = [i for i, n in enumerate(graph.nodes) if any(v is source for v in n.inputs)]
+        if max(readers, default=-1) < producer[0]:
+            streams[value.name] = target
+    return streams
 
 
 def _site_name(value: Value) -> str:
