@@ -445,10 +445,10 @@ class _Renderer:
         delta_out, h_out = self.graph.outputs[0], self.graph.outputs[1]
         tail = []
         for target, value in (("h", h_out), ("delta", delta_out)):
+            if value.name in self.streams:
+                continue  # (written there by its producer)
             ref = self.refs[id(value)]
             n = ref.row_elements()
-            if ref == TRef(target, str(n), 0, ref.shape, ref.strides):
-                continue  # (written there by its producer)
             tail.append(
                 f"for (long t = 0; t < T; ++t) memcpy({target} + t * {n}, "
                 f"{ref.at()} + t * {ref.row_stride}, sizeof(float) * {n});"
@@ -517,14 +517,15 @@ def _streams(graph: Graph) -> dict[str, str]:
     ("copy out"): those produced after the last node that reads the input of that name, of
     its shape. Value name → "h" / "delta"."""
     inputs = {value.name: value for value in graph.inputs}
+    producers, users = graph.producers(), graph.users()
+    position = {id(node): i for i, node in enumerate(graph.nodes)}
     streams = {}
     for target, value in (("delta", graph.outputs[0]), ("h", graph.outputs[1])):
-        source = inputs.get(target)
-        producer = [i for i, n in enumerate(graph.nodes) if any(o is value for o in n.outputs)]
-        if source is None or not producer or value.shape != source.shape:
+        source, producer = inputs.get(target), producers.get(id(value))
+        if source is None or producer is None or value.shape != source.shape:
             continue
-        readers = [i for i, n in enumerate(graph.nodes) if any(v is source for v in n.inputs)]
-        if max(readers, default=-1) < producer[0]:
+        readers = [position[id(node)] for node in users.get(id(source), [])]
+        if max(readers, default=-1) < position[id(producer)]:
             streams[value.name] = target
     return streams
 
