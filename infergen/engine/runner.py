@@ -80,16 +80,6 @@ class ModelRunner:
                                    verifying, states)  # fmt: skip
         return forward_batch, sampling
 
-    @staticmethod
-    def _block_tables(seqs: list[Sequence], group: int) -> torch.Tensor:
-        """[seqs, max_blocks] int64 block table of one cache group (blocks that left a window
-        read as block 0: nothing reads them)."""
-        max_blocks = max(len(seq.blocks[group]) for seq in seqs)
-        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.int64)
-        for i, seq in enumerate(seqs):
-            tables[i, : len(seq.blocks[group])] = torch.tensor(seq.blocks[group])
-        return tables.clamp_(min=0)
-
     @torch.no_grad()
     def run_prefix(
         self,
@@ -134,24 +124,20 @@ def rows_batch(
     (ops/paged_attention.plan); `states`: the recurrent layers' state slots and fresh flags
     (ForwardBatch). On the cache's device."""
     counts = [len(t) for t in tokens]
-    position_tensor = torch.tensor(
-        [p for start, n in zip(starts, counts, strict=True) for p in range(start, start + n)],
-        dtype=torch.int64,
-    )
+    positions = [p for s, n in zip(starts, counts, strict=True) for p in range(s, s + n)]
+    position_tensor = torch.tensor(positions, dtype=torch.int64)
     query_start_loc = list(itertools.accumulate(counts, initial=0))
     seq_lens = [start + n for start, n in zip(starts, counts, strict=True)]
     slot_mappings, plans = [], []
     for g, group in enumerate(kv_cache.groups):
-        tables = ModelRunner._block_tables(seqs, g)
+        # (built as lists, one tensor each: a decode step's few rows would otherwise cost more
+        # in torch's per-op overhead than the model's layers take per token)
+        rows = _padded_tables(seqs, g)
+        tables = torch.tensor(rows, dtype=torch.int64)
         # a pressed sequence's cache index of position p: p − removed (engine/kv_press.py)
         removed = [seq.removed(g) for seq in seqs]
-        indices, lens = position_tensor, seq_lens
-        if any(removed):
-            indices = position_tensor - torch.repeat_interleave(
-                torch.tensor(removed), torch.tensor(counts)
-            )
-            lens = [n - r for n, r in zip(seq_lens, removed, strict=True)]
-        slot_mappings.append(_new_slots(tables, counts, indices, kv_cache.block_size))
+        lens = [n - r for n, r in zip(seq_lens, removed, strict=True)]
+        slot_mappings.append(_new_slots(rows, counts, positions, removed, kv_cache.block_size))
         plans.append(plan(query_start_loc, lens, tables, kv_cache.block_size, group.window,
                           group.sinks, as_decodes))  # fmt: skip
     if slot_mappings:  # (a model without attention layers has none)
@@ -169,11 +155,27 @@ def rows_batch(
     return forward_batch
 
 
+def _padded_tables(seqs: list[Sequence], group: int) -> list[list[int]]:
+    """Each sequence's block ids of cache group `group`, padded with 0 to the longest (a
+    block that left a window, marked negative, reads as 0: nothing reads it)."""
+    tables = [seq.blocks[group] for seq in seqs]
+    width = max(map(len, tables))
+    return [
+        (t if not t or min(t) >= 0 else [max(b, 0) for b in t]) + [0] * (width - len(t))
+        for t in tables
+    ]
+
+
 def _new_slots(
-    tables: torch.Tensor, num_tokens: list[int], positions: torch.Tensor, block_size: int
-) -> torch.Tensor:
-    """[tokens] cache slot of each new token (its block in `tables`, its offset in it)."""
-    counts = torch.tensor(num_tokens)
-    rows = torch.repeat_interleave(torch.arange(len(num_tokens)), counts)
-    blocks = tables[rows, positions // block_size]
-    return blocks * block_size + positions % block_size
+    tables: list[list[int]], counts: list[int], positions: list[int], removed: list[int],
+    block_size: int,
+) -> torch.Tensor:  # fmt: skip
+    """[tokens] cache slot of each new token: sequence i's `counts[i]` tokens at their
+    positions less `removed[i]` (its cache index), in its block table row `tables[i]`."""
+    slots, row = [], 0
+    for table, n, gone in zip(tables, counts, removed, strict=True):
+        for p in positions[row : row + n]:
+            index = p - gone
+            slots.append(table[index // block_size] * block_size + index % block_size)
+        row += n
+    return torch.tensor(slots, dtype=torch.int64)

@@ -105,11 +105,12 @@ def _backend(name: str, code: CodeFormat) -> LinearBackend:
     def rows(prepared: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows (a tied LM head's embedding lookup reads the quantized weight)."""
         raw = prepared.view(torch.uint8)
-        panels, n_rows, _ = raw.shape
-        in_features = n_rows - SCALE_ROWS
+        in_features = raw.shape[1] - SCALE_ROWS
         p, j = ids // PANEL, ids % PANEL
-        scales = raw[:, in_features:].contiguous().view(torch.float32).reshape(panels, PANEL)
-        return _decode(raw[p, :in_features, j], scales[p, j], code)
+        # (the rows' panels' scale bytes only: a step embeds a few tokens of a large vocabulary)
+        tails = raw[p, in_features:].reshape(len(ids), SCALE_ROWS * PANEL).view(torch.float32)
+        scales = tails.gather(1, j[:, None])[:, 0]
+        return _decode(raw[p, :in_features, j], scales, code)
 
     # int8 weights take int8 activations per token with integer sums (ops/linear_w8a8.py)
     integer = {("int8", "token"): functools.partial(linear_w8a8.apply, unpack=unpack)}

@@ -10,6 +10,7 @@ import torch
 from infergen.config import RopeScaling
 from infergen.kernels.build import try_load
 from infergen.ops import linear, rms_norm, rope, silu_mul
+from infergen.ops.linear_quantized import CODE_FORMATS, dequantized
 
 BACKENDS = ["torch", "native"]
 
@@ -187,3 +188,15 @@ def test_inv_frequencies_match_transformers(rope_parameters):
     scaling = RopeScaling(**{k: v for k, v in rope_parameters.items() if k != "rope_theta"})
     got = rope.inv_frequencies(128, rope_parameters["rope_theta"], scaling).float()
     torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("fmt", sorted(CODE_FORMATS))
+def test_code_format_rows_are_the_dequantized_weight_rows(fmt):
+    """A tied LM head's embedding lookup on one-byte codes (int8 / FP8 panels) reads its rows'
+    codes and their panels' scales: the rows of formats.dequantize's weight, bit for bit, in
+    any order, repeated, across panels and in a partial last panel."""
+    row = linear.LINEAR_BACKENDS.get(fmt)
+    w = torch.randn(70, 9)
+    ids = torch.tensor([0, 69, 24, 5, 5, 48, 23, 47])
+    assert torch.equal(row.rows(row.prepare(w), ids), dequantized(w, fmt)[ids])
+    assert torch.equal(row.rows(row.prepare(w), ids[:1]), dequantized(w, fmt)[ids[:1]])
