@@ -267,6 +267,11 @@ static inline __attribute__((always_inline)) void w8_direct(
     for (int r = 0; r < W8_DIRECT_ROWS; ++r) c8[r] = _mm256_setzero_si256();
     for (long kq = 0; kq < K4; ++kq) {
         const uint8_t *rows = wp + 4 * kq * NR;
+        if ((kq & 1) == 0) { /* 192 bytes every two quads: three lines */
+            STREAM_PREFETCH(rows);
+            STREAM_PREFETCH(rows + 64);
+            STREAM_PREFETCH(rows + 128);
+        }
         __m512i a = _mm512_loadu_si512((const void *)rows);
         __m512i b = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, rows + 64); /* bytes 64..95 */
         __m512i w16 = _mm512_xor_si512(_mm512_permutex2var_epi8(a, lo, b), flip);
