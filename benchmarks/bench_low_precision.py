@@ -7,13 +7,18 @@ Q8 activations in integers, F32) on the same GGUF weights.
 
 Ops: the default model's projection shapes (q/k/v 576 -> 960, o 576 -> 576, gate/up 576 -> 3072,
 down 1536 -> 576), a stack of each (as a forward streams its layers' weights), at --tokens, 2
-threads, best of --repeats in alternating rounds. Engine: a 512-token prefill and batch-1 decode
-of the default model with fp32 weights, `--weights int8` with and without `--activations int8`,
-`--weights gguf` (its Q4_1 blocks as stored) with and without `--activations int8`, `--weights
-bf16`; llama.cpp's pp512 / tg32 on the F32, Q8_0 and Q4_1 GGUFs (when
-benchmarks/setup_peers.sh llama-server has built llama-bench). The ISA beside every figure: the
-CPU's and the kernels' build flags. Targets (issue 27, VNNI machines): W8A8 prefill >= 2x fp32,
-and >= 1.5x weight-only int8 at 16 tokens. JSON lines to benchmarks/results/low_precision.jsonl.
+threads, best of --repeats in alternating rounds. Engine: a 512-token prefill and the batch-1
+decode of --new tokens after a --context-token prompt (timed from the first token on: the
+prompt's prefill left out) of the default model with fp32 weights, `--weights int8` with and
+without `--activations int8`, `--weights gguf` (its Q4_1 blocks as stored) with and without
+`--activations int8`, `--weights bf16`; llama.cpp's pp512 and tg at depth --context
+(`llama-bench -d`: the same context) on the F32, Q8_0 and Q4_1 GGUFs (when
+benchmarks/setup_peers.sh llama-server has built llama-bench), every engine and GGUF in turns
+for --rounds rounds, best of each (the decode ratio at equal precision beside fp32 / F32,
+W8A8 / Q8_0, W4A8 / Q4_1). The ISA beside every figure: the CPU's and the kernels' build flags.
+Targets (issue 27, VNNI machines): W8A8 prefill >= 2x fp32, and >= 1.5x weight-only int8 at 16
+tokens; decode batch 1 >= 1.2x llama.cpp at equal precision. JSON lines to
+benchmarks/results/low_precision.jsonl.
 """
 
 from __future__ import annotations
@@ -89,55 +94,101 @@ def _ops(scheme: str, tokens: int, repeats: int) -> dict[str, float]:
     return best
 
 
-def engine_rates(options: dict, prompt_len: int, new: int, repeats: int) -> dict:
-    """An engine's prefill of `prompt_len` tokens (best) and decode of `new` after a 64-token
-    prompt (best tok/s), 2 threads; `options` are LLM options (a `model` among them)."""
-    llm = LLM(num_threads=2, **options)
-    prompts = [
-        [(7 * j + 13 * r) % 30000 + 100 for j in range(prompt_len)] for r in range(repeats + 1)
-    ]
-    prefill, decode = float("inf"), 0.0
-    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=2, temperature=0))  # warm
-    for prompt in prompts[1:]:
-        began = time.perf_counter()
-        llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0))
-        prefill = min(prefill, time.perf_counter() - began)
-        params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
-        began = time.perf_counter()
-        llm.generate([prompt[:64]], params)
-        decode = max(decode, new / (time.perf_counter() - began))
-    return {"prefill_s": round(prefill, 4), "prefill_tok_s": round(prompt_len / prefill, 1),
-            "decode_tok_s": round(decode, 2)}  # fmt: skip
+PEER_OF = {
+    "fp32": "llama.cpp F32",
+    "w8a8_integer": "llama.cpp Q8_0",
+    "w4a8_integer": "llama.cpp Q4_1",
+}  # fmt: skip  (equal precision: decode ratios)
 
 
-def _llama_bench(prompt_len: int, new: int, repeats: int) -> dict[str, dict]:
-    """llama.cpp's pp / tg tok/s on the default model's GGUF as F32, Q8_0 and its own Q4_1
-    ({} without llama-bench)."""
+class EngineRates:
+    """One engine's prefill of `prompt_len` tokens and batch-1 decode of `new` tokens after a
+    `context`-token prompt, 2 threads; `options` are LLM options. Each `measure()` is one
+    round (the engine stays loaded between rounds); the best of the rounds is kept."""
+
+    def __init__(self, options: dict, prompt_len: int, context: int, new: int):
+        self.llm = LLM(num_threads=2, kv_cache_memory="512MiB", enable_prefix_caching=False,
+                       **options)  # fmt: skip
+        self.prompt_len, self.context, self.new = prompt_len, context, new
+        self.prefill, self.decode, self.round = float("inf"), 0.0, 0
+        params = SamplingParams(max_tokens=2, temperature=0)
+        self.llm.generate([self._prompt(32)], params)  # warm-up
+
+    def _prompt(self, length: int) -> list[int]:
+        self.round += 1
+        return [(7 * j + 13 * self.round) % 30000 + 100 for j in range(length)]
+
+    def measure(self) -> None:
+        began = time.perf_counter()
+        self.llm.generate([self._prompt(self.prompt_len)], SamplingParams(max_tokens=1))
+        self.prefill = min(self.prefill, time.perf_counter() - began)
+        # decode only: from the first token on (the prompt's prefill left out), as llama-bench's
+        # tg at depth `context` times its generation alone
+        engine = self.llm.engine
+        params = SamplingParams(max_tokens=self.new + 1, temperature=0, ignore_eos=True)
+        request = engine.add_request(self._prompt(self.context), params)
+        first = None
+        while engine.has_unfinished():
+            for delta in engine.step():
+                if first is None and delta.token_ids:
+                    first = time.perf_counter()
+        self.decode = max(self.decode, self.new / (time.perf_counter() - first))
+        engine.release(request)
+
+    def result(self) -> dict:
+        return {"prefill_s": round(self.prefill, 4),
+                "prefill_tok_s": round(self.prompt_len / self.prefill, 1),
+                "decode_tok_s": round(self.decode, 2), "decode_context": self.context}  # fmt: skip
+
+
+def _llama_files() -> dict[str, pathlib.Path]:
+    """llama.cpp's GGUFs of the default model: F32, Q8_0 and its own Q4_1 ({} without
+    llama-bench)."""
     if not LLAMA_BENCH.exists():
         print(f"llama-bench not built ({LLAMA_BENCH}): bash benchmarks/setup_peers.sh "
               "llama-server", file=sys.stderr)  # fmt: skip
         return {}
     source = default_model_path()
-    files = {"llama.cpp F32": cached_f32_gguf(source, PEERS_DIR, "F32"),
-             "llama.cpp Q8_0": cached_f32_gguf(source, PEERS_DIR, "Q8_0"),
-             "llama.cpp Q4_1": source}  # fmt: skip
-    return llama_bench(files, prompt_len, new, repeats)
+    return {"llama.cpp F32": cached_f32_gguf(source, PEERS_DIR, "F32"),
+            "llama.cpp Q8_0": cached_f32_gguf(source, PEERS_DIR, "Q8_0"),
+            "llama.cpp Q4_1": source}  # fmt: skip
 
 
-def llama_bench(files: dict[str, pathlib.Path], prompt_len: int, new: int, repeats: int) -> dict:
-    """llama-bench's pp `prompt_len` / tg `new` tok/s, 2 threads, on each named GGUF."""
-    got = {}
-    for name, path in files.items():
-        cmd = [str(LLAMA_BENCH), "-m", str(path), "-p", str(prompt_len), "-n", str(new),
-               "-t", "2", "-r", str(repeats), "-o", "json"]  # fmt: skip
-        rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
-        pp = next(r for r in rows if r["n_prompt"] == prompt_len and r["n_gen"] == 0)
-        tg = next(r for r in rows if r["n_gen"] == new and r["n_prompt"] == 0)
-        got[name] = {"prefill_s": round(prompt_len / pp["avg_ts"], 4),
-                     "prefill_tok_s": round(pp["avg_ts"], 1),
-                     "decode_tok_s": round(tg["avg_ts"], 2),
-                     "peer_version": f"llama.cpp {rows[0].get('build_commit', '?')}"}  # fmt: skip
-    return got
+def llama_bench(path: pathlib.Path, prompt_len: int, context: int, new: int) -> dict:
+    """llama-bench's pp `prompt_len` and tg `new` at depth `context` (the same context as the
+    engine's decode), 2 threads, one repetition, on one GGUF."""
+    cmd = [str(LLAMA_BENCH), "-m", str(path), "-p", str(prompt_len), "-n", str(new),
+           "-d", str(context), "-t", "2", "-r", "1", "-o", "json"]  # fmt: skip
+    rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    pp = next(r for r in rows if r["n_prompt"] == prompt_len and r["n_gen"] == 0)
+    tg = next(r for r in rows if r["n_gen"] == new and r["n_prompt"] == 0)
+    return {"prefill_s": round(prompt_len / pp["avg_ts"], 4),
+            "prefill_tok_s": round(pp["avg_ts"], 1), "decode_tok_s": round(tg["avg_ts"], 2),
+            "decode_context": context,
+            "peer_version": f"llama.cpp {rows[0].get('build_commit', '?')}"}  # fmt: skip
+
+
+def engine_lines(configs: list[str], peer: bool, args) -> dict[str, dict]:
+    """Every engine configuration and llama.cpp GGUF measured in turns, `args.rounds` rounds
+    (the order reversed every round: this machine's bandwidth drifts by 2x within minutes),
+    best of the rounds each."""
+    engines = {name: EngineRates(ENGINE[name], args.prefill, args.context, args.new)
+               for name in configs}  # fmt: skip
+    files = _llama_files() if peer else {}
+    peers: dict[str, dict] = {}
+    order = [*engines, *files]
+    for round_ in range(args.rounds):
+        for name in order if round_ % 2 == 0 else order[::-1]:
+            if name in engines:
+                engines[name].measure()
+                continue
+            got = llama_bench(files[name], args.prefill, args.context, args.new)
+            best = peers.setdefault(name, got)
+            best["prefill_s"] = min(best["prefill_s"], got["prefill_s"])
+            best["prefill_tok_s"] = max(best["prefill_tok_s"], got["prefill_tok_s"])
+            best["decode_tok_s"] = max(best["decode_tok_s"], got["decode_tok_s"])
+        print(f"engine round {round_ + 1} of {args.rounds} done", flush=True)
+    return {**{name: e.result() for name, e in engines.items()}, **peers}
 
 
 def main() -> None:
@@ -147,6 +198,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument(
+        "--engines",
+        default=",".join(ENGINE),
+        help="engine configurations, comma-separated (default: all)",
+    )
+    parser.add_argument("--no-peer", action="store_true", help="no llama-bench runs")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="engine rounds, every configuration and peer in turns (best of)",
+    )
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=64,
+        help="decode after this many prompt tokens (llama-bench -d)",
+    )
+    parser.add_argument("--new", type=int, default=64, help="decode tokens timed")
     parser.add_argument("--out", type=pathlib.Path,
                         default=ROOT / "benchmarks/results/low_precision.jsonl")  # fmt: skip
     args = parser.parse_args()
@@ -156,7 +226,7 @@ def main() -> None:
     base = {"bench": "low_precision", "machine": machine_info(2), "kernel_flags": flags,
             "date": datetime.date.today().isoformat()}  # fmt: skip
     lines = []
-    for scheme in args.schemes.split(","):
+    for scheme in (s for s in args.schemes.split(",") if s):  # ("": no op rows)
         for tokens in (int(t) for t in args.tokens.split(",")):
             best = _ops(scheme, tokens, args.repeats)
             low = best["bf16" if scheme == "bf16" else "integer"]
@@ -169,14 +239,29 @@ def main() -> None:
             print({k: v for k, v in line.items() if k != "machine"}, flush=True)
             lines.append(line)
     if not args.skip_engine:
-        got = {name: engine_rates(options, args.prefill, 32, 3) for name, options in ENGINE.items()}
-        got.update(_llama_bench(args.prefill, 32, 3))
+        configs = [c for c in args.engines.split(",") if c]
+        unknown = sorted(set(configs) - set(ENGINE))
+        if unknown:
+            raise SystemExit(f"--engines: unknown {unknown}; expected some of {sorted(ENGINE)}")
+        got = engine_lines(configs, not args.no_peer, args)
+        fp32 = got.get("fp32", {}).get("prefill_s")
         for name, result in got.items():
-            speedup = got["fp32"]["prefill_s"] / result["prefill_s"]
             line = {**base, "kind": "engine", "config": name, "prefill_tokens": args.prefill,
-                    **result, "prefill_vs_fp32": round(speedup, 3)}  # fmt: skip
+                    **result}  # fmt: skip
+            if fp32:
+                line["prefill_vs_fp32"] = round(fp32 / result["prefill_s"], 3)
+            if PEER_OF.get(name) in got:
+                line["decode_vs_peer"] = round(
+                    result["decode_tok_s"] / got[PEER_OF[name]]["decode_tok_s"], 3
+                )
+                line["decode_peer"] = PEER_OF[name]
             print({k: v for k, v in line.items() if k != "machine"}, flush=True)
             lines.append(line)
+            engine = "llama.cpp" if name.startswith("llama.cpp") else "infergen"
+            for metric in ("prefill_tok_s", "decode_tok_s"):  # (ab_commits reads these)
+                lines.append({**base, "kind": "result", "metric": metric, "engine": engine,
+                              "config": name, "value": result[metric],
+                              "unit": "tok/s"})  # fmt: skip
     write_lines(args.out, lines)
 
 
