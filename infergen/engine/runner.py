@@ -148,6 +148,7 @@ def rows_batch(
         slot_mappings=slot_mappings,
         attn_plans=plans,
         logits_indices=torch.tensor(logits_rows, dtype=torch.int64),
+        logits_all=logits_rows == list(range(len(positions))),
         **({} if states is None else dict(query_start_loc=query_start_loc, **states)),
     )
     if kv_cache.device.type != "cpu":

@@ -129,5 +129,24 @@ typedef void (*micro_q_fn)(const uint8_t *, const float *, long, float *, long, 
         }                                                                                      \
     }
 
+/* rows_packed_<FMT>(Wp, K, N, ids, n, out): rows ids[0..n) of the [N, K] weight, dequantized
+ * (decode(q) · scale, the values the products use) into out [n][K] — a tied LM head's
+ * embedding lookup, one call instead of a handful of small tensor ops per step. Returns -1, or
+ * the index of the first id outside [0, N) (nothing written from it on). */
+#define ROWS_PACKED_Q(FMT)                                                                     \
+    long rows_packed_##FMT(const uint8_t *Wp, long K, long N, const int64_t *ids, long n,      \
+                           float *out) {                                                       \
+        for (long i = 0; i < n; ++i) {                                                         \
+            if (ids[i] < 0 || ids[i] >= N) return i;                                           \
+            const uint8_t *wp = Wp + ids[i] / NR * (K + 4) * NR;                               \
+            const long j = ids[i] % NR;                                                        \
+            const float s = panel_scales(wp, K)[j];                                            \
+            for (long k = 0; k < K; ++k) out[i * K + k] = decode_##FMT(wp[k * NR + j]) * s;    \
+        }                                                                                      \
+        return -1;                                                                             \
+    }
+
 GEMM_PACKED_Q(i8)
 GEMM_PACKED_Q(e4m3)
+ROWS_PACKED_Q(i8)
+ROWS_PACKED_Q(e4m3)

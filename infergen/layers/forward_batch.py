@@ -37,6 +37,8 @@ class ForwardBatch:
     # the KV press's observation window (engine/kv_press.py): the rows whose queries each
     # attention layer keeps, None: none
     capture: QueryCapture | None = None
+    # logits_indices is every row in order (a decode step): the head reads h as it is
+    logits_all: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -333,6 +333,8 @@ class Transformer(nn.Module):
             return torch.empty(0, self.config.vocab_size, device=h.device)
         if self.keep_hidden:
             return self.logits(self.hidden.index_select(0, rows))
+        if batch.logits_all:  # every row, in order (a decode step): no gather
+            return self.head(h, delta)
         return self.head(h.index_select(0, rows), delta.index_select(0, rows))
 
     def _embedding_region(self, tokens: int):

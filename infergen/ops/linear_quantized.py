@@ -37,11 +37,14 @@ class CodeFormat:
     dtype: torch.dtype  # what a code is (its torch view) and the prepared panels' dtype
     kernel: str  # the function in kernels/gemm_packed_q_f32.c
     decode_format: int  # kernels/decode_layers_f32.c weight_format
+    rows_kernel: str  # its dequantized rows (an embedding lookup)
 
 
 CODE_FORMATS = {
-    "int8": CodeFormat("int8", torch.int8, "gemm_packed_i8_f32", 1),
-    "fp8_e4m3": CodeFormat("fp8_e4m3", torch.float8_e4m3fn, "gemm_packed_e4m3_f32", 2),
+    "int8": CodeFormat("int8", torch.int8, "gemm_packed_i8_f32", 1, "rows_packed_i8"),
+    "fp8_e4m3": CodeFormat(
+        "fp8_e4m3", torch.float8_e4m3fn, "gemm_packed_e4m3_f32", 2, "rows_packed_e4m3"
+    ),
 }
 
 
@@ -106,6 +109,19 @@ def _backend(name: str, code: CodeFormat) -> LinearBackend:
         """Dequantized rows (a tied LM head's embedding lookup reads the quantized weight)."""
         raw = prepared.view(torch.uint8)
         in_features = raw.shape[1] - SCALE_ROWS
+        fn = kernel(code.rows_kernel, P, L, L, P, L, P, source=SOURCE, restype=L)
+        if fn is not None and raw.is_contiguous() and ids.device.type == "cpu":
+            ids = ids.to(torch.int64).contiguous()
+            out = torch.empty(len(ids), in_features)
+            bad = fn(raw.data_ptr(), in_features, raw.shape[0] * PANEL, ids.data_ptr(),
+                     len(ids), out.data_ptr())  # fmt: skip
+            if bad >= 0:
+                raise IndexError(f"row {int(ids[bad])} is outside the weight's "
+                                 f"{raw.shape[0] * PANEL} (padded) rows")  # fmt: skip
+            return out
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= raw.shape[0] * PANEL):
+            raise IndexError(f"rows {ids.tolist()} reach outside the weight's "
+                             f"{raw.shape[0] * PANEL} (padded) rows")  # fmt: skip
         p, j = ids // PANEL, ids % PANEL
         # (the rows' panels' scale bytes only: a step embeds a few tokens of a large vocabulary)
         tails = raw[p, in_features:].reshape(len(ids), SCALE_ROWS * PANEL).view(torch.float32)

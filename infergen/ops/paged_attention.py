@@ -262,12 +262,15 @@ def plan(
                     block_size=block_size)  # fmt: skip
     if not decode_ids:
         return AttentionPlan(None, prefills, **windowed)
-    ids = torch.tensor(decode_ids, device=dev)
+    if block_tables.is_contiguous() and decode_ids == list(range(block_tables.shape[0])):
+        decode_tables = block_tables  # (a row per sequence, in order: no gather)
+    else:
+        decode_tables = block_tables[torch.tensor(decode_ids, device=dev)].contiguous()
     return AttentionPlan(
         decode_rows=torch.tensor(decode_starts, device=dev),
         prefills=prefills,
         decode_only=not prefills,
-        decode_block_tables=block_tables[ids].contiguous(),
+        decode_block_tables=decode_tables,
         decode_seq_lens=torch.tensor(decode_lens, device=dev),
         **windowed,
         decode_max_context=max(decode_lens),

@@ -9,7 +9,7 @@ import torch
 
 from infergen.config import RopeScaling
 from infergen.kernels.build import try_load
-from infergen.ops import linear, rms_norm, rope, silu_mul
+from infergen.ops import linear, linear_quantized, rms_norm, rope, silu_mul
 from infergen.ops.linear_quantized import CODE_FORMATS, dequantized
 
 BACKENDS = ["torch", "native"]
@@ -190,13 +190,32 @@ def test_inv_frequencies_match_transformers(rope_parameters):
     torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
 
 
+def _without_rows_kernel(monkeypatch, native: bool) -> None:
+    if not native:  # the path without a C compiler (rows_packed_<fmt> unavailable)
+        monkeypatch.setattr(linear_quantized, "kernel", lambda *args, **kwargs: None)
+
+
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("fmt", sorted(CODE_FORMATS))
-def test_code_format_rows_are_the_dequantized_weight_rows(fmt):
+def test_code_format_rows_are_the_dequantized_weight_rows(fmt, native, monkeypatch):
     """A tied LM head's embedding lookup on one-byte codes (int8 / FP8 panels) reads its rows'
     codes and their panels' scales: the rows of formats.dequantize's weight, bit for bit, in
     any order, repeated, across panels and in a partial last panel."""
+    _without_rows_kernel(monkeypatch, native)
     row = linear.LINEAR_BACKENDS.get(fmt)
     w = torch.randn(70, 9)
     ids = torch.tensor([0, 69, 24, 5, 5, 48, 23, 47])
     assert torch.equal(row.rows(row.prepare(w), ids), dequantized(w, fmt)[ids])
     assert torch.equal(row.rows(row.prepare(w), ids[:1]), dequantized(w, fmt)[ids[:1]])
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("fmt", sorted(CODE_FORMATS))
+def test_code_format_rows_outside_the_weight_raise(fmt, native, monkeypatch):
+    _without_rows_kernel(monkeypatch, native)
+    row = linear.LINEAR_BACKENDS.get(fmt)
+    prepared = row.prepare(torch.randn(30, 9))  # two panels: 48 (padded) rows
+    with pytest.raises(IndexError):
+        row.rows(prepared, torch.tensor([3, 48]))
+    with pytest.raises(IndexError):
+        row.rows(prepared, torch.tensor([-1]))
