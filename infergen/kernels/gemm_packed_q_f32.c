@@ -129,6 +129,12 @@ typedef void (*micro_q_fn)(const uint8_t *, const float *, long, float *, long, 
         }                                                                                      \
     }
 
+/* A code's value as formats.dequantize (torch) decodes it, NaN codes included (E4M3FN's
+ * 0x7F / 0xFF; the products' decoders read them as numbers: the load check rejects such
+ * weights first, QuantWeight.nonfinite). */
+static inline float value_i8(uint8_t c) { return decode_i8(c); }
+static inline float value_e4m3(uint8_t c) { return (c & 0x7F) == 0x7F ? NAN : decode_e4m3(c); }
+
 /* rows_packed_<FMT>(Wp, K, N, ids, n, out): rows ids[0..n) of the [N, K] weight, dequantized
  * (decode(q) · scale, the values the products use) into out [n][K] — a tied LM head's
  * embedding lookup, one call instead of a handful of small tensor ops per step. Returns -1, or
@@ -141,7 +147,7 @@ typedef void (*micro_q_fn)(const uint8_t *, const float *, long, float *, long, 
             const uint8_t *wp = Wp + ids[i] / NR * (K + 4) * NR;                               \
             const long j = ids[i] % NR;                                                        \
             const float s = panel_scales(wp, K)[j];                                            \
-            for (long k = 0; k < K; ++k) out[i * K + k] = decode_##FMT(wp[k * NR + j]) * s;    \
+            for (long k = 0; k < K; ++k) out[i * K + k] = value_##FMT(wp[k * NR + j]) * s;     \
         }                                                                                      \
         return -1;                                                                             \
     }
