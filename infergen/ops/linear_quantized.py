@@ -112,7 +112,7 @@ def _backend(name: str, code: CodeFormat) -> LinearBackend:
         fn = kernel(code.rows_kernel, P, L, L, P, L, P, source=SOURCE, restype=L)
         if fn is not None and raw.is_contiguous() and ids.device.type == "cpu":
             ids = ids.to(torch.int64).contiguous()
-            out = torch.empty(len(ids), in_features)
+            out = torch.empty(len(ids), in_features, dtype=torch.float32)
             bad = fn(raw.data_ptr(), in_features, raw.shape[0] * PANEL, ids.data_ptr(),
                      len(ids), out.data_ptr())  # fmt: skip
             if bad >= 0:
