@@ -94,11 +94,9 @@ def _ops(scheme: str, tokens: int, repeats: int) -> dict[str, float]:
     return best
 
 
-PEER_OF = {
-    "fp32": "llama.cpp F32",
-    "w8a8_integer": "llama.cpp Q8_0",
-    "w4a8_integer": "llama.cpp Q4_1",
-}  # fmt: skip  (equal precision: decode ratios)
+# the llama.cpp GGUF at each engine's precision (its line's decode ratio)
+PEER_OF = {"fp32": "llama.cpp F32", "w8a8_integer": "llama.cpp Q8_0",
+           "w4a8_integer": "llama.cpp Q4_1"}  # fmt: skip
 
 
 class EngineRates:
@@ -110,13 +108,14 @@ class EngineRates:
         self.llm = LLM(num_threads=2, kv_cache_memory="512MiB", enable_prefix_caching=False,
                        **options)  # fmt: skip
         self.prompt_len, self.context, self.new = prompt_len, context, new
-        self.prefill, self.decode, self.round = float("inf"), 0.0, 0
+        self.prefill, self.decode, self.prompts = float("inf"), 0.0, 0
         params = SamplingParams(max_tokens=2, temperature=0)
         self.llm.generate([self._prompt(32)], params)  # warm-up
 
     def _prompt(self, length: int) -> list[int]:
-        self.round += 1
-        return [(7 * j + 13 * self.round) % 30000 + 100 for j in range(length)]
+        """A prompt no earlier one shares a prefix with."""
+        self.prompts += 1
+        return [(7 * j + 13 * self.prompts) % 30000 + 100 for j in range(length)]
 
     def measure(self) -> None:
         began = time.perf_counter()

@@ -82,6 +82,10 @@ def unpack(prepared: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
+def _outside(row: int, total: int) -> IndexError:
+    return IndexError(f"row {row} is outside the weight's {total} (padded) rows")
+
+
 def _decode(codes: torch.Tensor, scales: torch.Tensor, code: CodeFormat) -> torch.Tensor:
     """uint8 codes of rows with their scales → fp32, as formats.dequantize computes them."""
     return codes.view(code.dtype).float() * scales[:, None]
@@ -106,27 +110,23 @@ def _backend(name: str, code: CodeFormat) -> LinearBackend:
         return run_packed(fn, x, prepared, bias, out_features)
 
     def rows(prepared: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Dequantized rows (a tied LM head's embedding lookup reads the quantized weight)."""
+        """Dequantized rows (a tied LM head's embedding lookup reads the quantized weight):
+        one C call per step; without a C compiler, the unpacked weight's rows."""
         raw = prepared.view(torch.uint8)
-        in_features = raw.shape[1] - SCALE_ROWS
+        in_features, total = raw.shape[1] - SCALE_ROWS, raw.shape[0] * PANEL  # (padded rows)
         fn = kernel(code.rows_kernel, P, L, L, P, L, P, source=SOURCE, restype=L)
         if fn is not None and raw.is_contiguous() and ids.device.type == "cpu":
             ids = ids.to(torch.int64).contiguous()
             out = torch.empty(len(ids), in_features, dtype=torch.float32)
-            bad = fn(raw.data_ptr(), in_features, raw.shape[0] * PANEL, ids.data_ptr(),
-                     len(ids), out.data_ptr())  # fmt: skip
+            bad = fn(raw.data_ptr(), in_features, total, ids.data_ptr(), len(ids), out.data_ptr())
             if bad >= 0:
-                raise IndexError(f"row {int(ids[bad])} is outside the weight's "
-                                 f"{raw.shape[0] * PANEL} (padded) rows")  # fmt: skip
+                raise _outside(int(ids[bad]), total)
             return out
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= raw.shape[0] * PANEL):
-            raise IndexError(f"rows {ids.tolist()} reach outside the weight's "
-                             f"{raw.shape[0] * PANEL} (padded) rows")  # fmt: skip
-        p, j = ids // PANEL, ids % PANEL
-        # (the rows' panels' scale bytes only: a step embeds a few tokens of a large vocabulary)
-        tails = raw[p, in_features:].reshape(len(ids), SCALE_ROWS * PANEL).view(torch.float32)
-        scales = tails.gather(1, j[:, None])[:, 0]
-        return _decode(raw[p, :in_features, j], scales, code)
+        bad = next((i for i in ids.tolist() if not 0 <= i < total), None)
+        if bad is not None:  # (a negative index would wrap around)
+            raise _outside(bad, total)
+        codes, scales = unpack(prepared)
+        return _decode(codes[ids], scales[ids], code)
 
     # int8 weights take int8 activations per token with integer sums (ops/linear_w8a8.py)
     integer = {("int8", "token"): functools.partial(linear_w8a8.apply, unpack=unpack)}
