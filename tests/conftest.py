@@ -31,16 +31,24 @@ def default_model_path():
 @pytest.fixture
 def fused_steps(monkeypatch):
     """Per decode step the fused decode path was asked to run: did it (it returns None where
-    it declines and the per-op path runs)."""
+    it declines and the per-op path runs). A step whose head it ran too (`run_logits`) counts
+    once; where that declines, the model asks `run`."""
     from infergen.models.fused_decode import FusedDecode
 
     steps: list[bool] = []
-    run = FusedDecode.run
+    run, run_logits = FusedDecode.run, FusedDecode.run_logits
 
     def counting_run(self, h, batch, *args):
         delta = run(self, h, batch, *args)
         steps.append(delta is not None)
         return delta
 
+    def counting_run_logits(self, h, batch):
+        logits = run_logits(self, h, batch)
+        if logits is not None:
+            steps.append(True)
+        return logits
+
     monkeypatch.setattr(FusedDecode, "run", counting_run)
+    monkeypatch.setattr(FusedDecode, "run_logits", counting_run_logits)
     return steps

@@ -42,6 +42,7 @@ def teacher_forced_logits(
             forward_batch, _ = runner.prepare(batch)
             start = seq.num_computed_tokens
             forward_batch.logits_indices = torch.arange(n)
+            forward_batch.logits_all = True  # every row, in order
             rows.append(runner.forward(forward_batch))
             seq.num_computed_tokens = start + n
     finally:

@@ -26,8 +26,9 @@
 #include "step_args.h"
 
 /* Seconds spent per phase since the last reset, summed over layers and calls (for profiling:
- * decode_layers_profile copies them out; 9 phases in the order of the loop below). */
-#define N_PHASES 9
+ * decode_layers_profile copies them out; 9 phases in the order of the loop below, then
+ * decode_step_f32's head: 2). */
+#define N_PHASES 11
 static double phase_seconds[N_PHASES];
 static int profiling = 0;
 
@@ -144,6 +145,26 @@ void decode_layers_f32(const layer_weights *layers, long n_layers, const step_ar
         PHASE(8, gemm_any(w->formats[3], w->down_w, act, w->down_b, delta, T, a->hidden, a->inter,
                                  num_threads));
     }
+}
+
+/* The step's head, after the layers in the same call: the final RMSNorm of h + the pending
+ * delta, then the LM head's product into logits [T, vocab] (Transformer.head: the same
+ * kernels, so the same logits). Run from Python after a step has streamed its weights, those
+ * two small calls cost several times their warm time (docs/profile.md). */
+typedef struct {
+    const float *norm_w, *weight, *bias; /* the final norm's weight; the head's panels, bias */
+    long format, vocab;                  /* the panels' weight_format (as layer_weights') */
+    float eps;
+} head_weights;
+
+void decode_step_f32(const layer_weights *layers, long n_layers, const step_args *a, float *h,
+                     float *delta, const head_weights *head, float *logits, float *scratch,
+                     int num_threads) {
+    decode_layers_f32(layers, n_layers, a, h, delta, 0, scratch, num_threads);
+    PHASE(9, rms_norm_f32(h, n_layers > 0 ? delta : 0, head->norm_w, scratch, a->tokens,
+                          a->hidden, head->eps, num_threads));
+    PHASE(10, gemm_any(head->format, head->weight, scratch, head->bias, logits, a->tokens,
+                       head->vocab, a->hidden, num_threads));
 }
 
 /* Floats of scratch decode_layers_f32 needs. */

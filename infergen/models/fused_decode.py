@@ -50,6 +50,14 @@ class LayerWeights(ctypes.Structure):
     ]
 
 
+class HeadWeights(ctypes.Structure):  # the C head_weights: the final norm and the LM head
+    _fields_ = [
+        *[(name, ctypes.c_void_p) for name in ("norm_w", "weight", "bias")],
+        *[(name, ctypes.c_long) for name in ("format", "vocab")],
+        ("eps", ctypes.c_float),
+    ]
+
+
 _STEP_LONGS = "tokens hidden heads kv_heads dim inter block_size max_blocks window"
 
 
@@ -67,6 +75,15 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return t.data_ptr() if t is not None else None
 
 
+def _decode_format(linear) -> int | None:
+    """The panels' weight_format in the driver (LinearBackend.decode_format); a quantized
+    input runs where the backend's kernel quantizes it itself (W8A8 / W4A8 integer products:
+    quantized_decode_formats), other input quantizers take the per-op path (None)."""
+    if linear.act is None:
+        return linear.backend.decode_format
+    return linear.backend.quantized_decode_formats.get(linear.act.act.key)
+
+
 class FusedDecode:
     """Built once per (model, KV cache); `run` returns the last layer's pending delta, or None
     when this step is not one it covers."""
@@ -79,6 +96,9 @@ class FusedDecode:
             "decode_layers_scratch", P, source=SOURCE, restype=ctypes.c_long
         )
         self.layers = self._layer_table() if self.fn is not None else None
+        self.step_fn = kernel("decode_step_f32", P, L, P, P, P, P, P, P, I, source=SOURCE)
+        self.head = self._head_weights() if self.layers is not None and self.step_fn else None
+        self._head_ref = ctypes.byref(self.head) if self.head is not None else None
         self.stack_cost = StackCost(model, kv_cache)  # (a profiled call's work)
 
     def _layer_table(self):
@@ -105,11 +125,7 @@ class FusedDecode:
             linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
             if any(lin.weight.dim() != 3 for lin in linears):  # not in packed panels
                 return None
-            # a quantized input runs where the backend's kernel quantizes it itself (W8A8 /
-            # W4A8 integer products); other input quantizers take the per-op path
-            formats = [lin.backend.decode_format if lin.act is None
-                       else lin.backend.quantized_decode_formats.get(lin.act.act.key)
-                       for lin in linears]  # fmt: skip
+            formats = [_decode_format(lin) for lin in linears]
             if None in formats:
                 return None
             kv = cache.layer(i)
@@ -133,6 +149,25 @@ class FusedDecode:
             )
         return table
 
+    def _head_weights(self) -> HeadWeights | None:
+        """The final norm's and the LM head's pointers, or None when the driver does not run
+        them (then Transformer.head does): a non-native norm, a head not in packed panels,
+        a logits multiplier or a vocabulary split over ranks."""
+        model = self.model
+        head = model.lm_head
+        if (
+            model.norm.fn is not RMS_NORM_BACKENDS.get("native")
+            or head.weight.dim() != 3
+            or model.config.logits_multiplier != 1.0
+            or model.shard is not None
+        ):
+            return None
+        fmt = _decode_format(head)
+        if fmt is None:
+            return None
+        return HeadWeights(_ptr(model.norm.weight), _ptr(head.weight), _ptr(head.bias), fmt,
+                           head.out_features, model.norm.eps)  # fmt: skip
+
     @property
     def available(self) -> bool:
         return self.layers is not None
@@ -143,18 +178,16 @@ class FusedDecode:
         """`run` over the first `num_layers` layers only (self-speculation's drafts)."""
         return self.run(h, batch, num_layers)
 
-    def run(
-        self, h: torch.Tensor, batch: ForwardBatch, num_layers: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(h, the last layer's pending delta) of a decode-only step (h updated in place);
-        None for other steps, or when a layer is outside what the driver does."""
+    def _step_args(self, h: torch.Tensor, batch: ForwardBatch) -> StepArgs | None:
+        """The C step_args of a decode-only step; None for other steps, or when a layer is
+        outside what the driver does."""
         plan = batch.attn_plan
         if self.layers is None or not plan.decode_only:
             return None
         config, cache = self.model.config, self.kv_cache
         tables = plan.decode_block_tables
         k_cache = cache.layer(0).k
-        args = StepArgs(
+        return StepArgs(
             h.shape[0],
             config.hidden_size,
             config.num_attention_heads,
@@ -172,12 +205,39 @@ class FusedDecode:
             _ptr(plan.decode_seq_lens),
             _ptr(self.model.rope_cache),
         )
+
+    def run(
+        self, h: torch.Tensor, batch: ForwardBatch, num_layers: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(h, the last layer's pending delta) of a decode-only step (h updated in place);
+        None for other steps, or when a layer is outside what the driver does."""
+        args = self._step_args(h, batch)
+        if args is None:
+            return None
         layers = len(self.model.layers) if num_layers is None else num_layers
         if profiling.enabled():
-            work = self.stack_cost(h.shape[0], plan, layers)
+            work = self.stack_cost(h.shape[0], batch.attn_plan, layers)
             with profiling.region("decode_layers", f"{layers} layers, one C call", work):
                 return self._call(h, args, layers)
         return self._call(h, args, layers)
+
+    def run_logits(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
+        """The logits [rows, vocab] of a decode-only step whose every row is sampled: all
+        layers, then the final norm and the LM head in the same C call (decode_step_f32);
+        None where `run` is None, where the head is outside what the driver does, and under
+        the profiler (whose regions name the norm and the head: Transformer.head runs them)."""
+        if self.head is None or profiling.enabled():
+            return None
+        args = self._step_args(h, batch)
+        if args is None:
+            return None
+        scratch = torch.empty(self.scratch_floats(ctypes.byref(args)), dtype=torch.float32)
+        delta = torch.empty_like(h)
+        logits = torch.empty(h.shape[0], self.head.vocab, dtype=torch.float32)
+        self.step_fn(self.layers, len(self.model.layers), ctypes.byref(args), h.data_ptr(),
+                     delta.data_ptr(), self._head_ref, logits.data_ptr(), scratch.data_ptr(),
+                     torch.get_num_threads())  # fmt: skip
+        return logits
 
     def _call(self, h: torch.Tensor, args: StepArgs, layers: int):
         scratch = torch.empty(self.scratch_floats(ctypes.byref(args)), dtype=torch.float32)
@@ -302,6 +362,8 @@ PHASES = (
     "gate_up",
     "silu_mul",
     "down",
+    "final_norm",  # decode_step_f32's head
+    "lm_head",
 )
 
 

@@ -319,6 +319,13 @@ class Transformer(nn.Module):
         runner = self.fast_path_for(kv_cache) if batch.capture is None else None
         done = None
         if runner is not None and num_layers is None:
+            # a path that runs the final norm and the head in its call too (the fused decode
+            # step) returns the logits of a step whose rows are all sampled
+            run_logits = getattr(runner, "run_logits", None)
+            if run_logits is not None and batch.logits_all and not self.keep_hidden:
+                logits = run_logits(h, batch)
+                if logits is not None:
+                    return logits
             done = runner.run(h, batch)
         elif runner is not None and hasattr(runner, "run_prefix"):  # a fast path's first layers
             done = runner.run_prefix(h, batch, num_layers)

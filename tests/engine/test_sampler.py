@@ -152,6 +152,21 @@ def test_greedy_is_argmax_and_uses_fast_path_batch():
     assert all(s.generator is None for s in states)
 
 
+def test_greedy_fast_path_ties_and_nan_match_torch_argmax():
+    """The fast path's numpy argmax picks what torch's does: the first index on ties, a NaN
+    as the largest (the first NaN), -inf rows, and a non-contiguous batch."""
+    logits = torch.full((5, 49152), -1.0)
+    logits[0, [7, 30000]] = 4.0  # a tie: the first wins
+    logits[1, [12, 40000]] = float("nan")
+    logits[1, 5] = float("inf")
+    logits[2] = -float("inf")
+    logits[3, 49151] = 0.5
+    logits[4] = torch.randn(49152, generator=torch.Generator().manual_seed(1))
+    for batch in (logits, logits[::2], logits.t().contiguous().t()):
+        states = [make_state(SamplingParams(temperature=0.0), index=i) for i in range(len(batch))]
+        assert Sampler()(batch, states).token_ids == batch.argmax(dim=-1).tolist()
+
+
 def test_greedy_with_penalty_is_argmax_of_penalised_logits():
     logits = torch.tensor([[5.0, 4.0, 1.0]])
     state = make_state(SamplingParams(temperature=0.0, repetition_penalty=2.0), prompt=(0,))

@@ -45,3 +45,40 @@ def test_fused_decode_batches_equal_per_op_path(tmp_path, fused_steps):
     for a, b in zip(fused, per_op, strict=True):
         assert a.token_ids == b.token_ids
         assert [x.top for x in a.logprobs] == [x.top for x in b.logprobs]
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("llama_gqa", {}),
+        ("llama_mqa_tied", {"weights": "int8"}),
+        ("llama_mqa_tied", {"weights": "int8", "activations": "int8"}),
+        ("qwen2_qkv_bias", {"weights": "fp8_e4m3"}),
+    ],
+)
+def test_fused_head_equals_per_op_head(name, options, tmp_path, monkeypatch):
+    """Decode steps whose rows are all sampled run the final norm and the LM head in the
+    driver's call (FusedDecode.run_logits): the same logits as Transformer.head, bit for bit,
+    for fp32 and quantized heads (a tied int8 head, W8A8 layers beside it, FP8 codes)."""
+    from infergen.models.fused_decode import FusedDecode
+
+    build_hf_model(name, tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory="16MiB", **options)
+    engine = llm.engine
+    heads = []
+    run_logits = FusedDecode.run_logits
+
+    def counting(self, h, batch):
+        logits = run_logits(self, h, batch)
+        heads.append(logits is not None)
+        return logits
+
+    monkeypatch.setattr(FusedDecode, "run_logits", counting)
+    tokens = torch.randint(0, 200, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    fused = engine.prompt_logits(tokens, chunk=1)
+    assert heads and all(heads), name  # every step: the head ran in the driver
+    heads.clear()
+    engine.runner.model.fast_path = None
+    per_op = engine.prompt_logits(tokens, chunk=1)
+    assert not heads
+    assert torch.equal(fused, per_op), name
