@@ -279,7 +279,7 @@ class Engine:
         capture = (
             None if self.kv_press is None else self.kv_press.capture(batch.seqs, batch.num_tokens)
         )
-        logits, sampling = self.runner.run(batch, capture)
+        logits, sampling, argmax = self.runner.run(batch, capture)
         forward_end = time.perf_counter()
         sampled = [batch.seqs[i] for i in sampling]
         # logits rows per sampling sequence: 1, or 1 + the drafts it verifies (runner.py)
@@ -293,8 +293,10 @@ class Engine:
         # speculator (the target's sample at each position, matched against the drafts)
         plain = [k for k, seq in enumerate(sampled) if seq not in verifying]
         index = [firsts[k] for k in plain]
-        subset = logits if len(index) == logits.shape[0] else logits[index]
-        result = self.sampler(subset, [sampled[k].sampling for k in plain]) if plain else None
+        whole = len(index) == logits.shape[0]
+        subset = logits if whole else logits[index]
+        states = [sampled[k].sampling for k in plain]
+        result = self.sampler(subset, states, argmax if whole else None) if plain else None
         at = {k: j for j, k in enumerate(plain)}
         for k, seq in enumerate(sampled):
             if seq in verifying:

@@ -8,12 +8,13 @@ host from the scheduler's lists and moved to the cache's device once per step.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from infergen.config import ModelConfig
 from infergen.engine.request import Sequence
+from infergen.engine.sampler import argmax_only
 from infergen.engine.scheduler import ScheduledBatch
 from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.layers.forward_batch import ForwardBatch, QueryCapture
@@ -98,14 +99,31 @@ class ModelRunner:
         )
         return self.forward(forward_batch, num_layers)
 
-    def run(
-        self, batch: ScheduledBatch, capture: QueryCapture | None = None
-    ) -> tuple[torch.Tensor, list[int]]:
-        """Forward one step; returns (logits [sampling, vocab] fp32, sampling indices).
-        `capture`: the rows whose queries the attention layers keep (engine/kv_press.py)."""
+    def run(self, batch: ScheduledBatch, capture: QueryCapture | None = None) -> StepLogits:
+        """Forward one step: its logits rows, the sequences that sample from them and, for a
+        batch whose every sampled row is greedy (`argmax_only`), the rows' argmax where the
+        model's head computed it. `capture`: the rows whose queries the attention layers keep
+        (engine/kv_press.py)."""
         forward_batch, sampling = self.prepare(batch)
         forward_batch.capture = capture
-        return self.forward(forward_batch), sampling
+        seqs = [batch.seqs[i] for i in sampling]
+        forward_batch.greedy = (
+            bool(seqs)
+            and forward_batch.logits_all
+            and len(seqs) == len(batch.seqs)
+            and argmax_only([seq.sampling for seq in seqs])
+        )
+        logits = self.forward(forward_batch)
+        return StepLogits(logits, sampling, forward_batch.argmax)
+
+
+class StepLogits(NamedTuple):
+    """A step's logits [rows, vocab] fp32, the indices (into the batch's sequences) of those
+    that sample, and each row's argmax where the head computed it (else None)."""
+
+    logits: torch.Tensor
+    sampling: list[int]
+    argmax: list[int] | None
 
 
 def rows_batch(

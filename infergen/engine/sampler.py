@@ -140,6 +140,15 @@ class SamplerOutput(NamedTuple):
     logprobs: list[TokenLogprobs | None]
 
 
+def argmax_only(states: Sequence[SamplingState]) -> bool:
+    """Whether each row's token is its raw logits' argmax: greedy, no penalty, no logprobs
+    (the sampler's fast path)."""
+    return all(
+        s.params.is_greedy and not s.params.has_penalties and s.params.logprobs is None
+        for s in states
+    )
+
+
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """Each row's argmax (the first index on ties; a NaN counts as the largest, as in torch).
     On the CPU through numpy: torch's argmax of one 49k-float row takes ~40 us warm and ~100
@@ -330,19 +339,26 @@ class Sampler:
         batched = kernels in SAMPLE_BACKENDS and kernels != "torch"
         self.batched = SAMPLE_BACKENDS.get(kernels, where="kernels") if batched else None
 
-    def __call__(self, logits: torch.Tensor, states: list[SamplingState]) -> SamplerOutput:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        states: list[SamplingState],
+        argmax: list[int] | None = None,
+    ) -> SamplerOutput:
         """Sample one token for each row.
 
         Args:
             logits: fp32 [batch, vocab], the model's raw logits, row i for `states[i]`.
             states: one per row; generators advance for sampled rows. The caller appends the
                 returned tokens to the states.
+            argmax: each row's argmax, where the model's head computed it beside the logits
+                (runner.StepLogits); the tokens when every row is `argmax_only`.
         """
         if logits.dim() != 2 or logits.shape[0] != len(states):
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(states)} states")
         params = [s.params for s in states]
-        if all(p.is_greedy and not p.has_penalties and p.logprobs is None for p in params):
-            token_ids = argmax_rows(logits)  # fast path: one argmax for the batch
+        if argmax_only(states):  # fast path: one argmax for the batch (or the head's)
+            token_ids = argmax_rows(logits) if argmax is None else argmax
             return SamplerOutput(token_ids, [None] * len(states))
         if self.batched is not None:
             inputs = sampling_inputs(states, logits.shape[1], logits.device)

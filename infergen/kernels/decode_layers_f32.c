@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "argmax_f32.c"
 #include "gemm_bf16.c"
 #include "gemm_packed_f32.c"
 #include "gemm_packed_g_f32.c"
@@ -27,8 +28,8 @@
 
 /* Seconds spent per phase since the last reset, summed over layers and calls (for profiling:
  * decode_layers_profile copies them out; 9 phases in the order of the loop below, then
- * decode_step_f32's head: 2). */
-#define N_PHASES 11
+ * decode_step_f32's head: 3). */
+#define N_PHASES 12
 static double phase_seconds[N_PHASES];
 static int profiling = 0;
 
@@ -149,7 +150,8 @@ void decode_layers_f32(const layer_weights *layers, long n_layers, const step_ar
 
 /* The step's head, after the layers in the same call: the final RMSNorm of h + the pending
  * delta, then the LM head's product into logits [T, vocab] (Transformer.head: the same
- * kernels, so the same logits). Run from Python after a step has streamed its weights, those
+ * kernels, so the same logits), and with `argmax` (not NULL) each row's argmax (the greedy
+ * sampler's tokens). Run from Python after a step has streamed its weights, those
  * two small calls cost several times their warm time (docs/profile.md). */
 typedef struct {
     const float *norm_w, *weight, *bias; /* the final norm's weight; the head's panels, bias */
@@ -158,13 +160,15 @@ typedef struct {
 } head_weights;
 
 void decode_step_f32(const layer_weights *layers, long n_layers, const step_args *a, float *h,
-                     float *delta, const head_weights *head, float *logits, float *scratch,
-                     int num_threads) {
+                     float *delta, const head_weights *head, float *logits, long *argmax,
+                     float *scratch, int num_threads) {
     decode_layers_f32(layers, n_layers, a, h, delta, 0, scratch, num_threads);
     PHASE(9, rms_norm_f32(h, n_layers > 0 ? delta : 0, head->norm_w, scratch, a->tokens,
                           a->hidden, head->eps, num_threads));
     PHASE(10, gemm_any(head->format, head->weight, scratch, head->bias, logits, a->tokens,
                        head->vocab, a->hidden, num_threads));
+    if (argmax) /* greedy rows: their tokens, while the logits are in cache */
+        PHASE(11, argmax_f32(logits, a->tokens, head->vocab, argmax, num_threads));
 }
 
 /* Floats of scratch decode_layers_f32 needs. */

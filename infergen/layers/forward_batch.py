@@ -39,6 +39,10 @@ class ForwardBatch:
     capture: QueryCapture | None = None
     # logits_indices is every row in order (a decode step): the head reads h as it is
     logits_all: bool = False
+    # every sampled row takes its logits' argmax (the greedy sampler's fast path): a head that
+    # can compute the argmax beside the logits does (the fused decode step), into `argmax`
+    greedy: bool = False
+    argmax: list[int] | None = None  # (output) each logits row's argmax, where computed
 
     @property
     def num_tokens(self) -> int:

@@ -96,7 +96,7 @@ class FusedDecode:
             "decode_layers_scratch", P, source=SOURCE, restype=ctypes.c_long
         )
         self.layers = self._layer_table() if self.fn is not None else None
-        self.step_fn = kernel("decode_step_f32", P, L, P, P, P, P, P, P, I, source=SOURCE)
+        self.step_fn = kernel("decode_step_f32", P, L, P, P, P, P, P, P, P, I, source=SOURCE)
         self.head = self._head_weights() if self.layers is not None and self.step_fn else None
         self._head_ref = ctypes.byref(self.head) if self.head is not None else None
         self.stack_cost = StackCost(model, kv_cache)  # (a profiled call's work)
@@ -223,7 +223,8 @@ class FusedDecode:
 
     def run_logits(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
         """The logits [rows, vocab] of a decode-only step whose every row is sampled: all
-        layers, then the final norm and the LM head in the same C call (decode_step_f32);
+        layers, then the final norm and the LM head in the same C call (decode_step_f32), and
+        for a `greedy` batch each row's argmax (`batch.argmax`) while the logits are in cache;
         None where `run` is None, where the head is outside what the driver does, and under
         the profiler (whose regions name the norm and the head: Transformer.head runs them)."""
         if self.head is None or profiling.enabled():
@@ -234,9 +235,12 @@ class FusedDecode:
         scratch = torch.empty(self.scratch_floats(ctypes.byref(args)), dtype=torch.float32)
         delta = torch.empty_like(h)
         logits = torch.empty(h.shape[0], self.head.vocab, dtype=torch.float32)
+        tokens = (ctypes.c_long * h.shape[0])() if batch.greedy else None
         self.step_fn(self.layers, len(self.model.layers), ctypes.byref(args), h.data_ptr(),
-                     delta.data_ptr(), self._head_ref, logits.data_ptr(), scratch.data_ptr(),
-                     torch.get_num_threads())  # fmt: skip
+                     delta.data_ptr(), self._head_ref, logits.data_ptr(), tokens,
+                     scratch.data_ptr(), torch.get_num_threads())  # fmt: skip
+        if tokens is not None:
+            batch.argmax = tokens[:]
         return logits
 
     def _call(self, h: torch.Tensor, args: StepArgs, layers: int):
@@ -364,6 +368,7 @@ PHASES = (
     "down",
     "final_norm",  # decode_step_f32's head
     "lm_head",
+    "argmax",
 )
 
 

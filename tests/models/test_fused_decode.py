@@ -82,3 +82,34 @@ def test_fused_head_equals_per_op_head(name, options, tmp_path, monkeypatch):
     per_op = engine.prompt_logits(tokens, chunk=1)
     assert not heads
     assert torch.equal(fused, per_op), name
+
+
+def test_fused_head_argmax_is_the_greedy_token(tmp_path, monkeypatch):
+    """A greedy batch's decode steps take the driver's argmax of the logits it wrote
+    (batch.argmax): torch.argmax of those logits, and the same tokens as the per-op path.
+    A batch with a sampled or logprobs row gets no argmax."""
+    from infergen.models.fused_decode import FusedDecode
+
+    build_hf_model("llama_mqa_tied", tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory="16MiB", weights="int8", activations="int8")
+    seen = []
+    run_logits = FusedDecode.run_logits
+
+    def checking(self, h, batch):
+        logits = run_logits(self, h, batch)
+        if logits is not None:
+            seen.append((batch.greedy, batch.argmax, logits.argmax(dim=-1).tolist()))
+        return logits
+
+    monkeypatch.setattr(FusedDecode, "run_logits", checking)
+    prompts = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99]]
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    fused = llm.generate(prompts, greedy)
+    assert seen and all(flag and got == expected for flag, got, expected in seen)
+    seen.clear()
+    mixed = [greedy, greedy, SamplingParams(max_tokens=10, temperature=0.8, seed=1)]
+    llm.generate(prompts, mixed)
+    assert seen and all(not flag and got is None for flag, got, _ in seen)
+    llm.engine.runner.model.fast_path = None
+    per_op = llm.generate(prompts, greedy)
+    assert [o.token_ids for o in fused] == [o.token_ids for o in per_op]
