@@ -51,7 +51,7 @@ from infergen.compiler.tune import TuningRecord, group_key
 from infergen.layers.attention import Attention
 from infergen.layers.mlp import GatedMLP
 from infergen.models.fast_paths import FAST_PATHS, FastPath
-from infergen.models.fused_decode import StackCost
+from infergen.models.fused_decode import FusedHead, StackCost
 from infergen.ops.kv_store import kv_store
 from infergen.ops.paged_attention import decode_with, paged_attention
 from infergen.ops.rope import RopeInputs
@@ -122,6 +122,10 @@ class CompiledLayers:
         self.step_inputs = [
             [v.name for v in graph.inputs if v.name in STEP_INPUTS] for graph in self.graphs
         ]
+        # the step's head in one C call after the layer programs (FusedHead: the final norm,
+        # the LM head, a greedy batch's argmax); None: Transformer.head runs it
+        head = FusedHead(model) if mode == "jit" else None
+        self.head = head if head is not None and head.available else None
         self.kernels: dict[int, dict[str, Any]] = {}  # id(FUSED node) → bucket → kernel
         # id(FUSED GEMM-with-tail node) → its fused GEMM (codegen_gemm.py; fp32 panels)
         self.gemm_epilogues: dict[int, GemmEpilogueKernel] = {}
@@ -280,6 +284,17 @@ class CompiledLayers:
             else:
                 h, delta = program.run(h, batch, delta=delta, run=layers)
         return h, delta
+
+    def run_logits(self, h: torch.Tensor, batch) -> torch.Tensor | None:
+        """The logits of a step whose rows are all sampled (Transformer._forward asks), when
+        layer programs run its layers: they, then the head in one C call (FusedHead); None
+        for walked steps, without a C head, and while profiling (Transformer.head runs it)."""
+        if self.head is None or self.profile is not None or profiling.enabled():
+            return None
+        if self._serving(batch) is None:
+            return None
+        h, delta = self.run(h, batch)
+        return self.head(h, delta, batch)
 
     def _serving(self, batch) -> list | None:
         """Per kind, the program of the step's phase (None for a kind without one); None when

@@ -159,16 +159,24 @@ typedef struct {
     float eps;
 } head_weights;
 
+/* The head alone, after decoder layers run elsewhere (the compiler's layer programs): h ← h +
+ * delta, x = RMSNorm(h) in scratch [T, hidden], logits = the head's product of x, and with
+ * `argmax` each row's argmax. */
+void decode_head_f32(const head_weights *head, float *h, const float *delta, float *logits,
+                     long *argmax, float *scratch, long T, long hidden, int num_threads) {
+    PHASE(9, rms_norm_f32(h, delta, head->norm_w, scratch, T, hidden, head->eps, num_threads));
+    PHASE(10, gemm_any(head->format, head->weight, scratch, head->bias, logits, T, head->vocab,
+                       hidden, num_threads));
+    if (argmax) /* greedy rows: their tokens, while the logits are in cache */
+        PHASE(11, argmax_f32(logits, T, head->vocab, argmax, num_threads));
+}
+
 void decode_step_f32(const layer_weights *layers, long n_layers, const step_args *a, float *h,
                      float *delta, const head_weights *head, float *logits, long *argmax,
                      float *scratch, int num_threads) {
     decode_layers_f32(layers, n_layers, a, h, delta, 0, scratch, num_threads);
-    PHASE(9, rms_norm_f32(h, n_layers > 0 ? delta : 0, head->norm_w, scratch, a->tokens,
-                          a->hidden, head->eps, num_threads));
-    PHASE(10, gemm_any(head->format, head->weight, scratch, head->bias, logits, a->tokens,
-                       head->vocab, a->hidden, num_threads));
-    if (argmax) /* greedy rows: their tokens, while the logits are in cache */
-        PHASE(11, argmax_f32(logits, a->tokens, head->vocab, argmax, num_threads));
+    decode_head_f32(head, h, n_layers > 0 ? delta : 0, logits, argmax, scratch, a->tokens,
+                    a->hidden, num_threads);
 }
 
 /* Floats of scratch decode_layers_f32 needs. */

@@ -84,6 +84,58 @@ def _decode_format(linear) -> int | None:
     return linear.backend.quantized_decode_formats.get(linear.act.act.key)
 
 
+def head_weights(model) -> HeadWeights | None:
+    """The final norm's and the LM head's pointers, or None where the C head does not run them
+    (then Transformer.head does): a non-native norm, a head not in packed panels, a logits
+    multiplier or a vocabulary split over ranks."""
+    head = model.lm_head
+    if (
+        model.norm.fn is not RMS_NORM_BACKENDS.get("native")
+        or head.weight is None
+        or head.weight.dim() != 3
+        or model.config.logits_multiplier != 1.0
+        or model.shard is not None
+    ):
+        return None
+    fmt = _decode_format(head)
+    if fmt is None:
+        return None
+    return HeadWeights(_ptr(model.norm.weight), _ptr(head.weight), _ptr(head.bias), fmt,
+                       head.out_features, model.norm.eps)  # fmt: skip
+
+
+class FusedHead:
+    """A step's head in one C call after its layers have run (decode_head_f32): h ← h + delta,
+    the final RMSNorm, the LM head's product and, for a `greedy` batch, each row's argmax
+    (`batch.argmax`) — Transformer.head's kernels, so its logits. What the compiler's layer
+    programs run after their layers; the fused decode step runs the same C code inside its
+    own call (decode_step_f32)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.fn = kernel("decode_head_f32", P, P, P, P, P, P, L, L, I, source=SOURCE)
+        self.weights = head_weights(model) if self.fn is not None else None
+        self.ref = ctypes.byref(self.weights) if self.weights is not None else None
+
+    @property
+    def available(self) -> bool:
+        return self.weights is not None
+
+    def __call__(self, h: torch.Tensor, delta: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [rows, vocab] fp32 of every row of h [rows, hidden] (+ its pending delta,
+        added into h in place where h is dense, as Transformer.head does)."""
+        rows, hidden = h.shape
+        h, delta = h.contiguous(), delta.contiguous()  # (dense rows: no copy)
+        logits = torch.empty(rows, self.weights.vocab, dtype=torch.float32)
+        tokens = (ctypes.c_long * rows)() if batch.greedy else None
+        scratch = torch.empty(rows, hidden, dtype=torch.float32)
+        self.fn(self.ref, h.data_ptr(), delta.data_ptr(), logits.data_ptr(), tokens,
+                scratch.data_ptr(), rows, hidden, torch.get_num_threads())  # fmt: skip
+        if tokens is not None:
+            batch.argmax = tokens[:]
+        return logits
+
+
 class FusedDecode:
     """Built once per (model, KV cache); `run` returns the last layer's pending delta, or None
     when this step is not one it covers."""
@@ -97,8 +149,9 @@ class FusedDecode:
         )
         self.layers = self._layer_table() if self.fn is not None else None
         self.step_fn = kernel("decode_step_f32", P, L, P, P, P, P, P, P, P, I, source=SOURCE)
-        self.head = self._head_weights() if self.layers is not None and self.step_fn else None
-        self._head_ref = ctypes.byref(self.head) if self.head is not None else None
+        self.head = FusedHead(model) if self.layers is not None and self.step_fn else None
+        if self.head is not None and not self.head.available:
+            self.head = None
         self.stack_cost = StackCost(model, kv_cache)  # (a profiled call's work)
 
     def _layer_table(self):
@@ -148,25 +201,6 @@ class FusedDecode:
                 _ptr(kv.k_shift),
             )
         return table
-
-    def _head_weights(self) -> HeadWeights | None:
-        """The final norm's and the LM head's pointers, or None when the driver does not run
-        them (then Transformer.head does): a non-native norm, a head not in packed panels,
-        a logits multiplier or a vocabulary split over ranks."""
-        model = self.model
-        head = model.lm_head
-        if (
-            model.norm.fn is not RMS_NORM_BACKENDS.get("native")
-            or head.weight.dim() != 3
-            or model.config.logits_multiplier != 1.0
-            or model.shard is not None
-        ):
-            return None
-        fmt = _decode_format(head)
-        if fmt is None:
-            return None
-        return HeadWeights(_ptr(model.norm.weight), _ptr(head.weight), _ptr(head.bias), fmt,
-                           head.out_features, model.norm.eps)  # fmt: skip
 
     @property
     def available(self) -> bool:
@@ -234,10 +268,10 @@ class FusedDecode:
             return None
         scratch = torch.empty(self.scratch_floats(ctypes.byref(args)), dtype=torch.float32)
         delta = torch.empty_like(h)
-        logits = torch.empty(h.shape[0], self.head.vocab, dtype=torch.float32)
+        logits = torch.empty(h.shape[0], self.head.weights.vocab, dtype=torch.float32)
         tokens = (ctypes.c_long * h.shape[0])() if batch.greedy else None
         self.step_fn(self.layers, len(self.model.layers), ctypes.byref(args), h.data_ptr(),
-                     delta.data_ptr(), self._head_ref, logits.data_ptr(), tokens,
+                     delta.data_ptr(), self.head.ref, logits.data_ptr(), tokens,
                      scratch.data_ptr(), torch.get_num_threads())  # fmt: skip
         if tokens is not None:
             batch.argmax = tokens[:]

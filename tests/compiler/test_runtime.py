@@ -278,3 +278,29 @@ def test_a_mixer_that_raises_inside_the_layer_program_raises_its_error(tmp_path)
         llm.engine.prompt_logits(prompt, chunk=len(prompt))
     mixer.forward = forward
     assert llm.generate([[3, 17, 42]], params)[0].token_ids == expected
+
+
+@pytest.mark.parametrize("name", ["llama_mqa_tied", "gemma3"])
+def test_jit_steps_run_the_head_in_one_c_call(name, tmp_path):
+    """Steps that layer programs run end in the C head (models/fused_decode.FusedHead: the
+    final norm, the LM head, a greedy batch's argmax): the same logits as Transformer.head,
+    bit for bit, and the same greedy tokens."""
+    build_hf_model(name, tmp_path / "model")
+    llm = LLM(str(tmp_path / "model"), kv_cache_memory="4MiB", compile="jit")
+    layers = llm.engine.runner.model.fast_path_for(llm.engine.kv_cache)
+    head, calls = layers.head, []
+    assert head is not None
+
+    def counting(h, delta, batch):
+        calls.append(batch.greedy)
+        return head(h, delta, batch)
+
+    layers.head = counting
+    tokens = torch.randint(0, 200, (24,), generator=torch.Generator().manual_seed(5)).tolist()
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    got = llm.engine.prompt_logits(tokens, chunk=1)
+    greedy = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    assert len(calls) >= 23 and any(calls), len(calls)  # (generate's decode steps: greedy)
+    layers.head = None  # Transformer.head after the same programs
+    assert torch.equal(got, llm.engine.prompt_logits(tokens, chunk=1))
+    assert greedy == [o.token_ids for o in llm.generate(PROMPTS, params)]
