@@ -204,6 +204,7 @@ class Transformer(nn.Module):
         # the engine option `compile`; None: every step op by op (tests compare the two)
         self.fast_path: str | None = "fused" if tp is None else None  # (no all-reduce in it)
         self._runner: FastPathRunner | None = None  # the path built for one KV cache
+        self._supported: tuple[str, bool] | None = None  # (fast_path, whether it runs us)
         # multi-token-prediction layers (models/mtp.py), attached by the build step when the
         # `mtp` proposer drafts with them; loaded with the weights
         self.mtp: nn.ModuleList | None = None
@@ -284,13 +285,18 @@ class Transformer(nn.Module):
         none or its layers are not ones the path runs."""
         if self.fast_path is None:
             return None
-        path = FAST_PATHS.get(self.fast_path, where="fast_path")
-        if not path.supports(self):
+        # whether the path runs these layers, asked once per path (a step asks every time:
+        # the features' check is ~20 us after a decode step's weight streams)
+        if self._supported is None or self._supported[0] != self.fast_path:
+            path = FAST_PATHS.get(self.fast_path, where="fast_path")
+            self._supported = (self.fast_path, path.supports(self))
+        if not self._supported[1]:
             return None
         if self._runner is None or self._runner.kv_cache is not kv_cache:
             # the runner sees this model through a weak proxy: it is the model's, and a
             # strong reference back would keep the model and its cache in a reference cycle
             # (their memory freed only when the cyclic collector ran)
+            path = FAST_PATHS.get(self.fast_path, where="fast_path")
             self._runner = path.build(weakref.proxy(self), kv_cache)
         return self._runner
 
