@@ -285,15 +285,16 @@ class CompiledLayers:
                 h, delta = program.run(h, batch, delta=delta, run=layers)
         return h, delta
 
-    def run_logits(self, h: torch.Tensor, batch) -> torch.Tensor | None:
+    def run_logits(self, batch) -> torch.Tensor | None:
         """The logits of a step whose rows are all sampled (Transformer._forward asks), when
-        layer programs run its layers: they, then the head in one C call (FusedHead); None
-        for walked steps, without a C head, and while profiling (Transformer.head runs it)."""
+        layer programs run its layers: the embedding, they, then the head in one C call
+        (FusedHead); None for walked steps, without a C head, and while profiling
+        (Transformer runs the embedding and the head)."""
         if self.head is None or self.profile is not None or profiling.enabled():
             return None
         if self._serving(batch) is None:
             return None
-        h, delta = self.run(h, batch)
+        h, delta = self.run(self.model.embed_rows(batch.input_ids), batch)
         return self.head(h, delta, batch)
 
     def _serving(self, batch) -> list | None:

@@ -171,12 +171,48 @@ void decode_head_f32(const head_weights *head, float *h, const float *delta, flo
         PHASE(11, argmax_f32(logits, T, head->vocab, argmax, num_threads));
 }
 
-void decode_step_f32(const layer_weights *layers, long n_layers, const step_args *a, float *h,
+/* The step's embedding rows, in the same call (Transformer.embed_rows without a scale): the
+ * model's fp32 [rows, hidden] embedding, or a tied head's panels in its stored format — fp32
+ * (gemm_packed_f32's layout), int8 or FP8 E4M3 codes (rows_packed_<fmt>: the values the
+ * products use). */
+typedef struct {
+    const void *weight;
+    long kind; /* 0 fp32 rows, 1 fp32 panels, 2 int8 panels, 3 FP8 E4M3 panels */
+    long rows; /* ids must lie in [0, rows) */
+} embed_weights;
+
+/* h [T, K] ← the rows ids; -1, or the index of the first id outside [0, rows) */
+static long embed_rows_f32(const embed_weights *e, const int64_t *ids, long T, long K, float *h) {
+    if (e->kind == 2) return rows_packed_i8(e->weight, K, e->rows, ids, T, h);
+    if (e->kind == 3) return rows_packed_e4m3(e->weight, K, e->rows, ids, T, h);
+    const float *W = (const float *)e->weight;
+    for (long t = 0; t < T; ++t) {
+        if (ids[t] < 0 || ids[t] >= e->rows) return t;
+        if (e->kind == 0) {
+            memcpy(h + t * K, W + ids[t] * K, sizeof(float) * (size_t)K);
+            continue;
+        }
+        const float *wp = W + ids[t] / NR * K * NR;
+        for (long k = 0; k < K; ++k) h[t * K + k] = wp[k * NR + ids[t] % NR];
+    }
+    return -1;
+}
+
+/* A whole decode step in one call: with `embed` (not NULL) h ← the rows of `ids` first, then
+ * the layers and the head. Returns -1, or the index of the first id outside the embedding
+ * (nothing else run). */
+long decode_step_f32(const layer_weights *layers, long n_layers, const step_args *a, float *h,
                      float *delta, const head_weights *head, float *logits, long *argmax,
-                     float *scratch, int num_threads) {
+                     float *scratch, int num_threads, const embed_weights *embed,
+                     const int64_t *ids) {
+    if (embed) {
+        long bad = embed_rows_f32(embed, ids, a->tokens, a->hidden, h);
+        if (bad >= 0) return bad;
+    }
     decode_layers_f32(layers, n_layers, a, h, delta, 0, scratch, num_threads);
     decode_head_f32(head, h, n_layers > 0 ? delta : 0, logits, argmax, scratch, a->tokens,
                     a->hidden, num_threads);
+    return -1;
 }
 
 /* Floats of scratch decode_layers_f32 needs. */

@@ -1,4 +1,6 @@
-"""All decoder layers of a decode step in one native call (kernels/decode_layers_f32.c).
+"""All decoder layers of a decode step in one native call (kernels/decode_layers_f32.c); for a
+step whose rows are all sampled, the whole step: the embedding rows, the layers, the final norm,
+the LM head and a greedy batch's argmax (`FusedDecode.run_logits`, decode_step_f32).
 
 A decode step of a 30-layer model makes ~300 small calls from Python (norms, projections,
 RoPE, KV store, attention, activation), each with its tensor allocations and module dispatch:
@@ -24,6 +26,7 @@ from infergen.layers.mlp import GATED_COSTS
 from infergen.layers.moe import MoE
 from infergen.models.fast_paths import FAST_PATHS, FastPath
 from infergen.ops import kv_store, rms_norm, rope, silu_mul
+from infergen.ops.linear_quantized import SCALE_ROWS
 from infergen.ops.paged_attention import (
     DECODE_BACKENDS,
     AttentionPlan,
@@ -48,6 +51,15 @@ class LayerWeights(ctypes.Structure):
         ("formats", ctypes.c_long * 4),  # qkv, o, gate_up, down: LinearBackend.decode_format
         *[(name, ctypes.c_void_p) for name in ("k_scale", "v_scale", "k_shift")],  # FP8 KV
     ]
+
+
+class EmbedWeights(ctypes.Structure):  # the C embed_weights: a step's embedding rows
+    _fields_ = [("weight", ctypes.c_void_p), ("kind", ctypes.c_long), ("rows", ctypes.c_long)]
+
+
+# a tied head's panels by their weight_format (LinearBackend.decode_format) → the C embedding
+# kind: fp32 panels, int8 / FP8 E4M3 codes (+ each panel's scale rows)
+_EMBED_KINDS = {0: 1, 1: 2, 2: 3}
 
 
 class HeadWeights(ctypes.Structure):  # the C head_weights: the final norm and the LM head
@@ -82,6 +94,34 @@ def _decode_format(linear) -> int | None:
     if linear.act is None:
         return linear.backend.decode_format
     return linear.backend.quantized_decode_formats.get(linear.act.act.key)
+
+
+def embed_weights(model) -> EmbedWeights | None:
+    """The step's embedding as the driver reads it, or None where Transformer.embed_rows does
+    the lookup: a scaled embedding, a vocabulary split over ranks, a tied head in another
+    format, a row width other than hidden_size (panels padded past it)."""
+    if model.shard is not None or model.embed_scale is not None:
+        return None
+    hidden = model.config.hidden_size
+    if model.embed is not None:  # its own fp32 [vocab, hidden] rows
+        weight = model.embed
+        if (
+            weight.dtype != torch.float32
+            or weight.dim() != 2
+            or weight.shape[1] != hidden
+            or not weight.is_contiguous()
+        ):
+            return None
+        return EmbedWeights(_ptr(weight), 0, weight.shape[0])
+    head = model.lm_head
+    kind = _EMBED_KINDS.get(head.backend.decode_format)
+    weight = head.weight
+    if kind is None or weight is None or weight.dim() != 3 or not weight.is_contiguous():
+        return None
+    width = weight.shape[1] - (SCALE_ROWS if kind > 1 else 0)  # (codes: + the scale rows)
+    if width != hidden:
+        return None
+    return EmbedWeights(_ptr(weight), kind, weight.shape[0] * weight.shape[2])
 
 
 def head_weights(model) -> HeadWeights | None:
@@ -148,10 +188,13 @@ class FusedDecode:
             "decode_layers_scratch", P, source=SOURCE, restype=ctypes.c_long
         )
         self.layers = self._layer_table() if self.fn is not None else None
-        self.step_fn = kernel("decode_step_f32", P, L, P, P, P, P, P, P, P, I, source=SOURCE)
+        self.step_fn = kernel("decode_step_f32", P, L, P, P, P, P, P, P, P, I, P, P,
+                              source=SOURCE, restype=ctypes.c_long)  # fmt: skip
         self.head = FusedHead(model) if self.layers is not None and self.step_fn else None
         if self.head is not None and not self.head.available:
             self.head = None
+        self.embed = embed_weights(model) if self.head is not None else None
+        self._embed_ref = ctypes.byref(self.embed) if self.embed is not None else None
         self.stack_cost = StackCost(model, kv_cache)  # (a profiled call's work)
 
     def _layer_table(self):
@@ -212,7 +255,7 @@ class FusedDecode:
         """`run` over the first `num_layers` layers only (self-speculation's drafts)."""
         return self.run(h, batch, num_layers)
 
-    def _step_args(self, h: torch.Tensor, batch: ForwardBatch) -> StepArgs | None:
+    def _step_args(self, rows: int, batch: ForwardBatch) -> StepArgs | None:
         """The C step_args of a decode-only step; None for other steps, or when a layer is
         outside what the driver does."""
         plan = batch.attn_plan
@@ -222,7 +265,7 @@ class FusedDecode:
         tables = plan.decode_block_tables
         k_cache = cache.layer(0).k
         return StepArgs(
-            h.shape[0],
+            rows,
             config.hidden_size,
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -245,7 +288,7 @@ class FusedDecode:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(h, the last layer's pending delta) of a decode-only step (h updated in place);
         None for other steps, or when a layer is outside what the driver does."""
-        args = self._step_args(h, batch)
+        args = self._step_args(h.shape[0], batch)
         if args is None:
             return None
         layers = len(self.model.layers) if num_layers is None else num_layers
@@ -255,24 +298,38 @@ class FusedDecode:
                 return self._call(h, args, layers)
         return self._call(h, args, layers)
 
-    def run_logits(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
-        """The logits [rows, vocab] of a decode-only step whose every row is sampled: all
-        layers, then the final norm and the LM head in the same C call (decode_step_f32), and
-        for a `greedy` batch each row's argmax (`batch.argmax`) while the logits are in cache;
-        None where `run` is None, where the head is outside what the driver does, and under
-        the profiler (whose regions name the norm and the head: Transformer.head runs them)."""
+    def run_logits(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """The logits [rows, vocab] of a decode-only step whose every row is sampled, from its
+        token ids: the embedding rows, all layers, then the final norm and the LM head in one
+        C call (decode_step_f32; the embedding in Python where the driver does not read its
+        format), and for a `greedy` batch each row's argmax (`batch.argmax`) while the logits
+        are in cache. None where `run` is None, where the head is outside what the driver
+        does, and under the profiler (whose regions name the embedding, the norm and the
+        head: Transformer runs them)."""
         if self.head is None or profiling.enabled():
             return None
-        args = self._step_args(h, batch)
+        ids = batch.input_ids
+        rows = ids.shape[0]
+        args = self._step_args(rows, batch)
         if args is None:
             return None
+        if self.embed is None:
+            h = self.model.embed_rows(ids)
+        else:
+            h = torch.empty(rows, self.model.config.hidden_size, dtype=torch.float32)
+            ids = ids.to(torch.int64).contiguous()
         scratch = torch.empty(self.scratch_floats(ctypes.byref(args)), dtype=torch.float32)
         delta = torch.empty_like(h)
-        logits = torch.empty(h.shape[0], self.head.weights.vocab, dtype=torch.float32)
-        tokens = (ctypes.c_long * h.shape[0])() if batch.greedy else None
-        self.step_fn(self.layers, len(self.model.layers), ctypes.byref(args), h.data_ptr(),
-                     delta.data_ptr(), self.head.ref, logits.data_ptr(), tokens,
-                     scratch.data_ptr(), torch.get_num_threads())  # fmt: skip
+        logits = torch.empty(rows, self.head.weights.vocab, dtype=torch.float32)
+        tokens = (ctypes.c_long * rows)() if batch.greedy else None
+        bad = self.step_fn(self.layers, len(self.model.layers), ctypes.byref(args), h.data_ptr(),
+                           delta.data_ptr(), self.head.ref, logits.data_ptr(), tokens,
+                           scratch.data_ptr(), torch.get_num_threads(), self._embed_ref,
+                           ids.data_ptr() if self.embed is not None else None)  # fmt: skip
+        if bad >= 0:
+            raise IndexError(
+                f"token id {int(ids[bad])} is outside the embedding's {self.embed.rows} rows"
+            )
         if tokens is not None:
             batch.argmax = tokens[:]
         return logits

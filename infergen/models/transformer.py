@@ -316,22 +316,23 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         if batch.ropes is None:
             batch.ropes = [RopeInputs(batch.positions, table) for table in self.rope_tables]
+        # (a KV press's observation window is captured by the per-op layers)
+        runner = self.fast_path_for(kv_cache) if batch.capture is None else None
+        # a path that runs the whole step, embedding to logits (the fused decode step, the
+        # layer programs with their C head), returns the logits of a step whose rows are all
+        # sampled; None: the steps below
+        run_logits = getattr(runner, "run_logits", None) if num_layers is None else None
+        if run_logits is not None and batch.logits_all and not self.keep_hidden:
+            logits = run_logits(batch)
+            if logits is not None:
+                return logits
         if profiling.enabled():
             with self._embedding_region(batch.input_ids.shape[0]):
                 h = self.embed_rows(batch.input_ids)
         else:
             h = self.embed_rows(batch.input_ids)  # a fresh tensor: the layers update it in place
-        # (a KV press's observation window is captured by the per-op layers)
-        runner = self.fast_path_for(kv_cache) if batch.capture is None else None
         done = None
         if runner is not None and num_layers is None:
-            # a path that runs the final norm and the head in its call too (the fused decode
-            # step) returns the logits of a step whose rows are all sampled
-            run_logits = getattr(runner, "run_logits", None)
-            if run_logits is not None and batch.logits_all and not self.keep_hidden:
-                logits = run_logits(h, batch)
-                if logits is not None:
-                    return logits
             done = runner.run(h, batch)
         elif runner is not None and hasattr(runner, "run_prefix"):  # a fast path's first layers
             done = runner.run_prefix(h, batch, num_layers)

@@ -48,28 +48,32 @@ def test_fused_decode_batches_equal_per_op_path(tmp_path, fused_steps):
 
 
 @pytest.mark.parametrize(
-    "name, options",
+    "name, options, embed_kind",
     [
-        ("llama_gqa", {}),
-        ("llama_mqa_tied", {"weights": "int8"}),
-        ("llama_mqa_tied", {"weights": "int8", "activations": "int8"}),
-        ("qwen2_qkv_bias", {"weights": "fp8_e4m3"}),
+        ("llama_gqa", {}, 0),  # its own fp32 embedding
+        ("llama_mqa_tied", {}, 1),  # the tied head's fp32 panels
+        ("llama_mqa_tied", {"weights": "int8"}, 2),
+        ("llama_mqa_tied", {"weights": "int8", "activations": "int8"}, 2),
+        ("qwen2_qkv_bias", {"weights": "fp8_e4m3"}, 3),
     ],
 )
-def test_fused_head_equals_per_op_head(name, options, tmp_path, monkeypatch):
-    """Decode steps whose rows are all sampled run the final norm and the LM head in the
-    driver's call (FusedDecode.run_logits): the same logits as Transformer.head, bit for bit,
-    for fp32 and quantized heads (a tied int8 head, W8A8 layers beside it, FP8 codes)."""
+def test_fused_head_equals_per_op_head(name, options, embed_kind, tmp_path, monkeypatch):
+    """Decode steps whose rows are all sampled run the embedding, the layers, the final norm
+    and the LM head in the driver's call (FusedDecode.run_logits): the same logits as
+    Transformer.embed_rows and Transformer.head, bit for bit, for fp32 and quantized heads (a
+    tied int8 head, W8A8 layers beside it, FP8 codes) and each embedding the driver reads."""
     from infergen.models.fused_decode import FusedDecode
 
     build_hf_model(name, tmp_path)
     llm = LLM(str(tmp_path), kv_cache_memory="16MiB", **options)
     engine = llm.engine
+    driver = engine.runner.model.fast_path_for(engine.kv_cache)
+    assert driver.embed is not None and driver.embed.kind == embed_kind
     heads = []
     run_logits = FusedDecode.run_logits
 
-    def counting(self, h, batch):
-        logits = run_logits(self, h, batch)
+    def counting(self, batch):
+        logits = run_logits(self, batch)
         heads.append(logits is not None)
         return logits
 
@@ -95,8 +99,8 @@ def test_fused_head_argmax_is_the_greedy_token(tmp_path, monkeypatch):
     seen = []
     run_logits = FusedDecode.run_logits
 
-    def checking(self, h, batch):
-        logits = run_logits(self, h, batch)
+    def checking(self, batch):
+        logits = run_logits(self, batch)
         if logits is not None:
             seen.append((batch.greedy, batch.argmax, logits.argmax(dim=-1).tolist()))
         return logits
@@ -113,3 +117,21 @@ def test_fused_head_argmax_is_the_greedy_token(tmp_path, monkeypatch):
     llm.engine.runner.model.fast_path = None
     per_op = llm.generate(prompts, greedy)
     assert [o.token_ids for o in fused] == [o.token_ids for o in per_op]
+
+
+def test_fused_step_refuses_an_id_outside_the_embedding(tmp_path, monkeypatch):
+    """An id past the embedding's rows raises IndexError naming it (the driver checks before
+    it runs a layer), as Transformer.embed_rows does."""
+    from infergen.models.fused_decode import FusedDecode
+
+    build_hf_model("llama_mqa_tied", tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory="16MiB", weights="int8")
+    run_logits = FusedDecode.run_logits
+
+    def corrupting(self, batch):
+        batch.input_ids = torch.full_like(batch.input_ids, 10**6)
+        return run_logits(self, batch)
+
+    monkeypatch.setattr(FusedDecode, "run_logits", corrupting)
+    with pytest.raises(IndexError, match="token id 1000000 is outside the embedding"):
+        llm.engine.prompt_logits([3, 17, 42], chunk=1)
