@@ -266,7 +266,10 @@ class CompiledLayers:
     # ---- per step ------------------------------------------------------------------------
     def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """All decoder layers of the step: returns (residual stream h, pending delta)."""
-        programs = self._serving(batch) if self.profile is None else None
+        return self._run(h, batch, self._serving(batch) if self.profile is None else None)
+
+    def _run(self, h: torch.Tensor, batch, programs: list | None):
+        """`run` with the step's programs per kind (`_serving`; None: walk every layer)."""
         delta = torch.zeros_like(h)
         if programs is None:  # the graph walker, layer by layer
             for index in range(len(self.model.layers)):
@@ -292,9 +295,10 @@ class CompiledLayers:
         (Transformer runs the embedding and the head)."""
         if self.head is None or self.profile is not None or profiling.enabled():
             return None
-        if self._serving(batch) is None:
+        programs = self._serving(batch)
+        if programs is None:
             return None
-        h, delta = self.run(self.model.embed_rows(batch.input_ids), batch)
+        h, delta = self._run(self.model.embed_rows(batch.input_ids), batch, programs)
         return self.head(h, delta, batch)
 
     def _serving(self, batch) -> list | None:

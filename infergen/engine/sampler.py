@@ -356,10 +356,10 @@ class Sampler:
         """
         if logits.dim() != 2 or logits.shape[0] != len(states):
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(states)} states")
-        params = [s.params for s in states]
         if argmax_only(states):  # fast path: one argmax for the batch (or the head's)
             token_ids = argmax_rows(logits) if argmax is None else argmax
             return SamplerOutput(token_ids, [None] * len(states))
+        params = [s.params for s in states]
         if self.batched is not None:
             inputs = sampling_inputs(states, logits.shape[1], logits.device)
             token_ids = self.batched(logits, inputs).tolist()  # the one sync of the step

@@ -26,7 +26,7 @@ from infergen.layers.mlp import GATED_COSTS
 from infergen.layers.moe import MoE
 from infergen.models.fast_paths import FAST_PATHS, FastPath
 from infergen.ops import kv_store, rms_norm, rope, silu_mul
-from infergen.ops.linear_quantized import SCALE_ROWS
+from infergen.ops.linear_quantized import SCALE_ROWS, outside_rows
 from infergen.ops.paged_attention import (
     DECODE_BACKENDS,
     AttentionPlan,
@@ -338,10 +338,8 @@ class FusedDecode:
                            delta.data_ptr(), self.head.ref, logits.data_ptr(), tokens,
                            scratch.data_ptr(), torch.get_num_threads(), self._embed_ref,
                            ids.data_ptr() if self.embed is not None else None)  # fmt: skip
-        if bad >= 0:
-            raise IndexError(
-                f"token id {int(ids[bad])} is outside the embedding's {self.embed.rows} rows"
-            )
+        if bad >= 0:  # (checked before any layer ran)
+            raise outside_rows(int(ids[bad]), self.embed.rows)
         if tokens is not None:
             batch.argmax = tokens[:]
         return logits

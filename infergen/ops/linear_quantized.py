@@ -82,7 +82,8 @@ def unpack(prepared: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
-def _outside(row: int, total: int) -> IndexError:
+def outside_rows(row: int, total: int) -> IndexError:
+    """The error of a row lookup (an embedding's) past the weight's rows."""
     return IndexError(f"row {row} is outside the weight's {total} (padded) rows")
 
 
@@ -120,11 +121,11 @@ def _backend(name: str, code: CodeFormat) -> LinearBackend:
             out = torch.empty(len(ids), in_features, dtype=torch.float32)
             bad = fn(raw.data_ptr(), in_features, total, ids.data_ptr(), len(ids), out.data_ptr())
             if bad >= 0:
-                raise _outside(int(ids[bad]), total)
+                raise outside_rows(int(ids[bad]), total)
             return out
         bad = next((i for i in ids.tolist() if not 0 <= i < total), None)
         if bad is not None:  # (a negative index would wrap around)
-            raise _outside(bad, total)
+            raise outside_rows(bad, total)
         codes, scales = unpack(prepared)
         return _decode(codes[ids], scales[ids], code)
 

@@ -133,5 +133,5 @@ def test_fused_step_refuses_an_id_outside_the_embedding(tmp_path, monkeypatch):
         return run_logits(self, batch)
 
     monkeypatch.setattr(FusedDecode, "run_logits", corrupting)
-    with pytest.raises(IndexError, match="token id 1000000 is outside the embedding"):
+    with pytest.raises(IndexError, match="row 1000000 is outside the weight's"):
         llm.engine.prompt_logits([3, 17, 42], chunk=1)
