@@ -92,11 +92,13 @@ def _continuations(counts: Counter, path: tuple) -> dict[int, int]:
 def _check_draft(got: list[int], counts: Counter, context: list[int], k: int, depth: int,
                  min_p: float) -> None:  # fmt: skip
     """`got` is the greedy walk over the substring counts from the longest ending of
-    `context` (at most depth - 1 tokens) that has a continuation: each token a most frequent
-    continuation (ties: any), the product of the steps' frequencies >= min_p, stopping only at
-    k tokens, without a continuation, or where the next step would fall below min_p."""
+    `context` (at most depth - k tokens, at least one) that has a continuation: each token a
+    most frequent continuation (ties: any), the product of the steps' frequencies >= min_p,
+    stopping only at k tokens, without a continuation, or where the next step would fall below
+    min_p."""
     endings = [
-        tuple(context[len(context) - m :]) for m in range(min(len(context), depth - 1), 0, -1)
+        tuple(context[len(context) - m :])
+        for m in range(min(len(context), max(1, depth - k)), 0, -1)
     ]
     matched = next((e for e in endings if counts.get(e) and _continuations(counts, e)), None)
     if matched is None:
@@ -132,6 +134,36 @@ def test_suffix_drafts_follow_the_most_frequent_continuation(seed):
     assert drafted > 0
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_suffix_draft_of_the_extended_sequence_equals_the_walk(seed):
+    """draft_ending (the open nodes) against draft (walking every ending from the root, itself
+    checked against every substring above), after every token of sequences with repeats."""
+    rng = random.Random(seed)
+    depth, min_p = rng.choice([(2, 0.0), (4, 0.0), (8, 0.1), (24, 0.3)])
+    pattern = [rng.randrange(20) for _ in range(rng.randrange(3, 12))]
+    seq: list[int] = []
+    trie = SuffixTrie(depth)
+    drafted = 0
+    for _ in range(120):
+        token = pattern[len(seq) % len(pattern)] if rng.random() < 0.8 else rng.randrange(20)
+        trie.extend(token)
+        seq.append(token)
+        for k in (1, 5):
+            got = trie.draft_ending(k, min_p)
+            assert got == trie.draft(seq, k, min_p)
+            drafted += len(got)
+    assert drafted > 0
+
+
+def test_suffix_drafts_k_tokens_of_a_long_copied_span():
+    """A span copied from earlier in the sequence drafts k tokens, not the one a match of
+    depth - 1 tokens has room for below it."""
+    span = list(range(100, 160))
+    proposer = SuffixProposer(depth=24)
+    proposer.start("r", [1, 2, *span, 3, 4, *span[:30]])
+    assert proposer.propose("r", 8) == span[30:38]
+
+
 def test_suffix_drafts_an_earlier_requests_answer_and_forgets_the_oldest():
     proposer = SuffixProposer(depth=8, max_outputs=1)
     answer = [500, 501, 502, 503, 504, 505]
@@ -147,6 +179,22 @@ def test_suffix_drafts_an_earlier_requests_answer_and_forgets_the_oldest():
     proposer.start("fourth", [500, 501])
     assert proposer.propose("fourth", 3) == []
     assert _trie_counts(proposer.recent) == _substrings([[600, 601, 602]], 8)
+
+
+def test_suffix_forgets_finished_answers_not_the_requests_in_flight():
+    proposer = SuffixProposer(depth=8)
+    answer = [500, 501, 502, 503, 504, 505]
+    proposer.start("first", [1, 2, 3])
+    proposer.extend("first", answer)
+    proposer.finish("first")
+    proposer.start("second", [9, 9, 500, 501])
+    proposer.extend("second", [700, 701, 702, 9, 700])
+    assert proposer.propose("second", 2) == [701, 702]  # its own tokens
+    proposer.start("third", [500, 501])
+    assert proposer.propose("third", 2) == [502, 503]  # the first's answer
+    proposer.forget()
+    assert proposer.propose("third", 2) == []
+    assert proposer.propose("second", 2) == [701, 702]
 
 
 def test_proposer_rows_and_bad_options():

@@ -60,5 +60,8 @@ class NgramProposer:
     def finish(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
+    def forget(self) -> None:
+        pass  # (nothing of a finished request is kept)
+
 
 PROPOSERS.register("ngram", lambda context: NgramProposer())

@@ -8,6 +8,9 @@ engine side). Proposers are stateful per request and fed incrementally, the engi
     extend(request_id, tokens)   tokens were accepted (appended to its sequence)
     propose(request_id, k)       up to k drafted token ids (possibly none)
     finish(request_id)           the request is done (a proposer may keep what it generated)
+    forget()                     drop what finished requests left behind (`suffix`'s recent
+                                 outputs; a benchmark repeating one prompt would otherwise
+                                 draft each repeat from the answer of the one before)
 
 Proposers that draft with a model (`after_schedule = True`: `layerskip`, `draft`, `mtp`)
 cannot draft before the step is scheduled — their drafts' KV needs the slots the scheduler
@@ -63,6 +66,8 @@ class Proposer(Protocol):
 
     def finish(self, request_id: str) -> None: ...
 
+    def forget(self) -> None: ...
+
 
 PROPOSERS: Registry[Callable[[DraftContext], Proposer]] = Registry("speculative proposer")
 
@@ -89,6 +94,9 @@ class ModelProposer:
 
     def finish(self, request_id: str) -> None:
         pass
+
+    def forget(self) -> None:
+        pass  # (its drafts come from a model: nothing of finished requests is kept)
 
     def known(self, seq: Any) -> list[int]:
         """Drafts of `seq` known before the step is scheduled (`mtp`'s first): the speculator
