@@ -20,7 +20,8 @@ a prefill chunk may continue a sequence whose first tokens are already cached). 
   norm        read and write of the hidden states
   elementwise RoPE on q and k (read and written), the MLP's activation (silu(gate) * up:
               gate and up read, the product written)
-plus the LM head for the rows that need logits (the last token of each chunk). Under tensor
+plus the LM head for the rows that need logits (the last token of each chunk, every token of a
+verifying decode's). Under tensor
 parallelism, the communication: two all-reduces of the hidden states per layer (one for a
 layer without a feed-forward) and one for the vocabulary-parallel embedding, the logits'
 gather and the step's inputs broadcast from the scheduling rank.
@@ -133,6 +134,14 @@ def keys_read(chunk: Chunk, window: int | None) -> int:
     return chunk.context if window is None else min(chunk.context, window + chunk.new - 1)
 
 
+def logit_rows(chunk: Chunk) -> int:
+    """Rows of the chunk the LM head computes: its last token's, or every token's of a
+    verifying decode (each row's logits check the draft after it, the last one's give the
+    next token). With Gemma-3-270M's 262k-token vocabulary the head is 168M of its 268M
+    parameters: at 9 rows a verifying step's head alone is ~3 GFLOPs."""
+    return chunk.new if chunk.verify else 1
+
+
 def step_ops(
     desc: ModelDesc,
     chunks: Iterable[Chunk],
@@ -158,10 +167,11 @@ def step_ops(
         if par.tp > 1:  # after the mixer's and the feed-forward's row-parallel GEMM
             step.all_reduce(2 if layer.ffn else 1)
     step.times = 1
-    step.gemm("lm_head", h, desc.vocab, rows=len(chunks), split=par.tp)  # last token of each
+    rows = sum(logit_rows(chunk) for chunk in chunks)
+    step.gemm("lm_head", h, desc.vocab, rows=rows, split=par.tp)
     if par.tp > 1:
         step.all_reduce(1)  # the vocabulary-parallel embedding's rows
-        step.gather_logits(len(chunks), desc.vocab)
+        step.gather_logits(rows, desc.vocab)
         step.broadcast_inputs()
     return list(step.ops.values())
 

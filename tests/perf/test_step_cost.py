@@ -233,3 +233,28 @@ def test_expert_parallel_all_to_all_and_activation_quantize():
     # and down inputs (hidden, heads x head_dim, hidden, intermediate), then the LM head's row
     per_layer = tokens * (4096 + 32 * 128 + 4096 + 14336) * 3
     assert fp8["quantize"].bytes == 32 * per_layer + 1 * 4096 * 3
+
+
+def test_a_verifying_decode_computes_every_rows_logits():
+    """The LM head of a verifying decode computes every row's logits (each checks the draft
+    after it), as transformers' forward does for every token; a prefill chunk only its last
+    row's. Oracle: torch's FlopCounterMode on transformers' lm_head."""
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tokens = 9
+    cfg = transformers.AutoConfig.for_model(**TINY)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.randint(0, cfg.vocab_size, (1, tokens)))
+    (head,) = [v for k, v in counter.get_flop_counts().items() if k.endswith("lm_head")]
+    measured = sum(head.values())
+    desc = describe_dict(cfg.to_dict())
+
+    def lm_head(chunk):
+        (op,) = [o for o in step_ops(desc, [chunk]) if o.name == "lm_head"]
+        return op.flops
+
+    assert lm_head(Chunk(tokens, 100, verify=True)) == measured
+    assert lm_head(Chunk(tokens, 100)) * tokens == measured
