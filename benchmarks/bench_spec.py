@@ -14,15 +14,16 @@ Workloads (batch 1 unless named):
             verifying drafts costs compute and the cost model should turn itself off
 
 Configurations: no speculation; ngram and suffix with num_speculative_tokens="auto" (the cost
-model picks the drafts); ngram with a fixed k = --k; at batch 1 also layerskip (the first
-half of the layers draft) and a draft model (the target's own weights as int4: "self:int4"),
-both "auto". Each (workload, configuration) generates
---tokens tokens a request, configurations alternating, best of --repeats; a fresh engine per
-configuration, warmed up. Each speculating configuration's ratio is against its own engine
-with the speculation detached, measured alternately in the same run: engines built in one
-process differ by several % here (the first by ~12 %; a spare one is built first), which a
-ratio across engines would count as speed-up. Batch 1 rates are decode rates (after the
-first token: the prompt's prefill is not in them, as the peers report theirs); batch 16 rates
+model picks the drafts; before every run the proposer forgets finished requests' answers — else
+suffix would draft each repeat from the identical answer of the run before); ngram with a fixed
+k = --k; at batch 1 also layerskip (the first half of the layers draft) and a draft model (the
+target's own weights as int4: "self:int4"), both "auto". Each (workload, configuration)
+generates --tokens tokens a request, configurations alternating, best of --repeats; a fresh
+engine per configuration, warmed up. Each speculating configuration's ratio is against its own
+engine with the speculation detached, measured alternately in the same run: engines built in
+one process differ by several % here (the first by ~12 %; a spare one is built first), which a
+ratio across engines would count as speed-up. Batch 1 rates are decode rates (after the first
+token: the prompt's prefill is not in them, as the peers report theirs); batch 16 rates
 (--tokens / 2 a request) count every output token over the whole run (prefill included, the
 same for every configuration).
 Peers at batch 1 (benchmarks/spec_peers.py): transformers with and without prompt lookup,
@@ -30,8 +31,22 @@ llama-server with and without its ngram speculation. JSON lines to --out: a resu
 (workload, configuration), a ratio per proposer against no speculation and against each
 peer's speculative mode, with the acceptance rate and tokens per verifying step; and the
 performance model's predicted speed-up of the n-gram and suffix configurations (batch 1,
-`infergen predict --gpu cpu-local --acceptance-from` the measured line) against the measured
-one.
+`infergen predict --gpu cpu-local --acceptance-from` the measured line; run `infergen perf
+calibrate` first, else the predictions are skipped with the reason) against the measured one.
+
+Model rows (--models, both by default):
+  smollm2-135m  the default model: every workload, configuration and peer above.
+  gemma-3-270m  Gemma-3-270M (base, fp32; ~2 minutes to build its engines): the copy-heavy
+                batch-1 workloads as completions, since it has no chat template
+                (spec_workloads.completion_prompts: the edit as a before / after of the same
+                function, the agentic trace as a shell session whose `sed` prints a class the
+                earlier `cat` showed); metrics named "edit@gemma-3-270m" and so on. Why: the
+                135M default model does not do the chat edit and agentic tasks (it writes a
+                different, shorter function, or calls another tool, then, past its end of
+                turn, unrelated chat), so its rows measure speculation on text that does not
+                copy; Gemma-3-270M's continuations do copy. Configurations without a drafting
+                model only (no speculation, ngram auto, suffix auto, ngram k); the same peers
+                on its GGUF (transformers' early-exit assistant: 9 of its 18 layers).
 """
 
 from __future__ import annotations
@@ -54,9 +69,12 @@ sys.path.insert(0, str(ROOT))
 from bench_generate import git_state, machine_info  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
 from results_file import write_lines  # noqa: E402
-from spec_workloads import batch_prompts, single_prompts  # noqa: E402
+from spec_workloads import batch_prompts, completion_prompts, single_prompts  # noqa: E402
 
 NONE = "no speculation"
+DEFAULT, GEMMA = "smollm2-135m", "gemma-3-270m"
+DEFAULT_LAYERS = 30  # SmolLM2-135M's (transformers' early-exit assistant takes half)
+MODELS = (DEFAULT, GEMMA)  # the --models rows
 
 
 def configs(k: int) -> dict[str, dict]:
@@ -85,6 +103,8 @@ def decode_rate(llm, prompts: list[list[int]], tokens: int, single: bool) -> tup
 
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     engine = llm.engine
+    if engine.speculator is not None:  # (each run's answers drafted as if never seen before:
+        engine.speculator.proposer.forget()  # not from the identical answers of earlier runs)
     ids = [engine.add_request(p, params) for p in prompts]
     start, first = time.perf_counter(), None
     while engine.has_unfinished():
@@ -113,18 +133,24 @@ def without_speculation(engine):
         engine.speculator, engine.scheduler.lookahead = speculator, lookahead
 
 
-def run_infergen(work: dict, args, base: dict) -> tuple[list[dict], dict]:
+def run_infergen(
+    work: dict, args, base: dict, model: str | None = None, model_based: bool = True
+) -> tuple[list[dict], dict]:
+    """Every (workload, configuration) of `work` on `model` (None: the default model);
+    without `model_based`, the configurations without a drafting model only."""
     from infergen import LLM, SamplingParams
 
-    table = configs(args.k)
+    every = configs(args.k)
+    if not model_based:
+        every = dict(list(every.items())[:BATCH_CONFIGS])
     # the first engine a process built decoded ~12 % slower on these VMs (its weights in 4 KB
     # pages; infergen now asks PyTorch for huge pages, which evens them out): one is still
     # built and kept first, so that the measured engines are alike whatever the host does
-    spare = LLM(num_threads=2)
-    engines = {name: LLM(num_threads=2, **options) for name, options in table.items()}
+    spare = LLM(model=model, num_threads=2)
+    engines = {name: LLM(model=model, num_threads=2, **options) for name, options in every.items()}
     lines, rates = [], {}
     for name_work, (prompts, single) in work.items():
-        table = configs(args.k) if single else dict(list(configs(args.k).items())[:BATCH_CONFIGS])
+        table = every if single else dict(list(every.items())[:BATCH_CONFIGS])
         for llm in engines.values():
             llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))  # warm-up
         best: dict = {}
@@ -188,7 +214,9 @@ def run_infergen(work: dict, args, base: dict) -> tuple[list[dict], dict]:
 PREDICTED = ("ngram auto", "suffix auto")  # (and the fixed-k configuration)
 
 
-def predicted_lines(work: dict, rates: dict, lines: list[dict], base: dict, args) -> list[dict]:
+def predicted_lines(
+    work: dict, rates: dict, lines: list[dict], base: dict, args, model: str | None = None
+) -> list[dict]:
     """The performance model's decode speed-up of the n-gram and suffix configurations at
     batch 1 (`infergen predict --gpu cpu-local`, fp32, this host's calibration) with the
     acceptance measured here (`--acceptance-from` the configuration's result line: its tokens
@@ -200,12 +228,15 @@ def predicted_lines(work: dict, rates: dict, lines: list[dict], base: dict, args
     for line in lines:
         work_name = line["metric"].split("[")[1].split(",")[0]
         name = line.get("config")
-        if line["kind"] != "result" or name not in names or not work[work_name][1]:
+        if line["kind"] != "result" or name not in names or work_name not in work:
+            continue
+        if not work[work_name][1]:
             continue
         drafts = line["drafts_per_verify_step"]
         k = args.k if name == names[0] or drafts is None else max(1, round(drafts))
         prompt = len(work[work_name][0][0])
-        argv = [sys.executable, "-m", "infergen.cli", "predict", "--gpu", "cpu-local",
+        model_args = ["--model", model] if model else []
+        argv = [sys.executable, "-m", "infergen.cli", "predict", *model_args, "--gpu", "cpu-local",
                 "--weights", "fp32", "--activations", "fp32", "--kv", "fp32",
                 "--isl", str(prompt), "--osl", str(args.tokens), "--num-requests", "2",
                 "--concurrency", "1", "--json"]  # fmt: skip
@@ -214,7 +245,12 @@ def predicted_lines(work: dict, rates: dict, lines: list[dict], base: dict, args
             json.dump(line, measured_file)
             measured_file.flush()
             for spec in ([], ["--spec-tokens", str(k), "--acceptance-from", measured_file.name]):
-                run = subprocess.run(argv + spec, capture_output=True, text=True, check=True)
+                run = subprocess.run(argv + spec, capture_output=True, text=True)
+                if run.returncode != 0:  # (e.g. not calibrated: the measured lines still count)
+                    why = run.stderr.strip() or run.stdout.strip()
+                    print(f"no predictions: `infergen predict` failed: {why}")
+                    return out + [{**base, "kind": "skipped", "engine": "infergen predict",
+                                   "why": why[:500]}]  # fmt: skip
                 tpot.append(json.loads(run.stdout.strip().splitlines()[-1])["tpot_ms"]["mean"])
         predicted = tpot[0] / tpot[1]
         measured = rates[(work_name, name)] / rates[(work_name, name, "plain")]
@@ -240,12 +276,12 @@ def peer_lines(name: str, out: dict, rates: dict, base: dict, args) -> list[dict
         print(f"[{name}] {out['error']}")
         return [{**base, "kind": "skipped", "engine": name, "why": out["error"][:500]}]
     lines = []
-    ours = [c for c in configs(args.k) if c != NONE]
     for (work, mode), rate in out["rates"].items():
         metric = f"decode_tok_s [{work}, batch 1]"
         lines.append({**base, "kind": "result", "metric": metric, "engine": name,
                       "version": out["version"], "config": mode, "value": rate,
                       "unit": "tok/s", "stat": f"best of {args.repeats}"})  # fmt: skip
+        ours = [c for c in configs(args.k) if c != NONE and (work, c) in rates]
         best = max(ours, key=lambda c: rates[(work, c)])
         lines.append({**base, "kind": "ratio", "metric": metric, "engine": "infergen",
                       "config": best, "peer": f"{name} {mode}",
@@ -267,6 +303,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="the fixed-k configuration's k")
     parser.add_argument("--batch", type=int, default=16, help="requests of the batch rows")
     parser.add_argument("--no-peers", action="store_true", help="infergen only")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                        help="model rows (default: both)")  # fmt: skip
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks/results/spec.jsonl")
     args = parser.parse_args()
     from infergen import LLM
@@ -280,24 +318,49 @@ def main() -> None:
         "machine": machine_info(2),
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+    lines, rates = [], {}
+    if GEMMA in args.models:  # (first: its engines are freed before the default model's)
+        from infergen.io.packaged_models import gemma3_270m_path
+
+        gemma = str(gemma3_270m_path())
+        llm = LLM(model=gemma, num_threads=2)  # the prompts' token ids
+        prompts = {f"{w}@{GEMMA}": p for w, p in completion_prompts(llm, ROOT).items()}
+        layers = llm.engine.model_config.num_hidden_layers
+        del llm
+        work = {w: ([p], True) for w, p in prompts.items()}
+        more, rates = run_infergen(work, args, base, gemma, model_based=False)
+        lines += more + predicted_lines(work, rates, more, base, args, gemma)
+        if not args.no_peers:
+            lines += run_peers(pathlib.Path(gemma), prompts, layers, rates, base, args)
+    if DEFAULT not in args.models:
+        write_lines(args.out, lines)
+        return
     llm = LLM(num_threads=2)  # the prompts' token ids (chat templates)
     singles = single_prompts(llm, ROOT)
     work = {w: ([p], True) for w, p in singles.items()}
     work |= {f"{w} x{args.batch}": (ps, False)
              for w, ps in batch_prompts(llm, ROOT, args.batch).items()}  # fmt: skip
     del llm
-    lines, rates = run_infergen(work, args, base)
-    lines += predicted_lines(work, rates, lines, base, args)
+    more, rates = run_infergen(work, args, base)
+    lines += more + predicted_lines(work, rates, more, base, args)
     if not args.no_peers:
-        from spec_peers import llama_server_peer, transformers_peer
-
-        print("[transformers] loading the GGUF (~45 s), then each workload twice")
-        out = transformers_peer(pathlib.Path(default_model_path()), singles, args.tokens,
-                                args.repeats)  # fmt: skip
-        lines += peer_lines("transformers", out, rates, base, args)
-        out = llama_server_peer(singles, args.tokens, args.repeats, args.k)
-        lines += peer_lines("llama-server", out, rates, base, args)
+        model = pathlib.Path(default_model_path())
+        lines += run_peers(model, singles, DEFAULT_LAYERS, rates, base, args)
     write_lines(args.out, lines)
+
+
+def run_peers(model: pathlib.Path, prompts: dict, layers: int, rates: dict, base: dict,
+              args) -> list[dict]:  # fmt: skip
+    """Both peers on `model` (a GGUF of `layers` layers) and the batch-1 `prompts`: their
+    lines and infergen's best speculative configuration against each of their modes."""
+    from spec_peers import llama_server_peer, transformers_peer
+
+    print(f"[transformers] loading {model.name} (~45 s; Gemma-3-270M ~110 s), then each "
+          "workload")  # fmt: skip
+    out = transformers_peer(model, prompts, args.tokens, args.repeats, layers)
+    lines = peer_lines("transformers", out, rates, base, args)
+    out = llama_server_peer(prompts, args.tokens, args.repeats, args.k, model)
+    return lines + peer_lines("llama-server", out, rates, base, args)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The peers of bench_spec.py, each without and with its own prompt-lookup speculation, batch 1,
-greedy, on the same prompts (token ids) and the default model:
+greedy, on the same prompts (token ids) and the same model (the default one unless given):
 
   transformers   `generate(prompt_lookup_num_tokens=K)` (its prompt lookup decoding) and
                  `generate(assistant_early_exit=L)` (assisted generation, the first L layers
@@ -29,26 +29,31 @@ from gguf_f32 import cached_f32_gguf
 
 # transformers' own suggestion for prompt lookup (its docs' example): 10 drafted tokens
 TRANSFORMERS_LOOKUP = 10
-# its assisted generation with the target's first layers as the assistant (LayerSkip-style
-# early exit), half of SmolLM2's 30: what infergen's `layerskip` does by default
-TRANSFORMERS_EARLY_EXIT = 15
-TRANSFORMERS_MODES = {
-    "plain": {},
-    f"prompt lookup {TRANSFORMERS_LOOKUP}": {"prompt_lookup_num_tokens": TRANSFORMERS_LOOKUP},
-    f"assisted early exit {TRANSFORMERS_EARLY_EXIT}": {
-        "assistant_early_exit": TRANSFORMERS_EARLY_EXIT
-    },
-}
 
 
-def transformers_peer(model: pathlib.Path, prompts: dict, tokens: int, repeats: int) -> dict:
-    """{(workload, mode): tok/s} for each TRANSFORMERS_MODES mode, with "version"; or
-    {"error": ...}."""
+def transformers_modes(layers: int) -> dict[str, dict]:
+    """transformers' generate options per mode: plain, prompt lookup, and its assisted
+    generation with the target's first layers as the assistant (LayerSkip-style early exit):
+    half of the model's `layers` (15 of SmolLM2's 30), what infergen's `layerskip` does by
+    default."""
+    return {
+        "plain": {},
+        f"prompt lookup {TRANSFORMERS_LOOKUP}": {"prompt_lookup_num_tokens": TRANSFORMERS_LOOKUP},
+        f"assisted early exit {layers // 2}": {"assistant_early_exit": layers // 2},
+    }
+
+
+def transformers_peer(
+    model: pathlib.Path, prompts: dict, tokens: int, repeats: int, layers: int
+) -> dict:
+    """{(workload, mode): tok/s} for each `transformers_modes(layers)` mode, with "version";
+    or {"error": ...}."""
+    modes = transformers_modes(layers)
     tasks = [
         {"kind": "decode", "prompt": prompt, "max_tokens": tokens, "repeats": repeats,
          "options": options}
         for prompt in prompts.values()
-        for options in TRANSFORMERS_MODES.values()
+        for options in modes.values()
     ]  # fmt: skip
     warmup = [{"kind": "decode", "prompt": [1, 2, 3], "max_tokens": 4}]
     out = run_peer(sys.executable, "transformers_runner.py", "transformers_spec", model, 2,
@@ -57,21 +62,23 @@ def transformers_peer(model: pathlib.Path, prompts: dict, tokens: int, repeats: 
         return out
     rates, results = {}, iter(out["results"])
     for work in prompts:
-        for mode in TRANSFORMERS_MODES:
+        for mode in modes:
             runs = next(results)["runs"]
             rates[(work, mode)] = max((len(r["tokens"]) - 1) / r["decode_s"] for r in runs)
     return {"version": out["version"], "rates": rates}
 
 
-def llama_server_peer(prompts: dict, tokens: int, repeats: int, drafts: int) -> dict:
+def llama_server_peer(
+    prompts: dict, tokens: int, repeats: int, drafts: int, model: pathlib.Path | None = None
+) -> dict:
     """{(workload, mode): tok/s} for mode "plain" / "ngram-simple", with "version"; or
-    {"error": ...}."""
+    {"error": ...}. `model`: a GGUF (None: the default model), run as its fp32 GGUF."""
     if not LLAMA_SERVER.exists():
         return {"error": f"{LLAMA_SERVER} missing: run `bash benchmarks/setup_peers.sh "
                          "llama-server` first"}  # fmt: skip
     from infergen.io.default_model import default_model_path
 
-    gguf = cached_f32_gguf(pathlib.Path(default_model_path()), PEERS_DIR)
+    gguf = cached_f32_gguf(model or pathlib.Path(default_model_path()), PEERS_DIR)
     ctx = -(-(max(len(p) for p in prompts.values()) + tokens + 64) // 256) * 256
     logs = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
     modes = {

@@ -54,3 +54,28 @@ def batch_prompts(llm, root: pathlib.Path, n: int) -> dict[str, list[list[int]]]
         "copy": [llm.engine.encode(_copy(docs[a : a + 1000])) for a in at],
         "open": [llm.engine.encode(docs[a + 30000 : a + 31000]) for a in at],
     }
+
+
+def completion_prompts(llm, root: pathlib.Path) -> dict[str, list[int]]:
+    """The copy-heavy batch-1 workloads for a base model (no chat template: Gemma-3-270M),
+    as the text a completion continues:
+
+    edit     the function of `single_prompts`' edit, a comment asking for one variable
+             renamed, and the edited function's first two lines: the continuation is the
+             rest of the function with the change (the first 128 tokens come before the
+             renamed variable: what an edit's output mostly is, a copy);
+    agentic  a shell session, the agent's tool use: `cat` of a module, then `sed` printing
+             one class of it, whose first line is given: the continuation echoes the
+             tool's earlier output."""
+    function = _function(root / "infergen" / "engine" / "backlog.py", "seconds_until_admitted")
+    head = "\n".join(function.split("\n")[:2])
+    path = "infergen/engine/spec/acceptance.py"
+    module = (root / path).read_text()
+    edit = (
+        f"# infergen/engine/backlog.py, before:\n{function}\n\n"
+        f"# after renaming `held` to `blocks_held`:\n{head}\n"
+    )
+    agentic = (
+        f"$ cat {path}\n{module}\n$ sed -n '/^class Acceptance/,$p' {path}\nclass Acceptance:\n"
+    )
+    return {"edit": llm.engine.encode(edit), "agentic": llm.engine.encode(agentic)}
