@@ -54,8 +54,9 @@ static void EPI_PAIRS(EPI_NAME)(const float *Wp, const float *X, const float *bi
             const float *wp = Wp + p * K * NR;
             const float *b = bias ? bias + p * NR : 0;
             if (u >= pairs) { /* a lone panel (1 part, odd count) */
-                for (long m = 0; m < M; m += TOP_ROWS) {
-                    long mr = M - m < TOP_ROWS ? M - m : TOP_ROWS;
+                const long lone = (M + TOP_ROWS - 1) / TOP_ROWS;
+                for (long j = 0; j < lone; ++j) {
+                    long m = block_start(j, M, lone), mr = block_start(j + 1, M, lone) - m;
                     micros[mr](wp, X + m * K, K, tile, NR, b, NR, 0, 0);
                     const void *in[1] = {tile};
                     const long in_stride[1] = {NR};
@@ -68,8 +69,8 @@ static void EPI_PAIRS(EPI_NAME)(const float *Wp, const float *X, const float *bi
             const long step = EPI_PARTS == 2 ? 1 : 2; /* panels to the next unit */
             const float *next0 = u + 1 < pairs ? wp + step * K * NR : 0;
             const float *next1 = next0 ? next0 + partner * K * NR : 0;
-            for (long m = 0, j = 0; m < M; m += PAIR_ROWS, ++j) {
-                long mr = M - m < PAIR_ROWS ? M - m : PAIR_ROWS;
+            for (long j = 0; j < blocks; ++j) {
+                long m = block_start(j, M, blocks), mr = block_start(j + 1, M, blocks) - m;
                 const float *pf = pair_prefetch(next0, next1, j, pf_step, K);
                 pair[mr](wp, wp + partner * K * NR, X + m * K, K, tile, tile + NR, tile_stride, b,
                          b ? b + partner * NR : 0, pf, pf_step);
@@ -108,8 +109,8 @@ void EPI_NAME(const float *Wp, const float *X, const float *bias, float *Y, long
         const long tile_stride = EPI_PARTS * NR;
 #pragma omp for schedule(static)
         for (long p = 0; p < panels; ++p) {
-            for (long m = 0, j = 0; m < M; m += rows, ++j) {
-                long mr = M - m < rows ? M - m : rows;
+            for (long j = 0; j < blocks; ++j) {
+                long m = block_start(j, M, blocks), mr = block_start(j + 1, M, blocks) - m;
                 for (long s = 0; s < EPI_PARTS; ++s) {
                     long q = p + s * panels; /* panel p of part s */
                     const float *wp = Wp + q * K * NR;

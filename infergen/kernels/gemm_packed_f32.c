@@ -209,15 +209,16 @@ static void gemm_pairs(const float *Wp, const float *X, const float *bias, float
             const float *b = bias ? bias + p * NR : 0;
             if (u >= pairs) { /* a lone panel */
                 int cols = (int)(N - p * NR < NR ? N - p * NR : NR);
-                for (long m = 0; m < M; m += TOP_ROWS) {
-                    long mr = M - m < TOP_ROWS ? M - m : TOP_ROWS;
+                const long lone = (M + TOP_ROWS - 1) / TOP_ROWS;
+                for (long j = 0; j < lone; ++j) {
+                    long m = block_start(j, M, lone), mr = block_start(j + 1, M, lone) - m;
                     TOP_MICROS[mr](wp, X + m * K, K, Y + m * N + p * NR, N, b, cols, 0, 0);
                 }
                 continue;
             }
             const float *next = p + 2 < panels ? wp + 2 * K * NR : 0;
-            for (long m = 0, j = 0; m < M; m += PAIR_ROWS, ++j) {
-                long mr = M - m < PAIR_ROWS ? M - m : PAIR_ROWS;
+            for (long j = 0; j < blocks; ++j) {
+                long m = block_start(j, M, blocks), mr = block_start(j + 1, M, blocks) - m;
                 const float *pf = pair_prefetch(next, next + K * NR, j, pf_step, K);
                 float *y = Y + m * N + p * NR;
                 PAIRS[mr](wp, wp + K * NR, X + m * K, K, y, y + NR, N, b, b ? b + NR : 0, pf,
@@ -259,8 +260,8 @@ void gemm_packed_f32(const float *Wp, const float *X, const float *bias, float *
              * next one meanwhile (into L2) instead of stalling on DRAM at its start: block j
              * prefetches floats [j*K*step, (j+1)*K*step) of the next panel, spread over its k. */
             const float *next = (ahead && p + ahead < panels) ? wp + ahead * K * NR : 0;
-            for (long m = 0, j = 0; m < M; m += rows, ++j) {
-                long mr = M - m < rows ? M - m : rows;
+            for (long j = 0; j < blocks; ++j) {
+                long m = block_start(j, M, blocks), mr = block_start(j + 1, M, blocks) - m;
                 const float *pf = next && j * pf_step < NR ? next + j * K * pf_step : 0;
                 micros[mr](wp, X + m * K, K, Y + m * N + n0, N, b, cols, pf, pf_step);
             }

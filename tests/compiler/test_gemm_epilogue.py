@@ -104,7 +104,7 @@ def test_fused_gemm_is_bitwise_the_unfused_gemm_and_tail(tail, n, tmp_path):
     torch.manual_seed(1)
     w, b = torch.randn(n, k), torch.randn(n)
     panels = pack_panels(w)
-    for tokens in (1, 13, 16, 70):
+    for tokens in (1, 5, 7, 9, 13, 16, 70):  # (5: blocks of 3 + 2; 9: 3 + 3 + 3)
         x = torch.randn(tokens, k)
         (unfused,) = unfused_tail(apply(x, panels, b, n))
         assert torch.equal(fused(x, panels, b), unfused), tokens

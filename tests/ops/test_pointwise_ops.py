@@ -82,8 +82,9 @@ def assert_within_dot_error_bound(got: torch.Tensor, x: torch.Tensor, w: torch.T
 
 @pytest.mark.parametrize("tokens", [*range(1, 17), 130])
 def test_native_linear_large_odd_shape(tokens):
-    """Every micro-kernel height: 1-8 tokens run 4-row blocks (heights 1-4), more tokens the
-    8-row blocks with AVX-512 (9-16: heights 1-8), a partial last panel, long odd K."""
+    """Every micro-kernel height: 1-8 tokens run near-equal blocks of at most 4 rows (heights
+    1-4), more tokens blocks of at most 8 with AVX-512 (heights 1-8), a partial last panel,
+    long odd K."""
     x, w = torch.randn(tokens, 1539), torch.randn(577, 1539)
     got = _linear("native", x, w, None)
     assert_within_dot_error_bound(got, x, w)
@@ -99,7 +100,7 @@ def test_native_linear_rows_do_not_depend_on_the_batch(out_features):
     row = linear.LINEAR_BACKENDS.get("native")
     panels = row.prepare(w)
     alone = torch.cat([row.apply(x[i : i + 1], panels, b, out_features) for i in range(40)])
-    for tokens in (9, 13, 16, 17, 40):
+    for tokens in (2, 5, 7, 9, 13, 16, 17, 40):  # (5: blocks of 3 + 2; 9: 3 + 3 + 3)
         assert torch.equal(row.apply(x[:tokens], panels, b, out_features), alone[:tokens])
 
 
