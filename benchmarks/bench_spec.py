@@ -73,7 +73,6 @@ from spec_workloads import batch_prompts, completion_prompts, single_prompts  # 
 
 NONE = "no speculation"
 DEFAULT, GEMMA = "smollm2-135m", "gemma-3-270m"
-DEFAULT_LAYERS = 30  # SmolLM2-135M's (transformers' early-exit assistant takes half)
 MODELS = (DEFAULT, GEMMA)  # the --models rows
 
 
@@ -336,6 +335,7 @@ def main() -> None:
         write_lines(args.out, lines)
         return
     llm = LLM(num_threads=2)  # the prompts' token ids (chat templates)
+    layers = llm.engine.model_config.num_hidden_layers
     singles = single_prompts(llm, ROOT)
     work = {w: ([p], True) for w, p in singles.items()}
     work |= {f"{w} x{args.batch}": (ps, False)
@@ -345,7 +345,7 @@ def main() -> None:
     lines += more + predicted_lines(work, rates, more, base, args)
     if not args.no_peers:
         model = pathlib.Path(default_model_path())
-        lines += run_peers(model, singles, DEFAULT_LAYERS, rates, base, args)
+        lines += run_peers(model, singles, layers, rates, base, args)
     write_lines(args.out, lines)
 
 

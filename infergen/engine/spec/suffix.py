@@ -86,7 +86,7 @@ class SuffixTrie:
     def draft_ending(self, k: int, min_probability: float) -> list[int]:
         """`draft` of the sequence inserted token by token (`extend`) without walking from
         the root: its endings' nodes are the open ones, longest first (O(depth) where draft
-        walks O(depth²) nodes: ~75 us a call for a 24-deep trie, once per sequence a step)."""
+        walks O(depth²) nodes; a propose, this and the recent trie's draft, 46 -> 36 us)."""
         endings = self._open  # (lengths len(_open) … 1)
         for node in endings[max(0, len(endings) - self._longest(k)) :]:
             if node.children:
