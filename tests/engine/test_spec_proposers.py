@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from infergen.engine.spec.ngram import NgramProposer
+from infergen.engine.spec.occurrences import Occurrences
 from infergen.engine.spec.proposer import PROPOSERS, DraftContext
 from infergen.engine.spec.suffix import SuffixProposer, SuffixTrie
 
@@ -76,10 +77,6 @@ def test_the_trie_counts_every_substring_up_to_its_depth(seed):
     for seq in seqs:
         added.add(seq)
     assert _trie_counts(added) == _substrings(seqs, depth)
-    streamed = SuffixTrie(depth)  # one sequence, token by token
-    for token in seqs[0]:
-        streamed.extend(token)
-    assert _trie_counts(streamed) == _substrings(seqs[:1], depth)
     for seq in seqs:  # removal leaves nothing behind
         added.add(seq, sign=-1)
     assert added.root.children == {}
@@ -134,24 +131,29 @@ def test_suffix_drafts_follow_the_most_frequent_continuation(seed):
     assert drafted > 0
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_suffix_draft_of_the_extended_sequence_equals_the_walk(seed):
-    """draft_ending (the open nodes) against draft (walking every ending from the root, itself
-    checked against every substring above), after every token of sequences with repeats."""
+@pytest.mark.parametrize("seed", range(8))
+def test_occurrences_draft_what_the_trie_of_the_sequence_drafts(seed):
+    """The request's own drafts (spec/occurrences.py: positions of tokens and pairs) against
+    the trie of its sequence (itself checked against every substring above), draft for draft,
+    ties included, after every token of sequences with repeats and noise."""
     rng = random.Random(seed)
-    depth, min_p = rng.choice([(2, 0.0), (4, 0.0), (8, 0.1), (24, 0.3)])
-    pattern = [rng.randrange(20) for _ in range(rng.randrange(3, 12))]
+    depth, min_p = rng.choice([(2, 0.0), (4, 0.0), (8, 0.1), (24, 0.3), (24, 0.0)])
+    vocab = rng.choice([3, 20])
+    pattern = [rng.randrange(vocab) for _ in range(rng.randrange(3, 12))]
     seq: list[int] = []
-    trie = SuffixTrie(depth)
+    own = Occurrences(depth)
     drafted = 0
-    for _ in range(120):
-        token = pattern[len(seq) % len(pattern)] if rng.random() < 0.8 else rng.randrange(20)
-        trie.extend(token)
+    for _ in range(100):
+        token = pattern[len(seq) % len(pattern)] if rng.random() < 0.8 else rng.randrange(vocab)
+        own.extend([token])
         seq.append(token)
-        for k in (1, 5):
-            got = trie.draft_ending(k, min_p)
+        trie = SuffixTrie(depth)
+        trie.add(seq)
+        for k in (1, 5, depth + 1):
+            got = own.draft(k, min_p)
             assert got == trie.draft(seq, k, min_p)
             drafted += len(got)
+    assert own.tokens == seq
     assert drafted > 0
 
 

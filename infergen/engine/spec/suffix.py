@@ -11,8 +11,9 @@ copied class) that is a path with a continuation, then the most frequent child s
 while the product of the steps' frequencies (count / siblings' counts: the estimated chance
 the draft survives verification so far) stays at or above `min_probability`.
 
-Per request: a trie over its prompt and output, extended token by token (O(depth) per
-token). Across requests: a trie over the outputs of the last `max_outputs` finished requests
+Per request: its prompt and output indexed by where each token and token pair occurs
+(spec/occurrences.py: the drafts this trie would give over them, without building depth nodes
+a token). Across requests: a trie over the outputs of the last `max_outputs` finished requests
 (agentic loops repeat their own earlier answers); the oldest output leaves it (its counts
 removed) as a new one enters. The draft from either trie with more tokens wins (the request's
 own on a tie).
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from infergen.engine.spec.occurrences import Occurrences
 from infergen.engine.spec.proposer import PROPOSERS
 
 
@@ -38,19 +40,6 @@ class SuffixTrie:
     def __init__(self, depth: int):
         self.depth = depth
         self.root = _Node()
-        self._open: list[_Node] = []  # extend(): the nodes of the suffixes still < depth long
-
-    def extend(self, token: int) -> None:
-        """Append `token` to the sequence inserted token by token (every suffix of it that is
-        shorter than depth grows by one node; a new one starts at the root)."""
-        grown = []
-        for node in [*self._open, self.root]:
-            child = node.children.get(token)
-            if child is None:
-                child = node.children[token] = _Node()
-            child.count += 1
-            grown.append(child)
-        self._open = grown[-(self.depth - 1) :] if self.depth > 1 else []
 
     def add(self, tokens: Sequence[int], sign: int = 1) -> None:
         """Insert (sign 1) or remove (-1) every substring of `tokens` up to depth long."""
@@ -81,16 +70,6 @@ class SuffixTrie:
             if node is None or not node.children:
                 continue
             return self._follow(node, k, min_probability)
-        return []
-
-    def draft_ending(self, k: int, min_probability: float) -> list[int]:
-        """`draft` of the sequence inserted token by token (`extend`) without walking from
-        the root: its endings' nodes are the open ones, longest first (O(depth) where draft
-        walks O(depth²) nodes; a propose, this and the recent trie's draft, 46 -> 36 us)."""
-        endings = self._open  # (lengths len(_open) … 1)
-        for node in endings[max(0, len(endings) - self._longest(k)) :]:
-            if node.children:
-                return self._follow(node, k, min_probability)
         return []
 
     def _longest(self, k: int) -> int:
@@ -124,24 +103,20 @@ class SuffixProposer:
         self.max_outputs = max_outputs
         self.recent = SuffixTrie(depth)  # the outputs of the last max_outputs requests
         self._outputs: deque[list[int]] = deque()
-        self._requests: dict[str, tuple[SuffixTrie, list[int], int]] = {}
+        self._requests: dict[str, tuple[Occurrences, int]] = {}  # (its tokens, prompt length)
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
-        trie = SuffixTrie(self.depth)
-        self._requests[request_id] = (trie, [], len(prompt))
+        self._requests[request_id] = (Occurrences(self.depth), len(prompt))
         self.extend(request_id, prompt)
 
     def extend(self, request_id: str, tokens: Sequence[int]) -> None:
-        trie, seq, _ = self._requests[request_id]
-        for token in tokens:
-            trie.extend(token)
-            seq.append(token)
+        self._requests[request_id][0].extend(tokens)
 
     def propose(self, request_id: str, k: int) -> list[int]:
-        trie, seq, _ = self._requests[request_id]
-        own = trie.draft_ending(k, self.min_probability)
-        other = self.recent.draft(seq, k, self.min_probability)
-        return other if len(other) > len(own) else own
+        own = self._requests[request_id][0]
+        drafted = own.draft(k, self.min_probability)
+        other = self.recent.draft(own.tokens, k, self.min_probability)
+        return other if len(other) > len(drafted) else drafted
 
     def forget(self) -> None:
         """Drop the recent requests' outputs (the requests in flight keep their own tries)."""
@@ -152,8 +127,8 @@ class SuffixProposer:
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return
-        _, seq, prompt_len = entry
-        output = seq[prompt_len:]
+        own, prompt_len = entry
+        output = own.tokens[prompt_len:]
         if not output or self.max_outputs <= 0:
             return
         self.recent.add(output)
