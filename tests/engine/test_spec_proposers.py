@@ -1,8 +1,8 @@
 """Speculative decoding's proposers (engine/spec/, issue 24) against brute-force oracles:
 `ngram` (prompt lookup) against a scan for the latest earlier occurrence of the sequence's
-ending; the suffix trie's counts against a Counter of every substring; `suffix` drafts against
-the same greedy walk over those counts; fed at once or token by token alike; the recent
-outputs' trie forgetting the oldest output."""
+ending; `suffix` drafts (engine/spec/occurrences.py) against a scan of every position, draft
+for draft, and against a suffix trie's greedy walk over a Counter of every substring; fed at
+once or token by token alike; removed sequences (the recent outputs) never drafted from."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from infergen.engine.spec.ngram import NgramProposer
 from infergen.engine.spec.occurrences import Occurrences
 from infergen.engine.spec.proposer import PROPOSERS, DraftContext
-from infergen.engine.spec.suffix import SuffixProposer, SuffixTrie
+from infergen.engine.spec.suffix import SuffixProposer
 
 
 def _ngram_oracle(seq: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -57,29 +57,30 @@ def _substrings(seqs: list[list[int]], depth: int) -> Counter:
     return counts
 
 
-def _trie_counts(trie: SuffixTrie) -> Counter:
-    counts: Counter = Counter()
-    stack = [((), trie.root)]
-    while stack:
-        path, node = stack.pop()
-        for token, child in node.children.items():
-            counts[(*path, token)] = child.count
-            stack.append(((*path, token), child))
-    return counts
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_the_trie_counts_every_substring_up_to_its_depth(seed):
-    rng = random.Random(seed)
-    seqs = [[rng.randrange(4) for _ in range(rng.randrange(1, 40))] for _ in range(3)]
-    depth = rng.choice([2, 5, 9])
-    added = SuffixTrie(depth)
-    for seq in seqs:
-        added.add(seq)
-    assert _trie_counts(added) == _substrings(seqs, depth)
-    for seq in seqs:  # removal leaves nothing behind
-        added.add(seq, sign=-1)
-    assert added.root.children == {}
+def _reference_draft(seqs: list[list[int]], context: list[int], k: int, depth: int,
+                     min_p: float) -> list[int]:  # fmt: skip
+    """A scan of every position of every sequence: the longest ending of `context` (at most
+    depth - k tokens, at least one) occurring with a token after it; then, step by step, the
+    most frequent next token of those occurrences (ties: the occurrence scanned first), while
+    the product of the frequencies stays >= min_p, at most depth - (the ending's length)
+    tokens (a trie of depth `depth` holds no longer path)."""
+    for m in range(min(len(context), max(1, depth - max(k, 1))), 0, -1):
+        ending = context[len(context) - m :]
+        ends = [(seq, i) for seq in seqs for i in range(m - 1, len(seq) - 1)
+                if seq[i - m + 1 : i + 1] == ending]  # fmt: skip
+        if not ends:
+            continue
+        out, probability = [], 1.0
+        while ends and len(out) < min(k, depth - m):
+            counts = Counter(seq[i + 1] for seq, i in ends)
+            token = max(counts, key=counts.__getitem__)
+            probability *= counts[token] / len(ends)
+            if probability < min_p:
+                break
+            out.append(token)
+            ends = [(seq, i + 1) for seq, i in ends if seq[i + 1] == token and i + 2 < len(seq)]
+        return out
+    return []
 
 
 def _continuations(counts: Counter, path: tuple) -> dict[int, int]:
@@ -88,11 +89,11 @@ def _continuations(counts: Counter, path: tuple) -> dict[int, int]:
 
 def _check_draft(got: list[int], counts: Counter, context: list[int], k: int, depth: int,
                  min_p: float) -> None:  # fmt: skip
-    """`got` is the greedy walk over the substring counts from the longest ending of
-    `context` (at most depth - k tokens, at least one) that has a continuation: each token a
-    most frequent continuation (ties: any), the product of the steps' frequencies >= min_p,
-    stopping only at k tokens, without a continuation, or where the next step would fall below
-    min_p."""
+    """`got` is the greedy walk over the substring counts (a suffix trie's) from the longest
+    ending of `context` (at most depth - k tokens, at least one) that has a continuation: each
+    token a most frequent continuation (ties: any), the product of the steps' frequencies >=
+    min_p, stopping only at k tokens, without a continuation, or where the next step would fall
+    below min_p."""
     endings = [
         tuple(context[len(context) - m :])
         for m in range(min(len(context), max(1, depth - k)), 0, -1)
@@ -115,46 +116,73 @@ def _check_draft(got: list[int], counts: Counter, context: list[int], k: int, de
 
 @pytest.mark.parametrize("seed", range(8))
 def test_suffix_drafts_follow_the_most_frequent_continuation(seed):
+    """Drafts over several sequences: the reference scan's, and the suffix trie's walk over
+    every substring's count."""
     rng = random.Random(seed)
     depth, min_p = rng.choice([(4, 0.0), (8, 0.1), (12, 0.3)])
     pattern = [rng.randrange(50) for _ in range(6)]
     seqs = [[*pattern, *[rng.randrange(3) for _ in range(5)], *pattern] for _ in range(3)]
-    trie = SuffixTrie(depth)
+    index = Occurrences(depth)
     for seq in seqs:
-        trie.add(seq)
+        index.add(seq)
     counts = _substrings(seqs, depth)
     drafted = 0
     for context in ([*pattern[:3]], [7, 7, *pattern[:4]], [1], [99, 98], seqs[0][:9]):
-        got = trie.draft(context, 6, min_p)
+        got = index.draft(context, 6, min_p)
+        assert got == _reference_draft(seqs, context, 6, depth, min_p)
         _check_draft(got, counts, context, 6, depth, min_p)
         drafted += len(got)
     assert drafted > 0
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_occurrences_draft_what_the_trie_of_the_sequence_drafts(seed):
-    """The request's own drafts (spec/occurrences.py: positions of tokens and pairs) against
-    the trie of its sequence (itself checked against every substring above), draft for draft,
-    ties included, after every token of sequences with repeats and noise."""
+def test_occurrences_of_a_growing_sequence_draft_what_a_scan_drafts(seed):
+    """A request's own drafts (its sequence appended token by token) against the reference
+    scan and the substring counts, draft for draft, ties included, after every token of
+    sequences with repeats and noise."""
     rng = random.Random(seed)
     depth, min_p = rng.choice([(2, 0.0), (4, 0.0), (8, 0.1), (24, 0.3), (24, 0.0)])
     vocab = rng.choice([3, 20])
     pattern = [rng.randrange(vocab) for _ in range(rng.randrange(3, 12))]
     seq: list[int] = []
-    own = Occurrences(depth)
+    index = Occurrences(depth)
+    own = index.add()
     drafted = 0
     for _ in range(100):
         token = pattern[len(seq) % len(pattern)] if rng.random() < 0.8 else rng.randrange(vocab)
-        own.extend([token])
+        index.extend(own, [token])
         seq.append(token)
-        trie = SuffixTrie(depth)
-        trie.add(seq)
+        counts = _substrings([seq], depth) if len(seq) % 10 == 0 else None
         for k in (1, 5, depth + 1):
-            got = own.draft(k, min_p)
-            assert got == trie.draft(seq, k, min_p)
+            got = index.draft(seq, k, min_p)
+            assert got == _reference_draft([seq], seq, k, depth, min_p)
+            if counts is not None:
+                _check_draft(got, counts, seq, k, depth, min_p)
             drafted += len(got)
-    assert own.tokens == seq
+    assert index.tokens(own) == seq
     assert drafted > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_removed_sequences_are_not_drafted_from(seed):
+    """Sequences added and removed in turn (the recent outputs): drafts are the scan's over
+    the sequences still held, before and after the index is rebuilt (removed entries
+    outnumbering the live ones)."""
+    rng = random.Random(seed)
+    index = Occurrences(8)
+    held: dict[int, list[int]] = {}
+    for _ in range(30):
+        seq = [rng.randrange(6) for _ in range(rng.randrange(1, 30))]
+        held[index.add(seq)] = seq
+        if len(held) > 3:
+            index.remove(min(held))
+            del held[min(held)]
+        for _ in range(5):
+            context = [rng.randrange(6) for _ in range(rng.randrange(1, 6))]
+            for k in (1, 4):
+                got = index.draft(context, k, 0.0)
+                assert got == _reference_draft(list(held.values()), context, k, 8, 0.0)
+    assert all(index.tokens(sid) == seq for sid, seq in held.items())
 
 
 def test_suffix_drafts_k_tokens_of_a_long_copied_span():
@@ -180,7 +208,8 @@ def test_suffix_drafts_an_earlier_requests_answer_and_forgets_the_oldest():
     proposer.finish("third")  # max_outputs=1: the first answer leaves the recent trie
     proposer.start("fourth", [500, 501])
     assert proposer.propose("fourth", 3) == []
-    assert _trie_counts(proposer.recent) == _substrings([[600, 601, 602]], 8)
+    proposer.start("fifth", [600])  # the third's answer is held
+    assert proposer.propose("fifth", 2) == [601, 602]
 
 
 def test_suffix_forgets_finished_answers_not_the_requests_in_flight():
