@@ -357,6 +357,39 @@ def test_no_exploring_while_drafts_could_not_pay():
     assert stats["decodes"] > 64 and stats["steps"] == 0
 
 
+def test_a_draining_compute_bound_batch_drafts_only_for_the_last_to_finish(tmp_path):
+    """No request waiting, three decoding with 30, 24 and 18 tokens still allowed, drafts
+    proposed for each and (so the acceptance estimate says) kept every time: where a token
+    costs 0.6 of the step's average (t(n) = 0.02 + 0.01 n s), only the sequence that may
+    generate the most drafts — the others would finish early, the batch not; where a token
+    costs little beside the step (0.002 s), or requests wait, every sequence drafts."""
+    vocab = build_hf_model("llama_gqa", tmp_path).config.vocab_size
+    llm = LLM(str(tmp_path), speculative="ngram", num_speculative_tokens="auto")
+    engine, speculator = llm.engine, llm.engine.speculator
+    speculator.acceptance.rate = lambda request_id: 1.0
+    speculator.proposer.propose = lambda request_id, k: [5] * k  # (what is drafted: moot)
+    prompts = _copy_prompts(vocab)
+    for prompt, most in zip(prompts, (30, 24, 18), strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=most, temperature=0, ignore_eos=True))
+    started = lambda seq: seq.num_tokens > len(seq.prompt_token_ids)  # noqa: E731
+    while len(engine.scheduler.running) < 3 or not all(map(started, engine.scheduler.running)):
+        engine.step()
+    running = engine.scheduler.running
+    assert len(running) == 3 and not engine.scheduler.waiting
+
+    def drafting(per_token: float, remaining) -> list[bool]:
+        speculator.times = _fixed_times({n: 0.02 + per_token * n for n in range(1, 20)})
+        speculator.draft(running, slope=per_token, budget=64, remaining=remaining)
+        return [bool(seq.drafts) for seq in running]
+
+    last = [engine._remaining(seq) == max(map(engine._remaining, running)) for seq in running]
+    assert sum(last) == 1
+    assert drafting(0.01, engine._remaining) == last
+    assert drafting(0.01, None) == [True] * 3  # requests waiting: every sequence
+    assert drafting(0.002, engine._remaining) == [True] * 3  # bound by reading the weights
+    assert speculator.times.compute_bound(3, 0.002) is False
+
+
 @pytest.mark.slow
 def test_layerskip_on_the_default_model_and_its_errors(tmp_path):
     """The default model (the fused decode's first layers): outputs unchanged, drafts kept;

@@ -13,6 +13,15 @@ per token — the engine's measured prefill cost per token, the compute-bound ra
 two largest measured counts' cost per token when that is more (a draft model's pass per
 draft), so an unmeasured larger step is never assumed cheap.
 
+Measured step times are noisy (one step here varies by ±10 %), and choosing the best of many
+draft counts from noisy per-count averages picks the count whose average happens to be low —
+a step of 19 tokens measured cheaper than one of 16, so at batch 16 drafts looked free. The
+step curve is convex (flat while reading the weights bounds it, then rising at the compute
+rate), so a token beyond the base costs at least the chord slope from a smaller measured count
+to the base: `floor`, the chord from the smallest measured count (the longest one, the least
+noisy; a chord from a nearer count bounds more tightly but carries its noise). The
+choice reads `above`: t(base + m), never below t(base) + m × floor.
+
 `choose` picks the drafts of one step. Sequence s has its proposer's drafts and an acceptance
 α_s (spec/acceptance.py); its j-th draft adds α_s^j emitted tokens on average, gains that fall
 with j. For every total m of drafts it takes the m largest gains (each sequence a prefix of
@@ -20,15 +29,37 @@ its drafts) and keeps the m that maximize (emitted tokens) / t(base + m) — tok
 of the step. At batch 1, t barely grows, and a sequence verifies its drafts while α is not
 tiny; at large batch, t grows at the compute rate and only drafts likely to be kept are
 worth their cost: the step turns speculation off by itself (m = 0).
+
+A batch that drains — no request waits for a slot — ends when its last sequence does.
+Another sequence's kept drafts then end it sooner without ending the batch sooner: its tokens
+are computed either way, only earlier, while its rejected drafts are computed for nothing.
+Where a token costs little beside the step (reading the weights bounds it: batch 1, a GPU's
+small batches) those drafts still buy that request's latency for almost nothing; where a
+token costs COMPUTE_BOUND of the step's average or more (`StepTimes.compute_bound`: batch 16
+here, 0.72), the step drafts only for the sequences that may still generate the most tokens
+(spec/speculator.py). Measured on a closed batch of 16 (SmolLM2-135M, suffix, copy-heavy):
+drafting for every sequence, the copying ones finished early and three that did not copy ran
+on alone — 0.88× the speed without speculation; with the rule, 0.96×.
+
+Drafts are verified only when they promise MARGIN more tokens per second than the step
+without them. The estimates the choice reads are uncertain by about that much — per-count
+step averages by ±5 %, and the acceptance of the sequences chosen (chosen for estimates that
+are high) was 5–15 % above what they then kept (batch 16, SmolLM2-135M, this host) — so a
+choice that promises less is as likely a loss. At batch 16 here drafts promise little (a
+token costs 0.77 of the step's average; kept at α ≈ 0.8, that is a wash), and a closed batch
+of 16 lost 5–10 % verifying them; at batch 1 drafts promise 30–300 % and the margin changes
+nothing.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 WEIGHT = 0.2  # of the newest step in a count's moving average
+MARGIN = 0.05  # the least gain in tokens per second for which drafts are verified
+COMPUTE_BOUND = 0.5  # a token's least cost, over the step's average, that makes it compute-bound
 
 
 class StepTimes:
@@ -65,6 +96,26 @@ class StepTimes:
         t_lo, t_hi = self._seconds[lo], self._seconds[hi]
         return t_lo + (t_hi - t_lo) * (tokens - lo) / (hi - lo)
 
+    def floor(self, base: int, slope: float) -> float:
+        """The least seconds a token beyond `base` adds, were t convex: the slope of the chord
+        from the smallest measured count to t(base) (0 when none is smaller)."""
+        if not self._counts or self._counts[0] >= base:
+            return 0.0
+        low = self._counts[0]
+        return max(0.0, (self.seconds(base, slope) - self._seconds[low]) / (base - low))
+
+    def compute_bound(self, base: int, slope: float) -> bool:
+        """Whether a token beyond `base` costs at least COMPUTE_BOUND of t(base) / base (the
+        step's average token): `floor` against it."""
+        t_base = self.seconds(base, slope)
+        return t_base is not None and self.floor(base, slope) >= COMPUTE_BOUND * t_base / base
+
+    def above(self, base: int, slope: float) -> Callable[[int], float]:
+        """m -> t(base + m) as the cost model reads it: measured or extrapolated, but at least
+        t(base) + m × floor (noise in one count's average is not a cheap step)."""
+        t_base, floor = self.seconds(base, slope), self.floor(base, slope)
+        return lambda m: max(self.seconds(base + m, slope), t_base + m * floor)
+
     def _marginal(self, slope: float) -> float:
         """Seconds a token adds beyond the largest measured count: `slope`, or more when the
         two largest measured counts say so (a draft model's pass per draft costs more than a
@@ -99,15 +150,16 @@ def choose(
         *[[(-(rate**j), s) for j in range(1, n + 1)] for s, (n, rate) in enumerate(
             zip(drafts, rates, strict=True))],
     )  # fmt: skip
+    step = times.above(base, slope)
     emitted, extra = float(decodes), 0.0
-    best, best_rate, taken = 0, emitted / times.seconds(base, slope), []
+    best, best_rate, taken = 0, emitted / step(0) * (1.0 + MARGIN), []
     for m, (gain, s) in enumerate(gains, start=1):
         taken.append(s)
         emitted -= gain
         if recompute:  # the j-th draft's share of the expected recomputation
             j, rate = taken.count(s), rates[s]
             extra += slope * rate ** (j - 1) * (1.0 - rate) * j
-        rate = emitted / (times.seconds(base + m, slope) + extra)
+        rate = emitted / (step(m) + extra)
         if rate > best_rate:
             best, best_rate = m, rate
     for s in taken[:best]:

@@ -112,20 +112,33 @@ class Speculator:
         for waits in (self._idle, self._every):
             waits.pop(seq.request_id, None)
 
-    def draft(self, running: Sequence[Seq], slope: float | None = None, budget: int = 0) -> None:
+    def draft(self, running: Sequence[Seq], slope: float | None = None, budget: int = 0,
+              remaining: Callable[[Seq], int] | None = None) -> None:  # fmt: skip
         """Drafts for this step's decodes (the others: none). With `auto`, trimmed by the cost
         model: `slope` the seconds a token adds to a step beyond those measured (the engine's
-        prefill cost per token), `budget` the step's token budget."""
+        prefill cost per token), `budget` the step's token budget; `remaining`, given when no
+        request waits, the most tokens a sequence may still generate — a compute-bound step
+        then drafts only for the sequences that would finish last (spec/cost.py)."""
         began = time.perf_counter()
-        drafting: list[Seq] = []
-        decodes = prefill = 0
+        decoding: list[Seq] = []
+        prefill = 0
         for seq in running:
-            decoding = seq.num_uncomputed == 1 and seq.num_tokens > len(seq.prompt_token_ids)
             seq.drafts = []
-            if not decoding:
+            if seq.num_uncomputed == 1 and seq.num_tokens > len(seq.prompt_token_ids):
+                decoding.append(seq)
+            else:
                 prefill += seq.num_uncomputed
-                continue
-            decodes += 1
+        decodes = len(decoding)
+        self.stats["decodes"] += decodes
+        base = decodes + min(prefill, max(0, budget - decodes)) if budget else decodes
+        if slope is None:  # (no prefill measured yet: this step's cost per token)
+            slope = (self.times.seconds(base, 0.0) or 0.0) / max(1, base)
+        if (self.auto and remaining is not None and decoding and not prefill
+                and self.times.compute_bound(base, slope)):  # fmt: skip
+            last = max(remaining(seq) for seq in decoding)
+            decoding = [seq for seq in decoding if remaining(seq) == last]
+        drafting: list[Seq] = []
+        for seq in decoding:
             if self.proposer.after_schedule:  # placeholders: drafted once scheduled
                 seq.drafts = [PENDING] * self.max_drafts
                 known = self.proposer.known(seq)
@@ -136,11 +149,7 @@ class Speculator:
                 self._proposed(seq)
             if seq.drafts:
                 drafting.append(seq)
-        self.stats["decodes"] += decodes
         if self.auto and drafting:
-            base = decodes + min(prefill, max(0, budget - decodes)) if budget else decodes
-            if slope is None:  # (no prefill measured yet: this step's cost per token)
-                slope = (self.times.seconds(base, 0.0) or 0.0) / max(1, base)
             recompute = self.rollback is not None
             counts = choose(
                 [len(seq.drafts) for seq in drafting],
