@@ -32,7 +32,8 @@ llama-server with and without its ngram speculation. JSON lines to --out: a resu
 peer's speculative mode, with the acceptance rate and tokens per verifying step; and the
 performance model's predicted speed-up of the n-gram and suffix configurations (batch 1,
 `infergen predict --gpu cpu-local --acceptance-from` the measured line; run `infergen perf
-calibrate` first, else the predictions are skipped with the reason) against the measured one.
+calibrate --processes 3` first, else the predictions are skipped with the reason: on a VM one
+process's memory rate can be 1.5x another's) against the measured one.
 
 Model rows (--models, both by default):
   smollm2-135m  the default model: every workload, configuration and peer above.

@@ -62,6 +62,31 @@ def test_calibration_round_trips_as_a_hardware_row(tmp_path, capsys):
     assert HARDWARE.get("cpu-test") is row and dataclasses.replace(row, name=hw.name) == hw
 
 
+def test_calibration_over_processes_keeps_each_rate_the_fastest(tmp_path, capsys):
+    """`--processes 2`: two fresh calibrating processes; the row saved has the faster read
+    bandwidth and 1-row GEMM rate of the two each reported; `--processes 0` is refused."""
+    import json
+    import re
+
+    from infergen.cli import main
+    from infergen.perf.hardware import from_dict
+
+    out = tmp_path / "c.json"
+    assert main(["perf", "calibrate", "--quick", "--processes", "2", "--out", str(out)]) == 0
+    reported = re.findall(
+        r"process \d/2: read bandwidth ([\d.]+) GB/s, 1-row GEMM ([\d.]+) GB/s",
+        capsys.readouterr().err,
+    )
+    assert len(reported) == 2
+    ((name, fields),) = json.loads(out.read_text()).items()
+    hw = from_dict(name, fields, str(out))
+    assert hw.bandwidth / 1e9 == pytest.approx(max(float(r) for r, _ in reported), abs=0.051)
+    one_row = hw.flops["fp32"] * hw.gemm_efficiency_at(1) * 2 / 1e9
+    assert one_row == pytest.approx(max(float(g) for _, g in reported), abs=0.051)
+    assert main(["perf", "calibrate", "--processes", "0", "--out", str(out)]) != 0
+    assert "--processes" in capsys.readouterr().err
+
+
 def test_a_kinds_compute_efficiency_divides_its_peak_only():
     from infergen.config import ModelConfig
     from infergen.perf.roofline import predict_step
