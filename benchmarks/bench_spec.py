@@ -33,7 +33,8 @@ peer's speculative mode, with the acceptance rate and tokens per verifying step;
 performance model's predicted speed-up of the n-gram and suffix configurations (batch 1,
 `infergen predict --gpu cpu-local --acceptance-from` the measured line; run `infergen perf
 calibrate --processes 3` first, else the predictions are skipped with the reason: on a VM one
-process's memory rate can be 1.5x another's) against the measured one.
+process's memory rate can be 1.5x another's) against the measured one. --predict-from FILE
+measures nothing: it makes an earlier run's predictions again (after a new calibration).
 
 Model rows (--models, both by default):
   smollm2-135m  the default model: every workload, configuration and peer above.
@@ -294,6 +295,62 @@ def peer_lines(name: str, out: dict, rates: dict, base: dict, args) -> list[dict
     return lines
 
 
+def gemma_work() -> tuple[str, dict, dict, int]:
+    """Gemma-3-270M's row: (its path, the prompts by workload, the work, its layer count)."""
+    from infergen import LLM
+    from infergen.io.packaged_models import gemma3_270m_path
+
+    gemma = str(gemma3_270m_path())
+    llm = LLM(model=gemma, num_threads=2)  # the prompts' token ids
+    prompts = {f"{w}@{GEMMA}": p for w, p in completion_prompts(llm, ROOT).items()}
+    layers = llm.engine.model_config.num_hidden_layers
+    return gemma, prompts, {w: ([p], True) for w, p in prompts.items()}, layers
+
+
+def default_work(batch: int) -> tuple[dict, dict, int]:
+    """The default model's row: (the batch-1 prompts, the work, its layer count)."""
+    from infergen import LLM
+
+    llm = LLM(num_threads=2)  # the prompts' token ids (chat templates)
+    singles = single_prompts(llm, ROOT)
+    work = {w: ([p], True) for w, p in singles.items()}
+    work |= {f"{w} x{batch}": (ps, False)
+             for w, ps in batch_prompts(llm, ROOT, batch).items()}  # fmt: skip
+    return singles, work, llm.engine.model_config.num_hidden_layers
+
+
+def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
+    """An earlier run's lines with its predictions made again from its measured lines (after
+    `infergen perf calibrate`): the measured lines as they were, new prediction lines."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rates, results = {}, []
+    for line in lines:
+        work = line.get("metric", "[").split("[")[1].split(",")[0]
+        if line["kind"] == "result" and line.get("engine") == "infergen":
+            rates[(work, line["config"])] = line["value"]
+            results.append(line)
+            args.tokens = line["params"]["tokens"] if "batch 1]" in line["metric"] else args.tokens
+            if line["config"].startswith("ngram k="):
+                args.k = int(line["config"].split("=")[1])
+        elif line["kind"] == "ratio" and line.get("peer") == NONE:
+            rates[(work, line["config"], "plain")] = line["peer_value"]
+    kept = [
+        line
+        for line in lines
+        if line["kind"] != "prediction"
+        and not (line["kind"] == "skipped" and line.get("engine") == "infergen predict")
+    ]
+    base = {**base, "predicted_from": f"{path.name} of {lines[0]['timestamp']}"}
+    if any(f"@{GEMMA}" in line["metric"] for line in results):
+        gemma, _, work, _ = gemma_work()
+        mine = [line for line in results if f"@{GEMMA}" in line["metric"]]
+        kept += predicted_lines(work, rates, mine, base, args, gemma)
+    mine = [line for line in results if f"@{GEMMA}" not in line["metric"]]
+    if mine:
+        kept += predicted_lines(default_work(args.batch)[1], rates, mine, base, args)
+    return kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -305,9 +362,12 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true", help="infergen only")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
                         help="model rows (default: both)")  # fmt: skip
+    parser.add_argument("--predict-from", type=pathlib.Path, default=None, metavar="JSONL",
+                        help="measure nothing: an earlier run's lines (e.g. results/spec.jsonl) "
+                        "with the performance model's predictions made again from its measured "
+                        "lines, after `infergen perf calibrate`; written to --out")  # fmt: skip
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks/results/spec.jsonl")
     args = parser.parse_args()
-    from infergen import LLM
     from infergen.io.default_model import default_model_path
 
     base = {
@@ -318,16 +378,12 @@ def main() -> None:
         "machine": machine_info(2),
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+    if args.predict_from is not None:
+        write_lines(args.out, repredict(args.predict_from, args, base))
+        return
     lines, rates = [], {}
     if GEMMA in args.models:  # (first: its engines are freed before the default model's)
-        from infergen.io.packaged_models import gemma3_270m_path
-
-        gemma = str(gemma3_270m_path())
-        llm = LLM(model=gemma, num_threads=2)  # the prompts' token ids
-        prompts = {f"{w}@{GEMMA}": p for w, p in completion_prompts(llm, ROOT).items()}
-        layers = llm.engine.model_config.num_hidden_layers
-        del llm
-        work = {w: ([p], True) for w, p in prompts.items()}
+        gemma, prompts, work, layers = gemma_work()
         more, rates = run_infergen(work, args, base, gemma, model_based=False)
         lines += more + predicted_lines(work, rates, more, base, args, gemma)
         if not args.no_peers:
@@ -335,13 +391,7 @@ def main() -> None:
     if DEFAULT not in args.models:
         write_lines(args.out, lines)
         return
-    llm = LLM(num_threads=2)  # the prompts' token ids (chat templates)
-    layers = llm.engine.model_config.num_hidden_layers
-    singles = single_prompts(llm, ROOT)
-    work = {w: ([p], True) for w, p in singles.items()}
-    work |= {f"{w} x{args.batch}": (ps, False)
-             for w, ps in batch_prompts(llm, ROOT, args.batch).items()}  # fmt: skip
-    del llm
+    singles, work, layers = default_work(args.batch)
     more, rates = run_infergen(work, args, base)
     lines += more + predicted_lines(work, rates, more, base, args)
     if not args.no_peers:
