@@ -97,6 +97,11 @@ def configs(k: int) -> dict[str, dict]:
 BATCH_CONFIGS = 4
 
 
+def workload_of(metric: str) -> str:
+    """The workload of a line's metric, "decode_tok_s [<workload>, batch <n>]"."""
+    return metric.split("[")[1].split(",")[0]
+
+
 def decode_rate(llm, prompts: list[list[int]], tokens: int, single: bool) -> tuple[float, list]:
     """(tok/s, outputs): batch 1, tokens after the first over the time since it came; else
     every output token over the whole run."""
@@ -227,7 +232,7 @@ def predicted_lines(
     names = (f"ngram k={args.k}", *PREDICTED)
     out = []
     for line in lines:
-        work_name = line["metric"].split("[")[1].split(",")[0]
+        work_name = workload_of(line["metric"])
         name = line.get("config")
         if line["kind"] != "result" or name not in names or work_name not in work:
             continue
@@ -325,7 +330,7 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rates, results = {}, []
     for line in lines:
-        work = line.get("metric", "[").split("[")[1].split(",")[0]
+        work = workload_of(line.get("metric", "[,"))
         if line["kind"] == "result" and line.get("engine") == "infergen":
             rates[(work, line["config"])] = line["value"]
             results.append(line)

@@ -264,7 +264,8 @@ class Engine:
         start = time.perf_counter()
         if self.speculator is not None:
             budget = self.config.scheduler.max_num_batched_tokens
-            remaining = None if self.scheduler.waiting else self._remaining  # (a draining batch)
+            # (a draining batch: no request waits)
+            remaining = None if self.scheduler.waiting else self.scheduler.remaining
             self.speculator.draft(
                 self.scheduler.running, self.step_cost.prefill_token, budget, remaining
             )
@@ -329,10 +330,6 @@ class Engine:
                 )
             )
         return deltas
-
-    def _remaining(self, seq: Sequence) -> int:
-        """The most tokens `seq` may still generate (max_tokens, the context)."""
-        return self.scheduler.longest(seq) - seq.num_tokens
 
     def _measure(self, start: float, num_tokens: list[int]) -> None:
         """Feed the step's cost to `step_cost`: while work remains, the wall time since the

@@ -123,6 +123,10 @@ class Scheduler:
         tokens = len(seq.prompt_token_ids) + seq.params.max_tokens
         return tokens if self.max_model_len is None else min(tokens, self.max_model_len)
 
+    def remaining(self, seq: Sequence) -> int:
+        """The most tokens `seq` may still generate: max_tokens, capped by the context."""
+        return self.longest(seq) - seq.num_tokens
+
     def blocks_for_tokens(self, tokens: int) -> int:
         """The most blocks one sequence of `tokens` tokens holds over all groups (a windowed
         group only its window and the chunk being computed)."""
@@ -359,9 +363,7 @@ class Scheduler:
         generated = seq.num_tokens - len(seq.prompt_token_ids)
         if seq.num_uncomputed != 1 or not generated:
             return seq.num_uncomputed
-        left = seq.params.max_tokens - generated
-        if self.max_model_len is not None:
-            left = min(left, self.max_model_len - seq.num_tokens)
+        left = self.remaining(seq)
         drafted = self.lookahead if seq.drafts is None else min(self.lookahead, len(seq.drafts))
         return 1 + max(0, min(drafted, left - 1))
 

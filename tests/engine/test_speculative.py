@@ -382,11 +382,12 @@ def test_a_draining_compute_bound_batch_drafts_only_for_the_last_to_finish(tmp_p
         speculator.draft(running, slope=per_token, budget=64, remaining=remaining)
         return [bool(seq.drafts) for seq in running]
 
-    last = [engine._remaining(seq) == max(map(engine._remaining, running)) for seq in running]
+    remaining = engine.scheduler.remaining
+    last = [remaining(seq) == max(map(remaining, running)) for seq in running]
     assert sum(last) == 1
-    assert drafting(0.01, engine._remaining) == last
+    assert drafting(0.01, remaining) == last
     assert drafting(0.01, None) == [True] * 3  # requests waiting: every sequence
-    assert drafting(0.002, engine._remaining) == [True] * 3  # bound by reading the weights
+    assert drafting(0.002, remaining) == [True] * 3  # bound by reading the weights
     assert speculator.times.compute_bound(3, 0.002) is False
 
 

@@ -135,8 +135,9 @@ class Speculator:
             slope = (self.times.seconds(base, 0.0) or 0.0) / max(1, base)
         if (self.auto and remaining is not None and decoding and not prefill
                 and self.times.compute_bound(base, slope)):  # fmt: skip
-            last = max(remaining(seq) for seq in decoding)
-            decoding = [seq for seq in decoding if remaining(seq) == last]
+            left = [remaining(seq) for seq in decoding]
+            last = max(left)
+            decoding = [seq for seq, n in zip(decoding, left, strict=True) if n == last]
         drafting: list[Seq] = []
         for seq in decoding:
             if self.proposer.after_schedule:  # placeholders: drafted once scheduled
