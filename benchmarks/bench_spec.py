@@ -31,10 +31,14 @@ llama-server with and without its ngram speculation. JSON lines to --out: a resu
 (workload, configuration), a ratio per proposer against no speculation and against each
 peer's speculative mode, with the acceptance rate and tokens per verifying step; and the
 performance model's predicted speed-up of the n-gram and suffix configurations (batch 1,
-`infergen predict --gpu cpu-local --acceptance-from` the measured line; run `infergen perf
-calibrate --processes 3` first, else the predictions are skipped with the reason: on a VM one
-process's memory rate can be 1.5x another's) against the measured one. --predict-from FILE
-measures nothing: it makes an earlier run's predictions again (after a new calibration).
+`infergen predict --gpu cpu-local --acceptance-from` the measured line) against the measured
+one. The model's hardware row: the cached calibration (run `infergen perf calibrate` first,
+else the predictions are skipped with the reason) with the rates that drift — GEMM curve,
+bandwidths, attention fractions — taken again after every round of each batch-1 workload,
+the fastest of each kept (InRunRates; ~5 s a time): on this VM they change by up to 1.5x
+from one minute to the next, and the measured rates are best-of too. They are written as a
+"calibration" line. --predict-from FILE measures nothing: it makes an earlier run's
+predictions again, from that run's rates (or, with --cached-calibration, this host's).
 
 Model rows (--models, both by default):
   smollm2-135m  the default model: every workload, configuration and peer above.
@@ -126,6 +130,53 @@ def decode_rate(llm, prompts: list[list[int]], tokens: int, single: bool) -> tup
     return sum(len(o) for o in outputs) / (end - start), outputs
 
 
+class InRunRates:
+    """The host's drifting rates (perf/calibrate.measure_rates: GEMM curve, bandwidths,
+    attention fractions) measured in this run, between the rounds of measurements, the
+    fastest of each kept (calibrate.best_of), on top of the cached calibration
+    (`infergen perf calibrate`: launch costs, the layers run op by op): the hardware row the
+    predictions take. A VM's memory and GEMM rates change by up to 1.5x from one minute to
+    the next, and the measured rates are each the best of --repeats: a calibration from
+    another hour predicted another machine. `hw` is None without a cached calibration (the
+    predictions are skipped with its reason)."""
+
+    def __init__(self):
+        from infergen.errors import ConfigError
+        from infergen.perf.hardware import CPU_LOCAL, resolve
+
+        try:
+            self.base = resolve(CPU_LOCAL)
+        except ConfigError:
+            self.base = None
+        self.hw = None
+        self.takes = 0
+
+    def take(self) -> None:
+        from infergen.perf.calibrate import best_of, measure_rates
+
+        if self.base is None:
+            return
+        now = measure_rates(self.base, threads=2)
+        self.hw = now if self.hw is None else best_of(self.hw, now)
+        self.takes += 1
+
+    def line(self, base: dict) -> dict | None:
+        """The rates as a result line ("calibration": the hardware row, as
+        `infergen perf calibrate` saves it), for --predict-from to predict from again."""
+        if self.hw is None:
+            return None
+        return {**base, "kind": "calibration", "engine": "infergen perf calibrate",
+                "takes": self.takes, "row": row_of(self.hw)}  # fmt: skip
+
+
+def row_of(hw) -> dict:
+    """A hardware row as `infergen perf calibrate` saves it ({name: fields})."""
+    from infergen.perf.calibrate import save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(save(hw, pathlib.Path(tmp) / "row.json").read_text())
+
+
 @contextlib.contextmanager
 def without_speculation(engine):
     """The engine decoding one token a step while inside: its speculator and the scheduler's
@@ -140,10 +191,16 @@ def without_speculation(engine):
 
 
 def run_infergen(
-    work: dict, args, base: dict, model: str | None = None, model_based: bool = True
+    work: dict,
+    args,
+    base: dict,
+    model: str | None = None,
+    model_based: bool = True,
+    rates_in_run: InRunRates | None = None,
 ) -> tuple[list[dict], dict]:
     """Every (workload, configuration) of `work` on `model` (None: the default model);
-    without `model_based`, the configurations without a drafting model only."""
+    without `model_based`, the configurations without a drafting model only; with
+    `rates_in_run`, the host's rates taken after each round of a batch-1 workload."""
     from infergen import LLM, SamplingParams
 
     every = configs(args.k)
@@ -177,6 +234,8 @@ def run_infergen(
                     with without_speculation(llm.engine):
                         alone, _ = decode_rate(llm, prompts, tokens, single)
                     plain[name] = max(plain.get(name, 0.0), alone)
+            if single and rates_in_run is not None:
+                rates_in_run.take()
         batch = "batch 1" if single else f"batch {len(prompts)}"
         metric = f"decode_tok_s [{name_work}, {batch}]"
         for name in table:
@@ -221,10 +280,17 @@ PREDICTED = ("ngram auto", "suffix auto")  # (and the fixed-k configuration)
 
 
 def predicted_lines(
-    work: dict, rates: dict, lines: list[dict], base: dict, args, model: str | None = None
+    work: dict,
+    rates: dict,
+    lines: list[dict],
+    base: dict,
+    args,
+    model: str | None = None,
+    row: dict | None = None,
 ) -> list[dict]:
     """The performance model's decode speed-up of the n-gram and suffix configurations at
-    batch 1 (`infergen predict --gpu cpu-local`, fp32, this host's calibration) with the
+    batch 1 (`infergen predict --gpu cpu-local`, fp32; `row`: the hardware row of the rates
+    taken in the run, InRunRates, else this host's cached calibration) with the
     acceptance measured here (`--acceptance-from` the configuration's result line: its tokens
     per verifying step, drafts per verifying step and share of decodes that verified; with
     `auto`, the drafts per verifying step rounded as the model's fixed k), against the
@@ -247,9 +313,14 @@ def predicted_lines(
                 "--isl", str(prompt), "--osl", str(args.tokens), "--num-requests", "2",
                 "--concurrency", "1", "--json"]  # fmt: skip
         tpot = []
-        with tempfile.NamedTemporaryFile("w", suffix=".json") as measured_file:
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as measured_file, \
+                tempfile.NamedTemporaryFile("w", suffix=".json") as row_file:  # fmt: skip
             json.dump(line, measured_file)
             measured_file.flush()
+            if row is not None:
+                json.dump(row, row_file)
+                row_file.flush()
+                argv += ["--hardware-file", row_file.name]
             for spec in ([], ["--spec-tokens", str(k), "--acceptance-from", measured_file.name]):
                 run = subprocess.run(argv + spec, capture_output=True, text=True)
                 if run.returncode != 0:  # (e.g. not calibrated: the measured lines still count)
@@ -267,7 +338,8 @@ def predicted_lines(
                     "measured_speedup": measured, "value": predicted / measured - 1,
                     "unit": "relative error", "definition": "predicted / measured decode "
                     "speed-up - 1 (infergen predict --gpu cpu-local --acceptance-from the "
-                    "measured line, this host's calibration)"})  # fmt: skip
+                    "measured line, " + ("the rates taken in the run" if row else
+                    "this host's calibration") + ")"})  # fmt: skip
         print(f"{work_name:8} {name}: predicted {predicted:.2f}x, measured {measured:.2f}x "
               f"({predicted / measured - 1:+.0%}), k {k}, "
               f"{line['tokens_per_verify_step']} tokens/verify step, "
@@ -325,10 +397,16 @@ def default_work(batch: int) -> tuple[dict, dict, int]:
 
 
 def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
-    """An earlier run's lines with its predictions made again from its measured lines (after
-    `infergen perf calibrate`): the measured lines as they were, new prediction lines."""
+    """An earlier run's lines with its predictions made again from its measured lines: the
+    measured lines as they were, new prediction lines — from the rates taken in that run
+    (its "calibration" line; with --cached-calibration, or where it has none, from this
+    host's `infergen perf calibrate`)."""
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rates, results = {}, []
+    # the rates taken in that run (InRunRates), else this host's calibration now
+    row = next((line["row"] for line in lines if line["kind"] == "calibration"), None)
+    if args.cached_calibration:
+        row = None
     for line in lines:
         work = workload_of(line.get("metric", "[,"))
         if line["kind"] == "result" and line.get("engine") == "infergen":
@@ -349,10 +427,10 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
     if any(f"@{GEMMA}" in line["metric"] for line in results):
         gemma, _, work, _ = gemma_work()
         mine = [line for line in results if f"@{GEMMA}" in line["metric"]]
-        kept += predicted_lines(work, rates, mine, base, args, gemma)
+        kept += predicted_lines(work, rates, mine, base, args, gemma, row)
     mine = [line for line in results if f"@{GEMMA}" not in line["metric"]]
     if mine:
-        kept += predicted_lines(default_work(args.batch)[1], rates, mine, base, args)
+        kept += predicted_lines(default_work(args.batch)[1], rates, mine, base, args, row=row)
     return kept
 
 
@@ -371,6 +449,9 @@ def main() -> None:
                         help="measure nothing: an earlier run's lines (e.g. results/spec.jsonl) "
                         "with the performance model's predictions made again from its measured "
                         "lines, after `infergen perf calibrate`; written to --out")  # fmt: skip
+    parser.add_argument("--cached-calibration", action="store_true",
+                        help="with --predict-from: predict from this host's cached calibration "
+                        "(`infergen perf calibrate`), not the rates taken in that run")  # fmt: skip
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks/results/spec.jsonl")
     args = parser.parse_args()
     from infergen.io.default_model import default_model_path
@@ -387,22 +468,26 @@ def main() -> None:
         write_lines(args.out, repredict(args.predict_from, args, base))
         return
     lines, rates = [], {}
+    in_run = InRunRates()
     if GEMMA in args.models:  # (first: its engines are freed before the default model's)
         gemma, prompts, work, layers = gemma_work()
-        more, rates = run_infergen(work, args, base, gemma, model_based=False)
-        lines += more + predicted_lines(work, rates, more, base, args, gemma)
+        more, rates = run_infergen(work, args, base, gemma, False, in_run)
+        lines += more + predicted_lines(work, rates, more, base, args, gemma, row_of_run(in_run))
         if not args.no_peers:
             lines += run_peers(pathlib.Path(gemma), prompts, layers, rates, base, args)
-    if DEFAULT not in args.models:
-        write_lines(args.out, lines)
-        return
-    singles, work, layers = default_work(args.batch)
-    more, rates = run_infergen(work, args, base)
-    lines += more + predicted_lines(work, rates, more, base, args)
-    if not args.no_peers:
-        model = pathlib.Path(default_model_path())
-        lines += run_peers(model, singles, layers, rates, base, args)
-    write_lines(args.out, lines)
+    if DEFAULT in args.models:
+        singles, work, layers = default_work(args.batch)
+        more, rates = run_infergen(work, args, base, rates_in_run=in_run)
+        lines += more + predicted_lines(work, rates, more, base, args, row=row_of_run(in_run))
+        if not args.no_peers:
+            model = pathlib.Path(default_model_path())
+            lines += run_peers(model, singles, layers, rates, base, args)
+    calibration = in_run.line(base)
+    write_lines(args.out, lines + ([calibration] if calibration else []))
+
+
+def row_of_run(in_run: InRunRates) -> dict | None:
+    return row_of(in_run.hw) if in_run.hw is not None else None
 
 
 def run_peers(model: pathlib.Path, prompts: dict, layers: int, rates: dict, base: dict,

@@ -6,7 +6,8 @@ sum over a buffer far larger than the caches), the host-copy bandwidth (a copy b
 buffers, in bytes copied per second: what the KV host tier's loads reach here, where host and
 device memory are one), the fixed cost of one parallel op launch
 (a native op on a tiny tensor), the GEMM's efficiency by row count on a stack of model-sized
-weights, the fraction of the bandwidth the decode-attention kernel reaches and the fraction of
+weights, the fraction of the bandwidth the decode-attention kernel reaches (on decode rows, and
+on a verifying decode's rows, which find much of their prefix in cache) and the fraction of
 the GEMM peak the prefill attention reaches, and the KV disk tier's costs per block (the
 engine's own DiskTier writing then reading blocks of two sizes in a temporary directory — on
 the filesystem of `disk_dir`, default the system's temporary directory: a fixed time per file
@@ -40,7 +41,7 @@ from infergen.perf import link
 from infergen.perf.eager_measure import measure_eager_layers
 from infergen.perf.hardware import CPU_LOCAL, FileCosts, Hardware
 from infergen.perf.roofline import collective_seconds
-from infergen.perf.step_cost import Chunk, attended_keys
+from infergen.perf.step_cost import VERIFY_ATTENTION, Chunk, attended_keys, keys_read
 from infergen.process import configure_process
 from infergen.timing import best_seconds, best_seconds_each
 
@@ -51,17 +52,7 @@ def measure(
 
     configure_process(threads)
     repeats = 3 if quick else 7
-    m, k, n = (64, 576, 1536) if quick else (128, 576, 3072)
     row = linear.LINEAR_BACKENDS.get("native")
-    w = torch.randn(n, k)
-    packed, x = row.prepare(w), torch.randn(m, k)
-    native = 2 * m * k * n / best_seconds(lambda: row.apply(x, packed, None, n), repeats)
-    a, b = torch.randn(512, 512), torch.randn(512, 512)
-    torch_mm = 2 * 512**3 / best_seconds(lambda: a @ b, repeats)
-    buf = torch.ones((64 if quick else 256) << 18)  # 64 / 256 MiB of fp32
-    bandwidth = buf.numel() * 4 / best_seconds(lambda: buf.sum(), repeats)
-    copy_to = torch.empty_like(buf)
-    host_copy = buf.numel() * 4 / best_seconds(lambda: copy_to.copy_(buf), repeats)
     # one parallel region on almost no data: the launch cost (from Python, so an upper bound)
     small_w = row.prepare(torch.randn(512, 64))
     small_x, calls = torch.randn(1, 64), 200
@@ -71,13 +62,7 @@ def measure(
         )
         / calls
     )
-    achieved = _gemm_achieved(row, repeats, layers=8 if quick else _streaming_layers())
-    # the peak is the best any measurement reached (one contended window cannot lower it
-    # below the others), and the curve is relative to it
-    peak = max(native, torch_mm, *achieved.values())
-    curve = {rows: flops / peak for rows, flops in achieved.items()}
-    attention = _attention_efficiency(bandwidth, repeats, layers=4 if quick else 16)
-    prefill_attention = _prefill_attention_efficiency(peak, repeats, 256 if quick else 512)
+    rates = _rates(repeats, quick)
     disk = _disk_costs(repeats, 16 if quick else 48, disk_dir)
     eager = measure_eager_layers(repeats)
     wire = link.measure(ranks=2, repeats=10 if quick else 30)
@@ -86,19 +71,56 @@ def measure(
         name=CPU_LOCAL,
         description=f"this machine, measured ({torch.get_num_threads()} threads, fp32)",
         memory_bytes=float(total_ram),
-        bandwidth=bandwidth,
-        host_bandwidth=host_copy,
         disk=disk,
-        flops={"fp32": peak},
         launch_overhead_s=overhead,
         interconnect=wire.bandwidth,
         link_latency_s=wire.latency_s,
         link_curve=wire.curve(),
-        gemm_efficiency=curve,
-        memory_efficiency_by_kind={"attention": attention},
-        compute_efficiency_by_kind={"attention": prefill_attention},
         eager_layer_s=eager,
+        **rates,
         calibrated=f"{datetime.date.today().isoformat()}: measured by infergen perf calibrate",
+    )
+
+
+def measure_rates(base: Hardware, threads: int | None = None, quick: bool = False) -> Hardware:
+    """`base` (a calibration) with the rates that drift with what else the host runs measured
+    again: the GEMM peak and its curve by rows, the read and copy bandwidths, the attention
+    kernels' fractions. On a shared VM these change by up to 1.5x from one minute to the
+    next; a benchmark that predicts what it measures takes them in the same run
+    (benchmarks/bench_spec.py), ~15 s a time (`quick`: ~3)."""
+    configure_process(threads)
+    return replace(base, **_rates(3 if quick else 7, quick))
+
+
+def _rates(repeats: int, quick: bool) -> dict:
+    """Hardware fields: the GEMM peak (the native packed GEMM at a compute-bound shape, torch's
+    matmul, or any point of the curve, whichever is fastest) and its efficiency by rows, the
+    read bandwidth, the host-copy bandwidth and the attention kernels' fractions."""
+    m, k, n = (64, 576, 1536) if quick else (128, 576, 3072)
+    row = linear.LINEAR_BACKENDS.get("native")
+    packed, x = row.prepare(torch.randn(n, k)), torch.randn(m, k)
+    native = 2 * m * k * n / best_seconds(lambda: row.apply(x, packed, None, n), repeats)
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    torch_mm = 2 * 512**3 / best_seconds(lambda: a @ b, repeats)
+    buf = torch.ones((64 if quick else 256) << 18)  # 64 / 256 MiB of fp32
+    bandwidth = buf.numel() * 4 / best_seconds(lambda: buf.sum(), repeats)
+    copy_to = torch.empty_like(buf)
+    host_copy = buf.numel() * 4 / best_seconds(lambda: copy_to.copy_(buf), repeats)
+    achieved = _gemm_achieved(row, repeats, layers=8 if quick else _streaming_layers())
+    # the peak is the best any measurement reached (one contended window cannot lower it
+    # below the others), and the curve is relative to it
+    peak = max(native, torch_mm, *achieved.values())
+    layers = 4 if quick else 16
+    decode = _attention_efficiency(bandwidth, repeats, layers)
+    verify = _verify_attention_efficiency(bandwidth, repeats, layers)
+    prefill = _prefill_attention_efficiency(peak, repeats, 256 if quick else 512)
+    return dict(
+        bandwidth=bandwidth,
+        host_bandwidth=host_copy,
+        flops={"fp32": peak},
+        gemm_efficiency={rows: flops / peak for rows, flops in achieved.items()},
+        memory_efficiency_by_kind={"attention": decode, VERIFY_ATTENTION: verify},
+        compute_efficiency_by_kind={"attention": prefill},
     )
 
 
@@ -230,6 +252,36 @@ def _attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
             decode(q, k_cache, v_cache, attn_plan, dim**-0.5)
 
     nbytes = layers * 2 * batch * context * kv_heads * dim * 4
+    return min(1.0, nbytes / best_seconds(run, repeats) / bandwidth)
+
+
+VERIFY_ROWS, VERIFY_CONTEXT = 5, 512  # a decode verifying 4 drafts, at this context
+
+
+def _verify_attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
+    """Fraction of the read bandwidth the engine's decode attention reaches on a verifying
+    decode's rows (ops/paged_attention.plan `as_decodes`): one sequence, VERIFY_ROWS rows at
+    VERIFY_CONTEXT positions (8 heads, 2 KV heads, head_dim 64, scattered 16-token blocks),
+    over `layers` separate caches, bytes counted as the cost model counts them (each row's
+    own prefix: perf/step_cost.keys_read). The rows after the first find most of the prefix
+    in the caches the first filled, so this is well above decode attention's fraction."""
+    rows, context, heads, kv_heads, dim, block = VERIFY_ROWS, VERIFY_CONTEXT, 8, 2, 64, 16
+    blocks = context // block
+    tables = torch.randperm(blocks).view(1, -1)
+    attn_plan = plan([0, rows], [context], tables, block, None, as_decodes={0})
+    caches = [
+        (torch.randn(blocks, block, kv_heads, dim), torch.randn(blocks, block, kv_heads, dim))
+        for _ in range(layers)
+    ]
+    q = torch.randn(rows, heads, dim)
+    decode = DECODE_BACKENDS.get("native")
+
+    def run():
+        for k_cache, v_cache in caches:
+            decode(q, k_cache, v_cache, attn_plan, dim**-0.5)
+
+    keys = keys_read(Chunk(rows, context, verify=True), None)
+    nbytes = layers * 2 * keys * kv_heads * dim * 4
     return min(1.0, nbytes / best_seconds(run, repeats) / bandwidth)
 
 

@@ -19,7 +19,16 @@ from infergen.config.description import ModelDesc
 from infergen.errors import ConfigError
 from infergen.perf.eager import eager_seconds, fused_decode_covers
 from infergen.perf.hardware import Hardware
-from infergen.perf.step_cost import Chunk, Formats, OpCost, Parallel, step_ops
+from infergen.perf.step_cost import (
+    VERIFY_ATTENTION,
+    Chunk,
+    Formats,
+    OpCost,
+    Parallel,
+    step_ops,
+)
+
+FALLBACK = {VERIFY_ATTENTION: "attention"}  # an op kind's efficiency where its own is absent
 
 
 @dataclass(frozen=True)
@@ -33,9 +42,13 @@ class Efficiency:
     default_memory: float = 1.0
 
     def of(self, kind: str) -> tuple[float, float]:
+        """(compute, memory) fractions of `kind`: its own, else its FALLBACK kind's (a
+        verifying decode's attention where only decode attention was measured), else the
+        defaults."""
+        near = FALLBACK.get(kind, kind)
         return (
-            self.compute.get(kind, self.default_compute),
-            self.memory.get(kind, self.default_memory),
+            self.compute.get(kind, self.compute.get(near, self.default_compute)),
+            self.memory.get(kind, self.memory.get(near, self.default_memory)),
         )
 
     @classmethod

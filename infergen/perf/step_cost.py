@@ -5,7 +5,8 @@ a prefill chunk may continue a sequence whose first tokens are already cached). 
 
   attention   qkv and o projections (GEMMs), scores and weighted values over the keys each new
               token attends (causal, window-limited), KV reads (each sequence's attended keys
-              once) and KV writes (the new tokens)
+              once) and KV writes (the new tokens); a verifying decode's rows, each reading
+              its own prefix, are the separate "verify attention" op
   mla         DeepSeek's latent attention in its absorbed form: the q path and the latent
               projection as GEMMs, scores and values over the kv_lora_rank + rope latent
   ssm         Mamba-2: in/out projections, the scan (state update and readout per token),
@@ -97,7 +98,9 @@ class Parallel:
 @dataclass
 class OpCost:
     name: str
-    kind: str  # gemm | attention | norm | elementwise | kv_write | scan | lookup | quantize | comm
+    # gemm | attention | verify_attention | norm | elementwise | kv_write | scan | lookup |
+    # quantize | comm
+    kind: str
     flops: float = 0.0
     bytes: float = 0.0  # everything moved, weights included (comm: bytes over the link)
     weight_bytes: float = 0.0
@@ -111,6 +114,9 @@ class OpCost:
         self.bytes += (nbytes + weight_bytes) * times
         self.weight_bytes += weight_bytes * times
         self.rows = max(self.rows, rows)
+
+
+VERIFY_ATTENTION = "verify_attention"  # the op kind of verifying decodes' attention
 
 
 def attended_keys(chunk: Chunk, window: int | None) -> int:
@@ -211,6 +217,27 @@ class _Step:
         if act < 2:  # the input is quantized to the activation format first
             self.op("quantize", "quantize").add(0.0, rows * k * (2 + act), times=self.times)
 
+    def attention(
+        self, window: int | None, flops_per_key: float, bytes_per_key: float, token_bytes: float
+    ) -> None:
+        """The layer's attention over the step's chunks: `flops_per_key` per attended key,
+        `bytes_per_key` per key read (keys_read), `token_bytes` per new token (its queries
+        and outputs). Verifying decodes' rows are their own op ("verify attention", kind
+        VERIFY_ATTENTION): each row reads its own prefix, the rows after the first mostly
+        from the caches the first filled, so a calibration gives them their own efficiency
+        (perf/calibrate.py)."""
+        for verify, name, kind in ((False, "attention", "attention"),
+                                   (True, "verify attention", VERIFY_ATTENTION)):  # fmt: skip
+            chunks = [c for c in self.chunks if c.verify == verify]
+            if not chunks:
+                continue
+            keys = sum(attended_keys(c, window) for c in chunks)
+            reads = sum(keys_read(c, window) for c in chunks)
+            tokens = sum(c.new for c in chunks)
+            self.op(name, kind).add(
+                flops_per_key * keys, reads * bytes_per_key + tokens * token_bytes, times=self.times
+            )
+
     def activation(self, rows: float, width: float, gated: bool = True) -> None:
         """The activation on `rows` rows of `width` (per device): gated, silu(gate) * up
         reads two inputs; plain, act(up) one; the output is written."""
@@ -266,14 +293,8 @@ def _mixer(m: Attention | MLA | SSM | LinearAttention, step: _Step) -> None:
         step.gemm("qkv_proj", h, q + gated + 2 * kv, split=1)  # already per device
         step.gemm("o_proj", q, h, split=1)
         step.op("rope", "elementwise").add(0.0, 2 * step.tokens * (q + kv) * act, times=times)
-        attn = step.op("attention", "attention")
-        keys = sum(attended_keys(c, m.window) for c in step.chunks)
-        reads = sum(keys_read(c, m.window) for c in step.chunks)
-        attn.add(
-            4.0 * heads * m.head_dim * keys,  # q.k and p.v
-            reads * 2 * kv * kv_bytes + 2 * step.tokens * q * act,
-            times=times,
-        )
+        # q.k and p.v per attended key; each read key's K and V; the queries and outputs
+        step.attention(m.window, 4.0 * heads * m.head_dim, 2 * kv * kv_bytes, 2 * q * act)
         step.op("kv_write", "kv_write").add(0.0, step.tokens * 2 * kv * kv_bytes, times=times)
     elif isinstance(m, MLA):
         heads = _heads(m.heads, tp)
@@ -290,13 +311,8 @@ def _mixer(m: Attention | MLA | SSM | LinearAttention, step: _Step) -> None:
             "kv_b_absorb", m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim), split=1
         )
         step.gemm("o_proj", heads * m.v_head_dim, h, split=1)
-        keys = sum(attended_keys(c, m.window) for c in step.chunks)
-        reads = sum(keys_read(c, m.window) for c in step.chunks)
-        step.op("attention", "attention").add(
-            2.0 * heads * keys * (latent + m.kv_lora_rank),
-            reads * latent * kv_bytes + 2 * step.tokens * heads * latent * act,
-            times=times,
-        )
+        step.attention(m.window, 2.0 * heads * (latent + m.kv_lora_rank), latent * kv_bytes,
+                       2 * heads * latent * act)  # fmt: skip
         step.op("kv_write", "kv_write").add(0.0, step.tokens * latent * kv_bytes, times=times)
     elif isinstance(m, SSM):
         step.gemm("in_proj", h, m.inner + m.conv_dim + m.heads)

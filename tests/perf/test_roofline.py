@@ -9,7 +9,7 @@ import pytest
 from infergen.perf.calibrate import save
 from infergen.perf.hardware import HARDWARE, Hardware, bits_of, load_file
 from infergen.perf.roofline import Efficiency, op_times, step_seconds
-from infergen.perf.step_cost import OpCost
+from infergen.perf.step_cost import VERIFY_ATTENTION, OpCost
 
 HW = Hardware("toy", "toy", memory_bytes=1e9, bandwidth=1e9, flops={"bf16": 1e12})
 TINY = {
@@ -56,6 +56,8 @@ def test_calibration_round_trips_as_a_hardware_row(tmp_path, capsys):
     assert 0 < disk.write_seconds(16 << 10) < disk.write_seconds(1 << 20) < 1.0
     for by_kind in ("memory_efficiency_by_kind", "compute_efficiency_by_kind"):
         assert 0 < getattr(hw, by_kind)["attention"] <= 1
+    assert 0 < hw.memory_efficiency_by_kind[VERIFY_ATTENTION] <= 1  # a verifying decode's rows
+    assert f"{VERIFY_ATTENTION}" in out
     # the link between two tensor-parallel ranks (gloo): a latency and a bandwidth
     assert "link" in out and 0 < hw.link_latency_s < 0.1 and 1e6 < hw.interconnect < 1e12
     (row,) = load_file(save(dataclasses.replace(hw, name="cpu-test"), tmp_path / "t.json"))
@@ -219,3 +221,21 @@ def test_best_of_two_calibrations_keeps_each_faster_rate():
         both = best_of(a, b)
         assert (both.interconnect, both.link_latency_s) == (1e9, 300e-6)
     assert best_of(slow, wide).interconnect == 10e9  # (only one measured a link)
+
+
+def test_a_verifying_decodes_attention_has_its_own_efficiency_else_decode_attentions():
+    """The "verify attention" op (kind verify_attention: each row reads its own prefix, much
+    of it from cache) takes its calibrated memory fraction; a row without one (a GPU's, a
+    calibration older than the kind) takes decode attention's, and without that the
+    default."""
+    op = OpCost("verify attention", VERIFY_ATTENTION, flops=1.0, bytes=8e9)
+    hw = Hardware("x", "x", 1e9, bandwidth=100e9, flops={"fp32": 1e15}, memory_efficiency=0.8,
+                  memory_efficiency_by_kind={"attention": 0.4, VERIFY_ATTENTION: 0.5})  # fmt: skip
+
+    def seconds(row: Hardware) -> float:
+        return step_seconds(op_times([op], row, "fp32", Efficiency.of_hardware(row, "fp32")))
+
+    assert seconds(hw) == pytest.approx(8e9 / (0.5 * 100e9))
+    older = dataclasses.replace(hw, memory_efficiency_by_kind={"attention": 0.4})
+    assert seconds(older) == pytest.approx(8e9 / (0.4 * 100e9))
+    assert seconds(dataclasses.replace(hw, memory_efficiency_by_kind={})) == pytest.approx(0.1)

@@ -11,7 +11,14 @@ import torch
 
 from infergen.config import ModelConfig
 from infergen.io.model_config import read_model_config
-from infergen.perf.step_cost import Chunk, Formats, attended_keys, expected_experts, step_ops
+from infergen.perf.step_cost import (
+    VERIFY_ATTENTION,
+    Chunk,
+    Formats,
+    attended_keys,
+    expected_experts,
+    step_ops,
+)
 
 LLAMA_8B = "tests/perf/configs/llama-3.1-8b.json"
 
@@ -133,16 +140,26 @@ def test_sliding_window_caps_the_keys_read():
 
 def test_a_verifying_decode_reads_each_rows_prefix():
     """A decode verifying drafts attends as decode rows (engine runner.py): row j of n reads
-    the positions up to its own, the KV read is the attended keys', not the context once."""
+    the positions up to its own, the KV read is the attended keys', not the context once —
+    in its own op ("verify attention", kind verify_attention: calibrated apart), beside a
+    plain decode's in the same step."""
     desc = describe_dict(TINY)
 
-    def kv_read(chunk):
-        (attn,) = [o for o in step_ops(desc, [chunk], Formats(kv_bits=8)) if o.name == "attention"]
-        return attn.bytes
+    def attention_ops(chunks):
+        ops = step_ops(desc, chunks, Formats(kv_bits=8))
+        return {o.name: (o.kind, o.bytes, o.flops) for o in ops if "attention" in o.name}
 
-    plain, verify = kv_read(Chunk(5, 100)), kv_read(Chunk(5, 100, verify=True))
+    prefill, verify = Chunk(5, 100), Chunk(5, 100, verify=True)
+    plain, verifying = attention_ops([prefill]), attention_ops([verify])
+    assert set(plain) == {"attention"} and set(verifying) == {"verify attention"}
+    assert verifying["verify attention"][0] == VERIFY_ATTENTION
     per_key = desc.kv_bytes_for_context(1, 1)
-    assert verify - plain == pytest.approx(per_key * (attended_keys(Chunk(5, 100), None) - 100))
+    extra = per_key * (attended_keys(prefill, None) - 100)
+    assert verifying["verify attention"][1] - plain["attention"][1] == pytest.approx(extra)
+    assert verifying["verify attention"][2] == plain["attention"][2]  # the same scores
+    both = attention_ops([Chunk(1, 40), verify])  # a decode beside it: two ops
+    assert both["verify attention"] == verifying["verify attention"]
+    assert both["attention"] == attention_ops([Chunk(1, 40)])["attention"]
 
 
 def test_expected_distinct_experts():
