@@ -35,10 +35,11 @@ performance model's predicted speed-up of the n-gram and suffix configurations (
 one. The model's hardware row: the cached calibration (run `infergen perf calibrate` first,
 else the predictions are skipped with the reason) with the rates that drift — GEMM curve,
 bandwidths, attention fractions — taken again after every round of each batch-1 workload,
-the fastest of each kept (InRunRates; ~5 s a time): on this VM they change by up to 1.5x
-from one minute to the next, and the measured rates are best-of too. They are written as a
-"calibration" line. --predict-from FILE measures nothing: it makes an earlier run's
-predictions again, from that run's rates (or, with --cached-calibration, this host's).
+the fastest of each of its rounds kept (InRunRates; ~5 s a time): on this VM they change by
+up to 1.5x from one minute to the next, and the measured rates are best-of too. They are
+written as a "calibration" line per workload. --predict-from FILE measures nothing: it makes
+an earlier run's predictions again, from that run's rates (or, with --cached-calibration,
+this host's).
 
 Model rows (--models, both by default):
   smollm2-135m  the default model: every workload, configuration and peer above.
@@ -132,13 +133,16 @@ def decode_rate(llm, prompts: list[list[int]], tokens: int, single: bool) -> tup
 
 class InRunRates:
     """The host's drifting rates (perf/calibrate.measure_rates: GEMM curve, bandwidths,
-    attention fractions) measured in this run, between the rounds of measurements, the
-    fastest of each kept (calibrate.best_of), on top of the cached calibration
-    (`infergen perf calibrate`: launch costs, the layers run op by op): the hardware row the
-    predictions take. A VM's memory and GEMM rates change by up to 1.5x from one minute to
-    the next, and the measured rates are each the best of --repeats: a calibration from
-    another hour predicted another machine. `hw` is None without a cached calibration (the
-    predictions are skipped with its reason)."""
+    attention fractions) measured in this run after each round of a batch-1 workload's
+    configurations, the fastest of each of that workload's rounds kept (calibrate.best_of,
+    as its measured rates are the best of its --repeats rounds), on top of the cached
+    calibration (`infergen perf calibrate`: launch costs, the layers run op by op): the
+    hardware row that workload's predictions take. A VM's memory and GEMM rates change by
+    up to 1.5x from one minute to the next (a run here: Gemma's edit trace decoded at 28
+    tok/s in all three of its rounds, its agentic trace a minute later at 31-41), and a
+    speed-up measured while memory is slow is larger: a calibration from another hour, or
+    from the fastest minute of the run, predicts another machine. Empty without a cached
+    calibration (the predictions are then skipped with its reason)."""
 
     def __init__(self):
         from infergen.errors import ConfigError
@@ -148,25 +152,28 @@ class InRunRates:
             self.base = resolve(CPU_LOCAL)
         except ConfigError:
             self.base = None
-        self.hw = None
-        self.takes = 0
+        self.hw: dict = {}  # workload -> its rounds' fastest rates
+        self.takes: dict[str, int] = {}
 
-    def take(self) -> None:
+    def take(self, workload: str) -> None:
         from infergen.perf.calibrate import best_of, measure_rates
 
         if self.base is None:
             return
         now = measure_rates(self.base, threads=2)
-        self.hw = now if self.hw is None else best_of(self.hw, now)
-        self.takes += 1
+        self.hw[workload] = best_of(self.hw[workload], now) if workload in self.hw else now
+        self.takes[workload] = self.takes.get(workload, 0) + 1
 
-    def line(self, base: dict) -> dict | None:
-        """The rates as a result line ("calibration": the hardware row, as
-        `infergen perf calibrate` saves it), for --predict-from to predict from again."""
-        if self.hw is None:
-            return None
-        return {**base, "kind": "calibration", "engine": "infergen perf calibrate",
-                "takes": self.takes, "row": row_of(self.hw)}  # fmt: skip
+    def rows(self) -> dict[str, dict]:
+        """{workload: its hardware row, as `infergen perf calibrate` saves it}."""
+        return {work: row_of(hw) for work, hw in self.hw.items()}
+
+    def lines(self, base: dict) -> list[dict]:
+        """A "calibration" line per workload (its row), for --predict-from to predict from
+        again."""
+        return [{**base, "kind": "calibration", "metric": f"decode_tok_s [{work}, batch 1]",
+                 "engine": "infergen perf calibrate", "takes": self.takes[work], "row": row}
+                for work, row in self.rows().items()]  # fmt: skip
 
 
 def row_of(hw) -> dict:
@@ -235,7 +242,7 @@ def run_infergen(
                         alone, _ = decode_rate(llm, prompts, tokens, single)
                     plain[name] = max(plain.get(name, 0.0), alone)
             if single and rates_in_run is not None:
-                rates_in_run.take()
+                rates_in_run.take(name_work)
         batch = "batch 1" if single else f"batch {len(prompts)}"
         metric = f"decode_tok_s [{name_work}, {batch}]"
         for name in table:
@@ -286,11 +293,12 @@ def predicted_lines(
     base: dict,
     args,
     model: str | None = None,
-    row: dict | None = None,
+    rows: dict[str, dict] | None = None,
 ) -> list[dict]:
     """The performance model's decode speed-up of the n-gram and suffix configurations at
-    batch 1 (`infergen predict --gpu cpu-local`, fp32; `row`: the hardware row of the rates
-    taken in the run, InRunRates, else this host's cached calibration) with the
+    batch 1 (`infergen predict --gpu cpu-local`, fp32; `rows`: each workload's hardware row of
+    the rates taken in the run beside it, InRunRates, else this host's cached calibration)
+    with the
     acceptance measured here (`--acceptance-from` the configuration's result line: its tokens
     per verifying step, drafts per verifying step and share of decodes that verified; with
     `auto`, the drafts per verifying step rounded as the model's fixed k), against the
@@ -312,7 +320,7 @@ def predicted_lines(
                 "--weights", "fp32", "--activations", "fp32", "--kv", "fp32",
                 "--isl", str(prompt), "--osl", str(args.tokens), "--num-requests", "2",
                 "--concurrency", "1", "--json"]  # fmt: skip
-        tpot = []
+        tpot, row = [], (rows or {}).get(work_name)
         with tempfile.NamedTemporaryFile("w", suffix=".json") as measured_file, \
                 tempfile.NamedTemporaryFile("w", suffix=".json") as row_file:  # fmt: skip
             json.dump(line, measured_file)
@@ -403,10 +411,9 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
     host's `infergen perf calibrate`)."""
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rates, results = {}, []
-    # the rates taken in that run (InRunRates), else this host's calibration now
-    row = next((line["row"] for line in lines if line["kind"] == "calibration"), None)
-    if args.cached_calibration:
-        row = None
+    # the rates taken in that run beside each workload (InRunRates), else this host's now
+    rows = {workload_of(line["metric"]): line["row"] for line in lines
+            if line["kind"] == "calibration" and not args.cached_calibration}  # fmt: skip
     for line in lines:
         work = workload_of(line.get("metric", "[,"))
         if line["kind"] == "result" and line.get("engine") == "infergen":
@@ -427,10 +434,10 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
     if any(f"@{GEMMA}" in line["metric"] for line in results):
         gemma, _, work, _ = gemma_work()
         mine = [line for line in results if f"@{GEMMA}" in line["metric"]]
-        kept += predicted_lines(work, rates, mine, base, args, gemma, row)
+        kept += predicted_lines(work, rates, mine, base, args, gemma, rows)
     mine = [line for line in results if f"@{GEMMA}" not in line["metric"]]
     if mine:
-        kept += predicted_lines(default_work(args.batch)[1], rates, mine, base, args, row=row)
+        kept += predicted_lines(default_work(args.batch)[1], rates, mine, base, args, rows=rows)
     return kept
 
 
@@ -472,22 +479,17 @@ def main() -> None:
     if GEMMA in args.models:  # (first: its engines are freed before the default model's)
         gemma, prompts, work, layers = gemma_work()
         more, rates = run_infergen(work, args, base, gemma, False, in_run)
-        lines += more + predicted_lines(work, rates, more, base, args, gemma, row_of_run(in_run))
+        lines += more + predicted_lines(work, rates, more, base, args, gemma, in_run.rows())
         if not args.no_peers:
             lines += run_peers(pathlib.Path(gemma), prompts, layers, rates, base, args)
     if DEFAULT in args.models:
         singles, work, layers = default_work(args.batch)
         more, rates = run_infergen(work, args, base, rates_in_run=in_run)
-        lines += more + predicted_lines(work, rates, more, base, args, row=row_of_run(in_run))
+        lines += more + predicted_lines(work, rates, more, base, args, rows=in_run.rows())
         if not args.no_peers:
             model = pathlib.Path(default_model_path())
             lines += run_peers(model, singles, layers, rates, base, args)
-    calibration = in_run.line(base)
-    write_lines(args.out, lines + ([calibration] if calibration else []))
-
-
-def row_of_run(in_run: InRunRates) -> dict | None:
-    return row_of(in_run.hw) if in_run.hw is not None else None
+    write_lines(args.out, lines + in_run.lines(base))
 
 
 def run_peers(model: pathlib.Path, prompts: dict, layers: int, rates: dict, base: dict,

@@ -30,9 +30,9 @@ def add_parser(sub) -> None:
                      "directory is made inside it and removed; default: the system's "
                      "temporary directory)")  # fmt: skip
     cal.add_argument("--processes", type=int, default=1, help="calibrate in this many fresh "
-                     "processes, one after another, and keep each rate's fastest (on a VM a "
-                     "process streams memory at a rate that can differ from the next one's by "
-                     "1.5x: three here read 35, 35 and 56 GB/s)")  # fmt: skip
+                     "processes, one after another, and keep each rate's fastest (on a shared VM "
+                     "the memory and GEMM rates drift by up to 1.5x from one minute to the "
+                     "next: three calibrations here read 35, 35 and 56 GB/s)")  # fmt: skip
     cal.set_defaults(func=cmd_perf_calibrate)
     step = perf_sub.add_parser(
         "step",
