@@ -20,12 +20,14 @@ k = --k; at batch 1 also layerskip (the first half of the layers draft) and a dr
 target's own weights as int4: "self:int4"), both "auto". Each (workload, configuration)
 generates --tokens tokens a request, configurations alternating, best of --repeats; a fresh
 engine per configuration, warmed up. Each speculating configuration's ratio is against its own
-engine with the speculation detached, measured alternately in the same run: engines built in
+engine with the speculation detached, measured right after it in each round: engines built in
 one process differ by several % here (the first by ~12 %; a spare one is built first), which a
-ratio across engines would count as speed-up. Batch 1 rates are decode rates (after the first
-token: the prompt's prefill is not in them, as the peers report theirs); batch 16 rates
-(--tokens / 2 a request) count every output token over the whole run (prefill included, the
-same for every configuration).
+ratio across engines would count as speed-up; the ratio reported is the median of the rounds'
+ratios (a round's two runs are seconds apart, while this host's rates drift by up to 1.5x from
+one minute to the next: a ratio of two best-of-rounds rates compares different minutes).
+Batch 1 rates are decode rates (after the first token: the prompt's prefill is not in them,
+as the peers report theirs); batch 16 rates (--tokens / 2 a request) count every output token
+over the whole run (prefill included, the same for every configuration).
 Peers at batch 1 (benchmarks/spec_peers.py): transformers with and without prompt lookup,
 llama-server with and without its ngram speculation. JSON lines to --out: a result per
 (workload, configuration), a ratio per proposer against no speculation and against each
@@ -63,6 +65,7 @@ import contextlib
 import datetime
 import json
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -226,6 +229,7 @@ def run_infergen(
         best: dict = {}
         outputs: dict = {}
         plain: dict = {}  # each speculating engine's own rate with its speculation detached
+        paired: dict = {}  # each round's rate with the proposer / detached, right after it
         tokens = args.tokens if single else args.tokens // 2
         for i in range(args.repeats):
             for name in table if i % 2 == 0 else list(table)[::-1]:
@@ -241,6 +245,7 @@ def run_infergen(
                     with without_speculation(llm.engine):
                         alone, _ = decode_rate(llm, prompts, tokens, single)
                     plain[name] = max(plain.get(name, 0.0), alone)
+                    paired.setdefault(name, []).append(rate / alone)
             if single and rates_in_run is not None:
                 rates_in_run.take(name_work)
         batch = "batch 1" if single else f"batch {len(prompts)}"
@@ -250,6 +255,8 @@ def run_infergen(
             rates[(name_work, name)] = rate
             baseline = plain.get(name, best[NONE][0])
             rates[(name_work, name, "plain")] = baseline
+            speedup = statistics.median(paired[name]) if name in paired else rate / baseline
+            rates[(name_work, name, "ratio")] = speedup
             extra = {}
             if delta:
                 drafted, steps = delta["drafted"], delta["steps"]
@@ -274,10 +281,13 @@ def run_infergen(
             if name != NONE:
                 lines.append({**base, "kind": "ratio", "metric": metric, "engine": "infergen",
                               "config": name, "peer": NONE, "infergen_value": rate,
-                              "peer_value": baseline, "value": rate / baseline,
-                              "unit": "x", "definition": "tok/s with the proposer / the same "
-                              "engine's with its speculation detached", **extra})  # fmt: skip
-            ratio = f"{rate / baseline:5.2f}x (plain {baseline:.1f})" if name != NONE else ""
+                              "peer_value": baseline, "value": speedup, "unit": "x",
+                              "rounds": paired.get(name), "stat": "median of the rounds' "
+                              "ratios", "definition": "tok/s with the proposer / the same "
+                              "engine's with its speculation detached right after it, the "
+                              "median over the rounds (infergen_value and peer_value: each "
+                              "one's best round)", **extra})  # fmt: skip
+            ratio = f"{speedup:5.2f}x (plain {baseline:.1f})" if name != NONE else ""
             print(f"{name_work:8} {batch:8} {name:13} {rate:7.1f} tok/s {ratio} {extra}")
     del spare  # (kept until every engine was measured)
     return lines, rates
@@ -338,7 +348,8 @@ def predicted_lines(
                                    "why": why[:500]}]  # fmt: skip
                 tpot.append(json.loads(run.stdout.strip().splitlines()[-1])["tpot_ms"]["mean"])
         predicted = tpot[0] / tpot[1]
-        measured = rates[(work_name, name)] / rates[(work_name, name, "plain")]
+        measured = rates.get((work_name, name, "ratio"))
+        measured = measured or rates[(work_name, name)] / rates[(work_name, name, "plain")]
         out.append({**base, "kind": "prediction", "metric": line["metric"], "config": name,
                     "spec_tokens": k, "per_token_acceptance": line["per_token_acceptance"],
                     "tokens_per_verify_step": line["tokens_per_verify_step"],
@@ -424,6 +435,7 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
                 args.k = int(line["config"].split("=")[1])
         elif line["kind"] == "ratio" and line.get("peer") == NONE:
             rates[(work, line["config"], "plain")] = line["peer_value"]
+            rates[(work, line["config"], "ratio")] = line["value"]
     kept = [
         line
         for line in lines
