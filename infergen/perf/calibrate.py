@@ -232,27 +232,18 @@ def _gemm_achieved(row, repeats: int, layers: int) -> dict[int, float]:
     return {rows: 2 * rows * k * n * layers / s for rows, s in seconds.items()}
 
 
+HEADS, KV_HEADS, DIM, BLOCK = 8, 2, 64, 16  # the decode attention calibrations' shapes
+
+
 def _attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
     """Fraction of the read bandwidth the engine's decode attention reaches: 16 sequences of
     256 tokens (8 heads, 2 KV heads, head_dim 64) in scattered 16-token blocks, over `layers`
     separate caches (4 MiB each) so the KV comes from memory, as between a model's layers."""
-    batch, context, heads, kv_heads, dim, block = 16, 256, 8, 2, 64, 16
-    blocks = batch * context // block
+    batch, context = 16, 256
+    blocks = batch * context // BLOCK
     tables = torch.randperm(blocks).view(batch, -1)
-    attn_plan = plan(list(range(batch + 1)), [context] * batch, tables, block, None)
-    caches = [
-        (torch.randn(blocks, block, kv_heads, dim), torch.randn(blocks, block, kv_heads, dim))
-        for _ in range(layers)
-    ]
-    q = torch.randn(batch, heads, dim)
-    decode = DECODE_BACKENDS.get("native")
-
-    def run():
-        for k_cache, v_cache in caches:
-            decode(q, k_cache, v_cache, attn_plan, dim**-0.5)
-
-    nbytes = layers * 2 * batch * context * kv_heads * dim * 4
-    return min(1.0, nbytes / best_seconds(run, repeats) / bandwidth)
+    attn_plan = plan(list(range(batch + 1)), [context] * batch, tables, BLOCK, None)
+    return _decode_fraction(attn_plan, batch, blocks, batch * context, layers, repeats, bandwidth)
 
 
 VERIFY_ROWS, VERIFY_CONTEXT = 5, 512  # a decode verifying 4 drafts, at this context
@@ -265,23 +256,32 @@ def _verify_attention_efficiency(bandwidth: float, repeats: int, layers: int) ->
     over `layers` separate caches, bytes counted as the cost model counts them (each row's
     own prefix: perf/step_cost.keys_read). The rows after the first find most of the prefix
     in the caches the first filled, so this is well above decode attention's fraction."""
-    rows, context, heads, kv_heads, dim, block = VERIFY_ROWS, VERIFY_CONTEXT, 8, 2, 64, 16
-    blocks = context // block
+    rows, context = VERIFY_ROWS, VERIFY_CONTEXT
+    blocks = context // BLOCK
     tables = torch.randperm(blocks).view(1, -1)
-    attn_plan = plan([0, rows], [context], tables, block, None, as_decodes={0})
+    attn_plan = plan([0, rows], [context], tables, BLOCK, None, as_decodes={0})
+    keys = keys_read(Chunk(rows, context, verify=True), None)
+    return _decode_fraction(attn_plan, rows, blocks, keys, layers, repeats, bandwidth)
+
+
+def _decode_fraction(
+    attn_plan, rows: int, blocks: int, keys: int, layers: int, repeats: int, bandwidth: float
+) -> float:
+    """The native decode attention's K / V bytes per second over `bandwidth`: `rows` query
+    rows of `attn_plan` over `layers` separate caches of `blocks` blocks, `keys` positions
+    read per layer."""
     caches = [
-        (torch.randn(blocks, block, kv_heads, dim), torch.randn(blocks, block, kv_heads, dim))
+        (torch.randn(blocks, BLOCK, KV_HEADS, DIM), torch.randn(blocks, BLOCK, KV_HEADS, DIM))
         for _ in range(layers)
     ]
-    q = torch.randn(rows, heads, dim)
+    q = torch.randn(rows, HEADS, DIM)
     decode = DECODE_BACKENDS.get("native")
 
     def run():
         for k_cache, v_cache in caches:
-            decode(q, k_cache, v_cache, attn_plan, dim**-0.5)
+            decode(q, k_cache, v_cache, attn_plan, DIM**-0.5)
 
-    keys = keys_read(Chunk(rows, context, verify=True), None)
-    nbytes = layers * 2 * keys * kv_heads * dim * 4
+    nbytes = layers * 2 * keys * KV_HEADS * DIM * 4
     return min(1.0, nbytes / best_seconds(run, repeats) / bandwidth)
 
 
