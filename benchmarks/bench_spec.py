@@ -169,7 +169,9 @@ class InRunRates:
 
     def rows(self) -> dict[str, dict]:
         """{workload: its hardware row, as `infergen perf calibrate` saves it}."""
-        return {work: row_of(hw) for work, hw in self.hw.items()}
+        from infergen.perf.calibrate import as_row
+
+        return {work: as_row(hw) for work, hw in self.hw.items()}
 
     def lines(self, base: dict) -> list[dict]:
         """A "calibration" line per workload (its row), for --predict-from to predict from
@@ -177,14 +179,6 @@ class InRunRates:
         return [{**base, "kind": "calibration", "metric": f"decode_tok_s [{work}, batch 1]",
                  "engine": "infergen perf calibrate", "takes": self.takes[work], "row": row}
                 for work, row in self.rows().items()]  # fmt: skip
-
-
-def row_of(hw) -> dict:
-    """A hardware row as `infergen perf calibrate` saves it ({name: fields})."""
-    from infergen.perf.calibrate import save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        return json.loads(save(hw, pathlib.Path(tmp) / "row.json").read_text())
 
 
 @contextlib.contextmanager
@@ -467,7 +461,8 @@ def main() -> None:
     parser.add_argument("--predict-from", type=pathlib.Path, default=None, metavar="JSONL",
                         help="measure nothing: an earlier run's lines (e.g. results/spec.jsonl) "
                         "with the performance model's predictions made again from its measured "
-                        "lines, after `infergen perf calibrate`; written to --out")  # fmt: skip
+                        "lines and the rates taken in that run (its calibration lines); written "
+                        "to --out")  # fmt: skip
     parser.add_argument("--cached-calibration", action="store_true",
                         help="with --predict-from: predict from this host's cached calibration "
                         "(`infergen perf calibrate`), not the rates taken in that run")  # fmt: skip

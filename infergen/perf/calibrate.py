@@ -345,6 +345,12 @@ def _disk_costs(repeats: int, blocks: int, directory: str | None) -> FileCosts:
 
 def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(as_row(hw), indent=1))
+    return path
+
+
+def as_row(hw: Hardware) -> dict:
+    """`hw` as a hardware file holds it ({name: fields}; hardware.load_file reads it back)."""
     row = {
         "description": hw.description,
         "memory_bytes": hw.memory_bytes,
@@ -368,5 +374,4 @@ def save(hw: Hardware, path: pathlib.Path) -> pathlib.Path:
         "eager_layer_s": {part: list(seconds) for part, seconds in hw.eager_layer_s.items()},
         **({"calibrated": hw.calibrated} if hw.calibrated else {}),
     }
-    path.write_text(json.dumps({hw.name: row}, indent=1))
-    return path
+    return {hw.name: row}
