@@ -264,10 +264,12 @@ class Engine:
         start = time.perf_counter()
         if self.speculator is not None:
             budget = self.config.scheduler.max_num_batched_tokens
-            # (a draining batch: no request waits)
-            remaining = None if self.scheduler.waiting else self.scheduler.remaining
             self.speculator.draft(
-                self.scheduler.running, self.step_cost.prefill_token, budget, remaining
+                self.scheduler.running,
+                self.step_cost.prefill_token,
+                budget,
+                self.scheduler.remaining,
+                draining=not self.scheduler.waiting,
             )
         batch = self.scheduler.schedule()
         if not batch and self.scheduler.wait_for_loads(LOAD_WAIT_S):

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from infergen.engine.spec.acceptance import DECAY, PRIOR, PRIOR_WEIGHT, Acceptance
-from infergen.engine.spec.cost import MARGIN, StepTimes, choose
+from infergen.engine.spec.cost import MARGIN, CatchUp, StepTimes, catch_up_pays, choose
 
 
 def _times(t) -> StepTimes:
@@ -102,6 +102,51 @@ def test_a_draft_pass_per_draft_is_extrapolated():
     assert choose([8], [1.0], 1, 1, dear, slope=0.0014) == [0]
     cheap = _times({1: 0.020, 2: 0.0205})
     assert choose([8], [1.0], 1, 1, cheap, slope=0.0014) == [8]
+
+
+def _simulated_seconds(
+    rate: float, drafts: int, remaining: int, t_step: float, rng: random.Random
+) -> float:
+    """Seconds to emit `remaining` tokens verifying `drafts` drafts a step, each draft kept
+    with probability `rate` while those before it were (drawn), `t_step` a step."""
+    emitted = steps = 0
+    while emitted < remaining:
+        kept = 0
+        while kept < drafts and rng.random() < rate:
+            kept += 1
+        emitted, steps = emitted + kept + 1, steps + 1
+    return steps * t_step
+
+
+@pytest.mark.parametrize(
+    ("rate", "drafts", "remaining", "t_step", "catch_up"),
+    [
+        (0.9, 4, 128, 0.030, 0.5),  # kept often, a long answer: earned back
+        (0.9, 4, 16, 0.030, 0.5),  # too few tokens left
+        (0.5, 2, 128, 0.016, 0.47),  # a 391-token prompt caught up at the prefill rate
+        (0.5, 2, 1000, 0.016, 0.47),  # ... for a long answer
+        (0.2, 3, 1000, 0.025, 0.01),  # drafts that do not pay at all
+    ],
+)
+def test_a_catch_up_is_drafted_only_where_the_drafts_earn_it_back(
+    rate, drafts, remaining, t_step, catch_up
+):
+    """The decision against a simulation (drafts kept at random, steps counted until the
+    tokens are emitted): drafting, catch-up included, is quicker than 12 ms a plain token."""
+    rng = random.Random(0)
+    runs = [_simulated_seconds(rate, drafts, remaining, t_step, rng) for _ in range(400)]
+    quicker = catch_up + sum(runs) / len(runs) < remaining * 0.012
+    assert catch_up_pays(rate, drafts, remaining, 0.012, t_step, catch_up) == quicker
+
+
+def test_catch_up_seconds_per_position_measured_else_the_prior():
+    catch_up = CatchUp()
+    assert catch_up.seconds(100, prior=0.001) == pytest.approx(0.1)
+    catch_up.observe(0, 0.5)  # (nothing caught up: nothing learnt)
+    assert catch_up.seconds(100, prior=0.001) == pytest.approx(0.1)
+    catch_up.observe(400, 0.8)
+    catch_up.observe(16, 0.064)  # 2 ms, then 4 ms a position: the newest weighs WEIGHT
+    assert catch_up.seconds(10, prior=1.0) == pytest.approx(10 * (0.002 + 0.2 * 0.002))
 
 
 def test_batch_one_speculates_and_a_large_batch_turns_itself_off():

@@ -357,6 +357,41 @@ def test_no_exploring_while_drafts_could_not_pay():
     assert stats["decodes"] > 64 and stats["steps"] == 0
 
 
+@pytest.mark.parametrize("per_position", [1e-6, 10.0])
+@pytest.mark.parametrize("drafts_pay", [True, False])
+def test_a_draft_models_catch_up_is_paid_only_where_it_is_earned(per_position, drafts_pay,
+                                                                 tmp_path):  # fmt: skip
+    """A draft model catches up on every position it lags (at first, the prompt) before it
+    drafts. Where drafts pay (the target as its own draft, a draft adding 1 % to a step), a
+    catch-up dearer than what they save over the tokens left (10 s a position) keeps them
+    off; where drafts do not pay (another model's, rarely kept, a draft adding 60 %: turned
+    off), exploring drafts are verified only while the catch-up costs at most EXPLORE_SHARE
+    of the decoding since (cheap here: after 16, then 32 decodes), never when it is dear."""
+    target, draft_dir = tmp_path / "target", tmp_path / "draft"
+    vocab = build_hf_model("llama_gqa", target).config.vocab_size
+    if drafts_pay:
+        draft_dir = target
+    else:
+        build_hf_model("llama_mha", draft_dir, seed=1)
+    llm = LLM(str(target), speculative="draft", draft_model=str(draft_dir),
+              num_speculative_tokens="auto", block_size=4)  # fmt: skip
+    speculator = llm.engine.speculator
+    cost = 0.01 if drafts_pay else 0.6
+    speculator.times = _fixed_times({n: 1.0 + cost * (n - 1) for n in range(1, 10)})
+    speculator.catch_up.per_position = per_position
+    speculator.catch_up.observe = lambda positions, seconds: None  # (kept as set)
+    prompt = _copy_prompts(vocab)[0]
+    llm.generate([prompt], SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
+    stats = speculator.summary()
+    if per_position > 1:
+        assert stats["decodes"] > 16 + 32 and stats["steps"] == 0
+    elif drafts_pay:  # (every decode verifies drafts, kept: 60 tokens in a few steps)
+        assert stats["decodes"] < 20 and stats["steps"] >= stats["decodes"] - 1
+    else:
+        assert stats["decodes"] > 16 + 32
+        assert 1 <= stats["steps"] <= 3 and stats["drafted"] == stats["steps"]
+
+
 def test_a_draining_compute_bound_batch_drafts_only_for_the_last_to_finish(tmp_path):
     """No request waiting, three decoding with 30, 24 and 18 tokens still allowed, drafts
     proposed for each and (so the acceptance estimate says) kept every time: where a token
@@ -377,17 +412,18 @@ def test_a_draining_compute_bound_batch_drafts_only_for_the_last_to_finish(tmp_p
     running = engine.scheduler.running
     assert len(running) == 3 and not engine.scheduler.waiting
 
-    def drafting(per_token: float, remaining) -> list[bool]:
+    remaining = engine.scheduler.remaining
+
+    def drafting(per_token: float, draining: bool) -> list[bool]:
         speculator.times = _fixed_times({n: 0.02 + per_token * n for n in range(1, 20)})
-        speculator.draft(running, slope=per_token, budget=64, remaining=remaining)
+        speculator.draft(running, per_token, 64, remaining, draining=draining)
         return [bool(seq.drafts) for seq in running]
 
-    remaining = engine.scheduler.remaining
     last = [remaining(seq) == max(map(remaining, running)) for seq in running]
     assert sum(last) == 1
-    assert drafting(0.01, remaining) == last
-    assert drafting(0.01, None) == [True] * 3  # requests waiting: every sequence
-    assert drafting(0.002, remaining) == [True] * 3  # bound by reading the weights
+    assert drafting(0.01, True) == last
+    assert drafting(0.01, False) == [True] * 3  # requests waiting: every sequence
+    assert drafting(0.002, True) == [True] * 3  # bound by reading the weights
     assert speculator.times.compute_bound(3, 0.002) is False
 
 
@@ -425,8 +461,8 @@ def test_a_draft_model_drafts_its_own_greedy_tokens(tmp_path):
     speculator, steps = llm.engine.speculator, iter(range(10**6))
     choose = speculator.draft
 
-    def every_other_step(running, *args):
-        choose(running, *args)
+    def every_other_step(running, *args, **kwargs):
+        choose(running, *args, **kwargs)
         if next(steps) % 2:
             for seq in running:
                 seq.drafts = []
@@ -438,8 +474,8 @@ def test_a_draft_model_drafts_its_own_greedy_tokens(tmp_path):
     # again with drafts: the prefix-cache hits' draft KV is not trusted, it is caught up
     fresh, count = [[p + 1 for p in prompt] for prompt in prompts], len(seen)
 
-    def never(running, *args):
-        choose(running, *args)
+    def never(running, *args, **kwargs):
+        choose(running, *args, **kwargs)
         for seq in running:
             seq.drafts = []
 

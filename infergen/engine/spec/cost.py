@@ -49,6 +49,19 @@ choice that promises less is as likely a loss. At batch 16 here drafts promise l
 token costs 0.77 of the step's average; kept at α ≈ 0.8, that is a wash), and a closed batch
 of 16 lost 5–10 % verifying them; at batch 1 drafts promise 30–300 % and the margin changes
 nothing.
+
+A draft model (spec/draft.py) keeps KV of its own and computes, before it drafts, every
+position the target computed since it last drafted: a one-off catch-up (the prompt, at a
+sequence's first drafts) as dear per position as the draft model's prefill — for the target's
+own weights in int4, the target's prefill: a 391-token prompt took 0.5 s here, a third of
+the 128 tokens' decode (SmolLM2-135M, AVX-512). `CatchUp` measures it per position.
+`catch_up_pays`: a sequence starts drafting only when its drafts, over the tokens it may still
+generate, save more than that. A sequence whose drafts were turned off explores (a draft
+now and then, spec/speculator.py) only while its catch-up costs at most EXPLORE_SHARE of the
+decoding since it last drafted: the catch-up grows with that decoding, so a draft model whose
+positions cost more than EXPLORE_SHARE of a decode step, like the target's own int4 weights
+(0.1 here), explores never — with exploring, it lost 8-18 % where the cost model had turned
+its drafts off (2.4 % of decodes verified drafts).
 """
 
 from __future__ import annotations
@@ -60,6 +73,7 @@ from collections.abc import Callable, Sequence
 WEIGHT = 0.2  # of the newest step in a count's moving average
 MARGIN = 0.05  # the least gain in tokens per second for which drafts are verified
 COMPUTE_BOUND = 0.5  # a token's least cost, over the step's average, that makes it compute-bound
+EXPLORE_SHARE = 0.03  # of the decoding since its last drafts, what an exploring catch-up may cost
 
 
 class StepTimes:
@@ -124,6 +138,36 @@ class StepTimes:
             return slope
         lo, hi = self._counts[-2], self._counts[-1]
         return max(slope, (self._seconds[hi] - self._seconds[lo]) / (hi - lo))
+
+
+class CatchUp:
+    """Seconds per position of a draft model's catch-up (module docstring), measured: a moving
+    average of each catch-up's seconds per position."""
+
+    def __init__(self):
+        self.per_position: float | None = None
+
+    def observe(self, positions: int, seconds: float) -> None:
+        if positions <= 0:
+            return
+        rate = seconds / positions
+        old = self.per_position
+        self.per_position = rate if old is None else old + WEIGHT * (rate - old)
+
+    def seconds(self, positions: int, prior: float) -> float:
+        """The catch-up of `positions`: at the measured rate, else `prior` seconds each."""
+        per = prior if self.per_position is None else self.per_position
+        return positions * per
+
+
+def catch_up_pays(rate: float, drafts: int, remaining: int, t_plain: float, t_step: float,
+                  catch_up: float) -> bool:  # fmt: skip
+    """Whether a sequence's catch-up of `catch_up` seconds is earned back by verifying
+    `drafts` drafts a step at acceptance `rate` over the `remaining` tokens it may still
+    generate: a token takes `t_plain` without drafts, `t_step` / (1 + α + … + α^drafts) with
+    them."""
+    emitted = sum(rate**j for j in range(drafts + 1))
+    return remaining * (t_plain - t_step / emitted) > catch_up
 
 
 def choose(

@@ -16,9 +16,10 @@ the draft too. Its KV follows the positions the target computes, lazily:
   kept drafts' KV was written with the tokens kept); one the target computed without it
   drafting lags behind until it drafts again.
 
-So a sequence whose drafts the cost model turns off costs the draft model nothing (it only
-catches up when it drafts again: the cost model's exploration, or its acceptance coming
-back). A block's draft KV is known good for the content it was computed for: `valid` maps a
+So a sequence whose drafts the cost model turns off costs the draft model nothing until it
+drafts again — and then a catch-up of every position since, as dear per position as the
+draft model's prefill (`lag`, `catch_up_s`): the cost model drafts for a lagging sequence
+only when its drafts earn that back, and explores only while it is cheap (spec/cost.py). A block's draft KV is known good for the content it was computed for: `valid` maps a
 block to the prefix cache's chained hash of the tokens its draft KV holds. A sequence that
 starts on prefix-cache hits (or KV tier loads) trusts the leading hit blocks whose hash
 matches and catches up from the first that does not (a block a sequence filled without
@@ -37,6 +38,7 @@ from infergen.engine.runner import ModelRunner, rows_batch
 from infergen.engine.spec.layerskip import greedy_drafts
 from infergen.engine.spec.proposer import PROPOSERS, DraftContext, ModelProposer
 from infergen.errors import ConfigError
+from infergen.layers.linear import Linear
 
 SELF = "self:"  # draft_model="self:SCHEME": the target's checkpoint in weight format SCHEME
 
@@ -45,8 +47,9 @@ class DraftModelProposer(ModelProposer):
     name = "draft"
     own_cache = True
 
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, catch_up_share: float = 1.0):
         self.runner = runner
+        self.catch_up_share = catch_up_share  # its multiply-adds per position over the target's
         self.done: dict[str, int] = {}  # request id → positions with exact draft KV
         self.drafted: set[str] = set()  # the sequences that drafted in this step
         self.valid: dict[int, bytes] = {}  # block → the tokens' hash its draft KV is for
@@ -84,7 +87,10 @@ class DraftModelProposer(ModelProposer):
                 found=windows,
                 expected="the target's groups: its blocks are indexed by the target's tables",
             )
-        return cls(ModelRunner(model, kv_cache))
+        return cls(ModelRunner(model, kv_cache), _multiply_adds(model) / _multiply_adds(target))
+
+    def lag(self, seq: Seq) -> int:
+        return seq.num_computed_tokens - self.done.get(seq.request_id, seq.num_computed_tokens)
 
     def after_step(self, seqs: Sequence[Seq], num_tokens: Sequence[int],
                    starts: Sequence[int]) -> None:  # fmt: skip
@@ -138,8 +144,14 @@ class DraftModelProposer(ModelProposer):
                 [],
             ), self.runner.kv_cache)  # fmt: skip
         self.catch_up_s = time.perf_counter() - began
+        self.catch_up_positions = sum(s.num_computed_tokens - d for s, d in lagging)
         self.drafted.update(s.request_id for s in seqs)
         return greedy_drafts(self.runner, seqs, counts, write_last=True)
+
+
+def _multiply_adds(model) -> int:
+    """A position's multiply-adds in the model's projections (the LM head's included)."""
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, Linear))
 
 
 PROPOSERS.register("draft", DraftModelProposer.from_context)

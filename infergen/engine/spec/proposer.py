@@ -19,6 +19,8 @@ allocates — so the engine asks them once the batch is known:
     draft(seqs, counts)          counts[i] drafted token ids for each scheduled sequence
     known(seq)                   drafts already known before scheduling (observed, verified
                                  or not: `mtp`'s first)
+    lag(seq)                     positions it must compute before drafting for seq (`draft`'s
+                                 catch-up of its own KV)
     after_step(seqs, num_tokens, starts)
                                  the step ran and its tokens are kept: num_tokens[i] rows of
                                  seqs[i] from position starts[i] (`mtp` reads the target's
@@ -79,9 +81,13 @@ class ModelProposer:
 
     after_schedule = True
     own_cache = False
-    # seconds the last `draft` call spent catching up on positions computed without it (a
-    # one-off cost: the step times the cost model reads leave it out, spec/speculator.py)
+    # seconds the last `draft` call spent catching up on positions computed without it, and
+    # how many (a one-off cost: the step times the cost model reads leave it out, and weigh it
+    # apart, spec/cost.py); before one is measured, a position is taken to cost
+    # `catch_up_share` of the target's prefill cost per token
     catch_up_s = 0.0
+    catch_up_positions = 0
+    catch_up_share = 0.0
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
         pass
@@ -97,6 +103,11 @@ class ModelProposer:
 
     def forget(self) -> None:
         pass  # (its drafts come from a model: nothing of finished requests is kept)
+
+    def lag(self, seq: Any) -> int:
+        """Positions of `seq` the proposer computes before it can draft for it (its
+        catch-up: `draft`'s own KV; none for proposers reading the target's)."""
+        return 0
 
     def known(self, seq: Any) -> list[int]:
         """Drafts of `seq` known before the step is scheduled (`mtp`'s first): the speculator

@@ -38,7 +38,7 @@ import torch
 from infergen.engine.request import Sequence as Seq
 from infergen.engine.sampler import Sampler, SamplerOutput, SamplingState
 from infergen.engine.spec.acceptance import Acceptance
-from infergen.engine.spec.cost import StepTimes, choose
+from infergen.engine.spec.cost import EXPLORE_SHARE, CatchUp, StepTimes, catch_up_pays, choose
 from infergen.engine.spec.proposer import Proposer
 from infergen.engine.spec.rollback import StateRollback
 
@@ -68,7 +68,9 @@ PENDING = -1  # a draft a model-based proposer fills in once the step is schedul
 # EXPLORE decodes in a row verifies one, so that speculation can come back on; after each
 # such draft the sequence waits twice as long, up to MAX_EXPLORE decodes, until the cost
 # model gives it drafts again; none while the measured step times say that drafts would not
-# pay even if every one were kept (a draft model too dear for this host)
+# pay even if every one were kept (a draft model too dear for this host), nor while its
+# catch-up would cost more than EXPLORE_SHARE of the decoding since it last drafted
+# (spec/cost.py)
 EXPLORE, MAX_EXPLORE = 16, 256
 
 
@@ -88,6 +90,7 @@ class Speculator:
         self._idle: dict[str, int] = {}
         self._every: dict[str, int] = {}
         self.times = StepTimes()  # t(n) of decode-only steps (the engine's measurements)
+        self.catch_up = CatchUp()  # a draft model's catch-up per position (spec/cost.py)
         # steps: decodes that verified drafts; proposed / drafted / accepted: tokens (drafted:
         # those verified, after the cost model's choice); observed_kept / _rejected: draft
         # tokens compared with the tokens that followed, verified or not (spec/acceptance.py);
@@ -113,12 +116,14 @@ class Speculator:
             waits.pop(seq.request_id, None)
 
     def draft(self, running: Sequence[Seq], slope: float | None = None, budget: int = 0,
-              remaining: Callable[[Seq], int] | None = None) -> None:  # fmt: skip
+              remaining: Callable[[Seq], int] | None = None,
+              draining: bool = False) -> None:  # fmt: skip
         """Drafts for this step's decodes (the others: none). With `auto`, trimmed by the cost
         model: `slope` the seconds a token adds to a step beyond those measured (the engine's
-        prefill cost per token), `budget` the step's token budget; `remaining`, given when no
-        request waits, the most tokens a sequence may still generate — a compute-bound step
-        then drafts only for the sequences that would finish last (spec/cost.py)."""
+        prefill cost per token), `budget` the step's token budget, `remaining` the most
+        tokens a sequence may still generate (a draft model's catch-up must be earned back
+        over them); when `draining` (no request waits), a compute-bound step drafts only for
+        the sequences that would finish last (spec/cost.py)."""
         began = time.perf_counter()
         decoding: list[Seq] = []
         prefill = 0
@@ -133,7 +138,7 @@ class Speculator:
         base = decodes + min(prefill, max(0, budget - decodes)) if budget else decodes
         if slope is None:  # (no prefill measured yet: this step's cost per token)
             slope = (self.times.seconds(base, 0.0) or 0.0) / max(1, base)
-        if (self.auto and remaining is not None and decoding and not prefill
+        if (self.auto and draining and remaining is not None and decoding and not prefill
                 and self.times.compute_bound(base, slope)):  # fmt: skip
             left = [remaining(seq) for seq in decoding]
             last = max(left)
@@ -152,23 +157,52 @@ class Speculator:
                 drafting.append(seq)
         if self.auto and drafting:
             recompute = self.rollback is not None
-            counts = choose(
-                [len(seq.drafts) for seq in drafting],
-                [self.acceptance.rate(seq.request_id) for seq in drafting],
-                decodes,
-                base,
-                self.times,
-                slope,
-                recompute,
-            )
+            rates = {seq.request_id: self.acceptance.rate(seq.request_id) for seq in drafting}
+            catch_up = {seq.request_id: self._catch_up(seq, slope) for seq in drafting}
+            choosing = drafting
+            while True:  # (again without the sequences whose catch-up their drafts don't earn)
+                counts = choose([len(seq.drafts) for seq in choosing],
+                                [rates[seq.request_id] for seq in choosing],
+                                decodes, base, self.times, slope, recompute)  # fmt: skip
+                unearned = {seq.request_id for seq, n in zip(choosing, counts, strict=True)
+                            if n and not self._earned(seq, n, sum(counts), base, slope,
+                                                      remaining, rates, catch_up)}  # fmt: skip
+                if not unearned:
+                    break
+                choosing = [seq for seq in choosing if seq.request_id not in unearned]
+            chosen = dict(zip([seq.request_id for seq in choosing], counts, strict=True))
             # whether drafts could pay at all — every one kept — this step (else exploring
             # cannot turn speculation back on: drafts too dear whatever their acceptance)
             could_pay = functools.cache(lambda: choose(
                 [self.max_drafts], [1.0], decodes, base, self.times, slope, recompute)[0] > 0
             )  # fmt: skip
-            for seq, n in zip(drafting, counts, strict=True):
-                seq.drafts = seq.drafts[: self._explore(seq, n, could_pay)]
+            plain = self.times.seconds(base, slope) or 0.0
+            for seq in drafting:
+                rid = seq.request_id
+                n = chosen.get(rid, 0)
+                cheap = catch_up[rid] <= EXPLORE_SHARE * self._idle.get(rid, 0) * plain
+                seq.drafts = seq.drafts[: self._explore(seq, n, lambda c=cheap: c and could_pay())]
         self.stats["proposer_s"] += time.perf_counter() - began
+
+    def _catch_up(self, seq: Seq, slope: float) -> float:
+        """Seconds the proposer would spend catching up before drafting for `seq` (a draft
+        model's own KV; before one was measured, `slope` × its share of the target's cost)."""
+        if not self.proposer.after_schedule:
+            return 0.0
+        prior = slope * self.proposer.catch_up_share
+        return self.catch_up.seconds(self.proposer.lag(seq), prior)
+
+    def _earned(self, seq: Seq, n: int, m: int, base: int, slope: float,
+                remaining: Callable[[Seq], int] | None, rates: dict[str, float],
+                catch_up: dict[str, float]) -> bool:  # fmt: skip
+        """Whether `seq`'s catch-up (a draft model's, spec/cost.py) is earned back by `n`
+        drafts a step, the step verifying `m` in all, over the tokens it may still generate."""
+        cost = catch_up[seq.request_id]
+        if not cost or remaining is None:
+            return True
+        step = self.times.above(base, slope)
+        rate = rates[seq.request_id]
+        return catch_up_pays(rate, n, remaining(seq), step(0), step(m), cost)
 
     def _explore(self, seq: Seq, n: int, could_pay: Callable[[], bool]) -> int:
         """The cost model's n drafts, or one for a model-based proposer's sequence that had
@@ -205,6 +239,7 @@ class Speculator:
                     seq.drafts = drafts
                     self._proposed(seq)
                 self._one_off, self.proposer.catch_up_s = self.proposer.catch_up_s, 0.0
+                self.catch_up.observe(self.proposer.catch_up_positions, self._one_off)
             self.stats["proposer_s"] += time.perf_counter() - began
         if self.rollback is not None:
             for seq, _ in verifying:
