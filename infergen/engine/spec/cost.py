@@ -195,8 +195,9 @@ def choose(
             zip(drafts, rates, strict=True))],
     )  # fmt: skip
     step = times.above(base, slope)
+    t_base, floor = step(0), times.floor(base, slope)
     emitted, extra = float(decodes), 0.0
-    best, best_rate, taken = 0, emitted / step(0) * (1.0 + MARGIN), []
+    best, best_rate, taken = 0, emitted / t_base * (1.0 + MARGIN), []
     for m, (gain, s) in enumerate(gains, start=1):
         taken.append(s)
         emitted -= gain
@@ -206,6 +207,11 @@ def choose(
         rate = emitted / (step(m) + extra)
         if rate > best_rate:
             best, best_rate = m, rate
+        # more drafts add at most -gain tokens each (the gains fall) and at least `floor`
+        # seconds each on average (t ≥ t_base + m × floor): their rate is at most the larger
+        # of these two — when neither beats the best, none can (a large batch stops early)
+        if floor > 0 and max(emitted / (t_base + m * floor), -gain / floor) <= best_rate:
+            break
     for s in taken[:best]:
         chosen[s] += 1
     return chosen

@@ -19,13 +19,15 @@ the draft too. Its KV follows the positions the target computes, lazily:
 So a sequence whose drafts the cost model turns off costs the draft model nothing until it
 drafts again — and then a catch-up of every position since, as dear per position as the
 draft model's prefill (`lag`, `catch_up_s`): the cost model drafts for a lagging sequence
-only when its drafts earn that back, and explores only while it is cheap (spec/cost.py). A block's draft KV is known good for the content it was computed for: `valid` maps a
-block to the prefix cache's chained hash of the tokens its draft KV holds. A sequence that
-starts on prefix-cache hits (or KV tier loads) trusts the leading hit blocks whose hash
-matches and catches up from the first that does not (a block a sequence filled without
-drafting, one reused since, one a tier loaded into another block). The drafts are greedy
-(deterministic drafts, verified against the target's own draw). Models with recurrent
-layers are refused as drafts (their drafting passes would advance the state).
+only when its drafts earn that back, and explores only while it is cheap (spec/cost.py).
+
+A block's draft KV is known good for the content it was computed for: `valid` maps a block
+to the prefix cache's chained hash of the tokens its draft KV holds. A sequence that starts
+on prefix-cache hits (or KV tier loads) trusts the leading hit blocks whose hash matches and
+catches up from the first that does not (a block a sequence filled without drafting, one
+reused since, one a tier loaded into another block). The drafts are greedy (deterministic
+drafts, verified against the target's own draw). Models with recurrent layers are refused as
+drafts (their drafting passes would advance the state).
 """
 
 from __future__ import annotations
