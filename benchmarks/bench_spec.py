@@ -18,16 +18,19 @@ model picks the drafts; before every run the proposer forgets finished requests'
 suffix would draft each repeat from the identical answer of the run before); ngram with a fixed
 k = --k; at batch 1 also layerskip (the first half of the layers draft) and a draft model (the
 target's own weights as int4: "self:int4"), both "auto". Each (workload, configuration)
-generates --tokens tokens a request, configurations alternating, best of --repeats; a fresh
-engine per configuration, warmed up. Each speculating configuration's ratio is against its own
-engine with the speculation detached, measured right after it in each round: engines built in
-one process differ by several % here (the first by ~12 %; a spare one is built first), which a
-ratio across engines would count as speed-up; the ratio reported is the median of the rounds'
-ratios (a round's two runs are seconds apart, while this host's rates drift by up to 1.5x from
-one minute to the next: a ratio of two best-of-rounds rates compares different minutes).
+generates --tokens tokens a request, configurations alternating, best of --repeats (the batch
+rows: --batch-repeats); a fresh engine per configuration, warmed up on the workload's prompts
+(their blocks then come from the prefix cache in every round). Each speculating configuration's
+ratio is against its own engine with the speculation detached, measured right after it in each
+round: engines built in one process differ by several % here (the first by ~12 %; a spare one
+is built first), which a ratio across engines would count as speed-up; the ratio reported is
+the median of the rounds' ratios (a round's two runs are seconds apart, while this host's rates
+drift by up to 1.5x from one minute to the next: a ratio of two best-of-rounds rates compares
+different minutes).
 Batch 1 rates are decode rates (after the first token: the prompt's prefill is not in them,
 as the peers report theirs); batch 16 rates (--tokens / 2 a request) count every output token
-over the whole run (prefill included, the same for every configuration).
+over the whole run (prefill included: the prompts' cached blocks and each last partial one,
+the same for every configuration).
 Peers at batch 1 (benchmarks/spec_peers.py): transformers with and without prompt lookup,
 llama-server with and without its ngram speculation. JSON lines to --out: a result per
 (workload, configuration), a ratio per proposer against no speculation and against each
@@ -218,14 +221,19 @@ def run_infergen(
     lines, rates = [], {}
     for name_work, (prompts, single) in work.items():
         table = every if single else dict(list(every.items())[:BATCH_CONFIGS])
+        # warm-up on every prompt of the workload: its blocks then come from the prefix cache
+        # in every round (a batch's rate counts its prefill: in the first round the
+        # speculating run prefilled 16 prompts and the detached run right after it found them
+        # cached — a paired ratio of ~0.3 in that round, whatever the configuration)
         for llm in engines.values():
-            llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+            llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0))
         best: dict = {}
         outputs: dict = {}
         plain: dict = {}  # each speculating engine's own rate with its speculation detached
         paired: dict = {}  # each round's rate with the proposer / detached, right after it
         tokens = args.tokens if single else args.tokens // 2
-        for i in range(args.repeats):
+        repeats = args.repeats if single else args.batch_repeats
+        for i in range(repeats):
             for name in table if i % 2 == 0 else list(table)[::-1]:
                 llm = engines[name]
                 spec = llm.engine.speculator
@@ -269,7 +277,7 @@ def run_infergen(
                 }
             lines.append({**base, "kind": "result", "metric": metric, "engine": "infergen",
                           "config": name, "value": rate, "unit": "tok/s",
-                          "stat": f"best of {args.repeats}", "other_cpu_cores": cores,
+                          "stat": f"best of {repeats}", "other_cpu_cores": cores,
                           "params": {"tokens": tokens, "requests": len(prompts)},
                           **extra})  # fmt: skip
             if name != NONE:
@@ -453,6 +461,9 @@ def main() -> None:
     )
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated per request")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration")
+    parser.add_argument("--batch-repeats", type=int, default=5,
+                        help="runs per configuration of the batch rows (their paired ratios "
+                        "vary by ±4 %% from round to round here: the median of 5)")  # fmt: skip
     parser.add_argument("--k", type=int, default=4, help="the fixed-k configuration's k")
     parser.add_argument("--batch", type=int, default=16, help="requests of the batch rows")
     parser.add_argument("--no-peers", action="store_true", help="infergen only")
