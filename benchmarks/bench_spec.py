@@ -41,8 +41,11 @@ one. The model's hardware row: the cached calibration (run `infergen perf calibr
 else the predictions are skipped with the reason) with the rates that drift — GEMM curve,
 bandwidths, attention fractions — taken again after every round of each batch-1 workload,
 the fastest of each of its rounds kept (InRunRates; ~5 s a time): on this VM they change by
-up to 1.5x from one minute to the next, and the measured rates are best-of too. They are
-written as a "calibration" line per workload. --predict-from FILE measures nothing: it makes
+up to 1.5x from one minute to the next, and the measured rates are best-of too. Each
+prediction line also carries each round's prediction, from the rates taken right after that
+round, beside that round's measured ratio ("rounds"; "round_error": the median of their
+relative errors). The rates are written as a "calibration" line per workload (the fastest,
+"row", and each round's, "round_rows"). --predict-from FILE measures nothing: it makes
 an earlier run's predictions again, from that run's rates (or, with --cached-calibration,
 this host's).
 
@@ -159,6 +162,7 @@ class InRunRates:
         except ConfigError:
             self.base = None
         self.hw: dict = {}  # workload -> its rounds' fastest rates
+        self.each: dict = {}  # workload -> the rates taken after each of its rounds
         self.takes: dict[str, int] = {}
 
     def take(self, workload: str) -> None:
@@ -168,6 +172,7 @@ class InRunRates:
             return
         now = measure_rates(self.base, threads=2)
         self.hw[workload] = best_of(self.hw[workload], now) if workload in self.hw else now
+        self.each.setdefault(workload, []).append(now)
         self.takes[workload] = self.takes.get(workload, 0) + 1
 
     def rows(self) -> dict[str, dict]:
@@ -176,11 +181,18 @@ class InRunRates:
 
         return {work: as_row(hw) for work, hw in self.hw.items()}
 
+    def round_rows(self) -> dict[str, list[dict]]:
+        """{workload: the hardware row of each of its rounds' rates, in order}."""
+        from infergen.perf.calibrate import as_row
+
+        return {work: [as_row(hw) for hw in each] for work, each in self.each.items()}
+
     def lines(self, base: dict) -> list[dict]:
         """A "calibration" line per workload (its row), for --predict-from to predict from
         again."""
         return [{**base, "kind": "calibration", "metric": f"decode_tok_s [{work}, batch 1]",
-                 "engine": "infergen perf calibrate", "takes": self.takes[work], "row": row}
+                 "engine": "infergen perf calibrate", "takes": self.takes[work], "row": row,
+                 "round_rows": self.round_rows()[work]}
                 for work, row in self.rows().items()]  # fmt: skip
 
 
@@ -259,6 +271,7 @@ def run_infergen(
             rates[(name_work, name, "plain")] = baseline
             speedup = statistics.median(paired[name]) if name in paired else rate / baseline
             rates[(name_work, name, "ratio")] = speedup
+            rates[(name_work, name, "rounds")] = paired.get(name)
             extra = {}
             if delta:
                 drafted, steps = delta["drafted"], delta["steps"]
@@ -306,6 +319,7 @@ def predicted_lines(
     args,
     model: str | None = None,
     rows: dict[str, dict] | None = None,
+    round_rows: dict[str, list[dict]] | None = None,
 ) -> list[dict]:
     """The performance model's decode speed-up of the n-gram and suffix configurations at
     batch 1 (`infergen predict --gpu cpu-local`, fp32; `rows`: each workload's hardware row of
@@ -314,7 +328,9 @@ def predicted_lines(
     acceptance measured here (`--acceptance-from` the configuration's result line: its tokens
     per verifying step, drafts per verifying step and share of decodes that verified; with
     `auto`, the drafts per verifying step rounded as the model's fixed k), against the
-    measured one: TPOT without speculation / with."""
+    measured one: TPOT without speculation / with. With `round_rows` (each workload's rates
+    as taken after each of its rounds), also each round's prediction beside that round's
+    measured ratio ("rounds", "round_error": the median of their relative errors)."""
     names = (f"ngram k={args.k}", *PREDICTED)
     out = []
     for line in lines:
@@ -332,24 +348,15 @@ def predicted_lines(
                 "--weights", "fp32", "--activations", "fp32", "--kv", "fp32",
                 "--isl", str(prompt), "--osl", str(args.tokens), "--num-requests", "2",
                 "--concurrency", "1", "--json"]  # fmt: skip
-        tpot, row = [], (rows or {}).get(work_name)
-        with tempfile.NamedTemporaryFile("w", suffix=".json") as measured_file, \
-                tempfile.NamedTemporaryFile("w", suffix=".json") as row_file:  # fmt: skip
-            json.dump(line, measured_file)
-            measured_file.flush()
-            if row is not None:
-                json.dump(row, row_file)
-                row_file.flush()
-                argv += ["--hardware-file", row_file.name]
-            for spec in ([], ["--spec-tokens", str(k), "--acceptance-from", measured_file.name]):
-                run = subprocess.run(argv + spec, capture_output=True, text=True)
-                if run.returncode != 0:  # (e.g. not calibrated: the measured lines still count)
-                    why = run.stderr.strip() or run.stdout.strip()
-                    print(f"no predictions: `infergen predict` failed: {why}")
-                    return out + [{**base, "kind": "skipped", "engine": "infergen predict",
-                                   "why": why[:500]}]  # fmt: skip
-                tpot.append(json.loads(run.stdout.strip().splitlines()[-1])["tpot_ms"]["mean"])
-        predicted = tpot[0] / tpot[1]
+        row = (rows or {}).get(work_name)
+        try:
+            predicted = predicted_speedup(argv, line, k, row)
+            beside = [predicted_speedup(argv, line, k, r)
+                      for r in (round_rows or {}).get(work_name, [])]  # fmt: skip
+        except RuntimeError as e:  # (e.g. not calibrated: the measured lines still count)
+            print(f"no predictions: `infergen predict` failed: {e}")
+            return out + [{**base, "kind": "skipped", "engine": "infergen predict",
+                           "why": str(e)[:500]}]  # fmt: skip
         measured = rates.get((work_name, name, "ratio"))
         measured = measured or rates[(work_name, name)] / rates[(work_name, name, "plain")]
         out.append({**base, "kind": "prediction", "metric": line["metric"], "config": name,
@@ -360,12 +367,53 @@ def predicted_lines(
                     "unit": "relative error", "definition": "predicted / measured decode "
                     "speed-up - 1 (infergen predict --gpu cpu-local --acceptance-from the "
                     "measured line, " + ("the rates taken in the run" if row else
-                    "this host's calibration") + ")"})  # fmt: skip
+                    "this host's calibration") + ")", **_by_round(
+                    beside, rates.get((work_name, name, "rounds")))})  # fmt: skip
         print(f"{work_name:8} {name}: predicted {predicted:.2f}x, measured {measured:.2f}x "
               f"({predicted / measured - 1:+.0%}), k {k}, "
               f"{line['tokens_per_verify_step']} tokens/verify step, "
               f"verify fraction {line['verify_fraction']}")  # fmt: skip
     return out
+
+
+_PLAIN: dict[str, float] = {}  # (argv, row) -> predicted TPOT without speculation
+
+
+def predicted_speedup(argv: list[str], line: dict, k: int, row: dict | None) -> float:
+    """`infergen predict` (`argv`) without and with speculation (k drafts, the acceptance of
+    result `line`) on hardware `row` (None: the cached calibration): TPOT plain / with (the
+    plain one predicted once per argv and row)."""
+    tpot = []
+    key = json.dumps([argv, row], sort_keys=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as measured_file, \
+            tempfile.NamedTemporaryFile("w", suffix=".json") as row_file:  # fmt: skip
+        json.dump(line, measured_file)
+        measured_file.flush()
+        extra = []
+        if row is not None:
+            json.dump(row, row_file)
+            row_file.flush()
+            extra = ["--hardware-file", row_file.name]
+        for spec in ([], ["--spec-tokens", str(k), "--acceptance-from", measured_file.name]):
+            if not spec and key in _PLAIN:
+                tpot.append(_PLAIN[key])
+                continue
+            run = subprocess.run(argv + extra + spec, capture_output=True, text=True)
+            if run.returncode != 0:
+                raise RuntimeError(run.stderr.strip() or run.stdout.strip())
+            tpot.append(json.loads(run.stdout.strip().splitlines()[-1])["tpot_ms"]["mean"])
+    _PLAIN[key] = tpot[0]
+    return tpot[0] / tpot[1]
+
+
+def _by_round(predicted: list[float], measured: list[float] | None) -> dict:
+    """Each round's prediction (from the rates taken right after it) beside its measured
+    ratio, and the median of their relative errors (empty without both)."""
+    if not predicted or not measured or len(predicted) != len(measured):
+        return {}
+    errors = [p / m - 1 for p, m in zip(predicted, measured, strict=True)]
+    pairs = [{"predicted": p, "measured": m} for p, m in zip(predicted, measured, strict=True)]
+    return {"rounds": pairs, "round_error": statistics.median(errors)}
 
 
 def peer_lines(name: str, out: dict, rates: dict, base: dict, args) -> list[dict]:
@@ -427,6 +475,9 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
     # the rates taken in that run beside each workload (InRunRates), else this host's now
     rows = {workload_of(line["metric"]): line["row"] for line in lines
             if line["kind"] == "calibration" and not args.cached_calibration}  # fmt: skip
+    each = {workload_of(line["metric"]): line["round_rows"] for line in lines
+            if line["kind"] == "calibration" and "round_rows" in line
+            and not args.cached_calibration}  # fmt: skip
     for line in lines:
         work = workload_of(line.get("metric", "[,"))
         if line["kind"] == "result" and line.get("engine") == "infergen":
@@ -438,6 +489,7 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
         elif line["kind"] == "ratio" and line.get("peer") == NONE:
             rates[(work, line["config"], "plain")] = line["peer_value"]
             rates[(work, line["config"], "ratio")] = line["value"]
+            rates[(work, line["config"], "rounds")] = line.get("rounds")
     kept = [
         line
         for line in lines
@@ -448,10 +500,12 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
     if any(f"@{GEMMA}" in line["metric"] for line in results):
         gemma, _, work, _ = gemma_work()
         mine = [line for line in results if f"@{GEMMA}" in line["metric"]]
-        kept += predicted_lines(work, rates, mine, base, args, gemma, rows)
+        kept += predicted_lines(work, rates, mine, base, args, gemma, rows, each)
     mine = [line for line in results if f"@{GEMMA}" not in line["metric"]]
     if mine:
-        kept += predicted_lines(default_work(args.batch)[1], rates, mine, base, args, rows=rows)
+        kept += predicted_lines(
+            default_work(args.batch)[1], rates, mine, base, args, rows=rows, round_rows=each
+        )
     return kept
 
 
@@ -497,13 +551,17 @@ def main() -> None:
     if GEMMA in args.models:  # (first: its engines are freed before the default model's)
         gemma, prompts, work, layers = gemma_work()
         more, rates = run_infergen(work, args, base, gemma, False, in_run)
-        lines += more + predicted_lines(work, rates, more, base, args, gemma, in_run.rows())
+        lines += more + predicted_lines(
+            work, rates, more, base, args, gemma, in_run.rows(), in_run.round_rows()
+        )
         if not args.no_peers:
             lines += run_peers(pathlib.Path(gemma), prompts, layers, rates, base, args)
     if DEFAULT in args.models:
         singles, work, layers = default_work(args.batch)
         more, rates = run_infergen(work, args, base, rates_in_run=in_run)
-        lines += more + predicted_lines(work, rates, more, base, args, rows=in_run.rows())
+        lines += more + predicted_lines(
+            work, rates, more, base, args, rows=in_run.rows(), round_rows=in_run.round_rows()
+        )
         if not args.no_peers:
             model = pathlib.Path(default_model_path())
             lines += run_peers(model, singles, layers, rates, base, args)
