@@ -190,9 +190,10 @@ class InRunRates:
     def lines(self, base: dict) -> list[dict]:
         """A "calibration" line per workload (its row), for --predict-from to predict from
         again."""
+        each = self.round_rows()
         return [{**base, "kind": "calibration", "metric": f"decode_tok_s [{work}, batch 1]",
                  "engine": "infergen perf calibrate", "takes": self.takes[work], "row": row,
-                 "round_rows": self.round_rows()[work]}
+                 "round_rows": each[work]}
                 for work, row in self.rows().items()]  # fmt: skip
 
 
