@@ -6,7 +6,11 @@ with one output token each, every step until they are done a prefill step (a pro
 the step's token budget takes several); one warm-up run, then `prefill_runs` timed runs and as
 many profiled ones. Decode: fresh prompts prefilled (not measured), `warmup` decode steps, then
 `decode_steps` timed steps and `decode_steps` profiled ones, every sequence decoding in each.
-Prefix caching does not hit (the prompts are fresh each run).
+Prefix caching does not hit (the prompts are fresh each run), unless `cached_tokens` > 0: then
+every prompt starts with one shared prefix of that many random ids, computed once before the
+runs, so each prefill computes only its own `prompt_tokens` after a prefix hit (a conversation's
+next turn: the new tokens attend to the cached ones); the table's tokens per step count what was
+computed.
 
 Timed and profiled steps take turns, in blocks (ABBA: timed-profiled, profiled-timed, ...), so
 a slower stretch of a shared machine, or the decode contexts growing, weigh on both alike. A
@@ -56,6 +60,7 @@ class ProfileWorkload:
     prefill_runs: int = 2  # prefills of the whole batch timed, and as many profiled
     phases: tuple[str, ...] = PHASES
     seed: int = 0
+    cached_tokens: int = 0  # a shared prefix every prompt starts with, cached before the runs
 
 
 @dataclass
@@ -226,18 +231,31 @@ class _Runner:
         self.rng = random.Random(workload.seed)
         self.tokens_per_step: dict[str, float] = {}
         self.cuda = engine.kv_cache.device.type == "cuda"
+        self.prefix = self._ids(workload.cached_tokens)
+        if self.prefix:  # computed once: every prompt's prefix hit
+            self._finish_all(self._add_prompts([self.prefix], max_tokens=1))
 
-    def _prompts(self) -> list[list[int]]:
+    def _ids(self, count: int) -> list[int]:
         vocab = self.engine.model_config.vocab_size
         low = min(100, vocab // 2)  # (past the special tokens of most vocabularies)
+        return [self.rng.randrange(low, vocab) for _ in range(count)]
+
+    def _prompts(self) -> list[list[int]]:
         return [
-            [self.rng.randrange(low, vocab) for _ in range(self.workload.prompt_tokens)]
-            for _ in range(self.workload.batch)
+            self.prefix + self._ids(self.workload.prompt_tokens) for _ in range(self.workload.batch)
         ]
 
-    def _add(self, max_tokens: int) -> list[str]:
+    def _add_prompts(self, prompts: list[list[int]], max_tokens: int) -> list[str]:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        return [self.engine.add_request(prompt, params) for prompt in self._prompts()]
+        return [self.engine.add_request(prompt, params) for prompt in prompts]
+
+    def _finish_all(self, ids: list[str]) -> None:
+        while self.engine.has_unfinished():
+            self.engine.step()
+        self._finish(ids)
+
+    def _add(self, max_tokens: int) -> list[str]:
+        return self._add_prompts(self._prompts(), max_tokens)
 
     def _finish(self, ids: list[str]) -> None:
         """Stop what is left of the requests and forget them (their blocks freed)."""

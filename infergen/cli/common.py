@@ -83,10 +83,19 @@ def torchrun_rank(args: argparse.Namespace) -> int | None:
 
 def positive_count(text: str) -> int:
     """argparse type: an integer > 0."""
+    return _count(text, 1, "a positive integer")
+
+
+def non_negative_count(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _count(text, 0, "an integer >= 0")
+
+
+def _count(text: str, least: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value

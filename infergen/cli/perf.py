@@ -80,14 +80,17 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
     print(f"link           {hw.link_latency_s * 1e6:8.1f} us a collective + "
           f"{hw.interconnect / 1e9:.2f} GB/s (2 tensor-parallel ranks, gloo)")  # fmt: skip
     for kind, share in hw.memory_efficiency_by_kind.items():
-        print(f"{kind:<14} {100 * share:8.1f} % of the bandwidth (decode)")
+        print(f"{kind:<14} {100 * share:8.1f} % of the bandwidth ({_WHEN.get(kind, 'decode')})")
     for kind, share in hw.compute_efficiency_by_kind.items():
-        print(f"{kind:<14} {100 * share:8.1f} % of the GEMM peak (prefill)")
+        print(f"{kind:<14} {100 * share:8.1f} % of the GEMM peak ({_WHEN.get(kind, 'prefill')})")
     for part, (decode, prefill) in hw.eager_layer_s.items():
         print(f"{part:<14} {decode * 1e6:8.1f} us a decode, {prefill * 1e6:.1f} us a prefill "
               "(op by op)")  # fmt: skip
     print(f"wrote {path} (hardware row {hw.name!r})")
     return 0
+
+
+_WHEN = {"verify_attention": "a verifying decode's rows"}  # (calibrate's other kinds: by phase)
 
 
 def _across_processes(args: argparse.Namespace):

@@ -10,7 +10,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from infergen.cli.common import load_llm, positive_count
+from infergen.cli.common import load_llm, non_negative_count, positive_count
 from infergen.engine.options import add_engine_args, options_from_args
 
 TOP_ROWS = 30  # rows printed per phase without --all
@@ -33,6 +33,14 @@ def add_parser(sub) -> None:
     work = p.add_argument_group("workload")
     work.add_argument(
         "--prompt-tokens", type=positive_count, default=512, help="tokens per prompt (random ids)"
+    )
+    work.add_argument(
+        "--cached-tokens",
+        type=non_negative_count,
+        default=0,
+        help="a shared prefix of this many tokens that every prompt starts with, computed "
+        "once before the runs: each prefill then computes its --prompt-tokens after a prefix "
+        "hit (a conversation's next turn)",
     )
     work.add_argument("--batch", type=positive_count, default=1, help="sequences per step")
     work.add_argument(
@@ -93,6 +101,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         prefill_runs=args.prefill_runs,
         phases=PHASES if args.phase == "both" else (args.phase,),
         seed=args.seed,
+        cached_tokens=args.cached_tokens,
     )
     llm = load_llm(args)
     try:

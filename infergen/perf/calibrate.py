@@ -1,13 +1,15 @@
 """`infergen perf calibrate`: measure this machine's peaks for the `cpu-local` hardware row.
 
-Measured, in fp32 on the engine's own kernels and thread count: GEMM FLOP/s (the native
-packed GEMM at a compute-bound shape, or torch's matmul if faster), memory read bandwidth (a
-sum over a buffer far larger than the caches), the host-copy bandwidth (a copy between two such
-buffers, in bytes copied per second: what the KV host tier's loads reach here, where host and
-device memory are one), the fixed cost of one parallel op launch
-(a native op on a tiny tensor), the GEMM's efficiency by row count on a stack of model-sized
-weights, the fraction of the bandwidth the decode-attention kernel reaches (on decode rows, and
-on a verifying decode's rows, which find much of their prefix in cache) and the fraction of
+Measured, in fp32 on the engine's own kernels and thread count: GEMM FLOP/s (the native packed
+GEMM at a compute-bound shape, or torch's matmul if faster), memory read bandwidth (a sum over
+a buffer far larger than the caches), the host-copy bandwidth (a copy between two such buffers,
+in bytes copied per second: what the KV host tier's loads reach here, where host and device
+memory are one), the fixed cost of one parallel op launch (a native op on a tiny tensor), the
+GEMM's efficiency by row count on a stack of model-sized weights (whose one-row pass, streaming
+the stack from memory through the kernel's prefetches, may read faster than the sum: the read
+bandwidth is the faster of the two), the fraction of the bandwidth the decode-attention kernel
+reaches (on decode rows, and on a verifying decode's rows, which find much of their prefix in
+cache: for those also the fraction of the GEMM peak, from the same time) and the fraction of
 the GEMM peak the prefill attention reaches, and the KV disk tier's costs per block (the
 engine's own DiskTier writing then reading blocks of two sizes in a temporary directory — on
 the filesystem of `disk_dir`, default the system's temporary directory: a fixed time per file
@@ -15,10 +17,10 @@ and a bandwidth, each way; the reads come from the page cache, as a tier's reads
 wrote recently do), the engine's layers run op by op, part by part, on tiny models
 (perf/eager_measure.py: what a step the fused decode does not cover costs on the host), and the
 link between two tensor-parallel ranks (perf/link.py: the engine's all-reduce over two gloo
-processes at sizes from 2 KB to 4 MB: the row's `link_curve`, and fitted to them a latency
-per collective and a bandwidth, its `link_latency_s` and `interconnect`). Best
-of several repeats: the peaks a careful kernel reaches, which is what a roofline divides by.
-Written as a hardware JSON row (`load_file` reads it).
+processes at sizes from 2 KB to 4 MB: the row's `link_curve`, and fitted to them a latency per
+collective and a bandwidth, its `link_latency_s` and `interconnect`). Best of several repeats:
+the peaks a careful kernel reaches, which is what a roofline divides by. Written as a hardware
+JSON row (`load_file` reads it).
 """
 
 from __future__ import annotations
@@ -110,9 +112,15 @@ def _rates(repeats: int, quick: bool) -> dict:
     # the peak is the best any measurement reached (one contended window cannot lower it
     # below the others), and the curve is relative to it
     peak = max(native, torch_mm, *achieved.values())
+    # likewise the read bandwidth: the packed GEMM streaming its stack at one row (2 FLOPs
+    # per 4-byte weight, from DRAM) reads faster than the sum, through its own prefetching
+    # (here 48-54 GB/s against 35), and the engine's decode reads its weights that way
+    # (`quick`'s stack of 8 may fit in the last-level cache: not a DRAM rate)
+    if not quick:
+        bandwidth = max(bandwidth, achieved[1] * 2)
     layers = 4 if quick else 16
     decode = _attention_efficiency(bandwidth, repeats, layers)
-    verify = _verify_attention_efficiency(bandwidth, repeats, layers)
+    verify, verify_compute = _verify_attention_efficiency(bandwidth, peak, repeats, layers)
     prefill = _prefill_attention_efficiency(peak, repeats, 256 if quick else 512)
     return dict(
         bandwidth=bandwidth,
@@ -120,7 +128,7 @@ def _rates(repeats: int, quick: bool) -> dict:
         flops={"fp32": peak},
         gemm_efficiency={rows: flops / peak for rows, flops in achieved.items()},
         memory_efficiency_by_kind={"attention": decode, VERIFY_ATTENTION: verify},
-        compute_efficiency_by_kind={"attention": prefill},
+        compute_efficiency_by_kind={"attention": prefill, VERIFY_ATTENTION: verify_compute},
     )
 
 
@@ -243,33 +251,49 @@ def _attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
     blocks = batch * context // BLOCK
     tables = torch.randperm(blocks).view(batch, -1)
     attn_plan = plan(list(range(batch + 1)), [context] * batch, tables, BLOCK, None)
-    return _decode_fraction(attn_plan, batch, blocks, batch * context, layers, repeats, bandwidth)
+    seconds = _decode_seconds(attn_plan, batch, blocks, layers, repeats)
+    return min(1.0, _kv_bytes(layers, batch * context) / seconds / bandwidth)
 
 
 VERIFY_ROWS, VERIFY_CONTEXT = 5, 512  # a decode verifying 4 drafts, at this context
 
 
-def _verify_attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
-    """Fraction of the read bandwidth the engine's decode attention reaches on a verifying
-    decode's rows (ops/paged_attention.plan `as_decodes`): one sequence, VERIFY_ROWS rows at
-    VERIFY_CONTEXT positions (8 heads, 2 KV heads, head_dim 64, scattered 16-token blocks),
-    over `layers` separate caches, bytes counted as the cost model counts them (each row's
-    own prefix: perf/step_cost.keys_read). The rows after the first find most of the prefix
-    in the caches the first filled, so this is well above decode attention's fraction."""
+def _verify_attention_efficiency(
+    bandwidth: float, peak: float, repeats: int, layers: int
+) -> tuple[float, float]:
+    """Fractions of the read bandwidth and of the GEMM peak the engine's decode attention
+    reaches on a verifying decode's rows (ops/paged_attention.plan `as_decodes`): one
+    sequence, VERIFY_ROWS rows at VERIFY_CONTEXT positions (8 heads, 2 KV heads, head_dim 64,
+    scattered 16-token blocks), over `layers` separate caches, bytes and FLOPs counted as the
+    cost model counts them (each row's own prefix: perf/step_cost.keys_read; 4 x heads x
+    head_dim per attended key). The rows after the first find most of the prefix in the
+    caches the first filled, so the bytes' fraction is well above decode attention's; and
+    each row's dot products are its own, so the work grows with the rows whatever the memory
+    does. Both fractions come from one time: at that moment the op's compute and memory
+    terms are equal, and where either rate later changes (bench_spec's rates taken again
+    between rounds: the read bandwidth of this VM swings by 1.5x, a core's FLOP/s hardly) the
+    slower part bounds it (perf/roofline.py)."""
     rows, context = VERIFY_ROWS, VERIFY_CONTEXT
     blocks = context // BLOCK
     tables = torch.randperm(blocks).view(1, -1)
     attn_plan = plan([0, rows], [context], tables, BLOCK, None, as_decodes={0})
-    keys = keys_read(Chunk(rows, context, verify=True), None)
-    return _decode_fraction(attn_plan, rows, blocks, keys, layers, repeats, bandwidth)
+    chunk = Chunk(rows, context, verify=True)
+    seconds = _decode_seconds(attn_plan, rows, blocks, layers, repeats)
+    flops = layers * 4 * HEADS * DIM * attended_keys(chunk, None)
+    return (
+        min(1.0, _kv_bytes(layers, keys_read(chunk, None)) / seconds / bandwidth),
+        min(1.0, flops / seconds / peak),
+    )
 
 
-def _decode_fraction(
-    attn_plan, rows: int, blocks: int, keys: int, layers: int, repeats: int, bandwidth: float
-) -> float:
-    """The native decode attention's K / V bytes per second over `bandwidth`: `rows` query
-    rows of `attn_plan` over `layers` separate caches of `blocks` blocks, `keys` positions
-    read per layer."""
+def _kv_bytes(layers: int, keys: int) -> int:
+    """K and V bytes of `keys` positions read per layer (fp32, the calibrations' shapes)."""
+    return layers * 2 * keys * KV_HEADS * DIM * 4
+
+
+def _decode_seconds(attn_plan, rows: int, blocks: int, layers: int, repeats: int) -> float:
+    """The native decode attention's best time for `rows` query rows of `attn_plan` over
+    `layers` separate caches of `blocks` blocks."""
     caches = [
         (torch.randn(blocks, BLOCK, KV_HEADS, DIM), torch.randn(blocks, BLOCK, KV_HEADS, DIM))
         for _ in range(layers)
@@ -281,8 +305,7 @@ def _decode_fraction(
         for k_cache, v_cache in caches:
             decode(q, k_cache, v_cache, attn_plan, DIM**-0.5)
 
-    nbytes = layers * 2 * keys * KV_HEADS * DIM * 4
-    return min(1.0, nbytes / best_seconds(run, repeats) / bandwidth)
+    return best_seconds(run, repeats)
 
 
 def _prefill_attention_efficiency(peak: float, repeats: int, tokens: int) -> float:

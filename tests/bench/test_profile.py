@@ -113,6 +113,25 @@ def test_per_op_rows_match_the_config(model_dir, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_prefills_after_a_cached_prefix_compute_only_their_own_tokens(model_dir):
+    """--cached-tokens: every prompt starts with one shared prefix, computed before the runs,
+    so a prefill step computes each prompt's own tokens, whose queries attend the cached ones
+    too (a conversation's next turn)."""
+    llm = LLM(str(model_dir), kv_cache_memory="4MiB", kernels="torch")
+    config, layers = llm.config, llm.config.num_hidden_layers
+    new, cached = 8, 32  # (two whole 16-token blocks cached)
+    work = ProfileWorkload(prompt_tokens=new, batch=BATCH, prefill_runs=1, phases=("prefill",),
+                           cached_tokens=cached)  # fmt: skip
+    prefill = profile_engine(llm.engine, work, ROOFLINE, say=lambda text: None).phases["prefill"]
+    assert prefill.steps == 1 and prefill.tokens_per_step == BATCH * new
+    hidden, q, kv = config.hidden_size, config.q_size, config.kv_size
+    qkv = _main_row(prefill, "linear", "attn.qkv")
+    assert qkv.flops == 2 * BATCH * new * hidden * (q + 2 * kv) * layers
+    pairs = new * cached + new * (new + 1) // 2  # (query, key) pairs of one prompt's chunk
+    heads, dim = config.num_attention_heads, config.head_dim
+    assert _main_row(prefill, "attention.prefill").flops == 4 * heads * dim * pairs * BATCH * layers
+
+
 def test_fused_decode_is_one_named_call(model_dir):
     """The native kernels' decode steps run every layer in one C call: one row per step,
     its FLOPs at least the projections', the call broken down by the driver's phase timers."""

@@ -57,6 +57,7 @@ def test_calibration_round_trips_as_a_hardware_row(tmp_path, capsys):
     for by_kind in ("memory_efficiency_by_kind", "compute_efficiency_by_kind"):
         assert 0 < getattr(hw, by_kind)["attention"] <= 1
     assert 0 < hw.memory_efficiency_by_kind[VERIFY_ATTENTION] <= 1  # a verifying decode's rows
+    assert 0 < hw.compute_efficiency_by_kind[VERIFY_ATTENTION] <= 1  # (both from one time)
     assert f"{VERIFY_ATTENTION}" in out
     # the link between two tensor-parallel ranks (gloo): a latency and a bandwidth
     assert "link" in out and 0 < hw.link_latency_s < 0.1 and 1e6 < hw.interconnect < 1e12
@@ -239,3 +240,46 @@ def test_a_verifying_decodes_attention_has_its_own_efficiency_else_decode_attent
     older = dataclasses.replace(hw, memory_efficiency_by_kind={"attention": 0.4})
     assert seconds(older) == pytest.approx(8e9 / (0.4 * 100e9))
     assert seconds(dataclasses.replace(hw, memory_efficiency_by_kind={})) == pytest.approx(0.1)
+
+
+def test_a_verifying_decodes_attention_is_bound_by_its_compute_fraction_too():
+    """Calibrated from one time, the verify attention's memory and compute fractions give the
+    same seconds at the calibration's rates; when the read bandwidth later doubles (this VM's
+    swings), the op stays at its compute bound instead of halving (each row's dot products
+    are its own); a row without the compute fraction takes prefill attention's."""
+    op = OpCost("verify attention", VERIFY_ATTENTION, flops=4e9, bytes=8e9)
+    hw = Hardware(
+        "x",
+        "x",
+        1e9,
+        bandwidth=100e9,
+        flops={"fp32": 1e12},
+        memory_efficiency_by_kind={VERIFY_ATTENTION: 0.5},
+        compute_efficiency_by_kind={"attention": 0.8, VERIFY_ATTENTION: 0.025},
+    )
+
+    def seconds(row: Hardware) -> float:
+        return step_seconds(op_times([op], row, "fp32", Efficiency.of_hardware(row, "fp32")))
+
+    assert seconds(hw) == pytest.approx(8e9 / (0.5 * 100e9)) == pytest.approx(4e9 / 0.025e12)
+    faster = dataclasses.replace(hw, bandwidth=200e9)
+    assert seconds(faster) == pytest.approx(seconds(hw))
+    older = dataclasses.replace(faster, compute_efficiency_by_kind={"attention": 0.8})
+    assert seconds(older) == pytest.approx(8e9 / (0.5 * 200e9))
+
+
+def test_verify_attention_fractions_come_from_one_measured_time():
+    """calibrate's two fractions for a verifying decode's rows imply the same seconds: the
+    bytes each row reads over bandwidth x memory fraction, the FLOPs over peak x compute
+    fraction (the cost model's counts: perf/step_cost.py)."""
+    from infergen.perf import calibrate
+    from infergen.perf.step_cost import Chunk, attended_keys, keys_read
+
+    bandwidth, peak, layers = 1e15, 1e17, 2  # (far above any rate: no fraction clipped at 1)
+    memory, compute = calibrate._verify_attention_efficiency(bandwidth, peak, 1, layers)
+    chunk = Chunk(calibrate.VERIFY_ROWS, calibrate.VERIFY_CONTEXT, verify=True)
+    nbytes = layers * 2 * keys_read(chunk, None) * calibrate.KV_HEADS * calibrate.DIM * 4
+    flops = layers * 4 * calibrate.HEADS * calibrate.DIM * attended_keys(chunk, None)
+    assert 0 < memory < 1 and 0 < compute < 1
+    assert nbytes / (bandwidth * memory) == pytest.approx(flops / (peak * compute), rel=1e-9)
+    assert 1e-7 < nbytes / (bandwidth * memory) < 1.0  # (a real time: some us for 2 layers)
