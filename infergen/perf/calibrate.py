@@ -240,7 +240,7 @@ def _gemm_achieved(row, repeats: int, layers: int) -> dict[int, float]:
     return {rows: 2 * rows * k * n * layers / s for rows, s in seconds.items()}
 
 
-HEADS, KV_HEADS, DIM, BLOCK = 8, 2, 64, 16  # the decode attention calibrations' shapes
+HEADS, KV_HEADS, DIM, BLOCK = 8, 2, 64, 16  # the attention calibrations' shapes
 
 
 def _attention_efficiency(bandwidth: float, repeats: int, layers: int) -> float:
@@ -279,11 +279,17 @@ def _verify_attention_efficiency(
     attn_plan = plan([0, rows], [context], tables, BLOCK, None, as_decodes={0})
     chunk = Chunk(rows, context, verify=True)
     seconds = _decode_seconds(attn_plan, rows, blocks, layers, repeats)
-    flops = layers * 4 * HEADS * DIM * attended_keys(chunk, None)
+    flops = layers * _attention_flops(chunk)
     return (
         min(1.0, _kv_bytes(layers, keys_read(chunk, None)) / seconds / bandwidth),
         min(1.0, flops / seconds / peak),
     )
+
+
+def _attention_flops(chunk: Chunk) -> float:
+    """One layer's attention FLOPs for `chunk` at the calibrations' shapes, as the cost model
+    counts them: 4 x heads x head_dim per attended key (perf/step_cost.py)."""
+    return 4 * HEADS * DIM * attended_keys(chunk, None)
 
 
 def _kv_bytes(layers: int, keys: int) -> int:
@@ -313,22 +319,20 @@ def _prefill_attention_efficiency(peak: float, repeats: int, tokens: int) -> flo
     prompt of `tokens` tokens (8 heads, 2 KV heads, head_dim 64) through `paged_attention`
     and the CPU's prefill row (the native kernel, reading K / V from the pool), FLOPs counted
     as the cost model counts them (4 x heads x head_dim per attended key)."""
-    heads, kv_heads, dim, block = 8, 2, 64, 16
-    tables = torch.arange(tokens // block).view(1, -1)
-    attn_plan = plan([0, tokens], [tokens], tables, block, None)
-    q = torch.randn(tokens, heads, dim)
-    k_cache = torch.randn(tokens // block, block, kv_heads, dim)
-    v_cache = torch.randn(tokens // block, block, kv_heads, dim)
-    k, v = k_cache.view(tokens, kv_heads, dim), v_cache.view(tokens, kv_heads, dim)
+    tables = torch.arange(tokens // BLOCK).view(1, -1)
+    attn_plan = plan([0, tokens], [tokens], tables, BLOCK, None)
+    q = torch.randn(tokens, HEADS, DIM)
+    k_cache = torch.randn(tokens // BLOCK, BLOCK, KV_HEADS, DIM)
+    v_cache = torch.randn(tokens // BLOCK, BLOCK, KV_HEADS, DIM)
+    k, v = k_cache.view(tokens, KV_HEADS, DIM), v_cache.view(tokens, KV_HEADS, DIM)
     row = PREFILL_BACKENDS.get("native")
     seconds = best_seconds(
         lambda: paged_attention(
-            q, k, v, k_cache, v_cache, attn_plan, dim**-0.5, prefill_fn=row
+            q, k, v, k_cache, v_cache, attn_plan, DIM**-0.5, prefill_fn=row
         ),  # fmt: skip
         repeats,
     )
-    flops = 4 * heads * dim * attended_keys(Chunk(tokens, tokens), None)
-    return min(1.0, flops / seconds / peak)
+    return min(1.0, _attention_flops(Chunk(tokens, tokens)) / seconds / peak)
 
 
 SMALL, LARGE = 16 << 10, 1 << 20  # the two block sizes the disk tier is timed with

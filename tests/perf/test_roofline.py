@@ -282,4 +282,3 @@ def test_verify_attention_fractions_come_from_one_measured_time():
     flops = layers * 4 * calibrate.HEADS * calibrate.DIM * attended_keys(chunk, None)
     assert 0 < memory < 1 and 0 < compute < 1
     assert nbytes / (bandwidth * memory) == pytest.approx(flops / (peak * compute), rel=1e-9)
-    assert 1e-7 < nbytes / (bandwidth * memory) < 1.0  # (a real time: some us for 2 layers)
