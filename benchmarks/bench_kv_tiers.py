@@ -31,9 +31,12 @@ loaded from a tier (blocks loaded / blocks the reused prefixes need over the cac
 KVTiers.stats(). Greedy answers must be equal across configurations (checked; the run fails
 after writing its lines if they differ).
 Control "random prompts (no reuse)": `control_requests` unrelated prompts through the same
-closed loop, no tiers vs host tier on the conversations' engines, alternated `control_rounds`
-times (the order flipped every round): median, spread and best of each, with the blocks the
-host tier was written (write-back of blocks never reused) and the engine's seconds per phase.
+closed loop, no tiers vs host tier on the conversations' engines, the two loops' steps
+interleaved (the one less far along steps next, so that both are timed over the same seconds:
+this host's speed switches for seconds at a time, benchmarks/interleave.py), `control_rounds`
+rounds (which loop is first in line flipped every round): median, spread and best of each,
+with the blocks the host tier was written (write-back of blocks never reused) and the
+engine's seconds per phase.
 Takes about 9 minutes for the default model's row (the peer included), 5 for Gemma-3-270M's,
 4 for Falcon-H1's, on 2 quiet cores.
 Peer (default model only; skipped with the reason when its binary is absent): llama.cpp's
@@ -82,10 +85,12 @@ from kv_tiers_workload import (  # noqa: E402
     FULL,
     QUICK,
     WARMUP,
+    ClosedLoop,
     Conversations,
     Corpus,
     Sizes,
     Unrelated,
+    interleaved_loops,
     make_workload,
     run_closed_loop,
     working_set_blocks,
@@ -189,28 +194,36 @@ def run_resume(llm, work: dict, sizes: Sizes, resume: dict) -> dict:
 
 def run_control(sizes: Sizes, work: dict, engines: dict) -> dict:
     """Unrelated prompts through the closed loop: no tiers vs host (the conversations'
-    engines: no prompt here shares a block with them), alternated, the order flipped every
-    round. Per configuration every round's throughput and its engine seconds."""
+    engines: no prompt here shares a block with them), the two loops' steps interleaved
+    (`interleaved_loops`: the one less far along steps next; which one is first in line
+    flips every round), so that both are timed over the same seconds of the host, whose
+    speed switches for seconds at a time (benchmarks/interleave.py). Per configuration
+    every round's throughput (answer tokens over the loop's own seconds) and its engine
+    seconds."""
     params, runs = _params(sizes), {config: [] for config in engines}
     order = list(engines)
     for rnd in range(sizes.control_rounds):
-        for config in order if rnd % 2 == 0 else order[::-1]:
-            llm = engines[config]
-            prompts = work["random"][rnd]
-            saved = llm.engine.kv_tiers.saved if llm.engine.kv_tiers is not None else 0
-            start = time.perf_counter()
-            with OtherCpu() as other:
-                requests, engine = run_closed_loop(llm.engine, Unrelated(prompts, sizes.answer),
-                                                   sizes.concurrency, params)  # fmt: skip
-            seconds = time.perf_counter() - start
-            tiers = llm.engine.kv_tiers
+        configs = order if rnd % 2 == 0 else order[::-1]
+        prompts = work["random"][rnd]
+        saved = {c: _saved(engines[c]) for c in configs}
+        loops = [ClosedLoop(engines[c].engine, Unrelated(prompts, sizes.answer), sizes.concurrency,
+                            params) for c in configs]  # fmt: skip
+        with OtherCpu() as other:
+            interleaved_loops(loops)
+        for config, loop in zip(configs, loops, strict=True):
+            requests, engine = loop.result()
             runs[config].append({
-                "value": sum(len(r["answer"]) for r in requests) / seconds,
-                "seconds": seconds, "other_cpu_cores": other.cores,
-                "saved_blocks": (tiers.saved - saved) if tiers is not None else 0,
+                "value": sum(len(r["answer"]) for r in requests) / loop.seconds,
+                "seconds": loop.seconds, "other_cpu_cores": other.cores,
+                "saved_blocks": _saved(engines[config]) - saved[config],
                 **engine,
             })  # fmt: skip
     return runs
+
+
+def _saved(llm) -> int:
+    """Blocks the engine's KV tiers were given so far (0 without tiers)."""
+    return llm.engine.kv_tiers.saved if llm.engine.kv_tiers is not None else 0
 
 
 def run_round(model: Model, work: dict, first) -> dict:

@@ -21,12 +21,14 @@ target's own weights as int4: "self:int4"), both "auto". Each (workload, configu
 generates --tokens tokens a request, configurations alternating, best of --repeats (the batch
 rows: --batch-repeats); a fresh engine per configuration, warmed up on the workload's prompts
 (their blocks then come from the prefix cache in every round). Each speculating configuration's
-ratio is against its own engine with the speculation detached, measured right after it in each
-round: engines built in one process differ by several % here (the first by ~12 %; a spare one
-is built first), which a ratio across engines would count as speed-up; the ratio reported is
-the median of the rounds' ratios (a round's two runs are seconds apart, while this host's rates
-drift by up to 1.5x from one minute to the next: a ratio of two best-of-rounds rates compares
-different minutes).
+ratio is against the no-speculation engine, the two runs' steps interleaved
+(benchmarks/interleave.py: the one less far along steps next, so both finish together and
+each run's time is a sum over the same stretch of wall time): this host's decode switches
+between two speeds (a step of ~12 ms or ~18 ms, for 6-20 s at a time), so two runs made one
+after the other compared two speeds about as often as one (rounds of 0.7 where the
+configurations were equal). Interleaved, two plain engines measured 0.99-1.02x of each other
+in rounds at 54 to 80 tok/s. The ratio reported is the median of the rounds' ratios (which
+engine steps first alternates by round).
 Batch 1 rates are decode rates (after the first token: the prompt's prefill is not in them,
 as the peers report theirs); batch 16 rates (--tokens / 2 a request) count every output token
 over the whole run (prefill included: the prompts' cached blocks and each last partial one,
@@ -39,15 +41,19 @@ performance model's predicted speed-up of the n-gram and suffix configurations (
 `infergen predict --gpu cpu-local --acceptance-from` the measured line) against the measured
 one. The model's hardware row: the cached calibration (run `infergen perf calibrate` first,
 else the predictions are skipped with the reason) with the rates that drift — GEMM curve,
-bandwidths, attention fractions — taken again after every round of each batch-1 workload,
-the fastest of each of its rounds kept (InRunRates; ~5 s a time): on this VM they change by
-up to 1.5x from one minute to the next, and the measured rates are best-of too. Each
-prediction line also carries each round's prediction, from the rates taken right after that
-round, beside that round's measured ratio ("rounds"; "round_error": the median of their
-relative errors). The rates are written as a "calibration" line per workload (the fastest,
-"row", and each round's, "round_rows"). --predict-from FILE measures nothing: it makes
-an earlier run's predictions again, from that run's rates (or, with --cached-calibration,
-this host's).
+bandwidths, attention fractions — taken again after every round of each batch-1 workload
+(InRunRates; ~5 s a time). This host's decode switches between two speeds for seconds at a
+time, and a speed-up is larger at the slow one (a verifying step's extra rows cost compute
+that a slower weight stream hides), so the rates taken after a round may be of the other
+speed: each round is predicted from the snapshot, of all those taken in the run, whose
+predicted plain decode step is nearest the round's measured one (`matched_rates`; the plain
+step chooses the rates, the speed-up is what is predicted), and the line's prediction is
+the median of its rounds' ("rounds": each round's prediction beside its measured ratio;
+"round_error": the median of their relative errors; "matched_plain_step_error": how near
+each chosen snapshot's plain step was). The rates are written as a "calibration" line per
+workload (the fastest of each rate, "row", and each round's, "round_rows"). --predict-from
+FILE measures nothing: it makes an earlier run's predictions again, from that run's rates
+(or, with --cached-calibration, this host's).
 
 Model rows (--models, both by default):
   smollm2-135m  the default model: every workload, configuration and peer above.
@@ -67,15 +73,14 @@ Model rows (--models, both by default):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
+import math
 import pathlib
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -83,6 +88,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 sys.path.insert(0, str(ROOT))
 
 from bench_generate import git_state, machine_info  # noqa: E402
+from interleave import interleaved  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
 from results_file import write_lines  # noqa: E402
 from spec_workloads import batch_prompts, completion_prompts, single_prompts  # noqa: E402
@@ -116,28 +122,21 @@ def workload_of(metric: str) -> str:
     return metric.split("[")[1].split(",")[0]
 
 
-def decode_rate(llm, prompts: list[list[int]], tokens: int, single: bool) -> tuple[float, list]:
-    """(tok/s, outputs): batch 1, tokens after the first over the time since it came; else
-    every output token over the whole run."""
+def paired_rates(spec_llm, plain_llm, prompts: list[list[int]], tokens: int, single: bool,
+                 spec_first: bool):  # fmt: skip
+    """The speculating engine's and the plain engine's runs on `prompts`, their steps
+    interleaved (interleave.py: both see the same moments of the host), greedy, `tokens` a
+    request: batch 1, tokens after the first over the steps since; else every output token
+    over all the steps. `spec_first`: which engine is first in line (alternated by round)."""
     from infergen import SamplingParams
 
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
-    engine = llm.engine
+    engine = spec_llm.engine
     if engine.speculator is not None:  # (each run's answers drafted as if never seen before:
         engine.speculator.proposer.forget()  # not from the identical answers of earlier runs)
-    ids = [engine.add_request(p, params) for p in prompts]
-    start, first = time.perf_counter(), None
-    while engine.has_unfinished():
-        deltas = engine.step()
-        if first is None and any(d.token_ids for d in deltas):
-            first = time.perf_counter()
-    end = time.perf_counter()
-    outputs = [engine.output(i).token_ids for i in ids]
-    for i in ids:
-        engine.release(i)
-    if single:
-        return (len(outputs[0]) - 1) / (end - first), outputs
-    return sum(len(o) for o in outputs) / (end - start), outputs
+    pair = [engine, plain_llm.engine]
+    runs = interleaved(pair if spec_first else pair[::-1], prompts, params, single)
+    return tuple(runs if spec_first else runs[::-1])
 
 
 class InRunRates:
@@ -197,19 +196,6 @@ class InRunRates:
                 for work, row in self.rows().items()]  # fmt: skip
 
 
-@contextlib.contextmanager
-def without_speculation(engine):
-    """The engine decoding one token a step while inside: its speculator and the scheduler's
-    lookahead detached (the baseline measured on the very engine, weights and cache where
-    they are: engines built in one process differ by several % here, see run_infergen)."""
-    speculator, lookahead = engine.speculator, engine.scheduler.lookahead
-    engine.speculator, engine.scheduler.lookahead = None, 0
-    try:
-        yield
-    finally:
-        engine.speculator, engine.scheduler.lookahead = speculator, lookahead
-
-
 def run_infergen(
     work: dict,
     args,
@@ -242,25 +228,29 @@ def run_infergen(
             llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0))
         best: dict = {}
         outputs: dict = {}
-        plain: dict = {}  # each speculating engine's own rate with its speculation detached
-        paired: dict = {}  # each round's rate with the proposer / detached, right after it
+        plain: dict = {}  # the plain engine's best rate interleaved with each configuration
+        paired: dict = {}  # each round's rate with the proposer / the plain one beside it
+        paired_plain: dict = {}  # each round's plain rate (tok/s) beside each configuration
         tokens = args.tokens if single else args.tokens // 2
         repeats = args.repeats if single else args.batch_repeats
         for i in range(repeats):
-            for name in table if i % 2 == 0 else list(table)[::-1]:
+            speculating = [name for name in table if name != NONE]
+            for name in speculating if i % 2 == 0 else speculating[::-1]:
                 llm = engines[name]
                 spec = llm.engine.speculator
-                before = dict(spec.stats) if spec else {}
+                before = dict(spec.stats)
                 with OtherCpu() as other:
-                    rate, outputs[name] = decode_rate(llm, prompts, tokens, single)
-                if rate > best.get(name, (0,))[0]:
-                    delta = {k: spec.stats[k] - before[k] for k in before} if spec else {}
-                    best[name] = (rate, other.cores, delta)
-                if spec is not None:
-                    with without_speculation(llm.engine):
-                        alone, _ = decode_rate(llm, prompts, tokens, single)
-                    plain[name] = max(plain.get(name, 0.0), alone)
-                    paired.setdefault(name, []).append(rate / alone)
+                    run, alone = paired_rates(llm, engines[NONE], prompts, tokens, single,
+                                              spec_first=i % 2 == 0)  # fmt: skip
+                outputs[name], outputs[NONE] = run.outputs, alone.outputs
+                if run.rate > best.get(name, (0,))[0]:
+                    delta = {k: spec.stats[k] - before[k] for k in before}
+                    best[name] = (run.rate, other.cores, delta)
+                if alone.rate > best.get(NONE, (0,))[0]:
+                    best[NONE] = (alone.rate, other.cores, {})
+                plain[name] = max(plain.get(name, 0.0), alone.rate)
+                paired.setdefault(name, []).append(run.rate / alone.rate)
+                paired_plain.setdefault(name, []).append(alone.rate)
             if single and rates_in_run is not None:
                 rates_in_run.take(name_work)
         batch = "batch 1" if single else f"batch {len(prompts)}"
@@ -273,6 +263,7 @@ def run_infergen(
             speedup = statistics.median(paired[name]) if name in paired else rate / baseline
             rates[(name_work, name, "ratio")] = speedup
             rates[(name_work, name, "rounds")] = paired.get(name)
+            rates[(name_work, name, "round_plain")] = paired_plain.get(name)
             extra = {}
             if delta:
                 drafted, steps = delta["drafted"], delta["steps"]
@@ -298,11 +289,14 @@ def run_infergen(
                 lines.append({**base, "kind": "ratio", "metric": metric, "engine": "infergen",
                               "config": name, "peer": NONE, "infergen_value": rate,
                               "peer_value": baseline, "value": speedup, "unit": "x",
-                              "rounds": paired.get(name), "stat": "median of the rounds' "
-                              "ratios", "definition": "tok/s with the proposer / the same "
-                              "engine's with its speculation detached right after it, the "
-                              "median over the rounds (infergen_value and peer_value: each "
-                              "one's best round)", **extra})  # fmt: skip
+                              "rounds": paired.get(name),
+                              "round_plain_tok_s": paired_plain.get(name),
+                              "stat": "median of the rounds' "
+                              "ratios", "definition": "tok/s with the proposer / the "
+                              "no-speculation engine's, the two runs' steps interleaved "
+                              "(benchmarks/interleave.py), the median over the rounds "
+                              "(infergen_value and peer_value: each one's best round)",
+                              **extra})  # fmt: skip
             ratio = f"{speedup:5.2f}x (plain {baseline:.1f})" if name != NONE else ""
             print(f"{name_work:8} {batch:8} {name:13} {rate:7.1f} tok/s {ratio} {extra}")
     del spare  # (kept until every engine was measured)
@@ -350,10 +344,26 @@ def predicted_lines(
                 "--isl", str(prompt), "--osl", str(args.tokens), "--num-requests", "2",
                 "--concurrency", "1", "--json"]  # fmt: skip
         row = (rows or {}).get(work_name)
+        plain_rounds = rates.get((work_name, name, "round_plain"))
+        snapshots = [r for each in (round_rows or {}).values() for r in each]
         try:
-            predicted = predicted_speedup(argv, line, k, row)
-            beside = [predicted_speedup(argv, line, k, r)
-                      for r in (round_rows or {}).get(work_name, [])]  # fmt: skip
+            if plain_rounds and snapshots:  # each round from the rates of its host state
+                context = prompt + args.tokens // 2
+                matched = [matched_rates(snapshots, model, context, 1 / tok_s)
+                           for tok_s in plain_rounds]  # fmt: skip
+                beside = [predicted_speedup(argv, line, k, r) for r, _ in matched]
+                predicted = statistics.median(beside)
+                how = (
+                    f"each round's from the rates, of the {len(snapshots)} taken in the "
+                    "run, whose plain decode step is nearest that round's: the median"
+                )
+                extra = {"matched_plain_step_error": [e for _, e in matched]}
+            else:
+                predicted = predicted_speedup(argv, line, k, row)
+                beside = [predicted_speedup(argv, line, k, r)
+                          for r in (round_rows or {}).get(work_name, [])]  # fmt: skip
+                how = "the rates taken in the run" if row else "this host's calibration"
+                extra = {}
         except RuntimeError as e:  # (e.g. not calibrated: the measured lines still count)
             print(f"no predictions: `infergen predict` failed: {e}")
             return out + [{**base, "kind": "skipped", "engine": "infergen predict",
@@ -367,14 +377,43 @@ def predicted_lines(
                     "measured_speedup": measured, "value": predicted / measured - 1,
                     "unit": "relative error", "definition": "predicted / measured decode "
                     "speed-up - 1 (infergen predict --gpu cpu-local --acceptance-from the "
-                    "measured line, " + ("the rates taken in the run" if row else
-                    "this host's calibration") + ")", **_by_round(
+                    f"measured line; hardware: {how})", **extra, **_by_round(
                     beside, rates.get((work_name, name, "rounds")))})  # fmt: skip
         print(f"{work_name:8} {name}: predicted {predicted:.2f}x, measured {measured:.2f}x "
               f"({predicted / measured - 1:+.0%}), k {k}, "
               f"{line['tokens_per_verify_step']} tokens/verify step, "
               f"verify fraction {line['verify_fraction']}")  # fmt: skip
     return out
+
+
+def matched_rates(snapshots: list[dict], model: str | None, context: int,
+                  step_s: float) -> tuple[dict, float]:  # fmt: skip
+    """Of the hardware rows of rates taken in the run (InRunRates), the one whose predicted
+    plain decode step (batch 1, `context` tokens, fp32) is nearest `step_s`, a round's
+    measured one, and the relative error of its prediction: this host's decode switches
+    between two speeds for seconds at a time (module docstring), and a verifying step's
+    cost relative to a plain one differs between them (its extra rows' compute is hidden
+    behind a slower weight stream), so a round is predicted from rates taken at its speed.
+    The plain step chooses the rates; what is predicted is the speed-up."""
+    from infergen.cli.predict import describe_model
+    from infergen.io.default_model import default_model_path
+    from infergen.perf import roofline
+    from infergen.perf.hardware import from_dict
+    from infergen.perf.step_cost import Chunk, Formats
+
+    desc = describe_model(model or str(default_model_path()))
+    fmt = Formats(weight_bits=32, kv_bits=32, act_bytes=4)
+
+    def error(snapshot: dict) -> float:
+        ((name, fields),) = snapshot.items()
+        hw = from_dict(name, fields, "a rates snapshot")
+        predicted = roofline.step_seconds(roofline.predict_step(desc, hw, [Chunk(1, context)],
+                                                                fmt, "fp32"))  # fmt: skip
+        return predicted / step_s - 1
+
+    errors = [error(s) for s in snapshots]
+    best = min(range(len(snapshots)), key=lambda i: abs(math.log1p(errors[i])))
+    return snapshots[best], errors[best]
 
 
 _PLAIN: dict[str, float] = {}  # (argv, row) -> predicted TPOT without speculation
@@ -491,6 +530,7 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
             rates[(work, line["config"], "plain")] = line["peer_value"]
             rates[(work, line["config"], "ratio")] = line["value"]
             rates[(work, line["config"], "rounds")] = line.get("rounds")
+            rates[(work, line["config"], "round_plain")] = line.get("round_plain_tok_s")
     kept = [
         line
         for line in lines
@@ -521,7 +561,8 @@ def main() -> None:
                         "vary by ±4 %% from round to round here: the median of 5)")  # fmt: skip
     parser.add_argument("--k", type=int, default=4, help="the fixed-k configuration's k")
     parser.add_argument("--batch", type=int, default=16, help="requests of the batch rows")
-    parser.add_argument("--no-peers", action="store_true", help="infergen only")
+    parser.add_argument("--no-peers", action="store_true", help="infergen only (the peers' "
+                        "lines already in --out are kept)")  # fmt: skip
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
                         help="model rows (default: both)")  # fmt: skip
     parser.add_argument("--predict-from", type=pathlib.Path, default=None, metavar="JSONL",
@@ -532,7 +573,10 @@ def main() -> None:
     parser.add_argument("--cached-calibration", action="store_true",
                         help="with --predict-from: predict from this host's cached calibration "
                         "(`infergen perf calibrate`), not the rates taken in that run")  # fmt: skip
-    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks/results/spec.jsonl")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks/results/spec.jsonl",
+                        help="JSON lines: this run's replace those of the rows it ran (and "
+                        "their peers', when it ran them); the others are kept (default: "
+                        "%(default)s)")  # fmt: skip
     args = parser.parse_args()
     from infergen.io.default_model import default_model_path
 
@@ -566,7 +610,32 @@ def main() -> None:
         if not args.no_peers:
             model = pathlib.Path(default_model_path())
             lines += run_peers(model, singles, layers, rates, base, args)
-    write_lines(args.out, lines + in_run.lines(base))
+    kept = kept_lines(args.out, args.models, not args.no_peers)
+    write_lines(args.out, kept + lines + in_run.lines(base))
+
+
+def row_of(line: dict) -> str:
+    """The model row (--models) a line belongs to: Gemma's metrics name it."""
+    return GEMMA if f"@{GEMMA}" in line.get("metric", "") else DEFAULT
+
+
+def is_peer_line(line: dict) -> bool:
+    """A line of a peer's measurement: its results, its skips, infergen against it."""
+    if line["kind"] == "ratio":
+        return line.get("peer") != NONE
+    return line["kind"] in ("result", "skipped") and line.get("engine") not in (
+        "infergen", "infergen predict")  # fmt: skip
+
+
+def kept_lines(path: pathlib.Path, models: list[str], peers: bool) -> list[dict]:
+    """The lines of `path` this run does not replace: those of the model rows not run, and
+    without `peers` the peers' lines of the rows run (each line keeps its own timestamp, the
+    peers' ratios the infergen rates of their own run)."""
+    if not path.exists():
+        return []
+    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [ln for ln in found
+            if row_of(ln) not in models or (not peers and is_peer_line(ln))]  # fmt: skip
 
 
 def run_peers(model: pathlib.Path, prompts: dict, layers: int, rates: dict, base: dict,

@@ -9,8 +9,8 @@ report.py's main table finds each ratio's unit. Over rounds: the lowest TTFT, th
 throughput; shares, breakdowns and tier stats from the last round (the same workload: they
 barely move). The random-prompt control: the median of its alternations (spread and best
 beside it); its ratio is the median of the rounds' ratios (each round runs both
-configurations back to back, so a drift of the machine's speed over the rounds, seen at
-15-30 % on these VMs, cancels out; the ratio of the medians beside it).
+configurations with their steps interleaved, so the host's speed, which switches for seconds
+at a time on these VMs, weighs on both alike; the ratio of the medians beside it).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ DEFINITIONS = {
     "ttft_p50_s_first_turn": "median TTFT of every session's first request to a fresh engine "
     "(each resumes: the whole conversation + a new tool output), same closed loop",
     "throughput_tok_s_random": "unrelated prompts (no reuse) through the same closed loop: "
-    "answer tokens / wall time; median of the alternations (runs, spread and best beside it)",
+    "answer tokens / the loop's own seconds, its steps interleaved with the other "
+    "configuration's; median of the rounds (runs, spread and best beside it)",
     "restore_s_p50": "median seconds of restoring a session's slot from its file (llama-server "
     "/slots action=restore), part of that session's first-turn TTFT",
 }
@@ -210,13 +211,13 @@ def build_lines(
         if metric == "ttft_p50_s_turn2on":  # what the gain would be were TTFT ∝ computed tokens
             computed = [breakdown(_later(last[c]))["computed_tokens"] for c in (peer, config)]
             extra = {"computed_tokens_ratio": computed[0] / computed[1] if computed[1] else None}
-        if metric == "throughput_tok_s_random":  # each round ran both, back to back
+        if metric == "throughput_tok_s_random":  # each round ran both, interleaved
             paired = [x / y for x, y in zip(a["runs"], b["runs"], strict=True)]
             extra = {"best_ratio": a["best"] / b["best"], "spread": {config: a["spread"],
                      peer: b["spread"]}, "ratio_of_medians": a["value"] / b["value"],
                      "paired_ratios": paired, "value": statistics.median(paired),
                      "definition": f"{config}/{peer} (tok/s): the median over rounds of the "
-                     "ratio within a round, whose two runs ran back to back"}  # fmt: skip
+                     "ratio within a round, whose two runs' steps were interleaved"}  # fmt: skip
         lines.append(_ratio(base, metric, config, peer, a, b, **extra))
     lines += _peer_lines(base, found, llama)
     stats = {c: last[c]["stats"] for c in (HOST, DISK, RESTART)}

@@ -215,38 +215,82 @@ def run_closed_loop(
     over all steps (schedule, forward, after) and their number. (Which request a tier's block
     was loaded for is not told: a load may run in the background while other sequences step,
     its sequence admitted at a later step; the runs count the tiers' loads as a whole.)"""
-    steps: list = []
-    engine.on_step = steps.append
-    groups = engine.scheduler.groups
-    ready = deque(range(len(sessions.conv)))
-    records: dict[str, dict] = {}
-    flight: set[str] = set()
-    while ready or flight:
-        if not (lockstep and flight):  # (lockstep: the next round once this one is over)
-            while ready and len(flight) < concurrency:
-                rid, r = _submit(engine, sessions, ready.popleft(), params, groups)
-                records[rid] = r
-                flight.add(rid)
-        deltas = engine.step()
+    loop = ClosedLoop(engine, sessions, concurrency, params, lockstep)
+    while not loop.done:
+        loop.step()
+    return loop.result()
+
+
+class ClosedLoop:
+    """run_closed_loop one engine step at a time (`step` until `done`, then `result`), so
+    that two loops can take turns (`interleaved_loops`). `seconds`: the loop's own time (its
+    submissions and steps); `progress`: the share of its sessions' turns finished."""
+
+    def __init__(self, engine, sessions, concurrency: int, params, lockstep: bool = False):
+        self.engine, self.sessions, self.params = engine, sessions, params
+        self.concurrency, self.lockstep = concurrency, lockstep
+        self.steps: list = []
+        engine.on_step = self.steps.append
+        self.groups = engine.scheduler.groups
+        self.ready = deque(range(len(sessions.conv)))
+        # requests it will make: each session's turns from its current one (Unrelated: one)
+        self.turns = sum(getattr(sessions, "turns", 1) - t for t in sessions.turn)
+        self.records: dict[str, dict] = {}
+        self.flight: set[str] = set()
+        self.finished, self.seconds = 0, 0.0
+
+    @property
+    def done(self) -> bool:
+        return not (self.ready or self.flight)
+
+    @property
+    def progress(self) -> float:
+        return self.finished / self.turns
+
+    def step(self) -> None:
+        start = time.perf_counter()
+        if not (self.lockstep and self.flight):  # (lockstep: the next round once this is over)
+            while self.ready and len(self.flight) < self.concurrency:
+                rid, r = _submit(self.engine, self.sessions, self.ready.popleft(), self.params,
+                                 self.groups)  # fmt: skip
+                self.records[rid] = r
+                self.flight.add(rid)
+        deltas = self.engine.step()
         now = time.perf_counter()
         for d in deltas:
-            r = records[d.request_id]
+            r = self.records[d.request_id]
             if d.token_ids and "first" not in r:
                 r["first"] = now
             if d.finished:
-                flight.discard(d.request_id)
-                result = engine.output(d.request_id)
-                engine.release(d.request_id)
+                self.flight.discard(d.request_id)
+                self.finished += 1
+                result = self.engine.output(d.request_id)
+                self.engine.release(d.request_id)
                 r["answer"] = list(result.token_ids)
                 r["cached"] = result.num_cached_prompt_tokens
-                if sessions.finish(r["session"], r["answer"]):
-                    ready.append(r["session"])
-    engine.on_step = None
-    out = list(records.values())
-    for r in out:
-        r.update(ttft_breakdown(steps, r.pop("submitted"), r.pop("first")))
-    totals = {k: sum(getattr(s, k) for s in steps) for k in ("schedule_s", "forward_s", "after_s")}
-    return out, {**totals, "steps": len(steps)}
+                if self.sessions.finish(r["session"], r["answer"]):
+                    self.ready.append(r["session"])
+        self.seconds += time.perf_counter() - start
+
+    def result(self) -> tuple[list[dict], dict]:
+        self.engine.on_step = None
+        out = list(self.records.values())
+        for r in out:
+            r.update(ttft_breakdown(self.steps, r.pop("submitted"), r.pop("first")))
+        totals = {k: sum(getattr(s, k) for s in self.steps)
+                  for k in ("schedule_s", "forward_s", "after_s")}  # fmt: skip
+        return out, {**totals, "steps": len(self.steps)}
+
+
+def interleaved_loops(loops: list[ClosedLoop]) -> None:
+    """Step `loops` (on different engines) until all are done, the one least far along
+    next, so that each loop's `seconds` is a sum over the same stretch of the host's time
+    (benchmarks/interleave.py says why)."""
+    while True:
+        going = [loop for loop in loops if not loop.done]
+        if not going:
+            return
+        min(going, key=lambda loop: loop.progress).step()
 
 
 def _submit(engine, sessions, s: int, params, groups) -> tuple[str, dict]:

@@ -118,12 +118,23 @@ def test_cli_perf_step_explains_a_step(capsys):
 
 
 def test_gemm_efficiency_curve_by_rows():
-    hw = Hardware("curve", "c", 1e9, 1e9, {"fp32": 1e12}, gemm_efficiency={1: 0.1, 4: 0.4, 64: 0.9})
+    hw = Hardware("curve", "c", 1e9, 1e9, {"fp32": 1e12}, gemm_efficiency={1: 0.1, 8: 0.6, 64: 0.9})
     assert hw.gemm_efficiency_at(1) == 0.1 and hw.gemm_efficiency_at(64) == 0.9
-    assert hw.gemm_efficiency_at(2) == pytest.approx(0.25)  # halfway in log2
+    assert hw.gemm_efficiency_at(16) == pytest.approx(0.7)  # a third of the way in log2
     assert hw.gemm_efficiency_at(512) == 0.9 and HW.gemm_efficiency_at(8) == 1.0
-    (t,) = op_times([OpCost("g", "gemm", flops=1e9, bytes=0.0, rows=2)], hw, "fp32")
-    assert t.seconds == pytest.approx(1e9 / (1e12 * 0.25))
+    (t,) = op_times([OpCost("g", "gemm", flops=1e9, bytes=0.0, rows=16)], hw, "fp32")
+    assert t.seconds == pytest.approx(1e9 / (1e12 * 0.7))
+
+
+def test_gemm_time_never_falls_with_more_rows():
+    """rows / efficiency (a GEMM's time over the same weights) never falls as rows grow: an
+    interpolated point or a measured one faster than a smaller count is capped at that
+    count's time."""
+    hw = Hardware("curve", "c", 1e9, 1e9, {"fp32": 1e12}, gemm_efficiency={1: 0.1, 4: 0.4, 5: 0.6})
+    assert hw.gemm_efficiency_at(2) == pytest.approx(0.2)  # 0.25 interpolated: capped
+    assert hw.gemm_efficiency_at(5) == pytest.approx(0.5)  # measured 0.6: 5 rows in 1 row's time
+    times = [rows / hw.gemm_efficiency_at(rows) for rows in range(1, 9)]
+    assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:]))
 
 
 def test_calibration_fields_scale_the_roofline_and_host_time_is_per_step_and_sequence():
