@@ -134,7 +134,7 @@ def test_gemm_time_never_falls_with_more_rows():
     assert hw.gemm_efficiency_at(2) == pytest.approx(0.2)  # 0.25 interpolated: capped
     assert hw.gemm_efficiency_at(5) == pytest.approx(0.5)  # measured 0.6: 5 rows in 1 row's time
     times = [rows / hw.gemm_efficiency_at(rows) for rows in range(1, 9)]
-    assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:]))
+    assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:], strict=False))
 
 
 def test_calibration_fields_scale_the_roofline_and_host_time_is_per_step_and_sequence():
