@@ -61,7 +61,6 @@ import argparse
 import dataclasses
 import datetime
 import gc
-import json
 import math
 import pathlib
 import shutil
@@ -77,6 +76,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
 from bench_generate import git_state, machine_info  # noqa: E402
 from cpu_contention import OtherCpu  # noqa: E402
+from interleave import step_by_progress  # noqa: E402
 from kv_tiers_lines import COLD, DISK, HOST, NONE, RESTART, build_lines, print_table  # noqa: E402
 from kv_tiers_models import ROWS, ModelRow  # noqa: E402
 from kv_tiers_prediction import predicted_ttft_gain  # noqa: E402
@@ -90,12 +90,11 @@ from kv_tiers_workload import (  # noqa: E402
     Corpus,
     Sizes,
     Unrelated,
-    interleaved_loops,
     make_workload,
     run_closed_loop,
     working_set_blocks,
 )
-from results_file import write_lines  # noqa: E402
+from results_file import read_lines, write_lines  # noqa: E402
 
 CHUNK = 512  # the engine's max_num_batched_tokens (its default)
 
@@ -195,7 +194,7 @@ def run_resume(llm, work: dict, sizes: Sizes, resume: dict) -> dict:
 def run_control(sizes: Sizes, work: dict, engines: dict) -> dict:
     """Unrelated prompts through the closed loop: no tiers vs host (the conversations'
     engines: no prompt here shares a block with them), the two loops' steps interleaved
-    (`interleaved_loops`: the one less far along steps next; which one is first in line
+    (interleave.step_by_progress: the one less far along steps next; which one is first in line
     flips every round), so that both are timed over the same seconds of the host, whose
     speed switches for seconds at a time (benchmarks/interleave.py). Per configuration
     every round's throughput (answer tokens over the loop's own seconds) and its engine
@@ -209,7 +208,7 @@ def run_control(sizes: Sizes, work: dict, engines: dict) -> dict:
         loops = [ClosedLoop(engines[c].engine, Unrelated(prompts, sizes.answer), sizes.concurrency,
                             params) for c in configs]  # fmt: skip
         with OtherCpu() as other:
-            interleaved_loops(loops)
+            step_by_progress(loops)
         for config, loop in zip(configs, loops, strict=True):
             requests, engine = loop.result()
             runs[config].append({
@@ -316,10 +315,7 @@ def warm_memory(nbytes: int) -> dict:
 
 def kept_lines(path: pathlib.Path, rows: list[str]) -> list[dict]:
     """The lines of `path` of model rows other than `rows` (an earlier run's, kept)."""
-    if not path.exists():
-        return []
-    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [ln for ln in found if ln.get("row") is not None and ln["row"] not in rows]
+    return [ln for ln in read_lines(path) if ln.get("row") is not None and ln["row"] not in rows]
 
 
 def main() -> None:

@@ -45,15 +45,16 @@ bandwidths, attention fractions — taken again after every round of each batch-
 (InRunRates; ~5 s a time). This host's decode switches between two speeds for seconds at a
 time, and a speed-up is larger at the slow one (a verifying step's extra rows cost compute
 that a slower weight stream hides), so the rates taken after a round may be of the other
-speed: each round is predicted from the snapshot, of all those taken in the run, whose
-predicted plain decode step is nearest the round's measured one (`matched_rates`; the plain
-step chooses the rates, the speed-up is what is predicted), and the line's prediction is
-the median of its rounds' ("rounds": each round's prediction beside its measured ratio;
-"round_error": the median of their relative errors; "matched_plain_step_error": how near
-each chosen snapshot's plain step was). The rates are written as a "calibration" line per
-workload (the fastest of each rate, "row", and each round's, "round_rows"). --predict-from
-FILE measures nothing: it makes an earlier run's predictions again, from that run's rates
-(or, with --cached-calibration, this host's).
+speed: each round is predicted from the snapshot, of all those taken in the run for that
+model row, whose predicted plain decode step is nearest the round's measured one
+(`matched_rates`; the plain step chooses the rates, the speed-up is what is predicted), and
+the line's prediction is the median of its rounds' ("rounds": each round's prediction
+beside its measured ratio; "round_error": the median of their relative errors;
+"matched_plain_step_error": how near each chosen snapshot's plain step was). The rates
+are written as a "calibration" line per workload (the fastest of each rate, "row", and
+each round's, "round_rows"). --predict-from FILE measures nothing: it makes an earlier
+run's predictions again, from that run's rates (or, with --cached-calibration, this
+host's).
 
 Model rows (--models, both by default):
   smollm2-135m  the default model: every workload, configuration and peer above.
@@ -90,7 +91,7 @@ sys.path.insert(0, str(ROOT))
 from bench_generate import git_state, machine_info  # noqa: E402
 from interleave import interleaved  # noqa: E402
 from peers.cpu_contention import OtherCpu  # noqa: E402
-from results_file import write_lines  # noqa: E402
+from results_file import read_lines, write_lines  # noqa: E402
 from spec_workloads import batch_prompts, completion_prompts, single_prompts  # noqa: E402
 
 NONE = "no speculation"
@@ -345,17 +346,19 @@ def predicted_lines(
                 "--concurrency", "1", "--json"]  # fmt: skip
         row = (rows or {}).get(work_name)
         plain_rounds = rates.get((work_name, name, "round_plain"))
-        snapshots = [r for each in (round_rows or {}).values() for r in each]
+        # the snapshots of this model row's workloads (one run's: a results file may hold
+        # another run's for the other row)
+        snapshots = [r for w, each in (round_rows or {}).items() if w in work for r in each]
         try:
             if plain_rounds and snapshots:  # each round from the rates of its host state
-                context = prompt + args.tokens // 2
-                matched = [matched_rates(snapshots, model, context, 1 / tok_s)
-                           for tok_s in plain_rounds]  # fmt: skip
+                steps = plain_steps(snapshots, model, prompt + args.tokens // 2)
+                matched = [matched_rates(snapshots, steps, 1 / tok_s) for tok_s in plain_rounds]
                 beside = [predicted_speedup(argv, line, k, r) for r, _ in matched]
                 predicted = statistics.median(beside)
                 how = (
                     f"each round's from the rates, of the {len(snapshots)} taken in the "
-                    "run, whose plain decode step is nearest that round's: the median"
+                    "run for this model, whose plain decode step is nearest that round's: "
+                    "the median"
                 )
                 extra = {"matched_plain_step_error": [e for _, e in matched]}
             else:
@@ -386,15 +389,8 @@ def predicted_lines(
     return out
 
 
-def matched_rates(snapshots: list[dict], model: str | None, context: int,
-                  step_s: float) -> tuple[dict, float]:  # fmt: skip
-    """Of the hardware rows of rates taken in the run (InRunRates), the one whose predicted
-    plain decode step (batch 1, `context` tokens, fp32) is nearest `step_s`, a round's
-    measured one, and the relative error of its prediction: this host's decode switches
-    between two speeds for seconds at a time (module docstring), and a verifying step's
-    cost relative to a plain one differs between them (its extra rows' compute is hidden
-    behind a slower weight stream), so a round is predicted from rates taken at its speed.
-    The plain step chooses the rates; what is predicted is the speed-up."""
+def plain_steps(snapshots: list[dict], model: str | None, context: int) -> list[float]:
+    """Each hardware row's predicted plain decode step (batch 1, `context` tokens, fp32)."""
     from infergen.cli.predict import describe_model
     from infergen.io.default_model import default_model_path
     from infergen.perf import roofline
@@ -403,15 +399,25 @@ def matched_rates(snapshots: list[dict], model: str | None, context: int,
 
     desc = describe_model(model or str(default_model_path()))
     fmt = Formats(weight_bits=32, kv_bits=32, act_bytes=4)
-
-    def error(snapshot: dict) -> float:
+    steps = []
+    for snapshot in snapshots:
         ((name, fields),) = snapshot.items()
         hw = from_dict(name, fields, "a rates snapshot")
-        predicted = roofline.step_seconds(roofline.predict_step(desc, hw, [Chunk(1, context)],
-                                                                fmt, "fp32"))  # fmt: skip
-        return predicted / step_s - 1
+        steps.append(roofline.step_seconds(roofline.predict_step(desc, hw, [Chunk(1, context)],
+                                                                 fmt, "fp32")))  # fmt: skip
+    return steps
 
-    errors = [error(s) for s in snapshots]
+
+def matched_rates(snapshots: list[dict], steps: list[float],
+                  step_s: float) -> tuple[dict, float]:  # fmt: skip
+    """Of the hardware rows of rates taken in the run (InRunRates; `steps`: their predicted
+    plain decode steps, `plain_steps`), the one whose step is nearest `step_s`, a round's
+    measured one, and the relative error of its prediction: this host's decode switches
+    between two speeds for seconds at a time (module docstring), and a verifying step's
+    cost relative to a plain one differs between them (its extra rows' compute is hidden
+    behind a slower weight stream), so a round is predicted from rates taken at its speed.
+    The plain step chooses the rates; what is predicted is the speed-up."""
+    errors = [step / step_s - 1 for step in steps]
     best = min(range(len(snapshots)), key=lambda i: abs(math.log1p(errors[i])))
     return snapshots[best], errors[best]
 
@@ -510,7 +516,7 @@ def repredict(path: pathlib.Path, args, base: dict) -> list[dict]:
     measured lines as they were, new prediction lines — from the rates taken in that run
     (its "calibration" line; with --cached-calibration, or where it has none, from this
     host's `infergen perf calibrate`)."""
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = read_lines(path)
     rates, results = {}, []
     # the rates taken in that run beside each workload (InRunRates), else this host's now
     rows = {workload_of(line["metric"]): line["row"] for line in lines
@@ -631,10 +637,7 @@ def kept_lines(path: pathlib.Path, models: list[str], peers: bool) -> list[dict]
     """The lines of `path` this run does not replace: those of the model rows not run, and
     without `peers` the peers' lines of the rows run (each line keeps its own timestamp, the
     peers' ratios the infergen rates of their own run)."""
-    if not path.exists():
-        return []
-    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [ln for ln in found
+    return [ln for ln in read_lines(path)
             if row_of(ln) not in models or (not peers and is_peer_line(ln))]  # fmt: skip
 
 

@@ -20,7 +20,7 @@ rate counts every output token over all its steps.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -34,7 +34,6 @@ class Run:
     seconds: float = 0.0  # all its steps
     decode_seconds: float = 0.0  # its steps after the one that returned the first token
     first: bool = False  # the first token came
-    steps: list[float] = field(default_factory=list)  # each step's seconds
     outputs: list[list[int]] | None = None  # once done: each request's output tokens
 
     @property
@@ -45,12 +44,15 @@ class Run:
     def done(self) -> bool:
         return not self.engine.has_unfinished()
 
+    @property
+    def progress(self) -> float:
+        return self.made / self.total
+
     def step(self) -> None:
         start = time.perf_counter()
         deltas = self.engine.step()
         seconds = time.perf_counter() - start
         self.seconds += seconds
-        self.steps.append(seconds)
         if self.first:
             self.decode_seconds += seconds
         elif any(d.token_ids for d in deltas):
@@ -78,11 +80,17 @@ def interleaved(engines: list, prompts: list[list[int]], params, single: bool) -
     for engine in engines:
         ids = [engine.add_request(p, params) for p in prompts]
         runs.append(Run(engine, ids, params.max_tokens * len(prompts), single))
-    while True:
-        going = [r for r in runs if not r.done]
-        if not going:
-            break
-        min(going, key=lambda r: r.made / r.total).step()
+    step_by_progress(runs)
     for run in runs:
         run.finish()
     return runs
+
+
+def step_by_progress(runs: list) -> None:
+    """Step `runs` (anything with `done`, `progress` in [0, 1] and `step()`: a Run, a
+    kv_tiers_workload.ClosedLoop) until all are done, the one least far along next."""
+    while True:
+        going = [run for run in runs if not run.done]
+        if not going:
+            return
+        min(going, key=lambda run: run.progress).step()

@@ -223,8 +223,8 @@ def run_closed_loop(
 
 class ClosedLoop:
     """run_closed_loop one engine step at a time (`step` until `done`, then `result`), so
-    that two loops can take turns (`interleaved_loops`). `seconds`: the loop's own time (its
-    submissions and steps); `progress`: the share of its sessions' turns finished."""
+    that two loops can take turns (interleave.step_by_progress). `seconds`: the loop's own
+    time (its submissions and steps); `progress`: the share of its sessions' turns finished."""
 
     def __init__(self, engine, sessions, concurrency: int, params, lockstep: bool = False):
         self.engine, self.sessions, self.params = engine, sessions, params
@@ -280,17 +280,6 @@ class ClosedLoop:
         totals = {k: sum(getattr(s, k) for s in self.steps)
                   for k in ("schedule_s", "forward_s", "after_s")}  # fmt: skip
         return out, {**totals, "steps": len(self.steps)}
-
-
-def interleaved_loops(loops: list[ClosedLoop]) -> None:
-    """Step `loops` (on different engines) until all are done, the one least far along
-    next, so that each loop's `seconds` is a sum over the same stretch of the host's time
-    (benchmarks/interleave.py says why)."""
-    while True:
-        going = [loop for loop in loops if not loop.done]
-        if not going:
-            return
-        min(going, key=lambda loop: loop.progress).step()
 
 
 def _submit(engine, sessions, s: int, params, groups) -> tuple[str, dict]:

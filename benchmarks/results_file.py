@@ -15,6 +15,13 @@ def write_lines(path: pathlib.Path, lines: list[dict]) -> None:
     print(f"wrote {len(lines)} lines to {path}")
 
 
+def read_lines(path: pathlib.Path) -> list[dict]:
+    """The JSON lines of `path` (none when it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def base_line(bench: str, model: str, machine: dict, git: dict, **extra) -> dict:
     """The fields every JSON line of a run starts with: the bench, the model, the machine
     (bench_generate.machine_info), the commit (git_state), torch's version, the time."""
