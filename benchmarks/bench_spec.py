@@ -74,6 +74,7 @@ Model rows (--models, both by default):
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import math
@@ -232,6 +233,7 @@ def run_infergen(
         plain: dict = {}  # the plain engine's best rate interleaved with each configuration
         paired: dict = {}  # each round's rate with the proposer / the plain one beside it
         paired_plain: dict = {}  # each round's plain rate (tok/s) beside each configuration
+        accepted: dict = {}  # each round's acceptance (acceptance_fields) of each configuration
         tokens = args.tokens if single else args.tokens // 2
         repeats = args.repeats if single else args.batch_repeats
         for i in range(repeats):
@@ -240,12 +242,15 @@ def run_infergen(
                 llm = engines[name]
                 spec = llm.engine.speculator
                 before = dict(spec.stats)
+                histogram_before = collections.Counter(spec.drafts_histogram)
                 with OtherCpu() as other:
                     run, alone = paired_rates(llm, engines[NONE], prompts, tokens, single,
                                               spec_first=i % 2 == 0)  # fmt: skip
                 outputs[name], outputs[NONE] = run.outputs, alone.outputs
+                delta = {k: spec.stats[k] - before[k] for k in before}
+                delta["drafts_histogram"] = spec.drafts_histogram - histogram_before
+                accepted.setdefault(name, []).append(acceptance_fields(delta))
                 if run.rate > best.get(name, (0,))[0]:
-                    delta = {k: spec.stats[k] - before[k] for k in before}
                     best[name] = (run.rate, other.cores, delta)
                 if alone.rate > best.get(NONE, (0,))[0]:
                     best[NONE] = (alone.rate, other.cores, {})
@@ -267,18 +272,10 @@ def run_infergen(
             rates[(name_work, name, "round_plain")] = paired_plain.get(name)
             extra = {}
             if delta:
-                drafted, steps = delta["drafted"], delta["steps"]
-                compared = delta["observed_kept"] + delta["observed_rejected"]
                 extra = {
                     "proposer": table[name]["speculative"],
-                    "per_token_acceptance": delta["observed_kept"] / compared if compared else None,
-                    "acceptance_rate": delta["accepted"] / drafted if drafted else None,
-                    "tokens_per_verify_step": (delta["accepted"] + steps) / steps
-                    if steps
-                    else None,
-                    "verify_steps": steps,
-                    "drafts_per_verify_step": drafted / steps if steps else None,
-                    "verify_fraction": steps / delta["decodes"] if delta["decodes"] else None,
+                    **acceptance_fields(delta),
+                    "rounds_acceptance": accepted[name],
                     "same_tokens_as_no_speculation": outputs[name] == outputs[NONE],
                 }
             lines.append({**base, "kind": "result", "metric": metric, "engine": "infergen",
@@ -302,6 +299,22 @@ def run_infergen(
             print(f"{name_work:8} {batch:8} {name:13} {rate:7.1f} tok/s {ratio} {extra}")
     del spare  # (kept until every engine was measured)
     return lines, rates
+
+
+def acceptance_fields(delta: dict) -> dict:
+    """A run's acceptance from its speculator's counts (`delta`: Speculator.stats and
+    drafts_histogram over the run), as perf/measured_acceptance.py reads them."""
+    drafted, steps = delta["drafted"], delta["steps"]
+    compared = delta["observed_kept"] + delta["observed_rejected"]
+    return {
+        "per_token_acceptance": delta["observed_kept"] / compared if compared else None,
+        "acceptance_rate": delta["accepted"] / drafted if drafted else None,
+        "tokens_per_verify_step": (delta["accepted"] + steps) / steps if steps else None,
+        "verify_steps": steps,
+        "drafts_per_verify_step": drafted / steps if steps else None,
+        "verify_fraction": steps / delta["decodes"] if delta["decodes"] else None,
+        "drafts_histogram": {str(d): n for d, n in sorted(delta["drafts_histogram"].items())},
+    }
 
 
 PREDICTED = ("ngram auto", "suffix auto")  # (and the fixed-k configuration)
@@ -338,6 +351,7 @@ def predicted_lines(
             continue
         drafts = line["drafts_per_verify_step"]
         k = args.k if name == names[0] or drafts is None else max(1, round(drafts))
+        k = k_of(line, k)  # (None: each step's drafts drawn from the measured ones)
         prompt = len(work[work_name][0][0])
         model_args = ["--model", model] if model else []
         argv = [sys.executable, "-m", "infergen.cli", "predict", *model_args, "--gpu", "cpu-local",
@@ -353,12 +367,14 @@ def predicted_lines(
             if plain_rounds and snapshots:  # each round from the rates of its host state
                 steps = plain_steps(snapshots, model, prompt + args.tokens // 2)
                 matched = [matched_rates(snapshots, steps, 1 / tok_s) for tok_s in plain_rounds]
-                beside = [predicted_speedup(argv, line, k, r) for r, _ in matched]
+                beside = [predicted_speedup(argv, own, k_of(own, k), r)
+                          for own, (r, _) in zip(round_lines(line, len(matched)), matched,
+                                                 strict=True)]  # fmt: skip
                 predicted = statistics.median(beside)
                 how = (
-                    f"each round's from the rates, of the {len(snapshots)} taken in the "
-                    "run for this model, whose plain decode step is nearest that round's: "
-                    "the median"
+                    f"each round's from its own acceptance and the rates, of the "
+                    f"{len(snapshots)} taken in the run for this model, whose plain decode "
+                    "step is nearest that round's: the median"
                 )
                 extra = {"matched_plain_step_error": [e for _, e in matched]}
             else:
@@ -374,7 +390,8 @@ def predicted_lines(
         measured = rates.get((work_name, name, "ratio"))
         measured = measured or rates[(work_name, name)] / rates[(work_name, name, "plain")]
         out.append({**base, "kind": "prediction", "metric": line["metric"], "config": name,
-                    "spec_tokens": k, "per_token_acceptance": line["per_token_acceptance"],
+                    "spec_tokens": k or max(map(int, line["drafts_histogram"])),
+                    "per_token_acceptance": line["per_token_acceptance"],
                     "tokens_per_verify_step": line["tokens_per_verify_step"],
                     "verify_fraction": line["verify_fraction"], "predicted_speedup": predicted,
                     "measured_speedup": measured, "value": predicted / measured - 1,
@@ -425,10 +442,29 @@ def matched_rates(snapshots: list[dict], steps: list[float],
 _PLAIN: dict[str, float] = {}  # (argv, row) -> predicted TPOT without speculation
 
 
-def predicted_speedup(argv: list[str], line: dict, k: int, row: dict | None) -> float:
-    """`infergen predict` (`argv`) without and with speculation (k drafts, the acceptance of
-    result `line`) on hardware `row` (None: the cached calibration): TPOT plain / with (the
-    plain one predicted once per argv and row)."""
+def round_lines(line: dict, rounds: int) -> list[dict]:
+    """Result `line` as each of its `rounds` measured it: with its rounds' own acceptance
+    ("rounds_acceptance": with auto k the drafts follow the measured step times, so a round
+    at another host speed verified other draft counts), else the line's (its best round's)
+    for every round."""
+    own = line.get("rounds_acceptance")
+    if not own or len(own) != rounds:
+        return [line] * rounds
+    return [{**line, **fields} for fields in own]
+
+
+def k_of(line: dict, k: int | None) -> int | None:
+    """The fixed k to predict `line` with: None where its drafts histogram is drawn from."""
+    return None if line.get("drafts_histogram") else k
+
+
+def predicted_speedup(argv: list[str], line: dict, k: int | None, row: dict | None) -> float:
+    """`infergen predict` (`argv`) without and with speculation (k drafts, None: each step's
+    drawn from the line's drafts_histogram; the acceptance of result `line`) on hardware
+    `row` (None: the cached calibration): TPOT plain / with (the plain one predicted once
+    per argv and row)."""
+    if not line.get("verify_steps", 1):  # a round that verified nothing: no speculation
+        return 1.0
     tpot = []
     key = json.dumps([argv, row], sort_keys=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json") as measured_file, \
@@ -440,7 +476,8 @@ def predicted_speedup(argv: list[str], line: dict, k: int, row: dict | None) -> 
             json.dump(row, row_file)
             row_file.flush()
             extra = ["--hardware-file", row_file.name]
-        for spec in ([], ["--spec-tokens", str(k), "--acceptance-from", measured_file.name]):
+        fixed = [] if k is None else ["--spec-tokens", str(k)]
+        for spec in ([], [*fixed, "--acceptance-from", measured_file.name]):
             if not spec and key in _PLAIN:
                 tpot.append(_PLAIN[key])
                 continue

@@ -314,6 +314,8 @@ def local_run(parts: list[str], threads: int) -> tuple[list[tuple], dict]:
         "launch": hw.launch_overhead_s,
         "eager_layer_s": hw.eager_layer_s,
         "gemm_efficiency": hw.gemm_efficiency,
+        "gemm_efficiency_large": hw.gemm_efficiency_large,
+        "gemm_weight_bytes": list(hw.gemm_weight_bytes),
         "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
         "compute_efficiency_by_kind": hw.compute_efficiency_by_kind,
     }

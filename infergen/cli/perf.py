@@ -70,6 +70,12 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
     path = save(hw, pathlib.Path(args.out) if args.out else default_path())
     print(f"GEMM fp32      {hw.flops['fp32'] / 1e9:8.1f} GFLOP/s")
     print(f"read bandwidth {hw.bandwidth / 1e9:8.1f} GB/s")
+    for curve, size in zip((hw.gemm_efficiency, hw.gemm_efficiency_large),
+                           hw.gemm_weight_bytes, strict=False):  # fmt: skip
+        one = hw.flops["fp32"] * curve[1] * 2 / 1e9  # 1-row GB/s of fp32 weights
+        print(f"GEMM {size / 2**20:6.1f} MiB {one:8.1f} GB/s at 1 row, "
+              f"{100 * curve.get(9, 0):.0f} % of the peak at 9, {100 * curve.get(64, 0):.0f} % "
+              "at 64")  # fmt: skip
     print(f"host copy      {hw.host_bandwidth / 1e9:8.1f} GB/s (KV host tier loads)")
     print(f"launch cost    {hw.launch_overhead_s * 1e6:8.1f} us")
     disk = hw.disk

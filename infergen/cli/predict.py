@@ -144,7 +144,8 @@ def add_parser(sub) -> None:
         type=int,
         default=None,
         help="speculative: drafted tokens a decode step verifies (default: 4 with "
-        "--speculative, else 0: off)",
+        "--speculative, else 0: off; with --acceptance-from a file holding the engine's "
+        "drafts_histogram, each step's drafts are drawn from it instead)",
     )
     p.add_argument(
         "--spec-acceptance",
@@ -166,7 +167,8 @@ def add_parser(sub) -> None:
         help="speculative: the acceptance measured by the engine instead of "
         "--spec-acceptance and --spec-verify-fraction: a JSON object (Speculator.summary(): "
         "the tokens a verifying step emitted and the drafts it verified give the per-token "
-        "acceptance, verify_fraction the share of decodes that verified) or JSON lines "
+        "acceptance, verify_fraction the share of decodes that verified, drafts_histogram "
+        "the verifying steps by their drafts) or JSON lines "
         "(benchmarks/bench_spec.py's results), those of --speculative's proposer when given, "
         "averaged",
     )
@@ -236,8 +238,7 @@ def deployment(args: argparse.Namespace):
         prefix_caching=not args.no_prefix_caching,
         memory_utilization=args.memory_util,
         kv_capacity=parse_bytes(args.kv_memory, where="--kv-memory") if args.kv_memory else None,
-        spec_tokens=_spec_tokens(args),
-        **_spec_acceptance(args),
+        **_speculation(args),
         draft=_draft(args, desc),
         tiers=_tiers(args),
     )
@@ -266,20 +267,25 @@ def _draft(args: argparse.Namespace, desc):
     return dataclasses.replace(desc, layers=desc.layers[-1:])
 
 
-def _spec_tokens(args: argparse.Namespace) -> int:
-    if args.spec_tokens is not None:
-        return args.spec_tokens
-    return 4 if args.speculative or args.acceptance_from else 0
-
-
-def _spec_acceptance(args: argparse.Namespace) -> dict:
+def _speculation(args: argparse.Namespace) -> dict:
+    """The Deployment's speculative fields: k (--spec-tokens; default 4 when speculating),
+    the acceptance and verify fraction (given, or measured: --acceptance-from), and with a
+    measured drafts histogram and no --spec-tokens, each step's drafts drawn from it."""
+    default_k = 4 if args.speculative or args.acceptance_from else 0
+    k = args.spec_tokens if args.spec_tokens is not None else default_k
     if args.acceptance_from is None:
-        return dict(spec_acceptance=args.spec_acceptance,
+        return dict(spec_tokens=k, spec_acceptance=args.spec_acceptance,
                     spec_verify_fraction=args.spec_verify_fraction)  # fmt: skip
     from infergen.perf.measured_acceptance import measured_acceptance
 
     measured = measured_acceptance(args.acceptance_from, args.speculative)
-    return dict(spec_acceptance=measured.alpha, spec_verify_fraction=measured.verify_fraction)
+    drawn = measured.drafts if args.spec_tokens is None and measured.drafts else None
+    return dict(
+        spec_tokens=max(drawn) if drawn else k,
+        spec_acceptance=measured.alpha,
+        spec_verify_fraction=measured.verify_fraction,
+        spec_drafts=drawn,
+    )
 
 
 def _tiers(args: argparse.Namespace):

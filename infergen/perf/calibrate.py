@@ -5,9 +5,11 @@ GEMM at a compute-bound shape, or torch's matmul if faster), memory read bandwid
 a buffer far larger than the caches), the host-copy bandwidth (a copy between two such buffers,
 in bytes copied per second: what the KV host tier's loads reach here, where host and device
 memory are one), the fixed cost of one parallel op launch (a native op on a tiny tensor), the
-GEMM's efficiency by row count on a stack of model-sized weights (whose one-row pass, streaming
-the stack from memory through the kernel's prefetches, may read faster than the sum: the read
-bandwidth is the faster of the two), the fraction of the bandwidth the decode-attention kernel
+GEMM's efficiency by row count on a stack of model-sized weights and on one large weight (an
+LM head's size), timed in turn (a one-row pass, streaming from memory through the kernel's
+prefetches, may read faster than the sum: the read bandwidth is the fastest of the three; the
+large weight streams faster than the stack of small ones, and a GEMM's curve is mixed from the
+two by its weight's size), the fraction of the bandwidth the decode-attention kernel
 reaches (on decode rows, and on a verifying decode's rows, which find much of their prefix in
 cache: for those also the fraction of the GEMM peak, from the same time) and the fraction of
 the GEMM peak the prefill attention reaches, and the KV disk tier's costs per block (the
@@ -108,16 +110,22 @@ def _rates(repeats: int, quick: bool) -> dict:
     bandwidth = buf.numel() * 4 / best_seconds(lambda: buf.sum(), repeats)
     copy_to = torch.empty_like(buf)
     host_copy = buf.numel() * 4 / best_seconds(lambda: copy_to.copy_(buf), repeats)
-    achieved = _gemm_achieved(row, repeats, layers=8 if quick else _streaming_layers())
+    achieved, large = _gemm_achieved(
+        row,
+        repeats,
+        layers=8 if quick else _streaming_layers(),
+        large_bytes=None if quick else _large_weight_bytes(),
+    )
     # the peak is the best any measurement reached (one contended window cannot lower it
     # below the others), and the curve is relative to it
-    peak = max(native, torch_mm, *achieved.values())
-    # likewise the read bandwidth: the packed GEMM streaming its stack at one row (2 FLOPs
+    peak = max(native, torch_mm, *achieved.values(), *large.values())
+    # likewise the read bandwidth: the packed GEMM streaming a weight at one row (2 FLOPs
     # per 4-byte weight, from DRAM) reads faster than the sum, through its own prefetching
-    # (here 48-54 GB/s against 35), and the engine's decode reads its weights that way
-    # (`quick`'s stack of 8 may fit in the last-level cache: not a DRAM rate)
+    # (here 48-54 GB/s against 35, the large weight up to 70), and the engine's decode
+    # reads its weights that way (`quick`'s stack of 8 may fit in the last-level cache: not
+    # a DRAM rate)
     if not quick:
-        bandwidth = max(bandwidth, achieved[1] * 2)
+        bandwidth = max(bandwidth, achieved[1] * 2, large[1] * 2)
     layers = 4 if quick else 16
     decode = _attention_efficiency(bandwidth, repeats, layers)
     verify, verify_compute = _verify_attention_efficiency(bandwidth, peak, repeats, layers)
@@ -127,6 +135,8 @@ def _rates(repeats: int, quick: bool) -> dict:
         host_bandwidth=host_copy,
         flops={"fp32": peak},
         gemm_efficiency={rows: flops / peak for rows, flops in achieved.items()},
+        gemm_efficiency_large={rows: flops / peak for rows, flops in large.items()},
+        gemm_weight_bytes=(LAYER_BYTES, _large_weight_bytes()) if large else (),
         memory_efficiency_by_kind={"attention": decode, VERIFY_ATTENTION: verify},
         compute_efficiency_by_kind={"attention": prefill, VERIFY_ATTENTION: verify_compute},
     )
@@ -162,6 +172,7 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
         **_faster_link(a, b),
         eager_layer_s=_faster_parts(a.eager_layer_s, b.eager_layer_s),
         gemm_efficiency=rates(a.gemm_efficiency, b.gemm_efficiency, peak_a, peak_b, peak),
+        **_large_curve(a, b, peak),
         memory_efficiency_by_kind=rates(
             a.memory_efficiency_by_kind,
             b.memory_efficiency_by_kind,
@@ -173,6 +184,24 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
             a.compute_efficiency_by_kind, b.compute_efficiency_by_kind, peak_a, peak_b, peak
         ),
     )
+
+
+def _large_curve(a: Hardware, b: Hardware, peak: float) -> dict:
+    """best_of's large-weight GEMM curve: point by point the faster of the two where both
+    measured it on the same weight size, else whichever has one."""
+    rows = [hw for hw in (a, b) if hw.gemm_efficiency_large]
+    if not rows:
+        return {}
+    if len(rows) == 1 or a.gemm_weight_bytes != b.gemm_weight_bytes:
+        hw = rows[-1]
+        curve = {
+            k: min(1.0, e * hw.flops["fp32"] / peak) for k, e in hw.gemm_efficiency_large.items()
+        }
+        return {"gemm_efficiency_large": curve, "gemm_weight_bytes": hw.gemm_weight_bytes}
+    keys = a.gemm_efficiency_large.keys() | b.gemm_efficiency_large.keys()
+    curve = {k: min(1.0, max(hw.gemm_efficiency_large.get(k, 0.0) * hw.flops["fp32"]
+                             for hw in (a, b)) / peak) for k in keys}  # fmt: skip
+    return {"gemm_efficiency_large": curve, "gemm_weight_bytes": a.gemm_weight_bytes}
 
 
 def _faster_link(a: Hardware, b: Hardware) -> dict:
@@ -221,23 +250,45 @@ def _streaming_layers() -> int:
     return int(min(max(24, wanted), (3 << 29) // LAYER_BYTES))
 
 
-def _gemm_achieved(row, repeats: int, layers: int) -> dict[int, float]:
+def _large_weight_bytes() -> int:
+    """The large GEMM weight's bytes (K = 576): twice the last-level cache, at least 128 MiB
+    (an LM head's size), at most 1.5 GB."""
+    wanted = min(max(2 * _last_level_cache_bytes(), 128 << 20), 3 << 29)
+    return wanted // (576 * 4) * 576 * 4
+
+
+def _gemm_achieved(
+    row, repeats: int, layers: int, large_bytes: int | None
+) -> tuple[dict[int, float], dict[int, float]]:
     """FLOP/s by row count (1 .. 512) of a stack of `layers` model-sized weights (1536 x 576,
     3.5 MiB each, together larger than the caches) run one after another, as a forward pass
-    streams its layers' weights."""
+    streams its layers' weights; and of one weight of `large_bytes` (K = 576; None: not
+    measured, {}), as an LM head streams, the two timed in turn (the same moments)."""
     k, n = 576, 1536
     stack = [row.prepare(torch.randn(n, k)) for _ in range(layers)]
+    big_n = large_bytes // (4 * k) if large_bytes else 0
+    big = row.prepare(torch.randn(big_n, k)) if big_n else None
 
     def pass_of(rows: int):
         x = torch.randn(rows, k)
         return lambda: [row.apply(x, w, None, n) for w in stack]
 
+    def large_of(rows: int):
+        x = torch.randn(rows, k)
+        return lambda: row.apply(x, big, None, big_n)
+
     # every row count up to 9 (speculative verification: 1 + k rows a sequence; the micro-
     # kernels change at 4 and 8 rows, interpolating between them would be wrong)
     counts = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 32, 64, 128, 512)
-    runs = {rows: pass_of(rows) for rows in counts}
+    runs = {("stack", rows): pass_of(rows) for rows in counts}
+    if big is not None:
+        runs |= {("large", rows): large_of(rows) for rows in counts}
     seconds = best_seconds_each(runs, repeats)
-    return {rows: 2 * rows * k * n * layers / s for rows, s in seconds.items()}
+    flops = {"stack": 2 * k * n * layers, "large": 2 * k * big_n}
+    curves: dict[str, dict[int, float]] = {"stack": {}, "large": {}}
+    for (which, rows), s in seconds.items():
+        curves[which][rows] = rows * flops[which] / s
+    return curves["stack"], curves["large"]
 
 
 HEADS, KV_HEADS, DIM, BLOCK = 8, 2, 64, 16  # the attention calibrations' shapes
@@ -396,6 +447,14 @@ def as_row(hw: Hardware) -> dict:
             else {}
         ),
         "gemm_efficiency": hw.gemm_efficiency,
+        **(
+            {
+                "gemm_efficiency_large": hw.gemm_efficiency_large,
+                "gemm_weight_bytes": list(hw.gemm_weight_bytes),
+            }
+            if hw.gemm_efficiency_large
+            else {}
+        ),  # fmt: skip
         "memory_efficiency_by_kind": hw.memory_efficiency_by_kind,
         "compute_efficiency_by_kind": hw.compute_efficiency_by_kind,
         "eager_layer_s": {part: list(seconds) for part, seconds in hw.eager_layer_s.items()},

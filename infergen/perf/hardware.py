@@ -14,6 +14,10 @@ measured (or fitted):
     compute_efficiency_by_kind  of the FLOP/s, per op kind where it differs ({"attention": ..})
     memory_efficiency_by_kind   of the bandwidth, per op kind where it differs
     gemm_efficiency             of the FLOP/s, a GEMM's by row count ({rows: fraction})
+    gemm_efficiency_large       the same for one large weight streaming from memory, with
+                                gemm_weight_bytes = [the first curve's weight bytes, this
+                                one's]: a GEMM's curve is interpolated between the two by its
+                                weight's size (cpu-local: a small weight streams slower)
   absolute seconds, >= 0
     launch_overhead_s                     per op launch
     step_overhead_s, sequence_overhead_s  host time per step / per sequence of a step
@@ -156,20 +160,34 @@ class Hardware:
     # measured GEMM efficiency by row count: {rows: achieved / peak FLOP/s} on a weight that
     # streams from memory (empty: no curve, efficiency 1)
     gemm_efficiency: dict[int, float] = field(default_factory=dict)
+    # the same curve for one large weight, and the two curves' weight sizes in bytes
+    # (gemm_efficiency's, this one's); empty: gemm_efficiency serves every weight. Measured
+    # on an AMD EPYC Zen 4 at one row, 3.5 MB layers streamed one after another at 42 GB/s
+    # where one 150 MB weight streamed at 70 (33 and 37 while the host was slow): an LM head
+    # of 670 MB at the small layers' rate took 1.4x its time, and its verifying step's
+    # extra rows seemed the cheaper for it.
+    gemm_efficiency_large: dict[int, float] = field(default_factory=dict)
+    gemm_weight_bytes: tuple[float, ...] = ()
 
-    def gemm_efficiency_at(self, rows: int) -> float:
+    def gemm_efficiency_at(self, rows: int, weight_bytes: float | None = None) -> float:
         """The curve interpolated in log2(rows), flat beyond its ends, and bounded so that a
         GEMM over more rows never takes less time than over fewer (rows / efficiency never
         falls): it reads the same weights and computes more. A measured point faster than a
         smaller one is a faster moment of the host, not of the kernel — a calibration here
         had 5 rows at 0.90x the time of 1 row where the kernel, timed with the two
         interleaved, takes 1.08x; and best_of takes each point from whichever round was
-        fastest."""
+        fastest. With a large weight's curve and `weight_bytes` (one call's weight), the
+        two curves' values mixed by where the weight's size lies between theirs, in log
+        (clamped to the ends)."""
         if not self.gemm_efficiency or rows <= 0:
             return 1.0
-        points = sorted(self.gemm_efficiency.items())
-        per_row = min((e / m for m, e in points if m <= rows), default=math.inf)
-        return min(_interpolated(points, rows), rows * per_row)
+        small = _capped(self.gemm_efficiency, rows)
+        if not self.gemm_efficiency_large or not weight_bytes or not self.gemm_weight_bytes:
+            return small
+        low, high = self.gemm_weight_bytes
+        t = (math.log(weight_bytes) - math.log(low)) / (math.log(high) - math.log(low))
+        t = min(1.0, max(0.0, t))
+        return small + t * (_capped(self.gemm_efficiency_large, rows) - small)
 
     def peak_flops(self, fmt: str) -> float:
         """Dense FLOP/s for a compute format (see `runs_as`)."""
@@ -186,6 +204,14 @@ class Hardware:
             where=f"hardware.{self.name}.flops",
             expected=f"one of {sorted(self.flops)}",
         )
+
+
+def _capped(curve: dict[int, float], rows: int) -> float:
+    """A GEMM curve at `rows`: interpolated, and no higher than a smaller row count's
+    efficiency per row (see Hardware.gemm_efficiency_at)."""
+    points = sorted(curve.items())
+    per_row = min((e / m for m, e in points if m <= rows), default=math.inf)
+    return min(_interpolated(points, rows), rows * per_row)
 
 
 def _interpolated(points: list[tuple[int, float]], rows: int) -> float:
@@ -213,7 +239,13 @@ _WIDER = {
 _REQUIRED = ("memory_bytes", "bandwidth", "flops")
 _BY_KIND = ("memory_efficiency_by_kind", "compute_efficiency_by_kind")
 # the efficiency factors (module docstring): fractions of the row's own peaks, and seconds
-FRACTIONS = ("compute_efficiency", "memory_efficiency", *_BY_KIND, "gemm_efficiency")
+FRACTIONS = (
+    "compute_efficiency",
+    "memory_efficiency",
+    *_BY_KIND,
+    "gemm_efficiency",
+    "gemm_efficiency_large",
+)  # (the large curve travels with gemm_weight_bytes)
 SECONDS = (
     "launch_overhead_s",
     "step_overhead_s",
@@ -235,7 +267,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             "host_bandwidth)",
         )
     known = {"description", "l2_bytes", "sms", "interconnect", "host_bandwidth", "calibrated",
-             "disk", "eager_layer_s", "link_curve"}  # fmt: skip
+             "disk", "eager_layer_s", "link_curve", "gemm_weight_bytes"}  # fmt: skip
     known |= {"efficiencies_from", *FRACTIONS, *SECONDS, *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
@@ -267,10 +299,9 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
     if not _number(memory) or not 0 < memory <= 1:
         what = "memory_efficiency must be a fraction in (0, 1]"
         raise ConfigError(f"hardware {name!r}: {what}", where=where, found=memory, expected="0.9")
-    what = "gemm_efficiency must map row counts (whole numbers >= 1) to fractions in (0, 1]"
-    curve = _fractions(row.get("gemm_efficiency", {}), name, where, what, '{"1": 0.1, ...}')
-    if not all(str(rows).isdigit() and int(rows) >= 1 for rows in curve):
-        raise ConfigError(f"hardware {name!r}: {what}", where=where, found=sorted(curve))
+    curves = {key: _gemm_curve(row, key, name, where)
+              for key in ("gemm_efficiency", "gemm_efficiency_large")}  # fmt: skip
+    weight_bytes = _gemm_weight_bytes(row, bool(curves["gemm_efficiency_large"]), name, where)
     hw = Hardware(
         name=name,
         description=row.get("description", name),
@@ -284,7 +315,8 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         disk=FileCosts.from_dict(row["disk"], name, where) if row.get("disk") else None,
         **{key: float(row[key]) for key in SECONDS if key in row},
         memory_efficiency=float(memory),
-        gemm_efficiency={int(m): e for m, e in curve.items()},
+        **curves,
+        gemm_weight_bytes=weight_bytes,
         compute_efficiency=_per_format(row.get("compute_efficiency", {}), name, where),
         **{key: _by_kind(row, key, name, where) for key in _BY_KIND},
         eager_layer_s=_eager_layers(row.get("eager_layer_s", {}), name, where),
@@ -325,6 +357,8 @@ def borrow(hw: Hardware, donor: Hardware, factors: list[str] | None = None) -> H
             expected=f"one of {_calibrated_rows()}",
         )
     values = {key: getattr(donor, key) for key in factors or (*FRACTIONS, *SECONDS)}
+    if values.get("gemm_efficiency_large"):
+        values["gemm_weight_bytes"] = donor.gemm_weight_bytes
     if "compute_efficiency" in values:
         values["compute_efficiency"] = _nearest_formats(hw, donor.compute_efficiency)
     defaults = _defaults()
@@ -360,8 +394,37 @@ def peaks_only(hw: Hardware) -> Hardware:
 def _defaults() -> dict:
     """Every efficiency factor at its default: fractions 1 (none given), 0 seconds."""
     defaults = {f.name: f.default for f in fields(Hardware) if f.name in (*FRACTIONS, *SECONDS)}
-    tables = ("compute_efficiency", *_BY_KIND, "gemm_efficiency", "eager_layer_s")
-    return defaults | {key: {} for key in tables}
+    tables = ("compute_efficiency", *_BY_KIND, "gemm_efficiency", "gemm_efficiency_large",
+              "eager_layer_s")  # fmt: skip
+    return defaults | {key: {} for key in tables} | {"gemm_weight_bytes": ()}
+
+
+def _gemm_curve(row: dict, key: str, name: str, where: str) -> dict[int, float]:
+    """A GEMM efficiency curve ({rows: fraction}) of a row as read, checked."""
+    what = f"{key} must map row counts (whole numbers >= 1) to fractions in (0, 1]"
+    curve = _fractions(row.get(key, {}), name, where, what, '{"1": 0.1, ...}')
+    if not all(str(rows).isdigit() and int(rows) >= 1 for rows in curve):
+        raise ConfigError(f"hardware {name!r}: {what}", where=where, found=sorted(curve))
+    return {int(m): e for m, e in curve.items()}
+
+
+def _gemm_weight_bytes(row: dict, large: bool, name: str, where: str) -> tuple[float, ...]:
+    """gemm_weight_bytes: [small, large] weight bytes of the two GEMM curves, given exactly
+    when gemm_efficiency_large is."""
+    value = row.get("gemm_weight_bytes")
+    if value is None and not large:
+        return ()
+    ok = (large and isinstance(value, (list, tuple)) and len(value) == 2
+          and all(_number(v) and v > 0 for v in value) and value[0] < value[1])  # fmt: skip
+    if not ok:
+        raise ConfigError(
+            f"hardware {name!r}: gemm_weight_bytes and gemm_efficiency_large go together",
+            where=where,
+            found=value,
+            expected="gemm_weight_bytes: [the gemm_efficiency curve's weight bytes, the larger "
+            "gemm_efficiency_large one's] beside gemm_efficiency_large",
+        )
+    return (float(value[0]), float(value[1]))
 
 
 def _fractions(table, name: str, where: str, what: str, expected: str) -> dict[str, float]:

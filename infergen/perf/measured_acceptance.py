@@ -12,7 +12,11 @@ cost model drops them). The engine measures (engine/spec/speculator.Speculator.s
   a copied passage is either all kept or rejected at once — so this α, not the per-token
   rate, gives the simulator the right tokens per step;
 - `per_token_acceptance`: kept / compared draft tokens, the α used when T and d are absent;
-- `verify_fraction` (f): verifying steps / decodes (1 when absent).
+- `verify_fraction` (f): verifying steps / decodes (1 when absent);
+- `drafts_histogram` ({"d": verifying steps that verified d drafts}; optional): the
+  simulator then draws each verifying step's drafts from it (a step's cost is not linear in
+  its rows: on the CPU a GEMM of 9 rows takes ~1.2x one of 8, the micro-kernels' row tiles
+  being 8 high), and α is the one whose chains over those draft counts emit T on average.
 
 FILE is one JSON object with those keys — e.g. `json.dump(llm.engine.speculator.summary(),
 f)` — or JSON lines, as benchmarks/bench_spec.py writes them (its `tokens_per_verify_step`
@@ -32,23 +36,31 @@ KEY = "per_token_acceptance"
 TOKENS = ("tokens_per_step", "tokens_per_verify_step")  # T: the engine's, the benchmark's
 DRAFTS = "drafts_per_verify_step"
 FRACTION = "verify_fraction"
+HISTOGRAM = "drafts_histogram"
 
 
 class MeasuredAcceptance(NamedTuple):
     alpha: float  # per draft token, given the ones before it were kept
     verify_fraction: float  # of decodes that verify drafts
+    # {drafts: share of verifying steps} (None: every step verifies the fixed k)
+    drafts: dict[int, float] | None = None
 
 
-def chain_acceptance(tokens: float, drafts: float) -> float:
+def chain_acceptance(tokens: float, drafts: float | dict[int, float]) -> float:
     """The α with 1 + α + … + α^d = `tokens` for d = `drafts` (a real d: the geometric sum's
-    closed form), by bisection; 0 and 1 at the ends."""
-    if drafts <= 0 or tokens <= 1.0:
+    closed form; a histogram {d: share}: the shares' mean of the sums), by bisection; 0 and
+    1 at the ends."""
+    shares = drafts if isinstance(drafts, dict) else {drafts: 1.0}
+    total = sum(shares.values())
+    shares = {d: w / total for d, w in shares.items() if d > 0} if total > 0 else {}
+    if not shares or tokens <= 1.0:
         return 0.0
-    if tokens >= drafts + 1.0:
+    if tokens >= sum(w * (d + 1.0) for d, w in shares.items()) + (1.0 - sum(shares.values())):
         return 1.0
+    idle = 1.0 - sum(shares.values())  # steps of 0 drafts: one token each
 
     def emitted(a: float) -> float:
-        return (1.0 - a ** (drafts + 1.0)) / (1.0 - a)
+        return idle + sum(w * (1.0 - a ** (d + 1.0)) / (1.0 - a) for d, w in shares.items())
 
     lo, hi = 0.0, 1.0 - 1e-12
     for _ in range(60):
@@ -64,8 +76,25 @@ def _number(record: dict, *keys: str) -> float | None:
     return None
 
 
+def _histogram(record: dict) -> dict[int, float] | None:
+    """A record's drafts_histogram as {drafts: steps} (None: absent or not one)."""
+    table = record.get(HISTOGRAM)
+    if not isinstance(table, dict) or not table:
+        return None
+    try:
+        counts = {int(d): float(n) for d, n in table.items()}
+    except (TypeError, ValueError):
+        return None
+    if any(d < 0 or n < 0 for d, n in counts.items()) or not sum(counts.values()):
+        return None
+    return counts
+
+
 def _alpha(record: dict) -> float | None:
     tokens, drafts = _number(record, *TOKENS), _number(record, DRAFTS)
+    histogram = _histogram(record)
+    if tokens is not None and histogram is not None:
+        return chain_acceptance(tokens, histogram)
     if tokens is not None and drafts is not None:
         return chain_acceptance(tokens, drafts)
     return _number(record, KEY)
@@ -109,4 +138,10 @@ def measured_acceptance(
     for name, value in (("acceptance", alpha), (FRACTION, fraction)):
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{name} out of range", where=where, found=value, expected="[0, 1]")
-    return MeasuredAcceptance(alpha, fraction)
+    counts: dict[int, float] = {}
+    for record in records:
+        for d, n in (_histogram(record) or {}).items():
+            counts[d] = counts.get(d, 0.0) + n
+    total = sum(counts.values())
+    drafts = {d: n / total for d, n in sorted(counts.items())} if total else None
+    return MeasuredAcceptance(alpha, fraction, drafts)

@@ -40,6 +40,7 @@ class Deployment:
     spec_tokens: int = 0
     spec_acceptance: float = 0.0
     spec_verify_fraction: float = 1.0  # of decodes that verify drafts (the others: none)
+    spec_drafts: dict[int, float] | None = None  # {drafts: share of verifying steps}
     draft: ModelDesc | None = None
     tiers: TierSpec | None = None  # KV tiers below the pool (perf/kv_tiers.py), per device
     kv_blocks: int | None = None  # the pool's exact blocks (the engine's num_kv_blocks)
@@ -95,7 +96,7 @@ class Deployment:
                 draft = dataclasses.replace(self, desc=self.draft, draft=None, spec_tokens=0)
                 draft_time = draft.step_seconds
             spec = SpecDecode(self.spec_tokens, self.spec_acceptance, draft_time,
-                              self.spec_verify_fraction)  # fmt: skip
+                              self.spec_verify_fraction, self.spec_drafts)  # fmt: skip
         tiers = self.tiers.for_hardware(self.hw) if self.tiers is not None else None
         return Simulator(
             self.step_seconds, self.kv_pool, self.scheduler, self.prefix_caching, spec, seed,

@@ -100,7 +100,7 @@ def op_times(
             times.append(OpTime(o.name, o.kind, 0.0, 0.0, 0.0, _link_seconds(o, hw)))
             continue
         if o.kind == "gemm":
-            ce *= hw.gemm_efficiency_at(o.rows)
+            ce *= hw.gemm_efficiency_at(o.rows, o.call_weight_bytes)
         times.append(
             OpTime(o.name, o.kind, o.flops / (peak * ce), o.bytes / (hw.bandwidth * me), 0.0)
         )

@@ -79,12 +79,16 @@ class SpecDecode:
     """k drafted tokens per decode step, each accepted with probability `acceptance` given
     the previous ones were; a decode has drafts to verify with probability `verify_fraction`
     (else it decodes one token); `draft_step_time(chunks)` is one draft decode step (None: a
-    free proposer such as n-gram lookup)."""
+    free proposer such as n-gram lookup); `drafts` ({d: share}, None: always `tokens`): the
+    drafts a verifying step verifies, drawn per step (an engine with num_speculative_tokens
+    "auto" verifies as many as the proposer and the cost model give, perf/
+    measured_acceptance.py)."""
 
     tokens: int
     acceptance: float
     draft_step_time: Callable[[list[Chunk]], float] | None = None
     verify_fraction: float = 1.0
+    drafts: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if (self.tokens < 1 or not 0.0 <= self.acceptance <= 1.0
@@ -95,8 +99,21 @@ class SpecDecode:
             )
 
     def expected_tokens(self) -> float:
-        """Tokens emitted per verify step: 1 + a + a^2 + ... + a^k."""
-        return sum(self.acceptance**i for i in range(self.tokens + 1))
+        """Tokens emitted per verify step: 1 + a + a^2 + ... + a^k (k: `tokens`, or drawn
+        from `drafts`)."""
+        shares = self.drafts or {self.tokens: 1.0}
+        return sum(w * sum(self.acceptance**i for i in range(d + 1)) for d, w in shares.items())
+
+    def draw(self, rng: random.Random) -> list[int] | None:
+        """A decode's drafts for the scheduler (seq.drafts): None (the whole lookahead,
+        `tokens`) or placeholders, as many as drawn from `drafts`; [] when it does not
+        verify (1 - verify_fraction of decodes)."""
+        if self.verify_fraction < 1.0 and rng.random() >= self.verify_fraction:
+            return []
+        if not self.drafts or set(self.drafts) == {self.tokens}:  # (one count: the fixed k)
+            return None
+        counts, weights = zip(*self.drafts.items(), strict=True)
+        return [0] * min(self.tokens, rng.choices(counts, weights)[0])
 
 
 @dataclass
@@ -239,9 +256,9 @@ class Simulator:
                 if self.arrivals:  # (none left: every remaining request was refused)
                     self.clock = self.arrivals[0][0]
                 continue
-            if self.spec is not None and self.spec.verify_fraction < 1.0:
+            if self.spec is not None and (self.spec.verify_fraction < 1.0 or self.spec.drafts):
                 for seq in self.sched.running:  # None: the whole lookahead, []: no drafts
-                    seq.drafts = None if self.rng.random() < self.spec.verify_fraction else []
+                    seq.drafts = self.spec.draw(self.rng)
             batch = self.sched.schedule()
             if not batch:
                 self._wait_for_loads()

@@ -105,6 +105,7 @@ class OpCost:
     bytes: float = 0.0  # everything moved, weights included (comm: bytes over the link)
     weight_bytes: float = 0.0
     rows: int = 0  # GEMMs: the largest row count (tokens) of the op; its efficiency depends on it
+    call_weight_bytes: float = 0.0  # GEMMs: the largest weight one call reads (its curve's)
     calls: int = 0  # comm: collectives (each pays the link latency)
 
     def add(
@@ -114,6 +115,7 @@ class OpCost:
         self.bytes += (nbytes + weight_bytes) * times
         self.weight_bytes += weight_bytes * times
         self.rows = max(self.rows, rows)
+        self.call_weight_bytes = max(self.call_weight_bytes, weight_bytes)
 
 
 VERIFY_ATTENTION = "verify_attention"  # the op kind of verifying decodes' attention

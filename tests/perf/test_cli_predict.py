@@ -214,6 +214,9 @@ def test_measured_acceptance_from_the_engine_or_a_benchmark(capsys, tmp_path):
     llm.generate([text, "Write a poem about the sea."],
                  SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))  # fmt: skip
     summary = llm.engine.speculator.summary()
+    histogram = {int(d): n for d, n in summary.pop("drafts_histogram").items()}
+    assert sum(histogram.values()) == summary["steps"]
+    assert sum(d * n for d, n in histogram.items()) == summary["drafted"]
     alpha = chain_acceptance(summary["tokens_per_step"], summary["drafts_per_verify_step"])
     assert 0 < alpha < 1 and 0 < summary["verify_fraction"] < 1
     (tmp_path / "summary.json").write_text(json.dumps(summary))
@@ -224,6 +227,19 @@ def test_measured_acceptance_from_the_engine_or_a_benchmark(capsys, tmp_path):
                      "--spec-verify-fraction", str(summary["verify_fraction"]))  # fmt: skip
     plain = run_json(capsys, *argv)
     assert measured == typed and measured["output_tok_s"] > plain["output_tok_s"]
+    # with the drafts histogram: α is the one whose chains over the histogram's draft counts
+    # emit the measured tokens (a fixed --spec-tokens keeps that k); a histogram of k alone
+    # is the fixed k
+    mixed = chain_acceptance(summary["tokens_per_step"], histogram)
+    for table, k in ((histogram, "4"), ({4: 10}, None)):
+        file = tmp_path / "histogram.json"
+        file.write_text(json.dumps({**summary, "drafts_histogram": table}))
+        alpha = mixed if k else chain_acceptance(summary["tokens_per_step"], table)
+        given = ["--spec-tokens", k] if k else []
+        measured = run_json(capsys, *argv, *given, "--acceptance-from", str(file))
+        typed = run_json(capsys, *argv, "--spec-tokens", "4", "--spec-acceptance", str(alpha),
+                         "--spec-verify-fraction", str(summary["verify_fraction"]))  # fmt: skip
+        assert measured == typed
     lines = [{"proposer": "ngram", "per_token_acceptance": 0.2},
              {"proposer": "suffix", "per_token_acceptance": 0.9},
              {"proposer": "ngram", "per_token_acceptance": 0.4}, {"metric": "other"}]  # fmt: skip

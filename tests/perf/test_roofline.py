@@ -137,6 +137,59 @@ def test_gemm_time_never_falls_with_more_rows():
     assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:], strict=False))
 
 
+def test_gemm_curve_by_the_size_of_one_call_s_weight():
+    """With a large weight's curve, a GEMM's efficiency mixes the two curves by where its
+    weight's size lies between theirs in log (clamped at the ends); without its weight's
+    size, or without the large curve, the first curve alone. Each curve is capped first, so
+    the time still never falls with rows."""
+    small, large = {1: 0.1, 9: 0.5}, {1: 0.2, 9: 0.9}
+    hw = Hardware("curve", "c", 1e9, 1e9, {"fp32": 1e12}, gemm_efficiency=small,
+                  gemm_efficiency_large=large, gemm_weight_bytes=(1e6, 1e8))  # fmt: skip
+    for rows in (1, 9):
+        assert hw.gemm_efficiency_at(rows) == small[rows]
+        assert hw.gemm_efficiency_at(rows, 1e5) == small[rows]
+        assert hw.gemm_efficiency_at(rows, 1e6) == small[rows]
+        assert hw.gemm_efficiency_at(rows, 1e8) == pytest.approx(large[rows])
+        assert hw.gemm_efficiency_at(rows, 1e9) == pytest.approx(large[rows])
+        middle = (small[rows] + large[rows]) / 2  # 1e7: halfway in log
+        assert hw.gemm_efficiency_at(rows, 1e7) == pytest.approx(middle)
+    one_curve = dataclasses.replace(hw, gemm_efficiency_large={}, gemm_weight_bytes=())
+    assert one_curve.gemm_efficiency_at(9, 1e8) == small[9]
+    # the roofline passes each op's largest weight of one call
+    op = OpCost("head", "gemm")
+    op.add(2e9, 0.0, weight_bytes=1e8, rows=9, times=2)
+    assert op.call_weight_bytes == 1e8 and op.weight_bytes == 2e8
+    (t,) = op_times([op], hw, "fp32")
+    assert t.compute_s == pytest.approx(4e9 / (1e12 * 0.9))
+    times = [rows / hw.gemm_efficiency_at(rows, 3e7) for rows in range(1, 12)]
+    assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:], strict=False))
+
+
+def test_the_large_curve_round_trips_and_needs_its_weight_sizes():
+    import json
+
+    from infergen.errors import ConfigError
+    from infergen.perf.calibrate import as_row, best_of
+    from infergen.perf.hardware import from_dict
+
+    hw = Hardware("cpu-local", "c", 1e9, 1e9, {"fp32": 1e12}, gemm_efficiency={1: 0.1},
+                  gemm_efficiency_large={1: 0.2, 9: 0.9}, gemm_weight_bytes=(1e6, 1e8),
+                  calibrated="today")  # fmt: skip
+    row = json.loads(json.dumps(as_row(hw)["cpu-local"]))  # as a file holds it
+    back = from_dict("cpu-local", row, "a file")
+    assert back.gemm_efficiency_large == hw.gemm_efficiency_large
+    assert back.gemm_weight_bytes == hw.gemm_weight_bytes
+    for broken in ({"gemm_weight_bytes": [1e8, 1e6]}, {"gemm_weight_bytes": None},
+                   {"gemm_efficiency_large": {}}):  # fmt: skip
+        with pytest.raises(ConfigError, match="gemm_weight_bytes and gemm_efficiency_large"):
+            from_dict("x", {**row, **broken}, "a file")
+    # best_of: point by point the faster achieved rate, against the combined peak
+    faster = dataclasses.replace(hw, flops={"fp32": 2e12}, gemm_efficiency_large={1: 0.05, 9: 0.6})
+    both = best_of(hw, faster)
+    assert both.gemm_efficiency_large == pytest.approx({1: 0.1, 9: 0.6})
+    assert both.gemm_weight_bytes == hw.gemm_weight_bytes
+
+
 def test_calibration_fields_scale_the_roofline_and_host_time_is_per_step_and_sequence():
     from infergen.io.model_config import read_model_config
     from infergen.perf.roofline import predict_step

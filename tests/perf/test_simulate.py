@@ -221,6 +221,27 @@ def test_a_share_of_decodes_without_drafts(fraction):
     assert sum(n > 1 for n in decodes) / len(decodes) == pytest.approx(fraction, abs=0.04)
 
 
+def test_drafts_drawn_from_a_measured_histogram():
+    """SpecDecode.drafts {d: share}: each verifying step verifies d drafts with that share
+    (its step has 1 + d rows), and the tokens per decode step are the shares' mean of the
+    chains, f·E + (1 − f)."""
+    shares, output = {2: 0.25, 5: 0.75}, 4000
+    spec = SpecDecode(6, 0.7, verify_fraction=0.9, drafts=shares)
+    sizes = []
+    sim = Simulator(lambda chunks: sizes.append(chunks[0].new) or 1e-3, pool(), spec=spec,
+                    seed=5)  # fmt: skip
+    results, _, _ = sim.run([Shape(10, output)], concurrency=1)
+    assert results[0].output_tokens == output
+    decodes = sizes[1:-1]  # (the prefill; the last step may be cut at max_tokens)
+    verifying = [n - 1 for n in decodes if n > 1]
+    assert set(verifying) == {2, 5}
+    assert verifying.count(5) / len(verifying) == pytest.approx(0.75, abs=0.04)
+    chains = {d: sum(0.7**i for i in range(d + 1)) for d in shares}
+    assert spec.expected_tokens() == pytest.approx(sum(w * chains[d] for d, w in shares.items()))
+    per_step = (output - 1) / len(sizes[1:])
+    assert per_step == pytest.approx(0.9 * spec.expected_tokens() + 0.1, rel=0.05)
+
+
 def test_predict_reports_the_issue_fields():
     dep = Deployment(read_model_config(LLAMA_8B).describe(), HARDWARE.get("h200"))
     r = predict(dep, fixed_shapes(256, 64, 64), concurrency=16)

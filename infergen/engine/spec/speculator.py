@@ -28,6 +28,7 @@ restored after a rejection (spec/rollback.py).
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import time
@@ -99,6 +100,10 @@ class Speculator:
         self.stats = {"steps": 0, "proposed": 0, "drafted": 0, "accepted": 0, "proposer_s": 0.0,
                       "observed_kept": 0, "observed_rejected": 0, "rollbacks": 0,
                       "decodes": 0}  # fmt: skip
+        # verifying steps by the drafts they verified: a step's cost depends on its rows,
+        # not linearly (the GEMM micro-kernels' row tiles), so the performance model draws
+        # each simulated step's drafts from this (perf/measured_acceptance.py)
+        self.drafts_histogram: collections.Counter[int] = collections.Counter()
 
     def start(self, seq: Seq) -> None:
         self.proposer.start(seq.request_id, seq.token_ids)
@@ -294,6 +299,7 @@ class Speculator:
     def _count(self, drafts: list[int], tokens: list[int], logprobs: list) -> SamplerOutput:
         self.stats["steps"] += 1
         self.stats["drafted"] += len(drafts)
+        self.drafts_histogram[len(drafts)] += 1
         self.stats["accepted"] += len(tokens) - 1
         return SamplerOutput(tokens, logprobs)
 
@@ -301,8 +307,9 @@ class Speculator:
         """The counts, with the acceptance rate (accepted / drafted), the mean tokens a
         verifying step emits (the accepted drafts + the target's own) and drafts it verifies,
         the share of decodes that verified drafts, the per-token acceptance α (kept /
-        compared: the chance a draft token is kept when those before it were) and the
-        proposer's name — what the performance model reads (perf/measured_acceptance.py)."""
+        compared: the chance a draft token is kept when those before it were), the
+        verifying steps by their drafts ({"drafts": steps}) and the proposer's name — what
+        the performance model reads (perf/measured_acceptance.py)."""
         s = self.stats
         compared = s["observed_kept"] + s["observed_rejected"]
         steps = s["steps"]
@@ -314,4 +321,5 @@ class Speculator:
             "drafts_per_verify_step": s["drafted"] / steps if steps else None,
             "verify_fraction": steps / s["decodes"] if s["decodes"] else None,
             "per_token_acceptance": s["observed_kept"] / compared if compared else None,
+            "drafts_histogram": {str(k): n for k, n in sorted(self.drafts_histogram.items())},
         }
