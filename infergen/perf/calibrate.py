@@ -68,7 +68,6 @@ def measure(
     )
     rates = _rates(repeats, quick)
     disk = _disk_costs(repeats, 16 if quick else 48, disk_dir)
-    eager = measure_eager_layers(repeats)
     wire = link.measure(ranks=2, repeats=10 if quick else 30)
     total_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(
@@ -80,7 +79,6 @@ def measure(
         interconnect=wire.bandwidth,
         link_latency_s=wire.latency_s,
         link_curve=wire.curve(),
-        eager_layer_s=eager,
         **rates,
         calibrated=f"{datetime.date.today().isoformat()}: measured by infergen perf calibrate",
     )
@@ -89,9 +87,10 @@ def measure(
 def measure_rates(base: Hardware, threads: int | None = None, quick: bool = False) -> Hardware:
     """`base` (a calibration) with the rates that drift with what else the host runs measured
     again: the GEMM peak and its curve by rows, the read and copy bandwidths, the attention
-    kernels' fractions. On a shared VM these change by up to 1.5x from one minute to the
-    next; a benchmark that predicts what it measures takes them in the same run
-    (benchmarks/bench_spec.py), ~15 s a time (`quick`: ~3)."""
+    kernels' fractions, the layers' cost op by op. On a shared VM these change by up to 1.5x
+    from one minute to the next (the op-by-op parts too: a Llama attention layer's 78 us at
+    one hour here, 136 the next); a benchmark that predicts what it measures takes them in
+    the same run (benchmarks/bench_spec.py), ~5 s a time (`quick`: ~2)."""
     configure_process(threads)
     return replace(base, **_rates(3 if quick else 7, quick))
 
@@ -99,7 +98,8 @@ def measure_rates(base: Hardware, threads: int | None = None, quick: bool = Fals
 def _rates(repeats: int, quick: bool) -> dict:
     """Hardware fields: the GEMM peak (the native packed GEMM at a compute-bound shape, torch's
     matmul, or any point of the curve, whichever is fastest) and its efficiency by rows, the
-    read bandwidth, the host-copy bandwidth and the attention kernels' fractions."""
+    read bandwidth, the host-copy bandwidth, the attention kernels' fractions and the layers'
+    cost op by op (perf/eager_measure.py)."""
     m, k, n = (64, 576, 1536) if quick else (128, 576, 3072)
     row = linear.LINEAR_BACKENDS.get("native")
     packed, x = row.prepare(torch.randn(n, k)), torch.randn(m, k)
@@ -139,6 +139,7 @@ def _rates(repeats: int, quick: bool) -> dict:
         gemm_weight_bytes=(LAYER_BYTES, _large_weight_bytes()) if large else (),
         memory_efficiency_by_kind={"attention": decode, VERIFY_ATTENTION: verify},
         compute_efficiency_by_kind={"attention": prefill, VERIFY_ATTENTION: verify_compute},
+        eager_layer_s=measure_eager_layers(repeats),
     )
 
 

@@ -13,9 +13,12 @@ perf/eager_measure.py times it where it happens: the engine's own layers of a ti
 each family (io/random_checkpoint.py: hidden 64, so their arithmetic is negligible and what
 is left is the cost of running them), every step op by op, each part's forward timed in its
 place — a mixer by kind (ModelDesc's "attention", "mla", "ssm", "linear_attention",
-"attention+ssm"), a feed-forward by kind ("dense", "moe") and an RMSNorm ("norm") — in decode
-steps of two sequences and in 2-token prefill steps. `infergen perf calibrate` stores the
-medians in the cpu-local row (Hardware.eager_layer_s); perf/roofline.py adds
+"attention+ssm"; an attention layer with per-head q/k norms or an output gate as its own
+part, "attention+qk_norm" (Gemma-3's tiny layer: 130–135 us against a Llama layer's 73–92
+here) or, gated too, "attention+qk_norm+output_gate" (Qwen3-Next): `mixer_part`), a
+feed-forward by kind ("dense", "moe") and an RMSNorm ("norm") — in decode steps of two
+sequences and in 2-token prefill steps. `infergen perf calibrate` stores the medians in the
+cpu-local row (Hardware.eager_layer_s); perf/roofline.py adds
 `eager_seconds` of a step's layers where the engine runs the step op by op
 (`fused_decode_covers`), in place of the launches it counts otherwise.
 """
@@ -41,9 +44,22 @@ def fused_decode_covers(desc: ModelDesc) -> bool:
     return len(windows) == 1
 
 
+# attention features whose layers the engine runs with more ops (their own eager part)
+ATTENTION_FEATURES = ("qk_norm", "output_gate")
+
+
+def mixer_part(mixer) -> str:
+    """The eager part a mixer is timed as: its kind, an attention with ATTENTION_FEATURES
+    with them appended ("attention+qk_norm")."""
+    if not isinstance(mixer, Attention):
+        return mixer.kind
+    return "+".join([mixer.kind, *(f for f in ATTENTION_FEATURES if getattr(mixer, f))])
+
+
 def eager_seconds(desc: ModelDesc, table: dict[str, tuple[float, float]], decode: bool) -> float:
     """Seconds of running `desc`'s layers op by op in a decode (or a prefill) step, from a
-    measured `table` ({part: (decode, prefill)}); a part the table lacks costs nothing."""
+    measured `table` ({part: (decode, prefill)}); a mixer part the table lacks costs as its
+    kind (a table calibrated before the attention variants), any other part nothing."""
     column = 0 if decode else 1
 
     def cost(part: str) -> float:
@@ -51,7 +67,8 @@ def eager_seconds(desc: ModelDesc, table: dict[str, tuple[float, float]], decode
 
     total = 0.0
     for layer in desc.layers:
-        total += cost(layer.mixer.kind) + layer.norms * cost("norm")
+        part = mixer_part(layer.mixer)
+        total += cost(part if part in table else layer.mixer.kind) + layer.norms * cost("norm")
         if layer.ffn is not None:
             total += cost(layer.ffn.kind)
     return total + cost("norm")  # the final norm

@@ -13,10 +13,12 @@ from infergen.engine.engine import Engine
 from infergen.engine.options import engine_config
 from infergen.engine.sampling_params import SamplingParams
 from infergen.io.random_checkpoint import random_checkpoint
+from infergen.perf.eager import mixer_part
 
-# tiny models (io/tiny_configs.json) whose layers hold every part kind; a kind is timed in
-# the first family that has it (Llama's attention, not a gated or sandwiched one)
-FAMILIES = ("llama_gqa", "falcon_h1", "mamba2", "qwen3_next", "deepseek_v2")
+# tiny models (io/tiny_configs.json) whose layers hold every part kind; a part is timed in
+# the first family that has it (Llama's attention, Gemma-3's attention with q/k norms, Qwen3-
+# Next's gated one: perf/eager.mixer_part; the dense feed-forward Llama's)
+FAMILIES = ("llama_gqa", "gemma3", "falcon_h1", "mamba2", "qwen3_next", "deepseek_v2")
 PHASES = ("decode", "prefill")
 
 
@@ -56,7 +58,7 @@ def _time_parts(family: str, repeats: int) -> dict[tuple[str, str], list[float]]
         return run
 
     for layer, spec in zip(model.layers, desc.layers, strict=True):
-        parts = [(layer.attn, spec.mixer.kind), (layer.mlp, spec.ffn and spec.ffn.kind)]
+        parts = [(layer.attn, mixer_part(spec.mixer)), (layer.mlp, spec.ffn and spec.ffn.kind)]
         norms = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm")
         parts += [(getattr(layer, name), "norm") for name in norms]
         for module, part in parts:

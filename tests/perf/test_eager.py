@@ -12,7 +12,7 @@ from infergen.engine.engine import Engine
 from infergen.engine.options import engine_config
 from infergen.io.random_checkpoint import CONFIGS, random_checkpoint
 from infergen.perf.calibrate import best_of, save
-from infergen.perf.eager import eager_seconds, fused_decode_covers
+from infergen.perf.eager import eager_seconds, fused_decode_covers, mixer_part
 from infergen.perf.eager_measure import measure_eager_layers
 from infergen.perf.hardware import Hardware, load_file
 from infergen.perf.roofline import HEAD_LAUNCHES, launches, predict_step
@@ -86,8 +86,23 @@ def test_steps_run_op_by_op_cost_their_measured_layers():
 
 def test_the_measured_table_times_every_part_kind():
     table = measure_eager_layers(repeats=2)
-    assert set(table) == MIXERS | {"dense", "moe", "norm"}
+    variants = {"attention+qk_norm", "attention+qk_norm+output_gate"}  # Gemma-3, Qwen3-Next
+    assert set(table) == MIXERS | variants | {"dense", "moe", "norm"}
     assert all(decode > 0 and prefill > 0 for decode, prefill in table.values())
+
+
+def test_an_attention_variant_costs_its_own_part_else_its_kind():
+    gemma = random_checkpoint("gemma3").config.describe()  # q/k norms, sandwich norms
+    assert {mixer_part(layer.mixer) for layer in gemma.layers} == {"attention+qk_norm"}
+    llama = random_checkpoint("llama_gqa").config.describe()
+    assert {mixer_part(layer.mixer) for layer in llama.layers} == {"attention"}
+    table = {**TABLE, "attention+qk_norm": (7e-4, 8e-4)}
+    per_layer = 9e-5 + 4 * 4e-5  # dense, four norms
+    want = len(gemma.layers) * (7e-4 + per_layer) + 4e-5
+    assert eager_seconds(gemma, table, True) == pytest.approx(want)
+    # a table without the variant (calibrated before it): the kind's
+    want = len(gemma.layers) * (3e-4 + per_layer) + 4e-5
+    assert eager_seconds(gemma, TABLE, True) == pytest.approx(want)
 
 
 def test_the_table_round_trips_through_the_row_file_and_best_of_keeps_the_faster(tmp_path):
