@@ -143,15 +143,14 @@ def paired_rates(spec_llm, plain_llm, prompts: list[list[int]], tokens: int, sin
 
 class InRunRates:
     """The host's drifting rates (perf/calibrate.measure_rates: GEMM curve, bandwidths,
-    attention fractions, the layers' cost op by op) measured in this run after each round
-    of a batch-1 workload's configurations, the fastest of each of that workload's rounds
-    kept (calibrate.best_of, as its measured rates are the best of its --repeats rounds),
-    on top of the cached
-    calibration (`infergen perf calibrate`: launch costs, the disk tier, the link): the
-    hardware row that workload's predictions take. A VM's memory and GEMM rates change by
-    up to 1.5x from one minute to the next (a run here: Gemma's edit trace decoded at 28
-    tok/s in all three of its rounds, its agentic trace a minute later at 31-41), and a
-    speed-up measured while memory is slow is larger: a calibration from another hour, or
+    attention fractions, the layers' cost op by op) measured in this run after each round of
+    a batch-1 workload's configurations, the fastest of each of that workload's rounds kept
+    (calibrate.best_of, as its measured rates are the best of its --repeats rounds), on top
+    of the cached calibration (`infergen perf calibrate`: launch costs, the disk tier, the
+    link): the hardware row that workload's predictions take. A VM's memory and GEMM rates
+    change by up to 1.5x from one minute to the next (a run here: Gemma's edit trace decoded
+    at 28 tok/s in all three of its rounds, its agentic trace a minute later at 31-41), and
+    a speed-up measured while memory is slow is larger: a calibration from another hour, or
     from the fastest minute of the run, predicts another machine. Empty without a cached
     calibration (the predictions are then skipped with its reason)."""
 

@@ -110,11 +110,9 @@ def _rates(repeats: int, quick: bool) -> dict:
     bandwidth = buf.numel() * 4 / best_seconds(lambda: buf.sum(), repeats)
     copy_to = torch.empty_like(buf)
     host_copy = buf.numel() * 4 / best_seconds(lambda: copy_to.copy_(buf), repeats)
+    large_bytes = None if quick else _large_weight_bytes()
     achieved, large = _gemm_achieved(
-        row,
-        repeats,
-        layers=8 if quick else _streaming_layers(),
-        large_bytes=None if quick else _large_weight_bytes(),
+        row, repeats, layers=8 if quick else _streaming_layers(), large_bytes=large_bytes
     )
     # the peak is the best any measurement reached (one contended window cannot lower it
     # below the others), and the curve is relative to it
@@ -136,7 +134,7 @@ def _rates(repeats: int, quick: bool) -> dict:
         flops={"fp32": peak},
         gemm_efficiency={rows: flops / peak for rows, flops in achieved.items()},
         gemm_efficiency_large={rows: flops / peak for rows, flops in large.items()},
-        gemm_weight_bytes=(LAYER_BYTES, _large_weight_bytes()) if large else (),
+        gemm_weight_bytes=(LAYER_BYTES, large_bytes) if large else (),
         memory_efficiency_by_kind={"attention": decode, VERIFY_ATTENTION: verify},
         compute_efficiency_by_kind={"attention": prefill, VERIFY_ATTENTION: verify_compute},
         eager_layer_s=measure_eager_layers(repeats),
@@ -150,13 +148,6 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
     flops = {k: max(a.flops[k], b.flops.get(k, 0.0)) for k in a.flops}
     bandwidth = max(a.bandwidth, b.bandwidth)
     peak_a, peak_b, peak = a.flops["fp32"], b.flops["fp32"], flops["fp32"]
-
-    def rates(ea: dict, eb: dict, ref_a: float, ref_b: float, ref: float) -> dict:
-        keys = ea.keys() | eb.keys()
-        return {
-            k: min(1.0, max(ea.get(k, 0.0) * ref_a, eb.get(k, 0.0) * ref_b) / ref) for k in keys
-        }
-
     copies = [hw.host_bandwidth for hw in (a, b) if hw.host_bandwidth is not None]
     disks = [hw.disk for hw in (a, b) if hw.disk is not None]
     disk = FileCosts(
@@ -172,37 +163,42 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
         launch_overhead_s=min(a.launch_overhead_s, b.launch_overhead_s),
         **_faster_link(a, b),
         eager_layer_s=_faster_parts(a.eager_layer_s, b.eager_layer_s),
-        gemm_efficiency=rates(a.gemm_efficiency, b.gemm_efficiency, peak_a, peak_b, peak),
+        gemm_efficiency=_faster_points(a.gemm_efficiency, b.gemm_efficiency, peak_a, peak_b, peak),
         **_large_curve(a, b, peak),
-        memory_efficiency_by_kind=rates(
+        memory_efficiency_by_kind=_faster_points(
             a.memory_efficiency_by_kind,
             b.memory_efficiency_by_kind,
             a.bandwidth,
             b.bandwidth,
             bandwidth,
         ),
-        compute_efficiency_by_kind=rates(
+        compute_efficiency_by_kind=_faster_points(
             a.compute_efficiency_by_kind, b.compute_efficiency_by_kind, peak_a, peak_b, peak
         ),
     )
 
 
+def _faster_points(ea: dict, eb: dict, ref_a: float, ref_b: float, ref: float) -> dict:
+    """Two tables of fractions of their own references (ref_a, ref_b) combined point by point:
+    the faster achieved rate, as a fraction of `ref` (at most 1)."""
+    keys = ea.keys() | eb.keys()
+    return {k: min(1.0, max(ea.get(k, 0.0) * ref_a, eb.get(k, 0.0) * ref_b) / ref) for k in keys}
+
+
 def _large_curve(a: Hardware, b: Hardware, peak: float) -> dict:
     """best_of's large-weight GEMM curve: point by point the faster of the two where both
-    measured it on the same weight size, else whichever has one."""
+    measured it on the same weight size, else the one of whichever has one (b's, if both on
+    different sizes)."""
     rows = [hw for hw in (a, b) if hw.gemm_efficiency_large]
     if not rows:
         return {}
+    one = rows[-1]
     if len(rows) == 1 or a.gemm_weight_bytes != b.gemm_weight_bytes:
-        hw = rows[-1]
-        curve = {
-            k: min(1.0, e * hw.flops["fp32"] / peak) for k, e in hw.gemm_efficiency_large.items()
-        }
-        return {"gemm_efficiency_large": curve, "gemm_weight_bytes": hw.gemm_weight_bytes}
-    keys = a.gemm_efficiency_large.keys() | b.gemm_efficiency_large.keys()
-    curve = {k: min(1.0, max(hw.gemm_efficiency_large.get(k, 0.0) * hw.flops["fp32"]
-                             for hw in (a, b)) / peak) for k in keys}  # fmt: skip
-    return {"gemm_efficiency_large": curve, "gemm_weight_bytes": a.gemm_weight_bytes}
+        curve = _faster_points(one.gemm_efficiency_large, {}, one.flops["fp32"], 0.0, peak)
+    else:
+        curve = _faster_points(a.gemm_efficiency_large, b.gemm_efficiency_large,
+                               a.flops["fp32"], b.flops["fp32"], peak)  # fmt: skip
+    return {"gemm_efficiency_large": curve, "gemm_weight_bytes": one.gemm_weight_bytes}
 
 
 def _faster_link(a: Hardware, b: Hardware) -> dict:

@@ -55,9 +55,9 @@ def chain_acceptance(tokens: float, drafts: float | dict[int, float]) -> float:
     shares = {d: w / total for d, w in shares.items() if d > 0} if total > 0 else {}
     if not shares or tokens <= 1.0:
         return 0.0
-    if tokens >= sum(w * (d + 1.0) for d, w in shares.items()) + (1.0 - sum(shares.values())):
-        return 1.0
     idle = 1.0 - sum(shares.values())  # steps of 0 drafts: one token each
+    if tokens >= idle + sum(w * (d + 1.0) for d, w in shares.items()):  # every draft kept
+        return 1.0
 
     def emitted(a: float) -> float:
         return idle + sum(w * (1.0 - a ** (d + 1.0)) / (1.0 - a) for d, w in shares.items())
