@@ -51,7 +51,7 @@ BLOCK = 16  # tokens per KV block (the engine's default)
 class Sizes:
     sessions: int = 8
     concurrency: int = 2  # turns in flight (closed loop)
-    turns: int = 8
+    turns: int = 12
     system: int = 200
     tool: int = 100
     answer: int = 16  # answer tokens: this, less or more answer_spread by session (answer_of)

@@ -76,7 +76,9 @@ def test_kv_tiers_targets_against_no_tiers_not_the_peer():
     llama = {"version": "b1", "setup": {}, "results": [
         ("ttft_p50_s_turn2on", cache, dict(value=0.1, other_cpu_cores=0.0)),
         ("throughput_tok_s", cache, dict(value=9.0, other_cpu_cores=0.0))]}  # fmt: skip
-    lines, bad = build_lines([found], {"bench": "kv_tiers", "row": "r"}, llama, 3.0)
+    flops = lambda computed, prompt: 10.0 * computed + prompt  # noqa: E731 - a stand-in count
+    lines, bad = build_lines([found], {"bench": "kv_tiers", "row": "r"}, llama,
+                             {"value": 3.0, "rates": "in-run"}, flops)  # fmt: skip
     assert not bad
     targets = {ln["metric"].split(": ", 1)[1]: ln["value"] for ln in lines
                if ln["kind"] == "target"}  # fmt: skip
@@ -91,5 +93,25 @@ def test_kv_tiers_targets_against_no_tiers_not_the_peer():
     assert reported["r: pool_resident_share [host + disk]"] == 0.5  # 16 of the 32 reusable
     (predicted,) = [ln for ln in lines if ln["kind"] == "target" and "predicted" in ln["metric"]]
     assert predicted["value"] == 0.25 and predicted["met"]  # |3 - 4| / 4
+    assert predicted["prediction"] == {"rates": "in-run"}
+    (gain,) = [ln for ln in lines if ln["metric"] == "r: ttft_p50_s_turn2on [host + disk]"
+               and ln["kind"] == "ratio" and ln["peer"] == NONE]  # fmt: skip
+    # every turn-2 request computes 40 - 32 = 8 of its 40 tokens: (80 + 40) / (80 + 40)
+    assert gain["flops_ratio"] == 1.0 and gain["computed_tokens_ratio"] == 1.0
     peer = [ln for ln in lines if ln["kind"] == "ratio" and ln["peer"] == "llama-server"]
     assert [round(ln["value"], 3) for ln in peer] == [0.4, 0.444]
+
+
+def test_flops_ratio_is_the_ratio_of_median_request_flops():
+    """The FLOP bound: median request FLOPs without tiers over those with them, each request's
+    prefill counted over its computed tokens (prompt − cached, at least one)."""
+    from kv_tiers_lines import flops_ratio
+
+    def requests(*cached):
+        return [dict(_request(1, 0.1), cached=c) for c in cached]
+
+    def flops(computed, prompt):
+        return 10.0 * computed + prompt
+
+    # computed 40, 8, 24 (median 24 → 280) against 8, 8, 0 → 1 (median 8 → 120)
+    assert flops_ratio(requests(0, 32, 16), requests(32, 32, 40), flops) == 280 / 120
