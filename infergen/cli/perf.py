@@ -96,7 +96,8 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-_WHEN = {"verify_attention": "a verifying decode's rows"}  # (calibrate's other kinds: by phase)
+# (calibrate's other kinds: by phase)
+_WHEN = {"verify_attention": "a verifying decode's rows", "scan": "an SSD scan's prefill"}
 
 
 def _across_processes(args: argparse.Namespace):

@@ -41,11 +41,19 @@ from infergen.kvcache.tiers.disk import DiskTier
 from infergen.ops import linear
 from infergen.ops.paged_attention import DECODE_BACKENDS, PREFILL_BACKENDS, paged_attention, plan
 from infergen.ops.paged_prefill_native import prefill_attention_native  # noqa: F401 - its row
+from infergen.ops.ssd_scan import SSD_SCAN_BACKENDS
 from infergen.perf import link
 from infergen.perf.eager_measure import measure_eager_layers
 from infergen.perf.hardware import CPU_LOCAL, FileCosts, Hardware
 from infergen.perf.roofline import collective_seconds
-from infergen.perf.step_cost import VERIFY_ATTENTION, Chunk, attended_keys, keys_read
+from infergen.perf.step_cost import (
+    SCAN,
+    VERIFY_ATTENTION,
+    Chunk,
+    attended_keys,
+    keys_read,
+    scan_flops,
+)
 from infergen.process import configure_process
 from infergen.timing import best_seconds, best_seconds_each
 
@@ -128,6 +136,7 @@ def _rates(repeats: int, quick: bool) -> dict:
     decode = _attention_efficiency(bandwidth, repeats, layers)
     verify, verify_compute = _verify_attention_efficiency(bandwidth, peak, repeats, layers)
     prefill = _prefill_attention_efficiency(peak, repeats, 256 if quick else 512)
+    scan = _scan_efficiency(peak, repeats, 64 if quick else 256)
     return dict(
         bandwidth=bandwidth,
         host_bandwidth=host_copy,
@@ -136,7 +145,11 @@ def _rates(repeats: int, quick: bool) -> dict:
         gemm_efficiency_large={rows: flops / peak for rows, flops in large.items()},
         gemm_weight_bytes=(LAYER_BYTES, large_bytes) if large else (),
         memory_efficiency_by_kind={"attention": decode, VERIFY_ATTENTION: verify},
-        compute_efficiency_by_kind={"attention": prefill, VERIFY_ATTENTION: verify_compute},
+        compute_efficiency_by_kind={
+            "attention": prefill,
+            VERIFY_ATTENTION: verify_compute,
+            SCAN: scan,
+        },  # fmt: skip
         eager_layer_s=measure_eager_layers(repeats),
     )
 
@@ -381,6 +394,30 @@ def _prefill_attention_efficiency(peak: float, repeats: int, tokens: int) -> flo
         repeats,
     )
     return min(1.0, _attention_flops(Chunk(tokens, tokens)) / seconds / peak)
+
+
+SSM_HEADS, SSM_DIM, SSM_STATE = 16, 64, 64  # the scan calibration's shape (Falcon-H1's small)
+
+
+def _scan_efficiency(peak: float, repeats: int, tokens: int) -> float:
+    """Fraction of the GEMM peak the engine's prefill SSD scan reaches (the native row of
+    ops/ssd_scan.py: the per-token recurrence): one fresh sequence of `tokens` tokens, one
+    B / C group, FLOPs as the cost model counts the recurrence (step_cost.scan_flops). The
+    recurrence is a chain of small dependent updates per head, far from the GEMM's dense
+    FMAs: 0.26 of the peak in a Falcon-H1 prefill here (`infergen profile`), which the GEMM
+    peak had priced at ~0.3 of its time. This timing reads 0.29-0.30 in most processes and
+    0.18 in some (a state that lasts the process: right after a large torch parallel op,
+    for one), so a calibration may price the scan up to 1.6x slow."""
+    h, p, n = SSM_HEADS, SSM_DIM, SSM_STATE
+    x, dt = torch.randn(tokens, h, p), torch.rand(tokens, h)
+    b, c = torch.randn(tokens, 1, n), torch.randn(tokens, 1, n)
+    a, d, state = -torch.rand(h), torch.randn(h), torch.zeros(1, h, p, n)
+    slots, fresh = torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.bool)
+    row = SSD_SCAN_BACKENDS.get("native")
+    seconds = best_seconds(
+        lambda: row(x, dt, a, b, c, d, state, [0, tokens], slots, fresh), repeats
+    )  # fmt: skip
+    return min(1.0, tokens * scan_flops(h, p, n) / seconds / peak)
 
 
 SMALL, LARGE = 16 << 10, 1 << 20  # the two block sizes the disk tier is timed with

@@ -98,8 +98,8 @@ class Parallel:
 @dataclass
 class OpCost:
     name: str
-    # gemm | attention | verify_attention | norm | elementwise | kv_write | scan | lookup |
-    # quantize | comm
+    # gemm | attention | verify_attention | norm | elementwise | kv_write | scan | delta_scan |
+    # lookup | quantize | comm
     kind: str
     flops: float = 0.0
     bytes: float = 0.0  # everything moved, weights included (comm: bytes over the link)
@@ -119,6 +119,16 @@ class OpCost:
 
 
 VERIFY_ATTENTION = "verify_attention"  # the op kind of verifying decodes' attention
+# the op kinds of the recurrent layers' scans: Mamba2's SSD (its compute fraction calibrated on
+# the engine's kernel, perf/calibrate.py) and DeltaNet's gated delta rule (not calibrated: the
+# hardware's default fraction)
+SCAN, DELTA_SCAN = "scan", "delta_scan"
+
+
+def scan_flops(heads: int, head_dim: int, state_size: int) -> float:
+    """FLOPs of one token through an SSD scan's recurrence: per state element, the decay, the
+    outer-product update and the readout (6)."""
+    return 6.0 * heads * head_dim * state_size
 
 
 def attended_keys(chunk: Chunk, window: int | None) -> int:
@@ -320,9 +330,9 @@ def _mixer(m: Attention | MLA | SSM | LinearAttention, step: _Step) -> None:
         step.gemm("in_proj", h, m.inner + m.conv_dim + m.heads)
         step.gemm("out_proj", m.inner, h)
         # per token: conv over the kernel, state decay + outer-product update + readout
-        per_token = 2.0 * m.conv_dim * m.conv_kernel + 6.0 * m.heads * m.head_dim * m.state_size
+        per_token = 2.0 * m.conv_dim * m.conv_kernel + scan_flops(m.heads, m.head_dim, m.state_size)
         state = m.state_elements() * 4.0 / tp  # fp32 state, read and written once per sequence
-        step.op("scan", "scan").add(
+        step.op("scan", SCAN).add(
             per_token * step.tokens / tp,
             2 * state * len(step.chunks) + step.tokens * m.conv_dim * act / tp,
             times=times,
@@ -335,7 +345,7 @@ def _mixer(m: Attention | MLA | SSM | LinearAttention, step: _Step) -> None:
         # k·S, the rank-one update and q·S (7 FLOPs per state element)
         per_token = 2.0 * m.conv_dim * m.conv_kernel + 7.0 * m.v_heads * m.k_dim * m.v_dim
         state = m.state_elements() * 4.0 / tp  # fp32 state, read and written once per sequence
-        step.op("scan", "scan").add(
+        step.op("scan", DELTA_SCAN).add(
             per_token * step.tokens / tp,
             2 * state * len(step.chunks) + step.tokens * m.conv_dim * act / tp,
             times=times,

@@ -59,6 +59,8 @@ def test_calibration_round_trips_as_a_hardware_row(tmp_path, capsys):
     assert 0 < hw.memory_efficiency_by_kind[VERIFY_ATTENTION] <= 1  # a verifying decode's rows
     assert 0 < hw.compute_efficiency_by_kind[VERIFY_ATTENTION] <= 1  # (both from one time)
     assert f"{VERIFY_ATTENTION}" in out
+    # the SSD scan's recurrence, timed on the engine's kernel: well below the GEMM peak
+    assert 0 < hw.compute_efficiency_by_kind["scan"] < 1 and "an SSD scan's prefill" in out
     # the link between two tensor-parallel ranks (gloo): a latency and a bandwidth
     assert "link" in out and 0 < hw.link_latency_s < 0.1 and 1e6 < hw.interconnect < 1e12
     (row,) = load_file(save(dataclasses.replace(hw, name="cpu-test"), tmp_path / "t.json"))
@@ -103,6 +105,46 @@ def test_a_kinds_compute_efficiency_divides_its_peak_only():
     tuned = {t.name: t for t in predict_step(desc, slow, prefill, fmt, "bf16")}
     assert tuned["attention"].compute_s == pytest.approx(4 * plain["attention"].compute_s)
     assert tuned["mlp_up"].compute_s == plain["mlp_up"].compute_s
+
+
+def _arch_desc(name: str):
+    """A tiny model of an architecture family (tests/hf_models.py), described."""
+    transformers = pytest.importorskip("transformers")
+    from infergen.config import ModelConfig
+    from tests.hf_models import ARCH_VARIANTS, BASE
+
+    cls_name, extra = ARCH_VARIANTS[name]
+    cfg = getattr(transformers, cls_name)(**{**BASE, **extra})
+    return ModelConfig.from_hf_dict(cfg.to_dict(), source=name).describe()
+
+
+def test_an_ssd_scan_is_priced_at_its_own_fraction_a_delta_scan_is_not():
+    """Mamba2's scan op takes the "scan" kind's calibrated fraction, counted as the
+    recurrence's FLOPs (6 per state element a token) + the conv's; Qwen3-Next's gated delta
+    rule (its own kind, not calibrated) keeps the default fraction; the GEMMs are unchanged."""
+    from infergen.perf.roofline import predict_step
+    from infergen.perf.step_cost import Chunk, Formats, scan_flops
+
+    fmt, prefill = Formats(weight_bits=32, kv_bits=32, act_bytes=4), [Chunk(256, 256)]
+    hw = dataclasses.replace(HW, flops={"fp32": 1e12})
+    slow = dataclasses.replace(hw, compute_efficiency_by_kind={"scan": 0.25})
+    for name, ssd in (("mamba2", True), ("qwen3_next", False)):
+        desc = _arch_desc(name)
+        plain = {t.name: t for t in predict_step(desc, hw, prefill, fmt, "fp32")}
+        tuned = {t.name: t for t in predict_step(desc, slow, prefill, fmt, "fp32")}
+        assert tuned["scan"].compute_s == pytest.approx(
+            (4.0 if ssd else 1.0) * plain["scan"].compute_s
+        )
+        assert tuned["in_proj"].compute_s == plain["in_proj"].compute_s
+        if ssd:
+            (m,) = {layer.mixer for layer in desc.layers}
+            per_token = 2.0 * m.conv_dim * m.conv_kernel + scan_flops(
+                m.heads, m.head_dim, m.state_size
+            )
+            peak = hw.peak_flops("fp32") * hw.compute_efficiency_for("fp32")
+            assert plain["scan"].compute_s == pytest.approx(
+                len(desc.layers) * 256 * per_token / peak
+            )
 
 
 def test_cli_perf_step_explains_a_step(capsys):
