@@ -73,15 +73,18 @@ def predicted_ttft_gain(
 
     try:
         cached = predict(rates.base)
-        off = _ttft_ms(predict(rates.taken.get(without, rates.base)), "without_tiers")
-        on = _ttft_ms(predict(rates.taken.get(with_tiers, rates.base)), "with_tiers")
+        # (a side whose rates were not taken: the cached row's prediction, not run again)
+        off = _ttft_ms(predict(rates.taken[without]) if without in rates.taken else cached,
+                       "without_tiers")  # fmt: skip
+        on = _ttft_ms(predict(rates.taken[with_tiers]) if with_tiers in rates.taken else cached,
+                      "with_tiers")  # fmt: skip
     except Exception as error:  # noqa: BLE001 - reported, the measurement goes on
         print(f"predicted TTFT gain: not predicted ({type(error).__name__}: {error})",
               file=sys.stderr)  # fmt: skip
         return None
-    gain = off / on if off and on else None
-    if gain is None:
+    if not (off and on):
         return None
+    gain = off / on
     in_run = with_tiers in rates.taken and without in rates.taken
     print(f"predicted TTFT gain from turn 2 [host + disk]: {gain:.2f}x "
           f"({'in-run rates' if in_run else 'the cached row'}; "
