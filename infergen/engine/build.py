@@ -217,6 +217,9 @@ def _speculator(built: Built) -> Speculator | None:
     context = DraftContext(built.model, built.kv_cache, sched.draft_layers, sched.draft_model,
                            functools.partial(_draft_engine, built))  # fmt: skip
     proposer = PROPOSERS.get(sched.speculative, where="speculative")(context)
+    riding = getattr(proposer, "riding_cache", None)  # (mtp's KV: with the pool's blocks)
+    if riding is not None and built.kv_tiers is not None:
+        built.kv_tiers.carry(riding)
     states = built.kv_cache.states  # recurrent layers: their state rolled back on rejection
     rollback = StateRollback(states) if states is not None else None
     return Speculator(proposer, sched.max_drafts, sched.num_speculative_tokens == "auto", rollback)
@@ -594,6 +597,8 @@ def fingerprint(built: Built) -> str:
                         config.quant, config.attention)).encode())  # fmt: skip
     if config.cache.offload_format is not None:  # how the blocks are stored (none: as before)
         digest.update(f"offload_format={config.cache.offload_format}".encode())
+    if config.scheduler.speculative == "mtp":  # its layer's KV rides with each block (riders)
+        digest.update(b"riders=mtp")
     for name, tensor in built.model.state_dict().items():
         sample = tensor.detach().flatten()[:64].to("cpu").contiguous()
         digest.update(name.encode() + sample.view(torch.uint8).numpy().tobytes())

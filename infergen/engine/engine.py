@@ -315,6 +315,8 @@ class Engine:
             self.kv_press.after_step()
         if self.speculator is not None:
             self.speculator.after_step(batch.seqs, batch.num_tokens)
+        if self.kv_tiers is not None:  # (blocks registered this step, riders' KV now in)
+            self.kv_tiers.end_step()
         if self.speculator is not None and all(n == 1 or s in verifying for s, n in pairs(batch)):
             # the cost model's t(n): a decode-only step, drafts or not (spec/cost.py)
             self.speculator.observe_step(sum(batch.num_tokens), time.perf_counter() - start)

@@ -181,3 +181,64 @@ def test_mtp_through_preemption(tmp_path):
     llm, got, ref = _run_both(str(tmp_path), "mtp", prompts, k=2, max_tokens=30, **options)
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.speculator.stats["steps"] > 0
+
+
+def _record_after_step(proposer) -> list:
+    """(positions, the layer's outputs) of every forward the proposer's `after_step` makes
+    from now on (the positions the target computed, at their cache slots)."""
+    rows, inside = [], []
+    forward, after_step = proposer._forward, proposer.after_step
+
+    def recording_forward(batch, hidden):
+        out = forward(batch, hidden)
+        if inside:
+            rows.append((batch.positions.clone(), out))
+        return out
+
+    def recording_after_step(*args):
+        inside.append(True)
+        try:
+            after_step(*args)
+        finally:
+            inside.clear()
+
+    proposer._forward, proposer.after_step = recording_forward, recording_after_step
+    return rows
+
+
+def test_mtp_kv_rides_with_blocks_through_the_kv_tiers(tmp_path):
+    """Prefix blocks evicted to the host tier and loaded back into other pool blocks, and a
+    restarted engine's blocks read back from the disk tier, carry the MTP layer's KV
+    (kvcache/tiers/riders.py): after such a hit, the layer's output at every position it
+    computes — attending over the loaded blocks' MTP KV — is the oracle's, whose layer computed
+    every position itself (1e-4; the blocks' stale MTP KV would give others)."""
+    hf, block, own = _mtp_checkpoint(tmp_path / "model")
+    prompts = _copy_prompts(hf.config.vocab_size)
+    gen = torch.Generator().manual_seed(1)
+    others = [torch.randint(5, hf.config.vocab_size, (90,), generator=gen).tolist()
+              for _ in range(3)]  # fmt: skip
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    options = dict(block_size=4, num_kv_blocks=96, max_num_batched_tokens=32,
+                   speculative="mtp", num_speculative_tokens=3, kv_offload_memory="64MiB",
+                   kv_offload_dir=str(tmp_path / "kv"), kv_offload_write_through=True)  # fmt: skip
+    for restart in (False, True):
+        llm = LLM(str(tmp_path / "model"), **options)
+        if not restart:  # the prompts' blocks go down to the host tier, the others' take the pool
+            llm.generate(prompts, params)
+            llm.generate(others, params)
+        rows = _record_after_step(llm.engine.speculator.proposer)
+        for prompt in prompts:
+            rows.clear()
+            out = llm.generate([prompt], params)[0].token_ids
+            tokens = prompt + out
+            with torch.no_grad():
+                hidden = hf.model(torch.tensor([tokens[:-1]])).last_hidden_state[0]
+            want, _ = _oracle(hf, block, own, hidden, tokens[1:])
+            assert rows and rows[0][0][0] > 0  # (the first step computed past a prefix hit)
+            for positions, got in rows:
+                torch.testing.assert_close(got, want[positions], atol=1e-4, rtol=1e-4)
+        tiers = llm.engine.kv_tiers.stats()
+        assert tiers["loaded"] >= 40, tiers  # (the prompts' full blocks, from host / disk)
+        assert tiers["tiers"]["disk" if restart else "host"]["hits"] > 0, tiers
+        _assert_no_block_held(llm)
+        llm.engine.kv_tiers.flush()

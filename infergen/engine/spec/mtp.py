@@ -18,9 +18,10 @@ blocks and block tables, inside the same memory budget: engine/build.py):
 
 Drafts are greedy (deterministic, verified against the target's own draw). Blocks found in the
 prefix cache carry the MTP KV their first sequence computed (at a block's last position with
-the token that followed there), blocks loaded back from a KV tier the target's only: stale
-MTP KV makes drafts worse, never outputs wrong. Models with recurrent layers are refused (a
-rolled-back step's hidden states would be read).
+the token that followed there); so do blocks loaded back from a KV tier: the layer's cache
+rides with the target's blocks through the tiers (`riding_cache`, kvcache/tiers/riders.py).
+Stale MTP KV would make drafts worse, never outputs wrong. Models with recurrent layers are
+refused (a rolled-back step's hidden states would be read).
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ class MTPProposer(ModelProposer):
         cache = PagedKVCache(mtp_cache_config(model.config), target.num_blocks,
                              target.block_size, target.dtype, device=target.device)  # fmt: skip
         return cls(model, cache)
+
+    @property
+    def riding_cache(self) -> PagedKVCache:
+        """The cache whose block b holds this proposer's KV of the target's block b positions,
+        exact once `after_step` ran: the KV tiers carry it with the target's blocks."""
+        return self.kv_cache
 
     def known(self, seq: Seq) -> list[int]:
         """The first draft, computed by `after_step` (observed even when the cost model verifies

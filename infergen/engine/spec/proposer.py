@@ -26,6 +26,10 @@ allocates — so the engine asks them once the batch is known:
                                  seqs[i] from position starts[i] (`mtp` reads the target's
                                  hidden states of the kept positions; `draft` notes how far
                                  its own KV is exact)
+    riding_cache                 a KV cache whose block b holds the proposer's KV of the
+                                 target's block b positions, exact after each after_step
+                                 (`mtp`'s; None for the others): the KV tiers carry it with
+                                 the target's blocks (kvcache/tiers/riders.py)
 
 (their `propose` is not called). One PROPOSERS row per kind (`speculative` = "ngram" |
 "suffix" | "layerskip" | "draft" | "mtp"), each a factory taking a `DraftContext`: what a
@@ -81,6 +85,7 @@ class ModelProposer:
 
     after_schedule = True
     own_cache = False
+    riding_cache = None  # (mtp: its layer's KV cache, carried through the KV tiers)
     # seconds the last `draft` call spent catching up on positions computed without it, and
     # how many (a one-off cost: the step times the cost model reads leave it out, and weigh it
     # apart, spec/cost.py); before one is measured, a position is taken to cost

@@ -50,6 +50,8 @@ or FP8 codes with per-block scales) and decoded into the pool's dtype when it co
 encoding runs where the pool lives (on a GPU, fewer bytes cross to the host); the copies
 between the pool's device and the host tier are the cache's `copies` (copies.py: pinned
 memory on a side stream on a GPU, the compute stream waiting on events for what it reads).
+Riders (`carry`, riders.py): caches with the pool's block ids whose pages travel with each
+block (the `mtp` layer's KV); with them, write-through waits for the step's end (`end_step`).
 Recurrent-state checkpoints the store evicts (kvcache/state_checkpoints.py) are kept here too
 (`save_state` / `load_state`: flat byte tensors, each a chain of its own).
 Threads: the engine thread calls everything but `read` (and `place` on a GPU) and the counters
@@ -71,6 +73,7 @@ from infergen.kvcache.paged_cache import PagedKVCache
 from infergen.kvcache.tiers.compact import AS_STORED, AsStored, ScaledBlocks
 from infergen.kvcache.tiers.copies import HostCopies, host_copies
 from infergen.kvcache.tiers.loader import BackgroundLoader, LoadJob
+from infergen.kvcache.tiers.riders import Riders
 from infergen.kvcache.tiers.thread_clock import thread_times
 from infergen.kvcache.tiers.writer import ThroughWriter
 
@@ -134,6 +137,9 @@ class KVTiers:
         if any(getattr(tier, "copies", self.copies) is not self.copies for tier in tiers):
             raise ValueError("a host tier must share its cache's KVTiers copies (one stream)")
         self.block_bytes = codec.stored_bytes(*self._page)  # bytes a tier holds per block
+        self.riders: Riders | None = None  # caches whose blocks travel with the pool's (`carry`)
+        # blocks registered in this step, written through once the riders' KV is in (`end_step`)
+        self._held: list[tuple[int, bytes, bytes | None]] = []
         self.saved = self.loaded = 0  # blocks moved down / brought back
         self.states_saved = self.states_loaded = 0  # recurrent-state checkpoints, likewise
         self.decisions = {"load": 0, "recompute": 0}  # hits loaded vs recomputed (cost rule)
@@ -156,6 +162,7 @@ class KVTiers:
         """The pool is about to reuse `block` (holding `key`): keep its contents below, in
         the first tier from the top that takes it — down to a tier that holds it already
         (written through to disk: the host tier still takes a copy, it reads faster)."""
+        self.end_step()  # (a held block's write-through copy comes before its reuse)
         data = None
         for tier in self.tiers:
             if key in tier:
@@ -171,7 +178,34 @@ class KVTiers:
         disk tier, so whole prefixes outlive a restart; the host tier alone when there is no
         disk). The host tier is filled by the pool's evictions (`save`): written through, it
         would only mirror the pool. Disk writes go through the `ThroughWriter` (writer.py: off
-        the engine thread; `flush` waits for them)."""
+        the engine thread; `flush` waits for them). With riders, the block waits for the
+        step's end (`end_step`): their KV of its positions is written after the step's
+        tokens are kept."""
+        if self.riders is not None:
+            self._held.append((block, key, parent))
+            return
+        self._save_through_now(block, key, parent)
+
+    def end_step(self) -> None:
+        """The engine's step is over, riders' KV included: the blocks it registered are
+        written through now (their copies taken before the pool can reuse them: `save`,
+        `flush` and `swap_out` call this first too)."""
+        held, self._held = self._held, []
+        for block, key, parent in held:
+            self._save_through_now(block, key, parent)
+
+    def carry(self, cache: PagedKVCache) -> None:
+        """Carry `cache`'s blocks with the pool's from now on (riders.py: the `mtp` layer's
+        KV); before this object stores or loads a block (what a disk tier holds from an
+        earlier engine was packed alike: its fingerprint says so, engine/build.py)."""
+        if self.saved or self.loaded:
+            raise ValueError("riders are attached before the KV tiers move any block")
+        caches = [] if self.riders is None else self.riders.caches
+        encoded = self.codec.encode(self.kv_cache.page(0))
+        self.riders = Riders(self.kv_cache, encoded, [*caches, cache])
+        self.block_bytes = self.riders.nbytes
+
+    def _save_through_now(self, block: int, key: bytes, parent: bytes | None) -> None:
         persistent = self._persistent
         if not persistent or not self.background_writes:
             self._put_through(key, parent, self._stored(block), persistent or self.tiers[:1])
@@ -195,6 +229,7 @@ class KVTiers:
     def flush(self) -> None:
         """Return once every block queued for writing through is in its tiers (before another
         engine opens the same disk directory)."""
+        self.end_step()
         self._writer.flush()
 
     def load(self, key: bytes, block: int) -> bool:
@@ -229,8 +264,10 @@ class KVTiers:
     def place(self, block: int, data: torch.Tensor) -> None:
         """What `read` returned, decoded into pool block `block` (the engine thread, or the
         background loader's on a GPU: tiers/loader.py)."""
-        page = self.codec.decode(self.copies.to_device(data), *self._page)
-        self.kv_cache.write_block(block, page)
+        data = self.copies.to_device(data)
+        if self.riders is not None:  # (their pages written into `block` of their caches)
+            data = self.riders.unpack(data, block)
+        self.kv_cache.write_block(block, self.codec.decode(data, *self._page))
         with self._lock:
             self.loaded += 1
 
@@ -365,6 +402,7 @@ class KVTiers:
     def swap_out(self, block: int, key: bytes, parent: bytes | None) -> bool:
         """Copy pool block `block` into the first tier (host memory) under `key`, unless a
         tier holds `key` already; whether a tier holds it now."""
+        self.end_step()
         if key in self:
             return True
         return self.tiers[0].put(key, parent, self._stored(block))
@@ -398,8 +436,10 @@ class KVTiers:
 
     def _stored(self, block: int) -> torch.Tensor:
         """What the tiers get for pool block `block`: its page (a view where the pool
-        lives: each tier copies what it keeps) encoded by the codec."""
-        return self.codec.encode(self.kv_cache.storage[:, :, block])
+        lives: each tier copies what it keeps) encoded by the codec; with riders, packed with
+        their pages of `block` (riders.py)."""
+        encoded = self.codec.encode(self.kv_cache.storage[:, :, block])
+        return encoded if self.riders is None else self.riders.pack(encoded, block)
 
     def bandwidth(self, tier: str) -> float | None:
         """The tier's measured read bandwidth in bytes / s, the reading threads' waits for a
