@@ -69,7 +69,7 @@ class Riders:
             stored[offset : offset + size].view(dtype).view(shape)
             for (shape, dtype), offset, size in zip(
                 self.parts, self.offsets, self.sizes, strict=True
-            )  # fmt: skip
+            )
         ]
         for rider, page in zip(self.caches, views[1:], strict=True):
             rider.write_block(block, page)
