@@ -20,8 +20,12 @@ Drafts are greedy (deterministic, verified against the target's own draw). Block
 prefix cache carry the MTP KV their first sequence computed (at a block's last position with
 the token that followed there); so do blocks loaded back from a KV tier: the layer's cache
 rides with the target's blocks through the tiers (`riding_cache`, kvcache/tiers/riders.py).
-Stale MTP KV would make drafts worse, never outputs wrong. Models with recurrent layers are
-refused (a rolled-back step's hidden states would be read).
+Not carried: a partial block's tail restored from a prefix checkpoint (kvcache/
+state_checkpoints.py saves it when the prompt's last chunk is committed, before this layer
+has computed it) and the positions of a finished sequence's last step (not computed: nothing
+drafts for it) — at most a block's positions of stale MTP KV, which make drafts worse, never
+outputs wrong. Models with recurrent layers are refused (a rolled-back step's hidden states
+would be read).
 """
 
 from __future__ import annotations
