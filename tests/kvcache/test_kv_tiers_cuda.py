@@ -169,3 +169,24 @@ def test_engine_on_the_gpu_with_a_host_tier(offload_format):
     assert isinstance(tiers.copies, CudaCopies) and tiers.loaded > 0
     host = tiers.tiers[0]
     assert all(data.is_pinned() for data in host._data.values())
+
+
+def test_a_rider_page_comes_back_with_its_block_on_the_gpu():
+    """A rider (kvcache/tiers/riders.py: the `mtp` layer's KV) packed on the GPU, through
+    pinned host memory, and unpacked into its own cache's block (views of the device tensor
+    at aligned offsets)."""
+    cache, host, tiers = _tiers()
+    config = ModelConfig(architecture="llama", **dict(BASE, num_hidden_layers=1, head_dim=6,
+                                                      num_key_value_heads=1))  # fmt: skip
+    rider = PagedKVCache(config, 8, 8, torch.bfloat16, device="cuda")
+    tiers.carry(rider)
+    cache.storage.normal_()
+    rider.storage.normal_()
+    want, want_rider = cache.storage[:, :, 2].cpu(), rider.storage[:, :, 2].cpu()
+    tiers.save(2, KEY, None)
+    cache.storage[:, :, 2].zero_()
+    rider.storage[:, :, 2].zero_()
+    assert tiers.load(KEY, 5)
+    torch.cuda.synchronize()
+    assert torch.equal(cache.storage[:, :, 5].cpu(), want)
+    assert torch.equal(rider.storage[:, :, 5].cpu(), want_rider)
