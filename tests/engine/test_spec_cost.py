@@ -10,7 +10,15 @@ import random
 import pytest
 
 from infergen.engine.spec.acceptance import DECAY, PRIOR, PRIOR_WEIGHT, Acceptance
-from infergen.engine.spec.cost import MARGIN, CatchUp, StepTimes, catch_up_pays, choose
+from infergen.engine.spec.cost import (
+    COMPUTE_MARGIN,
+    MARGIN,
+    CatchUp,
+    StepTimes,
+    catch_up_pays,
+    choose,
+    margin,
+)
 
 
 def _times(t) -> StepTimes:
@@ -57,7 +65,8 @@ def test_choice_is_the_best_of_every_choice(seed, recompute, below):
     and the search may stop early), the drafts chosen give the highest expected tokens per
     second of all choices of prefixes; with a recurrent model's recomputation after a
     rejection, within 1 % of it (the drafts are still taken in the order of their gains);
-    none when the best gains less than MARGIN."""
+    none when the best gains less than the margin (MARGIN, COMPUTE_MARGIN when the step is
+    compute-bound)."""
     rng = random.Random(seed)
     seqs = rng.randint(1, 4)
     drafts = [rng.randint(0, 4) for _ in range(seqs)]
@@ -80,7 +89,8 @@ def test_choice_is_the_best_of_every_choice(seed, recompute, below):
     )
     rate = _expected_rate(got, rates, decodes, base, times, slope, recompute)
     plain = _expected_rate([0] * seqs, rates, decodes, base, times, slope, recompute)
-    if best <= plain * (1 + MARGIN) * (1 - 1e-9):  # no choice is worth its uncertainty
+    least = margin(times, base, slope)  # (COMPUTE_MARGIN where a token costs half a step's)
+    if best <= plain * (1 + least) * (1 - 1e-9):  # no choice is worth its uncertainty
         assert got == [0] * seqs
     elif recompute:
         assert best * 0.99 <= rate <= best * (1 + 1e-9)
@@ -218,3 +228,27 @@ def test_acceptance_follows_a_sequence_that_stops_copying():
         acc.proposed("a", [1])
         acc.appended("a", 2)
     assert high > 0.9 and acc.rate("a") < 0.1
+
+
+def test_a_compute_bound_step_needs_the_larger_margin(monkeypatch):
+    """Batch 16 as measured while this host's memory was fast (SmolLM2-135M fp32, 2 threads,
+    ngram auto on copy x16; the engine's own step averages, ms by tokens): a token beyond 16
+    costs ~1.8 ms, 0.76 of the step's average, so drafts estimated at α = 0.9 promise ~+12 %
+    — within the estimates' bias (the run kept 0.83-0.85 a token), and the rounds that
+    verified them lost 3-19 %. With MARGIN alone 31 drafts are verified; in a compute-bound
+    step they need COMPUTE_MARGIN and none are — while drafts almost always kept (α = 0.99)
+    still are, and batch 1 (nothing measured below it: never compute-bound) chooses as with
+    MARGIN alone."""
+    ms = {1: 11.2, 2: 12.8, 3: 13.3, 4: 14.8, 5: 15.5, 9: 22.3, 10: 25.7, 11: 26.6, 14: 32.7,
+          16: 38.2, 21: 47.8, 22: 49.5, 24: 52.6, 29: 62.8, 30: 65.8, 41: 84.9, 45: 92.5,
+          47: 94.5, 50: 100.8, 65: 124.6}  # fmt: skip
+    fast, slope = _times({n: t / 1000 for n, t in ms.items()}), 0.00124
+    assert fast.compute_bound(16, slope) and margin(fast, 16, slope) == COMPUTE_MARGIN
+    assert choose([2] * 16, [0.9] * 16, 16, 16, fast, slope) == [0] * 16
+    assert sum(choose([4] * 16, [0.99] * 16, 16, 16, fast, slope)) > 0
+    assert margin(fast, 1, slope) == MARGIN
+    single = choose([4], [0.6], 1, 1, fast, slope)
+    assert single[0] > 0
+    monkeypatch.setattr("infergen.engine.spec.cost.COMPUTE_MARGIN", MARGIN)
+    assert sum(choose([2] * 16, [0.9] * 16, 16, 16, fast, slope)) == 31
+    assert choose([4], [0.6], 1, 1, fast, slope) == single

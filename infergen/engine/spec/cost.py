@@ -42,13 +42,24 @@ drafting for every sequence, the copying ones finished early and three that did 
 on alone — 0.88× the speed without speculation; with the rule, 0.96×.
 
 Drafts are verified only when they promise MARGIN more tokens per second than the step
-without them. The estimates the choice reads are uncertain by about that much — per-count
+without them (COMPUTE_MARGIN in a compute-bound step, below). The estimates the choice reads
+are uncertain by about that much — per-count
 step averages by ±5 %, and the acceptance of the sequences chosen (chosen for estimates that
 are high) was 5–15 % above what they then kept (batch 16, SmolLM2-135M, this host) — so a
 choice that promises less is as likely a loss. At batch 16 here drafts promise little (a
 token costs 0.77 of the step's average; kept at α ≈ 0.8, that is a wash), and a closed batch
 of 16 lost 5–10 % verifying them; at batch 1 drafts promise 30–300 % and the margin changes
 nothing.
+
+A compute-bound step (`StepTimes.compute_bound`) needs COMPUTE_MARGIN. There a draft costs
+a token's share of the step, `floor`, so the most drafts can promise is α × (t(base) / base)
+/ floor − 1: estimated at α ≈ 0.9 with a token at 0.76 of the step's average (batch 16
+while this host's memory is fast: t(16) = 36–46 ms, 1.8 ms a token beyond it), ~+12 % — the
+size of the estimates' bias (the sequences then kept 0.83–0.85 a token). With MARGIN alone
+such steps verified drafts, and every one of 5 rounds of copy x16 lost (0.81–0.97× without
+speculation, SmolLM2-135M, ngram auto, 2026-12-07). Drafts almost always kept still pay
+there (α = 0.99: ~+28 %), and at batch 1 nothing changes (no count below the base is
+measured: floor 0, never compute-bound).
 
 A draft model (spec/draft.py) keeps KV of its own and computes, before it drafts, every
 position the target computed since it last drafted: a one-off catch-up (the prompt, at a
@@ -72,6 +83,7 @@ from collections.abc import Callable, Sequence
 
 WEIGHT = 0.2  # of the newest step in a count's moving average
 MARGIN = 0.05  # the least gain in tokens per second for which drafts are verified
+COMPUTE_MARGIN = 0.15  # the same in a compute-bound step (module docstring)
 COMPUTE_BOUND = 0.5  # a token's least cost, over the step's average, that makes it compute-bound
 EXPLORE_SHARE = 0.03  # of the decoding since its last drafts, what an exploring catch-up may cost
 
@@ -170,6 +182,12 @@ def catch_up_pays(rate: float, drafts: int, remaining: int, t_plain: float, t_st
     return remaining * (t_plain - t_step / emitted) > catch_up
 
 
+def margin(times: StepTimes, base: int, slope: float) -> float:
+    """The least gain in tokens per second for which a step of `base` tokens verifies
+    drafts: COMPUTE_MARGIN where the step is compute-bound, else MARGIN."""
+    return COMPUTE_MARGIN if times.compute_bound(base, slope) else MARGIN
+
+
 def choose(
     drafts: Sequence[int],
     rates: Sequence[float],
@@ -197,7 +215,7 @@ def choose(
     step = times.above(base, slope)
     t_base, floor = step(0), times.floor(base, slope)
     emitted, extra = float(decodes), 0.0
-    best, best_rate, taken = 0, emitted / t_base * (1.0 + MARGIN), []
+    best, best_rate, taken = 0, emitted / t_base * (1.0 + margin(times, base, slope)), []
     for m, (gain, s) in enumerate(gains, start=1):
         taken.append(s)
         emitted -= gain
