@@ -38,8 +38,13 @@ def test_step_times_measured_interpolated_and_extrapolated():
     assert times.seconds(9, 2.5) == pytest.approx(18.0 + 3 * 2.5)  # the slope when more
     assert times.seconds(1, 1.0) == pytest.approx(9.0)  # below the smallest: minus the slope
     assert times.seconds(1, 8.0) == pytest.approx(5.0)  # but not below half of it
-    times.observe(2, 20.0)  # a moving average: the newest step weighs 0.2
-    assert times.seconds(2, 1.0) == pytest.approx(10.0 + 0.2 * 10.0)
+    # a count measured again moves the host's speed by 0.2 of how far off it is (2x: the
+    # speed 1.2), then its own time by 0.05 of what is left; every count follows the speed
+    times.observe(2, 20.0)
+    speed = 1.0 + 0.2 * (20.0 / 10.0 - 1.0)
+    assert times.speed == pytest.approx(speed)
+    assert times.seconds(2, 1.0) == pytest.approx((10.0 + 0.05 * (20.0 / speed - 10.0)) * speed)
+    assert times.seconds(6, 1.0) == pytest.approx(18.0 * speed)
 
 
 def _expected_rate(counts, rates, decodes, base, times, slope, recompute=False) -> float:
@@ -252,3 +257,20 @@ def test_a_compute_bound_step_needs_the_larger_margin(monkeypatch):
     monkeypatch.setattr("infergen.engine.spec.cost.COMPUTE_MARGIN", MARGIN)
     assert sum(choose([2] * 16, [0.9] * 16, 16, 16, fast, slope)) == 31
     assert choose([4], [0.6], 1, 1, fast, slope) == single
+
+
+def test_counts_measured_only_at_verifying_steps_follow_the_host():
+    """The trace of layerskip on copy (SmolLM2-135M, batch 1): t(2) and t(3) measured once
+    while t(1) was 11.4 ms; then the host slowed and t(1) read 15.9 ms for many steps while
+    drafts were off. The stale counts follow most of it (the rest went into t(1)'s own
+    time), and one draft at α = 0.35 does not pay (with t(2) left at 20.0 ms it looked
+    worth 7 %: 1.35 / 20.0 against 1 / 15.9)."""
+    times = _times({1: 0.0114, 2: 0.0200, 3: 0.0283})
+    for _ in range(40):
+        times.observe(1, 0.0159)
+    assert times.seconds(1, 0.001) == pytest.approx(0.0159, rel=0.01)
+    assert times.seconds(2, 0.001) > 0.0200 * 1.25  # (all of the drift: 1.39x)
+    assert choose([8], [0.35], 1, 1, times, slope=0.001) == [0]
+    assert choose([8], [0.9], 1, 1, times, slope=0.001)[0] > 0  # drafts kept still pay
+    frozen = _times({1: 0.0159, 2: 0.0200, 3: 0.0283})  # (the stale counts as they were)
+    assert choose([8], [0.35], 1, 1, frozen, slope=0.001) == [1]

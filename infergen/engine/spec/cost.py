@@ -7,7 +7,14 @@ whatever n is), at the per-token compute cost once it is not (a large batch). Sp
 while the tokens a step emits grow faster than its time.
 
 `StepTimes` is t(n), measured: the engine reports every step that computed only decodes
-(verifying or not) with its wall time, kept as a moving average per token count. Between two
+(verifying or not) with its wall time, kept as a moving average per token count — of the
+step's time over a host-speed factor that every observation moves (`speed`), so that the
+counts' times follow the host together (a count's own time, over the speed, moves 4x slower
+than the speed: a drift of the host goes mostly into the speed). Without it, a count
+measured only at verifying steps kept its time while drafts were off and the host slowed:
+t(2) = 20.0 ms was measured while t(1) was 11.4 ms, and later, with t(1) at 15.9 ms, one
+layerskip draft kept at α = 0.32 looked worth 5 % — layerskip on copy lost 12 %
+(SmolLM2-135M, 2026-12-07). Between two
 measured counts t is interpolated; beyond the largest it grows by the marginal cost `slope`
 per token — the engine's measured prefill cost per token, the compute-bound rate — or by the
 two largest measured counts' cost per token when that is more (a draft model's pass per
@@ -81,7 +88,8 @@ import bisect
 import heapq
 from collections.abc import Callable, Sequence
 
-WEIGHT = 0.2  # of the newest step in a count's moving average
+WEIGHT = 0.2  # of the newest step in the host's speed (and in a catch-up's rate)
+SHAPE_WEIGHT = 0.05  # of the newest step in its count's own time (over the speed)
 MARGIN = 0.05  # the least gain in tokens per second for which drafts are verified
 COMPUTE_MARGIN = 0.15  # the same in a compute-bound step (module docstring)
 COMPUTE_BOUND = 0.5  # a token's least cost, over the step's average, that makes it compute-bound
@@ -93,15 +101,25 @@ class StepTimes:
 
     def __init__(self):
         self._counts: list[int] = []  # measured token counts, ascending
-        self._seconds: dict[int, float] = {}
+        self._shape: dict[int, float] = {}  # per count: its time over the host's `speed`
+        self.speed = 1.0  # how slow the host is now against when the counts were measured
 
     def observe(self, tokens: int, seconds: float) -> None:
-        old = self._seconds.get(tokens)
+        """A step of `tokens` took `seconds`: a count measured before moves the host's speed
+        by WEIGHT of how far it is off, then its own time by SHAPE_WEIGHT of what is left —
+        so that a drift of the host goes mostly into the speed, which every count follows
+        (one count measured at every step cannot tell a slower host from a dearer count)."""
+        old = self._shape.get(tokens)
         if old is None:
             bisect.insort(self._counts, tokens)
-            self._seconds[tokens] = seconds
-        else:
-            self._seconds[tokens] = old + WEIGHT * (seconds - old)
+            self._shape[tokens] = seconds / self.speed
+            return
+        self.speed *= 1.0 + WEIGHT * (seconds / (old * self.speed) - 1.0)
+        self._shape[tokens] = old + SHAPE_WEIGHT * (seconds / self.speed - old)
+
+    def _at(self, tokens: int) -> float:
+        """t(tokens) of a measured count, at the host's speed now."""
+        return self._shape[tokens] * self.speed
 
     def seconds(self, tokens: int, slope: float) -> float | None:
         """t(tokens): measured, interpolated, or the nearest measured count's time plus
@@ -111,15 +129,15 @@ class StepTimes:
             return None
         at = bisect.bisect_left(counts, tokens)
         if at < len(counts) and counts[at] == tokens:
-            return self._seconds[tokens]
+            return self._at(tokens)
         if at == len(counts):  # beyond the largest: the marginal cost per token
             top = counts[-1]
-            return self._seconds[top] + self._marginal(slope) * (tokens - top)
+            return self._at(top) + self._marginal(slope) * (tokens - top)
         if at == 0:  # below the smallest: as much less, but not below a share of it
             low = counts[0]
-            return max(self._seconds[low] - slope * (low - tokens), self._seconds[low] / 2)
+            return max(self._at(low) - slope * (low - tokens), self._at(low) / 2)
         lo, hi = counts[at - 1], counts[at]
-        t_lo, t_hi = self._seconds[lo], self._seconds[hi]
+        t_lo, t_hi = self._at(lo), self._at(hi)
         return t_lo + (t_hi - t_lo) * (tokens - lo) / (hi - lo)
 
     def floor(self, base: int, slope: float) -> float:
@@ -128,7 +146,7 @@ class StepTimes:
         if not self._counts or self._counts[0] >= base:
             return 0.0
         low = self._counts[0]
-        return max(0.0, (self.seconds(base, slope) - self._seconds[low]) / (base - low))
+        return max(0.0, (self.seconds(base, slope) - self._at(low)) / (base - low))
 
     def compute_bound(self, base: int, slope: float) -> bool:
         """Whether a token beyond `base` costs at least COMPUTE_BOUND of t(base) / base (the
@@ -149,7 +167,7 @@ class StepTimes:
         if len(self._counts) < 2:
             return slope
         lo, hi = self._counts[-2], self._counts[-1]
-        return max(slope, (self._seconds[hi] - self._seconds[lo]) / (hi - lo))
+        return max(slope, (self._at(hi) - self._at(lo)) / (hi - lo))
 
 
 class CatchUp:
