@@ -42,10 +42,9 @@ class Riders:
                     found=f"{rider.num_blocks} blocks of {rider.block_size} tokens",
                     expected=f"{pool.num_blocks} blocks of {pool.block_size} tokens",
                 )
-            rider.block_data(0)  # a format whose pages cannot move: its ConfigError now
         self.caches = riders
-        self.parts = [(encoded.shape, encoded.dtype)]
-        self.parts += [(rider.page(0).shape, rider.page(0).dtype) for rider in riders]
+        pages = [rider.page(0) for rider in riders]  # (a format whose pages cannot move: raises)
+        self.parts = [(encoded.shape, encoded.dtype)] + [(p.shape, p.dtype) for p in pages]
         sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in self.parts]
         self.offsets = [0]
         for size in sizes[:-1]:
