@@ -159,14 +159,17 @@ class _Converter:
         """The graph input for `module.<attr>` (a parameter / buffer of the traced module)."""
         key = (id(module), attr)
         if key not in self.weights:
-            tensor = getattr(module, attr)
-            shape = tuple(tensor.shape)
-            if isinstance(module, Linear) and attr == "weight":  # stored in its backend's layout
+            linear = isinstance(module, Linear)
+            # (a Linear's weight is stored in its backend's layout — packed panels, or a
+            # PreparedTensors of codes and scales —; the graph sees the checkpoint's [out, in])
+            if linear and attr == "weight":
                 shape = (module.out_features, module.in_features)
+            else:
+                shape = tuple(getattr(module, attr).shape)
             value = Value(
                 f"{path}.{attr}" if path else attr,
                 shape,
-                module.dtype if isinstance(module, Linear) else tensor.dtype,
+                module.dtype if linear else getattr(module, attr).dtype,
                 "weight",
                 fmt,
             )

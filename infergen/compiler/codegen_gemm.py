@@ -122,9 +122,10 @@ def _scaled(graph: Graph, unit: int) -> Graph:
     return tile
 
 
-def plan_epilogue(group: Graph) -> Epilogue:
+def plan_epilogue(group: Graph, panel: int = NR) -> Epilogue:
     """The fused GEMM of a GEMM-with-tail group (see the module docstring); CodegenError
-    naming why not."""
+    naming why not. `panel`: the columns each part must be a whole number of (the C
+    template's NR-column panels; 1 for the Triton rendering, whose tiles are masked)."""
     linear, tail_node = _tail_of(group)
     tail = tail_node.attrs["graph"]
     if tile_row(tail) is None:
@@ -136,9 +137,9 @@ def plan_epilogue(group: Graph) -> Epilogue:
     parts = n // unit
     if parts > MAX_PARTS or any(size % unit for size in _column_sizes(tail)):
         raise CodegenError(f"{group.name}: the tail mixes columns beyond {MAX_PARTS} parts")
-    if unit % NR:
+    if unit % panel:
         raise CodegenError(
-            f"{group.name}: {unit} columns per part, not a whole number of {NR}-column panels"
+            f"{group.name}: {unit} columns per part, not a whole number of {panel}-column panels"
         )
     out_columns = tail.outputs[0].shape[1]
     if out_columns != unit:

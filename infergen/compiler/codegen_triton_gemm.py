@@ -18,6 +18,8 @@ tensor when HAS_BIAS is False, y [M, N / parts].
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from infergen.compiler.codegen_c import CodegenError
@@ -106,19 +108,52 @@ def render_gemm_epilogue_triton(epilogue: Epilogue, name: str) -> str:
     )
 
 
+def serves_dense(epilogue: Epilogue, linear) -> bool:
+    """Whether a layer's Linear runs the Triton fused GEMM: a dense [N, K] fp32 weight (the
+    Triton kernel set's full-precision row, "native:triton") and no input quantizer; any
+    other (a quantized layout, bf16) runs its GEMM and then the tail."""
+    weight = linear.weight
+    return (
+        linear.act is None
+        and isinstance(weight, torch.Tensor)
+        and weight.dtype == torch.float32
+        and tuple(weight.shape) == tuple(epilogue.linear.inputs[1].shape)
+    )
+
+
 class TritonGemmEpilogueKernel:
     """The fused GEMM's Triton kernel, source in the JIT cache (`<root>/triton/<key>.py`, as
     codegen_triton's groups): `kernel(x, weight, bias)` → the tail's output, for a dense
     [N, K] fp32 weight on x's device."""
 
-    def __init__(self, epilogue: Epilogue, cache: JitCache):
+    def __init__(self, epilogue: Epilogue, cache: JitCache, device: torch.device | None = None):
         self.epilogue = epilogue
-        key = cache.key(epilogue.canonical(), "target=triton gemm-epilogue", triton_target())
+        # (the part's width is in the source, where the C template takes N at run time)
+        specialization = f"target=triton gemm-epilogue columns={epilogue.out_columns}"
+        key = cache.key(epilogue.canonical(), specialization, triton_target())
         function = f"gemm_epilogue_{key}"
         source = render_gemm_epilogue_triton(epilogue, function)
         module, path, cached = load_triton_source(cache, key, source)
         self.fn = getattr(module, function)
-        self.built = Built(self.fn, key, path, 0.0, cached)
+        self.calls = 0  # launches (the engine's tests check the fused GEMM really ran)
+        seconds = 0.0 if device is None else self._first_launch(torch.device(device))
+        self.built = Built(self.fn, key, path, seconds, cached)
+
+    def _first_launch(self, device: torch.device) -> float:
+        """Seconds of a first launch on `device` (where Triton compiles the kernel, or loads
+        it from its own cache), on one token of zeros."""
+        n, k = self.epilogue.linear.inputs[1].shape
+        x = torch.zeros(1, k, device=device)
+        weight = torch.zeros(n, k, device=device)
+        started = time.perf_counter()
+        self(x, weight, None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.calls = 0
+        return time.perf_counter() - started
+
+    def serves(self, linear) -> bool:
+        return serves_dense(self.epilogue, linear)
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -132,4 +167,5 @@ class TritonGemmEpilogueKernel:
             x, weight, bias if bias is not None else weight, out, tokens, k, x.stride(0),
             weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, **BLOCK,
         )  # fmt: skip
+        self.calls += 1
         return out

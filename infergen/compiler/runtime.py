@@ -5,8 +5,12 @@ own weights) and, for "jit", run through the "jit" pipeline with every fused poi
 compiled by the code-generation target of the engine's kernel set (GROUP_TARGETS: "c", the C
 renderer through the JIT cache, for the native and torch sets; "triton", the Triton renderer,
 codegen_triton.py, for kernels="triton" — on a GPU, or on the CPU in Triton's interpreter).
-Groups that hold a GEMM or a KV store run op by op, their pointwise tails compiled as nested
-groups. Each step then walks the graph: generated kernels for fused groups, the engine's own
+A GEMM whose product only feeds a pointwise tail (the gate/up projection and its SwiGLU)
+runs as one fused GEMM of the target (EpilogueTarget: C over fp32 panels, codegen_gemm.py;
+Triton over a dense fp32 weight, codegen_triton_gemm.py) wherever the layer's weight is in
+that layout. Other groups that hold a GEMM or a KV store run op by op, their pointwise tails
+compiled as nested groups (also the fallback of a fused GEMM's layers in another layout). Each
+step then walks the graph: generated kernels for fused groups, the engine's own
 op backends of its kernel set for everything else (packed GEMMs or torch's, native or Triton
 decode and prefill attention, KV store) — the "eager" mode walks the captured graph unfused,
 op by op.
@@ -36,14 +40,15 @@ from infergen import profiling
 from infergen.compiler import pipelines  # noqa: F401  (registers the pipelines)
 from infergen.compiler.buckets import bucket_of
 from infergen.compiler.codegen_c import CodegenError
-from infergen.compiler.codegen_gemm import is_gemm_group, plan_epilogue
+from infergen.compiler.codegen_gemm import NR, Epilogue, is_gemm_group, plan_epilogue
 from infergen.compiler.codegen_layer import PHASES
 from infergen.compiler.codegen_triton import TritonGroupKernel
+from infergen.compiler.codegen_triton_gemm import TritonGemmEpilogueKernel, serves_dense
 from infergen.compiler.decoder import attention_captured, capture_kinds, capture_layers
 from infergen.compiler.interpret import EXECUTORS, attention_core, kv_layer, run
 from infergen.compiler.ir import Graph, Node, Op, attention_parts
 from infergen.compiler.jit_cache import JitCache, NotBuilt
-from infergen.compiler.kernel import GemmEpilogueKernel, compile_gemm_epilogue, compile_group
+from infergen.compiler.kernel import compile_gemm_epilogue, compile_group
 from infergen.compiler.passes import PASSES, run_pipeline
 from infergen.compiler.program import LayerProgramRunner, ProgramUnavailable
 from infergen.compiler.regions import node_region
@@ -128,7 +133,7 @@ class CompiledLayers:
         self.head = head if head is not None and head.available else None
         self.kernels: dict[int, dict[str, Any]] = {}  # id(FUSED node) → bucket → kernel
         # id(FUSED GEMM-with-tail node) → its fused GEMM (codegen_gemm.py; fp32 panels)
-        self.gemm_epilogues: dict[int, GemmEpilogueKernel] = {}
+        self.gemm_epilogues: dict[int, Any] = {}  # (EpilogueTarget.build's kernels)
         jit_cache = jit_cache or JitCache()
         # the engine's startup budget chose what to build (compiler/startup.py): load only
         if getattr(model, "jit_cached_only", False):
@@ -218,8 +223,8 @@ class CompiledLayers:
     def _compile(self, graph: Graph, jit_cache: JitCache) -> None:
         device = self.model.rope_cache.device
         build = self.target.build
-        if self.target.gemm_epilogues:
-            self._compile_epilogues(graph, jit_cache)
+        if self.target.gemm_epilogue is not None:
+            self._compile_epilogues(graph, jit_cache, device)
         for node in pointwise_groups(graph):
             sub = node.attrs["graph"]
             kernel = _built_or_why(
@@ -245,17 +250,20 @@ class CompiledLayers:
                 self.report.count(built)
             self.report.tuned_buckets += len(winners)
 
-    def _compile_epilogues(self, graph: Graph, jit_cache: JitCache) -> None:
-        """The GEMM-with-tail groups as fused GEMMs (codegen_gemm.py); those it refuses, or
-        the budget left out, run their GEMM and then their tail."""
+    def _compile_epilogues(self, graph: Graph, jit_cache: JitCache, device) -> None:
+        """The GEMM-with-tail groups as fused GEMMs (codegen_gemm.py, the target's
+        rendering); those it refuses, or the budget left out, run their GEMM and then their
+        tail."""
+        target = self.target.gemm_epilogue
         for node in filter(is_gemm_group, graph.nodes):
             sub = node.attrs["graph"]
 
             def build(sub=sub):
-                epilogue = plan_epilogue(sub)
-                if not epilogue.serves_any(self.static):
-                    raise CodegenError("no layer's weight is fp32 panels")  # (not compiled)
-                return compile_gemm_epilogue(epilogue, jit_cache)
+                epilogue = plan_epilogue(sub, target.panel)
+                weight = epilogue.linear.inputs[1].name
+                if not any(target.serves(epilogue, env[weight]) for env in self.static):
+                    raise CodegenError(f"no layer's weight is {target.layout}")  # (not built)
+                return target.build(epilogue, jit_cache, device)
 
             kernel = _built_or_why(build, sub, self.report.epilogues_unfused)
             if kernel is None:
@@ -401,12 +409,13 @@ def _built_or_why(build: Callable[[], Any], sub: Graph, why: list[str]) -> Any |
     return None
 
 
-def _run_gemm_epilogue(kernel: GemmEpilogueKernel, args: list) -> tuple | None:
-    """The fused GEMM on the group's inputs, or None where the layer's weight is not fp32
-    panels (Epilogue.serves): then the group's GEMM and tail run one after the other."""
+def _run_gemm_epilogue(kernel: Any, args: list) -> tuple | None:
+    """The fused GEMM on the group's inputs, or None where the layer's weight is not in the
+    kernel's layout (`kernel.serves`): then the group's GEMM and tail run one after the
+    other."""
     epilogue = kernel.epilogue
     linear = args[epilogue.weight_input]
-    if not epilogue.serves(linear):
+    if not kernel.serves(linear):
         return None
     return (kernel(args[epilogue.x_input], linear.weight, linear.bias),)
 
@@ -477,6 +486,19 @@ class _EngineOps:
 
 
 @dataclass(frozen=True)
+class EpilogueTarget:
+    """How a code-generation target fuses a GEMM-with-tail group (codegen_gemm.py's
+    Epilogue): the weight layout its kernel reads and the kernel."""
+
+    panel: int  # the columns each part of the product must be a whole number of
+    serves: Callable[[Epilogue, Any], bool]  # whether a layer's Linear runs the kernel
+    layout: str  # what `serves` asks of a weight (the compile report's reason)
+    # (epilogue, JIT cache, device) → kernel: `kernel(x, weight, bias)`, `serves(linear)`,
+    # `built`; CodegenError when the target has no code for it
+    build: Callable[[Epilogue, JitCache, torch.device], Any]
+
+
+@dataclass(frozen=True)
 class GroupTarget:
     """A code-generation target of the fused pointwise groups."""
 
@@ -484,7 +506,7 @@ class GroupTarget:
     # (jit_cache.Built: seconds, cached); CodegenError when the target has no code for it
     build: Callable[[Graph, JitCache, str, torch.device], Any]
     tuned: bool  # the tuner's per-bucket variants apply (tune.py measures C variants)
-    gemm_epilogues: bool  # GEMM-with-tail groups run as fused C GEMMs (codegen_gemm.py)
+    gemm_epilogue: EpilogueTarget | None  # GEMM-with-tail groups run as one fused GEMM
     layer_program: bool  # decode steps may run the generated whole-layer C program
 
 
@@ -492,11 +514,16 @@ class GroupTarget:
 GROUP_TARGETS: Registry[GroupTarget] = Registry("codegen target")
 GROUP_TARGETS.register(
     "c", GroupTarget(lambda g, cache, variant, device: compile_group(g, cache, variant),
-                     tuned=True, gemm_epilogues=True, layer_program=True)
+                     tuned=True, layer_program=True,
+                     gemm_epilogue=EpilogueTarget(
+                         NR, Epilogue.serves, "fp32 panels",
+                         lambda epilogue, cache, device: compile_gemm_epilogue(epilogue, cache)))
 )  # fmt: skip
 GROUP_TARGETS.register(
     "triton", GroupTarget(lambda g, cache, variant, device: TritonGroupKernel(g, cache, device),
-                          tuned=False, gemm_epilogues=False, layer_program=False)
+                          tuned=False, layer_program=False,
+                          gemm_epilogue=EpilogueTarget(1, serves_dense, "a dense fp32 [N, K]",
+                                                       TritonGemmEpilogueKernel))
 )  # fmt: skip
 
 
