@@ -17,6 +17,7 @@ from infergen.engine.spec.cost import (
     StepTimes,
     catch_up_pays,
     choose,
+    choose_together,
     margin,
 )
 
@@ -257,6 +258,74 @@ def test_a_compute_bound_step_needs_the_larger_margin(monkeypatch):
     monkeypatch.setattr("infergen.engine.spec.cost.COMPUTE_MARGIN", MARGIN)
     assert sum(choose([2] * 16, [0.9] * 16, 16, 16, fast, slope)) == 31
     assert choose([4], [0.6], 1, 1, fast, slope) == single
+
+
+def _batch_end_rate(j, rates, base, times, slope, recompute=False, lead=None) -> float:
+    """Steps by which a draining batch's end comes nearer, per second, when each of its last
+    sequences verifies j drafts: enumerated over every outcome of their chains (each keeps
+    exactly a < j drafts with probability r^a (1 - r), all j with r^j), the end moving by 1 +
+    the fewest kept, but by no more than 1 + `lead` (then the next sequences end it); with
+    `recompute`, each rejection after a kept costs a + 1 tokens at `slope`."""
+    outcomes = [[(a, r**a * (1 - r)) for a in range(j)] + [(j, r**j)] for r in rates]
+    advance = 0.0
+    for combo in itertools.product(*outcomes):
+        p = 1.0
+        for _, q in combo:
+            p *= q
+        advance += p * (1 + min(min(a for a, _ in combo), j if lead is None else lead))
+    seconds = times.above(base, slope)(len(rates) * j)
+    if recompute:
+        seconds += sum(slope * (a + 1) * r**a * (1 - r) for r in rates for a in range(j))
+    return advance / seconds
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("seed", range(30))
+def test_a_draining_batchs_last_sequences_draft_together_at_the_best_count(seed, recompute):
+    """The last sequences of a draining batch verify the same j drafts: the j of the highest
+    expected advance of the batch's end per second, enumerated over every outcome of their
+    chains (the cost model reads it as a product of acceptances), the end moving no further
+    than their lead over the next sequences; none when no j beats a plain step by the
+    margin."""
+    rng = random.Random(seed)
+    seqs = rng.choice([1, 2, 3, 4])
+    drafts = [rng.randint(1, 4) for _ in range(seqs)]
+    rates = [rng.choice([0.6, rng.random(), 0.9, 0.99, 1.0]) for _ in range(seqs)]
+    base = seqs + rng.randint(0, 12)
+    t, total = {}, 10.0 * rng.random() + 1.0
+    for n in range(1, base + sum(drafts) + 1):  # (counts below the base: compute-bound too)
+        t[n] = total
+        total += rng.choice([0.1, 0.5, 1.0, 3.0]) * rng.random()
+    times = _times(t)
+    slope = rng.choice([0.1, 1.0, 3.0])
+    lead = rng.choice([None, 1, 2, 8])
+    got = choose_together(drafts, rates, base, times, slope, recompute, lead)
+    assert len(set(got)) == 1 and 0 <= got[0] <= min(drafts)
+    rates_by_j = {j: _batch_end_rate(j, rates, base, times, slope, recompute, lead)
+                  for j in range(min(drafts) + 1)}  # fmt: skip
+    best = max(rates_by_j.values())
+    if best <= rates_by_j[0] * (1 + margin(times, base, slope)) * (1 - 1e-9):
+        assert got[0] == 0
+    else:
+        assert rates_by_j[got[0]] == pytest.approx(best)
+
+
+def test_sixteen_last_sequences_never_draft_together_one_does():
+    """The batch-16 step curve of this host (as in the test below): sixteen sequences last
+    together, each estimated at α = 0.9 (even 0.99), verify nothing — all sixteen keep a
+    draft with probability 0.19 (0.85), not worth 16 tokens' compute; the batch's one last
+    sequence at α = 0.9 verifies drafts. `choose`, reading each sequence's own tokens, would
+    verify the sixteen's drafts at α = 0.99."""
+    ms = {1: 11.2, 2: 12.8, 3: 13.3, 4: 14.8, 5: 15.5, 9: 22.3, 10: 25.7, 11: 26.6, 14: 32.7,
+          16: 38.2, 21: 47.8, 22: 49.5, 24: 52.6, 29: 62.8, 30: 65.8, 41: 84.9, 45: 92.5,
+          47: 94.5, 50: 100.8, 65: 124.6}  # fmt: skip
+    times, slope = _times({n: t / 1000 for n, t in ms.items()}), 0.00124
+    assert choose_together([4] * 16, [0.9] * 16, 16, times, slope) == [0] * 16
+    assert choose_together([4] * 16, [0.99] * 16, 16, times, slope) == [0] * 16
+    assert sum(choose([4] * 16, [0.99] * 16, 16, 16, times, slope)) > 0
+    assert choose_together([4], [0.9], 16, times, slope)[0] > 0
+    # a lead of one token over the next sequences: one draft at most brings the end nearer
+    assert choose_together([4], [0.9], 16, times, slope, lead=1)[0] <= 1
 
 
 def test_counts_measured_only_at_verifying_steps_follow_the_host():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from infergen import LLM, SamplingParams
-from infergen.engine.spec.cost import StepTimes
+from infergen.engine.spec.cost import TOGETHER_SHARE, StepTimes
 from infergen.errors import ConfigError
 from tests.hf_models import build_hf_model
 from tests.triton_env import HAS_TRITON, INTERPRETED
@@ -395,9 +395,11 @@ def test_a_draft_models_catch_up_is_paid_only_where_it_is_earned(per_position, d
 def test_a_draining_compute_bound_batch_drafts_only_for_the_last_to_finish(tmp_path):
     """No request waiting, three decoding with 30, 24 and 18 tokens still allowed, drafts
     proposed for each and (so the acceptance estimate says) kept every time: where a token
-    costs 0.6 of the step's average (t(n) = 0.02 + 0.01 n s), only the sequence that may
-    generate the most drafts — the others would finish early, the batch not; where a token
-    costs little beside the step (0.002 s), or requests wait, every sequence drafts."""
+    costs 0.6 of the step's average (t(n) = 0.02 + 0.01 n s), or 0.375 (0.004 s: not
+    compute-bound, not nearly free either), only the sequence that may generate the most
+    drafts — the others would finish early, the batch not; where a token costs little
+    beside the step (0.001 s, 0.13 of the average), or requests wait, every sequence
+    drafts."""
     vocab = build_hf_model("llama_gqa", tmp_path).config.vocab_size
     llm = LLM(str(tmp_path), speculative="ngram", num_speculative_tokens="auto")
     engine, speculator = llm.engine, llm.engine.speculator
@@ -423,8 +425,11 @@ def test_a_draining_compute_bound_batch_drafts_only_for_the_last_to_finish(tmp_p
     assert sum(last) == 1
     assert drafting(0.01, True) == last
     assert drafting(0.01, False) == [True] * 3  # requests waiting: every sequence
-    assert drafting(0.002, True) == [True] * 3  # bound by reading the weights
-    assert speculator.times.compute_bound(3, 0.002) is False
+    assert drafting(0.004, True) == last
+    assert speculator.times.token_share(3, 0.004) == pytest.approx(0.375)
+    assert not speculator.times.compute_bound(3, 0.004)
+    assert drafting(0.001, True) == [True] * 3  # bound by reading the weights
+    assert speculator.times.token_share(3, 0.001) < TOGETHER_SHARE
 
 
 @pytest.mark.slow

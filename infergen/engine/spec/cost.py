@@ -42,11 +42,20 @@ Another sequence's kept drafts then end it sooner without ending the batch soone
 are computed either way, only earlier, while its rejected drafts are computed for nothing.
 Where a token costs little beside the step (reading the weights bounds it: batch 1, a GPU's
 small batches) those drafts still buy that request's latency for almost nothing; where a
-token costs COMPUTE_BOUND of the step's average or more (`StepTimes.compute_bound`: batch 16
-here, 0.72), the step drafts only for the sequences that may still generate the most tokens
-(spec/speculator.py). Measured on a closed batch of 16 (SmolLM2-135M, suffix, copy-heavy):
-drafting for every sequence, the copying ones finished early and three that did not copy ran
-on alone — 0.88× the speed without speculation; with the rule, 0.96×.
+token costs TOGETHER_SHARE of the step's average or more (`StepTimes.token_share`: batch 16
+here, 0.5–0.8 as the host's memory speed drifts), the step drafts only for the sequences that
+may still generate the most tokens (spec/speculator.py). (The rule first read
+`compute_bound`, a share of 0.5: when this host's memory slowed, a batch-16 step's token fell
+under it, every sequence drafted for itself, and copy x16 went to 0.91×.) Measured on a
+closed batch of 16 (SmolLM2-135M, suffix, copy-heavy): drafting for every sequence, the
+copying ones finished early and three that did not copy ran on alone — 0.88× the speed
+without speculation; with the rule, 0.96×.
+Those last sequences end the batch together: a step brings its end nearer only as far as
+every one of them keeps its drafts (`choose_together`). While all sixteen may generate as
+many tokens, drafting for each by its own gain (`choose`) still let the copying ones pull
+ahead, which ended nothing sooner: copy x16 with suffix auto 0.95× (rounds 0.905–0.996,
+2026-12-07 11:44); drafts for all sixteen kept at α ≈ 0.88 together with probability
+0.13 — none are verified now, until few sequences are left last.
 
 Drafts are verified only when they promise MARGIN more tokens per second than the step
 without them (COMPUTE_MARGIN in a compute-bound step, below). The estimates the choice reads
@@ -86,6 +95,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Callable, Sequence
 
 WEIGHT = 0.2  # of the newest step in the host's speed (and in a catch-up's rate)
@@ -93,6 +103,7 @@ SHAPE_WEIGHT = 0.05  # of the newest step in its count's own time (over the spee
 MARGIN = 0.05  # the least gain in tokens per second for which drafts are verified
 COMPUTE_MARGIN = 0.15  # the same in a compute-bound step (module docstring)
 COMPUTE_BOUND = 0.5  # a token's least cost, over the step's average, that makes it compute-bound
+TOGETHER_SHARE = 0.25  # the same, for a draining batch to draft only for its last sequences
 EXPLORE_SHARE = 0.03  # of the decoding since its last drafts, what an exploring catch-up may cost
 
 
@@ -148,11 +159,15 @@ class StepTimes:
         low = self._counts[0]
         return max(0.0, (self.seconds(base, slope) - self._at(low)) / (base - low))
 
-    def compute_bound(self, base: int, slope: float) -> bool:
-        """Whether a token beyond `base` costs at least COMPUTE_BOUND of t(base) / base (the
-        step's average token): `floor` against it."""
+    def token_share(self, base: int, slope: float) -> float:
+        """The least a token beyond `base` costs (`floor`) over t(base) / base, the step's
+        average token (0 before anything is measured)."""
         t_base = self.seconds(base, slope)
-        return t_base is not None and self.floor(base, slope) >= COMPUTE_BOUND * t_base / base
+        return 0.0 if not t_base else self.floor(base, slope) * base / t_base
+
+    def compute_bound(self, base: int, slope: float) -> bool:
+        """Whether a token beyond `base` costs at least COMPUTE_BOUND of the step's average."""
+        return self.token_share(base, slope) >= COMPUTE_BOUND
 
     def above(self, base: int, slope: float) -> Callable[[int], float]:
         """m -> t(base + m) as the cost model reads it: measured or extrapolated, but at least
@@ -251,3 +266,39 @@ def choose(
     for s in taken[:best]:
         chosen[s] += 1
     return chosen
+
+
+def choose_together(
+    drafts: Sequence[int],
+    rates: Sequence[float],
+    base: int,
+    times: StepTimes,
+    slope: float,
+    recompute: bool = False,
+    lead: int | None = None,
+) -> list[int]:
+    """The drafts of a draining batch's last sequences (those that may still generate the
+    most tokens; module docstring): the batch ends when the last of them does, so a step
+    brings its end nearer by i steps only where every one of them keeps i drafts —
+    probability Π_s α_s^i — and by no more than `lead`, how many more tokens they may
+    generate than the batch's next sequences (beyond it those end the batch; None: no
+    bound). Each verifies the same j drafts (0: none), the j that advances the batch's
+    end the most per second, (1 + Σ_{i≤min(j, lead)} Π_s α_s^i) / t(base + |S| j), and by
+    more than the margin against a plain step. Sixteen sequences at α = 0.9 keep a draft
+    together with probability 0.19: their drafts never pay; one left at that rate does.
+    `recompute`: as `choose`."""
+    chosen = [0] * len(drafts)
+    if not drafts or times.seconds(base, slope) is None:
+        return chosen
+    step = times.above(base, slope)
+    best, best_rate = 0, (1.0 + margin(times, base, slope)) / step(0)
+    together, ahead, extra = math.prod(rates), 1.0, 0.0
+    for j in range(1, min(drafts) + 1):
+        if lead is None or j <= lead:
+            ahead += together**j
+        if recompute:  # (as choose: the j-th draft's share of the expected recomputation)
+            extra += slope * sum(rate ** (j - 1) * (1.0 - rate) * j for rate in rates)
+        rate = ahead / (step(len(drafts) * j) + extra)
+        if rate > best_rate:
+            best, best_rate = j, rate
+    return [best] * len(drafts)

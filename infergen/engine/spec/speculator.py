@@ -39,7 +39,15 @@ import torch
 from infergen.engine.request import Sequence as Seq
 from infergen.engine.sampler import Sampler, SamplerOutput, SamplingState
 from infergen.engine.spec.acceptance import Acceptance
-from infergen.engine.spec.cost import EXPLORE_SHARE, CatchUp, StepTimes, catch_up_pays, choose
+from infergen.engine.spec.cost import (
+    EXPLORE_SHARE,
+    TOGETHER_SHARE,
+    CatchUp,
+    StepTimes,
+    catch_up_pays,
+    choose,
+    choose_together,
+)
 from infergen.engine.spec.proposer import Proposer
 from infergen.engine.spec.rollback import StateRollback
 
@@ -127,8 +135,8 @@ class Speculator:
         model: `slope` the seconds a token adds to a step beyond those measured (the engine's
         prefill cost per token), `budget` the step's token budget, `remaining` the most
         tokens a sequence may still generate (a draft model's catch-up must be earned back
-        over them); when `draining` (no request waits), a compute-bound step drafts only for
-        the sequences that would finish last (spec/cost.py)."""
+        over them); when `draining` (no request waits), a step whose tokens are not nearly
+        free drafts only for the sequences that would finish last, together (spec/cost.py)."""
         began = time.perf_counter()
         decoding: list[Seq] = []
         prefill = 0
@@ -143,10 +151,14 @@ class Speculator:
         base = decodes + min(prefill, max(0, budget - decodes)) if budget else decodes
         if slope is None:  # (no prefill measured yet: this step's cost per token)
             slope = (self.times.seconds(base, 0.0) or 0.0) / max(1, base)
-        if (self.auto and draining and remaining is not None and decoding and not prefill
-                and self.times.compute_bound(base, slope)):  # fmt: skip
+        together = (self.auto and draining and remaining is not None and bool(decoding)
+                    and not prefill
+                    and self.times.token_share(base, slope) >= TOGETHER_SHARE)  # fmt: skip
+        lead = None  # how many more tokens the last may generate than the next (choose_together)
+        if together:  # the last to finish, which end the batch together
             left = [remaining(seq) for seq in decoding]
             last = max(left)
+            lead = last - max((n for n in left if n < last), default=0)
             decoding = [seq for seq, n in zip(decoding, left, strict=True) if n == last]
         drafting: list[Seq] = []
         for seq in decoding:
@@ -166,9 +178,16 @@ class Speculator:
             catch_up = {seq.request_id: self._catch_up(seq, slope) for seq in drafting}
             choosing = drafting
             while True:  # (again without the sequences whose catch-up their drafts don't earn)
-                counts = choose([len(seq.drafts) for seq in choosing],
-                                [rates[seq.request_id] for seq in choosing],
-                                decodes, base, self.times, slope, recompute)  # fmt: skip
+                proposed = [len(seq.drafts) for seq in choosing]
+                chosen_rates = [rates[seq.request_id] for seq in choosing]
+                if not together:
+                    counts = choose(proposed, chosen_rates, decodes, base, self.times, slope,
+                                    recompute)  # fmt: skip
+                elif len(choosing) == len(decoding):  # (one without drafts ends it: none)
+                    counts = choose_together(proposed, chosen_rates, base, self.times, slope,
+                                             recompute, lead)  # fmt: skip
+                else:
+                    counts = [0] * len(choosing)
                 unearned = {seq.request_id for seq, n in zip(choosing, counts, strict=True)
                             if n and not self._earned(seq, n, sum(counts), base, slope,
                                                       remaining, rates, catch_up)}  # fmt: skip
