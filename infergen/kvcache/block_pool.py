@@ -47,6 +47,10 @@ class BlockPool:
     def refcount(self, block: int) -> int:
         return self._ref[block]
 
+    def key_of(self, block: int) -> bytes | None:
+        """The prefix-cache key `block` is published under (None: not published)."""
+        return self._hash[block]
+
     def allocate(self) -> int:
         """One block with refcount 1. Evicts the least recently used idle cached block when
         no free block is left. Raises RuntimeError when every block is referenced."""
