@@ -10,8 +10,9 @@ themselves (not the scheduler's own counts):
   draft's position is never hashed);
 - recurrent layers: each running sequence holds a state slot of its own, the rest are free.
 
-At the end nothing is held, and every output equals the plain engine's (greedy: up to a
-near-tie; seeded sampled: token for token)."""
+Requests share passages, so some start from prefix-cache hits. At the end nothing is held,
+and every output equals the plain engine's (greedy: up to a near-tie; seeded sampled: token
+for token)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,7 @@ def test_pool_accounting_after_every_step(model, proposer, k, seed, tmp_path):
         engine.release(i)
     assert engine.speculator.stats["steps"] > 0  # drafts were verified
     assert engine.scheduler.num_preemptions > 0  # the pool was short
+    assert any(g.num_cached_prompt_tokens for g in got)  # prefix hits among them
     assert all(engine.scheduler.pool.refcount(b) == 0 for b in range(36))
     want = LLM(str(tmp_path), **options).generate([p for _, p, _ in requests],
                                                   [q for _, _, q in requests])  # fmt: skip
