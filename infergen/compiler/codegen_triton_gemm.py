@@ -152,9 +152,6 @@ class TritonGemmEpilogueKernel:
         self.calls = 0
         return time.perf_counter() - started
 
-    def serves(self, linear) -> bool:
-        return serves_dense(self.epilogue, linear)
-
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:

@@ -97,9 +97,6 @@ class GemmEpilogueKernel:
         title = f"gemm_epilogue({k}->{n}, {group_title(epilogue.tail)})"
         self.call = profiling.native(self.fn, title, profiling.JIT)
 
-    def serves(self, linear) -> bool:
-        return self.epilogue.serves(linear)
-
     def __call__(
         self, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:

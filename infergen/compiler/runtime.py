@@ -359,7 +359,7 @@ class CompiledLayers:
         if node.op is Op.FUSED:
             fused_gemm = self.gemm_epilogues.get(id(node))
             if fused_gemm is not None:
-                out = _run_gemm_epilogue(fused_gemm, args)
+                out = _run_gemm_epilogue(self.target.gemm_epilogue, fused_gemm, args)
                 if out is not None:
                     return out
             variants = self.kernels.get(id(node))
@@ -409,13 +409,13 @@ def _built_or_why(build: Callable[[], Any], sub: Graph, why: list[str]) -> Any |
     return None
 
 
-def _run_gemm_epilogue(kernel: Any, args: list) -> tuple | None:
+def _run_gemm_epilogue(target: EpilogueTarget, kernel: Any, args: list) -> tuple | None:
     """The fused GEMM on the group's inputs, or None where the layer's weight is not in the
-    kernel's layout (`kernel.serves`): then the group's GEMM and tail run one after the
-    other."""
+    layout its target's kernel reads (`target.serves`): then the group's GEMM and tail run
+    one after the other."""
     epilogue = kernel.epilogue
     linear = args[epilogue.weight_input]
-    if not kernel.serves(linear):
+    if not target.serves(epilogue, linear):
         return None
     return (kernel(args[epilogue.x_input], linear.weight, linear.bias),)
 
@@ -493,8 +493,8 @@ class EpilogueTarget:
     panel: int  # the columns each part of the product must be a whole number of
     serves: Callable[[Epilogue, Any], bool]  # whether a layer's Linear runs the kernel
     layout: str  # what `serves` asks of a weight (the compile report's reason)
-    # (epilogue, JIT cache, device) → kernel: `kernel(x, weight, bias)`, `serves(linear)`,
-    # `built`; CodegenError when the target has no code for it
+    # (epilogue, JIT cache, device) → kernel: `kernel(x, weight, bias)`, `epilogue`, `built`;
+    # CodegenError when the target has no code for it
     build: Callable[[Epilogue, JitCache, torch.device], Any]
 
 
