@@ -36,7 +36,7 @@ from infergen.compiler.ir import TOKENS, Graph, Node, Op, OpKind
 from infergen.compiler.jit_cache import Built, JitCache
 from infergen.compiler.kernel import GroupKernel, compile_group
 from infergen.compiler.tune import TuningRecord, group_key, random_inputs, tune_group
-from infergen.timing import best_seconds
+from infergen.timing import best_seconds, best_seconds_each
 
 COMPILE_SECONDS_PRIOR = 0.2  # per kernel, until this machine has compiled one
 # timings per measurement, the best kept: a one-token group runs in microseconds, where a gain
@@ -154,10 +154,14 @@ def group_gain_ms(
     for bucket, weight in traffic.items():
         inputs = random_inputs(graph, BUCKET_TOKENS[bucket])
         if kernel is None:
-            fused = predicted_seconds(graph, inputs)
-        else:
-            fused = best_seconds(lambda x=inputs: kernel(*x), REPEATS)
-        gain += weight * (_time_ops(graph, inputs) - fused) * layers
+            ops, fused = _time_ops(graph, inputs), predicted_seconds(graph, inputs)
+        else:  # (in turns: a drift of this host's speed moves both, not the difference alone)
+            env = {v.name: x for v, x in zip(graph.inputs, inputs, strict=True)}
+            both = best_seconds_each(
+                {"ops": lambda e=env: run(graph, e), "kernel": lambda x=inputs: kernel(*x)}, REPEATS
+            )
+            ops, fused = both["ops"], both["kernel"]
+        gain += weight * (ops - fused) * layers
     return gain * 1e3
 
 

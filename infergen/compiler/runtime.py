@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from infergen.compiler.codegen_gemm import NR, Epilogue, is_gemm_group, plan_epi
 from infergen.compiler.codegen_layer import PHASES
 from infergen.compiler.codegen_triton import TritonGroupKernel
 from infergen.compiler.codegen_triton_gemm import TritonGemmEpilogueKernel, serves_dense
+from infergen.compiler.concurrent_builds import Outcome, run_builds
 from infergen.compiler.decoder import attention_captured, capture_kinds, capture_layers
 from infergen.compiler.interpret import EXECUTORS, attention_core, kv_layer, run
 from infergen.compiler.ir import Graph, Node, Op, attention_parts
@@ -72,9 +74,12 @@ class CompileReport:
 
     capture_seconds: float = 0.0
     passes_seconds: float = 0.0
-    # C compiler time (0 when every kernel came from the cache); Triton: the first launches
-    # (where Triton compiles, or loads from its own cache)
+    # C compiler time summed over the kernels built (0 when every kernel came from the
+    # cache); Triton: the first launches (where Triton compiles, or loads from its own cache)
     compile_seconds: float = 0.0
+    # wall-clock seconds of building and loading them (builds run side by side: less than
+    # compile_seconds where several were compiled): what the engine's start waited for them
+    build_seconds: float = 0.0
     kernels_built: int = 0  # rendered now (C: compiled; Triton: source written)
     kernels_cached: int = 0  # found in the JIT cache
     target: str = "c"  # the GROUP_TARGETS row the fused groups were compiled by
@@ -86,7 +91,8 @@ class CompileReport:
 
     @property
     def total_seconds(self) -> float:
-        return self.capture_seconds + self.passes_seconds + self.compile_seconds
+        """The start's wall-clock seconds in the compiler: capture, passes, builds."""
+        return self.capture_seconds + self.passes_seconds + self.build_seconds
 
     def count(self, built) -> None:
         """A kernel built now or found in the cache (jit_cache.Built)."""
@@ -142,9 +148,6 @@ class CompiledLayers:
         # layer's view of the step (ForwardBatch.view: its cache group, its RoPE table)
         self.static = [self._static_env(i) for i in range(len(model.layers))]
         self.views = [(layer.attn.group, layer.attn.rope_index) for layer in model.layers]
-        if mode == "jit":
-            for graph in self.graphs:
-                self._compile(graph, jit_cache)
         self.ops = _engine_ops(model)
         # decode steps, and steps with prefills: the layers of each kind as one generated C
         # function per phase (program.py), called per run of consecutive layers of the kind
@@ -153,14 +156,8 @@ class CompiledLayers:
         # (a profiled program call's work: a mixer the module runs counts its own)
         attends = [attention_captured(model, index) for index in range(len(model.layers))]
         self.stack_cost = StackCost(model, kv_cache, attends.__getitem__)
-        if mode == "jit" and not self.target.layer_program:
-            self.report.groups_op_by_op.append(
-                f"layer program: C only (target {self.report.target!r})"
-            )
-        elif mode == "jit":
-            for phase, programs in self.programs.items():
-                for k, graph in enumerate(self.graphs):
-                    programs[k] = self._program(graph, jit_cache, phase, k)
+        if mode == "jit":
+            self._compile_all(jit_cache)
 
     @property
     def program(self):
@@ -194,21 +191,51 @@ class CompiledLayers:
             for site, value in sites.items():
                 seconds[kind + site] = seconds.get(kind + site, 0.0) + value
 
-    def _program(self, graph: Graph, jit_cache: JitCache, phase: str, kind: int):
-        layers = self.kinds[kind].layers
+    def _compile_all(self, jit_cache: JitCache) -> None:
+        """Every kernel of the jit mode — per kind of layer its fused GEMMs and pointwise
+        groups, then the layer programs per phase and kind — built side by side
+        (concurrent_builds.py, where the target allows), then taken in that order."""
+        started = time.perf_counter()
+        device = self.model.rope_cache.device
+        jobs: list[tuple[Callable[[], Any], Callable[[Outcome], None]]] = []
+        for graph in self.graphs:
+            jobs += self._kernel_jobs(graph, jit_cache, device)
+        # the first phase's programs, the longest compiles, start first (the other phases'
+        # share their JIT cache entries: started at once, they would only wait for them)
+        programs = range(len(jobs), len(jobs) + len(self.graphs))
+        if self.target.layer_program:
+            for phase in self.programs:
+                for k, graph in enumerate(self.graphs):
+                    jobs.append((functools.partial(self._new_program, graph, jit_cache, phase, k),
+                                 functools.partial(self._take_program, phase, k)))  # fmt: skip
+        outcomes = run_builds(
+            [build for build, _ in jobs], self.target.parallel_builds, programs
+        )
+        for (_, take), outcome in zip(jobs, outcomes, strict=True):
+            take(outcome)
+        if not self.target.layer_program:
+            self.report.groups_op_by_op.append(
+                f"layer program: C only (target {self.report.target!r})"
+            )
+        self.report.build_seconds = time.perf_counter() - started
+
+    def _new_program(self, graph: Graph, jit_cache: JitCache, phase: str, kind: int):
+        return LayerProgramRunner(self.model, self.kv_cache, graph, self.static, jit_cache,
+                                  phase=phase, layers=self.kinds[kind].layers)  # fmt: skip
+
+    def _take_program(self, phase: str, kind: int, outcome: Outcome) -> None:
         try:
-            program = LayerProgramRunner(self.model, self.kv_cache, graph, self.static,
-                                         jit_cache, phase=phase, layers=layers)  # fmt: skip
+            program = outcome.get()
         except ProgramUnavailable as why:
             label = "layer program" if phase == "decode" else f"{phase} layer program"
             if len(self.kinds) > 1:
                 label += f" of {self.kinds[kind].describe()}"
             self.report.groups_op_by_op.append(f"{label}: {why}")
-            return None
+            return
         for built in program.builds:
             self.report.count(built)
         self.report.tuned_buckets += len(program.by_bucket)
-        return program
+        self.programs[phase][kind] = program
 
     def _static_env(self, index: int) -> dict[str, Any]:
         """The inputs fixed for layer `index`: its weights, its KV cache (and scales)."""
@@ -220,56 +247,60 @@ class CompiledLayers:
         env["rope_table"] = self.model.rope_tables[layer.attn.rope_index]
         return env
 
-    def _compile(self, graph: Graph, jit_cache: JitCache) -> None:
-        device = self.model.rope_cache.device
-        build = self.target.build
+    def _kernel_jobs(self, graph: Graph, jit_cache: JitCache, device) -> list[tuple]:
+        """(build, take) of each kernel of `graph`: its GEMM-with-tail groups as fused GEMMs
+        (the target's rendering; those it refuses, or the budget left out, run their GEMM and
+        then their tail), then its pointwise groups."""
+        jobs = []
         if self.target.gemm_epilogue is not None:
-            self._compile_epilogues(graph, jit_cache, device)
+            for node in filter(is_gemm_group, graph.nodes):
+                sub = node.attrs["graph"]
+                jobs.append((functools.partial(self._build_epilogue, sub, jit_cache, device),
+                             functools.partial(self._take_epilogue, node)))  # fmt: skip
         for node in pointwise_groups(graph):
             sub = node.attrs["graph"]
-            kernel = _built_or_why(
-                lambda sub=sub: build(sub, jit_cache, "default", device),
-                sub,
-                self.report.groups_op_by_op,
-            )
-            if kernel is None:
-                continue
-            variants = {"default": kernel}
-            winners = {}
-            if self.target.tuned:
-                winners = TuningRecord(jit_cache).winners(group_key(sub, jit_cache))
-            for bucket, variant in winners.items():
-                try:
-                    variants[bucket] = (
-                        kernel if variant == "default" else build(sub, jit_cache, variant, device)
-                    )
-                except NotBuilt:
-                    continue  # (a winner evicted since: the default runs that bucket)
-            self.kernels[id(node)] = variants
-            for built in {id(k): k.built for k in variants.values()}.values():
-                self.report.count(built)
-            self.report.tuned_buckets += len(winners)
+            jobs.append((functools.partial(self.target.build, sub, jit_cache, "default", device),
+                         functools.partial(self._take_group, node, jit_cache, device)))  # fmt: skip
+        return jobs
 
-    def _compile_epilogues(self, graph: Graph, jit_cache: JitCache, device) -> None:
-        """The GEMM-with-tail groups as fused GEMMs (codegen_gemm.py, the target's
-        rendering); those it refuses, or the budget left out, run their GEMM and then their
-        tail."""
+    def _build_epilogue(self, sub: Graph, jit_cache: JitCache, device):
         target = self.target.gemm_epilogue
-        for node in filter(is_gemm_group, graph.nodes):
-            sub = node.attrs["graph"]
+        epilogue = plan_epilogue(sub, target.panel)
+        weight = epilogue.linear.inputs[1].name
+        if not any(target.serves(epilogue, env[weight]) for env in self.static):
+            raise CodegenError(f"no layer's weight is {target.layout}")  # (not built)
+        return target.build(epilogue, jit_cache, device)
 
-            def build(sub=sub):
-                epilogue = plan_epilogue(sub, target.panel)
-                weight = epilogue.linear.inputs[1].name
-                if not any(target.serves(epilogue, env[weight]) for env in self.static):
-                    raise CodegenError(f"no layer's weight is {target.layout}")  # (not built)
-                return target.build(epilogue, jit_cache, device)
-
-            kernel = _built_or_why(build, sub, self.report.epilogues_unfused)
-            if kernel is None:
-                continue
+    def _take_epilogue(self, node: Node, outcome: Outcome) -> None:
+        kernel = _built_or_why(outcome.get, node.attrs["graph"], self.report.epilogues_unfused)
+        if kernel is not None:
             self.gemm_epilogues[id(node)] = kernel
             self.report.count(kernel.built)
+
+    def _take_group(self, node: Node, jit_cache: JitCache, device, outcome: Outcome) -> None:
+        """A pointwise group's default kernel, and the tuner's winners per bucket (built
+        here, one after the other: a tuned cache holds them already)."""
+        sub = node.attrs["graph"]
+        kernel = _built_or_why(outcome.get, sub, self.report.groups_op_by_op)
+        if kernel is None:
+            return
+        variants = {"default": kernel}
+        winners = {}
+        if self.target.tuned:
+            winners = TuningRecord(jit_cache).winners(group_key(sub, jit_cache))
+        for bucket, variant in winners.items():
+            try:
+                variants[bucket] = (
+                    kernel
+                    if variant == "default"
+                    else self.target.build(sub, jit_cache, variant, device)
+                )
+            except NotBuilt:
+                continue  # (a winner evicted since: the default runs that bucket)
+        self.kernels[id(node)] = variants
+        for built in {id(k): k.built for k in variants.values()}.values():
+            self.report.count(built)
+        self.report.tuned_buckets += len(winners)
 
     # ---- per step ------------------------------------------------------------------------
     def run(self, h: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -508,20 +539,23 @@ class GroupTarget:
     tuned: bool  # the tuner's per-bucket variants apply (tune.py measures C variants)
     gemm_epilogue: EpilogueTarget | None  # GEMM-with-tail groups run as one fused GEMM
     layer_program: bool  # decode steps may run the generated whole-layer C program
+    # its kernels build side by side at engine start (concurrent_builds.py: C compiler
+    # processes); False: one after the other
+    parallel_builds: bool
 
 
 # the engine's kernel set → the target its fused groups compile to (a set without a row: "c")
 GROUP_TARGETS: Registry[GroupTarget] = Registry("codegen target")
 GROUP_TARGETS.register(
     "c", GroupTarget(lambda g, cache, variant, device: compile_group(g, cache, variant),
-                     tuned=True, layer_program=True,
+                     tuned=True, layer_program=True, parallel_builds=True,
                      gemm_epilogue=EpilogueTarget(
                          NR, Epilogue.serves, "fp32 panels",
                          lambda epilogue, cache, device: compile_gemm_epilogue(epilogue, cache)))
 )  # fmt: skip
 GROUP_TARGETS.register(
     "triton", GroupTarget(lambda g, cache, variant, device: TritonGroupKernel(g, cache, device),
-                          tuned=False, layer_program=False,
+                          tuned=False, layer_program=False, parallel_builds=False,
                           gemm_epilogue=EpilogueTarget(1, serves_dense, "a dense fp32 [N, K]",
                                                        TritonGemmEpilogueKernel))
 )  # fmt: skip
