@@ -208,9 +208,7 @@ class CompiledLayers:
                 for k, graph in enumerate(self.graphs):
                     jobs.append((functools.partial(self._new_program, graph, jit_cache, phase, k),
                                  functools.partial(self._take_program, phase, k)))  # fmt: skip
-        outcomes = run_builds(
-            [build for build, _ in jobs], self.target.parallel_builds, programs
-        )
+        outcomes = run_builds([build for build, _ in jobs], self.target.parallel_builds, programs)
         for (_, take), outcome in zip(jobs, outcomes, strict=True):
             take(outcome)
         if not self.target.layer_program:

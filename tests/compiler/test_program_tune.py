@@ -19,6 +19,7 @@ from infergen.compiler.program_variants import KNOBS, ProgramVariant
 from infergen.compiler.startup import PREFILL, PROGRAM
 from infergen.compiler.tune import BucketResult, TuningRecord
 from infergen.registry import Registry
+from infergen.timing import paired_speedup
 from tests.hf_models import build_hf_model
 
 PROMPTS = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99]]
@@ -113,29 +114,52 @@ def test_tuner_records_winners_and_a_new_engine_runs_them(jit, model_dir, monkey
 
 
 def test_a_winner_records_the_times_that_confirmed_it(jit, model_dir, monkeypatch):
-    """The knob's round found threads=1 faster; the confirming rounds agree, but the default
-    had one lucky time in the knob's round: the recorded times are the confirming rounds'
-    (the gain is the margin it won by, never negative), and a winner the confirming rounds
-    reject is not recorded."""
+    """The knob's round found threads=1 faster; the confirming paired rounds agree, but the
+    default had one lucky time in the knob's round: the recorded times are the confirming
+    rounds' (the gain is the margin it won by, never negative). A winner the confirming rounds
+    reject is not recorded: by the best of each side, or by the median of the rounds' ratios
+    though the best of each side says faster (one lucky round of its own)."""
     llm = LLM(model_dir, kv_cache_memory="4MiB", compile="jit")
     runner = _program(llm)
     threads_only = Registry("layer program knob")
     threads_only.register("threads", KNOBS.get("threads"))
     monkeypatch.setattr(program_tune, "KNOBS", threads_only)
-    for confirm, winner in (({"default": 0.010, "threads=1": 0.008}, "threads=1"),
-                            ({"default": 0.010, "threads=1": 0.0099}, "default")):  # fmt: skip
-        scripted = iter([{"default": 0.005, "threads=1": 0.004}, confirm])
-
-        def timed(runner, variants, h, step, rounds=2, scripted=scripted):
-            times = next(scripted)
-            return {v: times[v.label] for v in variants}
-
-        monkeypatch.setattr(program_tune, "time_variants", timed)
+    cases = (
+        (1.25, {"default": 0.010, "threads=1": 0.008}, "threads=1"),
+        (1.01, {"default": 0.010, "threads=1": 0.0099}, "default"),
+        (1.005, {"default": 0.010, "threads=1": 0.008}, "default"),  # (the median: no)
+    )
+    for speedup, confirmed, winner in cases:
+        monkeypatch.setattr(
+            program_tune, "time_variants",
+            lambda runner, variants, h, step, rounds=2: {
+                v: {"default": 0.005, "threads=1": 0.004}[v.label] for v in variants
+            },
+        )  # fmt: skip
+        monkeypatch.setattr(
+            program_tune, "confirm",
+            lambda runner, variant, h, step, rounds, s=speedup, c=confirmed: (
+                s, {DEFAULT: c["default"], variant: c[variant.label]}
+            ),
+        )  # fmt: skip
         (result,) = tune_program(runner, ["1"], seconds=30, rounds=2).values()
-        assert result.winner == winner
+        assert result.winner == winner, (speedup, confirmed)
         if winner != "default":
-            assert result.seconds == confirm
+            assert result.seconds == confirmed
         assert result.seconds[winner] <= result.seconds["default"]
+
+
+def test_confirm_times_both_sides_in_turns(jit, model_dir):
+    """timing.paired_speedup through `confirm` on a real step: a variant against itself is
+    ~1x, and the order within a round alternates."""
+    llm = LLM(model_dir, kv_cache_memory="4MiB", compile="jit")
+    runner = _program(llm)
+    h, step = program_tune.decode_probe(runner.model, runner.kv_cache, 1, 32)
+    speedup, times = program_tune.confirm(runner, DEFAULT, h, step, 6)
+    assert 0.8 < speedup < 1.25 and set(times) == {DEFAULT}
+    order = []
+    ratio, _, _ = paired_speedup(lambda: order.append("a"), lambda: order.append("b"), 4)
+    assert order[2:] == ["a", "b", "b", "a", "a", "b", "b", "a"]  # (after one warm-up each)
 
 
 def test_engine_start_budget_builds_what_fits_and_runs_the_rest_op_by_op(jit, model_dir):
