@@ -30,3 +30,35 @@ def test_a_library_per_set_of_macros(tmp_path, monkeypatch):
     assert library("rms_norm_f32", chunk) == path  # cached: the same file
     assert library("rms_norm_f32") != path  # other macros: another library
     ctypes.CDLL(str(path)).rms_norm_f32  # noqa: B018  (it exports the kernel)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no cc")
+def test_a_library_asked_for_at_once_is_compiled_once(tmp_path, monkeypatch):
+    """Threads that build kernels side by side (compiler/concurrent_builds.py) asking for one
+    library: one compiles it, the others wait for it and take the same file."""
+    import subprocess
+    import threading
+
+    from infergen.kernels import build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # (an empty kernel cache)
+    compiles, run = [], subprocess.run
+
+    def counted(cmd, *args, **kwargs):
+        compiles.append(cmd)
+        return run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(build.subprocess, "run", counted)
+    barrier, paths = threading.Barrier(3), []
+
+    def ask():
+        barrier.wait()
+        paths.append(build.library("rms_norm_f32", (("DECODE_ATTN_CHUNK", 64),)))
+
+    threads = [threading.Thread(target=ask) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(compiles) == 1 and len(set(paths)) == 1 and len(paths) == 3
+    assert paths[0].exists()

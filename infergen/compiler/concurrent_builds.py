@@ -61,6 +61,9 @@ def run_builds(
     if count <= 1:
         return [_outcome(build) for build in builds]
     order = list(dict.fromkeys([*first, *range(len(builds))]))
-    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="infergen-build") as pool:
+    pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="infergen-build")
+    try:
         futures = {index: pool.submit(_outcome, builds[index]) for index in order}
         return [futures[index].result() for index in range(len(builds))]
+    finally:  # (interrupted while waiting: the builds not started yet are dropped)
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -9,6 +9,7 @@ and says so once.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import hashlib
 import os
@@ -118,16 +119,23 @@ def library(name: str, defines: tuple[tuple[str, int], ...] = ()) -> Path:
     """The shared library of `infergen/kernels/<name>.c` compiled with the C macros `defines`
     ((macro, value) pairs): built if not cached, its path returned (not loaded)."""
     target, command = _library_build(name, defines)
-    if not target.exists():
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # one builder per library: threads building kernels side by side (compiler/
+    # concurrent_builds.py) and other processes wait for it instead of compiling it again
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
         print(f"infergen: compiling native kernel {name} (once, cached)", file=sys.stderr)
-        target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
             cmd = [*command, "-o", str(out), str(_HERE / f"{name}.c")]
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode != 0:
                 raise KernelUnavailable(f"compiling {name}.c failed:\n{result.stderr}")
-            os.replace(out, target)  # atomic: concurrent builders agree on the result
+            os.replace(out, target)  # atomic: a reader sees the whole library or none
     return target
 
 
