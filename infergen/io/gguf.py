@@ -1,4 +1,5 @@
 """GGUF checkpoints: metadata → `ModelConfig`, tensors dequantized to fp32 under canonical names.
+The file is parsed by gguf_file.py (its metadata, tensor infos and data views).
 
 GGUF (llama.cpp's format) stores each tensor with its ggml type; `gguf.quants.dequantize`
 decodes F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K/... blocks. Tensor names are mapped onto the
@@ -21,6 +22,7 @@ import torch
 from infergen.config.architectures import ArchSpec, arch_for_gguf
 from infergen.errors import CheckpointError, ConfigError
 from infergen.formats.block_weight import BLOCK_TYPES, BlockWeight
+from infergen.io.gguf_file import GGUFFile
 
 # GGUF tensor name → Hugging Face name ("{i}" is the layer index).
 _GLOBAL_NAMES = {
@@ -48,13 +50,12 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _IGNORED = {"rope_freqs.weight"}
 
 
-def open_gguf(path: Path) -> Any:
-    """Open a GGUF file, turning every low-level failure into a CheckpointError."""
-    from gguf import GGUFReader
-
+def open_gguf(path: Path) -> GGUFFile:
+    """Open a GGUF file (gguf_file.py), turning every low-level failure into a
+    CheckpointError."""
     try:
-        return GGUFReader(str(path))
-    except Exception as exc:  # the gguf package raises ValueError/IndexError/struct errors
+        return GGUFFile(path)
+    except Exception as exc:  # ValueError / struct.error / UnicodeDecodeError / OSError
         raise CheckpointError(
             "not a readable GGUF file (truncated or corrupt?)",
             where=str(path),
