@@ -23,6 +23,7 @@ import torch
 from infergen.config import ModelConfig
 from infergen.errors import ConfigError
 from infergen.kvcache.block_summary import BlockSummary
+from infergen.kvcache.zeroed import zeroed
 
 
 @dataclass(frozen=True)
@@ -269,9 +270,9 @@ class PagedPool:
     def __init__(self, fmt: KVCacheFormat, layout: CacheLayout, storage: torch.dtype,
                  scaled: bool = False):  # fmt: skip
         planes, slot = layout.planes, layout.page_slot
-        self.storage = torch.zeros(
-            layout.group_size, planes, layout.num_blocks, layout.block_size, layout.heads,
-            layout.dim, dtype=storage, device=layout.device,
+        self.storage = zeroed(
+            (layout.group_size, planes, layout.num_blocks, layout.block_size, layout.heads,
+             layout.dim), storage, layout.device,
         )  # fmt: skip
         self.scales = self.k_shift = None
         if scaled:
