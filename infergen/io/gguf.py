@@ -21,7 +21,7 @@ import torch
 
 from infergen.config.architectures import ArchSpec, arch_for_gguf
 from infergen.errors import CheckpointError, ConfigError
-from infergen.formats.block_weight import BLOCK_TYPES, BlockWeight
+from infergen.formats.block_weight import BLOCK_TYPES, BlockWeight, decode_blocks
 from infergen.io.gguf_file import GGUFFile
 
 # GGUF tensor name → Hugging Face name ("{i}" is the layer index).
@@ -218,7 +218,11 @@ def load_gguf_tensors(
             _require_finite(*blocks.nonfinite_scales(), source, t)
             continue
         try:
-            array = quants.dequantize(t.data, t.tensor_type)
+            if t.tensor_type.name in BLOCK_TYPES:  # (ours: whole-tensor torch ops)
+                array = decode_blocks(t.tensor_type.name, torch.from_numpy(np.array(t.data)))
+                array = array.numpy()
+            else:
+                array = quants.dequantize(t.data, t.tensor_type)
         except Exception as exc:
             raise CheckpointError(
                 "could not decode tensor (truncated file or unsupported type?)",
