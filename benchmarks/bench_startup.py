@@ -17,6 +17,7 @@ llama-server's. JSON lines to benchmarks/results/startup.jsonl, the machine besi
 
 from __future__ import annotations
 
+import os
 import pathlib
 import statistics
 import subprocess
@@ -43,7 +44,8 @@ PEER = "llama-server"
 
 def engines(gguf: pathlib.Path, threads: int) -> dict[str, Callable[[int], list[str]]]:
     """name → (port → the command line)."""
-    infergen = [str(ROOT / ".venv" / "bin" / "infergen"), "serve", "--num-threads", str(threads)]
+    # (this checkout's infergen: run from ROOT, so an A/B's base tree runs its own)
+    infergen = [sys.executable, "-m", "infergen", "serve", "--num-threads", str(threads)]
     rows = {
         "infergen": lambda port: [*infergen, "--port", str(port)],
         "infergen --weights gguf": lambda port: [
@@ -67,7 +69,8 @@ def start_to_answer(cmd: list[str], port: int, log: pathlib.Path) -> tuple[float
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         try:
             while True:
                 try:
