@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_generate import git_state, machine_info  # noqa: E402
-from bench_serving import LLAMA_SERVER, free_port, llama_server_version  # noqa: E402
+from bench_serving import LLAMA_SERVER, free_port, llama_server_version, stop  # noqa: E402
 from results_file import base_line, bench_arguments, ratio_line, write_lines  # noqa: E402
 
 from infergen.io.default_model import default_model_path  # noqa: E402
@@ -86,11 +86,7 @@ def start_to_answer(cmd: list[str], port: int, log: pathlib.Path) -> tuple[float
             answer = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
             return ready, time.perf_counter() - started, answer["choices"][0]["text"]
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
 
 
 def main() -> None:
