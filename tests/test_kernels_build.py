@@ -62,3 +62,36 @@ def test_a_library_asked_for_at_once_is_compiled_once(tmp_path, monkeypatch):
         thread.join()
     assert len(compiles) == 1 and len(set(paths)) == 1 and len(paths) == 3
     assert paths[0].exists()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no cc")
+def test_a_first_start_builds_each_kernel_once_side_by_side(tmp_path, monkeypatch):
+    """build_all on an empty cache (three small kernels standing for the shipped set): each
+    compiled once, all loadable; a second call compiles nothing."""
+    import subprocess
+
+    from infergen.kernels import build
+
+    sources = tmp_path / "src"
+    sources.mkdir()
+    for name in ("rms_norm_f32.c", "rope_f32.c", "silu_mul_f32.c", "common.h"):
+        (sources / name).write_bytes((build._HERE / name).read_bytes())
+    monkeypatch.setattr(build, "_HERE", sources)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    build.try_load.cache_clear()
+    build.load.cache_clear()
+    compiles, run = [], subprocess.run
+
+    def counted(cmd, *args, **kwargs):
+        compiles.append(cmd[-1])
+        return run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(build.subprocess, "run", counted)
+    try:
+        assert build.build_all() == []
+        kernels = ("rms_norm_f32.c", "rope_f32.c", "silu_mul_f32.c")
+        assert sorted(compiles) == sorted(str(sources / name) for name in kernels)
+        assert build.build_all() == [] and len(compiles) == 3
+    finally:
+        build.try_load.cache_clear()  # (the engine's loads come from the real cache again)
+        build.load.cache_clear()
