@@ -12,23 +12,12 @@ the second loads what the first built.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-# at most this many compiler processes at once (each is one core's work; more only queue)
-MAX_WORKERS = 8
-
-
-def workers() -> int:
-    """Compiler processes at once: the cores this process may run on (at most MAX_WORKERS)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # (platforms without affinity)
-        cores = os.cpu_count() or 1
-    return max(1, min(MAX_WORKERS, cores))
+from infergen.kernels.build import compile_workers as workers  # (cores, at most 8)
 
 
 @dataclass(frozen=True)

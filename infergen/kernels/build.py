@@ -146,6 +146,20 @@ def load(name: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(library(name)))
 
 
+# at most this many compiler processes at once (each is one core's work; more only queue)
+MAX_COMPILE_WORKERS = 8
+
+
+def compile_workers() -> int:
+    """Compiler processes at once: the cores this process may run on (at most
+    MAX_COMPILE_WORKERS); build_all's and compiler/concurrent_builds.py's."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # (platforms without affinity)
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_COMPILE_WORKERS, cores))
+
+
 def build_all() -> list[str]:
     """Compile every shipped kernel now (engine start-up), so that the first request does not
     pay for compilation; those not built yet side by side, one compiler process per core (a
@@ -153,7 +167,7 @@ def build_all() -> list[str]:
     names = [p.stem for p in sorted(_HERE.glob("*.c")) if p.stem not in PROGRAM_LIBRARIES]
     missing = [name for name in names if not library_built(name)]
     if len(missing) > 1:
-        with ThreadPoolExecutor(max_workers=min(len(missing), os.cpu_count() or 1)) as pool:
+        with ThreadPoolExecutor(max_workers=min(len(missing), compile_workers())) as pool:
             list(pool.map(try_load, missing))  # (each loads its own; errors said once)
     return [name for name in names if try_load(name) is None]
 

@@ -33,6 +33,7 @@ from infergen.errors import ConfigError
 from infergen.formats import ELEMENT_TYPES
 from infergen.formats.pack import pack_bits, unpack_bits
 from infergen.kvcache.kv_protocol import CacheLayout, KVLayer, KVPool, NativeCache, check_per_head
+from infergen.kvcache.zeroed import zeroed
 
 E2M1 = ELEMENT_TYPES.get("e2m1")
 E4M3 = ELEMENT_TYPES.get("e4m3")
@@ -260,7 +261,7 @@ class BlockedStore:
                  heads: int, dim: int, tail_slots: int):  # fmt: skip
         self.fmt, self.block, self.heads, self.dim = fmt, block, heads, dim
         self.stored = [
-            [{name: torch.zeros(num_blocks, *shape, dtype=dtype)
+            [{name: zeroed((num_blocks, *shape), dtype)
               for name, (shape, dtype) in fmt.shapes(block, heads, dim, keys).items()}
              for keys in (True, False)]
             for _ in range(layers)
