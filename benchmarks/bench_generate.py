@@ -1,7 +1,10 @@
 """Generation speed of infergen against transformers and llama.cpp, in the same run.
 
 Default model (SmolLM2-135M-Instruct, Q4_1 GGUF) at fp32 on every engine, 2 threads:
-  * infergen: the GGUF dequantized to fp32 (in process; prefix caching off).
+  * infergen: the GGUF dequantized to fp32 (in process; prefix caching off), its decoder layers
+    run as --compile says: "off" (the per-op path and the hand-written fused decode step;
+    results in generate.jsonl) or "jit" (the compiler's generated layer programs; results in
+    generate_jit.jsonl).
   * transformers: `generate` on the same GGUF, dequantized to fp32 by transformers
     (subprocess; torch.set_num_threads(2) and torch.set_flush_denormal(True) for fairness).
   * llama.cpp (llama-cpp-python from benchmarks/setup_peers.sh's cached virtualenv): an F32
@@ -54,6 +57,8 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 from generate_lines import build_lines, print_table  # noqa: E402
 from protocol import run_tasks  # noqa: E402
 from results_file import write_lines  # noqa: E402
+
+from infergen.config.sections import COMPILE_MODES  # noqa: E402
 
 
 def decode_phase(engine, prompts: list[list[int]], params) -> dict:
@@ -181,12 +186,14 @@ class InfergenRunner:
         return decode_phase(self.llm.engine, prompts, self._params(max_tokens))
 
 
-def run_infergen(threads: int, sizes: Sizes, retries: int) -> tuple[dict, list, list]:
+def run_infergen(
+    threads: int, sizes: Sizes, retries: int, compile_mode: str
+) -> tuple[dict, list, list]:
     """infergen's results, and the (warm-up, measured) tasks every peer then runs; with the
     compute bound of each concurrent workload on this machine (benchmarks/compute_bound.py)."""
     from compute_bound import compute_bound
 
-    runner = InfergenRunner(threads)
+    runner = InfergenRunner(threads, compile=compile_mode)
     warmup, tasks = make_tasks(runner.llm.tokenizer, sizes)
     run_tasks(runner, warmup)
     results = run_tasks(runner, tasks, retries)
@@ -274,9 +281,12 @@ def _version(package: str) -> str:
 
 def run_round(args, sizes: Sizes, retries: int, model, versions: dict) -> tuple[dict, list]:
     """Every engine once, in turn: infergen, transformers, llama.cpp; and the tasks."""
-    print(f"[infergen] {model.name}, fp32, {args.threads} threads", flush=True)
+    print(
+        f"[infergen] {model.name}, fp32, {args.threads} threads, compile={args.compile}",
+        flush=True,
+    )
     started = time.perf_counter()
-    infergen_out, warmup, tasks = run_infergen(args.threads, sizes, retries)
+    infergen_out, warmup, tasks = run_infergen(args.threads, sizes, retries, args.compile)
     engines: dict[str, dict] = {"infergen": infergen_out}
     print(f"[infergen] done in {time.perf_counter() - started:.0f} s", flush=True)
     if not args.skip_transformers:
@@ -365,12 +375,24 @@ def main() -> None:
         "0.25 cores, up to this many times, keeping the least contended (default 2; quick 0)",
     )
     parser.add_argument(
+        "--compile",
+        choices=COMPILE_MODES,
+        default="off",
+        help="infergen's decoder layers: 'off' (per-op path and the hand-written fused decode "
+        "step), 'eager' (the captured graph op by op) or 'jit' (generated layer programs, "
+        "built at engine start and cached on disk); default %(default)s",
+    )
+    parser.add_argument(
         "--out",
         type=pathlib.Path,
-        default=ROOT / "benchmarks" / "results" / "generate.jsonl",
-        help="JSON-lines output, overwritten (default: %(default)s)",
+        default=None,
+        help="JSON-lines output, overwritten (default: benchmarks/results/generate.jsonl, "
+        "generate_jit.jsonl with --compile jit)",
     )
     args = parser.parse_args()
+    if args.out is None:
+        suffix = "" if args.compile == "off" else f"_{args.compile}"
+        args.out = ROOT / "benchmarks" / "results" / f"generate{suffix}.jsonl"
     sizes = QUICK if args.quick else FULL
     retries = args.retries if args.retries is not None else (0 if args.quick else 2)
     args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 2)
@@ -391,6 +413,7 @@ def main() -> None:
         "quick": args.quick,
         "model": model.name,
         "dtype": "fp32",
+        "compile": args.compile,
         "retries": retries,
         "git": git,
         "peer_versions": versions,

@@ -26,6 +26,18 @@ TARGETS = [
         ("decode_tok_s_bs1", "llama.cpp"),
         0.9,
     ),
+    (  # issue 27 (compiler depth): at equal precision
+        "decode_bs1 >= 1.2x llama.cpp",
+        ("decode_tok_s_bs1", "infergen"),
+        ("decode_tok_s_bs1", "llama.cpp"),
+        1.2,
+    ),
+    (
+        "prefill_{p} >= 1.0x llama.cpp F32",
+        ("prefill_tok_s", "infergen"),
+        ("prefill_tok_s", "llama.cpp"),
+        1.0,
+    ),
     (
         "throughput_c{c0} >= 5x own decode_bs1",
         ("throughput_tok_s_c{c0}", "infergen"),
@@ -166,7 +178,8 @@ def build_lines(engines: dict[str, dict], tasks: list[dict], sizes: Sizes, base:
         )
     lines += roofline_lines(engines.get("infergen", {}), ours, base)
     for name, (m1, e1), (m2, e2), threshold in TARGETS:
-        name, m1 = name.format(c0=sizes.concurrency[0]), m1.format(c0=sizes.concurrency[0])
+        name = name.format(c0=sizes.concurrency[0], p=sizes.prefill_prompt)
+        m1 = m1.format(c0=sizes.concurrency[0])
         a, b = summaries.get(e1, {}).get(m1), summaries.get(e2, {}).get(m2)
         line = {
             **base,

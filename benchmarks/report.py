@@ -85,6 +85,8 @@ def render(lines: list[dict]) -> str:
         others = (ln.get("other_cpu_cores") or {}).values()
         noisy = " ⚠" if any(c is not None and c > CONTENDED for c in others) else ""
         config = f" {ln['config']}" if ln["bench"] == "spec" else ""  # (which proposer)
+        if ln.get("compile", "off") != "off":  # (bench_generate --compile)
+            config += f" (compile={ln['compile']})"
         rows.append(
             f"| {ln['bench']}: {ln['metric']}{config}{quick} | {_num(ln['infergen_value'], unit)} "
             f"| {ln['peer']} | {_num(ln['peer_value'], unit)} | {_num(ln['value'])}×{noisy} "
@@ -101,7 +103,8 @@ def render(lines: list[dict]) -> str:
             met = {True: "yes", False: "**no**", None: "not measured"}[ln.get("met")]
             value = "–" if ln.get("value") is None else f"{ln['value']:.2f}×"
             ceiling = f"{ln['ceiling']:.2f}×" if ln.get("ceiling") else "–"
-            rows.append(f"| {ln['bench']}: {ln['metric']} | {value} | {ceiling} | {met} |")
+            mode = f" (compile={ln['compile']})" if ln.get("compile", "off") != "off" else ""
+            rows.append(f"| {ln['bench']}{mode}: {ln['metric']} | {value} | {ceiling} | {met} |")
     checks = [ln for ln in lines if ln.get("kind") == "crosscheck"]
     if checks:
         rows += [
