@@ -21,10 +21,12 @@ Metrics (greedy, EOS ignored, prompts cut from the real text in data/):
   roofline             the bound on throughput_tok_s_cN at this machine's fp32 GEMM peak,
                        measured in the run (benchmarks/compute_bound.py: the workload's
                        FLOPs / peak); the ratio infergen / roofline is the fraction reached.
-Every engine runs --rounds times in turn (default 2: infergen, transformers, llama.cpp, then
-all again), each metric the best run of all rounds: the machine drifts over minutes, and
-rounds give every engine a chance at its faster moments. Each engine is warmed up once before
-timing (per round). Output: one JSON line per result, per ratio
+Every engine is loaded once (the peers as runner processes that take a task at a time) and
+warmed up; then every task runs on each engine in turn, the order rotating from task to task,
+--rounds times (benchmarks/engine_turns.py): the machine's speed drifts by up to 2x over
+minutes, and in turns each engine's run of a task is in the same minute as the others'. Each
+metric is the best run of all rounds; each ratio also the median of the run-by-run ratios
+("paired_median", which the targets use). Output: one JSON line per result, per ratio
 (infergen / peer: >1 means infergen is faster), per greedy-agreement check and per target of
 the issue (with "met"), written to --out (overwritten); a table on stdout. Every line records
 other_cpu_cores: the CPU other processes used meanwhile (this machine is shared and noisy).
@@ -54,8 +56,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
+from engine_turns import EngineFailed, InProcess, PeerProcess, run_in_turns  # noqa: E402
 from generate_lines import build_lines, print_table  # noqa: E402
-from protocol import run_tasks  # noqa: E402
 from results_file import write_lines  # noqa: E402
 
 from infergen.config.sections import COMPILE_MODES  # noqa: E402
@@ -186,24 +188,6 @@ class InfergenRunner:
         return decode_phase(self.llm.engine, prompts, self._params(max_tokens))
 
 
-def run_infergen(
-    threads: int, sizes: Sizes, retries: int, compile_mode: str
-) -> tuple[dict, list, list]:
-    """infergen's results, and the (warm-up, measured) tasks every peer then runs; with the
-    compute bound of each concurrent workload on this machine (benchmarks/compute_bound.py)."""
-    from compute_bound import compute_bound
-
-    runner = InfergenRunner(threads, compile=compile_mode)
-    warmup, tasks = make_tasks(runner.llm.tokenizer, sizes)
-    run_tasks(runner, warmup)
-    results = run_tasks(runner, tasks, retries)
-    bounds = {
-        c: compute_bound(runner.llm.config, c, sizes.conc_prompt, sizes.conc_new)
-        for c in sizes.concurrency
-    }
-    return {"version": _version("infergen"), "results": results, "bounds": bounds}, warmup, tasks
-
-
 def run_peer(python, script: str, name: str, model, threads: int, warmup, tasks, **extra):
     """A peer runner in a subprocess (warm-up tasks first, their results dropped). Returns its
     JSON, or {"error": ...} with the tail of its log — never raises. `extra`: more runner
@@ -279,76 +263,51 @@ def _version(package: str) -> str:
         return "dev"
 
 
-def run_round(args, sizes: Sizes, retries: int, model, versions: dict) -> tuple[dict, list]:
-    """Every engine once, in turn: infergen, transformers, llama.cpp; and the tasks."""
+def open_engines(args, retries: int, model, versions: dict, failed: dict):
+    """Every engine loaded, each once: infergen in this process (its tokenizer cuts the
+    prompts), transformers and llama.cpp as runner processes in serve mode. Returns (engines:
+    name -> runner with .run(task) / .close(), the infergen runner, warm-up tasks, tasks); an
+    engine that cannot start goes to `failed` with why."""
     print(
         f"[infergen] {model.name}, fp32, {args.threads} threads, compile={args.compile}",
         flush=True,
     )
-    started = time.perf_counter()
-    infergen_out, warmup, tasks = run_infergen(args.threads, sizes, retries, args.compile)
-    engines: dict[str, dict] = {"infergen": infergen_out}
-    print(f"[infergen] done in {time.perf_counter() - started:.0f} s", flush=True)
+    infergen = InfergenRunner(args.threads, compile=args.compile)
+    warmup, tasks = make_tasks(infergen.llm.tokenizer, sizes_of(args))
+    engines = {"infergen": InProcess(infergen, retries)}
+    peers = []
     if not args.skip_transformers:
-        print("[transformers] loading the GGUF (~45 s), then the same tasks", flush=True)
-        started = time.perf_counter()
-        out = run_peer(
-            sys.executable,
-            "transformers_runner.py",
-            "transformers",
-            model,
-            args.threads,
-            warmup,
-            tasks,
-            retries=retries,
-        )
-        engines["transformers"] = out
-        versions["transformers"] = out.get("version") or _version("transformers")
-        print(f"[transformers] {out.get('error', 'done')} ({time.perf_counter() - started:.0f} s)")
+        peers.append(("transformers", sys.executable, "transformers_runner.py", model, {}))
     if not args.skip_llamacpp:
         missing = llama_cpp_missing()
         if missing:
             message = f"{missing}; build it with `bash benchmarks/setup_peers.sh`. Skipped."
             print(f"[llama.cpp] {message}", flush=True)
-            engines["llama.cpp"] = {"skipped": message}
+            failed["llama.cpp"] = {"skipped": message}
         else:
             from gguf_f32 import cached_f32_gguf
 
-            started = time.perf_counter()
             f32 = cached_f32_gguf(model, PEERS_DIR)
-            print(f"[llama.cpp] {f32} ready ({time.perf_counter() - started:.0f} s)", flush=True)
-            out = run_peer(
-                LLAMA_PYTHON,
-                "llama_cpp_runner.py",
-                "llama.cpp",
-                f32,
-                args.threads,
-                warmup,
-                tasks,
-                kv_type="f32",
-                retries=retries,
-            )
-            engines["llama.cpp"] = out
-            versions["llama-cpp-python"] = out.get("version", "?")
-            print(f"[llama.cpp] {out.get('error', 'done')} ({time.perf_counter() - started:.0f} s)")
-    return engines, tasks
+            extra = {"kv_type": "f32"}
+            peers.append(("llama.cpp", LLAMA_PYTHON, "llama_cpp_runner.py", f32, extra))
+    for name, python, script, weights, extra in peers:
+        started = time.perf_counter()
+        print(f"[{name}] loading {weights.name}", flush=True)
+        args_ = {"model": str(weights), "n_threads": args.threads, "retries": retries, **extra}
+        try:
+            engines[name] = PeerProcess(python, script, name, args_)
+        except EngineFailed as error:
+            failed[name] = {"error": str(error)}
+            print(f"[{name}] failed: {error}", flush=True)
+            continue
+        version = engines[name].info.get("version", "?")
+        versions["llama-cpp-python" if name == "llama.cpp" else name] = version
+        print(f"[{name}] ready ({time.perf_counter() - started:.0f} s)", flush=True)
+    return engines, infergen, warmup, tasks
 
 
-def merge_rounds(kept: dict | None, new: dict) -> dict:
-    """One engine's results over rounds: each task's runs of every round (the metrics take
-    the best); a round that failed or was skipped adds nothing (results of another round win);
-    the compute bound is the highest (the fastest peak measured)."""
-    if kept is None:
-        return {**new, "tasks_rounds": 1}
-    if "results" not in kept or "results" not in new:
-        return kept if "results" in kept else new
-    for mine, theirs in zip(kept["results"], new["results"], strict=True):
-        mine["runs"] = mine["runs"] + theirs["runs"]
-    for c, bound in new.get("bounds", {}).items():
-        if bound["value"] > kept["bounds"][c]["value"]:
-            kept["bounds"][c] = bound
-    kept["tasks_rounds"] += 1
-    return kept
+def sizes_of(args) -> Sizes:
+    return QUICK if args.quick else FULL
 
 
 def main() -> None:
@@ -363,9 +322,9 @@ def main() -> None:
         "--rounds",
         type=int,
         default=None,
-        help="run every engine this many times in turn, keeping each metric's best run: this "
-        "machine's speed drifts by tens of percent over minutes, so one engine measured "
-        "minutes after another can be judged on a slower machine (default 2; quick 1)",
+        help="run every task this many times, each time on every engine in turn (default "
+        "2; quick 1): this machine's speed drifts by tens of percent over minutes, so the "
+        "engines take turns task by task and each ratio is also given run by run",
     )
     parser.add_argument(
         "--retries",
@@ -393,21 +352,36 @@ def main() -> None:
     if args.out is None:
         suffix = "" if args.compile == "off" else f"_{args.compile}"
         args.out = ROOT / "benchmarks" / "results" / f"generate{suffix}.jsonl"
-    sizes = QUICK if args.quick else FULL
+    sizes = sizes_of(args)
     retries = args.retries if args.retries is not None else (0 if args.quick else 2)
     args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 2)
     git = git_state()  # before the run: others may change the tree meanwhile
 
+    from compute_bound import compute_bound
+
     from infergen.io.default_model import default_model_path
 
     model = default_model_path()
-    engines: dict[str, dict] = {}
     versions: dict[str, str] = {}
-    for round_ in range(1, args.rounds + 1):
-        print(f"== round {round_} of {args.rounds}", flush=True)
-        found, tasks = run_round(args, sizes, retries, model, versions)
-        for name, out in found.items():
-            engines[name] = merge_rounds(engines.get(name), out)
+    failed: dict[str, dict] = {}
+    engines, infergen, warmup, tasks = open_engines(args, retries, model, versions, failed)
+    try:
+        print(f"== {args.rounds} rounds, the engines in turns task by task", flush=True)
+        results = run_in_turns(engines, warmup, tasks, args.rounds, failed)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    found: dict[str, dict] = {name: {"results": out} for name, out in results.items()}
+    for name, engine in engines.items():
+        if name in found and isinstance(engine, PeerProcess):
+            found[name].update(engine.info)
+    if "infergen" in found:
+        found["infergen"]["version"] = _version("infergen")
+        found["infergen"]["bounds"] = {
+            c: compute_bound(infergen.llm.config, c, sizes.conc_prompt, sizes.conc_new)
+            for c in sizes.concurrency
+        }
+    found.update(failed)
     base = {
         "bench": "generate",
         "quick": args.quick,
@@ -420,7 +394,7 @@ def main() -> None:
         "machine": machine_info(args.threads),
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    lines = build_lines(engines, tasks, sizes, base)
+    lines = build_lines(found, tasks, sizes, base)
     write_lines(args.out, lines)
     print_table(lines)
     print(f"\nwrote {len(lines)} lines to {args.out}")

@@ -6,6 +6,7 @@ Engine outputs follow benchmarks/peers/protocol.py: {"results": [one per task]} 
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -104,6 +105,20 @@ def summarize(out: dict, tasks: list[dict], sizes: Sizes) -> dict[str, dict]:
     return metrics
 
 
+def paired(ours: dict, theirs: dict) -> dict:
+    """The ratio run by run, where the two engines' runs pair up (bench_generate runs the
+    engines in turns task by task: run i of each is the same prompt in the same minutes):
+    {"paired_median": the median of the runs' ratios, "paired_runs": them}; {} otherwise.
+    The machine's speed drifts by up to 2x over minutes (memory bandwidth most), so a best
+    run of each engine can come from different minutes; the median of pairs compares each
+    engine with the other in the same minutes."""
+    a, b = ours["runs"], theirs["runs"]
+    if len(a) != len(b) or not a:
+        return {}
+    ratios = [y / x if ours["unit"] == "s" else x / y for x, y in zip(a, b, strict=True)]
+    return {"paired_median": statistics.median(ratios), "paired_runs": ratios}
+
+
 def agreement(ours: dict, theirs: dict, tasks: list[dict]) -> dict:
     """Common greedy prefix (up to AGREE_TOKENS) of two engines on the same prompts."""
     prefixes = []
@@ -158,6 +173,7 @@ def build_lines(engines: dict[str, dict], tasks: list[dict], sizes: Sizes, base:
                     "infergen_value": a,
                     "peer_value": b,
                     "value": b / a if seconds else a / b,
+                    **paired(ours[metric], m),
                     "unit": "x",
                     "definition": "peer/infergen (seconds)" if seconds else "infergen/peer (tok/s)",
                     "other_cpu_cores": {
@@ -190,8 +206,13 @@ def build_lines(engines: dict[str, dict], tasks: list[dict], sizes: Sizes, base:
             "numerator": f"{e1}:{m1}",
             "denominator": f"{e2}:{m2}",
         }
+        pair = paired(a, b) if a is not None and b is not None and e1 != e2 else {}
         if a is None or b is None:
             line.update(value=None, met=None, note="not measured in this run")
+        elif pair:  # two engines in turns: the median of paired runs (see `paired`)
+            value = pair["paired_median"]
+            line.update(value=value, met=value >= threshold, best_of_ratio=a["value"] / b["value"])
+            line["stat"] = f"median of {len(pair['paired_runs'])} paired runs"
         else:
             line.update(value=a["value"] / b["value"], met=a["value"] / b["value"] >= threshold)
             bound = engines.get(e1, {}).get("bounds", {}).get(_concurrency(m1))
@@ -261,7 +282,8 @@ def print_table(lines: list[dict]) -> None:
     print(f"\n{'ratio (>1: infergen faster)':<30}{'peer':<14}{'value':>8}")
     for ln in lines:
         if ln["kind"] == "ratio":
-            print(f"{ln['metric']:<30}{ln['peer']:<14}{ln['value']:>7.2f}x")
+            pair = f"  (paired median {ln['paired_median']:.2f}x)" if "paired_median" in ln else ""
+            print(f"{ln['metric']:<30}{ln['peer']:<14}{ln['value']:>7.2f}x{pair}")
         elif ln["kind"] == "agreement":
             print(f"{'greedy agreement':<30}{ln['peer']:<14}  {ln['detail']}")
     print("\ntargets (from the issue)")

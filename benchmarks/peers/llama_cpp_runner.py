@@ -8,6 +8,7 @@ batching, and so that every timing is of llama_decode itself plus a greedy argma
 
 Input: {"model": "x.F32.gguf", "n_threads": 2, "kv_type": "f32", "tasks": [...]}
 Output: {"version", "system_info", "results": [...]}; tasks and results as in protocol.py.
+With "serve": true instead of "tasks": protocol.py's serve mode (a task at a time).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 
 import llama_cpp as lc
 import numpy as np
-from protocol import read_args, run_tasks, write_result
+from protocol import read_args, run_tasks, serve, write_result
 
 N_BATCH = 512  # logical and physical batch (tokens per llama_decode), as infergen's step budget
 KV_TYPES = {"f32": lc.GGML_TYPE_F32, "f16": lc.GGML_TYPE_F16}
@@ -151,8 +152,12 @@ def _ctx_size(tokens: int) -> int:
 def main() -> None:
     args = read_args()
     runner = Runner(args["model"], int(args.get("n_threads", 2)), args.get("kv_type", "f32"))
-    results = run_tasks(runner, args["tasks"], int(args.get("retries", 0)))
     system_info = lc.llama_print_system_info().decode(errors="replace").strip()
+    retries = int(args.get("retries", 0))
+    if args.get("serve"):
+        serve(runner, retries, version=lc.__version__, system_info=system_info)
+        return
+    results = run_tasks(runner, args["tasks"], retries)
     write_result({"version": lc.__version__, "system_info": system_info, "results": results})
 
 

@@ -14,6 +14,12 @@ Each task's result: {"kind", "runs": [...]}; every run carries "other_cpu_cores"
 other processes meanwhile, see cpu_contention.py) and "attempts": a run that competed with
 other processes for more than CONTENDED cores is repeated (up to `retries` more times, after a
 short pause) and the least contended attempt is kept.
+
+Two ways to drive a runner process: its argument's "tasks" all at once, the answer on the last
+line of stdout (`write_result`); or, with "serve": true, one task at a time (`serve`): a line
+of stdout `ANSWER` + {"ready": true, ...} once loaded, then per JSON task line on stdin one
+`ANSWER` + result line, until stdin closes — so that a benchmark can run its engines in turns
+task by task (the same minutes of this machine for every engine's run of a task).
 """
 
 from __future__ import annotations
@@ -75,9 +81,23 @@ def run_tasks(runner, tasks: list[dict], retries: int = 0) -> list[dict]:
 
 
 def read_args() -> dict:
-    """The runner's JSON argument: argv[1], or stdin when argv[1] is "-" or absent."""
-    raw = sys.stdin.read() if len(sys.argv) < 2 or sys.argv[1] == "-" else sys.argv[1]
+    """The runner's JSON argument: argv[1], or stdin's first line when argv[1] is "-" or
+    absent (the rest of stdin: tasks, in serve mode)."""
+    raw = sys.stdin.readline() if len(sys.argv) < 2 or sys.argv[1] == "-" else sys.argv[1]
     return json.loads(raw)
+
+
+ANSWER = "@@answer "  # the prefix of serve mode's answer lines (libraries may print too)
+
+
+def serve(runner, retries: int, **ready) -> None:
+    """Serve mode (module docstring): `ready` (version, ...) once, then a result per task."""
+    print(ANSWER + json.dumps({"ready": True, **ready}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        [result] = run_tasks(runner, [json.loads(line)], retries)
+        print(ANSWER + json.dumps(result), flush=True)
 
 
 def write_result(result: dict) -> None:

@@ -10,6 +10,7 @@ forward of the dequantized weights runs several times slower). EOS is disabled
 
 Input: {"model": "x.gguf", "n_threads": 2, "tasks": [...]}
 Output: {"version", "load_s", "results": [...]}; tasks and results as in protocol.py.
+With "serve": true instead of "tasks": protocol.py's serve mode (a task at a time).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pathlib
 import time
 
 import torch
-from protocol import read_args, run_tasks, write_result
+from protocol import read_args, run_tasks, serve, write_result
 
 
 class _TimingStreamer:
@@ -102,7 +103,11 @@ def main() -> None:
     import transformers
 
     runner = Runner(args["model"], int(args.get("n_threads", 2)))
-    results = run_tasks(runner, args["tasks"], int(args.get("retries", 0)))
+    retries = int(args.get("retries", 0))
+    if args.get("serve"):
+        serve(runner, retries, version=transformers.__version__, load_s=runner.load_s)
+        return
+    results = run_tasks(runner, args["tasks"], retries)
     write_result({"version": transformers.__version__, "load_s": runner.load_s, "results": results})
 
 
