@@ -85,11 +85,14 @@ def render(lines: list[dict]) -> str:
         others = (ln.get("other_cpu_cores") or {}).values()
         noisy = " ⚠" if any(c is not None and c > CONTENDED for c in others) else ""
         config = f" {ln['config']}" if ln["bench"] == "spec" else ""  # (which proposer)
+        # (engines run in turns: the median of the run-by-run ratios beside the best-of ratio)
+        paired = f" (paired {_num(ln['paired_median'])}×)" if "paired_median" in ln else ""
         if ln.get("compile", "off") != "off":  # (bench_generate --compile)
             config += f" (compile={ln['compile']})"
         rows.append(
             f"| {ln['bench']}: {ln['metric']}{config}{quick} | {_num(ln['infergen_value'], unit)} "
-            f"| {ln['peer']} | {_num(ln['peer_value'], unit)} | {_num(ln['value'])}×{noisy} "
+            f"| {ln['peer']} | {_num(ln['peer_value'], unit)} "
+            f"| {_num(ln['value'])}×{noisy}{paired} "
             f"| {_machine(ln)} | {_peer_version(ln)} |"
         )
     targets = [ln for ln in lines if ln.get("kind") == "target"]
@@ -102,6 +105,8 @@ def render(lines: list[dict]) -> str:
         for ln in targets:
             met = {True: "yes", False: "**no**", None: "not measured"}[ln.get("met")]
             value = "–" if ln.get("value") is None else f"{ln['value']:.2f}×"
+            if ln.get("stat"):  # (how the value was taken: e.g. a median of paired runs)
+                value += f" ({ln['stat']})"
             ceiling = f"{ln['ceiling']:.2f}×" if ln.get("ceiling") else "–"
             mode = f" (compile={ln['compile']})" if ln.get("compile", "off") != "off" else ""
             rows.append(f"| {ln['bench']}{mode}: {ln['metric']} | {value} | {ceiling} | {met} |")
