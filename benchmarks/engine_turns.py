@@ -42,8 +42,9 @@ class InProcess:
 
 
 class PeerProcess:
-    """A runner script in serve mode: loaded once (`info`: its ready answer, with its
-    version), then given a task at a time. Raises EngineFailed when it dies."""
+    """A runner script in serve mode (`script`: in benchmarks/peers/, or an absolute path):
+    loaded once (`info`: its ready answer, with its version), then given a task at a time.
+    Raises EngineFailed when it dies."""
 
     def __init__(self, python, script: str, name: str, args: dict):
         self.name = name
