@@ -301,8 +301,10 @@ class _Renderer:
         self.refs[id(out)] = dst
 
     def _gemm_epilogue(self, node: Node, epilogue: Epilogue) -> None:
-        """A GEMM with its tail: fused (codegen_gemm.py) on fp32 panels (format 0); in any
-        other format the GEMM into a scratch product, then the tail as a pointwise kernel."""
+        """A GEMM with its tail: fused (codegen_gemm.py) on fp32 panels (format 0) past
+        GEMM_EPILOGUE_MIN_TOKENS tokens (layer_kernels.h, a program knob); in any other format,
+        or up to that many tokens, the GEMM into a scratch product, then the tail as a
+        pointwise kernel."""
         linear, out = epilogue.linear, node.outputs[0]
         x, weight, bias = linear.inputs
         src = self.contiguous(self.refs[id(x)])
@@ -319,7 +321,8 @@ class _Renderer:
         self.timed(
             f"{_site_name(weight)} + tail",
             [
-                f"if (F[{g}] == 0) {fused}({self.weight(weight)}, {src.at()}, "
+                f"if (F[{g}] == 0 && T > GEMM_EPILOGUE_MIN_TOKENS) "
+                f"{fused}({self.weight(weight)}, {src.at()}, "
                 f"{self.weight(bias)}, {dst.ptr}, {epilogue.out_columns}, T, {n_out}, {n_in}, "
                 "threads);",
                 f"else {{ {gemm}",

@@ -10,12 +10,14 @@ library per set of values) or a run-time argument, and a variant as a set of kno
   (`GEMM_PREFETCH_PANELS`): 0, 1, 2
 - `fork_min`: work below this many elements stays on one thread (`PARALLEL_MIN_ELEMENTS`):
   8192, 32768, 131072
+- `epilogue_min`: a GEMM with a pointwise tail runs fused (the tail on each tile) past this
+  many tokens, the GEMM then its tail up to it (`GEMM_EPILOGUE_MIN_TOKENS`): 0, 16
 
-The GEMM knobs leave every product and sum as it was (same results); the attention chunk
-changes where partial softmax states are merged (results within rounding). A variant's label
-("default", or "attn_chunk=256,threads=1") is how tuning.json names it; its prelude is the
-`#define` lines that go first in the program's source, so the JIT cache key of each variant is
-its own.
+The GEMM and epilogue knobs leave every product and sum as it was (same results); the
+attention chunk changes where partial softmax states are merged (results within rounding).
+A variant's label ("default", or "attn_chunk=256,threads=1") is how tuning.json names it; its
+prelude is the `#define` lines that go first in the program's source, so the JIT cache key of
+each variant is its own.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ KNOBS.register(
 )
 KNOBS.register(
     "gemm_prefetch", Knob("GEMM_PREFETCH_PANELS", (0, 1, 2), 0, "one token block: panels ahead")
+)
+KNOBS.register(
+    "epilogue_min",
+    Knob("GEMM_EPILOGUE_MIN_TOKENS", (0, 16), 16, "fused GEMM tail past this many tokens"),
 )
 KNOBS.register(
     "fork_min",

@@ -7,6 +7,17 @@
 
 #include "step_args.h"
 
+/* A knob of the program (compiler/program_variants.py, "epilogue_min"): a GEMM with a
+ * pointwise tail on fp32 panels runs as the fused GEMM (codegen_gemm.py: the tail on each
+ * tile) past this many tokens, and as the GEMM then its tail up to it — the same products and
+ * the same tail arithmetic either way. At decode sizes the fused form streams two parts'
+ * panels at once and saved nothing: the default model's jit step, fused against unfused, in
+ * turns (2 threads, AMD EPYC Zen 4, 2026-12-07; best of 10, 3 rounds): 0.97-1.00x at 1-8
+ * tokens, 0.95-0.97x at 12, 0.97-0.99x at 16, 1.01-1.02x at 32. */
+#ifndef GEMM_EPILOGUE_MIN_TOKENS
+#define GEMM_EPILOGUE_MIN_TOKENS 16
+#endif
+
 /* one projection in its weight format (decode_layers_f32.c's gemm_any) */
 void lk_gemm_any(long format, const float *W, const float *X, const float *B, float *Y, long M,
                  long N, long K, int threads);

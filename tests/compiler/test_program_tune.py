@@ -26,7 +26,9 @@ PROMPTS = [[3, 17, 42], [5, 8, 150, 23, 77, 9, 11], [99]]
 
 # two variants that between them set every knob to each of its other values
 SPREAD = [
-    ProgramVariant.parse("attn_chunk=64,gemm_small_top=1,gemm_prefetch=1,fork_min=8192"),
+    ProgramVariant.parse(
+        "attn_chunk=64,epilogue_min=0,gemm_small_top=1,gemm_prefetch=1,fork_min=8192"
+    ),
     ProgramVariant.parse("attn_chunk=256,gemm_prefetch=2,fork_min=131072,threads=1"),
 ]
 
