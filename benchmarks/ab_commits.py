@@ -7,7 +7,10 @@ drifting machine), each writing its JSON lines to a file of its own. The peer of
 infergen figure is then the same figure of the other commit: per (bench, metric, engine,
 configuration) of the "result" lines, the best value of each side over the rounds and the
 ratio head / base (>1: the head is faster for tok/s, slower for seconds — `higher_is_better`
-says which). Output: JSON lines (kind "ab") to --out and a table on stdout.
+says which), and the median of the rounds' own ratios ("paired_median": within a round the
+two sides run back to back; this machine's memory bandwidth moves by up to 2x over minutes,
+and a best value can be one side's luck). Output: JSON lines (kind "ab") to --out and a table
+on stdout.
 
     python benchmarks/ab_commits.py --base 31ee2fb --rounds 2 \\
         --bench "bench_generate.py --skip-transformers --skip-llamacpp --rounds 1" \\
@@ -24,6 +27,7 @@ import os
 import pathlib
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,8 +73,12 @@ def _key(line: dict) -> tuple:
     return line["bench"], line["metric"], line.get("engine", ""), str(config)
 
 
-def compare(base: list[dict], head: list[dict]) -> list[dict]:
-    """Per result key: the best value of each side and head / base (speed: >1 faster)."""
+def compare(base: list[list[dict]], head: list[list[dict]]) -> list[dict]:
+    """Per result key, from each side's lines per round: the best value of each side and head
+    / base (speed: >1 faster); and the round by round ratio (each round runs the two sides back
+    to back) with its median, "paired_median": a side that met a fast minute of this machine
+    (its memory bandwidth moves by up to 2x) can hold the best value by luck alone, while in
+    a round both sides meet about the same minutes."""
 
     def best(lines: list[dict]) -> dict[tuple, tuple[float, str]]:
         found: dict[tuple, tuple[float, str]] = {}
@@ -84,12 +92,17 @@ def compare(base: list[dict], head: list[dict]) -> list[dict]:
                 found[key] = (value, unit)
         return found
 
-    a, b = best(base), best(head)
+    def ratio(va: float, vb: float, unit: str) -> float | None:
+        return (va / vb if unit in LOWER_IS_BETTER else vb / va) if va and vb else None
+
+    a, b = best([ln for r in base for ln in r]), best([ln for r in head for ln in r])
+    per_round = [(best(x), best(y)) for x, y in zip(base, head, strict=True)]
     rows = []
     for key in sorted(set(a) & set(b)):
         (va, unit), (vb, _) = a[key], b[key]
-        lower = unit in LOWER_IS_BETTER
-        speedup = (va / vb if lower else vb / va) if va and vb else None
+        speedup = ratio(va, vb, unit)
+        paired = [ratio(x[key][0], y[key][0], unit) for x, y in per_round if key in x and key in y]
+        paired = [r for r in paired if r is not None]
         rows.append(
             {
                 "kind": "ab",
@@ -101,6 +114,8 @@ def compare(base: list[dict], head: list[dict]) -> list[dict]:
                 "base": va,
                 "head": vb,
                 "head_speedup": speedup,
+                "paired_rounds": paired,
+                "paired_median": statistics.median(paired) if paired else None,
             }
         )
     return rows
@@ -142,21 +157,24 @@ def main() -> None:
             shutil.rmtree(base_tree / "benchmarks")
             shutil.copytree(ROOT / "benchmarks", base_tree / "benchmarks")
         try:
-            sides: dict[str, list[dict]] = {"base": [], "head": []}
+            sides: dict[str, list[list[dict]]] = {"base": [], "head": []}  # per round
             trees = {"base": base_tree, "head": ROOT}
             for round_ in range(args.rounds):
                 order = ("base", "head") if round_ % 2 == 0 else ("head", "base")
                 print(f"round {round_ + 1} of {args.rounds}: {' then '.join(order)}", flush=True)
+                for side in order:
+                    sides[side].append([])
                 for i, command in enumerate(args.bench):
                     for side in order:
                         out = pathlib.Path(tmp) / f"{side}-{round_}-{i}.jsonl"
-                        sides[side] += run_bench(trees[side], command, out)
+                        sides[side][-1] += run_bench(trees[side], command, out)
         finally:
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_tree)],
                 capture_output=True,
             )
-    machine = next((ln.get("machine") for ln in sides["head"] if ln.get("machine")), None)
+    head_lines = [ln for r in sides["head"] for ln in r]
+    machine = next((ln.get("machine") for ln in head_lines if ln.get("machine")), None)
     rows = [
         {
             **row,
@@ -168,11 +186,15 @@ def main() -> None:
         }  # fmt: skip
         for row in compare(sides["base"], sides["head"])
     ]
-    print(f"{'bench: metric (engine, config)':<64} {'base':>10} {'head':>10} {'head/base':>9}")
+    print(
+        f"{'bench: metric (engine, config)':<64} {'base':>10} {'head':>10} {'head/base':>9} "
+        f"{'paired':>7}"
+    )
     for row in rows:
         name = f"{row['bench']}: {row['metric']} ({row['engine']}, {row['config']})"
         speed = f"{row['head_speedup']:.3f}" if row["head_speedup"] else "–"
-        print(f"{name:<64} {row['base']:10.4g} {row['head']:10.4g} {speed:>9}")
+        pair = f"{row['paired_median']:.3f}" if row["paired_median"] else "–"
+        print(f"{name:<64} {row['base']:10.4g} {row['head']:10.4g} {speed:>9} {pair:>7}")
     write_lines(args.out, rows)
 
 
