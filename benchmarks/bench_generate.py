@@ -277,7 +277,9 @@ def open_engines(args, retries: int, model, versions: dict, failed: dict):
     engines = {"infergen": InProcess(infergen, retries)}
     peers = []
     if not args.skip_transformers:
-        peers.append(("transformers", sys.executable, "transformers_runner.py", model, {}))
+        peers.append(
+            ("transformers", "transformers", sys.executable, "transformers_runner.py", model, {})
+        )
     if not args.skip_llamacpp:
         missing = llama_cpp_missing()
         if missing:
@@ -288,9 +290,11 @@ def open_engines(args, retries: int, model, versions: dict, failed: dict):
             from gguf_f32 import cached_f32_gguf
 
             f32 = cached_f32_gguf(model, PEERS_DIR)
-            extra = {"kv_type": "f32"}
-            peers.append(("llama.cpp", LLAMA_PYTHON, "llama_cpp_runner.py", f32, extra))
-    for name, python, script, weights, extra in peers:
+            script, extra = "llama_cpp_runner.py", {"kv_type": "f32"}
+            peers.append(("llama.cpp", "llama-cpp-python", LLAMA_PYTHON, script, f32, extra))
+    # (name, the package whose version peer_versions records, python, runner script, weights,
+    # more runner arguments)
+    for name, package, python, script, weights, extra in peers:
         started = time.perf_counter()
         print(f"[{name}] loading {weights.name}", flush=True)
         args_ = {"model": str(weights), "n_threads": args.threads, "retries": retries, **extra}
@@ -300,8 +304,7 @@ def open_engines(args, retries: int, model, versions: dict, failed: dict):
             failed[name] = {"error": str(error)}
             print(f"[{name}] failed: {error}", flush=True)
             continue
-        version = engines[name].info.get("version", "?")
-        versions["llama-cpp-python" if name == "llama.cpp" else name] = version
+        versions[package] = engines[name].info.get("version", "?")
         print(f"[{name}] ready ({time.perf_counter() - started:.0f} s)", flush=True)
     return engines, infergen, warmup, tasks
 

@@ -359,7 +359,7 @@ class LayerProgramRunner:
             f"{FUNCTIONS['decode']}_{key}",
             keyed,
             PROGRAM_FLAGS,
-            link=lambda: [library(LIBRARY, variant.defines)],
+            link=lambda: [library(LIBRARY, variant.library_defines)],
         )
         if variant not in self._calls:
             fn = built.fn

@@ -1,6 +1,7 @@
 """Variants of the generated layer program: the knobs of the kernels it calls, each a C macro
-(first in the program's source, and a -D flag of the kernel library it links against: one
-library per set of values) or a run-time argument, and a variant as a set of knob values.
+(first in the program's source, and — unless only the generated program reads it — a -D flag
+of the kernel library it links against: one library per set of values) or a run-time
+argument, and a variant as a set of knob values.
 
 - `threads`: the step's OpenMP threads (0: all of torch's, else that many): 0, 1
 - `attn_chunk`: decode attention's most positions per work item (`DECODE_ATTN_CHUNK`): 64, 128, 256
@@ -33,6 +34,9 @@ class Knob:
     values: tuple[int, ...]
     default: int
     doc: str
+    # whether the kernel library reads the macro too (False: the generated program alone,
+    # whose variants then link the one library built without it)
+    in_library: bool = True
 
 
 KNOBS: Registry[Knob] = Registry("layer program knob")
@@ -48,7 +52,13 @@ KNOBS.register(
 )
 KNOBS.register(
     "epilogue_min",
-    Knob("GEMM_EPILOGUE_MIN_TOKENS", (0, 16), 16, "fused GEMM tail past this many tokens"),
+    Knob(
+        "GEMM_EPILOGUE_MIN_TOKENS",
+        (0, 16),
+        16,
+        "fused GEMM tail past this many tokens",
+        in_library=False,
+    ),
 )
 KNOBS.register(
     "fork_min",
@@ -100,6 +110,12 @@ class ProgramVariant:
         """(macro, value) of its compile-time knobs (empty for the default variant)."""
         found = ((KNOBS.get(name).macro, value) for name, value in self.settings)
         return tuple((macro, value) for macro, value in found if macro is not None)
+
+    @property
+    def library_defines(self) -> tuple[tuple[str, int], ...]:
+        """`defines` that the kernel library reads (its -D flags: a library per set)."""
+        knobs = ((KNOBS.get(name), value) for name, value in self.settings)
+        return tuple((k.macro, v) for k, v in knobs if k.macro is not None and k.in_library)
 
     @property
     def prelude(self) -> str:

@@ -59,6 +59,10 @@ def test_labels():
     assert ProgramVariant.parse(variant.label) == variant
     assert variant.prelude == "#define DECODE_ATTN_CHUNK 256\n"  # (threads: a call argument)
     assert variant.threads(2) == 1 and DEFAULT.threads(2) == 2
+    # a macro of the generated program alone: in its prelude, not in the library's flags
+    program_only = ProgramVariant.parse("epilogue_min=0,gemm_prefetch=1")
+    assert program_only.defines == (("GEMM_EPILOGUE_MIN_TOKENS", 0), ("GEMM_PREFETCH_PANELS", 1))
+    assert program_only.library_defines == (("GEMM_PREFETCH_PANELS", 1),)
     assert ProgramVariant.parse("attn_chunk=128") == DEFAULT  # the default value
     assert ProgramVariant.parse("default").label == "default"
     for name, value in SPREAD[0].settings + SPREAD[1].settings:
@@ -85,7 +89,7 @@ def test_every_knob_value_computes_what_the_default_does(jit, model_dir):
             got = runner.run(h.clone(), step, variant)
             for a, b in zip(got, expected, strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
-    assert len({built.key for built in runner.builds}) == 1 + len(SPREAD)  # a library each
+    assert len({built.key for built in runner.builds}) == 1 + len(SPREAD)  # a program each
 
 
 def test_tuner_records_winners_and_a_new_engine_runs_them(jit, model_dir, monkeypatch):
