@@ -46,7 +46,8 @@ def _compile_flags(name: str = "") -> list[str]:
     flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", f"-I{_HERE}"]
     cpu = _cpu_flags()
     # INFERGEN_KERNEL_ISA (tests): "generic" the portable scalar paths, "avx2" no AVX-512,
-    # "avx512vnni" no VBMI (and no BF16); unset: everything the CPU has
+    # "avx512vnni" no VBMI (and no BF16), "avx512" every AVX-512 extension the CPU has but no
+    # AMX tiles; unset: everything the CPU has
     isa = os.environ.get("INFERGEN_KERNEL_ISA")
     if isa == "generic":  # the portable scalar paths (tests)
         return flags
@@ -60,8 +61,10 @@ def _compile_flags(name: str = "") -> list[str]:
                 flags += ["-mavx512bw", "-mavx512vnni"]  # u8 x s8 dot products (vpdpbusd)
                 if "avx512vbmi" in cpu and isa != "avx512vnni":  # byte permutes (vpermt2b)
                     flags += ["-mavx512vbmi"]
-            if name in BF16_SOURCES and isa is None and "avx512_bf16" in cpu:
+            if name in BF16_SOURCES and isa in (None, "avx512") and "avx512_bf16" in cpu:
                 flags += ["-mavx512bf16"]  # bf16 pair dot products (vdpbf16ps)
+                if isa is None and {"amx_tile", "amx_bf16"} <= cpu:
+                    flags += ["-mamx-tile", "-mamx-bf16"]  # bf16 tile products (kernels/amx.h)
     return flags
 
 

@@ -6,6 +6,9 @@ rounded to bf16, products exact, sums in fp32. Oracles, plain torch:
   rounds, then the even one's) replayed pair by pair in fp32 torch ops — the widening builds
   (AVX2, the scalar one) and the build here, AVX-512 BF16's vdpbf16ps where the CPU has it,
   equal it bit for bit;
+- AMX-BF16 tiles (where the CPU has them, from a few tokens on: `gemm_bf16_tiles`) add in the
+  hardware's own order, not vdpbf16ps's: they are held to the float64 oracle alone, and the
+  build without them (INFERGEN_KERNEL_ISA=avx512) to both;
 and the path without a C compiler, the pack / unpack / rows round trip."""
 
 from __future__ import annotations
@@ -13,14 +16,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infergen.kernels.build import _compile_flags, _cpu_flags
+from infergen.kernels.build import I, L, _compile_flags, _cpu_flags, kernel
 from infergen.layers.linear import Linear
 from infergen.ops import linear_bf16
 from infergen.ops.linear import LINEAR_BACKENDS
 from tests.kernel_isa import assert_ok_with_isa
 
-# (tokens, out, in): partial micro-steps (1..8 tokens and past), a partial panel, odd inputs
-SHAPES = [(1, 24, 64), (5, 40, 70), (9, 48, 576), (16, 100, 575), (33, 77, 1536), (7, 9, 3)]
+# (tokens, out, in): partial micro-steps (1..8 tokens and past), a partial panel, odd inputs;
+# for tiles: partial token blocks (16 tokens of 32, 21, 33), k-steps past the last whole 16 pairs
+# (70, 575: 288 pairs, 1536), one of 64 tokens
+SHAPES = [(1, 24, 64), (5, 40, 70), (9, 48, 576), (16, 100, 575), (33, 77, 1536), (7, 9, 3),
+          (21, 30, 34), (64, 48, 96)]  # fmt: skip
+
+
+def tiles(m: int) -> bool:
+    """Whether the kernel runs a product of m tokens on AMX tiles here."""
+    fn = kernel("gemm_bf16_tiles", L, source="gemm_bf16", restype=I)
+    return bool(fn is not None and fn(m))
 
 
 def _inputs(m: int, n: int, k: int, seed: int):
@@ -57,7 +69,7 @@ def _check(exact: bool) -> None:
             assert got.shape == (m, n) and got.dtype == torch.float32
             want = _float64(x, w, b)
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max())
-            if exact:
+            if exact and not tiles(m):
                 assert torch.equal(got, _pairwise(x, w, b)), (m, n, k)
 
 
@@ -88,11 +100,35 @@ print("ok")
 """
 
 
+_NO_TILES = """
+from tests.ops.test_linear_bf16 import _check, tiles
+assert not any(tiles(m) for m in (1, 8, 64, 512))
+_check(exact=True)
+print("ok")
+"""
+
+
 @pytest.mark.parametrize("isa", ["generic", "avx2"])
 def test_other_isa_builds(isa, tmp_path):
     """The scalar build and the AVX2 build (pairs widened to fp32, FMAs in vdpbf16ps's
     order): bit for bit the same values."""
     assert_ok_with_isa(isa, _OTHER_ISA, tmp_path)
+
+
+@pytest.mark.skipif("avx512_bf16" not in _cpu_flags(), reason="the CPU has no AVX-512 BF16")
+def test_the_build_without_tiles_is_vdpbf16ps_at_every_size(tmp_path):
+    """INFERGEN_KERNEL_ISA=avx512 (no AMX): every size on vdpbf16ps, bit for bit its order."""
+    assert_ok_with_isa("avx512", _NO_TILES, tmp_path)
+
+
+def test_tiles_run_where_the_cpu_has_amx_bf16():
+    """(A check of the dispatch: on a CPU with AMX-BF16 the kernel is built for tiles and runs
+    prefill-sized products on them, not a single token's.)"""
+    import os
+
+    amx = {"amx_tile", "amx_bf16"} <= _cpu_flags() and os.environ.get("INFERGEN_KERNEL_ISA") is None
+    assert ("-mamx-bf16" in _compile_flags("gemm_bf16")) == amx
+    assert tiles(512) == amx and not tiles(1)
 
 
 def test_the_build_here_uses_avx512_bf16_where_the_cpu_has_it():
