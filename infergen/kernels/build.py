@@ -61,11 +61,13 @@ def _compile_flags(name: str = "") -> list[str]:
                 flags += ["-mavx512bw", "-mavx512vnni"]  # u8 x s8 dot products (vpdpbusd)
                 if "avx512vbmi" in cpu and isa != "avx512vnni":  # byte permutes (vpermt2b)
                     flags += ["-mavx512vbmi"]
+                if isa is None and {"amx_tile", "amx_int8"} <= cpu:
+                    flags += ["-mamx-tile", "-mamx-int8"]  # u8 x s8 tile products (amx.h)
             if name in BF16_SOURCES and isa in (None, "avx512") and "avx512_bf16" in cpu:
                 flags += ["-mavx512bf16"]  # bf16 pair dot products (vdpbf16ps)
                 if isa is None and {"amx_tile", "amx_bf16"} <= cpu:
                     flags += ["-mamx-tile", "-mamx-bf16"]  # bf16 tile products (kernels/amx.h)
-    return flags
+    return list(dict.fromkeys(flags))  # (a source in both sets asks for -mamx-tile twice)
 
 
 # kernels with integer dot-product paths: built with AVX-512 VNNI where the CPU has it (only

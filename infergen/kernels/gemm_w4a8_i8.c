@@ -334,7 +334,7 @@ static void w4_quantize_token(const float *X, long m, long K, int8_t *A, float *
     const float *x = X + m * K;
     float s = sa[m] = int8_token_scale(x, K);
     int8_t *a = A + m * K;
-    for (long k = 0; k < K; ++k) a[k] = (int8_t)int8_token_code(x[k], s);
+    int8_token_codes(x, K, s, 0, (uint8_t *)a);
     long groups = K / GROUP;
     for (long g = 0; g < groups; ++g) {
         int32_t sum = 0;

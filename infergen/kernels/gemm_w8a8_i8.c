@@ -39,6 +39,13 @@
 #if defined(__AVX512VBMI__)
 #define W8A8_VBMI 1 /* byte permutes across a 512-bit register pair: the regroup in two ops */
 #endif
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#define W8A8_AMX 1 /* AMX-INT8 tiles (amx.h) from W8_AMX_MIN_TOKENS tokens on */
+#include "amx.h"
+#ifndef W8_AMX_MIN_TOKENS
+#define W8_AMX_MIN_TOKENS 5
+#endif
+#endif
 #endif
 
 #define NR 24 /* columns a panel (gemm_packed_f32.c's) */
@@ -323,9 +330,50 @@ static void w8_quantize_token(const float *X, long m, long K, long K4, uint8_t *
     const float *x = X + m * K;
     float s = sa[m] = int8_token_scale(x, K);
     uint8_t *a = A + m * 4 * K4;
-    for (long k = 0; k < K; ++k) a[k] = (uint8_t)(int8_token_code(x[k], s) + W8_A_OFFSET);
+    int8_token_codes(x, K, s, W8_A_OFFSET, a);
     for (long k = K; k < 4 * K4; ++k) a[k] = W8_A_OFFSET; /* (code 0) */
 }
+
+/* whether a product of M tokens runs on AMX tiles here (built with them, M past the threshold,
+ * the kernel's permission granted): the same exact int32 sums either way */
+int gemm_w8a8_tiles(long M) {
+#ifdef W8A8_AMX
+    return M >= W8_AMX_MIN_TOKENS && amx_ready();
+#else
+    (void)M;
+    return 0;
+#endif
+}
+
+#ifdef W8A8_AMX
+/* The tokens on tiles: A [rows][4 * K4p] bytes (K4p quads a row, a whole number of 16-quad
+ * steps; rows a whole number of 16-token tiles), each panel regrouped into quads (zero past K4:
+ * TDPBUSD's B rows as they are) and multiplied in blocks of 32 tokens. */
+static void w8_tiles(const uint8_t *Wp, const uint8_t *A, const float *sa, const float *bias,
+                     float *Y, long M, long N, long K, long K4, long K4p, long panels) {
+    int8_t *quads = calloc((size_t)(K4p * NR * 4), 1); /* (rows past K4 stay 0) */
+    int32_t colsum[NR], C[AMX_BLOCK_TOKENS][NR];
+    uint32_t pad[AMX_ROWS * NR];
+    amx_configure();
+#pragma omp for schedule(static)
+    for (long p = 0; p < panels; ++p) {
+        const uint8_t *wp = Wp + p * (K + 4) * NR;
+        const float *sw = (const float *)(wp + K * NR);
+        const long n0 = p * NR;
+        const int cols = (int)(N - n0 < NR ? N - n0 : NR);
+        w8_regroup(wp, K, K4, quads, colsum);
+        for (long m = 0; m < M; m += AMX_BLOCK_TOKENS) {
+            const long mr = M - m < AMX_BLOCK_TOKENS ? M - m : AMX_BLOCK_TOKENS;
+            AMX_PANEL_BLOCK(_tile_dpbusd, A + m * 4 * K4p, 4 * K4p, (const uint32_t *)quads, K4p,
+                            mr > 16, &C[0][0], pad);
+            w8_finish(C, colsum, sw, sa + m, bias ? bias + n0 : 0, Y + m * N + n0, N, (int)mr,
+                      cols);
+        }
+    }
+    _tile_release();
+    free(quads);
+}
+#endif
 
 /* gemm_w8a8_i8(Wp, X, bias, Y, M, N, K, threads): Wp the "int8" panels, X [M][K] fp32 (each
  * token quantized here), Y [M][N] — the signature of the packed fp32 GEMMs. */
@@ -333,6 +381,23 @@ void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y
                   long N, long K, int num_threads) {
     if (M <= 0 || N <= 0) return;
     long panels = (N + NR - 1) / NR, K4 = (K + 3) / 4;
+#ifdef W8A8_AMX
+    if (gemm_w8a8_tiles(M)) {
+        const long K4p = (K4 + 15) / 16 * 16, rows = (M + 15) / 16 * 16;
+        uint8_t *A = malloc((size_t)(rows * 4 * K4p));
+        float *sa = malloc(sizeof(float) * (size_t)M);
+        memset(A + M * 4 * K4p, W8_A_OFFSET, (size_t)((rows - M) * 4 * K4p)); /* (code 0) */
+#pragma omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
+        {
+#pragma omp for schedule(static)
+            for (long m = 0; m < M; ++m) w8_quantize_token(X, m, K, K4p, A, sa);
+            w8_tiles(Wp, A, sa, bias, Y, M, N, K, K4, K4p, panels);
+        }
+        free(A);
+        free(sa);
+        return;
+    }
+#endif
     uint8_t *A = malloc((size_t)(M * 4 * K4));
     float *sa = malloc(sizeof(float) * (size_t)M);
 #ifdef W8A8_VBMI

@@ -1,6 +1,6 @@
 """W8A8 int8 with integer compute (ops/linear_w8a8.py, kernels/gemm_w8a8_i8.c): int8 weights
 times int8 activations quantized per token, summed exactly, scaled once. The oracle is plain
-torch: the activation codes and scales by the "token" rule (round half to even, clamp ±127,
+torch (AMX-INT8 tiles, where the CPU has them, sum the same integers exactly): the activation codes and scales by the "token" rule (round half to even, clamp ±127,
 amax / 127), the weight codes and scales as the "int8" backend stores them, the sums in
 float64 (exact for these integers). Every ISA build this machine runs is checked — the
 default (AVX-512 VNNI's vpdpbusd where the CPU has it, VBMI's byte permutes regrouping the
@@ -22,9 +22,10 @@ from tests.kernel_isa import assert_ok_with_isa
 from tests.ops.batch_rows import assert_rows_batch_invariant
 
 # up to 4 tokens the VBMI build reads the panels directly (K past a quad: 70, 7), past 4 it
-# regroups them
+# regroups them; AMX tiles (from 5 tokens where the CPU has AMX-INT8): partial token blocks
+# (5, 16, 21 and 33 of 32), partial 16-quad k-steps (70, 200)
 SHAPES = [(1, 24, 64), (5, 40, 70), (4, 48, 576), (16, 100, 576), (33, 1536, 576), (7, 9, 3),
-          (3, 30, 70), (2, 25, 7), (1, 1536, 576)]  # fmt: skip
+          (3, 30, 70), (2, 25, 7), (1, 1536, 576), (21, 50, 200), (64, 48, 96)]  # fmt: skip
 
 
 def _oracle(x: torch.Tensor, prepared: torch.Tensor, bias, n: int) -> torch.Tensor:
@@ -106,12 +107,25 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512vnni"])
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512vnni", "avx512"])
 def test_other_isa_builds(isa, tmp_path):
     """The scalar build (generic), the AVX2 build (no VNNI: the scalar dot products; the
-    regroup by SSE2 interleaves) and, where the CPU has VNNI, VNNI without VBMI's byte
-    permutes (the SSE2 regroup under vpdpbusd)."""
+    regroup by SSE2 interleaves), where the CPU has VNNI, VNNI without VBMI's byte
+    permutes (the SSE2 regroup under vpdpbusd), and every AVX-512 extension without AMX
+    tiles (vpdpbusd at every size)."""
     assert_ok_with_isa(isa, _OTHER_ISA, tmp_path)
+
+
+def test_tiles_run_where_the_cpu_has_amx_int8():
+    """(A check of the dispatch: on a CPU with AMX-INT8 the kernel is built for tiles and runs
+    prefill-sized products on them, not a decode step's.)"""
+    from infergen.kernels.build import I, L, _compile_flags, _cpu_flags, kernel
+
+    amx = {"amx_tile", "amx_int8", "avx512_vnni"} <= _cpu_flags()
+    amx = amx and os.environ.get("INFERGEN_KERNEL_ISA") is None
+    assert ("-mamx-int8" in _compile_flags("gemm_w8a8_i8")) == amx
+    tiles = kernel("gemm_w8a8_tiles", L, source="gemm_w8a8_i8", restype=I)
+    assert tiles is not None and bool(tiles(512)) == amx and not tiles(1)
 
 
 def test_the_build_here_uses_vnni_where_the_cpu_has_it():
