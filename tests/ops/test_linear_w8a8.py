@@ -1,10 +1,11 @@
 """W8A8 int8 with integer compute (ops/linear_w8a8.py, kernels/gemm_w8a8_i8.c): int8 weights
 times int8 activations quantized per token, summed exactly, scaled once. The oracle is plain
-torch (AMX-INT8 tiles, where the CPU has them, sum the same integers exactly): the activation codes and scales by the "token" rule (round half to even, clamp ±127,
+torch: the activation codes and scales by the "token" rule (round half to even, clamp ±127,
 amax / 127), the weight codes and scales as the "int8" backend stores them, the sums in
 float64 (exact for these integers). Every ISA build this machine runs is checked — the
-default (AVX-512 VNNI's vpdpbusd where the CPU has it, VBMI's byte permutes regrouping the
-weights, or up to 4 tokens permuting them in registers), VNNI without VBMI, AVX2 and the
+default (AMX-INT8 tiles from 5 tokens where the CPU has them, else AVX-512 VNNI's vpdpbusd
+where it has that, VBMI's byte permutes regrouping the weights, or up to 4 tokens permuting
+them in registers), VNNI without VBMI, every AVX-512 extension without tiles, AVX2 and the
 portable scalar build — and so is the path without a C compiler."""
 
 from __future__ import annotations
