@@ -8,9 +8,11 @@
  * row) and its 8-lane part (32 bytes), at a row stride of 96 bytes. 32 tokens x 24 columns a
  * block: four C tiles (tokens 0-15 / 16-31 x columns 0-15 / 16-23), two A tiles (the two token
  * halves' 64 bytes of k), the two B tiles — all eight registers, each B load feeding two
- * products and each A load two. K is consumed 16 lanes (64 bytes) a step: the tokens' rows are
- * padded with zeros to that, and a panel's last partial step is copied into a zero-padded block
- * (the panel's own rows end there).
+ * products and each A load two. K is consumed 16 lanes (64 bytes) a step. The tokens are laid
+ * out tile by tile (amx_tiled_offset: for each 16 tokens, for each step, 16 rows of 64 bytes,
+ * 1 KB together — a tile load reads one contiguous KB instead of 16 lines a row apart: 512-token
+ * products ran ~1.2x faster so), padded with zeros to whole tiles; a panel's last partial step is
+ * copied into a zero-padded block (the panel's own rows end there).
  *
  * Linux grants the tile data state per process on request (arch_prctl ARCH_REQ_XCOMP_PERM for
  * XFEATURE_XTILEDATA): amx_ready asks once; a kernel that is refused runs its AVX-512 path. The
@@ -64,6 +66,12 @@ static inline int amx_ready(void) {
     return s > 0;
 }
 
+/* where byte `byte` of token m's row is in the tiled layout of `steps` 64-byte k-steps a row */
+static inline long amx_tiled_offset(long m, long byte, long steps) {
+    return ((m / AMX_ROWS * steps + byte / AMX_K_BYTES) * AMX_ROWS + m % AMX_ROWS) * AMX_K_BYTES +
+           byte % AMX_K_BYTES;
+}
+
 /* this thread's tiles shaped for a block (16 rows each; 64 bytes, the 8-lane ones 32) */
 static inline void amx_configure(void) {
     amx_config c;
@@ -87,35 +95,36 @@ static inline const uint32_t *amx_panel_rows(const uint32_t *wp, long steps, lon
     return pad;
 }
 
-/* One block: C (32 tokens x 24 columns, 4-byte sums, row stride 24) = A rows [32][lda bytes]
- * times the panel wp (`steps` rows of 24 lanes); `two`: tokens 16-31 too (else only 0-15 are
- * computed and stored). DOT is the tile product (_tile_dpbf16ps or _tile_dpbusd). */
-#define AMX_PANEL_BLOCK(DOT, A, lda, wp, steps, two, C, pad)                                   \
-    do {                                                                                       \
-        AMX_ZERO(AMX_C00);                                                                   \
-        AMX_ZERO(AMX_C01);                                                                   \
-        AMX_ZERO(AMX_C10);                                                                   \
-        AMX_ZERO(AMX_C11);                                                                   \
-        const long amx_n = ((steps) + AMX_ROWS - 1) / AMX_ROWS;                                \
-        for (long s = 0; s < amx_n; ++s) {                                                     \
-            const uint32_t *b = amx_panel_rows((wp), (steps), s, (pad));                       \
-            const char *a = (const char *)(A) + s * AMX_K_BYTES;                               \
-            AMX_LOAD(AMX_B0, b, AMX_PANEL_STRIDE);                                          \
-            AMX_LOAD(AMX_B1, b + 16, AMX_PANEL_STRIDE);                                     \
-            AMX_LOAD(AMX_A0, a, (lda));                                                     \
-            AMX_DOT(DOT, AMX_C00, AMX_A0, AMX_B0);                                                      \
-            AMX_DOT(DOT, AMX_C01, AMX_A0, AMX_B1);                                                      \
-            if (two) {                                                                         \
-                AMX_LOAD(AMX_A1, a + AMX_ROWS * (lda), (lda));                              \
-                AMX_DOT(DOT, AMX_C10, AMX_A1, AMX_B0);                                                  \
-                AMX_DOT(DOT, AMX_C11, AMX_A1, AMX_B1);                                                  \
-            }                                                                                  \
-        }                                                                                      \
-        AMX_STORE(AMX_C00, (C), AMX_PANEL_STRIDE);                                          \
-        AMX_STORE(AMX_C01, (C) + 16, AMX_PANEL_STRIDE);                                     \
-        if (two) {                                                                             \
-            AMX_STORE(AMX_C10, (C) + AMX_ROWS * AMX_LANES, AMX_PANEL_STRIDE);               \
-            AMX_STORE(AMX_C11, (C) + AMX_ROWS * AMX_LANES + 16, AMX_PANEL_STRIDE);          \
-        }                                                                                      \
+/* One block: C (32 tokens x 24 columns, 4-byte sums, row stride ldc) = the tokens' tiles from
+ * A (tiled, `ksteps` k-steps a row of tiles: A points at the block's first 16 tokens) times the
+ * panel wp (`steps` rows of 24 lanes); `two`: tokens 16-31 too (else only 0-15 are computed and
+ * stored). DOT is the tile product (_tile_dpbf16ps or _tile_dpbusd). */
+#define AMX_PANEL_BLOCK(DOT, A, ksteps, wp, steps, two, C, ldc, pad)                               \
+    do {                                                                                           \
+        AMX_ZERO(AMX_C00);                                                                         \
+        AMX_ZERO(AMX_C01);                                                                         \
+        AMX_ZERO(AMX_C10);                                                                         \
+        AMX_ZERO(AMX_C11);                                                                         \
+        const long amx_n = ((steps) + AMX_ROWS - 1) / AMX_ROWS;                                    \
+        for (long amx_s = 0; amx_s < amx_n; ++amx_s) {                                             \
+            const uint32_t *amx_b = amx_panel_rows((wp), (steps), amx_s, (pad));                   \
+            const char *amx_a = (const char *)(A) + amx_s * AMX_ROWS * AMX_K_BYTES;                \
+            AMX_LOAD(AMX_B0, amx_b, AMX_PANEL_STRIDE);                                             \
+            AMX_LOAD(AMX_B1, amx_b + 16, AMX_PANEL_STRIDE);                                        \
+            AMX_LOAD(AMX_A0, amx_a, AMX_K_BYTES);                                                  \
+            AMX_DOT(DOT, AMX_C00, AMX_A0, AMX_B0);                                                 \
+            AMX_DOT(DOT, AMX_C01, AMX_A0, AMX_B1);                                                 \
+            if (two) {                                                                             \
+                AMX_LOAD(AMX_A1, amx_a + (ksteps) * AMX_ROWS * AMX_K_BYTES, AMX_K_BYTES);          \
+                AMX_DOT(DOT, AMX_C10, AMX_A1, AMX_B0);                                             \
+                AMX_DOT(DOT, AMX_C11, AMX_A1, AMX_B1);                                             \
+            }                                                                                      \
+        }                                                                                          \
+        AMX_STORE(AMX_C00, (C), 4 * (ldc));                                                        \
+        AMX_STORE(AMX_C01, (C) + 16, 4 * (ldc));                                                   \
+        if (two) {                                                                                 \
+            AMX_STORE(AMX_C10, (C) + AMX_ROWS * (ldc), 4 * (ldc));                                 \
+            AMX_STORE(AMX_C11, (C) + AMX_ROWS * (ldc) + 16, 4 * (ldc));                            \
+        }                                                                                          \
     } while (0)
 #endif

@@ -26,6 +26,7 @@
 #ifndef GEMM_BF16_C
 #define GEMM_BF16_C
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,9 @@
 #include "amx.h"
 #ifndef BF16_AMX_MIN_TOKENS
 #define BF16_AMX_MIN_TOKENS 5
+#endif
+#ifndef BF16_AMX_GROUP_KB /* panels a thread runs every token block across at a time */
+#define BF16_AMX_GROUP_KB 512
 #endif
 #endif
 #endif
@@ -241,6 +245,25 @@ static const bf16_micro_fn BF16_MICROS[BF16_MR + 1] = {0, bf16_micro_1, bf16_mic
                                                        bf16_micro_3, bf16_micro_4};
 #endif
 
+#ifdef GEMM_BF16_AMX
+/* tokens [0, mr) (at most 32) of Y (row stride N) = their tiles a (ksteps k-steps a row) times
+ * panel wp (+ bias, `cols` of its columns): stored straight into Y when the block is whole */
+static void bf16_tile_block(const uint32_t *wp, long K2, const uint16_t *a, long ksteps,
+                            const float *bias, float *y, long N, long mr, int cols,
+                            uint32_t *pad) {
+    if (mr == AMX_BLOCK_TOKENS && cols == NR) {
+        AMX_PANEL_BLOCK(_tile_dpbf16ps, a, ksteps, wp, K2, 1, y, N, pad);
+        if (bias)
+            for (long r = 0; r < mr; ++r)
+                for (int j = 0; j < NR; ++j) y[r * N + j] += bias[j];
+        return;
+    }
+    float C[AMX_BLOCK_TOKENS][NR];
+    AMX_PANEL_BLOCK(_tile_dpbf16ps, a, ksteps, wp, K2, mr > 16, &C[0][0], NR, pad);
+    bf16_finish(C, bias, y, N, (int)mr, cols);
+}
+#endif
+
 /* whether a product of M tokens runs on AMX tiles here (built with them, M past the threshold,
  * the kernel's permission granted): their sums are in the hardware's own order */
 int gemm_bf16_tiles(long M) {
@@ -260,41 +283,65 @@ void gemm_bf16(const uint32_t *Wp, const float *X, const float *bias, float *Y, 
     if (M <= 0 || N <= 0) return;
     long panels = (N + NR - 1) / NR, K2 = (K + 1) / 2;
     const int amx = gemm_bf16_tiles(M);
-    /* pairs a row of Xb, and its rows */
+    /* pairs a row of Xb (whole tiles with AMX), and its rows */
     const long ldx = amx ? (K2 + 15) / 16 * 16 : K2, rows = amx ? (M + 15) / 16 * 16 : M;
     uint16_t *Xb = malloc(sizeof(uint16_t) * (size_t)(rows * 2 * ldx));
 #pragma omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
     {
         flush_denormals(); /* (vdpbf16ps flushes denormals whatever MXCSR says; so do these) */
+#ifdef GEMM_BF16_AMX
+        if (amx) { /* tile by tile (amx.h): 16 tokens x 32 inputs a KB */
+            const long steps = ldx / 16;
 #pragma omp for schedule(static)
-        for (long m = 0; m < rows; ++m) {
-            long k = 0;
+            for (long m = 0; m < rows; ++m)
+                for (long s = 0; s < steps; ++s) {
+                    uint16_t *to = Xb + amx_tiled_offset(m, s * AMX_K_BYTES, steps) / 2;
+                    const long k0 = 32 * s;
+                    if (m < M && k0 + 32 <= K) {
+                        const float *x = X + m * K + k0;
+                        _mm256_storeu_si256((__m256i *)to,
+                                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x)));
+                        _mm256_storeu_si256((__m256i *)(to + 16),
+                                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + 16)));
+                    } else
+                        for (long j = 0; j < 32; ++j)
+                            to[j] = m < M && k0 + j < K ? to_bf16(X[m * K + k0 + j]) : 0;
+                }
+        } else
+#endif
+        {
+#pragma omp for schedule(static)
+            for (long m = 0; m < M; ++m) {
+                long k = 0;
 #ifdef GEMM_BF16_NATIVE /* (vcvtneps2bf16 rounds to nearest even too; it flushes denormals, \
                            which every product here treats as zeros anyway) */
-            if (m < M)
-                for (; k + 16 <= K; k += 16)
-                    _mm256_storeu_si256((__m256i *)(Xb + m * 2 * ldx + k),
-                                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(X + m * K + k)));
+                for (; k + 16 <= K; k += 16) {
+                    __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(X + m * K + k));
+                    _mm256_storeu_si256((__m256i *)(Xb + m * 2 * K2 + k), (__m256i)b);
+                }
 #endif
-            if (m < M)
-                for (; k < K; ++k) Xb[m * 2 * ldx + k] = to_bf16(X[m * K + k]);
-            for (; k < 2 * ldx; ++k) Xb[m * 2 * ldx + k] = 0;
+                for (; k < K; ++k) Xb[m * 2 * K2 + k] = to_bf16(X[m * K + k]);
+                if (K % 2) Xb[m * 2 * K2 + K] = 0;
+            }
         }
 #ifdef GEMM_BF16_AMX
-        if (amx) { /* 32 tokens x a panel's 24 columns a block */
+        if (amx) { /* 32 tokens x a panel's 24 columns a block: each thread its own panels,
+                    * ~512 KB of them at a time (kept in L2), every block of 32 tokens across
+                    * them in turn (Y's rows written a group's width at once) */
             uint32_t pad[AMX_ROWS * NR];
-            float C[AMX_BLOCK_TOKENS][NR];
+            const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+            const long p0 = panels * t / threads, p1 = panels * (t + 1) / threads;
+            const long group = 1 + ((long)BF16_AMX_GROUP_KB << 10) / (K2 * NR * 4);
             amx_configure();
-#pragma omp for schedule(static)
-            for (long p = 0; p < panels; ++p) {
-                const long n0 = p * NR;
-                const int cols = (int)(N - n0 < NR ? N - n0 : NR);
-                const uint32_t *wp = Wp + p * K2 * NR;
+            for (long g = p0; g < p1; g += group) {
+                const long g1 = g + group < p1 ? g + group : p1;
                 for (long m = 0; m < M; m += AMX_BLOCK_TOKENS) {
+                    const uint16_t *a = Xb + amx_tiled_offset(m, 0, ldx / 16) / 2;
                     const long mr = M - m < AMX_BLOCK_TOKENS ? M - m : AMX_BLOCK_TOKENS;
-                    AMX_PANEL_BLOCK(_tile_dpbf16ps, Xb + m * 2 * ldx, 4 * ldx, wp, K2, mr > 16,
-                                    &C[0][0], pad);
-                    bf16_finish(C, bias ? bias + n0 : 0, Y + m * N + n0, N, (int)mr, cols);
+                    for (long p = g; p < g1; ++p)
+                        bf16_tile_block(Wp + p * K2 * NR, K2, a, ldx / 16, bias ? bias + p * NR : 0,
+                                        Y + m * N + p * NR, N, mr,
+                                        (int)(N - p * NR < NR ? N - p * NR : NR), pad);
                 }
             }
             _tile_release();

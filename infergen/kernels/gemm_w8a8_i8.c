@@ -24,6 +24,7 @@
 #ifndef GEMM_W8A8_I8_C
 #define GEMM_W8A8_I8_C
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -346,32 +347,59 @@ int gemm_w8a8_tiles(long M) {
 }
 
 #ifdef W8A8_AMX
-/* The tokens on tiles: A [rows][4 * K4p] bytes (K4p quads a row, a whole number of 16-quad
- * steps; rows a whole number of 16-token tiles), each panel regrouped into quads (zero past K4:
- * TDPBUSD's B rows as they are) and multiplied in blocks of 32 tokens. */
+#ifndef W8_AMX_GROUP_KB
+#define W8_AMX_GROUP_KB 512
+#endif
+/* The tokens on tiles (inside the parallel region): A the tokens' codes laid out tile by tile
+ * (amx.h; K4p quads a row: a whole number of 16-quad k-steps, padded with code 0, as are the
+ * rows to whole tiles of 16). Each thread takes its own panels ~512 KB at a time, regroups them
+ * into quads (zero past K4: TDPBUSD's B rows as they are) and runs every block of 32 tokens
+ * across them. */
 static void w8_tiles(const uint8_t *Wp, const uint8_t *A, const float *sa, const float *bias,
                      float *Y, long M, long N, long K, long K4, long K4p, long panels) {
-    int8_t *quads = calloc((size_t)(K4p * NR * 4), 1); /* (rows past K4 stay 0) */
-    int32_t colsum[NR], C[AMX_BLOCK_TOKENS][NR];
+    const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    const long p0 = panels * t / threads, p1 = panels * (t + 1) / threads;
+    const long panel_bytes = K4p * NR * 4, most = 1 + ((long)W8_AMX_GROUP_KB << 10) / panel_bytes;
+    const long group = p1 - p0 < most ? p1 - p0 : most;
+    if (group <= 0) return;
+    int8_t *quads = malloc((size_t)(group * panel_bytes));
+    for (long i = 0; i < group; ++i) /* (rows past K4: 0, for good) */
+        memset(quads + i * panel_bytes + K4 * NR * 4, 0, (size_t)((K4p - K4) * NR * 4));
+    int32_t(*colsum)[NR] = malloc(sizeof(int32_t[NR]) * (size_t)group);
+    int32_t C[AMX_BLOCK_TOKENS][NR];
     uint32_t pad[AMX_ROWS * NR];
     amx_configure();
-#pragma omp for schedule(static)
-    for (long p = 0; p < panels; ++p) {
-        const uint8_t *wp = Wp + p * (K + 4) * NR;
-        const float *sw = (const float *)(wp + K * NR);
-        const long n0 = p * NR;
-        const int cols = (int)(N - n0 < NR ? N - n0 : NR);
-        w8_regroup(wp, K, K4, quads, colsum);
+    for (long g = p0; g < p1; g += group) {
+        const long gn = p1 - g < group ? p1 - g : group;
+        for (long i = 0; i < gn; ++i)
+            w8_regroup(Wp + (g + i) * (K + 4) * NR, K, K4, quads + i * panel_bytes, colsum[i]);
         for (long m = 0; m < M; m += AMX_BLOCK_TOKENS) {
             const long mr = M - m < AMX_BLOCK_TOKENS ? M - m : AMX_BLOCK_TOKENS;
-            AMX_PANEL_BLOCK(_tile_dpbusd, A + m * 4 * K4p, 4 * K4p, (const uint32_t *)quads, K4p,
-                            mr > 16, &C[0][0], pad);
-            w8_finish(C, colsum, sw, sa + m, bias ? bias + n0 : 0, Y + m * N + n0, N, (int)mr,
-                      cols);
+            for (long i = 0; i < gn; ++i) {
+                const long n0 = (g + i) * NR;
+                const uint8_t *wp = Wp + (g + i) * (K + 4) * NR;
+                AMX_PANEL_BLOCK(_tile_dpbusd, A + amx_tiled_offset(m, 0, K4p / 16), K4p / 16,
+                                (const uint32_t *)(quads + i * panel_bytes), K4p, mr > 16,
+                                &C[0][0], NR, pad);
+                w8_finish(C, colsum[i], (const float *)(wp + K * NR), sa + m,
+                          bias ? bias + n0 : 0, Y + m * N + n0, N, (int)mr,
+                          (int)(N - n0 < NR ? N - n0 : NR));
+            }
         }
     }
     _tile_release();
+    free(colsum);
     free(quads);
+}
+
+/* token m's codes (w8_quantize_token's, x its K values) into the tiled layout of K4p quads a
+ * row, through `row` */
+static void w8_quantize_tiled(const float *x, long m, long K, long K4p, uint8_t *A, float *sa,
+                              uint8_t *row) {
+    w8_quantize_token(x, 0, K, K4p, row, sa + m); /* (row 0 of a one-row buffer) */
+    for (long s = 0; s < K4p / 16; ++s)
+        memcpy(A + amx_tiled_offset(m, s * AMX_K_BYTES, K4p / 16), row + s * AMX_K_BYTES,
+               AMX_K_BYTES);
 }
 #endif
 
@@ -386,11 +414,18 @@ void gemm_w8a8_i8(const uint8_t *Wp, const float *X, const float *bias, float *Y
         const long K4p = (K4 + 15) / 16 * 16, rows = (M + 15) / 16 * 16;
         uint8_t *A = malloc((size_t)(rows * 4 * K4p));
         float *sa = malloc(sizeof(float) * (size_t)M);
-        memset(A + M * 4 * K4p, W8_A_OFFSET, (size_t)((rows - M) * 4 * K4p)); /* (code 0) */
+        /* (the rows past M: code 0; the tiled layout keeps 16-token tiles whole, so they are
+         * the last tile's last rows, each k-step's) */
+        for (long m = M; m < rows; ++m)
+            for (long s = 0; s < K4p / 16; ++s)
+                memset(A + amx_tiled_offset(m, s * AMX_K_BYTES, K4p / 16), W8_A_OFFSET,
+                       AMX_K_BYTES);
 #pragma omp parallel num_threads(num_threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)
         {
+            uint8_t *row = malloc((size_t)(4 * K4p));
 #pragma omp for schedule(static)
-            for (long m = 0; m < M; ++m) w8_quantize_token(X, m, K, K4p, A, sa);
+            for (long m = 0; m < M; ++m) w8_quantize_tiled(X + m * K, m, K, K4p, A, sa, row);
+            free(row);
             w8_tiles(Wp, A, sa, bias, Y, M, N, K, K4, K4p, panels);
         }
         free(A);
