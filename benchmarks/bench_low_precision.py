@@ -1,6 +1,7 @@
 """Low-precision compute on the CPU (issue 27): W8A8 (int8 weights) and W4A8 (GGUF Q4_1 / Q4_0
 weights) times int8 activations quantized per token, summed in integers; and bf16 products
-(bf16 weights, inputs rounded to bf16, fp32 sums: AVX-512 BF16 where the CPU has it). Against
+(bf16 weights, inputs rounded to bf16, fp32 sums: AMX-BF16 tiles or AVX-512 BF16 where the CPU
+has them; the integer products on AMX-INT8 tiles where it has those). Against
 fp32, the weight-only product and the emulation (activations quantized and dequantized, then the
 weight-only product) in the same run; and llama.cpp (`llama-bench`: Q8_0 / Q4_1 weights times
 Q8 activations in integers, F32) on the same GGUF weights.
@@ -16,9 +17,11 @@ without `--activations int8`, `--weights gguf` (its Q4_1 blocks as stored) with 
 benchmarks/setup_peers.sh llama-server has built llama-bench), every engine and GGUF in turns
 for --rounds rounds, best of each (the decode ratio at equal precision beside fp32 / F32,
 W8A8 / Q8_0, W4A8 / Q4_1). The ISA beside every figure: the CPU's and the kernels' build flags.
+Where bf16 runs on AMX-BF16 tiles, issue 27 asks for a bf16 prefill >= 3x fp32's.
 Targets (issue 27, VNNI machines): W8A8 prefill >= 2x fp32, and >= 1.5x weight-only int8 at 16
 tokens; decode batch 1 >= 1.2x llama.cpp at equal precision. JSON lines to
-benchmarks/results/low_precision.jsonl.
+benchmarks/results/low_precision.jsonl (low_precision_amx.jsonl where the kernels are built with
+AMX tiles: one file per kind of CPU, each kept).
 """
 
 from __future__ import annotations
@@ -216,12 +219,14 @@ def main() -> None:
         help="decode after this many prompt tokens (llama-bench -d)",
     )
     parser.add_argument("--new", type=int, default=64, help="decode tokens timed")
+    sources = ("gemm_w8a8_i8", "gemm_w4a8_i8", "gemm_bf16")
+    flags = sorted({f for s in sources for f in _compile_flags(s)
+                    if f.startswith(("-mavx512", "-mamx"))})  # fmt: skip
+    kind = "_amx" if any(f.startswith("-mamx") for f in flags) else ""  # (a file per CPU kind)
     parser.add_argument("--out", type=pathlib.Path,
-                        default=ROOT / "benchmarks/results/low_precision.jsonl")  # fmt: skip
+                        default=ROOT / f"benchmarks/results/low_precision{kind}.jsonl")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(2)
-    sources = ("gemm_w8a8_i8", "gemm_w4a8_i8", "gemm_bf16")
-    flags = sorted({f for s in sources for f in _compile_flags(s) if f.startswith("-mavx512")})
     base = {"bench": "low_precision", "machine": machine_info(2), "kernel_flags": flags,
             "date": datetime.date.today().isoformat()}  # fmt: skip
     lines = []

@@ -666,10 +666,20 @@ LOW_START, LOW_END = "<!-- low-precision:start -->", "<!-- low-precision:end -->
 def render_low_precision(lines: list[dict]) -> str | None:
     """bench_low_precision.py's lines (None: no run): the integer W8A8 / W4A8 and the bf16
     products against fp32, weight-only and the emulation by token count, and the engine's
-    prefill / decode beside llama.cpp's on the same GGUF weights."""
+    prefill / decode beside llama.cpp's on the same GGUF weights — a table pair per machine
+    kept (benchmarks/results/low_precision*.jsonl: one file per kind of CPU)."""
     runs = [ln for ln in lines if ln.get("bench") == "low_precision"]
     if not runs:
         return None
+    machines: dict[tuple, list[dict]] = {}
+    for ln in runs:
+        key = (ln["machine"].get("cpu"), tuple(ln.get("kernel_flags", [])), ln["date"])
+        machines.setdefault(key, []).append(ln)
+    return "\n\n".join(_low_precision_run(run) for run in machines.values())
+
+
+def _low_precision_run(runs: list[dict]) -> str:
+    """One machine's tables (render_low_precision)."""
 
     def ms(ln: dict, key: str) -> str:
         return f"{ln[key]:.2f}" if key in ln else "—"
@@ -677,7 +687,11 @@ def render_low_precision(lines: list[dict]) -> str | None:
     def ratio(ln: dict, key: str) -> str:
         return f"{ln[key]:.2f}×" if key in ln else "—"
 
+    first = runs[0]
+    flags = " ".join(f.removeprefix("-m") for f in first.get("kernel_flags", [])) or "generic"
     rows = [
+        f"{_machine(first)}, kernels built for {flags}, {first['date']}:",
+        "",
         "| weights | tokens | fp32, ms | weight-only, ms | emulated, ms | integer / bf16, ms | "
         "÷ fp32 | ÷ weight-only | ÷ emulated |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -699,11 +713,10 @@ def render_low_precision(lines: list[dict]) -> str | None:
                 f"| {ln['config']}{peer} | {ln['prefill_tok_s']:.0f} "
                 f"| {ln['prefill_vs_fp32']:.2f}× | {ln['decode_tok_s']:.1f} |"
             )
-    first = runs[0]
-    flags = " ".join(f.removeprefix("-m") for f in first.get("kernel_flags", [])) or "generic"
     rows.append(
-        f"\n{_machine(first)}, kernels built for {flags}, {first['date']}. Regenerate: "
-        "`python benchmarks/bench_low_precision.py && python benchmarks/report.py`."
+        "\nRegenerate: `python benchmarks/bench_low_precision.py && python benchmarks/report.py` "
+        "(the results file is the CPU kind's: `low_precision.jsonl`, or `low_precision_amx.jsonl` "
+        "where the kernels are built with AMX)."
     )
     return "\n".join(rows)
 

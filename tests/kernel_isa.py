@@ -1,6 +1,7 @@
 """Run a check in a fresh interpreter whose native kernels are built for another ISA
-(INFERGEN_KERNEL_ISA: "generic" the portable scalar paths, "avx2" no AVX-512, "avx512vnni"
-no VBMI — kernels/build.py), in a kernel cache of its own. The check prints "ok"."""
+(INFERGEN_KERNEL_ISA: "generic" the portable scalar paths, "avx2" no AVX-512, "avx512vnni" no
+VBMI, "avx512" no AMX tiles — kernels/build.py), in a kernel cache of its own. The check prints
+"ok"."""
 
 from __future__ import annotations
 
