@@ -161,13 +161,21 @@ def llama_bench(path: pathlib.Path, prompt_len: int, context: int, new: int) -> 
     engine's decode), 2 threads, one repetition, on one GGUF."""
     cmd = [str(LLAMA_BENCH), "-m", str(path), "-p", str(prompt_len), "-n", str(new),
            "-d", str(context), "-t", "2", "-r", "1", "-o", "json"]  # fmt: skip
-    rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    repack = done.returncode >= 0
+    if not repack:  # killed by a signal: llama.cpp 0c1e57098's Q8_0 weight repacking segfaults
+        # on a Xeon with AMX (2026-12-07); its plain layout runs
+        done = subprocess.run([*cmd, "--repack", "0"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr[-2000:]}")
+    rows = json.loads(done.stdout)
     pp = next(r for r in rows if r["n_prompt"] == prompt_len and r["n_gen"] == 0)
     tg = next(r for r in rows if r["n_gen"] == new and r["n_prompt"] == 0)
     return {"prefill_s": round(prompt_len / pp["avg_ts"], 4),
             "prefill_tok_s": round(pp["avg_ts"], 1), "decode_tok_s": round(tg["avg_ts"], 2),
             "decode_context": context,
-            "peer_version": f"llama.cpp {rows[0].get('build_commit', '?')}"}  # fmt: skip
+            "peer_version": f"llama.cpp {rows[0].get('build_commit', '?')}"
+                            + ("" if repack else ", --repack 0")}  # fmt: skip
 
 
 def engine_lines(configs: list[str], peer: bool, args) -> dict[str, dict]:
