@@ -182,7 +182,8 @@ def engine_lines(configs: list[str], peer: bool, args) -> dict[str, dict]:
     """Every engine configuration and llama.cpp GGUF measured in turns, `args.rounds` rounds
     (the order reversed every round: this machine's bandwidth drifts by 2x within minutes),
     best of the rounds each."""
-    engines = {name: EngineRates(ENGINE[name], args.prefill, args.context, args.new)
+    engines = {name: EngineRates({**ENGINE[name], "compile": args.compile}, args.prefill,
+                                 args.context, args.new)
                for name in configs}  # fmt: skip
     files = _llama_files() if peer else {}
     peers: dict[str, dict] = {}
@@ -227,16 +228,25 @@ def main() -> None:
         help="decode after this many prompt tokens (llama-bench -d)",
     )
     parser.add_argument("--new", type=int, default=64, help="decode tokens timed")
+    parser.add_argument("--compile", choices=("off", "jit"), default="off",
+                        help="the engines' decoder layers: 'off' (the per-op path and the fused "
+                        "decode step) or 'jit' (generated layer programs); default %(default)s; "
+                        "jit results go to a file of their own (*_jit.jsonl)")  # fmt: skip
     sources = ("gemm_w8a8_i8", "gemm_w4a8_i8", "gemm_bf16")
     flags = sorted({f for s in sources for f in _compile_flags(s)
                     if f.startswith(("-mavx512", "-mamx"))})  # fmt: skip
     kind = "_amx" if any(f.startswith("-mamx") for f in flags) else ""  # (a file per CPU kind)
-    parser.add_argument("--out", type=pathlib.Path,
-                        default=ROOT / f"benchmarks/results/low_precision{kind}.jsonl")  # fmt: skip
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="JSON-lines output, overwritten (default: benchmarks/results/"
+                        "low_precision.jsonl: _amx where the kernels are built with AMX tiles, "
+                        "_jit with --compile jit)")  # fmt: skip
     args = parser.parse_args()
+    if args.out is None:
+        mode = "" if args.compile == "off" else f"_{args.compile}"
+        args.out = ROOT / f"benchmarks/results/low_precision{kind}{mode}.jsonl"
     torch.set_num_threads(2)
     base = {"bench": "low_precision", "machine": machine_info(2), "kernel_flags": flags,
-            "date": datetime.date.today().isoformat()}  # fmt: skip
+            "date": datetime.date.today().isoformat(), "compile": args.compile}  # fmt: skip
     lines = []
     for scheme in (s for s in args.schemes.split(",") if s):  # ("": no op rows)
         for tokens in (int(t) for t in args.tokens.split(",")):

@@ -673,7 +673,12 @@ def render_low_precision(lines: list[dict]) -> str | None:
         return None
     machines: dict[tuple, list[dict]] = {}
     for ln in runs:
-        key = (ln["machine"].get("cpu"), tuple(ln.get("kernel_flags", [])), ln["date"])
+        key = (
+            ln["machine"].get("cpu"),
+            tuple(ln.get("kernel_flags", [])),
+            ln["date"],
+            ln.get("compile", "off"),
+        )
         machines.setdefault(key, []).append(ln)
     return "\n\n".join(_low_precision_run(run) for run in machines.values())
 
@@ -690,13 +695,15 @@ def _low_precision_run(runs: list[dict]) -> str:
     first = runs[0]
     flags = " ".join(f.removeprefix("-m") for f in first.get("kernel_flags", [])) or "generic"
     rows = [
-        f"{_machine(first)}, kernels built for {flags}, {first['date']}:",
-        "",
-        "| weights | tokens | fp32, ms | weight-only, ms | emulated, ms | integer / bf16, ms | "
-        "÷ fp32 | ÷ weight-only | ÷ emulated |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"{_machine(first)}, kernels built for {flags}, compile={first.get('compile', 'off')}, "
+        f"{first['date']}:"
     ]
-    for ln in (ln for ln in runs if ln["kind"] == "ops"):
+    ops = [ln for ln in runs if ln["kind"] == "ops"]
+    if ops:
+        rows += ["", "| weights | tokens | fp32, ms | weight-only, ms | emulated, ms | "
+                 "integer / bf16, ms | ÷ fp32 | ÷ weight-only | ÷ emulated |",
+                 "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for ln in ops:
         low = "bf16_ms" if ln["scheme"] == "bf16" else "integer_ms"
         rows.append(
             f"| {ln['scheme']} | {ln['tokens']} | {ms(ln, 'fp32_ms')} | {ms(ln, 'weight_only_ms')} "
@@ -716,7 +723,7 @@ def _low_precision_run(runs: list[dict]) -> str:
     rows.append(
         "\nRegenerate: `python benchmarks/bench_low_precision.py && python benchmarks/report.py` "
         "(the results file is the CPU kind's: `low_precision.jsonl`, or `low_precision_amx.jsonl` "
-        "where the kernels are built with AMX)."
+        "where the kernels are built with AMX; `_jit` with `--compile jit`)."
     )
     return "\n".join(rows)
 
