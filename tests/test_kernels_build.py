@@ -95,3 +95,28 @@ def test_a_first_start_builds_each_kernel_once_side_by_side(tmp_path, monkeypatc
     finally:
         build.try_load.cache_clear()  # (the engine's loads come from the real cache again)
         build.load.cache_clear()
+
+
+def test_stream_prefetch_is_chosen_per_cpu_vendor_and_can_be_overridden(monkeypatch):
+    """(Dispatch, not numbers: the prefetch hint changes no result.) Intel's build prefetches
+    the streamed weights with _MM_HINT_T2 8 KB ahead, others keep common.h's non-temporal
+    default (no extra flags); INFERGEN_STREAM_PREFETCH overrides and a bad value is named."""
+    from infergen.kernels import build
+
+    monkeypatch.delenv("INFERGEN_STREAM_PREFETCH", raising=False)
+    for vendor, defines in (("GenuineIntel", True), ("AuthenticAMD", False), ("", False)):
+        monkeypatch.setattr(build, "_cpu_vendor", lambda vendor=vendor: vendor)
+        flags = build._compile_flags("gemm_w8a8_i8")
+        assert ("-DSTREAM_HINT=1" in flags and "-DSTREAM_AHEAD=8192" in flags) == defines
+    monkeypatch.setenv("INFERGEN_STREAM_PREFETCH", "t2")
+    assert "-DSTREAM_HINT=1" in build._compile_flags("gemm_w8a8_i8")
+    monkeypatch.setenv("INFERGEN_STREAM_PREFETCH", "t0")
+    with pytest.raises(ValueError, match="INFERGEN_STREAM_PREFETCH='t0'.*nta"):
+        build._compile_flags("gemm_w8a8_i8")
+
+
+def test_a_source_in_both_the_integer_and_bf16_sets_asks_for_each_flag_once():
+    from infergen.kernels.build import _compile_flags
+
+    flags = _compile_flags("layer_kernels")
+    assert len(flags) == len(set(flags))

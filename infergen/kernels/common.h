@@ -37,9 +37,14 @@ static inline long pair_unit_panel(long u, long pairs) {
  * 2-3x longer (~10-40 us each), measured after a 128 MB sweep with and without this hint
  * (and the sweep itself was no slower). Further ahead than a few KB the lines were evicted
  * before use: 16 KB ahead read at ~20 GB/s instead of ~25. */
+#ifndef STREAM_AHEAD
 #define STREAM_AHEAD 2048
+#endif
+#ifndef STREAM_HINT
+#define STREAM_HINT _MM_HINT_NTA
+#endif
 #ifdef __SSE__
-#define STREAM_PREFETCH(p) _mm_prefetch((const char *)(p) + STREAM_AHEAD, _MM_HINT_NTA)
+#define STREAM_PREFETCH(p) _mm_prefetch((const char *)(p) + STREAM_AHEAD, STREAM_HINT)
 #else
 #define STREAM_PREFETCH(p) ((void)(p))
 #endif
