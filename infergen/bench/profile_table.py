@@ -32,6 +32,7 @@ from statistics import mean
 
 from torch.autograd import DeviceType
 
+from infergen.config.stored import compute_class
 from infergen.profiling import parse
 
 STEP = "step:"  # a profiled step's region: STEP + its phase
@@ -45,11 +46,30 @@ OVERHEAD_FACTOR = 3.0  # a row's time over this many times its roofline bound: "
 @dataclass(frozen=True)
 class Roofline:
     """The machine's peaks a row is measured against: FLOP/s, bytes/s, and where they come
-    from (a calibration, a hardware table row)."""
+    from (a calibration, a hardware table row); `by_compute`: the FLOP/s of other compute
+    classes where the row has them ("bf16", "int8": a bf16 or W8A8 product's own peak, e.g.
+    AMX tiles' on a Xeon), `flops` for the rest."""
 
     flops: float
     bandwidth: float
     source: str
+    by_compute: dict[str, float] = field(default_factory=dict)
+
+    def flops_for(self, compute: str) -> float:
+        """The peak a product of compute class `compute` is measured against."""
+        return self.by_compute.get(compute, self.flops)
+
+
+def compute_of(op: str, key: str) -> str:
+    """A row's compute class from its region key: a linear product's "bf16" backend runs bf16
+    products, an input quantizer ("... a=int8") its format's class; "" (the engine's
+    dtype) for the rest."""
+    if op != "linear":
+        return ""
+    fmt = key.split(" ", 1)[1] if " " in key else ""
+    if " a=" in f" {fmt}":
+        return compute_class(fmt.split("a=", 1)[1])
+    return "bf16" if fmt == "bf16" else ""
 
 
 @dataclass
@@ -78,11 +98,12 @@ class Row:
         """(bound, % of the roofline) by the module's ROOFLINE RULE ("-", None: no roofline)."""
         if roofline is None:
             return "-", None
-        ideal = max(self.flops / roofline.flops, self.bytes / roofline.bandwidth)
+        peak = roofline.flops_for(compute_of(self.op, self.key))
+        ideal = max(self.flops / peak, self.bytes / roofline.bandwidth)
         share = 100 * ideal / self.seconds if self.seconds > 0 else None
         if ideal == 0 or self.seconds > OVERHEAD_FACTOR * ideal:
             return "overhead", share
-        compute = self.flops / roofline.flops >= self.bytes / roofline.bandwidth
+        compute = self.flops / peak >= self.bytes / roofline.bandwidth
         return ("compute" if compute else "memory"), share
 
 

@@ -201,7 +201,8 @@ def add_parser(sub) -> None:
 
 
 def deployment(args: argparse.Namespace):
-    from infergen.perf.hardware import bits_of, compute_class, resolve
+    from infergen.config.stored import compute_class
+    from infergen.perf.hardware import bits_of, resolve
     from infergen.perf.predict import Deployment
     from infergen.perf.step_cost import Formats, Parallel
 

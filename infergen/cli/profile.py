@@ -170,7 +170,18 @@ def roofline_of(engine, name: str | None, hardware_file: str | None):
         source += (f"{hw.runs_as(compute)} peak x {compute_share:g}, bandwidth x "
                    f"{memory_share:g}")  # fmt: skip
     source += f"; {hw.efficiency_note()}"
-    return Roofline(flops, hw.bandwidth * memory_share, source), None
+    # the other compute classes the row has peaks for (a calibration's "bf16" / "int8": a bf16
+    # or W8A8 product is measured against its own, e.g. AMX tiles')
+    by_compute = {c: hw.peak_flops(c) * hw.compute_efficiency_for(c) for c in hw.flops}
+    if len(by_compute) > 1:
+        source += (
+            "; "
+            + ", ".join(
+                f"{c} {v / 1e9:.0f}" for c, v in by_compute.items() if c != hw.runs_as(compute)
+            )
+            + " GFLOP/s for their products"
+        )
+    return Roofline(flops, hw.bandwidth * memory_share, source, by_compute), None
 
 
 def _jsonable(value):

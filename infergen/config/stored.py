@@ -22,6 +22,20 @@ from infergen.registry import Registry
 PLAIN_BITS = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0}
 
 
+def compute_class(activation_format: str) -> str:
+    """The peak a GEMM runs at, from its activation (input) format: weight-only formats
+    (W4A16) still multiply in the activation width. fp8/fp6 minifloats -> "fp8", 4-bit
+    -> "fp4", integers -> "int8" / "int4", 16-bit -> "bf16"."""
+    if activation_format in PLAIN_BITS:
+        return "fp32" if activation_format == "fp32" else "bf16"
+
+    spec = FORMATS.get(activation_format, where="activation format")
+    bits = spec.element_bits
+    if spec.element is None:
+        return "int8" if bits > 4 else "int4"
+    return "fp8" if bits > 4 else "fp4"
+
+
 def format_bits(name: str, group_size: int | None = None) -> float:
     """Stored bits per value of a plain float or a formats-table row (scales included, at
     `group_size` when the checkpoint says so)."""

@@ -38,7 +38,7 @@ from dataclasses import asdict, replace
 import torch
 
 from infergen.kvcache.tiers.disk import DiskTier
-from infergen.ops import linear
+from infergen.ops import linear, linear_bf16, linear_w8a8  # noqa: F401 (bf16, W8A8 rows)
 from infergen.ops.paged_attention import DECODE_BACKENDS, PREFILL_BACKENDS, paged_attention, plan
 from infergen.ops.paged_prefill_native import prefill_attention_native  # noqa: F401 - its row
 from infergen.ops.ssd_scan import SSD_SCAN_BACKENDS
@@ -140,7 +140,7 @@ def _rates(repeats: int, quick: bool) -> dict:
     return dict(
         bandwidth=bandwidth,
         host_bandwidth=host_copy,
-        flops={"fp32": peak},
+        flops={"fp32": peak, **_product_peaks(repeats, quick)},
         gemm_efficiency={rows: flops / peak for rows, flops in achieved.items()},
         gemm_efficiency_large={rows: flops / peak for rows, flops in large.items()},
         gemm_weight_bytes=(LAYER_BYTES, large_bytes) if large else (),
@@ -152,6 +152,24 @@ def _rates(repeats: int, quick: bool) -> dict:
         },  # fmt: skip
         eager_layer_s=measure_eager_layers(repeats),
     )
+
+
+def _product_peaks(repeats: int, quick: bool) -> dict[str, float]:
+    """FLOP/s of the CPU's other compute classes at a compute-bound shape (the projections'
+    gate_up, 512 tokens; 128 quick): "bf16", the bf16 products (AMX-BF16 tiles, vdpbf16ps or
+    widened pairs: whatever this machine builds), and "int8", W8A8's integer products (AMX-INT8,
+    vpdpbusd, AVX2 byte multiplies) counted as 2 operations a multiply-add. Per-class peaks
+    for `infergen profile`'s roofline and for predictions in those formats (`runs_as`)."""
+    m, k, n = (128 if quick else 512), 576, 3072
+    x, flops = torch.randn(m, k), 2 * m * k * n
+    peaks = {}
+    for compute, backend, apply in (("bf16", "bf16", None), ("int8", "int8", ("int8", "token"))):
+        row = linear.LINEAR_BACKENDS.get(backend)
+        packed = row.prepare(torch.randn(n, k))
+        run = row.apply if apply is None else row.quantized_inputs[apply]
+        seconds = best_seconds(lambda run=run, packed=packed: run(x, packed, None, n), repeats)
+        peaks[compute] = flops / seconds
+    return peaks
 
 
 def best_of(a: Hardware, b: Hardware) -> Hardware:

@@ -43,9 +43,8 @@ import math
 import pathlib
 from dataclasses import dataclass, field, fields, replace
 
-from infergen.config.stored import PLAIN_BITS, format_bits
+from infergen.config.stored import format_bits
 from infergen.errors import ConfigError
-from infergen.formats import FORMATS
 from infergen.kernels.build import cache_dir
 from infergen.registry import Registry
 
@@ -524,20 +523,6 @@ def bits_of(fmt: str) -> float:
     """Stored bits per value of a weight / KV format: plain floats, or any row of the formats
     registry (scales included: mxfp4 4.25, nvfp4 4.5)."""
     return format_bits(fmt)
-
-
-def compute_class(activation_format: str) -> str:
-    """The peak a GEMM runs at, from its activation (input) format: weight-only formats
-    (W4A16) still multiply in the activation width. fp8/fp6 minifloats -> "fp8", 4-bit
-    -> "fp4", integers -> "int8" / "int4", 16-bit -> "bf16"."""
-    if activation_format in PLAIN_BITS:
-        return "fp32" if activation_format == "fp32" else "bf16"
-
-    spec = FORMATS.get(activation_format, where="activation format")
-    bits = spec.element_bits
-    if spec.element is None:
-        return "int8" if bits > 4 else "int4"
-    return "fp8" if bits > 4 else "fp4"
 
 
 CPU_LOCAL = "cpu-local"  # this machine's row, written by `infergen perf calibrate`

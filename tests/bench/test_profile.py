@@ -263,3 +263,27 @@ def test_jit_program_work_equals_the_per_op_regions(name, tmp_path):
         result = profile_engine(llm.engine, WORKLOAD, say=lambda text: None)
         flops[mode] = sum(row.flops for row in result.phases["decode"].rows)
     assert flops["jit"] == pytest.approx(flops["off"], rel=0.02), flops
+
+
+def test_a_product_is_measured_against_its_own_compute_class_peak():
+    """A bf16 product's row against the roofline's bf16 peak, a W8A8 one's against int8's,
+    the rest (fp32 weights, weight-only formats, attention) against the main peak; a class
+    the roofline has no peak for falls back to the main one."""
+    from infergen.bench.profile_table import Row, compute_of
+
+    assert compute_of("linear", "576->3072 bf16") == "bf16"
+    assert compute_of("linear", "576->3072 int8 a=int8") == "int8"
+    assert compute_of("linear", "576->3072 int8") == ""
+    assert compute_of("linear", "576->3072 native") == ""
+    assert compute_of("attention.prefill", "h9/3 d64 kv float32") == ""
+    roof = Roofline(flops=100e9, bandwidth=10e9, source="test", by_compute={"bf16": 1000e9})
+    # 1 GFLOP and 1 MB in 2 ms: bf16 at its own peak is 1 ms ideal (50 %), at fp32's 10 ms
+    bf16 = Row("linear", "576->3072 bf16", "native::gemm_bf16", calls=1, seconds=2e-3,
+               flops=10**9, bytes=10**6)  # fmt: skip
+    assert bf16.bound(roof) == ("compute", pytest.approx(50.0))
+    fp32 = Row("linear", "576->3072 native", "native::gemm_packed_f32", calls=1, seconds=20e-3,
+               flops=10**9, bytes=10**6)  # fmt: skip
+    assert fp32.bound(roof) == ("compute", pytest.approx(50.0))
+    w8a8 = Row("linear", "576->3072 int8 a=int8", "native::gemm_w8a8_i8", calls=1,
+               seconds=20e-3, flops=10**9, bytes=10**6)  # fmt: skip
+    assert w8a8.bound(roof) == ("compute", pytest.approx(50.0))  # (no int8 peak: fp32's)

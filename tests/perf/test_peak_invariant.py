@@ -15,9 +15,10 @@ import json
 
 import pytest
 
+from infergen.config.stored import compute_class
 from infergen.errors import ConfigError
 from infergen.io.model_config import read_model_config
-from infergen.perf.hardware import HARDWARE, TABLE, bits_of, compute_class, load_file
+from infergen.perf.hardware import HARDWARE, TABLE, bits_of, load_file
 from infergen.perf.predict import Deployment, fixed_shapes, predict
 from infergen.perf.roofline import predict_step, step_seconds
 from infergen.perf.step_cost import Chunk, Formats, Parallel, step_ops

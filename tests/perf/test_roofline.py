@@ -266,7 +266,7 @@ def test_calibration_fields_scale_the_roofline_and_host_time_is_per_step_and_seq
 
 
 def test_compute_class_of_activation_formats():
-    from infergen.perf.hardware import compute_class
+    from infergen.config.stored import compute_class
 
     got = [compute_class(f) for f in ("fp32", "bf16", "fp8_e4m3", "mxfp6_e2m3", "nvfp4", "int8")]
     assert got == ["fp32", "bf16", "fp8", "fp8", "fp4", "int8"]
