@@ -27,19 +27,25 @@ def test_equals_torch_zeros(dtype, shape):
     assert got.view(-1)[7].float() == 1
 
 
-PROBE = """
+# (both probes: a fresh process, its resident bytes, a 256 MB buffer)
+PRELUDE = """
 import os, torch
-from infergen.kvcache.zeroed import zeroed
+from infergen.kvcache.zeroed import populate_in_background, zeroed
 def resident():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 size = 256 << 20
 before = resident()
+"""
+PROBE = (
+    PRELUDE
+    + """
 buffer = zeroed((size // 4,), torch.float32, populate=False)
 untouched = resident() - before
 buffer[: size // 8].fill_(1.0)  # half of it written
 print(untouched, resident() - before, float(buffer[size // 8 :].abs().sum()))
 """
+)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="no /proc (not Linux)")
@@ -56,14 +62,9 @@ def test_a_large_buffer_is_not_resident_until_written():
     assert rest == 0.0
 
 
-POPULATE = """
-import os, torch
-from infergen.kvcache.zeroed import populate_in_background, zeroed
-def resident():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-size = 256 << 20
-before = resident()
+POPULATE = (
+    PRELUDE
+    + """
 buffer = zeroed((size // 4,), torch.float32, populate=False)
 buffer[: size // 16].fill_(2.0)  # written before the population
 thread = populate_in_background(buffer)
@@ -74,6 +75,7 @@ else:
     print(resident() - before, float(buffer[: size // 16].min()), float(buffer[: size // 16].max()),
           float(buffer[size // 16 :].abs().sum()))
 """
+)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="no /proc (not Linux)")
