@@ -35,6 +35,8 @@ from infergen.compiler.ir import Graph, Node, Op, Value
 NR = 24  # the fp32 packed panels' width (kernels/gemm_packed_f32.c NR, ops/linear.py PANEL)
 MAX_PARTS = 2  # the template's EPI_PARTS: 1 or 2
 TEMPLATE = "gemm_epilogue_f32.h"  # (in infergen/kernels/)
+# the same on bf16 panels with AMX tiles: `<name>_bf16`, 0 where it does not run (no tiles)
+TEMPLATE_BF16 = "gemm_epilogue_bf16.h"
 
 
 @dataclass
@@ -160,6 +162,7 @@ def render_gemm_epilogue(epilogue: Epilogue, name: str) -> str:
             f"#define EPI_PARTS {epilogue.parts}",
             f"#define EPI_TAIL {name}_tail",
             f'#include "{TEMPLATE}"',
+            f'#include "{TEMPLATE_BF16}"',
             "#undef EPI_NAME",
             "#undef EPI_PARTS",
             "#undef EPI_TAIL",

@@ -54,6 +54,12 @@ from infergen.compiler.codegen_gemm import (
 from infergen.compiler.ir import TOKENS, Graph, Node, Op, Sym, Value, attention_parts
 from infergen.compiler.rewrite import toposort
 from infergen.compiler.verify import verify
+from infergen.ops import linear_bf16  # noqa: F401 (registers "bf16")
+from infergen.ops.linear import LINEAR_BACKENDS
+
+# the weight format code (a program's F[]) of bf16 panels, which a fused GEMM-with-tail runs
+# on AMX tiles (kernels/gemm_epilogue_bf16.h)
+BF16_FORMAT = LINEAR_BACKENDS.get("bf16").decode_format
 
 
 def _epilogue(node: Node) -> Epilogue | None:
@@ -302,9 +308,9 @@ class _Renderer:
 
     def _gemm_epilogue(self, node: Node, epilogue: Epilogue) -> None:
         """A GEMM with its tail: fused (codegen_gemm.py) on fp32 panels (format 0) past
-        GEMM_EPILOGUE_MIN_TOKENS tokens (layer_kernels.h, a program knob); in any other format,
-        or up to that many tokens, the GEMM into a scratch product, then the tail as a
-        pointwise kernel."""
+        GEMM_EPILOGUE_MIN_TOKENS tokens (layer_kernels.h, a program knob), and on bf16 panels
+        (format 10) wherever gemm_bf16 would run on AMX tiles; in any other format, or below
+        those sizes, the GEMM into a scratch product, then the tail as a pointwise kernel."""
         linear, out = epilogue.linear, node.outputs[0]
         x, weight, bias = linear.inputs
         src = self.contiguous(self.refs[id(x)])
@@ -318,13 +324,13 @@ class _Renderer:
         self.arena += n_out
         g = len(self.linears)
         gemm = self._gemm_call(linear, src, product)
+        args = (f"({self.weight(weight)}, {src.at()}, {self.weight(bias)}, {dst.ptr}, "
+                f"{epilogue.out_columns}, T, {n_out}, {n_in}, threads)")  # fmt: skip
         self.timed(
             f"{_site_name(weight)} + tail",
             [
-                f"if (F[{g}] == 0 && T > GEMM_EPILOGUE_MIN_TOKENS) "
-                f"{fused}({self.weight(weight)}, {src.at()}, "
-                f"{self.weight(bias)}, {dst.ptr}, {epilogue.out_columns}, T, {n_out}, {n_in}, "
-                "threads);",
+                f"if (F[{g}] == {BF16_FORMAT} && {fused}_bf16{args}) {{}}",
+                f"else if (F[{g}] == 0 && T > GEMM_EPILOGUE_MIN_TOKENS) {fused}{args};",
                 f"else {{ {gemm}",
                 f"  const void *in{k}[] = {{{product}}}; long rs{k}[] = {{{n_out}}};",
                 f"  void *out{k}[] = {{{dst.ptr}}};",

@@ -49,9 +49,10 @@ def _compiler() -> str:
 
 
 def target_name(flags: list[str] | None = None) -> str:
-    """The code-generation target: the C renderer with the ISA flags it compiles with."""
+    """The code-generation target: the C renderer with the ISA flags it compiles with (and
+    the macros the kernel build sets for this CPU, e.g. its stream prefetch)."""
     flags = _compile_flags() if flags is None else flags
-    isa = [f.removeprefix("-m") for f in flags if f.startswith("-m")]
+    isa = [f.removeprefix("-m").removeprefix("-D") for f in flags if f.startswith(("-m", "-D"))]
     return "c-" + ("+".join(isa) or "generic")
 
 

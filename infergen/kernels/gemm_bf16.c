@@ -16,7 +16,7 @@
  *
  * Where the CPU has AMX-BF16 (built with it unless INFERGEN_KERNEL_ISA says otherwise), products
  * of BF16_AMX_MIN_TOKENS tokens or more run on tiles instead (amx.h: the panels are TDPBF16PS's
- * B operand as they are, 32 tokens x 24 columns a block): ~1.1-1.5 TFLOP/s on 2 Sapphire Rapids
+ * B operand as they are, 32 tokens x 24 columns a block): ~1.1-2.0 TFLOP/s on 2 Sapphire Rapids
  * class cores at 512 tokens against ~0.17 for vdpbf16ps and ~0.28 for fp32 FMAs, and faster
  * from 4-8 tokens on (measured 2026-12-07). Tiles add each row's products in their own order
  * (no documented rounding sequence: not vdpbf16ps's, nor any sequential fp32 order — measured),
@@ -31,19 +31,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx_bf16.h"
 #include "common.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
 #define GEMM_BF16_NATIVE 1
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#ifdef AMX_BF16
 #define GEMM_BF16_AMX 1 /* AMX-BF16 tiles (amx.h) from BF16_AMX_MIN_TOKENS tokens on */
-#include "amx.h"
-#ifndef BF16_AMX_MIN_TOKENS
-#define BF16_AMX_MIN_TOKENS 5
-#endif
-#ifndef BF16_AMX_GROUP_KB /* panels a thread runs every token block across at a time */
-#define BF16_AMX_GROUP_KB 512
-#endif
 #endif
 #endif
 
@@ -53,15 +47,6 @@
 #else
 #define BF16_MR 4
 #endif
-
-/* fp32 → bf16 bits, round to nearest even (a NaN stays a quiet NaN) */
-static inline uint16_t to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 static inline float even_of(uint32_t pair) { /* the low bf16 of a lane as fp32 */
     uint32_t u = pair << 16;
@@ -290,23 +275,8 @@ void gemm_bf16(const uint32_t *Wp, const float *X, const float *bias, float *Y, 
     {
         flush_denormals(); /* (vdpbf16ps flushes denormals whatever MXCSR says; so do these) */
 #ifdef GEMM_BF16_AMX
-        if (amx) { /* tile by tile (amx.h): 16 tokens x 32 inputs a KB */
-            const long steps = ldx / 16;
-#pragma omp for schedule(static)
-            for (long m = 0; m < rows; ++m)
-                for (long s = 0; s < steps; ++s) {
-                    uint16_t *to = Xb + amx_tiled_offset(m, s * AMX_K_BYTES, steps) / 2;
-                    const long k0 = 32 * s;
-                    if (m < M && k0 + 32 <= K) {
-                        const float *x = X + m * K + k0;
-                        _mm256_storeu_si256((__m256i *)to,
-                                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x)));
-                        _mm256_storeu_si256((__m256i *)(to + 16),
-                                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + 16)));
-                    } else
-                        for (long j = 0; j < 32; ++j)
-                            to[j] = m < M && k0 + j < K ? to_bf16(X[m * K + k0 + j]) : 0;
-                }
+        if (amx) { /* tile by tile (amx_bf16.h) */
+            amx_bf16_tokens(X, M, K, ldx / 16, Xb);
         } else
 #endif
         {
@@ -331,7 +301,7 @@ void gemm_bf16(const uint32_t *Wp, const float *X, const float *bias, float *Y, 
             uint32_t pad[AMX_ROWS * NR];
             const int t = omp_get_thread_num(), threads = omp_get_num_threads();
             const long p0 = panels * t / threads, p1 = panels * (t + 1) / threads;
-            const long group = 1 + ((long)BF16_AMX_GROUP_KB << 10) / (K2 * NR * 4);
+            const long group = amx_bf16_group(K2);
             amx_configure();
             for (long g = p0; g < p1; g += group) {
                 const long g1 = g + group < p1 ? g + group : p1;

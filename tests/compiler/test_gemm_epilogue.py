@@ -110,6 +110,50 @@ def test_fused_gemm_is_bitwise_the_unfused_gemm_and_tail(tail, n, tmp_path):
         assert torch.equal(fused(x, panels, b), unfused), tokens
 
 
+@pytest.mark.parametrize("tail, n", [("swiglu", 6 * NR), ("silu", 3 * NR)])
+def test_the_bf16_tile_epilogue_is_bitwise_gemm_bf16_and_the_tail(tail, n, tmp_path):
+    """kernels/gemm_epilogue_bf16.h, built as a layer program builds it (the bf16 kernels'
+    flags: AMX-BF16 where the CPU has it): where gemm_bf16 runs on tiles, the same tile
+    products on the same tiled tokens, then the bias and the tail — bitwise gemm_bf16's product
+    through the unfused tail; elsewhere it declines (0) and the program runs those two."""
+    import ctypes
+
+    from infergen.compiler.codegen_gemm import render_gemm_epilogue
+    from infergen.compiler.kernel import MICRO_KERNELS
+    from infergen.kernels.build import I, L, kernel, library
+    from infergen.ops import linear_bf16
+
+    k = 70
+    graph = _group(n, k, tail)
+    epilogue = plan_epilogue(graph)
+    cache = JitCache(tmp_path)
+    name = f"bf16_epilogue_{tail}"
+    built = cache.get(f"test-{name}", f"{name}_bf16", lambda: render_gemm_epilogue(epilogue, name),
+                      kernel=linear_bf16.SOURCE, link=lambda: [library(MICRO_KERNELS)])  # fmt: skip
+    fused = built.fn
+    fused.restype = ctypes.c_int
+    unfused_tail = compile_group(graph.nodes[1].attrs["graph"], cache)
+    tiles = kernel("gemm_bf16_tiles", L, source=linear_bf16.SOURCE, restype=I)
+    bf16 = LINEAR_BACKENDS.get("bf16")
+    torch.manual_seed(2)
+    w, b = torch.randn(n, k), torch.randn(n)
+    panels = bf16.prepare(w)
+    columns = epilogue.out_columns
+    for tokens in (1, 4, 5, 16, 17, 33, 70):
+        x = torch.randn(tokens, k)
+        for bias in (None, b):
+            out = torch.full((tokens, columns), float("nan"))
+            ran = fused(ctypes.c_void_p(panels.data_ptr()), ctypes.c_void_p(x.data_ptr()),
+                        ctypes.c_void_p(bias.data_ptr() if bias is not None else None),
+                        ctypes.c_void_p(out.data_ptr()), ctypes.c_long(columns),
+                        ctypes.c_long(tokens), ctypes.c_long(n), ctypes.c_long(k),
+                        ctypes.c_int(2))  # fmt: skip
+            assert bool(ran) == bool(tiles(tokens)), tokens
+            if ran:
+                (unfused,) = unfused_tail(bf16.apply(x, panels, bias, n))
+                assert torch.equal(out, unfused), (tokens, bias is not None)
+
+
 @pytest.mark.parametrize(
     "n, tail, why",
     [
