@@ -69,8 +69,8 @@ def cmd_perf_calibrate(args: argparse.Namespace) -> int:
         hw = measure(args.threads, quick=args.quick, disk_dir=args.disk_dir)
     path = save(hw, pathlib.Path(args.out) if args.out else default_path())
     print(f"GEMM fp32      {hw.flops['fp32'] / 1e9:8.1f} GFLOP/s")
-    for compute in (c for c in hw.flops if c != "fp32"):  # (bf16 products, W8A8's integers)
-        print(f"GEMM {compute:<9} {hw.flops[compute] / 1e9:8.1f} GFLOP/s")
+    for compute, flops in hw.product_flops.items():  # (bf16 products, W8A8's integers)
+        print(f"GEMM {compute:<9} {flops / 1e9:8.1f} GFLOP/s")
     print(f"read bandwidth {hw.bandwidth / 1e9:8.1f} GB/s")
     for curve, size in zip((hw.gemm_efficiency, hw.gemm_efficiency_large),
                            hw.gemm_weight_bytes, strict=False):  # fmt: skip

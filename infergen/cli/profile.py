@@ -170,9 +170,10 @@ def roofline_of(engine, name: str | None, hardware_file: str | None):
         source += (f"{hw.runs_as(compute)} peak x {compute_share:g}, bandwidth x "
                    f"{memory_share:g}")  # fmt: skip
     source += f"; {hw.efficiency_note()}"
-    # the other compute classes the row has peaks for (a calibration's "bf16" / "int8": a bf16
-    # or W8A8 product is measured against its own, e.g. AMX tiles')
+    # the other compute classes the row has peaks for (a table row's formats; a calibration's
+    # measured bf16 / W8A8 products, e.g. AMX tiles'): a product is measured against its own
     by_compute = {c: hw.peak_flops(c) * hw.compute_efficiency_for(c) for c in hw.flops}
+    by_compute |= hw.product_flops
     if len(by_compute) > 1:
         source += (
             "; "

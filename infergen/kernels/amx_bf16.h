@@ -14,9 +14,6 @@
 #ifndef BF16_AMX_MIN_TOKENS /* products of this many tokens or more run on tiles */
 #define BF16_AMX_MIN_TOKENS 5
 #endif
-#ifndef BF16_AMX_GROUP_KB /* panels a thread runs every token block across at a time */
-#define BF16_AMX_GROUP_KB 512
-#endif
 #endif
 
 /* fp32 → bf16 bits, round to nearest even (a NaN stays a quiet NaN) */
@@ -49,10 +46,5 @@ static inline void amx_bf16_tokens(const float *X, long M, long K, long steps, u
                 for (long j = 0; j < 32; ++j)
                     to[j] = m < M && k0 + j < K ? to_bf16(X[m * K + k0 + j]) : 0;
         }
-}
-
-/* panels of K2 pairs (24 lanes) in ~BF16_AMX_GROUP_KB */
-static inline long amx_bf16_group(long K2) {
-    return 1 + ((long)BF16_AMX_GROUP_KB << 10) / (K2 * AMX_LANES * 4);
 }
 #endif

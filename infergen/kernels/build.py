@@ -72,8 +72,9 @@ def _stream_prefetch() -> str:
 
 def _compile_flags(name: str = "") -> list[str]:
     flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", f"-I{_HERE}"]
-    hint, ahead = STREAM_PREFETCH[_stream_prefetch()]
-    if _stream_prefetch() != "nta":  # (the default of common.h: the flags and keys unchanged)
+    stream = _stream_prefetch()
+    if stream != "nta":  # (common.h's default: no flags, so the libraries' keys are unchanged)
+        hint, ahead = STREAM_PREFETCH[stream]
         flags += [f"-DSTREAM_HINT={hint}", f"-DSTREAM_AHEAD={ahead}"]
     cpu = _cpu_flags()
     # INFERGEN_KERNEL_ISA (tests): "generic" the portable scalar paths, "avx2" no AVX-512,

@@ -301,7 +301,7 @@ void gemm_bf16(const uint32_t *Wp, const float *X, const float *bias, float *Y, 
             uint32_t pad[AMX_ROWS * NR];
             const int t = omp_get_thread_num(), threads = omp_get_num_threads();
             const long p0 = panels * t / threads, p1 = panels * (t + 1) / threads;
-            const long group = amx_bf16_group(K2);
+            const long group = amx_group(K2 * NR * 4);
             amx_configure();
             for (long g = p0; g < p1; g += group) {
                 const long g1 = g + group < p1 ? g + group : p1;

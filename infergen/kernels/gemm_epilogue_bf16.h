@@ -23,7 +23,7 @@ int EPI_BF16(EPI_NAME)(const void *Wp, const float *X, const float *bias, float 
     if (M < BF16_AMX_MIN_TOKENS || N <= 0 || !amx_ready()) return 0;
     const long part = N / EPI_PARTS, panels = part / AMX_LANES, K2 = (K + 1) / 2;
     const long steps = (K2 + 15) / 16, rows = (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
-    const long group = (amx_bf16_group(K2) + EPI_PARTS - 1) / EPI_PARTS; /* first-part panels */
+    const long group = (amx_group(K2 * AMX_LANES * 4) + EPI_PARTS - 1) / EPI_PARTS; /* units */
     const uint32_t *W = (const uint32_t *)Wp;
     uint16_t *Xb = malloc(sizeof(uint16_t) * (size_t)(rows * 32 * steps));
 #pragma omp parallel num_threads(threads) if (M * N * K >= PARALLEL_MIN_ELEMENTS)

@@ -347,9 +347,6 @@ int gemm_w8a8_tiles(long M) {
 }
 
 #ifdef W8A8_AMX
-#ifndef W8_AMX_GROUP_KB
-#define W8_AMX_GROUP_KB 512
-#endif
 /* The tokens on tiles (inside the parallel region): A the tokens' codes laid out tile by tile
  * (amx.h; K4p quads a row: a whole number of 16-quad k-steps, padded with code 0, as are the
  * rows to whole tiles of 16). Each thread takes its own panels ~512 KB at a time, regroups them
@@ -359,7 +356,7 @@ static void w8_tiles(const uint8_t *Wp, const uint8_t *A, const float *sa, const
                      float *Y, long M, long N, long K, long K4, long K4p, long panels) {
     const int t = omp_get_thread_num(), threads = omp_get_num_threads();
     const long p0 = panels * t / threads, p1 = panels * (t + 1) / threads;
-    const long panel_bytes = K4p * NR * 4, most = 1 + ((long)W8_AMX_GROUP_KB << 10) / panel_bytes;
+    const long panel_bytes = K4p * NR * 4, most = amx_group(panel_bytes);
     const long group = p1 - p0 < most ? p1 - p0 : most;
     if (group <= 0) return;
     int8_t *quads = malloc((size_t)(group * panel_bytes));

@@ -17,10 +17,9 @@ class BlockPool:
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True):
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
-        # a stack, block 0 on top: a freed block is handed out again first. Its pages are
-        # already faulted in (the pool's pages are zeroed on first touch, kvcache/zeroed.py) and
-        # likely still in the caches; a never-used block costs a page fault per 4 KB first (a
-        # 512-token prompt's KV: ~24 MB, ~6k faults)
+        # a stack, block 0 on top: a freed block is handed out again first, its pages faulted
+        # in and likely still in the caches (a never-used block's pages may not be yet: the
+        # pool is zeroed lazily and faulted in by a background thread, kvcache/zeroed.py)
         self._free: deque[int] = deque(reversed(range(num_blocks)))
         self._idle: OrderedDict[int, None] = OrderedDict()  # refcount 0, hashed; LRU first
         self._ref = [0] * num_blocks

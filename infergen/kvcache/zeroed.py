@@ -62,7 +62,7 @@ def populate_in_background(tensor: torch.Tensor) -> threading.Thread | None:
 
 
 def _madvise():
-    if not hasattr(os, "setpriority") or not os.uname().sysname == "Linux":
+    if not hasattr(os, "setpriority") or os.uname().sysname != "Linux":
         return None
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     fn = libc.madvise

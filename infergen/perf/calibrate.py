@@ -140,7 +140,8 @@ def _rates(repeats: int, quick: bool) -> dict:
     return dict(
         bandwidth=bandwidth,
         host_bandwidth=host_copy,
-        flops={"fp32": peak, **_product_peaks(repeats, quick)},
+        flops={"fp32": peak},
+        product_flops=_product_peaks(repeats, quick),
         gemm_efficiency={rows: flops / peak for rows, flops in achieved.items()},
         gemm_efficiency_large={rows: flops / peak for rows, flops in large.items()},
         gemm_weight_bytes=(LAYER_BYTES, large_bytes) if large else (),
@@ -158,8 +159,8 @@ def _product_peaks(repeats: int, quick: bool) -> dict[str, float]:
     """FLOP/s of the CPU's other compute classes at a compute-bound shape (the projections'
     gate_up, 512 tokens; 128 quick): "bf16", the bf16 products (AMX-BF16 tiles, vdpbf16ps or
     widened pairs: whatever this machine builds), and "int8", W8A8's integer products (AMX-INT8,
-    vpdpbusd, AVX2 byte multiplies) counted as 2 operations a multiply-add. Per-class peaks
-    for `infergen profile`'s roofline and for predictions in those formats (`runs_as`)."""
+    vpdpbusd, AVX2 byte multiplies) counted as 2 operations a multiply-add: Hardware's
+    product_flops, `infergen profile`'s roofline for those products."""
     m, k, n = (128 if quick else 512), 576, 3072
     x, flops = torch.randn(m, k), 2 * m * k * n
     peaks = {}
@@ -188,6 +189,10 @@ def best_of(a: Hardware, b: Hardware) -> Hardware:
     return replace(
         a,
         flops=flops,
+        product_flops={
+            k: max(a.product_flops.get(k, 0.0), b.product_flops.get(k, 0.0))
+            for k in a.product_flops.keys() | b.product_flops.keys()
+        },  # fmt: skip
         bandwidth=bandwidth,
         host_bandwidth=max(copies) if copies else None,
         disk=disk,
@@ -486,6 +491,7 @@ def as_row(hw: Hardware) -> dict:
         "memory_bytes": hw.memory_bytes,
         "bandwidth": hw.bandwidth,
         "flops": hw.flops,
+        **({"product_flops": hw.product_flops} if hw.product_flops else {}),
         **({"host_bandwidth": hw.host_bandwidth} if hw.host_bandwidth else {}),
         **({"disk": asdict(hw.disk)} if hw.disk else {}),
         "launch_overhead_s": hw.launch_overhead_s,

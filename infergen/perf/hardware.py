@@ -90,6 +90,11 @@ class Hardware:
     memory_bytes: float
     bandwidth: float  # bytes/s
     flops: dict[str, float] = field(default_factory=dict)  # format class -> dense FLOP/s
+    # cpu-local: the FLOP/s `infergen perf calibrate` measured for the CPU's low-precision
+    # products ("bf16": the bf16 products, AMX tiles where the CPU has them; "int8": W8A8's
+    # integers). `infergen profile` measures those products' rows against them; the cost
+    # model's peaks stay `flops` (the CPU engine computes in fp32 unless its weights say so)
+    product_flops: dict[str, float] = field(default_factory=dict)
     l2_bytes: float | None = None
     sms: int | None = None
     # bytes/s between devices, both directions together (NVLink; cpu-local: gloo between the
@@ -266,7 +271,8 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
             "host_bandwidth)",
         )
     known = {"description", "l2_bytes", "sms", "interconnect", "host_bandwidth", "calibrated",
-             "disk", "eager_layer_s", "link_curve", "gemm_weight_bytes"}  # fmt: skip
+             "disk", "eager_layer_s", "link_curve", "gemm_weight_bytes",
+             "product_flops"}  # fmt: skip
     known |= {"efficiencies_from", *FRACTIONS, *SECONDS, *_REQUIRED}
     unknown = sorted(set(row) - known)
     if unknown:
@@ -277,7 +283,8 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
     for key in ("interconnect", "host_bandwidth"):
         if row.get(key) is not None:
             numbers[key] = row[key]
-    for key, value in [*numbers.items(), *row["flops"].items()]:
+    products = row.get("product_flops", {})
+    for key, value in [*numbers.items(), *row["flops"].items(), *products.items()]:
         if not _number(value) or value <= 0:
             raise ConfigError(
                 f"hardware {name!r}: {key} must be a positive number",
@@ -307,6 +314,7 @@ def from_dict(name: str, row: dict, where: str) -> Hardware:
         memory_bytes=float(row["memory_bytes"]),
         bandwidth=float(row["bandwidth"]),
         flops={k: float(v) for k, v in row["flops"].items()},
+        product_flops={k: float(v) for k, v in products.items()},
         l2_bytes=row.get("l2_bytes"),
         sms=row.get("sms"),
         interconnect=row.get("interconnect"),

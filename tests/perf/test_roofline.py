@@ -388,3 +388,25 @@ def test_verify_attention_fractions_come_from_one_measured_time():
     flops = layers * 4 * calibrate.HEADS * calibrate.DIM * attended_keys(chunk, None)
     assert 0 < memory < 1 and 0 < compute < 1
     assert nbytes / (bandwidth * memory) == pytest.approx(flops / (peak * compute), rel=1e-9)
+
+
+def test_the_low_precision_product_peaks_round_trip_and_stay_out_of_the_cost_model():
+    """cpu-local's measured bf16 / W8A8 product peaks (for `infergen profile`): written and
+    read back, the faster of two calibrations kept per class, a non-positive one refused; the
+    cost model's bf16 peak is still the fp32 one (the CPU engine computes in fp32)."""
+    import json
+
+    from infergen.errors import ConfigError
+    from infergen.perf.calibrate import as_row, best_of
+    from infergen.perf.hardware import from_dict
+
+    hw = Hardware("cpu-local", "c", 1e9, 1e9, {"fp32": 1e11},
+                  product_flops={"bf16": 2e12, "int8": 1e12})  # fmt: skip
+    row = json.loads(json.dumps(as_row(hw)["cpu-local"]))
+    back = from_dict("cpu-local", row, "a file")
+    assert back.product_flops == hw.product_flops
+    assert back.peak_flops("bf16") == 1e11
+    with pytest.raises(ConfigError, match="must be a positive number"):
+        from_dict("x", {**row, "product_flops": {"bf16": 0}}, "a file")
+    other = dataclasses.replace(hw, product_flops={"bf16": 1e12, "int8": 3e12})
+    assert best_of(hw, other).product_flops == {"bf16": 2e12, "int8": 3e12}
