@@ -109,7 +109,10 @@ class JitCache:
         if key in self._loaded:  # built or loaded earlier: nothing compiled now
             return dataclasses.replace(self._loaded[key], seconds=0.0, cached=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        built = self._load(key, function)
+        # (unlocked: an entry half-written by another builder is left alone, not evicted —
+        # its .so already in place before its .json: evicting it there took the library from
+        # under the builder about to load it, two layer kinds sharing one program key)
+        built = self._load(key, function, evict=False)
         if built is None and not self.build_missing:
             raise NotBuilt(f"{function}: not in the JIT cache {self.root}")
         if built is None:
@@ -124,7 +127,9 @@ class JitCache:
     def _files(self, key: str) -> tuple[Path, Path, Path]:
         return self.root / f"{key}.so", self.root / f"{key}.c", self.root / f"{key}.json"
 
-    def _load(self, key: str, function: str) -> Built | None:
+    def _load(self, key: str, function: str, evict: bool = True) -> Built | None:
+        """The entry from disk, or None; `evict`: a corrupt or incomplete one is deleted (only
+        under the key's lock, where no other builder is writing it)."""
         library, _, meta = self._files(key)
         if not library.exists() and not meta.exists():
             return None
@@ -134,7 +139,8 @@ class JitCache:
                 raise ValueError("checksum or function differs")
             fn = getattr(ctypes.CDLL(str(library)), function)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            self.evict(key)  # corrupt or half-written: rebuild
+            if evict:
+                self.evict(key)  # corrupt or half-written: rebuild
             return None
         return Built(fn, key, library, 0.0, True)
 

@@ -86,3 +86,39 @@ def test_engine_start_side_by_side_equals_one_by_one(name, tmp_path, monkeypatch
     for chunk in (9, 4, 1):  # (prefill programs, then decode programs)
         expected = one.engine.prompt_logits(tokens, chunk=chunk)
         assert torch.equal(side.engine.prompt_logits(tokens, chunk=chunk), expected), chunk
+
+
+def test_an_entry_another_builder_is_writing_is_left_to_it(tmp_path):
+    """Its library in place, its record not yet: a second `get` of the same key (two layer kinds
+    sharing one program) leaves both alone until it holds the key's lock — evicting them there
+    took the library from under the builder about to load it — and then takes the built entry."""
+    import ctypes
+    import fcntl
+
+    cache = JitCache(tmp_path)
+    key, function = "k" * 24, "seven"
+    render = lambda: "int seven(void) { return 7; }"  # noqa: E731
+    tmp_path.mkdir(exist_ok=True)
+    library = tmp_path / f"{key}.so"
+    library.write_bytes(b"being written")  # (the other builder's, before its .json)
+    looked = threading.Event()
+    load = cache._load
+
+    def observed(*args, **kwargs):
+        try:
+            return load(*args, **kwargs)
+        finally:
+            looked.set()
+
+    cache._load = observed
+    got = {}
+    with open(tmp_path / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (the other builder holds the key)
+        thread = threading.Thread(target=lambda: got.update(built=cache.get(key, function, render)))
+        thread.start()
+        assert looked.wait(30)
+        assert library.read_bytes() == b"being written"  # not evicted from under its builder
+    thread.join(60)
+    built = got["built"]  # (the lock released with the record never written: built anew)
+    built.fn.restype = ctypes.c_int
+    assert built.fn() == 7
